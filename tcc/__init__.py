@@ -1,0 +1,8 @@
+"""tcc: a small tensor compiler. ``tcc.compile(source, target="cpu")`` gives a library of ops."""
+
+__version__ = "0.1.0"
+
+from tcc.errors import TccError  # noqa: E402
+from tcc.runtime.library import Library, Op, compile  # noqa: E402
+
+__all__ = ["Library", "Op", "TccError", "__version__", "compile"]

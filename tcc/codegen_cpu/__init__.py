@@ -1,0 +1,1 @@
+"""Loop IR -> LLVM IR (llvmlite.ir) -> machine code for the host CPU, loaded with MCJIT."""

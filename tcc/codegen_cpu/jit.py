@@ -1,0 +1,83 @@
+"""LLVM IR -> optimised object code for the host -> a callable, through llvmlite's MCJIT.
+
+Object code (not IR) is what the compile cache stores, so a warm start skips LLVM's
+optimiser and code generator entirely and only links the object into a fresh engine.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import threading
+
+import llvmlite.binding as llvm
+
+from tcc.errors import TccCompileError
+
+_LOCK = threading.Lock()
+KERNEL_PROTOTYPE = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p)
+
+
+@functools.cache
+def _init() -> None:
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+
+
+@functools.cache
+def host() -> tuple[str, str, str]:
+    """(triple, cpu name, cpu features) of this machine; part of every cache key."""
+    _init()
+    return llvm.get_process_triple(), llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+
+
+@functools.cache
+def target_machine() -> llvm.TargetMachine:
+    triple, cpu, features = host()
+    target = llvm.Target.from_triple(triple)
+    return target.create_target_machine(cpu=cpu, features=features, opt=3, reloc="pic",
+                                        codemodel="jitdefault")
+
+
+def optimize(ir_text: str) -> llvm.ModuleRef:
+    """Parse, verify and run LLVM's O3 pipeline on a module."""
+    _init()
+    try:
+        mod = llvm.parse_assembly(ir_text)
+        mod.verify()
+    except RuntimeError as exc:
+        raise TccCompileError(f"internal error: generated LLVM IR is invalid: {exc}") from None
+    tm = target_machine()
+    mod.triple = tm.triple
+    mod.data_layout = str(tm.target_data)
+    pto = llvm.create_pipeline_tuning_options(speed_level=3)
+    pb = llvm.create_pass_builder(tm, pto)
+    pb.getModulePassManager().run(mod, pb)
+    return mod
+
+
+def emit_object(mod: llvm.ModuleRef) -> bytes:
+    with _LOCK:
+        return target_machine().emit_object(mod)
+
+
+def emit_assembly(mod: llvm.ModuleRef) -> str:
+    with _LOCK:
+        return target_machine().emit_assembly(mod)
+
+
+class LoadedObject:
+    """An object file linked into its own execution engine; keeps the code alive."""
+
+    def __init__(self, obj: bytes):
+        _init()
+        with _LOCK:
+            self._engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), target_machine())
+            self._engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
+            self._engine.finalize_object()
+
+    def function(self, symbol: str) -> ctypes._CFuncPtr:
+        address = self._engine.get_function_address(symbol)
+        if not address:
+            raise TccCompileError(f"internal error: symbol {symbol} missing from compiled object")
+        return KERNEL_PROTOTYPE(address)

@@ -1,0 +1,1 @@
+"""Source text to tensor-expression IR: grammar, parser (AST with spans) and sema."""

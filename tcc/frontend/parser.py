@@ -1,0 +1,207 @@
+"""Parse tcc source text into an AST (:mod:`tcc.frontend.ast`) with source spans.
+
+The grammar lives in ``grammar.lark``; lark builds an LALR(1) parser from it once per process
+(cached on disk by lark, so a warm start does not pay for table construction). Newlines end
+statements only inside an op body and outside brackets; :class:`_StatementNewlines` drops the
+others before the parser sees them, the way Python's tokenizer joins bracketed lines.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Iterator
+
+import lark
+from lark import Token, Transformer, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+
+from tcc.errors import Source, Span, TccSyntaxError
+from tcc.frontend import ast
+
+_GRAMMAR = Path(__file__).with_name("grammar.lark")
+_OPEN = {"(": ")", "[": "]"}
+_PRETTY = {"LPAR": "'('", "RPAR": "')'", "LSQB": "'['", "RSQB": "']'", "LBRACE": "'{'",
+           "RBRACE": "'}'", "COMMA": "','", "COLON": "':'", "SEMICOLON": "';'", "EQUAL": "'='",
+           "_NL": "a newline", "NAME": "a name", "NUMBER": "a number", "DTYPE": "a dtype",
+           "REDUCER": "a reduction", "$END": "the end of the file", "MINUS": "'-'", "PLUS": "'+'",
+           "STAR": "'*'", "SLASH": "'/'", "__ANON_0": "'->'"}
+
+
+class _StatementNewlines:
+    """Post-lexer: keep a newline only where it ends a statement."""
+
+    always_accept = ("_NL",)
+
+    def process(self, stream: Iterator[Token]) -> Iterator[Token]:
+        brackets = 0
+        braces = 0
+        for tok in stream:
+            if tok.type == "_NL":
+                if braces > 0 and brackets == 0:
+                    yield tok
+                continue
+            if tok.value in ("(", "["):
+                brackets += 1
+            elif tok.value in (")", "]"):
+                brackets = max(0, brackets - 1)
+            elif tok.value == "{":
+                braces += 1
+            elif tok.value == "}":
+                braces = max(0, braces - 1)
+            yield tok
+
+
+@functools.cache
+def _parser() -> lark.Lark:
+    return lark.Lark(_GRAMMAR.read_text(), parser="lalr", propagate_positions=True,
+                     postlex=_StatementNewlines(), maybe_placeholders=True)
+
+
+def parse(text: str, filename: str = "<string>") -> ast.Module:
+    """Parse a whole source file; raises :class:`TccSyntaxError` pointing at the problem."""
+    source = Source(text, filename)
+    try:
+        tree = _parser().parse(text)
+    except UnexpectedInput as exc:
+        raise _syntax_error(exc, source) from None
+    return _ToAst(source).transform(tree)
+
+
+def _syntax_error(exc: UnexpectedInput, source: Source) -> TccSyntaxError:
+    line, col = max(1, exc.line or 1), max(1, exc.column or 1)
+    if isinstance(exc, UnexpectedEOF) or (isinstance(exc, UnexpectedToken) and exc.token.type == "$END"):
+        lines = source.text.splitlines() or [""]
+        line, col = len(lines), len(lines[-1]) + 1
+        message = "unexpected end of file"
+        width = 1
+    elif isinstance(exc, UnexpectedToken):
+        tok = exc.token
+        shown = "newline" if tok.type == "_NL" else repr(str(tok))
+        message = f"unexpected {shown}"
+        width = 1 if tok.type == "_NL" else max(1, len(str(tok)))
+    elif isinstance(exc, UnexpectedCharacters):
+        message = f"unexpected character {source.text[exc.pos_in_stream]!r}"
+        width = 1
+    else:
+        message, width = "invalid syntax", 1
+    expected = sorted(getattr(exc, "accepts", None) or getattr(exc, "expected", None) or ())
+    hint = None
+    if expected:
+        names = sorted({_PRETTY.get(e, repr(e.lower()) if e.isupper() else e) for e in expected
+                        if not e.startswith("__")})
+        if names:
+            hint = "expected " + ", ".join(names[:8]) + (" or more" if len(names) > 8 else "")
+    return TccSyntaxError(message, Span(source, line, col, line, col + width), hint)
+
+
+def _number(tok: Token) -> ast.Num:
+    text = str(tok)
+    is_float = any(c in text for c in ".eE")
+    return ast.Num(float(text) if is_float else int(text), is_float)
+
+
+@v_args(meta=True, inline=True)
+class _ToAst(Transformer):
+    """lark tree -> AST dataclasses, attaching spans."""
+
+    def __init__(self, source: Source):
+        super().__init__()
+        self.source = source
+
+    def _span(self, meta: object) -> Span | None:
+        if getattr(meta, "empty", True):
+            return None
+        return Span(self.source, meta.line, meta.column, meta.end_line, meta.end_column)
+
+    def _tok_span(self, tok: Token) -> Span:
+        return Span(self.source, tok.line, tok.column, tok.end_line, tok.end_column)
+
+    def _with(self, node: ast.Node, meta: object) -> ast.Node:
+        node.span = self._span(meta)
+        return node
+
+    # -- module and op headers
+    def start(self, meta, *items):
+        return self._with(ast.Module(list(items)), meta)
+
+    def op_def(self, meta, name, cparams, *rest):
+        *params, results, body = rest
+        params = [p for p in params if p is not None]
+        return self._with(ast.OpDef(str(name), cparams or [], params, results, body), meta)
+
+    def cparams(self, meta, *items):
+        return list(items)
+
+    def cparam(self, meta, name, value):
+        return self._with(ast.CParam(str(name), value.value), meta)
+
+    def neg_number(self, meta, tok):
+        num = _number(tok)
+        num.value = -num.value
+        return self._with(num, meta)
+
+    def param(self, meta, name, dtype, shape):
+        return self._with(ast.Param(str(name), str(dtype), shape), meta)
+
+    def shape(self, meta, *dims):
+        return [d for d in dims if d is not None]
+
+    def results(self, meta, *params):
+        return list(params)
+
+    def body(self, meta, *stmts):
+        return [s for s in stmts if s is not None]
+
+    # -- statements
+    def assign(self, meta, name, *rest):
+        *indices, value = rest
+        return self._with(ast.Assign(str(name), [i for i in indices if i is not None], value), meta)
+
+    def decl(self, meta, name, dtype, shape):
+        return self._with(ast.Decl(str(name), str(dtype), shape), meta)
+
+    def pad_stmt(self, meta, name, source, lo, hi, value):
+        return self._with(ast.PadStmt(str(name), str(source), lo, hi, value), meta)
+
+    def list(self, meta, *items):
+        return [i for i in items if i is not None]
+
+    # -- expressions
+    def number(self, meta, tok):
+        return self._with(_number(tok), meta)
+
+    def name(self, meta, tok):
+        return self._with(ast.Name(str(tok)), meta)
+
+    def access(self, meta, name, *indices):
+        return self._with(ast.Access(str(name), [i for i in indices if i is not None]), meta)
+
+    def call(self, meta, fn, *args):
+        return self._with(ast.CallExpr(str(fn), [a for a in args if a is not None]), meta)
+
+    def reduce(self, meta, op, *rest):
+        *axes, body = rest
+        return self._with(ast.ReduceExpr(str(op), list(axes), body), meta)
+
+    def axis(self, meta, name, extent):
+        return self._with(ast.Axis(str(name), extent), meta)
+
+    def neg(self, meta, a):
+        return self._with(ast.UnaryOp("neg", a), meta)
+
+    def not_op(self, meta, a):
+        return self._with(ast.UnaryOp("not", a), meta)
+
+
+def _binary(op: str):
+    def build(self, meta, a, b):
+        return self._with(ast.BinOp(op, a, b), meta)
+    return build
+
+
+for _op, _rule in [("add", "add"), ("sub", "sub"), ("mul", "mul"), ("div", "div"),
+                   ("floordiv", "floordiv"), ("mod", "mod"), ("pow", "pow"), ("lt", "lt"),
+                   ("le", "le"), ("gt", "gt"), ("ge", "ge"), ("eq", "eq"), ("ne", "ne"),
+                   ("and", "and_op"), ("or", "or_op")]:
+    setattr(_ToAst, _rule, v_args(meta=True, inline=True)(_binary(_op)))

@@ -1,0 +1,1 @@
+"""The IRs: scalar expressions (shared), tensor expressions (TE) and loops."""

@@ -1,0 +1,273 @@
+"""Scalar expression nodes shared by the tensor-expression IR and the loop IR.
+
+Every node has a concrete dtype: semantic analysis inserts the casts that NumPy promotion
+implies, so passes and code generators never promote anything themselves. Spans are carried
+but ignored by equality, so structurally equal expressions compare equal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Callable, Iterator
+
+from tcc import dtypes
+from tcc.dtypes import DType
+from tcc.errors import Span
+
+ARITH_OPS = ("add", "sub", "mul", "div", "floordiv", "mod", "pow", "max", "min")
+COMPARE_OPS = ("lt", "le", "gt", "ge", "eq", "ne")
+LOGIC_OPS = ("and", "or")
+MATH_FUNCS = ("exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "erf", "abs",
+              "floor", "ceil")
+REDUCE_OPS = ("sum", "max", "min", "prod")
+
+_SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/", "floordiv": "//", "mod": "%",
+           "pow": "**", "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!=",
+           "and": "and", "or": "or"}
+_PRECEDENCE = {"or": 1, "and": 2, "lt": 4, "le": 4, "gt": 4, "ge": 4, "eq": 4, "ne": 4,
+               "add": 5, "sub": 5, "mul": 6, "div": 6, "floordiv": 6, "mod": 6, "pow": 8}
+
+
+@dataclass(frozen=True)
+class Expr:
+    """Base of all scalar expressions."""
+
+    def children(self) -> tuple["Expr", ...]:
+        return tuple(v for f in fields(self) for v in _expr_values(getattr(self, f.name)))
+
+    def __str__(self) -> str:
+        return format_expr(self)
+
+
+def _expr_values(value: object) -> Iterator[Expr]:
+    if isinstance(value, Expr):
+        yield value
+    elif isinstance(value, tuple):
+        for v in value:
+            if isinstance(v, Expr):
+                yield v
+
+
+@dataclass(frozen=True)
+class Const(Expr):
+    value: int | float | bool
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Var(Expr):
+    """An index variable, shape symbol, compile-time parameter or runtime scalar."""
+
+    name: str
+    dtype: DType = dtypes.i64
+
+
+@dataclass(frozen=True)
+class Binary(Expr):
+    op: str
+    a: Expr
+    b: Expr
+    dtype: DType
+    span: Span | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Unary(Expr):
+    op: str  # "neg" or "not"
+    a: Expr
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Call(Expr):
+    fn: str
+    args: tuple[Expr, ...]
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Cast(Expr):
+    a: Expr
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Select(Expr):
+    cond: Expr
+    a: Expr
+    b: Expr
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class IterVar:
+    """A reduction or output axis: a variable and its extent (an expression of symbols)."""
+
+    var: Var
+    extent: Expr
+
+
+@dataclass(frozen=True)
+class Read(Expr):
+    """TE only: an element of a tensor, by multi-dimensional index."""
+
+    tensor: str
+    indices: tuple[Expr, ...]
+    dtype: DType
+    span: Span | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Reduce(Expr):
+    """TE only: ``op`` over ``axes`` of ``body``; accumulates in ``acc_dtype``."""
+
+    op: str
+    axes: tuple[IterVar, ...]
+    body: Expr
+    dtype: DType
+    acc_dtype: DType
+    span: Span | None = field(default=None, compare=False, repr=False)
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.body,)
+
+
+@dataclass(frozen=True)
+class Load(Expr):
+    """Loop IR only: an element of a buffer, by multi-dimensional index."""
+
+    buffer: str
+    indices: tuple[Expr, ...]
+    dtype: DType
+
+
+# ---------------------------------------------------------------- construction helpers
+
+def const(value: int | float | bool, dtype: DType = dtypes.i64) -> Const:
+    return Const(value, dtype)
+
+
+def iadd(a: Expr, b: Expr | int) -> Expr:
+    """Integer (index) addition with trivial folding, used by passes that build indices."""
+    b = b if isinstance(b, Expr) else const(b)
+    if isinstance(b, Const) and b.value == 0:
+        return a
+    if isinstance(a, Const) and a.value == 0:
+        return b
+    if isinstance(a, Const) and isinstance(b, Const):
+        return const(a.value + b.value)
+    return Binary("add", a, b, dtypes.i64)
+
+
+def imul(a: Expr, b: Expr | int) -> Expr:
+    b = b if isinstance(b, Expr) else const(b)
+    if isinstance(b, Const) and b.value == 1:
+        return a
+    if isinstance(a, Const) and a.value == 1:
+        return b
+    if isinstance(a, Const) and isinstance(b, Const):
+        return const(a.value * b.value)
+    return Binary("mul", a, b, dtypes.i64)
+
+
+def cast(e: Expr, dtype: DType) -> Expr:
+    """``e`` as ``dtype``; no node when it already is, constants folded."""
+    if e.dtype == dtype:
+        return e
+    if isinstance(e, Const):
+        return Const(convert_value(e.value, dtype), dtype)
+    return Cast(e, dtype)
+
+
+def convert_value(value: int | float | bool, dtype: DType) -> int | float | bool:
+    if dtype.is_bool:
+        return bool(value)
+    if dtype.is_int:
+        return int(value)
+    return float(value)
+
+
+# ---------------------------------------------------------------- traversal
+
+def walk(e: Expr) -> Iterator[Expr]:
+    """Every node of ``e``, parents first."""
+    yield e
+    for c in e.children():
+        yield from walk(c)
+
+
+def transform(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
+    """Rebuild ``e`` bottom-up; ``fn`` returns a replacement for a node or None to keep it."""
+    updates = {}
+    for f in fields(e):
+        value = getattr(e, f.name)
+        if isinstance(value, Expr):
+            new = transform(value, fn)
+            if new is not value:
+                updates[f.name] = new
+        elif isinstance(value, tuple) and value and isinstance(value[0], Expr):
+            new_t = tuple(transform(v, fn) for v in value)
+            if any(n is not o for n, o in zip(new_t, value)):
+                updates[f.name] = new_t
+        elif isinstance(value, tuple) and value and isinstance(value[0], IterVar):
+            new_axes = tuple(IterVar(ax.var, transform(ax.extent, fn)) for ax in value)
+            if any(n.extent is not o.extent for n, o in zip(new_axes, value)):
+                updates[f.name] = new_axes
+    node = replace(e, **updates) if updates else e
+    out = fn(node)
+    return node if out is None else out
+
+
+def substitute(e: Expr, mapping: dict[str, Expr]) -> Expr:
+    """Replace variables by name."""
+    if not mapping:
+        return e
+    return transform(e, lambda n: mapping.get(n.name) if isinstance(n, Var) else None)
+
+
+def free_vars(e: Expr) -> set[str]:
+    return {n.name for n in walk(e) if isinstance(n, Var)}
+
+
+# ---------------------------------------------------------------- printing
+
+def format_expr(e: Expr, parent_prec: int = 0) -> str:
+    """Source-like text of an expression; casts and reductions spelled as in the language."""
+    if isinstance(e, Const):
+        if e.dtype.is_bool:
+            return "true" if e.value else "false"
+        if e.dtype.is_float:
+            text = repr(float(e.value))
+            return text if e.dtype == dtypes.f64 else f"{e.dtype}({text})"
+        return str(e.value) if e.dtype == dtypes.i64 else f"{e.dtype}({e.value})"
+    if isinstance(e, Var):
+        return e.name
+    if isinstance(e, Binary):
+        if e.op in ("max", "min"):
+            return f"{e.op}({format_expr(e.a)}, {format_expr(e.b)})"
+        prec = _PRECEDENCE[e.op]
+        right_prec = prec if e.op == "pow" else prec + 1
+        left_prec = prec + 1 if e.op == "pow" else prec
+        text = f"{format_expr(e.a, left_prec)} {_SYMBOL[e.op]} {format_expr(e.b, right_prec)}"
+        return f"({text})" if prec < parent_prec else text
+    if isinstance(e, Unary):
+        if e.op == "neg":
+            text = f"-{format_expr(e.a, 7)}"
+            return f"({text})" if parent_prec > 7 else text
+        text = f"not {format_expr(e.a, 3)}"
+        return f"({text})" if parent_prec > 3 else text
+    if isinstance(e, Call):
+        return f"{e.fn}({', '.join(format_expr(a) for a in e.args)})"
+    if isinstance(e, Cast):
+        return f"{e.dtype}({format_expr(e.a)})"
+    if isinstance(e, Select):
+        return f"select({format_expr(e.cond)}, {format_expr(e.a)}, {format_expr(e.b)})"
+    if isinstance(e, Read):
+        return f"{e.tensor}[{', '.join(format_expr(i) for i in e.indices)}]"
+    if isinstance(e, Load):
+        return f"{e.buffer}[{', '.join(format_expr(i) for i in e.indices)}]"
+    if isinstance(e, Reduce):
+        axes = ", ".join(f"{ax.var.name}: {format_expr(ax.extent)}" for ax in e.axes)
+        acc = f" as {e.acc_dtype}" if e.acc_dtype != e.dtype else ""
+        return f"{e.op}[{axes}]{acc}({format_expr(e.body)})"
+    raise TypeError(f"cannot print {type(e).__name__}")

@@ -1,0 +1,153 @@
+"""The tensor-expression (TE) IR: what an op computes, with no loops yet.
+
+An :class:`OpTE` is a list of :class:`Compute` statements, each defining every element of
+one tensor as a scalar expression of reads of other tensors. Shapes are expressions over
+shape symbols and compile-time parameters until :func:`tcc.passes.specialize.specialize`
+binds them, after which every extent is a constant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tcc.dtypes import DType
+from tcc.errors import Source, Span, TccError
+from tcc.ir.expr import Const, Expr, IterVar, Read, Reduce, Var, format_expr, walk
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """A tensor of an op: an input, a result, an intermediate, or a virtual padded view."""
+
+    name: str
+    dtype: DType
+    shape: tuple[Expr, ...]
+    kind: str  # "input" | "result" | "temp" | "pad"
+    span: Span | None = field(default=None, compare=False, repr=False)
+
+    def concrete_shape(self) -> tuple[int, ...]:
+        """The shape as integers; only valid after specialisation."""
+        return tuple(int(d.value) for d in self.shape)  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class Pad:
+    """``name = pad(source, lo, hi, value=value)``: a view that is never materialised."""
+
+    name: str
+    source: str
+    lo: tuple[Expr, ...]
+    hi: tuple[Expr, ...]
+    value: Expr
+
+
+@dataclass(frozen=True)
+class Scalar:
+    """A runtime scalar parameter."""
+
+    name: str
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Compute:
+    """``tensor[axes] = body``."""
+
+    tensor: str
+    axes: tuple[IterVar, ...]
+    body: Expr
+    span: Span | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass
+class OpTE:
+    """One op in tensor-expression form."""
+
+    name: str
+    cparams: dict[str, int | float]  # compile-time parameters and their defaults
+    params: list[str]  # positional parameters in order: tensor inputs and scalars
+    results: list[str]
+    tensors: dict[str, Tensor]
+    scalars: dict[str, Scalar]
+    pads: dict[str, Pad]
+    computes: list[Compute]
+    symbols: list[str]  # shape symbols, in order of first appearance in the inputs
+    source: Source
+    span: Span | None = None
+    bindings: dict[str, int | float] = field(default_factory=dict)  # set by specialisation
+    range_checks: list = field(default_factory=list)  # sema.RangeCheck: inferred ranges to agree
+
+    @property
+    def inputs(self) -> list[str]:
+        return [p for p in self.params if p in self.tensors]
+
+    def compute_of(self, tensor: str) -> Compute | None:
+        return next((c for c in self.computes if c.tensor == tensor), None)
+
+
+def format_op(op: OpTE) -> str:
+    """Readable text of the TE IR."""
+    def shape(t: Tensor) -> str:
+        return f"{t.dtype}[{', '.join(format_expr(d) for d in t.shape)}]"
+
+    params = []
+    for p in op.params:
+        params.append(f"{p}: {shape(op.tensors[p])}" if p in op.tensors else f"{p}: {op.scalars[p].dtype}")
+    results = ", ".join(f"{r}: {shape(op.tensors[r])}" for r in op.results)
+    head = f"te {op.name}"
+    if op.bindings:
+        head += " {" + ", ".join(f"{k}={v}" for k, v in op.bindings.items()) + "}"
+    elif op.cparams:
+        head += "[" + ", ".join(f"{k} = {v}" for k, v in op.cparams.items()) + "]"
+    lines = [f"{head}({', '.join(params)}) -> ({results}) {{"]
+    for pad in op.pads.values():
+        lo = ", ".join(format_expr(e) for e in pad.lo)
+        hi = ", ".join(format_expr(e) for e in pad.hi)
+        lines.append(f"    {pad.name}: {shape(op.tensors[pad.name])} = pad({pad.source}, [{lo}], [{hi}], "
+                     f"value={format_expr(pad.value)})")
+    for c in op.computes:
+        t = op.tensors[c.tensor]
+        axes = ", ".join(f"{ax.var.name}: {format_expr(ax.extent)}" for ax in c.axes)
+        kind = "" if t.kind == "result" else f"  # {t.kind}"
+        lines.append(f"    {c.tensor}: {shape(t)} [{axes}] = {format_expr(c.body)}{kind}")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def verify_op(op: OpTE) -> None:
+    """Check the invariants later passes rely on; a failure is a compiler bug."""
+    defined = set(op.inputs) | set(op.pads)
+    for c in op.computes:
+        t = op.tensors.get(c.tensor)
+        _check(t is not None and t.kind in ("result", "temp"), f"{c.tensor} is not computable")
+        _check(len(c.axes) == len(t.shape), f"{c.tensor}: {len(c.axes)} axes for rank {len(t.shape)}")
+        bound = {ax.var.name for ax in c.axes} | set(op.scalars) | set(op.symbols) | set(op.cparams)
+        _check_expr(c.body, op, defined, bound)
+        defined.add(c.tensor)
+    for r in op.results:
+        _check(r in defined, f"result {r} is never computed")
+
+
+def _check_expr(e: Expr, op: OpTE, defined: set[str], bound: set[str]) -> None:
+    if isinstance(e, Reduce):
+        _check_expr(e.body, op, defined, bound | {ax.var.name for ax in e.axes})
+        return
+    if isinstance(e, Read):
+        _check(e.tensor in defined, f"{e.tensor} read before it is defined")
+        _check(len(e.indices) == len(op.tensors[e.tensor].shape), f"rank mismatch reading {e.tensor}")
+    if isinstance(e, Var):
+        _check(e.name in bound, f"unbound variable {e.name}")
+    for c in e.children():
+        _check_expr(c, op, defined, bound)
+
+
+def _check(cond: bool, message: str) -> None:
+    if not cond:
+        raise TccError(f"internal error: TE verifier: {message}")
+
+
+def reads_of(e: Expr) -> list[Read]:
+    return [n for n in walk(e) if isinstance(n, Read)]
+
+
+__all__ = ["Compute", "Const", "OpTE", "Pad", "Scalar", "Tensor", "Var", "format_op", "verify_op"]

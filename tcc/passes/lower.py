@@ -1,0 +1,154 @@
+"""Lower a specialised TE op to the loop IR: one plain loop nest per statement.
+
+Results and inputs become function parameters; intermediates become global allocations
+that live until the end of the function; reductions become a local accumulator and a
+loop nest ahead of the store that uses them. Reads of a ``pad`` view become a guarded load
+of the padded tensor whose index is clamped, so the load itself is always in bounds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import fields, replace
+
+from tcc import dtypes
+from tcc.dtypes import DType
+from tcc.ir.expr import Binary, Const, Expr, Load, Read, Reduce, Select, Var, cast
+from tcc.ir.loops import Allocate, Buffer, For, LoopFunc, Stmt, Store, seq
+from tcc.ir.te import OpTE, Pad
+
+I64 = dtypes.i64
+
+
+def lower(op: OpTE) -> LoopFunc:
+    """Loop nests for a specialised, bounds-checked op."""
+    return _Lowering(op).run()
+
+
+def reduce_identity(op: str, dtype: DType) -> Const:
+    """The value a reduction starts from."""
+    if op == "sum":
+        return Const(False if dtype.is_bool else 0, dtype)
+    if op == "prod":
+        return Const(1, dtype)
+    if dtype.is_bool:
+        return Const(op == "min", dtype)
+    if dtype.is_float:
+        return Const(-math.inf if op == "max" else math.inf, dtype)
+    info = (1 << (dtype.bits - 1))
+    return Const(-info if op == "max" else info - 1, dtype)
+
+
+def combine(op: str, acc: Expr, value: Expr) -> Expr:
+    """One reduction step."""
+    binop = {"sum": "add", "prod": "mul", "max": "max", "min": "min"}[op]
+    return Binary(binop, acc, value, acc.dtype)
+
+
+class _Lowering:
+    def __init__(self, op: OpTE):
+        self.op = op
+        self.taken = set(op.tensors) | set(op.scalars)
+        self.counter = 0
+
+    def run(self) -> LoopFunc:
+        op = self.op
+        params: list[Buffer | Var] = []
+        for p in op.params:
+            if p in op.tensors:
+                params.append(self._buffer(p))
+            else:
+                params.append(Var(p, op.scalars[p].dtype))
+        params.extend(self._buffer(r) for r in op.results)
+        temps = [c.tensor for c in op.computes if op.tensors[c.tensor].kind == "temp"]
+        nests = [self._statement(c) for c in op.computes]
+        body = seq(*nests)
+        for name in reversed(temps):
+            body = Allocate(self._buffer(name), body)
+        return LoopFunc(op.name, params, body)
+
+    def _buffer(self, name: str) -> Buffer:
+        t = self.op.tensors[name]
+        return Buffer(name, t.dtype, t.concrete_shape(), "global")
+
+    def _fresh(self, base: str) -> str:
+        while True:
+            self.counter += 1
+            name = f"{base}_{self.counter}"
+            if name not in self.taken:
+                self.taken.add(name)
+                return name
+
+    def _statement(self, c) -> Stmt:
+        allocs: list[Buffer] = []
+        prelude: list[Stmt] = []
+        value = self._expr(c.body, prelude, allocs)
+        indices = tuple(ax.var for ax in c.axes)
+        inner: Stmt = seq(*prelude, Store(c.tensor, indices, value, c.span))
+        for buf in reversed(allocs):
+            inner = Allocate(buf, inner)
+        for ax in reversed(c.axes):
+            inner = For(ax.var, ax.extent, inner, span=c.span)
+        return inner
+
+    def _expr(self, e: Expr, prelude: list[Stmt], allocs: list[Buffer]) -> Expr:
+        """Lower ``e``; reductions in it append their loops to ``prelude``."""
+        if isinstance(e, Reduce):
+            return self._reduce(e, prelude, allocs)
+        if isinstance(e, Read):
+            return self._read(e)
+        updates = {}
+        for f in fields(e):
+            value = getattr(e, f.name)
+            if isinstance(value, Expr):
+                updates[f.name] = self._expr(value, prelude, allocs)
+            elif isinstance(value, tuple) and value and isinstance(value[0], Expr):
+                updates[f.name] = tuple(self._expr(v, prelude, allocs) for v in value)
+        return replace(e, **updates) if updates else e
+
+    def _reduce(self, r: Reduce, prelude: list[Stmt], allocs: list[Buffer]) -> Expr:
+        acc = Buffer(self._fresh("acc"), r.acc_dtype, (1,), "local")
+        allocs.append(acc)
+        zero = (Const(0, I64),)
+        prelude.append(Store(acc.name, zero, reduce_identity(r.op, r.acc_dtype)))
+        body_prelude: list[Stmt] = []
+        body_allocs: list[Buffer] = []
+        value = self._expr(r.body, body_prelude, body_allocs)
+        step: Stmt = seq(*body_prelude,
+                         Store(acc.name, zero, combine(r.op, Load(acc.name, zero, r.acc_dtype), value), r.span))
+        for buf in reversed(body_allocs):
+            step = Allocate(buf, step)
+        for ax in reversed(r.axes):
+            step = For(ax.var, ax.extent, step, span=r.span)
+        prelude.append(step)
+        return cast(Load(acc.name, zero, r.acc_dtype), r.dtype)
+
+    def _read(self, r: Read) -> Expr:
+        pad = self.op.pads.get(r.tensor)
+        if pad is None:
+            return Load(r.tensor, r.indices, r.dtype)
+        return self._pad_read(pad, r.indices)
+
+    def _pad_read(self, pad: Pad, indices: tuple[Expr, ...]) -> Expr:
+        """``select(inside, src[clamp(idx - lo)], value)``: never an out-of-bounds load."""
+        src = self.op.tensors[pad.source]
+        shape = src.concrete_shape()
+        if 0 in shape:
+            return pad.value
+        inner_idx: list[Expr] = []
+        inside: Expr | None = None
+        for idx, lo, hi, size in zip(indices, pad.lo, pad.hi, shape):
+            if _is_zero(lo) and _is_zero(hi):  # unpadded dim: the bounds proof covered it
+                inner_idx.append(idx)
+                continue
+            shifted = idx if _is_zero(lo) else Binary("sub", idx, lo, I64)
+            cond = Binary("and", Binary("ge", shifted, Const(0, I64), dtypes.boolean),
+                          Binary("lt", shifted, Const(size, I64), dtypes.boolean), dtypes.boolean)
+            inside = cond if inside is None else Binary("and", inside, cond, dtypes.boolean)
+            inner_idx.append(Binary("min", Binary("max", shifted, Const(0, I64), I64), Const(size - 1, I64), I64))
+        loaded = self._read(Read(pad.source, tuple(inner_idx), src.dtype))
+        return loaded if inside is None else Select(inside, loaded, pad.value, src.dtype)
+
+
+def _is_zero(e: Expr) -> bool:
+    return isinstance(e, Const) and e.value == 0

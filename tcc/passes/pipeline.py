@@ -1,0 +1,57 @@
+"""The pipeline of each target: named stages, each a pure pass over an IR value.
+
+``run_pipeline`` takes a checked TE op and concrete bindings to a scheduled loop function,
+calling ``after_pass(name, text)`` after each pass so that ``--print-after-all`` and
+``lower(stage=...)`` show exactly what the compiler did.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from tcc.ir.loops import LoopFunc, format_func, verify_func
+from tcc.ir.te import OpTE, format_op, verify_op
+from tcc.passes.bounds import check_bounds
+from tcc.passes.lower import lower
+from tcc.passes.specialize import specialize
+
+AfterPass = Callable[[str, str], None]
+
+
+@dataclass
+class Lowered:
+    """What the target-independent part of the pipeline produced for one specialisation."""
+
+    te: OpTE  # specialised TE
+    loops: LoopFunc  # plain loop nests, straight from the TE
+    scheduled: LoopFunc  # after the target's schedule
+
+
+def run_pipeline(op: OpTE, bindings: dict[str, int | float], target: str,
+                 after_pass: AfterPass | None = None) -> Lowered:
+    def report(name: str, text: str) -> None:
+        if after_pass is not None:
+            after_pass(name, text)
+
+    te = specialize(op, bindings)
+    verify_op(te)
+    report("specialize", format_op(te))
+    check_bounds(te)
+    report("bounds", "all reads proved in bounds")
+    loops = lower(te)
+    verify_func(loops)
+    report("lower", format_func(loops))
+    scheduled = schedule_for_target(loops, target)
+    verify_func(scheduled)
+    report("schedule", format_func(scheduled))
+    return Lowered(te, loops, scheduled)
+
+
+def schedule_for_target(func: LoopFunc, target: str) -> LoopFunc:
+    """The target's default schedule; plain loop nests until the schedulers land."""
+    if target == "cuda":
+        from tcc.codegen_cuda.schedule import schedule_cuda
+
+        return schedule_cuda(func)
+    return func

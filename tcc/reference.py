@@ -1,0 +1,141 @@
+"""The oracle: a NumPy interpreter of the tensor-expression IR.
+
+It evaluates a specialised :class:`~tcc.ir.te.OpTE` directly, with no loops, passes or code
+generation, in float64 (int64 for integers) wherever it can, and rounds only where the
+program stores into a tensor. Every op, pass and backend is tested against it.
+
+Each statement is evaluated on a broadcast grid: every index variable (output axes, then
+reduction axes) owns one dimension, reads become NumPy advanced indexing, and reductions
+reduce their dimensions with ``keepdims`` so that shapes stay aligned.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import numpy as np
+
+from tcc.dtypes import DType
+from tcc.ir.expr import Binary, Call, Cast, Const, Expr, Read, Reduce, Select, Unary, Var, walk
+from tcc.ir.te import OpTE
+
+_MATH = {
+    "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": lambda x: 1.0 / np.sqrt(x),
+    "sin": np.sin, "cos": np.cos, "tanh": np.tanh, "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
+    "erf": np.frompyfunc(math.erf, 1, 1), "abs": np.abs, "floor": np.floor, "ceil": np.ceil,
+}
+_BINARY = {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,
+    "floordiv": np.floor_divide, "mod": np.mod, "pow": np.power, "max": np.maximum,
+    "min": np.minimum, "lt": np.less, "le": np.less_equal, "gt": np.greater,
+    "ge": np.greater_equal, "eq": np.equal, "ne": np.not_equal, "and": np.logical_and,
+    "or": np.logical_or,
+}
+_REDUCE = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min}
+
+
+def wide(dtype: DType) -> np.dtype:
+    """The type the reference computes a value of ``dtype`` in."""
+    if dtype.is_float:
+        return np.dtype(np.float64)
+    if dtype.is_int:
+        return np.dtype(np.int64)
+    return np.dtype(bool)
+
+
+def store(value: np.ndarray, dtype: DType) -> np.ndarray:
+    """Round a wide value to a tensor's dtype, as a store does (bf16 stays in float32)."""
+    if dtype.name == "bf16":
+        return np.asarray(value, dtype=np.float32)
+    return np.asarray(value).astype(dtype.numpy)
+
+
+def run(op: OpTE, args: Mapping[str, np.ndarray | int | float]) -> dict[str, np.ndarray]:
+    """Evaluate a specialised op on its named arguments; returns every result by name."""
+    env: dict[str, np.ndarray] = {}
+    for name in op.inputs:
+        env[name] = np.asarray(args[name]).astype(wide(op.tensors[name].dtype))
+    scalars = {name: np.asarray(args[name]).astype(wide(s.dtype)) for name, s in op.scalars.items()}
+    for name, pad in op.pads.items():
+        env[name] = _pad(op, pad, env)
+    with np.errstate(all="ignore"):
+        for c in op.computes:
+            tensor = op.tensors[c.tensor]
+            value = _Statement(op, env, scalars, c).evaluate()
+            env[c.tensor] = store(value, tensor.dtype).astype(wide(tensor.dtype))
+    return {r: store(env[r], op.tensors[r].dtype) for r in op.results}
+
+
+def _pad(op: OpTE, pad, env: dict[str, np.ndarray]) -> np.ndarray:
+    src = env[pad.source]
+    widths = [(int(lo.value), int(hi.value)) for lo, hi in zip(pad.lo, pad.hi)]
+    return np.pad(src, widths, constant_values=float(pad.value.value) if src.dtype.kind == "f" else pad.value.value)
+
+
+class _Statement:
+    """One statement on a broadcast grid of all its index variables."""
+
+    def __init__(self, op: OpTE, env, scalars, compute):
+        self.op, self.env, self.scalars, self.compute = op, env, scalars, compute
+        order = [ax.var.name for ax in compute.axes]
+        order += [ax.var.name for n in walk(compute.body) if isinstance(n, Reduce) for ax in n.axes]
+        self.axis_of = {name: i for i, name in enumerate(order)}
+        self.extent = {ax.var.name: int(ax.extent.value) for ax in compute.axes}
+        self.ndim = len(order)
+
+    def evaluate(self) -> np.ndarray:
+        value = self._eval(self.compute.body)
+        out_shape = tuple(self.extent[ax.var.name] for ax in self.compute.axes)
+        value = np.asarray(value)
+        value = value.reshape(value.shape + (1,) * (self.ndim - value.ndim)) if value.ndim else value
+        if value.ndim:
+            value = value.reshape(value.shape[: len(out_shape)]) if value.ndim > len(out_shape) else value
+        return np.broadcast_to(value, out_shape).copy()
+
+    def _grid(self, name: str, extent: int) -> np.ndarray:
+        shape = [1] * self.ndim
+        shape[self.axis_of[name]] = extent
+        return np.arange(extent, dtype=np.int64).reshape(shape)
+
+    def _eval(self, e: Expr):
+        if isinstance(e, Const):
+            return np.asarray(e.value, dtype=wide(e.dtype))
+        if isinstance(e, Var):
+            if e.name in self.scalars:
+                return self.scalars[e.name]
+            return self._grid(e.name, self.extent[e.name])
+        if isinstance(e, Read):
+            tensor = self.env[e.tensor]
+            indices = [np.asarray(self._eval(i), dtype=np.int64) for i in e.indices]
+            indices = np.broadcast_arrays(*indices) if indices else indices
+            return tensor[tuple(indices)] if indices else tensor
+        if isinstance(e, Reduce):
+            for ax in e.axes:
+                self.extent[ax.var.name] = int(ax.extent.value)
+            body = np.asarray(self._eval(e.body))
+            axes = tuple(self.axis_of[ax.var.name] for ax in e.axes)
+            full = list(np.broadcast_shapes(body.shape, (1,) * self.ndim))
+            for ax in e.axes:
+                full[self.axis_of[ax.var.name]] = self.extent[ax.var.name]
+            body = np.broadcast_to(body, full)
+            return _REDUCE[e.op](body, axis=axes, keepdims=True).astype(wide(e.dtype))
+        if isinstance(e, Binary):
+            return _BINARY[e.op](self._eval(e.a), self._eval(e.b)).astype(wide(e.dtype))
+        if isinstance(e, Unary):
+            a = self._eval(e.a)
+            return np.logical_not(a) if e.op == "not" else np.negative(a)
+        if isinstance(e, Call):
+            return np.asarray(_MATH[e.fn](self._eval(e.args[0]))).astype(wide(e.dtype))
+        if isinstance(e, Cast):
+            a = np.asarray(self._eval(e.a))
+            if e.dtype.is_int and a.dtype.kind == "f":
+                a = np.trunc(a)
+            if e.dtype.is_int:
+                return a.astype(e.dtype.numpy).astype(np.int64)  # wrap like a real cast
+            if e.dtype.is_float and e.dtype.bits < 64 and e.dtype.name != "bf16":
+                return a.astype(e.dtype.numpy).astype(np.float64)  # round like a real cast
+            return a.astype(wide(e.dtype))
+        if isinstance(e, Select):
+            return np.where(self._eval(e.cond), self._eval(e.a), self._eval(e.b))
+        raise TypeError(f"reference: cannot evaluate {type(e).__name__}")

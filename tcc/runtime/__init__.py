@@ -1,0 +1,1 @@
+"""Argument binding and checks, array interop, the compile cache, and the op objects."""

@@ -1,0 +1,147 @@
+"""Bind a call's arguments to an op: check them, bind shape symbols, prepare the results.
+
+Every check runs before anything is written, so a bad call changes nothing. Errors point at
+the parameter in the op's source and say what to do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tcc import dtypes
+from tcc.errors import TccArgumentError, TccShapeError
+from tcc.ir.expr import Const, substitute
+from tcc.ir.te import OpTE
+from tcc.passes.simplify import evaluate_int
+
+
+@dataclass
+class BoundCall:
+    """A checked call: symbol/parameter values, arrays by name, scalars by name."""
+
+    bindings: dict[str, int | float]
+    arrays: dict[str, Any]
+    scalars: dict[str, int | float | bool]
+    result_shapes: dict[str, tuple[int, ...]]
+
+
+def as_host_array(value: Any, what: str) -> np.ndarray:
+    """A NumPy view of an array-like: ndarray, ``__array__``, or DLPack (CPU) objects."""
+    if isinstance(value, np.ndarray):
+        return value
+    if hasattr(value, "__dlpack__") and not hasattr(value, "__array__"):
+        try:
+            return np.from_dlpack(value)
+        except (TypeError, RuntimeError, BufferError) as exc:
+            raise TccArgumentError(f"{what}: cannot read it through DLPack ({exc})",
+                                   hint="pass a NumPy array or a CPU tensor") from None
+    try:
+        return np.asarray(value)
+    except Exception as exc:  # noqa: BLE001 - any conversion failure is the caller's input
+        raise TccArgumentError(f"{what}: not an array ({type(value).__name__}: {exc})") from None
+
+
+def bind_cparams(op: OpTE, kwargs: dict[str, Any]) -> dict[str, int | float]:
+    values: dict[str, int | float] = {}
+    for name, value in kwargs.items():
+        if name not in op.cparams:
+            known = ", ".join(op.cparams) or "none"
+            raise TccArgumentError(f"{op.name} has no compile-time parameter {name!r} (it has: {known})",
+                                   op.span)
+        default = op.cparams[name]
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+            raise TccArgumentError(f"{op.name}: {name} must be a number, got {value!r}", op.span)
+        if isinstance(default, int) and not float(value).is_integer():
+            raise TccArgumentError(f"{op.name}: {name} must be an integer, got {value!r}", op.span)
+        values[name] = int(value) if isinstance(default, int) else float(value)
+    return {name: values.get(name, default) for name, default in op.cparams.items()}
+
+
+def bind(op: OpTE, args: tuple[Any, ...], kwargs: dict[str, Any], arrays: dict[str, Any]) -> BoundCall:
+    """Check ``args`` (already converted to arrays in ``arrays`` for tensor params)."""
+    bindings: dict[str, int | float] = dict(bind_cparams(op, kwargs))
+    where: dict[str, tuple[str, int]] = {}
+    scalars: dict[str, int | float | bool] = {}
+    for name, value in zip(op.params, args):
+        if name in op.scalars:
+            scalars[name] = _scalar(op, name, value)
+            continue
+        tensor = op.tensors[name]
+        arr = arrays[name]
+        _check_dtype(op, name, arr)
+        if arr.ndim != len(tensor.shape):
+            raise TccArgumentError(f"argument {name} of {op.name} must have rank {len(tensor.shape)}, got "
+                                   f"shape {tuple(arr.shape)}", tensor.span)
+        for dim, (expr, size) in enumerate(zip(tensor.shape, arr.shape)):
+            _bind_dim(op, name, dim, expr, int(size), bindings, where)
+    shapes = {}
+    for r in op.results:
+        dims = []
+        for dim, expr in enumerate(op.tensors[r].shape):
+            value = evaluate_int(substitute(expr, _consts(bindings)))
+            if value is None or value < 0:
+                raise TccShapeError(f"result {r} of {op.name} would have dim {dim} = {value} for "
+                                    f"{_fmt(bindings)}", op.tensors[r].span,
+                                    "the inputs are too small for these parameters")
+            dims.append(value)
+        shapes[r] = tuple(dims)
+    return BoundCall(bindings, arrays, scalars, shapes)
+
+
+def _consts(bindings: dict[str, int | float]) -> dict[str, Const]:
+    return {k: Const(v, dtypes.f64 if isinstance(v, float) else dtypes.i64) for k, v in bindings.items()}
+
+
+def _fmt(bindings: dict[str, int | float]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in bindings.items())
+
+
+def _bind_dim(op: OpTE, name: str, dim: int, expr, size: int, bindings: dict, where: dict) -> None:
+    from tcc.ir.expr import Var
+
+    if isinstance(expr, Var) and expr.name in op.symbols and expr.name not in bindings:
+        bindings[expr.name] = size
+        where[expr.name] = (name, dim)
+        return
+    expected = evaluate_int(substitute(expr, _consts(bindings)))
+    if expected == size:
+        return
+    if isinstance(expr, Var) and expr.name in where:
+        other, other_dim = where[expr.name]
+        raise TccShapeError(
+            f"symbol {expr.name} is {bindings[expr.name]} from {other} (dim {other_dim}) but {size} "
+            f"from {name} (dim {dim})", op.tensors[name].span,
+            f"{other} and {name} must agree on {expr.name}")
+    raise TccShapeError(f"dim {dim} of argument {name} must be {expected}, got {size}", op.tensors[name].span)
+
+
+def _check_dtype(op: OpTE, name: str, arr: np.ndarray) -> None:
+    want = op.tensors[name].dtype
+    got = dtypes.from_numpy(arr.dtype)
+    if got != want:
+        hint = f"convert it: {name}.astype(np.{want.numpy.name})" if want.name != "bf16" else \
+            "bf16 tensors need target='cuda'"
+        raise TccArgumentError(f"argument {name} of {op.name} must be {want}, got {arr.dtype}",
+                               op.tensors[name].span, hint)
+
+
+def _scalar(op: OpTE, name: str, value: Any) -> int | float | bool:
+    dtype = op.scalars[name].dtype
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value.item()
+    if isinstance(value, np.generic):
+        value = value.item()
+    ok = isinstance(value, (bool, int, float))
+    if dtype.is_bool:
+        ok = isinstance(value, bool)
+    elif dtype.is_int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif ok:
+        value = float(value)
+    if not ok:
+        raise TccArgumentError(f"argument {name} of {op.name} must be a {dtype} scalar, got {value!r}",
+                               op.span)
+    return value

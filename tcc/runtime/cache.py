@@ -1,0 +1,97 @@
+"""The compile cache: compiled artifacts by key, in memory and on disk.
+
+A key holds everything that changes the generated code: the compiler version, the op's
+specialised TE text (which holds shapes, dtypes and parameter values), the target, the
+host CPU and every codegen option. Disk entries are written to a temporary file and
+renamed into place, so concurrent processes never see half an entry; each entry carries a
+checksum, so a corrupt or truncated one is treated as a miss and recompiled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import threading
+from pathlib import Path
+
+_MAGIC = b"TCC-CACHE-1\n"
+
+
+def cache_dir() -> Path | None:
+    """``$TCC_CACHE_DIR``, else the user's cache directory; ``TCC_CACHE_DIR=""`` disables it."""
+    configured = os.environ.get("TCC_CACHE_DIR")
+    if configured is not None:
+        return Path(configured) if configured else None
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tcc"
+
+
+def make_key(*parts: str) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+class DiskCache:
+    """Artifacts (bytes) by key, one file each."""
+
+    def __init__(self, root: Path | None):
+        self.root = root
+
+    def _path(self, key: str) -> Path:
+        assert self.root is not None
+        return self.root / key[:2] / f"{key}.bin"
+
+    def get(self, key: str) -> bytes | None:
+        if self.root is None:
+            return None
+        try:
+            data = self._path(key).read_bytes()
+        except OSError:
+            return None
+        header = len(_MAGIC) + 32
+        if len(data) < header or not data.startswith(_MAGIC):
+            return None
+        digest, payload = data[len(_MAGIC):header], data[header:]
+        if hashlib.sha256(payload).digest() != digest:
+            return None
+        return payload
+
+    def put(self, key: str, payload: bytes) -> None:
+        if self.root is None:
+            return
+        path = self._path(key)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+            with os.fdopen(fd, "wb") as f:
+                f.write(_MAGIC + hashlib.sha256(payload).digest() + payload)
+            os.replace(tmp, path)
+        except OSError:
+            pass  # a read-only or full cache directory only costs a recompile next time
+
+
+class MemoryCache:
+    """Loaded kernels by key, for this process."""
+
+    def __init__(self) -> None:
+        self._items: dict[str, object] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> object | None:
+        with self._lock:
+            return self._items.get(key)
+
+    def put(self, key: str, value: object) -> None:
+        with self._lock:
+            self._items[key] = value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+
+MEMORY = MemoryCache()

@@ -1,0 +1,117 @@
+"""The CPU target: build object code for a scheduled loop function, load it, call it."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import numpy as np
+
+from tcc.codegen_cpu import jit
+from tcc.codegen_cpu.llvm_ir import build_module, symbol_name
+from tcc.errors import TccRuntimeError
+from tcc.ir.loops import Buffer, LoopFunc
+
+STAGES = ("ast", "te", "loops", "scheduled", "llvm", "asm")
+
+
+def host_key(options: dict[str, Any]) -> str:
+    return "/".join(jit.host())
+
+
+def llvm_ir(func: LoopFunc) -> str:
+    return str(build_module(func))
+
+
+def build(func: LoopFunc, options: dict[str, Any] | None = None) -> bytes:
+    """Optimised object code for ``func``: the artifact the cache stores."""
+    return jit.emit_object(jit.optimize(llvm_ir(func)))
+
+
+def assembly(func: LoopFunc) -> str:
+    return jit.emit_assembly(jit.optimize(llvm_ir(func)))
+
+
+class CpuKernel:
+    """A loaded kernel and the layout of its argument array."""
+
+    def __init__(self, func: LoopFunc, artifact: bytes):
+        self.name = func.name
+        self.params = [(p.name, isinstance(p, Buffer)) for p in func.params]
+        self._dtypes = {p.name: p.dtype for p in func.params}
+        self._object = jit.LoadedObject(artifact)
+        self._fn = self._object.function(symbol_name(func))
+
+    def __call__(self, values: dict[str, Any]) -> None:
+        """Run on ``values``: C-contiguous arrays for buffers, Python numbers for scalars."""
+        keep = []
+        ptrs = (ctypes.c_void_p * len(self.params))()
+        for i, (name, is_buffer) in enumerate(self.params):
+            value = values[name]
+            if not is_buffer:
+                value = np.array(value, dtype=self._dtypes[name].numpy)
+                keep.append(value)
+            ptrs[i] = value.ctypes.data
+        status = self._fn(ptrs)
+        if status != 0:
+            raise TccRuntimeError(f"op {self.name}: out of memory for an intermediate tensor",
+                                  hint="use smaller inputs")
+
+
+def as_array(value: Any, what: str) -> np.ndarray:
+    from tcc.runtime.binding import as_host_array
+
+    return as_host_array(value, what)
+
+
+def load(func: LoopFunc, artifact: bytes) -> CpuKernel:
+    return CpuKernel(func, artifact)
+
+
+def stage_text(func: LoopFunc, stage: str, options: dict[str, Any]) -> str:
+    return llvm_ir(func) if stage == "llvm" else assembly(func)
+
+
+def invoke(kernel: CpuKernel, op, bound, out: Any) -> list[np.ndarray]:
+    """Run ``kernel`` on a bound call; writes into ``out`` when given (checked first)."""
+    outs = _check_out(op, bound, out)
+    values: dict[str, Any] = dict(bound.scalars)
+    inputs = []
+    for name, arr in bound.arrays.items():
+        contiguous = np.ascontiguousarray(arr)
+        values[name] = contiguous
+        inputs.append(contiguous)
+    results, copies = [], []
+    for name, target in zip(op.results, outs):
+        shape, dtype = bound.result_shapes[name], op.tensors[name].dtype.numpy
+        direct = (target is not None and target.flags.c_contiguous and target.flags.writeable
+                  and not any(np.may_share_memory(target, a) for a in inputs))
+        buf = target if direct else np.empty(shape, dtype)
+        if target is not None and not direct:
+            copies.append((target, buf))
+        values[name] = buf
+        results.append(target if target is not None else buf)
+    kernel(values)
+    for target, buf in copies:
+        np.copyto(target, buf)
+    return results
+
+
+def _check_out(op, bound, out: Any) -> list[np.ndarray | None]:
+    from tcc.errors import TccArgumentError
+
+    if out is None:
+        return [None] * len(op.results)
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    if len(outs) != len(op.results):
+        raise TccArgumentError(f"{op.name} has {len(op.results)} result(s); out= gave {len(outs)}", op.span)
+    for name, target in zip(op.results, outs):
+        want_shape, want = bound.result_shapes[name], op.tensors[name].dtype
+        if not isinstance(target, np.ndarray):
+            raise TccArgumentError(f"out= for {name} must be a NumPy array on target='cpu'", op.span)
+        if target.shape != want_shape or target.dtype != want.numpy:
+            raise TccArgumentError(f"out= for {name} must be {want}{list(want_shape)}, got "
+                                   f"{target.dtype}{list(target.shape)}", op.tensors[name].span)
+        if not target.flags.writeable:
+            raise TccArgumentError(f"out= for {name} is read-only", op.tensors[name].span)
+    return outs

@@ -1,0 +1,184 @@
+"""``tcc.compile``: a library of ops from source, each a callable that specialises on shapes.
+
+Calling an op binds and checks the arguments, finds (or builds) the kernel for these shapes,
+dtypes and parameters in the memory cache, then the disk cache, then the compiler, and runs
+it. ``op.lower(...)`` returns the text of any stage for the same arguments.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from tcc import __version__
+from tcc.errors import TccArgumentError, TccError
+from tcc.frontend.ast import OpDef, format_ast
+from tcc.frontend.parser import parse
+from tcc.frontend.sema import analyze
+from tcc.ir.loops import format_func
+from tcc.ir.te import OpTE, format_op
+from tcc.passes.pipeline import Lowered, run_pipeline
+from tcc.runtime import cache
+from tcc.runtime.binding import BoundCall, bind, bind_cparams
+
+TARGETS = ("cpu", "cuda")
+
+
+def read_source(source: str | os.PathLike) -> tuple[str, str]:
+    """(text, filename) from source text or a path to a ``.tc`` file."""
+    if isinstance(source, os.PathLike) or (isinstance(source, str) and "\n" not in source
+                                           and (source.endswith(".tc") or os.path.isfile(source))):
+        path = Path(source)
+        try:
+            return path.read_text(), str(path)
+        except OSError as exc:
+            raise TccError(f"cannot read {path}: {exc.strerror}", hint="check the path") from None
+    if not isinstance(source, str):
+        raise TccArgumentError(f"tcc.compile needs source text or a path, got {type(source).__name__}")
+    return source, "<string>"
+
+
+def compile(source: str | os.PathLike, target: str = "cpu", **options: Any) -> "Library":  # noqa: A001
+    """Parse and check every op of ``source``; kernels are built on first call per shape."""
+    if target not in TARGETS:
+        raise TccArgumentError(f"unknown target {target!r}", hint=f"use one of {', '.join(TARGETS)}")
+    text, filename = read_source(source)
+    module = parse(text, filename)
+    ops = analyze(module, module.span.source if module.span else None)
+    asts = {o.name: o for o in module.ops}
+    return Library(ops, asts, target, options)
+
+
+def target_module(target: str):
+    if target == "cuda":
+        from tcc.runtime import cuda
+
+        return cuda
+    from tcc.runtime import cpu
+
+    return cpu
+
+
+class Library:
+    """The ops of one source file, as attributes: ``lib.matmul(A, B)``."""
+
+    def __init__(self, ops: dict[str, OpTE], asts: dict[str, OpDef], target: str, options: dict[str, Any]):
+        self.target = target
+        self.options = dict(options)
+        self._ops = {name: Op(te, asts[name], target, self.options) for name, te in ops.items()}
+
+    def __getattr__(self, name: str) -> "Op":
+        ops = self.__dict__.get("_ops", {})
+        if name in ops:
+            return ops[name]
+        raise AttributeError(f"no op {name!r} in this library (it has: {', '.join(ops) or 'none'})")
+
+    def __getitem__(self, name: str) -> "Op":
+        return self.__getattr__(name)
+
+    def __iter__(self):
+        return iter(self._ops.values())
+
+    def __dir__(self) -> list[str]:
+        return [*super().__dir__(), *self._ops]
+
+    @property
+    def ops(self) -> dict[str, "Op"]:
+        return dict(self._ops)
+
+
+class Op:
+    """One op of a library. Call it on arrays; ``lower`` shows any stage of its compilation."""
+
+    def __init__(self, te: OpTE, ast: OpDef, target: str, options: dict[str, Any]):
+        self.te = te
+        self.ast = ast
+        self.name = te.name
+        self.target = target
+        self.options = options
+        self._backend = target_module(target)
+
+    def __repr__(self) -> str:
+        return f"<tcc op {self.name} ({self.target})>"
+
+    # ------------------------------------------------------------ calling
+    def __call__(self, *args: Any, out: Any = None, **cparams: Any) -> Any:
+        bound = self._bind(args, cparams)
+        kernel = self.kernel(bound.bindings)
+        results = self._backend.invoke(kernel, self.te, bound, out)
+        return results[0] if len(results) == 1 else tuple(results)
+
+    def _bind(self, args: tuple[Any, ...], cparams: dict[str, Any]) -> BoundCall:
+        te = self.te
+        if len(args) != len(te.params):
+            names = ", ".join(te.params)
+            raise TccArgumentError(f"{self.name} takes {len(te.params)} argument(s) ({names}), got {len(args)}",
+                                   te.span, "pass tensors and scalars positionally, compile-time parameters "
+                                            "as keywords")
+        arrays = {name: self._backend.as_array(value, f"argument {name} of {self.name}")
+                  for name, value in zip(te.params, args) if name in te.tensors}
+        return bind(te, args, cparams, arrays)
+
+    def kernel(self, bindings: dict[str, int | float]) -> Any:
+        """The loaded kernel for these bindings, from the caches or freshly built."""
+        lowered = self.lowered(bindings)
+        key = self.cache_key(lowered)
+        kernel = cache.MEMORY.get(key)
+        if kernel is not None:
+            return kernel
+        disk = cache.DiskCache(cache.cache_dir())
+        artifact = disk.get(key)
+        if artifact is not None:
+            try:
+                kernel = self._backend.load(lowered.scheduled, artifact)
+            except TccError:
+                kernel = None  # an unusable entry: rebuild it below
+        if kernel is None:
+            artifact = self._backend.build(lowered.scheduled, self.options)
+            disk.put(key, artifact)
+            kernel = self._backend.load(lowered.scheduled, artifact)
+        cache.MEMORY.put(key, kernel)
+        return kernel
+
+    def lowered(self, bindings: dict[str, int | float],
+                after_pass: Callable[[str, str], None] | None = None) -> Lowered:
+        return run_pipeline(self.te, bindings, self.target, after_pass)
+
+    def cache_key(self, lowered: Lowered) -> str:
+        options = ",".join(f"{k}={v}" for k, v in sorted(self.options.items()))
+        return cache.make_key(__version__, self.target, self._backend.host_key(self.options), options,
+                              format_op(lowered.te), format_func(lowered.scheduled))
+
+    # ------------------------------------------------------------ inspecting
+    def bindings_for(self, args: tuple[Any, ...], cparams: dict[str, Any]) -> dict[str, int | float]:
+        if not args:
+            return bind_cparams(self.te, cparams)
+        return self._bind(args, cparams).bindings
+
+    def lower(self, *args: Any, stage: str = "loops", **cparams: Any) -> str:
+        """The text of ``stage`` for these arguments (see ``STAGES`` of the target)."""
+        bindings = self.bindings_for(args, cparams)
+        if not args and self.te.symbols and stage not in ("ast", "te"):
+            raise TccArgumentError(f"stage {stage!r} needs the arguments (or shapes) of {self.name}",
+                                   self.te.span, f"call {self.name}.lower(A, B, ..., stage={stage!r})")
+        return self.stage_text(bindings, stage)
+
+    def stage_text(self, bindings: dict[str, int | float], stage: str,
+                   after_pass: Callable[[str, str], None] | None = None) -> str:
+        stages = self._backend.STAGES
+        if stage not in stages:
+            raise TccArgumentError(f"unknown stage {stage!r} for target {self.target}",
+                                   hint=f"stages: {', '.join(stages)}")
+        if stage == "ast":
+            return format_ast(self.ast)
+        if stage == "te" and not (set(self.te.symbols) <= set(bindings)):
+            return format_op(self.te)
+        lowered = self.lowered(bindings, after_pass)
+        if stage == "te":
+            return format_op(lowered.te)
+        if stage == "loops":
+            return format_func(lowered.loops)
+        if stage == "scheduled":
+            return format_func(lowered.scheduled)
+        return self._backend.stage_text(lowered.scheduled, stage, self.options)
