@@ -1,0 +1,81 @@
+"""Helpers to check ops against the reference interpreter (used by the tests and ``tcc run``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tcc import reference
+from tcc.dtypes import DType
+from tcc.ir.te import OpTE
+from tcc.passes.specialize import specialize
+
+TOLERANCE = {"f16": 2e-2, "bf16": 5e-2, "f32": 2e-4, "f64": 1e-10}
+
+
+def random_array(shape: tuple[int, ...], dtype: DType, rng: np.random.Generator) -> np.ndarray:
+    """Fresh random data of a dtype: normal floats, small signed ints, random bools."""
+    if dtype.is_float:
+        return rng.standard_normal(shape).astype(dtype.numpy if dtype.name != "bf16" else np.float32)
+    if dtype.is_int:
+        return rng.integers(-9, 10, size=shape).astype(dtype.numpy)
+    return rng.random(shape) < 0.5
+
+
+def random_args(op: OpTE, bindings: dict[str, int | float], rng: np.random.Generator,
+                scalars: dict[str, Any] | None = None) -> list[Any]:
+    """Positional arguments for ``op`` at the given symbol and parameter values."""
+    te = specialize_inputs(op, bindings)
+    args: list[Any] = []
+    for name in op.params:
+        if name in op.scalars:
+            given = (scalars or {}).get(name)
+            dtype = op.scalars[name].dtype
+            args.append(given if given is not None else _random_scalar(dtype, rng))
+        else:
+            args.append(random_array(te[name], op.tensors[name].dtype, rng))
+    return args
+
+
+def specialize_inputs(op: OpTE, bindings: dict[str, int | float]) -> dict[str, tuple[int, ...]]:
+    """Concrete shapes of the inputs for these bindings."""
+    spec = specialize(op, bindings)
+    return {name: spec.tensors[name].concrete_shape() for name in op.inputs}
+
+
+def _random_scalar(dtype: DType, rng: np.random.Generator) -> Any:
+    if dtype.is_float:
+        return float(rng.standard_normal())
+    if dtype.is_int:
+        return int(rng.integers(-9, 10))
+    return bool(rng.random() < 0.5)
+
+
+def reference_results(op: OpTE, args: list[Any], bindings: dict[str, int | float]) -> list[np.ndarray]:
+    spec = specialize(op, bindings)
+    named = dict(zip(op.params, args))
+    results = reference.run(spec, named)
+    return [results[r] for r in op.results]
+
+
+def max_relative_error(actual: np.ndarray, expected: np.ndarray) -> float:
+    actual = np.asarray(actual, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    if actual.size == 0:
+        return 0.0
+    both_nan = np.isnan(actual) & np.isnan(expected)
+    scale = max(1.0, float(np.nanmax(np.abs(expected))) if np.isfinite(expected).any() else 1.0)
+    diff = np.where(both_nan, 0.0, np.abs(actual - expected))
+    return float(np.max(diff) / scale) if not np.isnan(diff).any() else float("inf")
+
+
+def assert_matches(actual: np.ndarray, expected: np.ndarray, dtype: DType, what: str = "result") -> None:
+    """Equal shapes and values within the dtype's tolerance (exact for ints and bools)."""
+    actual = np.asarray(actual)
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    if not dtype.is_float:
+        np.testing.assert_array_equal(actual, expected, err_msg=what)
+        return
+    err = max_relative_error(actual, expected)
+    assert err <= TOLERANCE[dtype.name], f"{what}: max relative error {err:.3g} > {TOLERANCE[dtype.name]}"
