@@ -12,7 +12,7 @@ reduce their dimensions with ``keepdims`` so that shapes stay aligned.
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 

@@ -9,8 +9,9 @@ others before the parser sees them, the way Python's tokenizer joins bracketed l
 from __future__ import annotations
 
 import functools
+import hashlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import lark
 from lark import Token, Transformer, v_args
@@ -54,8 +55,20 @@ class _StatementNewlines:
 
 @functools.cache
 def _parser() -> lark.Lark:
+    """The LALR parser; its tables are cached on disk by lark (keyed by the grammar's hash)."""
+    from tcc.runtime.cache import cache_dir
+
+    root = cache_dir()
+    cache: bool | str = False
+    if root is not None:
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            digest = hashlib.sha256(_GRAMMAR.read_bytes()).hexdigest()[:16]
+            cache = str(root / f"grammar-{lark.__version__}-{digest}.lark-cache")
+        except OSError:
+            cache = False
     return lark.Lark(_GRAMMAR.read_text(), parser="lalr", propagate_positions=True,
-                     postlex=_StatementNewlines(), maybe_placeholders=True)
+                     postlex=_StatementNewlines(), maybe_placeholders=True, cache=cache)
 
 
 def parse(text: str, filename: str = "<string>") -> ast.Module:

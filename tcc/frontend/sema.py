@@ -15,8 +15,24 @@ from tcc import dtypes
 from tcc.dtypes import DType
 from tcc.errors import Source, Span, TccNameError, TccShapeError, TccSyntaxError, TccTypeError
 from tcc.frontend import ast
-from tcc.ir.expr import (ARITH_OPS, COMPARE_OPS, MATH_FUNCS, REDUCE_OPS, Binary, Call, Const, Expr,
-                         IterVar, Read, Reduce, Select, Unary, Var, cast, walk)
+from tcc.ir.expr import (
+    ARITH_OPS,
+    COMPARE_OPS,
+    MATH_FUNCS,
+    REDUCE_OPS,
+    Binary,
+    Call,
+    Const,
+    Expr,
+    IterVar,
+    Read,
+    Reduce,
+    Select,
+    Unary,
+    Var,
+    cast,
+    walk,
+)
 from tcc.ir.te import Compute, OpTE, Pad, Scalar, Tensor
 
 

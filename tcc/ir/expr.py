@@ -7,8 +7,8 @@ but ignored by equality, so structurally equal expressions compare equal.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields, replace
-from typing import Callable, Iterator
 
 from tcc import dtypes
 from tcc.dtypes import DType
@@ -32,7 +32,7 @@ _PRECEDENCE = {"or": 1, "and": 2, "lt": 4, "le": 4, "gt": 4, "ge": 4, "eq": 4, "
 class Expr:
     """Base of all scalar expressions."""
 
-    def children(self) -> tuple["Expr", ...]:
+    def children(self) -> tuple[Expr, ...]:
         return tuple(v for f in fields(self) for v in _expr_values(getattr(self, f.name)))
 
     def __str__(self) -> str:

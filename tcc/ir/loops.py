@@ -7,8 +7,8 @@ Loads and stores index buffers by multi-dimensional, row-major indices; codegen 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 from tcc.dtypes import DType
 from tcc.errors import Span, TccError
@@ -36,7 +36,7 @@ class Buffer:
 
 @dataclass(frozen=True)
 class Stmt:
-    def children(self) -> tuple["Stmt", ...]:
+    def children(self) -> tuple[Stmt, ...]:
         return ()
 
 

@@ -62,21 +62,35 @@ def bind_cparams(op: OpTE, kwargs: dict[str, Any]) -> dict[str, int | float]:
 
 def bind(op: OpTE, args: tuple[Any, ...], kwargs: dict[str, Any], arrays: dict[str, Any]) -> BoundCall:
     """Check ``args`` (already converted to arrays in ``arrays`` for tensor params)."""
-    bindings: dict[str, int | float] = dict(bind_cparams(op, kwargs))
-    where: dict[str, tuple[str, int]] = {}
     scalars: dict[str, int | float | bool] = {}
     for name, value in zip(op.params, args):
         if name in op.scalars:
             scalars[name] = _scalar(op, name, value)
+        else:
+            _check_dtype(op, name, arrays[name])
+    shapes = {name: tuple(int(n) for n in arr.shape) for name, arr in arrays.items()}
+    bindings = bind_shapes(op, shapes, bind_cparams(op, kwargs))
+    return BoundCall(bindings, arrays, scalars, result_shapes(op, bindings))
+
+
+def bind_shapes(op: OpTE, shapes: dict[str, tuple[int, ...]], values: dict[str, int | float]
+                ) -> dict[str, int | float]:
+    """Bind shape symbols from input shapes; ``values`` holds parameters (and symbols) given already."""
+    bindings = dict(values)
+    where: dict[str, tuple[str, int]] = {}
+    for name in op.inputs:
+        if name not in shapes:
             continue
-        tensor = op.tensors[name]
-        arr = arrays[name]
-        _check_dtype(op, name, arr)
-        if arr.ndim != len(tensor.shape):
+        tensor, shape = op.tensors[name], shapes[name]
+        if len(shape) != len(tensor.shape):
             raise TccArgumentError(f"argument {name} of {op.name} must have rank {len(tensor.shape)}, got "
-                                   f"shape {tuple(arr.shape)}", tensor.span)
-        for dim, (expr, size) in enumerate(zip(tensor.shape, arr.shape)):
-            _bind_dim(op, name, dim, expr, int(size), bindings, where)
+                                   f"shape {tuple(shape)}", tensor.span)
+        for dim, (expr, size) in enumerate(zip(tensor.shape, shape)):
+            _bind_dim(op, name, dim, expr, size, bindings, where)
+    return bindings
+
+
+def result_shapes(op: OpTE, bindings: dict[str, int | float]) -> dict[str, tuple[int, ...]]:
     shapes = {}
     for r in op.results:
         dims = []
@@ -88,7 +102,7 @@ def bind(op: OpTE, args: tuple[Any, ...], kwargs: dict[str, Any], arrays: dict[s
                                     "the inputs are too small for these parameters")
             dims.append(value)
         shapes[r] = tuple(dims)
-    return BoundCall(bindings, arrays, scalars, shapes)
+    return shapes
 
 
 def _consts(bindings: dict[str, int | float]) -> dict[str, Const]:

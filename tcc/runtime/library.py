@@ -8,8 +8,9 @@ it. ``op.lower(...)`` returns the text of any stage for the same arguments.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tcc import __version__
 from tcc.errors import TccArgumentError, TccError
@@ -39,7 +40,7 @@ def read_source(source: str | os.PathLike) -> tuple[str, str]:
     return source, "<string>"
 
 
-def compile(source: str | os.PathLike, target: str = "cpu", **options: Any) -> "Library":  # noqa: A001
+def compile(source: str | os.PathLike, target: str = "cpu", **options: Any) -> Library:  # noqa: A001
     """Parse and check every op of ``source``; kernels are built on first call per shape."""
     if target not in TARGETS:
         raise TccArgumentError(f"unknown target {target!r}", hint=f"use one of {', '.join(TARGETS)}")
@@ -68,13 +69,13 @@ class Library:
         self.options = dict(options)
         self._ops = {name: Op(te, asts[name], target, self.options) for name, te in ops.items()}
 
-    def __getattr__(self, name: str) -> "Op":
+    def __getattr__(self, name: str) -> Op:
         ops = self.__dict__.get("_ops", {})
         if name in ops:
             return ops[name]
         raise AttributeError(f"no op {name!r} in this library (it has: {', '.join(ops) or 'none'})")
 
-    def __getitem__(self, name: str) -> "Op":
+    def __getitem__(self, name: str) -> Op:
         return self.__getattr__(name)
 
     def __iter__(self):
@@ -84,7 +85,7 @@ class Library:
         return [*super().__dir__(), *self._ops]
 
     @property
-    def ops(self) -> dict[str, "Op"]:
+    def ops(self) -> dict[str, Op]:
         return dict(self._ops)
 
 

@@ -1,0 +1,196 @@
+"""The ``tcc`` command: check a file, print any stage of an op, run an op on random data.
+
+    tcc check FILE
+    tcc lower FILE --op NAME --stage STAGE [-D SYM=VALUE ...] [--shape T=64x32 ...]
+    tcc run FILE --op NAME [-D ...] [--shape ...] [--check] [--repeat N]
+
+Errors print ``file:line:col``, the source line and a caret, and exit with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+import tcc
+from tcc.errors import TccArgumentError, TccError
+from tcc.runtime.binding import bind_shapes
+from tcc.runtime.library import Library, Op
+
+ALL_STAGES = ("ast", "te", "loops", "scheduled", "llvm", "asm", "cuda", "ptx")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except TccError as err:
+        print(err, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tcc", description="tcc: a small tensor compiler")
+    parser.add_argument("--version", action="version", version=f"tcc {tcc.__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    check = sub.add_parser("check", help="parse and check every op of a file")
+    check.add_argument("file")
+    check.set_defaults(func=cmd_check)
+
+    lower = sub.add_parser("lower", help="print one stage of an op's compilation")
+    _op_arguments(lower)
+    lower.add_argument("--stage", default="loops", choices=ALL_STAGES, help="the stage to print")
+    lower.add_argument("--print-after-all", action="store_true", help="print the IR after every pass")
+    lower.set_defaults(func=cmd_lower)
+
+    run = sub.add_parser("run", help="run an op on random inputs")
+    _op_arguments(run)
+    run.add_argument("--check", action="store_true", help="compare with the reference interpreter")
+    run.add_argument("--repeat", type=int, default=10, help="timed runs (median reported)")
+    run.add_argument("--seed", type=int, default=None, help="random seed for the inputs")
+    run.set_defaults(func=cmd_run)
+    return parser
+
+
+def _op_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file")
+    p.add_argument("--op", help="the op (may be omitted when the file has one)")
+    p.add_argument("-D", dest="defines", action="append", default=[], metavar="NAME=VALUE",
+                   help="a shape symbol or compile-time parameter")
+    p.add_argument("--shape", action="append", default=[], metavar="TENSOR=64x32",
+                   help="the shape of an input tensor")
+    p.add_argument("--target", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--arch", default=None, help="CUDA architecture, e.g. sm_90 (target cuda)")
+
+
+# ---------------------------------------------------------------- commands
+
+def cmd_check(args: argparse.Namespace) -> int:
+    lib = tcc.compile(args.file)
+    names = [op.name for op in lib]
+    print(f"{args.file}: ok ({len(names)} op{'s' if len(names) != 1 else ''}: {', '.join(names)})")
+    return 0
+
+
+def cmd_lower(args: argparse.Namespace) -> int:
+    op = _select_op(args)
+    bindings = _bindings(op, args, need_all=args.stage not in ("ast", "te") or args.print_after_all)
+    after = None
+    if args.print_after_all:
+        def after(name: str, text: str) -> None:
+            print(f";; ---- after {name} ----\n{text}\n")
+    print(op.stage_text(bindings, args.stage, after))
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from tcc.testing import TOLERANCE, max_relative_error, random_args, reference_results
+
+    op = _select_op(args)
+    bindings = _bindings(op, args, need_all=True)
+    rng = np.random.default_rng(args.seed)
+    inputs = random_args(op.te, bindings, rng)
+    cparams = {k: v for k, v in bindings.items() if k in op.te.cparams}
+    start = time.perf_counter()
+    results = op(*inputs, **cparams)
+    first = time.perf_counter() - start
+    times = []
+    for _ in range(max(1, args.repeat)):
+        start = time.perf_counter()
+        op(*inputs, **cparams)
+        times.append(time.perf_counter() - start)
+    results = results if isinstance(results, tuple) else (results,)
+    shapes = ", ".join(f"{r}{list(np.shape(x))}" for r, x in zip(op.te.results, results))
+    print(f"{op.name} [{_fmt(bindings)}] on {args.target}: {shapes}")
+    print(f"first call (compile + run): {first * 1e3:.2f} ms; median of {len(times)} runs: "
+          f"{statistics.median(times) * 1e3:.3f} ms")
+    if not args.check:
+        return 0
+    expected = reference_results(op.te, inputs, bindings)
+    status = 0
+    for name, got, want in zip(op.te.results, results, expected):
+        got = got.to_numpy() if hasattr(got, "to_numpy") else np.asarray(got)
+        dtype = op.te.tensors[name].dtype
+        err = max_relative_error(got, want)
+        ok = err <= TOLERANCE.get(dtype.name, 0.0) if dtype.is_float else bool(np.array_equal(got, want))
+        print(f"check {name}: max relative error {err:.3g} vs reference: {'ok' if ok else 'MISMATCH'}")
+        status |= 0 if ok else 1
+    return status
+
+
+# ---------------------------------------------------------------- helpers
+
+def _select_op(args: argparse.Namespace) -> Op:
+    options = {"arch": args.arch} if args.arch else {}
+    lib: Library = tcc.compile(args.file, target=args.target, **options)
+    ops = lib.ops
+    if args.op is None:
+        if len(ops) != 1:
+            raise TccArgumentError(f"{args.file} has {len(ops)} ops; choose one with --op",
+                                   hint=f"ops: {', '.join(ops)}")
+        return next(iter(ops.values()))
+    if args.op not in ops:
+        raise TccArgumentError(f"no op {args.op!r} in {args.file}", hint=f"ops: {', '.join(ops) or 'none'}")
+    return ops[args.op]
+
+
+def _bindings(op: Op, args: argparse.Namespace, need_all: bool) -> dict[str, int | float]:
+    te = op.te
+    values: dict[str, int | float] = dict(te.cparams)
+    for item in args.defines:
+        name, value = _split(item, "-D", "NAME=VALUE")
+        if name not in te.symbols and name not in te.cparams:
+            known = ", ".join([*te.symbols, *te.cparams]) or "none"
+            raise TccArgumentError(f"-D {name}: {op.name} has no symbol or parameter {name!r}",
+                                   hint=f"it has: {known}")
+        values[name] = _number(value, f"-D {item}")
+    shapes = {}
+    for item in args.shape:
+        name, value = _split(item, "--shape", "TENSOR=64x32")
+        if name not in te.inputs:
+            raise TccArgumentError(f"--shape {name}: {op.name} has no input tensor {name!r}",
+                                   hint=f"inputs: {', '.join(te.inputs)}")
+        try:
+            shapes[name] = tuple(int(d) for d in value.lower().split("x")) if value else ()
+        except ValueError:
+            raise TccArgumentError(f"--shape {item}: dims must be integers like 64x32") from None
+    bindings = bind_shapes(te, shapes, values)
+    missing = [s for s in te.symbols if s not in bindings]
+    if need_all and missing:
+        raise TccArgumentError(f"no size for {', '.join(missing)} of {op.name}",
+                               te.span, "give them with -D NAME=VALUE or --shape TENSOR=AxB")
+    return bindings
+
+
+def _split(item: str, flag: str, form: str) -> tuple[str, str]:
+    name, sep, value = item.partition("=")
+    if not sep or not name:
+        raise TccArgumentError(f"{flag} {item}: expected {form}")
+    return name.strip(), value.strip()
+
+
+def _number(text: str, what: str) -> int | float:
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return float(text)
+        except ValueError:
+            raise TccArgumentError(f"{what}: not a number") from None
+
+
+def _fmt(bindings: dict[str, int | float]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in bindings.items())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
