@@ -297,8 +297,21 @@ class _FunctionBuilder:
         if op == "mod":
             return self._float_mod(a, c)
         if op == "floordiv":
-            return b.call(self._intrinsic("floor", a.type), [b.fdiv(b.fsub(a, self._float_mod(a, c)), c)])
+            return self._float_floordiv(a, c)
         raise TccCompileError(f"internal error: float operator {op}")
+
+    def _float_floordiv(self, a: ir.Value, c: ir.Value) -> ir.Value:
+        """NumPy's floor division: from fmod, with its rounding of the quotient (a / 0 for b == 0)."""
+        b = self.builder
+        zero, one, half = (ir.Constant(a.type, v) for v in (0.0, 1.0, 0.5))
+        r = b.frem(a, c)
+        div = b.fdiv(b.fsub(a, r), c)
+        adjust = b.and_(b.fcmp_ordered("!=", r, zero),
+                        b.xor(b.fcmp_ordered("<", r, zero), b.fcmp_ordered("<", c, zero)))
+        div = b.select(adjust, b.fsub(div, one), div)
+        floor = b.call(self._intrinsic("floor", a.type), [div])
+        rounded = b.select(b.fcmp_ordered(">", b.fsub(div, floor), half), b.fadd(floor, one), floor)
+        return b.select(b.fcmp_ordered("==", c, zero), b.fdiv(a, c), rounded)
 
     def _float_mod(self, a: ir.Value, c: ir.Value) -> ir.Value:
         """Python/NumPy modulo: the result takes the divisor's sign."""
