@@ -31,12 +31,17 @@ def host() -> tuple[str, str, str]:
     return llvm.get_process_triple(), llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
 
 
-@functools.cache
-def target_machine() -> llvm.TargetMachine:
+def new_target_machine() -> llvm.TargetMachine:
     triple, cpu, features = host()
     target = llvm.Target.from_triple(triple)
     return target.create_target_machine(cpu=cpu, features=features, opt=3, reloc="pic",
                                         codemodel="jitdefault")
+
+
+@functools.cache
+def target_machine() -> llvm.TargetMachine:
+    """The shared machine for optimising and emitting code (engines get their own: they own it)."""
+    return new_target_machine()
 
 
 def optimize(ir_text: str) -> llvm.ModuleRef:
@@ -72,7 +77,7 @@ class LoadedObject:
     def __init__(self, obj: bytes):
         _init()
         with _LOCK:
-            self._engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), target_machine())
+            self._engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), new_target_machine())
             self._engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
             self._engine.finalize_object()
 
