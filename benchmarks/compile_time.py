@@ -59,7 +59,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
-    print(f"{'op':28} {'cold ms':>9} {'warm ms':>9} {'import ms':>10}  (medians of {args.runs} fresh processes)")
+    print(f"medians of {args.runs} fresh processes\n")
+    print("| op | cold ms | warm ms | import ms |\n|---|---:|---:|---:|")
     for label, case in CASES.items():
         cold, warm, imports = [], [], []
         for _ in range(args.runs):
@@ -69,8 +70,8 @@ def main() -> None:
             cold.append(c["compile"])
             warm.append(w["compile"])
             imports.append(w["import"])
-        print(f"{label:28} {statistics.median(cold) * 1e3:9.1f} {statistics.median(warm) * 1e3:9.1f} "
-              f"{statistics.median(imports) * 1e3:10.1f}")
+        print(f"| {label} | {statistics.median(cold) * 1e3:.1f} | {statistics.median(warm) * 1e3:.1f} | "
+              f"{statistics.median(imports) * 1e3:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -223,3 +223,31 @@ def test_nan_propagates_through_max(rng):
     y, z = lib.m(x)
     assert np.isnan(y[1]) and y[0] == 1.0 and y[2] == 0.0
     assert np.isnan(z[0])
+
+
+class _DLPackOnly:
+    """An array-like that offers only DLPack, as a framework tensor would."""
+
+    def __init__(self, array):
+        self._array = array
+
+    def __dlpack__(self, **kwargs):
+        return self._array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self._array.__dlpack_device__()
+
+
+class _ArrayOnly:
+    def __init__(self, array):
+        self._array = array
+
+    def __array__(self, dtype=None, copy=None):
+        return self._array
+
+
+def test_dlpack_and_array_interface_inputs(rng):
+    lib = tcc.compile("op add(X: f32[N], Y: f32[N]) -> Z: f32[N] { Z[i] = X[i] + Y[i] }")
+    x = rng.standard_normal(11).astype(np.float32)
+    y = rng.standard_normal(11).astype(np.float32)
+    np.testing.assert_array_equal(lib.add(_DLPackOnly(x), _ArrayOnly(y)), x + y)

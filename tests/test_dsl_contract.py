@@ -1,0 +1,58 @@
+"""The examples of DSL.md (shared with the project, beside the checkout) parse and check as written,
+and a random expression tree compiles to code that agrees with the reference."""
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tcc
+from helpers import check_op
+
+DSL = Path(__file__).resolve().parent.parent.parent / "shared" / "DSL.md"
+
+
+def dsl_blocks() -> list[str]:
+    if not DSL.exists():
+        return []
+    return [b for b in re.findall(r"```\n(.*?)```", DSL.read_text(), re.S) if re.search(r"^op ", b, re.M)]
+
+
+@pytest.mark.skipif(not DSL.exists(), reason="shared/DSL.md is not beside this checkout")
+def test_every_dsl_block_compiles_as_written():
+    names = []
+    for block in dsl_blocks():
+        names += [op.name for op in tcc.compile(block)]
+    for expected in ("matmul", "axpy", "bias_relu", "softmax", "conv2d", "conv2d_relu", "layernorm",
+                     "maxpool2d", "hmm"):
+        assert expected in names
+
+
+@pytest.mark.skipif(not DSL.exists(), reason="shared/DSL.md is not beside this checkout")
+def test_examples_folder_matches_dsl():
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    text = "\n".join(dsl_blocks())
+    for path in examples.glob("*.tc"):
+        body = "\n".join(line for line in path.read_text().splitlines() if not line.startswith("#"))
+        assert body.strip() in text, f"{path.name} differs from DSL.md"
+
+
+LEAVES = st.sampled_from(["X[i]", "Y[i]", "0.5", "2", "f32(i)", "a"])
+UNARY = ["-({})", "exp(-abs({}))", "tanh({})", "abs({})", "floor({})", "sigmoid({})", "sqrt(abs({}))"]
+BINARY = ["({} + {})", "({} - {})", "({} * {})", "max({}, {})", "min({}, {})", "select({} > {}, X[i], Y[i])"]
+
+
+def expressions():
+    return st.recursive(LEAVES, lambda inner: st.one_of(
+        st.builds(lambda f, a: f.format(a), st.sampled_from(UNARY), inner),
+        st.builds(lambda f, a, b: f.format(a, b), st.sampled_from(BINARY), inner, inner)), max_leaves=8)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(expr=expressions(), n=st.sampled_from([1, 7, 33]))
+def test_random_elementwise_expressions(expr, n):
+    src = f"op f(a: f32, X: f32[N], Y: f32[N]) -> Z: f32[N] {{\n    Z[i] = f32({expr})\n}}"
+    check_op(src, "f", dict(N=n), np.random.default_rng(), scalars={"a": 0.75})
