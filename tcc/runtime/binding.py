@@ -134,7 +134,7 @@ def _bind_dim(op: OpTE, name: str, dim: int, expr, size: int, bindings: dict, wh
 
 def _check_dtype(op: OpTE, name: str, arr: np.ndarray) -> None:
     want = op.tensors[name].dtype
-    got = dtypes.from_numpy(arr.dtype)
+    got = getattr(arr, "tcc_dtype", None) or dtypes.from_numpy(arr.dtype)  # device views carry a tcc dtype
     if got != want:
         hint = f"convert it: {name}.astype(np.{want.numpy.name})" if want.name != "bf16" else \
             "bf16 tensors need target='cuda'"

@@ -1,0 +1,1 @@
+"""CUDA backend: GPU scheduling, CUDA C generation and NVRTC compilation."""

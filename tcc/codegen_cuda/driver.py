@@ -1,0 +1,215 @@
+"""The CUDA driver API through cuda-python: contexts, memory, modules and launches.
+
+We use each device's **primary** context, the one the CUDA runtime (and so PyTorch and
+CuPy) uses, so our allocations, modules and streams interoperate with theirs. Every driver
+call goes through :func:`check`, which turns a failure into a
+:class:`~tcc.errors.TccRuntimeError` that says what was being done.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import threading
+from typing import Any
+
+from tcc.errors import TccRuntimeError
+
+_LOCK = threading.Lock()
+_CONTEXTS: dict[int, Context] = {}
+_LIVE_BYTES = [0]  # device memory tcc holds now (temps, copies of host inputs, Arrays)
+
+
+@functools.cache
+def api():
+    """``cuda.bindings.driver``, or a clear error when cuda-python is missing."""
+    try:
+        from cuda.bindings import driver
+    except ImportError as exc:
+        raise TccRuntimeError(f"target='cuda' needs cuda-python ({exc})",
+                              hint='pip install "cuda-bindings>=13.0,<14" (the \'cuda\' extra of tcc)') from None
+    return driver
+
+
+def error_name(err: Any) -> str:
+    try:
+        _, name = api().cuGetErrorName(err)
+        _, text = api().cuGetErrorString(err)
+        return f"{name.decode()} ({text.decode()})"
+    except Exception:  # noqa: BLE001 - naming an error must never raise another
+        return str(err)
+
+
+def check(result: tuple, what: str, hint: str | None = None) -> Any:
+    """The value(s) of a driver call's ``(err, *values)``; raises on any error."""
+    err = result[0]
+    if err != api().CUresult.CUDA_SUCCESS:
+        raise TccRuntimeError(f"{what}: {error_name(err)}", hint=hint or _hint(err))
+    if len(result) == 1:
+        return None
+    return result[1] if len(result) == 2 else result[1:]
+
+
+def _hint(err: Any) -> str | None:
+    r = api().CUresult
+    if err == r.CUDA_ERROR_OUT_OF_MEMORY:
+        return "free device memory (other tensors, caches) or use smaller inputs"
+    if err in (r.CUDA_ERROR_ILLEGAL_ADDRESS, r.CUDA_ERROR_LAUNCH_FAILED):
+        return "the CUDA context is now unusable: restart the process; please report this as a tcc bug"
+    return None
+
+
+@functools.cache
+def _init() -> None:
+    try:
+        result = api().cuInit(0)
+    except TccRuntimeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - cuda-python raises its own types when no driver loads
+        raise TccRuntimeError(f"no CUDA driver on this machine ({exc})",
+                              hint="running on target='cuda' needs an NVIDIA GPU; compiling and "
+                                   "lower(stage='cuda'/'ptx') work without one") from None
+    check(result, "cuInit", "no usable NVIDIA GPU here")
+
+
+def init() -> None:
+    """Initialise the driver once (raises a TccRuntimeError with no GPU)."""
+    with _LOCK:
+        _init()
+
+
+def device_count() -> int:
+    init()
+    return check(api().cuDeviceGetCount(), "cuDeviceGetCount")
+
+
+class Context:
+    """The primary context of one device."""
+
+    def __init__(self, ordinal: int):
+        d = api()
+        self.ordinal = ordinal
+        self.device = check(d.cuDeviceGet(ordinal), f"cuDeviceGet({ordinal})")
+        self.handle = check(d.cuDevicePrimaryCtxRetain(self.device), f"retaining the context of cuda:{ordinal}")
+        self.ptr = int(self.handle)
+        major = check(d.cuDeviceGetAttribute(
+            d.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self.device), "cuDeviceGetAttribute")
+        minor = check(d.cuDeviceGetAttribute(
+            d.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.device), "cuDeviceGetAttribute")
+        self.arch = f"sm_{major}{minor}"
+
+    def activate(self) -> None:
+        """Make this context current on the calling thread (a no-op when it already is)."""
+        d = api()
+        current = check(d.cuCtxGetCurrent(), "cuCtxGetCurrent")
+        if int(current) != self.ptr:
+            check(d.cuCtxSetCurrent(self.handle), f"making cuda:{self.ordinal} current")
+
+
+def context(ordinal: int) -> Context:
+    ctx = _CONTEXTS.get(ordinal)
+    if ctx is None:
+        init()
+        count = device_count()
+        if not 0 <= ordinal < count:
+            raise TccRuntimeError(f"no device cuda:{ordinal} (this machine has {count})")
+        with _LOCK:
+            ctx = _CONTEXTS.setdefault(ordinal, Context(ordinal))
+    return ctx
+
+
+def current_device() -> int:
+    """The device of the calling thread's current context, else 0."""
+    init()
+    d = api()
+    current = check(d.cuCtxGetCurrent(), "cuCtxGetCurrent")
+    if int(current) == 0:
+        return 0
+    return int(check(d.cuCtxGetDevice(), "cuCtxGetDevice"))
+
+
+def pointer_device(ptr: int, what: str) -> int:
+    """The device ordinal that owns a device pointer."""
+    init()
+    d = api()
+    attr = d.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+    return int(check(d.cuPointerGetAttribute(attr, ptr), f"{what}: not a CUDA device pointer",
+                     "pass a CUDA tensor (PyTorch, CuPy, tcc.cuda.Array) or a host array"))
+
+
+# ---------------------------------------------------------------- memory
+
+def alloc(nbytes: int, stream: int, what: str) -> int:
+    """Stream-ordered device memory; ``what`` names the tensor in errors."""
+    size = max(1, nbytes)
+    err, ptr = api().cuMemAllocAsync(size, stream)
+    if err != api().CUresult.CUDA_SUCCESS:
+        raise TccRuntimeError(f"{what}: cannot allocate {nbytes} bytes on the GPU: {error_name(err)}",
+                              hint=_hint(err))
+    _LIVE_BYTES[0] += size
+    return int(ptr)
+
+
+def free(ptr: int, nbytes: int, stream: int) -> None:
+    api().cuMemFreeAsync(ptr, stream)
+    _LIVE_BYTES[0] -= max(1, nbytes)
+
+
+def live_bytes() -> int:
+    """Device memory that tcc allocated and has not freed yet."""
+    return _LIVE_BYTES[0]
+
+
+def copy_htod(dst: int, src: int, nbytes: int, stream: int, what: str) -> None:
+    if nbytes:
+        check(api().cuMemcpyHtoDAsync(dst, src, nbytes, stream), f"{what}: copy to the GPU")
+
+
+def copy_dtoh(dst: int, src: int, nbytes: int, stream: int, what: str) -> None:
+    if nbytes:
+        check(api().cuMemcpyDtoHAsync(dst, src, nbytes, stream), f"{what}: copy from the GPU")
+
+
+def copy_dtod(dst: int, src: int, nbytes: int, stream: int, what: str) -> None:
+    if nbytes:
+        check(api().cuMemcpyDtoDAsync(dst, src, nbytes, stream), f"{what}: device copy")
+
+
+def synchronize(stream: int, what: str) -> None:
+    check(api().cuStreamSynchronize(stream), what)
+
+
+# ---------------------------------------------------------------- modules and launches
+
+_CTYPES = {"p": ctypes.c_uint64, "f16": ctypes.c_float, "bf16": ctypes.c_float, "f32": ctypes.c_float,
+           "f64": ctypes.c_double, "i8": ctypes.c_int8, "i32": ctypes.c_int32, "i64": ctypes.c_int64,
+           "bool": ctypes.c_bool}
+
+
+class Launcher:
+    """One kernel of a loaded module: its function handle and reusable argument storage."""
+
+    def __init__(self, module: Any, name: str, grid: int, block: int, params: list[tuple[str, str]]):
+        self.name = name
+        self.grid = grid
+        self.block = block
+        self.fn = check(api().cuModuleGetFunction(module, name.encode()), f"finding kernel {name}")
+        self.names = [p for p, _ in params]
+        self.slots = [_CTYPES[code]() for _, code in params]
+        self.argv = (ctypes.c_void_p * max(1, len(params)))(*[ctypes.addressof(s) for s in self.slots])
+        self.argv_ptr = ctypes.addressof(self.argv)
+        self.lock = threading.Lock()
+
+    def launch(self, values: dict[str, Any], stream: int, op: str) -> None:
+        with self.lock:
+            for slot, name in zip(self.slots, self.names):
+                slot.value = values[name]
+            (err,) = api().cuLaunchKernel(self.fn, self.grid, 1, 1, self.block, 1, 1, 0, stream, self.argv_ptr, 0)
+        if err != api().CUresult.CUDA_SUCCESS:
+            raise TccRuntimeError(f"op {op}: launching kernel {self.name} ({self.grid} blocks of {self.block} "
+                                  f"threads) failed: {error_name(err)}", hint=_hint(err))
+
+
+def load_module(cubin: bytes, what: str) -> Any:
+    return check(api().cuModuleLoadData(cubin), f"{what}: loading the compiled kernels",
+                 "the cubin does not fit this GPU: compile with arch= set to its compute capability")

@@ -1,0 +1,259 @@
+"""The default GPU schedule: every statement nest of a loop function becomes one CUDA kernel.
+
+The lowered function is ``Allocate(global temps) -> Seq(nest, nest, ...)``. Each nest is
+rewritten so that its outermost loop is bound to ``block.x``; the CUDA code generator turns
+every such top-level loop into one kernel, launched in order on one stream, and every global
+intermediate into a device allocation that lives for the call.
+
+Two schedules, chosen per nest:
+
+* **flat**: the nest's spatial loops are fused into one index, one thread per output
+  element (``block.x`` x ``thread.x``), with a guard where the block size does not divide
+  the element count. Reductions stay serial inside the thread.
+* **row**: for nests whose reduction is long next to the number of outputs (softmax,
+  layernorm rows), one block per output element; the block's threads stride over the
+  reduction and combine their partial results with warp shuffles. The reduction's thread
+  loop carries the annotation ``allreduce=ACC:OP`` that tells codegen to combine the local
+  accumulator ``ACC`` across the block with the binary operator ``OP``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from tcc import dtypes
+from tcc.errors import TccCompileError
+from tcc.ir.expr import Binary, Const, Expr, Load, Var, walk
+from tcc.ir.loops import Allocate, For, If, Let, LoopFunc, Seq, Stmt, Store, seq, stmt_exprs, walk_stmts
+from tcc.passes.simplify import evaluate_int
+
+I64 = dtypes.i64
+FLAT_THREADS = 256
+MAX_ROW_THREADS = 256
+MAX_GRID_X = 2**31 - 1
+# a reduction at least this long, and long next to the output count, gets one block per output
+ROW_MIN_REDUCTION = 64
+ROW_RATIO = 16
+
+
+def schedule_cuda(func: LoopFunc) -> LoopFunc:
+    """Bind every statement nest of ``func`` to a grid of blocks and threads."""
+    temps, body = _peel_global_allocates(func.body)
+    names = _Names(func)
+    kernels = [k for nest in _nests(body) if (k := _schedule_nest(nest, names)) is not None]
+    new_body: Stmt = seq(*kernels) if kernels else Seq(())
+    for buf in reversed(temps):
+        new_body = Allocate(buf, new_body)
+    return LoopFunc(func.name, list(func.params), new_body, {**func.attrs, "target": "cuda"})
+
+
+def _peel_global_allocates(s: Stmt) -> tuple[list, Stmt]:
+    temps = []
+    while isinstance(s, Allocate) and s.buffer.scope == "global":
+        temps.append(s.buffer)
+        s = s.body
+    return temps, s
+
+
+def _nests(body: Stmt) -> list[Stmt]:
+    return list(body.stmts) if isinstance(body, Seq) else [body]
+
+
+class _Names:
+    """Fresh variable names that clash with nothing in the function."""
+
+    def __init__(self, func: LoopFunc):
+        taken = {p.name for p in func.params} | set(func.buffers())
+        for s in walk_stmts(func.body):
+            if isinstance(s, (For, Let)):
+                taken.add(s.var.name)
+            for e in stmt_exprs(s):
+                taken.update(n.name for n in walk(e) if isinstance(n, Var))
+        self.taken = taken
+
+    def fresh(self, base: str) -> Var:
+        name, i = base, 0
+        while name in self.taken:
+            i += 1
+            name = f"{base}{i}"
+        self.taken.add(name)
+        return Var(name, I64)
+
+
+def _extent(f: For) -> int:
+    value = evaluate_int(f.extent)
+    if value is None:
+        raise TccCompileError(f"internal error: loop {f.var.name} has no constant extent for the GPU", f.span)
+    return value
+
+
+@dataclass
+class _Nest:
+    axes: list[For]  # the perfectly nested spatial loops, outermost first
+    body: Stmt  # what they enclose
+
+    @property
+    def extents(self) -> list[int]:
+        return [_extent(f) for f in self.axes]
+
+
+def _split_axes(nest: Stmt) -> _Nest:
+    axes = []
+    while isinstance(nest, For) and nest.kind == "serial":
+        axes.append(nest)
+        nest = nest.body
+    return _Nest(axes, nest)
+
+
+def _schedule_nest(stmt: Stmt, names: _Names) -> Stmt | None:
+    nest = _split_axes(stmt)
+    total = math.prod(nest.extents)
+    if total == 0:
+        return None  # nothing to compute: no launch
+    row = _row_reduction(nest.body)
+    if row is not None and row.length >= ROW_MIN_REDUCTION and row.length * ROW_RATIO >= total:
+        return _row_schedule(nest, row, names)
+    return _flat_schedule(nest, names)
+
+
+# ---------------------------------------------------------------- index arithmetic
+
+def _decompose(axes: list[For], extents: list[int], flat: Expr, body: Stmt) -> Stmt:
+    """``Let`` each axis variable be its digit of the row-major ``flat`` index."""
+    stride = 1
+    for ax, ext in reversed(list(zip(axes, extents))):
+        value: Expr = flat
+        if stride != 1:
+            value = Binary("floordiv", value, Const(stride, I64), I64)
+        if ax is not axes[0]:
+            value = Binary("mod", value, Const(ext, I64), I64)
+        body = Let(ax.var, value, body)
+        stride *= ext
+    return body
+
+
+def _linear(outer: Var, size: int, inner: Var) -> Expr:
+    return Binary("add", Binary("mul", outer, Const(size, I64), I64), inner, I64)
+
+
+def _guarded(index: Var, value: Expr, total: int, covered: int, body: Stmt) -> Stmt:
+    """``let index = value; if index < total: body`` (no test when ``covered == total``)."""
+    inner = body if covered == total else If(Binary("lt", index, Const(total, I64), dtypes.boolean), body)
+    return Let(index, value, inner)
+
+
+def _block_size(n: int, cap: int) -> int:
+    """A power of two of at least one warp, at most ``cap``, not much over ``n``."""
+    size = 32
+    while size < n and size < cap:
+        size *= 2
+    return size
+
+
+def _grid(total: int, threads: int, span) -> int:
+    blocks = -(-total // threads)
+    if blocks > MAX_GRID_X:
+        raise TccCompileError(f"{total} elements need {blocks} blocks, over CUDA's grid limit", span,
+                              "split the op into smaller pieces")
+    return blocks
+
+
+# ---------------------------------------------------------------- flat: one thread per output element
+
+def _flat_schedule(nest: _Nest, names: _Names) -> Stmt:
+    extents = nest.extents
+    total = math.prod(extents)
+    threads = _block_size(total, FLAT_THREADS)
+    blocks = _grid(total, threads, nest.axes[0].span if nest.axes else None)
+    bx, tx, gid = names.fresh("bx"), names.fresh("tx"), names.fresh("gid")
+    body = _decompose(nest.axes, extents, gid, nest.body)
+    body = _guarded(gid, _linear(bx, threads, tx), total, blocks * threads, body)
+    span = nest.axes[0].span if nest.axes else None
+    return For(bx, Const(blocks, I64), For(tx, Const(threads, I64), body, "thread.x", span=span),
+               "block.x", span=span)
+
+
+# ---------------------------------------------------------------- row: one block per output element
+
+@dataclass
+class _Row:
+    allocs: list[Allocate]  # the local accumulators around the statement
+    stmts: list[Stmt]  # initialisers, reduction loops and the final store, in order
+    loops: dict[int, tuple[str, str]]  # index in stmts of each reduction loop -> (acc, operator)
+    length: int  # the longest reduction's trip count
+
+
+def _row_reduction(body: Stmt) -> _Row | None:
+    """The statement's reductions, when it has the shape ``lower`` gives a reduction."""
+    allocs = []
+    while isinstance(body, Allocate) and body.buffer.scope == "local":
+        allocs.append(body)
+        body = body.body
+    stmts = list(body.stmts) if isinstance(body, Seq) else [body]
+    accs = {a.buffer.name for a in allocs if a.buffer.shape == (1,)}
+    loops: dict[int, tuple[str, str]] = {}
+    length = 0
+    for i, s in enumerate(stmts):
+        if isinstance(s, Store):
+            continue
+        red = _reduction_loop(s, accs)
+        if red is None:
+            return None
+        loops[i] = red[:2]
+        length = max(length, red[2])
+    return _Row(allocs, stmts, loops, length) if loops else None
+
+
+def _reduction_loop(s: Stmt, accs: set[str]) -> tuple[str, str, int] | None:
+    """(accumulator, combining operator, trip count) of a lowered reduction loop nest."""
+    nest = _split_axes(s)
+    if not nest.axes:
+        return None
+    updates = [t for t in walk_stmts(nest.body) if isinstance(t, Store) and t.buffer in accs]
+    stores = [t for t in walk_stmts(nest.body) if isinstance(t, Store)]
+    if len(updates) != 1 or len(stores) != 1:
+        return None
+    upd = updates[0]
+    value = upd.value
+    if not (isinstance(value, Binary) and value.op in ("add", "mul", "max", "min")
+            and isinstance(value.a, Load) and value.a.buffer == upd.buffer):
+        return None
+    if any(isinstance(n, Load) and n.buffer == upd.buffer for n in walk(value.b)):
+        return None
+    return upd.buffer, value.op, math.prod(nest.extents)
+
+
+def _row_schedule(nest: _Nest, row: _Row, names: _Names) -> Stmt:
+    extents = nest.extents
+    total = math.prod(extents)
+    threads = _block_size(row.length, MAX_ROW_THREADS)
+    span = nest.axes[0].span if nest.axes else None
+    _grid(total, 1, span)
+    bx = names.fresh("bx")
+    stmts = []
+    for i, s in enumerate(row.stmts):
+        if i in row.loops:
+            acc, op = row.loops[i]
+            s = _threaded_reduction(s, threads, names, f"{acc}:{op}")
+        stmts.append(s)
+    body: Stmt = seq(*stmts)
+    for alloc in reversed(row.allocs):
+        body = replace(alloc, body=body)
+    body = _decompose(nest.axes, extents, bx, body)
+    return For(bx, Const(total, I64), body, "block.x", span=span)
+
+
+def _threaded_reduction(loop: Stmt, threads: int, names: _Names, allreduce: str) -> Stmt:
+    """The block's threads stride over the (flattened) reduction loops, then combine."""
+    red = _split_axes(loop)
+    extents = red.extents
+    length = math.prod(extents)
+    tx, step, rid = names.fresh("tx"), names.fresh("rstep"), names.fresh("rid")
+    steps = -(-length // threads)
+    inner = _decompose(red.axes, extents, rid, red.body)
+    inner = _guarded(rid, _linear(step, threads, tx), length, steps * threads, inner)
+    span = red.axes[0].span
+    body: Stmt = For(step, Const(steps, I64), inner, span=span) if steps > 1 else \
+        Let(step, Const(0, I64), inner)
+    return For(tx, Const(threads, I64), body, "thread.x", annotations=(("allreduce", allreduce),), span=span)

@@ -1,0 +1,389 @@
+"""The CUDA target: build cubin for a scheduled loop function, load it, run it on GPU tensors.
+
+Compiling (``build``, ``stage_text``) needs NVRTC only, no GPU: the architecture comes from
+the ``arch`` option (default ``sm_90``). Running needs a GPU. Device tensors (PyTorch, CuPy,
+anything with ``__cuda_array_interface__``, ``tcc.cuda.Array``) are used in place and the
+results come back as the same kind of tensor; NumPy inputs are copied over and the results
+copied back. Work goes on the caller's current PyTorch (or CuPy) stream, else the legacy
+default stream; nothing synchronises unless host arrays are involved.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tcc import dtypes
+from tcc.codegen_cuda import cuda_c, driver, nvrtc
+from tcc.dtypes import DType
+from tcc.errors import TccArgumentError, TccCompileError, TccRuntimeError
+from tcc.ir.loops import LoopFunc
+
+STAGES = ("ast", "te", "loops", "scheduled", "cuda", "ptx")
+_MAGIC = b"TCC-CUBIN-1\n"
+_SYNC = os.environ.get("TCC_CUDA_SYNC", "") not in ("", "0")  # debugging: synchronise after every call
+
+
+def _arch(options: dict[str, Any]) -> str:
+    return nvrtc.check_arch(options.get("arch", nvrtc.DEFAULT_ARCH))
+
+
+def host_key(options: dict[str, Any]) -> str:
+    return f"{_arch(options)}/nvrtc-{nvrtc.version()}"
+
+
+def cuda_source(func: LoopFunc) -> str:
+    return cuda_c.generate(func).source
+
+
+def stage_text(func: LoopFunc, stage: str, options: dict[str, Any]) -> str:
+    source = cuda_source(func)
+    return source if stage == "cuda" else nvrtc.compile_ptx(source, _arch(options))
+
+
+def build(func: LoopFunc, options: dict[str, Any] | None = None) -> bytes:
+    """The artifact the cache stores: a JSON launch plan, then the cubin."""
+    arch = _arch(options or {})
+    program = cuda_c.generate(func)
+    cubin = nvrtc.compile_cubin(program.source, arch)
+    meta = {"arch": arch, "temps": program.temps,
+            "kernels": [{"name": k.name, "grid": k.grid, "block": k.block, "params": k.params}
+                        for k in program.kernels]}
+    header = json.dumps(meta).encode()
+    return _MAGIC + struct.pack("<I", len(header)) + header + cubin
+
+
+def _parse(artifact: bytes) -> tuple[dict[str, Any], bytes]:
+    try:
+        if not artifact.startswith(_MAGIC):
+            raise ValueError("bad magic")
+        (size,) = struct.unpack_from("<I", artifact, len(_MAGIC))
+        start = len(_MAGIC) + 4
+        meta = json.loads(artifact[start:start + size])
+        cubin = artifact[start + size:]
+        if not cubin.startswith(b"\x7fELF"):
+            raise ValueError("no cubin")
+        return meta, cubin
+    except (ValueError, struct.error, UnicodeDecodeError) as exc:
+        raise TccCompileError(f"unusable CUDA artifact ({exc})") from None
+
+
+class CudaKernel:
+    """The kernels of one op specialisation; modules are loaded per device on first use."""
+
+    def __init__(self, func: LoopFunc, artifact: bytes):
+        self.name = func.name
+        self.meta, self.cubin = _parse(artifact)
+        self.temps: list[tuple[str, int]] = [(n, int(b)) for n, b in self.meta["temps"]]
+        self._launchers: dict[int, list[driver.Launcher]] = {}
+
+    def launchers(self, device: int) -> list[driver.Launcher]:
+        found = self._launchers.get(device)
+        if found is None:
+            ctx = driver.context(device)
+            if ctx.arch != self.meta["arch"]:
+                raise TccRuntimeError(f"op {self.name} was compiled for {self.meta['arch']} but cuda:{device} "
+                                      f"is {ctx.arch}", hint=f"tcc.compile(..., target='cuda', arch='{ctx.arch}')")
+            module = driver.load_module(self.cubin, f"op {self.name}")
+            found = [driver.Launcher(module, k["name"], k["grid"], k["block"], [tuple(p) for p in k["params"]])
+                     for k in self.meta["kernels"]]
+            self._launchers[device] = found
+        return found
+
+
+def load(func: LoopFunc, artifact: bytes) -> CudaKernel:
+    return CudaKernel(func, artifact)
+
+
+# ---------------------------------------------------------------- device tensors
+
+@dataclass
+class DeviceTensor:
+    """A view of a caller's device tensor: where it is and how it is laid out."""
+
+    ptr: int
+    shape: tuple[int, ...]
+    tcc_dtype: DType
+    device: int
+    owner: Any
+    kind: str  # "torch" | "cupy" | "tcc" | "cai"
+    contiguous: bool = True
+    keep: list[Any] = field(default_factory=list)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def dtype(self) -> Any:
+        return self.tcc_dtype
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.tcc_dtype.itemsize
+
+
+def _torch_dtypes() -> dict[Any, DType]:
+    import torch
+
+    return {torch.float16: dtypes.f16, torch.bfloat16: dtypes.bf16, torch.float32: dtypes.f32,
+            torch.float64: dtypes.f64, torch.int8: dtypes.i8, torch.int32: dtypes.i32, torch.int64: dtypes.i64,
+            torch.bool: dtypes.boolean}
+
+
+def _is_torch(value: Any) -> bool:
+    return type(value).__module__.startswith("torch") and hasattr(value, "data_ptr")
+
+
+def as_array(value: Any, what: str) -> Any:
+    """A :class:`DeviceTensor` for a device tensor, else a NumPy array (to be copied over)."""
+    from tcc.cuda import Array
+
+    if isinstance(value, Array):
+        return DeviceTensor(value.ptr, value.shape, value.tcc_dtype, value.device, value, "tcc")
+    if _is_torch(value):
+        if value.is_cuda:
+            return _from_torch(value, what)
+        if value.dtype == __import__("torch").bfloat16:
+            raise TccArgumentError(f"{what}: a CPU bf16 tensor cannot be copied to the GPU by tcc",
+                                   hint="move it first: x.cuda()")
+        return value.detach().resolve_conj().numpy()
+    if hasattr(value, "__cuda_array_interface__"):
+        return _from_cai(value, what)
+    from tcc.runtime.binding import as_host_array
+
+    return as_host_array(value, what)
+
+
+def _from_torch(t: Any, what: str) -> DeviceTensor:
+    dt = _torch_dtypes().get(t.dtype)
+    if dt is None:
+        raise TccArgumentError(f"{what}: tcc has no dtype for torch.{str(t.dtype).split('.')[-1]}",
+                               hint="use one of f16 bf16 f32 f64 i8 i32 i64 bool")
+    return DeviceTensor(t.data_ptr(), tuple(t.shape), dt, t.device.index or 0, t, "torch", t.is_contiguous())
+
+
+def _from_cai(value: Any, what: str) -> DeviceTensor:
+    cai = value.__cuda_array_interface__
+    shape = tuple(int(d) for d in cai["shape"])
+    dt = dtypes.from_numpy(np.dtype(cai["typestr"]))
+    if dt is None:
+        raise TccArgumentError(f"{what}: tcc has no dtype for {cai['typestr']}")
+    ptr = int(cai["data"][0])
+    strides = cai.get("strides")
+    contiguous = strides is None or tuple(strides) == _c_strides(shape, dt.itemsize) or math.prod(shape) <= 1
+    device = driver.pointer_device(ptr, what) if ptr else driver.current_device()
+    kind = "cupy" if type(value).__module__.startswith("cupy") else "cai"
+    return DeviceTensor(ptr, shape, dt, device, value, kind, contiguous)
+
+
+def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    out, step = [], itemsize
+    for d in reversed(shape):
+        out.append(step)
+        step *= d
+    return tuple(reversed(out))
+
+
+# ---------------------------------------------------------------- calling
+
+class _Call:
+    """One call's device state; frees every temporary it made, also when the call fails."""
+
+    def __init__(self, op_name: str, device: int, stream: int):
+        self.op = op_name
+        self.device = device
+        self.stream = stream
+        self.temps: list[tuple[int, int]] = []
+
+    def alloc(self, nbytes: int, what: str) -> int:
+        ptr = driver.alloc(nbytes, self.stream, f"op {self.op}: {what}")
+        self.temps.append((ptr, nbytes))
+        return ptr
+
+    def __enter__(self) -> _Call:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for ptr, nbytes in self.temps:
+            driver.free(ptr, nbytes, self.stream)
+
+
+def invoke(kernel: CudaKernel, op, bound, out: Any) -> list[Any]:
+    """Run ``kernel`` on a bound call (``out=`` checked first)."""
+    device_args = {n: a for n, a in bound.arrays.items() if isinstance(a, DeviceTensor)}
+    device = _common_device(op, device_args, out)
+    driver.context(device).activate()
+    kind = next((a.kind for a in device_args.values()), "numpy")
+    stream = _stream(device_args, device)
+    outs = _check_out(op, bound, out, kind, device)
+    with _Call(op.name, device, stream) as call:
+        values: dict[str, Any] = dict(bound.scalars)
+        for name, arr in bound.arrays.items():
+            values[name] = _input_pointer(call, name, arr)
+        results, finish = [], []
+        for name, target in zip(op.results, outs):
+            shape, dt = bound.result_shapes[name], op.tensors[name].dtype
+            result, ptr, post = _result(call, name, shape, dt, kind, target, list(device_args.values()))
+            values[name] = ptr
+            results.append(result)
+            finish.append(post)
+        for name, nbytes in kernel.temps:
+            values[name] = call.alloc(nbytes, f"intermediate {name}")
+        for launcher in kernel.launchers(device):
+            launcher.launch(values, stream, op.name)
+        for post in finish:
+            if post is not None:
+                post()
+        if kind == "numpy" or _SYNC:
+            driver.synchronize(stream, f"op {op.name}: running its kernels")
+    return results
+
+
+def _common_device(op, device_args: dict[str, DeviceTensor], out: Any) -> int:
+    first = None
+    for name, arr in device_args.items():
+        if first is None:
+            first = (name, arr.device)
+        elif arr.device != first[1]:
+            raise TccArgumentError(f"argument {name} of {op.name} is on cuda:{arr.device} but argument "
+                                   f"{first[0]} is on cuda:{first[1]}", op.tensors[name].span,
+                                   "move all tensors of a call to one GPU")
+    return first[1] if first is not None else driver.current_device()
+
+
+def _stream(device_args: dict[str, DeviceTensor], device: int) -> int:
+    """The caller's current stream when it passed framework tensors, else the legacy default stream."""
+    kinds = {a.kind for a in device_args.values()}
+    if "torch" in kinds:
+        import torch
+
+        return int(torch.cuda.current_stream(device).cuda_stream)
+    if "cupy" in kinds:
+        import cupy
+
+        return int(cupy.cuda.get_current_stream().ptr)
+    return 0
+
+
+def _input_pointer(call: _Call, name: str, arr: Any) -> int:
+    what = f"argument {name}"
+    if isinstance(arr, DeviceTensor):
+        if arr.contiguous:
+            return arr.ptr
+        return _contiguous_copy(call, name, arr)
+    host = np.ascontiguousarray(arr)
+    ptr = call.alloc(host.nbytes, f"copy of {what}")
+    driver.copy_htod(ptr, host.ctypes.data, host.nbytes, call.stream, f"op {call.op}: {what}")
+    return ptr
+
+
+def _contiguous_copy(call: _Call, name: str, arr: DeviceTensor) -> int:
+    """A contiguous copy of a strided device tensor, made by its own framework."""
+    if arr.kind == "torch":
+        copy = arr.owner.contiguous()
+    elif arr.kind == "cupy":
+        import cupy
+
+        copy = cupy.ascontiguousarray(arr.owner)
+    else:
+        raise TccArgumentError(f"argument {name} of {call.op} is a non-contiguous device array",
+                               hint="pass a contiguous array (or a PyTorch/CuPy tensor, which tcc copies)")
+    arr.keep.append(copy)
+    return int(copy.data_ptr()) if arr.kind == "torch" else int(copy.data.ptr)
+
+
+def _result(call: _Call, name: str, shape: tuple[int, ...], dt: DType, kind: str, target: Any,
+            inputs: list[DeviceTensor]):
+    """(what the caller gets, the device pointer the kernel writes, a step to run after the kernels)."""
+    nbytes = math.prod(shape) * dt.itemsize
+    if kind == "numpy":
+        host = target if target is not None else np.empty(shape, dt.numpy)
+        ptr = call.alloc(nbytes, f"result {name}")
+        direct = host.flags.c_contiguous
+
+        def back() -> None:
+            staging = host if direct else np.empty(shape, dt.numpy)
+            driver.copy_dtoh(staging.ctypes.data, ptr, nbytes, call.stream, f"op {call.op}: result {name}")
+            if not direct:
+                driver.synchronize(call.stream, f"op {call.op}: result {name}")
+                np.copyto(host, staging)
+        return host, ptr, back
+    if target is not None:
+        view = target if isinstance(target, DeviceTensor) else as_array(target, f"out= for {name}")
+        if view.contiguous and not _overlaps(view, inputs):
+            return target, view.ptr, None
+        ptr = call.alloc(nbytes, f"result {name}")
+        return target, ptr, lambda: _copy_into(call, name, view, ptr, nbytes)
+    result = _new_device_tensor(shape, dt, kind, call.device, call.stream)
+    view = as_array(result, f"result {name}")
+    return result, view.ptr, None
+
+
+def _overlaps(view: DeviceTensor, inputs: list[DeviceTensor]) -> bool:
+    """Whether ``out=`` shares memory with an input (then we compute into a temporary)."""
+    lo, hi = view.ptr, view.ptr + view.nbytes
+    return any(v.ptr < hi and lo < v.ptr + v.nbytes for v in inputs)
+
+
+def _copy_into(call: _Call, name: str, view: DeviceTensor, ptr: int, nbytes: int) -> None:
+    if view.contiguous:
+        driver.copy_dtod(view.ptr, ptr, nbytes, call.stream, f"op {call.op}: out= for {name}")
+        return
+    if view.kind != "torch":
+        raise TccArgumentError(f"out= for {name} of {call.op} is a non-contiguous device array",
+                               hint="pass a contiguous array")
+    import torch
+
+    tmp = torch.empty(view.shape, dtype=view.owner.dtype, device=view.owner.device)
+    driver.copy_dtod(tmp.data_ptr(), ptr, nbytes, call.stream, f"op {call.op}: out= for {name}")
+    view.owner.copy_(tmp)
+
+
+def _new_device_tensor(shape: tuple[int, ...], dt: DType, kind: str, device: int, stream: int) -> Any:
+    if kind == "torch":
+        import torch
+
+        torch_dt = {v: k for k, v in _torch_dtypes().items()}[dt]
+        return torch.empty(shape, dtype=torch_dt, device=torch.device("cuda", device))
+    if kind == "cupy" and dt.name != "bf16":
+        import cupy
+
+        with cupy.cuda.Device(device):
+            return cupy.empty(shape, dt.numpy)
+    from tcc.cuda import Array
+
+    return Array(shape, dt, device, stream=stream)
+
+
+def _check_out(op, bound, out: Any, kind: str, device: int) -> list[Any]:
+    if out is None:
+        return [None] * len(op.results)
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    if len(outs) != len(op.results):
+        raise TccArgumentError(f"{op.name} has {len(op.results)} result(s); out= gave {len(outs)}", op.span)
+    for name, target in zip(op.results, outs):
+        what = f"out= for {name} of {op.name}"
+        want_shape, want = bound.result_shapes[name], op.tensors[name].dtype
+        view = as_array(target, what)
+        on_device = isinstance(view, DeviceTensor)
+        if on_device != (kind != "numpy"):
+            where = "a device tensor" if kind != "numpy" else "a NumPy array"
+            raise TccArgumentError(f"{what} must be {where}, like the inputs", op.tensors[name].span)
+        got_dtype = view.tcc_dtype if on_device else dtypes.from_numpy(view.dtype)
+        if tuple(view.shape) != tuple(want_shape) or got_dtype != want:
+            raise TccArgumentError(f"{what} must be {want}{list(want_shape)}, got "
+                                   f"{got_dtype or view.dtype}{list(view.shape)}", op.tensors[name].span)
+        if on_device and view.device != device:
+            raise TccArgumentError(f"{what} is on cuda:{view.device}, the inputs on cuda:{device}",
+                                   op.tensors[name].span)
+        if not on_device and not view.flags.writeable:
+            raise TccArgumentError(f"{what} is read-only", op.tensors[name].span)
+    return outs
+
