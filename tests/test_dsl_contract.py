@@ -6,11 +6,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import check_op
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tcc
-from helpers import check_op
 
 DSL = Path(__file__).resolve().parent.parent.parent / "shared" / "DSL.md"
 

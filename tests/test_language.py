@@ -3,9 +3,9 @@ reductions, pads, scalars, several results, intermediates, strides and out=."""
 
 import numpy as np
 import pytest
+from helpers import check_op
 
 import tcc
-from helpers import check_op
 
 
 @pytest.mark.parametrize("n", [1, 7, 33, 1000])
@@ -218,7 +218,8 @@ def test_integer_power_and_neg_constant_power_error(rng):
 
 
 def test_nan_propagates_through_max(rng):
-    lib = tcc.compile("op m(X: f32[N]) -> (Y: f32[N], Z: f32[1]) { Y[i] = max(X[i], 0.0); Z[j] = max[i](X[i]) + f32(j) }")
+    lib = tcc.compile("op m(X: f32[N]) -> (Y: f32[N], Z: f32[1]) {\n"
+                      "    Y[i] = max(X[i], 0.0); Z[j] = max[i](X[i]) + f32(j)\n}")
     x = np.array([1.0, np.nan, -2.0], np.float32)
     y, z = lib.m(x)
     assert np.isnan(y[1]) and y[0] == 1.0 and y[2] == 0.0
