@@ -22,7 +22,7 @@ from tcc.errors import TccArgumentError, TccError
 from tcc.runtime.binding import bind_shapes
 from tcc.runtime.library import Library, Op
 
-ALL_STAGES = ("ast", "te", "loops", "scheduled", "llvm", "asm", "cuda", "ptx")
+ALL_STAGES = ("ast", "te", "fused", "loops", "scheduled", "llvm", "asm", "cuda", "ptx")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,11 +10,12 @@ Two schedules, chosen per nest:
 * **flat**: the nest's spatial loops are fused into one index, one thread per output
   element (``block.x`` x ``thread.x``), with a guard where the block size does not divide
   the element count. Reductions stay serial inside the thread.
-* **row**: for nests whose reduction is long next to the number of outputs (softmax,
-  layernorm rows), one block per output element; the block's threads stride over the
-  reduction and combine their partial results with warp shuffles. The reduction's thread
-  loop carries the annotation ``allreduce=ACC:OP`` that tells codegen to combine the local
-  accumulator ``ACC`` across the block with the binary operator ``OP``.
+* **row**: for nests whose inner loops are long next to the number of outputs (softmax,
+  layernorm rows, fused or not), one block per output row. The row's loops are strided
+  over the block's threads; a reduction loop carries the annotation ``allreduce=ACC:OP``
+  that tells codegen to combine the local accumulator ``ACC`` across the block with the
+  binary operator ``OP`` (warp shuffles, then shared memory); per-row arrays that fusion
+  made local move to shared memory, with a barrier after each loop that writes them.
 """
 
 from __future__ import annotations
@@ -25,14 +26,14 @@ from dataclasses import dataclass, replace
 from tcc import dtypes
 from tcc.errors import TccCompileError
 from tcc.ir.expr import Binary, Const, Expr, Load, Var, walk
-from tcc.ir.loops import Allocate, For, If, Let, LoopFunc, Seq, Stmt, Store, seq, stmt_exprs, walk_stmts
+from tcc.ir.loops import Allocate, Barrier, For, If, Let, LoopFunc, Seq, Stmt, Store, seq, stmt_exprs, walk_stmts
 from tcc.passes.simplify import evaluate_int
 
 I64 = dtypes.i64
 FLAT_THREADS = 256
 MAX_ROW_THREADS = 256
 MAX_GRID_X = 2**31 - 1
-# a reduction at least this long, and long next to the output count, gets one block per output
+# a row loop at least this long, and long next to the output count, gets one block per row
 ROW_MIN_REDUCTION = 64
 ROW_RATIO = 16
 
@@ -111,9 +112,9 @@ def _schedule_nest(stmt: Stmt, names: _Names) -> Stmt | None:
     total = math.prod(nest.extents)
     if total == 0:
         return None  # nothing to compute: no launch
-    row = _row_reduction(nest.body)
-    if row is not None and row.length >= ROW_MIN_REDUCTION and row.length * ROW_RATIO >= total:
-        return _row_schedule(nest, row, names)
+    work = _row_work(nest.body)
+    if work is not None and work >= ROW_MIN_REDUCTION and work * ROW_RATIO >= total:
+        return _row_schedule(nest, names)
     return _flat_schedule(nest, names)
 
 
@@ -176,76 +177,92 @@ def _flat_schedule(nest: _Nest, names: _Names) -> Stmt:
 
 # ---------------------------------------------------------------- row: one block per output element
 
-@dataclass
-class _Row:
-    allocs: list[Allocate]  # the local accumulators around the statement
-    stmts: list[Stmt]  # initialisers, reduction loops and the final store, in order
-    loops: dict[int, tuple[str, str]]  # index in stmts of each reduction loop -> (acc, operator)
-    length: int  # the longest reduction's trip count
+SHARED_LIMIT = 48 * 1024  # bytes of static shared memory a block may use
 
 
-def _row_reduction(body: Stmt) -> _Row | None:
-    """The statement's reductions, when it has the shape ``lower`` gives a reduction."""
-    allocs = []
-    while isinstance(body, Allocate) and body.buffer.scope == "local":
-        allocs.append(body)
-        body = body.body
-    stmts = list(body.stmts) if isinstance(body, Seq) else [body]
-    accs = {a.buffer.name for a in allocs if a.buffer.shape == (1,)}
-    loops: dict[int, tuple[str, str]] = {}
-    length = 0
-    for i, s in enumerate(stmts):
-        if isinstance(s, Store):
-            continue
-        red = _reduction_loop(s, accs)
-        if red is None:
+def _row_work(body: Stmt) -> int | None:
+    """The longest loop a row's threads would share, or None if the body does not fit the row form.
+
+    The row form is what ``lower`` gives for a reduction (local accumulators, an initialising
+    store, the reduction loops, the final store) and, after fusion, a sequence of such pieces
+    and element-wise loops over per-row arrays.
+    """
+    longest = 0
+    shared = 0
+    for s in _row_items(body):
+        if isinstance(s, Allocate):
+            if s.buffer.scope != "local":
+                return None
+            if s.buffer.size > 1:
+                shared += s.buffer.size * s.buffer.dtype.itemsize
+        elif isinstance(s, For):
+            nest = _split_axes(s)
+            if not nest.axes:
+                return None
+            longest = max(longest, math.prod(nest.extents))
+        elif not isinstance(s, Store):
             return None
-        loops[i] = red[:2]
-        length = max(length, red[2])
-    return _Row(allocs, stmts, loops, length) if loops else None
+    return longest if longest and shared <= SHARED_LIMIT else None
 
 
-def _reduction_loop(s: Stmt, accs: set[str]) -> tuple[str, str, int] | None:
-    """(accumulator, combining operator, trip count) of a lowered reduction loop nest."""
-    nest = _split_axes(s)
-    if not nest.axes:
-        return None
-    updates = [t for t in walk_stmts(nest.body) if isinstance(t, Store) and t.buffer in accs]
-    stores = [t for t in walk_stmts(nest.body) if isinstance(t, Store)]
-    if len(updates) != 1 or len(stores) != 1:
-        return None
-    upd = updates[0]
-    value = upd.value
-    if not (isinstance(value, Binary) and value.op in ("add", "mul", "max", "min")
-            and isinstance(value.a, Load) and value.a.buffer == upd.buffer):
-        return None
-    if any(isinstance(n, Load) and n.buffer == upd.buffer for n in walk(value.b)):
-        return None
-    return upd.buffer, value.op, math.prod(nest.extents)
+def _row_items(body: Stmt) -> list[Stmt]:
+    """The allocations, stores and loops at the top level of a row's body."""
+    out: list[Stmt] = []
+    for s in (body.stmts if isinstance(body, Seq) else (body,)):
+        if isinstance(s, Allocate):
+            out.append(s)
+            out.extend(_row_items(s.body))
+        else:
+            out.append(s)
+    return out
 
 
-def _row_schedule(nest: _Nest, row: _Row, names: _Names) -> Stmt:
+def _row_schedule(nest: _Nest, names: _Names) -> Stmt:
     extents = nest.extents
     total = math.prod(extents)
-    threads = _block_size(row.length, MAX_ROW_THREADS)
+    threads = _block_size(_row_work(nest.body) or 1, MAX_ROW_THREADS)
     span = nest.axes[0].span if nest.axes else None
     _grid(total, 1, span)
     bx = names.fresh("bx")
-    stmts = []
-    for i, s in enumerate(row.stmts):
-        if i in row.loops:
-            acc, op = row.loops[i]
-            s = _threaded_reduction(s, threads, names, f"{acc}:{op}")
-        stmts.append(s)
-    body: Stmt = seq(*stmts)
-    for alloc in reversed(row.allocs):
-        body = replace(alloc, body=body)
-    body = _decompose(nest.axes, extents, bx, body)
+    body = _decompose(nest.axes, extents, bx, _row_body(nest.body, threads, names))
     return For(bx, Const(total, I64), body, "block.x", span=span)
 
 
-def _threaded_reduction(loop: Stmt, threads: int, names: _Names, allreduce: str) -> Stmt:
-    """The block's threads stride over the (flattened) reduction loops, then combine."""
+def _row_body(s: Stmt, threads: int, names: _Names) -> Stmt:
+    """Loops become block-strided (reductions combined across the block); per-row arrays go
+    to shared memory, with a barrier after each loop that writes one."""
+    if isinstance(s, Allocate):
+        buf = s.buffer if s.buffer.size <= 1 else replace(s.buffer, scope="shared")
+        return Allocate(buf, _row_body(s.body, threads, names))
+    if isinstance(s, Seq):
+        return seq(*(_row_body(c, threads, names) for c in s.stmts))
+    if isinstance(s, For):
+        red = _reduction_loop(s)
+        looped = _block_strided(s, threads, names, f"{red[0]}:{red[1]}" if red else None)
+        return looped if red else seq(looped, Barrier())
+    return s
+
+
+def _reduction_loop(s: Stmt) -> tuple[str, str] | None:
+    """(accumulator, combining operator) when ``s`` is a loop nest that only reduces into one
+    accumulator ``acc[0] = op(acc[0], value)``."""
+    nest = _split_axes(s)
+    stores = [t for t in walk_stmts(nest.body) if isinstance(t, Store)]
+    if len(stores) != 1:
+        return None
+    upd = stores[0]
+    value = upd.value
+    if not (isinstance(value, Binary) and value.op in ("add", "mul", "max", "min")
+            and isinstance(value.a, Load) and value.a.buffer == upd.buffer and value.a.indices == upd.indices
+            and all(isinstance(i, Const) and i.value == 0 for i in upd.indices)):
+        return None
+    if any(isinstance(n, Load) and n.buffer == upd.buffer for n in walk(value.b)):
+        return None
+    return upd.buffer, value.op
+
+
+def _block_strided(loop: Stmt, threads: int, names: _Names, allreduce: str | None) -> Stmt:
+    """The block's threads stride over the (flattened) loop nest; a reduction then combines."""
     red = _split_axes(loop)
     extents = red.extents
     length = math.prod(extents)
@@ -256,4 +273,5 @@ def _threaded_reduction(loop: Stmt, threads: int, names: _Names, allreduce: str)
     span = red.axes[0].span
     body: Stmt = For(step, Const(steps, I64), inner, span=span) if steps > 1 else \
         Let(step, Const(0, I64), inner)
-    return For(tx, Const(threads, I64), body, "thread.x", annotations=(("allreduce", allreduce),), span=span)
+    notes = (("allreduce", allreduce),) if allreduce else ()
+    return For(tx, Const(threads, I64), body, "thread.x", annotations=notes, span=span)

@@ -13,11 +13,12 @@ from dataclasses import fields, replace
 
 from tcc import dtypes
 from tcc.dtypes import DType
-from tcc.ir.expr import Binary, Const, Expr, Load, Read, Reduce, Select, Var, cast
+from tcc.ir.expr import Binary, Const, Expr, Load, Read, Reduce, Select, Var, cast, substitute
 from tcc.ir.loops import Allocate, Buffer, For, LoopFunc, Stmt, Store, seq
-from tcc.ir.te import OpTE, Pad
+from tcc.ir.te import Compute, OpTE, Pad
 
 I64 = dtypes.i64
+LOCAL_LIMIT = 64 * 1024  # bytes: a per-row intermediate up to this size lives on the stack
 
 
 def lower(op: OpTE) -> LoopFunc:
@@ -50,6 +51,7 @@ class _Lowering:
         self.op = op
         self.taken = set(op.tensors) | set(op.scalars)
         self.counter = 0
+        self.rows: dict[str, tuple[int, Buffer]] = {}  # per-row intermediates of fusion groups
 
     def run(self) -> LoopFunc:
         op = self.op
@@ -60,12 +62,27 @@ class _Lowering:
             else:
                 params.append(Var(p, op.scalars[p].dtype))
         params.extend(self._buffer(r) for r in op.results)
-        temps = [c.tensor for c in op.computes if op.tensors[c.tensor].kind == "temp"]
-        nests = [self._statement(c) for c in op.computes]
-        body = seq(*nests)
+        internal = {t for g in op.groups for t in g.internal}
+        temps = [c.tensor for c in op.computes if op.tensors[c.tensor].kind == "temp" and c.tensor not in internal]
+        body = seq(*self._nests())
         for name in reversed(temps):
             body = Allocate(self._buffer(name), body)
         return LoopFunc(op.name, params, body)
+
+    def _nests(self) -> list[Stmt]:
+        """One loop nest per statement, or per fusion group."""
+        starts = {g.tensors[0]: g for g in self.op.groups}
+        computes = self.op.computes
+        nests, i = [], 0
+        while i < len(computes):
+            group = starts.get(computes[i].tensor)
+            if group is None:
+                nests.append(self._statement(computes[i]))
+                i += 1
+            else:
+                nests.append(self._group(group, computes[i:i + len(group.tensors)]))
+                i += len(group.tensors)
+        return nests
 
     def _buffer(self, name: str) -> Buffer:
         t = self.op.tensors[name]
@@ -79,17 +96,47 @@ class _Lowering:
                 self.taken.add(name)
                 return name
 
-    def _statement(self, c) -> Stmt:
+    def _group(self, group, members: list[Compute]) -> Stmt:
+        """Members under ``group.shared`` common outer loops; internal temps shrink to one row."""
+        k = group.shared
+        first = members[0]
+        shared = [Var(self._fresh(ax.var.name), I64) for ax in first.axes[:k]]
+        for name in group.internal:
+            t = self.op.tensors[name]
+            shape = t.concrete_shape()[k:]
+            size = t.dtype.itemsize
+            for d in shape:
+                size *= d
+            scope = "local" if size <= LOCAL_LIMIT else "global"
+            self.rows[name] = (k, Buffer(name, t.dtype, shape, scope))
+        parts = []
+        for c in members:
+            mapping = {ax.var.name: v for ax, v in zip(c.axes[:k], shared)}
+            body = substitute(c.body, mapping)
+            parts.append(self._statement(Compute(c.tensor, c.axes[k:], body, c.span), lead=tuple(shared)))
+        inner: Stmt = seq(*parts)
+        for name in reversed(group.internal):
+            inner = Allocate(self.rows[name][1], inner)
+        for v, ax in reversed(list(zip(shared, first.axes[:k]))):
+            inner = For(v, ax.extent, inner, span=first.span)
+        return inner
+
+    def _statement(self, c: Compute, lead: tuple[Expr, ...] = ()) -> Stmt:
         allocs: list[Buffer] = []
         prelude: list[Stmt] = []
         value = self._expr(c.body, prelude, allocs)
-        indices = tuple(ax.var for ax in c.axes)
+        indices = self._row_indices(c.tensor, (*lead, *(ax.var for ax in c.axes)))
         inner: Stmt = seq(*prelude, Store(c.tensor, indices, value, c.span))
         for buf in reversed(allocs):
             inner = Allocate(buf, inner)
         for ax in reversed(c.axes):
             inner = For(ax.var, ax.extent, inner, span=c.span)
         return inner
+
+    def _row_indices(self, tensor: str, indices: tuple[Expr, ...]) -> tuple[Expr, ...]:
+        """Indices into a tensor's buffer: a per-row intermediate drops the shared leading ones."""
+        row = self.rows.get(tensor)
+        return indices[row[0]:] if row else indices
 
     def _expr(self, e: Expr, prelude: list[Stmt], allocs: list[Buffer]) -> Expr:
         """Lower ``e``; reductions in it append their loops to ``prelude``."""
@@ -126,7 +173,7 @@ class _Lowering:
     def _read(self, r: Read) -> Expr:
         pad = self.op.pads.get(r.tensor)
         if pad is None:
-            return Load(r.tensor, r.indices, r.dtype)
+            return Load(r.tensor, self._row_indices(r.tensor, r.indices), r.dtype)
         return self._pad_read(pad, r.indices)
 
     def _pad_read(self, pad: Pad, indices: tuple[Expr, ...]) -> Expr:

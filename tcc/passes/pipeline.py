@@ -13,6 +13,7 @@ from typing import Callable
 from tcc.ir.loops import LoopFunc, format_func, verify_func
 from tcc.ir.te import OpTE, format_op, verify_op
 from tcc.passes.bounds import check_bounds
+from tcc.passes.fusion import format_fused, fuse
 from tcc.passes.lower import lower
 from tcc.passes.specialize import specialize
 
@@ -23,7 +24,7 @@ AfterPass = Callable[[str, str], None]
 class Lowered:
     """What the target-independent part of the pipeline produced for one specialisation."""
 
-    te: OpTE  # specialised TE
+    te: OpTE  # specialised and fused TE (its fusion decisions in ``fusion_notes``)
     loops: LoopFunc  # plain loop nests, straight from the TE
     scheduled: LoopFunc  # after the target's schedule
 
@@ -39,6 +40,8 @@ def run_pipeline(op: OpTE, bindings: dict[str, int | float], target: str,
     report("specialize", format_op(te))
     check_bounds(te)
     report("bounds", "all reads proved in bounds")
+    te = fuse(te)
+    report("fusion", format_fused(te))
     loops = lower(te)
     verify_func(loops)
     report("lower", format_func(loops))

@@ -12,7 +12,7 @@ from tcc.codegen_cpu.llvm_ir import build_module, symbol_name
 from tcc.errors import TccRuntimeError
 from tcc.ir.loops import Buffer, LoopFunc
 
-STAGES = ("ast", "te", "loops", "scheduled", "llvm", "asm")
+STAGES = ("ast", "te", "fused", "loops", "scheduled", "llvm", "asm")
 
 
 def host_key(options: dict[str, Any]) -> str:

@@ -223,27 +223,38 @@ def invoke(kernel: CudaKernel, op, bound, out: Any) -> list[Any]:
     kind = next((a.kind for a in device_args.values()), "numpy")
     stream = _stream(device_args, device)
     outs = _check_out(op, bound, out, kind, device)
+    results: list[Any] = []
     with _Call(op.name, device, stream) as call:
-        values: dict[str, Any] = dict(bound.scalars)
-        for name, arr in bound.arrays.items():
-            values[name] = _input_pointer(call, name, arr)
-        results, finish = [], []
-        for name, target in zip(op.results, outs):
-            shape, dt = bound.result_shapes[name], op.tensors[name].dtype
-            result, ptr, post = _result(call, name, shape, dt, kind, target, list(device_args.values()))
-            values[name] = ptr
-            results.append(result)
-            finish.append(post)
-        for name, nbytes in kernel.temps:
-            values[name] = call.alloc(nbytes, f"intermediate {name}")
-        for launcher in kernel.launchers(device):
-            launcher.launch(values, stream, op.name)
-        for post in finish:
-            if post is not None:
-                post()
-        if kind == "numpy" or _SYNC:
-            driver.synchronize(stream, f"op {op.name}: running its kernels")
+        try:
+            _run(call, kernel, op, bound, outs, kind, list(device_args.values()), results)
+        except BaseException:
+            results.clear()  # the traceback must not keep new result tensors alive
+            raise
     return results
+
+
+def _run(call: _Call, kernel: CudaKernel, op, bound, outs: list[Any], kind: str, inputs: list[DeviceTensor],
+         results: list[Any]) -> None:
+    values: dict[str, Any] = dict(bound.scalars)
+    for name, arr in bound.arrays.items():
+        values[name] = _input_pointer(call, name, arr)
+    finish = []
+    for name, target in zip(op.results, outs):
+        shape, dt = bound.result_shapes[name], op.tensors[name].dtype
+        made = _result(call, name, shape, dt, kind, target, inputs)
+        results.append(made[0])
+        values[name] = made[1]
+        finish.append(made[2])
+        del made  # only ``results`` may hold a new tensor (see invoke)
+    for name, nbytes in kernel.temps:
+        values[name] = call.alloc(nbytes, f"intermediate {name}")
+    for launcher in kernel.launchers(call.device):
+        launcher.launch(values, call.stream, op.name)
+    for post in finish:
+        if post is not None:
+            post()
+    if kind == "numpy" or _SYNC:
+        driver.synchronize(call.stream, f"op {op.name}: running its kernels")
 
 
 def _common_device(op, device_args: dict[str, DeviceTensor], out: Any) -> int:

@@ -19,7 +19,9 @@ from tcc.frontend.parser import parse
 from tcc.frontend.sema import analyze
 from tcc.ir.loops import format_func
 from tcc.ir.te import OpTE, format_op
+from tcc.passes.fusion import format_fused
 from tcc.passes.pipeline import Lowered, run_pipeline
+from tcc.passes.specialize import specialize
 from tcc.runtime import cache
 from tcc.runtime.binding import BoundCall, bind, bind_cparams
 
@@ -183,7 +185,9 @@ class Op:
             return format_op(self.te)
         lowered = self.lowered(bindings, after_pass)
         if stage == "te":
-            return format_op(lowered.te)
+            return format_op(self.te if not lowered.te.bindings else specialize(self.te, lowered.te.bindings))
+        if stage == "fused":
+            return format_fused(lowered.te)
         if stage == "loops":
             return format_func(lowered.loops)
         if stage == "scheduled":

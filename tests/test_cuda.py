@@ -1,0 +1,162 @@
+"""The CUDA backend without a GPU: every example goes through scheduling, CUDA C and NVRTC to
+cubin; compile errors, bad artifacts and bad calls are clean TccErrors. (Runs in CI.)"""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_examples import CASES
+
+import tcc
+from tcc.codegen_cuda import cuda_c, nvrtc
+from tcc.errors import TccArgumentError, TccCompileError, TccError, TccRuntimeError
+from tcc.ir.loops import For, Seq
+from tcc.runtime import cuda as rt
+from tcc.testing import specialize_inputs
+
+pytest.importorskip("cuda.bindings.nvrtc")
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _fake_args(op, case):
+    """Zero host arrays of the right shapes: enough to pick a specialisation."""
+    bindings = {**op.te.cparams, **case}
+    shapes = specialize_inputs(op.te, bindings)
+    args = []
+    for name in op.te.params:
+        if name in op.te.scalars:
+            args.append(1.0)
+        else:
+            dt = op.te.tensors[name].dtype
+            args.append(np.zeros(shapes[name], dt.numpy))
+    return args, {k: v for k, v in case.items() if k in op.te.cparams}
+
+
+def _cases():
+    for name, cases in CASES.items():
+        for i, case in enumerate(cases):
+            yield pytest.param(name, case, id=f"{name}-{i}")
+    yield pytest.param("softmax", dict(N=512, C=4096), id="softmax-big")
+    yield pytest.param("layernorm", dict(N=1024, D=768), id="layernorm-big")
+    yield pytest.param("matmul", dict(M=256, K=256, N=256), id="matmul-big")
+
+
+@pytest.mark.parametrize("name,case", list(_cases()))
+def test_example_compiles_to_cubin(name, case):
+    lib = tcc.compile(EXAMPLES / f"{name}.tc", target="cuda", arch="sm_90")
+    op = lib[name]
+    args, cparams = _fake_args(op, case)
+    lowered = op.lowered(op.bindings_for(tuple(args), cparams))
+    artifact = rt.build(lowered.scheduled, {"arch": "sm_90"})
+    kernel = rt.load(lowered.scheduled, artifact)  # parses; loading a module waits for a GPU
+    assert kernel.meta["arch"] == "sm_90" and kernel.cubin.startswith(b"\x7fELF")
+    assert kernel.meta["kernels"], "every example launches at least one kernel"
+    for k in kernel.meta["kernels"]:
+        assert k["block"] % 32 == 0 and k["grid"] >= 1
+
+
+def _kernels(op, args):
+    body = op.lowered(op.bindings_for(args, {})).scheduled.body
+    while not isinstance(body, (Seq, For)):
+        body = body.body
+    return body.stmts if isinstance(body, Seq) else (body,)
+
+
+def test_every_kernel_is_a_block_loop_with_guards():
+    for name, args in (("softmax", (np.zeros((7, 33), np.float32),)),
+                       ("axpy", (1.0, np.zeros(7000, np.float32), np.zeros(7000, np.float32)))):
+        op = tcc.compile(EXAMPLES / f"{name}.tc", target="cuda")[name]
+        kernels = _kernels(op, args)
+        assert kernels and all(isinstance(k, For) and k.kind == "block.x" for k in kernels)
+    assert "if gid < 7000:" in op.lower(*args, stage="scheduled")  # 7000 elements in blocks of 256
+
+
+def test_row_reductions_use_block_allreduce():
+    lib = tcc.compile(EXAMPLES / "layernorm.tc", target="cuda")
+    x, g = np.zeros((8, 4096), np.float32), np.zeros(4096, np.float32)
+    src = lib.layernorm.lower(x, g, g, stage="cuda")
+    assert src.count("tcc_block_allreduce(") == 3  # mu, var (+ the preamble's definition)
+    assert 'extern "C" __global__' in src and "__launch_bounds__(256)" in src
+
+
+def test_stages_without_a_gpu():
+    lib = tcc.compile(EXAMPLES / "hmm.tc", target="cuda", arch="sm_80")
+    a = np.zeros((7, 33), np.float16)
+    b = np.zeros((33, 5), np.float16)
+    src = lib.hmm.lower(a, b, stage="cuda")
+    assert "tcc_f16_to_f32" in src and "#include" not in src
+    ptx = lib.hmm.lower(a, b, stage="ptx")
+    assert ".target sm_80" in ptx and ".entry tcc_hmm_k0" in ptx
+
+
+def test_semantic_helpers_are_in_the_code():
+    src = """
+    op f(A: i32[N], B: i32[N], X: f16[N], Y: bf16[N]) -> (Q: i32[N], R: i32[N], Z: f16[N], W: bf16[N]) {
+        Q[i] = A[i] // B[i]
+        R[i] = A[i] % B[i]
+        Z[i] = max(X[i], X[i] * X[i])
+        W[i] = exp(Y[i]) + 1.0
+    }
+    """
+    lib = tcc.compile(src, target="cuda")
+    func = lib.f.lowered({"N": 5}).scheduled
+    code = cuda_c.generate(func).source
+    for helper in ("tcc_floordiv(", "tcc_mod(", "tcc_max(", "tcc_round_f16(", "tcc_f32_to_bf16(", "expf("):
+        assert helper in code, helper
+    assert nvrtc.compile_cubin(code, "sm_90").startswith(b"\x7fELF")
+
+
+def test_names_that_are_c_keywords():
+    src = """
+    op f(int: f32[N], float: f32[N]) -> max: f32[N] {
+        max[threadIdx] = int[threadIdx] + float[threadIdx]
+    }
+    """
+    lib = tcc.compile(src, target="cuda")
+    code = cuda_c.generate(lib.f.lowered({"N": 5}).scheduled).source
+    nvrtc.compile_cubin(code)
+
+
+def test_bad_arch_is_an_error():
+    with pytest.raises(TccCompileError, match="architecture"):
+        nvrtc.check_arch("gfx90a")
+    assert nvrtc.check_arch(90) == "sm_90"
+
+
+def test_nvrtc_error_shows_the_generated_line():
+    bad = 'extern "C" __global__ void k(float* x) {\n    x[0] = undefined_thing;\n}\n'
+    with pytest.raises(TccCompileError) as info:
+        nvrtc.compile_cubin(bad)
+    assert "undefined_thing" in str(info.value) and "generated line 2" in str(info.value)
+
+
+def test_corrupt_artifact_is_a_tcc_error():
+    lib = tcc.compile(EXAMPLES / "axpy.tc", target="cuda")
+    func = lib.axpy.lowered({"N": 8}).scheduled
+    art = rt.build(func, {})
+    for bad in (b"", b"junk", art[:40], art[:-len(art) // 2].replace(b"\x7fELF", b"XXXX")):
+        with pytest.raises(TccError):
+            rt.load(func, bad)
+
+
+def test_cache_key_holds_the_arch():
+    a = rt.host_key({"arch": "sm_90"})
+    b = rt.host_key({"arch": "sm_80"})
+    assert a != b and "nvrtc-" in a
+
+
+def test_devices_of_a_call_must_agree():
+    lib = tcc.compile(EXAMPLES / "axpy.tc", target="cuda")
+    x = rt.DeviceTensor(1 << 20, (4,), tcc.dtypes.f32, 0, None, "cai")
+    y = rt.DeviceTensor(1 << 21, (4,), tcc.dtypes.f32, 1, None, "cai")
+    with pytest.raises(TccArgumentError, match="argument Y of axpy is on cuda:1 but argument X is on cuda:0"):
+        rt._common_device(lib.axpy.te, {"X": x, "Y": y}, None)
+
+
+@pytest.mark.skipif(tcc.cuda.is_available(), reason="checks the no-GPU path")
+def test_running_without_a_gpu_is_a_clean_error():
+    lib = tcc.compile(EXAMPLES / "axpy.tc", target="cuda")
+    x = np.ones(4, np.float32)
+    with pytest.raises(TccRuntimeError, match="driver|GPU"):
+        lib.axpy(2.0, x, x)

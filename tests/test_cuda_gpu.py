@@ -1,0 +1,234 @@
+"""The CUDA backend on a GPU: every example against the reference, framework tensors in place,
+and the error paths (each a TccError, device memory back where it was). Skipped without a GPU."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_examples import CASES
+
+import tcc
+from tcc.errors import TccError, TccRuntimeError
+from tcc.testing import assert_matches, random_args, reference_results
+
+pytestmark = pytest.mark.cuda
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+BIG = {"softmax": dict(N=256, C=4096), "layernorm": dict(N=512, D=1024), "matmul": dict(M=128, K=256, N=64),
+       "axpy": dict(N=1 << 20), "conv2d": dict(N=2, C=8, H=32, W=32, F=16, KH=3, KW=3, P=1)}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def gpu():
+    try:
+        if not tcc.cuda.is_available():
+            pytest.skip("no CUDA GPU")
+    except TccError:
+        pytest.skip("no CUDA GPU")
+
+
+def _torch():
+    return pytest.importorskip("torch")
+
+
+def _cases():
+    for name, cases in CASES.items():
+        for i, case in enumerate(cases):
+            yield pytest.param(name, case, id=f"{name}-{i}")
+    for name, case in BIG.items():
+        yield pytest.param(name, case, id=f"{name}-big")
+
+
+def _poisoned(expected):
+    return [np.full(e.shape, np.nan if e.dtype.kind == "f" else -77, e.dtype) for e in expected]
+
+
+@pytest.mark.parametrize("name,case", list(_cases()))
+def test_example_matches_reference_numpy(name, case, rng):
+    op = tcc.compile(EXAMPLES / f"{name}.tc", target="cuda")[name]
+    cparams = {k: v for k, v in case.items() if k in op.te.cparams}
+    bindings = {**op.te.cparams, **case}
+    args = random_args(op.te, bindings, rng)
+    expected = reference_results(op.te, args, bindings)
+    outs = _poisoned(expected)
+    got = op(*args, out=outs[0] if len(outs) == 1 else tuple(outs), **cparams)
+    got = got if isinstance(got, tuple) else (got,)
+    for r, g, e, o in zip(op.te.results, got, expected, outs):
+        assert g is o and isinstance(g, np.ndarray)
+        assert_matches(g, e, op.te.tensors[r].dtype, f"{name}.{r}")
+
+
+@pytest.mark.parametrize("name,case", list(_cases()))
+def test_example_matches_reference_torch(name, case, rng):
+    torch = _torch()
+    op = tcc.compile(EXAMPLES / f"{name}.tc", target="cuda")[name]
+    cparams = {k: v for k, v in case.items() if k in op.te.cparams}
+    bindings = {**op.te.cparams, **case}
+    args = random_args(op.te, bindings, rng)
+    expected = reference_results(op.te, args, bindings)
+    dev = [torch.from_numpy(a).cuda() if isinstance(a, np.ndarray) else a for a in args]
+    outs = [torch.from_numpy(o).cuda() for o in _poisoned(expected)]
+    ptrs = [o.data_ptr() for o in outs]
+    got = op(*dev, out=outs[0] if len(outs) == 1 else tuple(outs), **cparams)
+    got = got if isinstance(got, tuple) else (got,)
+    for r, g, e, o, p in zip(op.te.results, got, expected, outs, ptrs):
+        assert g is o and g.data_ptr() == p, "out= is written in place"
+        assert_matches(g.cpu().numpy(), e, op.te.tensors[r].dtype, f"{name}.{r}")
+    fresh = op(*dev, **cparams)
+    fresh = fresh if isinstance(fresh, tuple) else (fresh,)
+    for r, g, e in zip(op.te.results, fresh, expected):
+        assert isinstance(g, torch.Tensor) and g.is_cuda
+        assert_matches(g.cpu().numpy(), e, op.te.tensors[r].dtype, f"{name}.{r} (new tensor)")
+
+
+def test_torch_inputs_used_in_place_on_the_current_stream(rng):
+    torch = _torch()
+    lib = tcc.compile(EXAMPLES / "axpy.tc", target="cuda")
+    x = torch.randn(1000, device="cuda")
+    y = torch.randn(1000, device="cuda")
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        z = lib.axpy(2.0, x, y)
+    s.synchronize()
+    torch.testing.assert_close(z, 2.0 * x + y)
+
+
+def test_non_contiguous_torch_input(rng):
+    torch = _torch()
+    lib = tcc.compile(EXAMPLES / "matmul.tc", target="cuda")
+    a = torch.randn(33, 17, device="cuda").t()  # a strided view
+    b = torch.randn(33, 9, device="cuda")
+    c = lib.matmul(a, b)
+    torch.testing.assert_close(c, a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_non_contiguous_torch_out():
+    torch = _torch()
+    lib = tcc.compile(EXAMPLES / "axpy.tc", target="cuda")
+    x = torch.randn(10, device="cuda")
+    out = torch.zeros(20, device="cuda")[::2]
+    lib.axpy(3.0, x, x, out=out)
+    torch.testing.assert_close(out, 4.0 * x)
+
+
+def test_tcc_arrays_and_dlpack_round_trip(rng):
+    torch = _torch()
+    lib = tcc.compile(EXAMPLES / "bias_relu.tc", target="cuda")
+    x = tcc.cuda.to_device(rng.standard_normal((7, 33)).astype(np.float32))
+    b = tcc.cuda.to_device(rng.standard_normal(33).astype(np.float32))
+    y = lib.bias_relu(x, b)
+    assert isinstance(y, tcc.cuda.Array) and y.shape == (7, 33) and y.dtype == np.float32
+    np.testing.assert_allclose(y.to_numpy(), np.maximum(x.to_numpy() + b.to_numpy(), 0), rtol=1e-6)
+    t = torch.from_dlpack(y)
+    assert t.data_ptr() == y.ptr and t.device.type == "cuda"
+    assert y.__cuda_array_interface__["data"][0] == y.ptr
+    del y
+    torch.testing.assert_close(t.cpu(), torch.from_numpy(np.maximum(x.to_numpy() + b.to_numpy(), 0)))
+
+
+def test_cupy_inputs(rng):
+    cupy = pytest.importorskip("cupy")
+    lib = tcc.compile(EXAMPLES / "axpy.tc", target="cuda")
+    x = cupy.asarray(rng.standard_normal(100).astype(np.float32))
+    z = lib.axpy(2.0, x, x)
+    assert isinstance(z, cupy.ndarray)
+    np.testing.assert_allclose(cupy.asnumpy(z), 3.0 * cupy.asnumpy(x), rtol=1e-6)
+
+
+def test_integer_semantics_on_the_gpu(rng):
+    src = """
+    op f(A: i32[N], B: i32[N], X: f32[N], Y: f32[N]) -> (Q: i32[N], R: i32[N], M: f32[N], F: f32[N]) {
+        Q[i] = A[i] // B[i]
+        R[i] = A[i] % B[i]
+        M[i] = max(X[i], Y[i])
+        F[i] = X[i] % Y[i]
+    }
+    """
+    op = tcc.compile(src, target="cuda").f
+    a = rng.integers(-50, 50, 301).astype(np.int32)
+    b = rng.integers(-7, 8, 301).astype(np.int32)
+    x = rng.standard_normal(301).astype(np.float32)
+    y = rng.standard_normal(301).astype(np.float32)
+    x[::7] = np.nan
+    q, r, m, f = op(a, b, x, y)
+    nz = b != 0
+    np.testing.assert_array_equal(q[nz], a[nz] // b[nz])
+    np.testing.assert_array_equal(r[nz], a[nz] % b[nz])
+    assert (q[~nz] == 0).all() and (r[~nz] == 0).all()
+    np.testing.assert_array_equal(np.isnan(m), np.isnan(x))
+    np.testing.assert_allclose(f, np.mod(x, y), rtol=1e-5, atol=1e-6)
+
+
+def test_bf16_and_f16_with_torch(rng):
+    torch = _torch()
+    src = """
+    op f(X: bf16[N], H: f16[N]) -> (Y: bf16[N], Z: f16[N]) {
+        Y[i] = X[i] * 2.0 + exp(X[i])
+        Z[i] = H[i] * H[i] + 1.0
+    }
+    """
+    op = tcc.compile(src, target="cuda").f
+    x = torch.randn(1000, device="cuda", dtype=torch.bfloat16)
+    h = torch.randn(1000, device="cuda", dtype=torch.float16)
+    y, z = op(x, h)
+    assert y.dtype == torch.bfloat16 and z.dtype == torch.float16
+    torch.testing.assert_close(y.float(), (x.float() * 2 + x.float().exp()), rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(z, h * h + 1)
+
+
+# ---------------------------------------------------------------- errors
+
+def _memory():
+    torch = _torch()
+    torch.cuda.synchronize()
+    return tcc.cuda.allocated_bytes(), torch.cuda.memory_allocated()
+
+
+def test_out_of_memory_names_the_tensor_and_frees_everything(rng):
+    torch = _torch()
+    src = """
+    op outer_sum(X: f32[N]) -> Y: f32[N] {
+        T[i, j] = X[i] * X[j]
+        Y[i] = sum[j](T[i, j])
+    }
+    """
+    op = tcc.compile(src, target="cuda").outer_sum
+    x = torch.randn(600_000, device="cuda")  # T would be 1.4 TB
+    before = _memory()
+    with pytest.raises(TccRuntimeError, match="outer_sum.*intermediate T") as info:
+        op(x)
+    assert "hint" in str(info.value)
+    assert _memory() == before
+    small = op(x[:100])
+    torch.testing.assert_close(small, x[:100] * x[:100].sum(), rtol=1e-4, atol=1e-3)
+
+
+def test_launch_failure_is_a_tcc_error_and_frees_everything(rng):
+    torch = _torch()
+    lib = tcc.compile(EXAMPLES / "softmax.tc", target="cuda")
+    x = torch.randn(7, 2000, device="cuda")
+    lib.softmax(x)  # load it
+    kernel = lib.softmax.kernel({"N": 7, "C": 2000})
+    launcher = kernel.launchers(0)[1]
+    good = launcher.block
+    before = _memory()
+    launcher.block = 4096  # over the limit of 1024 threads a block: the launch is refused
+    try:
+        with pytest.raises(TccRuntimeError, match="op softmax: launching kernel tcc_softmax_k1"):
+            lib.softmax(x)
+    finally:
+        launcher.block = good
+    assert _memory() == before
+    torch.testing.assert_close(lib.softmax(x), torch.softmax(x, dim=1))
+
+
+def test_wrong_device_or_dtype_is_an_argument_error():
+    torch = _torch()
+    lib = tcc.compile(EXAMPLES / "axpy.tc", target="cuda")
+    x = torch.randn(8, device="cuda")
+    with pytest.raises(TccError, match="argument Y of axpy must be f32"):
+        lib.axpy(1.0, x, x.double())
+    if torch.cuda.device_count() > 1:
+        with pytest.raises(TccError, match="cuda:1"):
+            lib.axpy(1.0, x, x.to("cuda:1"))
+    with pytest.raises(TccError, match="out= for Z"):
+        lib.axpy(1.0, x, x, out=torch.empty(9, device="cuda"))
