@@ -12,13 +12,18 @@ as bytes.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+
 from llvmlite import ir
+from llvmlite.ir import instructions as ir_instructions
 
 from tcc import dtypes
 from tcc.dtypes import DType
 from tcc.errors import TccCompileError
 from tcc.ir.expr import Binary, Call, Cast, Const, Expr, Load, Select, Unary, Var
 from tcc.ir.loops import Allocate, Barrier, Buffer, For, If, Let, LoopFunc, Seq, Stmt, Store
+from tcc.passes.loopnest import linear_coeff
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()
@@ -60,9 +65,12 @@ def symbol_name(func: LoopFunc) -> str:
 
 
 class _FunctionBuilder:
+    """Emits one kernel; parallel loop bodies become outlined functions run by libgomp."""
+
     def __init__(self, module: ir.Module, func: LoopFunc):
         self.module = module
         self.func = func
+        self.contract = bool(func.attrs.get("fp_contract"))
         fnty = ir.FunctionType(I32, [PTR])
         self.fn = ir.Function(module, fnty, symbol_name(func))
         self.fn.args[0].name = "args"
@@ -70,7 +78,10 @@ class _FunctionBuilder:
         self.builder = ir.IRBuilder(self.entry)
         self.vars: dict[str, ir.Value] = {}
         self.buffers: dict[str, tuple[Buffer, ir.Value]] = {}
-        self.oom_block: ir.Block | None = None
+        self.status: ir.Value | None = None  # set inside outlined bodies: where to report failure
+        self.vec: tuple[str, int] | None = None  # (var, lanes) inside a vector loop
+        self.lane0 = False  # evaluate the vector var as its first lane (address computations)
+        self.outlined = 0
 
     # ------------------------------------------------------------ structure
     def build(self) -> None:
@@ -85,6 +96,15 @@ class _FunctionBuilder:
                 self.vars[param.name] = self._from_memory(value, param.dtype)
         self._stmt(self.func.body)
         b.ret(ir.Constant(I32, 0))
+
+    def _fail(self) -> None:
+        """Leave the current function reporting out-of-memory."""
+        b = self.builder
+        if self.status is None:
+            b.ret(ir.Constant(I32, 1))
+        else:
+            b.store(ir.Constant(I32, 1), self.status)
+            b.ret_void()
 
     def _stmt(self, s: Stmt) -> None:
         method = getattr(self, f"_s_{type(s).__name__}", None)
@@ -103,8 +123,16 @@ class _FunctionBuilder:
         if s.kind not in ("serial", "unroll", "vector", "parallel"):
             raise TccCompileError(f"loop {s.var.name} is bound to {s.kind}, which the CPU has not", s.span,
                                   "GPU bindings need target='cuda'")
+        if s.kind == "unroll":
+            return self._unrolled(s)
+        if s.kind == "vector":
+            return self._vectorized(s)
+        if s.kind == "parallel" and self.status is None and self.vec is None and threads_available():
+            return self._parallel(s)
+        self._loop(s, ir.Constant(I64, 0), self._scalar(s.extent))
+
+    def _loop(self, s: For, begin: ir.Value, end: ir.Value) -> None:
         b = self.builder
-        extent = self._expr(s.extent)
         pre = b.block
         header = self.fn.append_basic_block(f"{s.var.name}.header")
         body = self.fn.append_basic_block(f"{s.var.name}.body")
@@ -112,37 +140,165 @@ class _FunctionBuilder:
         b.branch(header)
         b.position_at_end(header)
         idx = b.phi(I64, name=s.var.name)
-        idx.add_incoming(ir.Constant(I64, 0), pre)
-        b.cbranch(b.icmp_signed("<", idx, extent), body, exit_)
+        idx.add_incoming(begin, pre)
+        b.cbranch(b.icmp_signed("<", idx, end), body, exit_)
         b.position_at_end(body)
-        saved = self.vars.get(s.var.name)
-        self.vars[s.var.name] = idx
-        self._stmt(s.body)
+        with self._bound(s.var.name, idx):
+            self._stmt(s.body)
         nxt = b.add(idx, ir.Constant(I64, 1), name=f"{s.var.name}.next", flags=["nsw", "nuw"])
         latch = b.block
         b.branch(header)
         idx.add_incoming(nxt, latch)
         b.position_at_end(exit_)
-        if saved is not None:
-            self.vars[s.var.name] = saved
-        else:
-            del self.vars[s.var.name]
+
+    @contextlib.contextmanager
+    def _bound(self, name: str, value: ir.Value):
+        saved = self.vars.get(name)
+        self.vars[name] = value
+        try:
+            yield
+        finally:
+            if saved is not None:
+                self.vars[name] = saved
+            else:
+                del self.vars[name]
+
+    def _unrolled(self, s: For) -> None:
+        """One copy of the body per iteration, the index a constant."""
+        for i in range(_const_extent(s)):
+            with self._bound(s.var.name, ir.Constant(I64, i)):
+                self._stmt(s.body)
+
+    def _vectorized(self, s: For) -> None:
+        """The body once, on vectors of ``extent`` lanes; the loop index is lane 0 = 0 plus the lane."""
+        if self.vec is not None:
+            raise TccCompileError(f"internal error: vector loop {s.var.name} inside another", s.span)
+        lanes = _const_extent(s)
+        if lanes == 0:
+            return
+        self.vec = (s.var.name, lanes)
+        try:
+            with self._bound(s.var.name, ir.Constant(I64, 0)):
+                self._stmt(s.body)
+        finally:
+            self.vec = None
+
+    def _parallel(self, s: For) -> None:
+        """Outline the body into ``void f(ptr ctx)`` and run it on libgomp's thread team."""
+        b = self.builder
+        extent = self._scalar(s.extent)
+        status = self._entry_alloca(I32, 1, "status")
+        b.store(ir.Constant(I32, 0), status)
+        names = list(self.vars)
+        bufs = list(self.buffers)
+        values = [self.vars[n] for n in names] + [self.buffers[n][1] for n in bufs] + [extent, status]
+        ctx_ty = ir.LiteralStructType([v.type for v in values])
+        ctx = self._entry_alloca(ctx_ty, 1, "ctx")
+        for i, v in enumerate(values):
+            self._raw_store(v, b.gep(ctx, [ir.Constant(I32, 0), ir.Constant(I32, i)], source_etype=ctx_ty))
+        self.outlined += 1
+        fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR]),
+                         f"{self.fn.name}.par{self.outlined}")
+        fn.linkage = "internal"
+        self._outline_body(s, fn, ctx_ty, names, bufs)
+        gomp = self._declare("GOMP_parallel", ir.FunctionType(ir.VoidType(), [PTR, PTR, I32, I32]))
+        b.call(gomp, [fn, ctx, ir.Constant(I32, 0), ir.Constant(I32, 0)])
+        failed = b.icmp_signed("!=", b.load(status, typ=I32), ir.Constant(I32, 0))
+        with b.if_then(failed, likely=False):
+            self._fail()
+
+    def _outline_body(self, s: For, fn: ir.Function, ctx_ty: ir.Type, names: list[str], bufs: list[str]) -> None:
+        saved = (self.fn, self.entry, self.builder, self.vars, self.buffers, self.status)
+        self.fn = fn
+        self.entry = fn.append_basic_block("entry")
+        b = self.builder = ir.IRBuilder(self.entry)
+
+        def field(i: int, ty: ir.Type) -> ir.Value:
+            return b.load(b.gep(fn.args[0], [ir.Constant(I32, 0), ir.Constant(I32, i)], source_etype=ctx_ty), typ=ty)
+
+        types = ctx_ty.elements
+        self.vars = {n: field(i, types[i]) for i, n in enumerate(names)}
+        self.buffers = {n: (saved[4][n][0], field(len(names) + i, PTR)) for i, n in enumerate(bufs)}
+        extent = field(len(names) + len(bufs), I64)
+        self.status = field(len(names) + len(bufs) + 1, PTR)
+        tid = b.sext(b.call(self._declare("omp_get_thread_num", ir.FunctionType(I32, [])), []), I64)
+        nth = b.sext(b.call(self._declare("omp_get_num_threads", ir.FunctionType(I32, [])), []), I64)
+        chunk = b.sdiv(b.add(extent, b.sub(nth, ir.Constant(I64, 1))), nth)
+        begin = b.mul(tid, chunk)
+        end = b.add(begin, chunk)
+        end = b.select(b.icmp_signed("<", end, extent), end, extent)
+        try:
+            self._loop(s, begin, end)
+            self.builder.ret_void()
+        finally:
+            self.fn, self.entry, self.builder, self.vars, self.buffers, self.status = saved
+
+    def _entry_alloca(self, ty: ir.Type, count: int, name: str) -> ir.Value:
+        b = self.builder
+        with b.goto_block(self.entry):
+            b.position_at_start(self.entry)
+            ptr = b.alloca(ty, size=ir.Constant(I64, max(1, count)), name=name)
+        ptr.align = 64
+        return ptr
 
     def _s_Store(self, s: Store) -> None:
         buf, base = self.buffers[s.buffer]
         value = self._expr(s.value)
-        ptr = self._element(buf, base, s.indices)
-        self.builder.store(self._to_memory(value, buf.dtype), ptr, align=buf.dtype.itemsize)
+        if self.vec is None:
+            ptr = self._element(buf, base, s.indices)
+            self.builder.store(self._to_memory(value, buf.dtype), ptr, align=buf.dtype.itemsize)
+            return
+        stride = self._lane_stride(buf, s.indices)
+        if stride == 0:
+            raise TccCompileError(f"internal error: vector store to one element of {s.buffer}")
+        lanes = self.vec[1]
+        if stride == 1:
+            ptr = self._element(buf, base, s.indices, lane0=True)
+            value = self._to_memory(self._splat(value, lanes), buf.dtype)
+            self._raw_store(value, ptr, buf.dtype.itemsize)
+            return
+        for lane in range(lanes):  # a scatter, one lane at a time
+            with self._lane(lane):
+                ptr = self._element(buf, base, s.indices, lane0=True)
+            elem = self._lane_value(value, lane)
+            self.builder.store(self._to_memory(elem, buf.dtype), ptr, align=buf.dtype.itemsize)
+
+    def _raw_store(self, value: ir.Value, ptr: ir.Value, align: int | None = None) -> None:
+        """A store without llvmlite's check of the pointer's (typed) element type: LLVM's pointers
+        are opaque, and vector stores or context fields legitimately differ from it."""
+        st = ir_instructions.StoreInstr(self.builder.block, value, ptr)
+        st.align = align
+        self.builder._insert(st)
+
+    @contextlib.contextmanager
+    def _lane(self, lane: int):
+        """Evaluate as if the vector index were at ``lane`` (scalar address computations)."""
+        name = self.vec[0]
+        with self._bound(name, ir.Constant(I64, lane)):
+            yield
+
+    def _lane_value(self, value: ir.Value, lane: int) -> ir.Value:
+        if isinstance(value.type, ir.VectorType):
+            return self.builder.extract_element(value, ir.Constant(I32, lane))
+        return value
+
+    def _lane_stride(self, buf: Buffer, indices: tuple[Expr, ...]) -> int | None:
+        """Elements between neighbouring lanes of an access (None: not affine in the lane)."""
+        total = 0
+        stride = 1
+        for idx, dim in reversed(list(zip(indices, buf.shape))):
+            c = linear_coeff(idx, self.vec[0])
+            if c is None:
+                return None
+            total += c * stride
+            stride *= dim
+        return total
 
     def _s_Allocate(self, s: Allocate) -> None:
         buf = s.buffer
-        b = self.builder
         elem = memory_type(buf.dtype)
         if buf.scope == "local":
-            with b.goto_block(self.entry):
-                b.position_at_start(self.entry)
-                ptr = b.alloca(elem, size=ir.Constant(I64, max(1, buf.size)), name=buf.name)
-                ptr.align = max(16, buf.dtype.itemsize)
+            ptr = self._entry_alloca(elem, buf.size, buf.name)
         else:
             ptr = self._malloc(buf)
         self.buffers[buf.name] = (buf, ptr)
@@ -153,6 +309,8 @@ class _FunctionBuilder:
 
     def _s_If(self, s: If) -> None:
         cond = self._expr(s.cond)
+        if isinstance(cond.type, ir.VectorType):
+            raise TccCompileError("internal error: a branch on a vector condition")
         if s.otherwise is None:
             with self.builder.if_then(cond):
                 self._stmt(s.then)
@@ -164,32 +322,48 @@ class _FunctionBuilder:
                     self._stmt(s.otherwise)
 
     def _s_Let(self, s: Let) -> None:
-        self.vars[s.var.name] = self._expr(s.value)
-        self._stmt(s.body)
-        del self.vars[s.var.name]
+        with self._bound(s.var.name, self._expr(s.value)):
+            self._stmt(s.body)
 
     # ------------------------------------------------------------ memory
-    def _element(self, buf: Buffer, base: ir.Value, indices: tuple[Expr, ...]) -> ir.Value:
-        b = self.builder
-        flat = None
-        stride = 1
-        for idx, dim in reversed(list(zip(indices, buf.shape))):
-            term = self._expr(idx)
-            if stride != 1:
-                term = b.mul(term, ir.Constant(I64, stride), flags=["nsw"])
-            flat = term if flat is None else b.add(flat, term, flags=["nsw"])
-            stride *= dim
-        if flat is None:
-            flat = ir.Constant(I64, 0)
-        return b.gep(base, [flat], inbounds=True, source_etype=memory_type(buf.dtype))
+    def _element(self, buf: Buffer, base: ir.Value, indices: tuple[Expr, ...], lane0: bool = False) -> ir.Value:
+        """Address of an element; with ``lane0`` the vector index counts as its current lane."""
+        saved, self.lane0 = self.lane0, lane0 or self.lane0
+        try:
+            b = self.builder
+            flat = None
+            stride = 1
+            for idx, dim in reversed(list(zip(indices, buf.shape))):
+                term = self._scalar(idx)
+                if stride != 1:
+                    term = b.mul(term, ir.Constant(I64, stride), flags=["nsw"])
+                flat = term if flat is None else b.add(flat, term, flags=["nsw"])
+                stride *= dim
+            if flat is None:
+                flat = ir.Constant(I64, 0)
+            return b.gep(base, [flat], inbounds=True, source_etype=memory_type(buf.dtype))
+        finally:
+            self.lane0 = saved
+
+    def _scalar(self, e: Expr) -> ir.Value:
+        saved, self.lane0 = self.lane0, True
+        try:
+            value = self._expr(e)
+        finally:
+            self.lane0 = saved
+        if isinstance(value.type, ir.VectorType):
+            raise TccCompileError(f"internal error: {e} varies across vector lanes")
+        return value
 
     def _malloc(self, buf: Buffer) -> ir.Value:
+        """64-byte aligned heap memory (packed tiles are read with full-width vector loads)."""
         b = self.builder
-        malloc = self._declare("malloc", ir.FunctionType(PTR, [I64]))
-        ptr = b.call(malloc, [ir.Constant(I64, max(1, buf.size * buf.dtype.itemsize))], name=buf.name)
+        alloc = self._declare("aligned_alloc", ir.FunctionType(PTR, [I64, I64]))
+        size = max(64, -(-buf.size * buf.dtype.itemsize // 64) * 64)
+        ptr = b.call(alloc, [ir.Constant(I64, 64), ir.Constant(I64, size)], name=buf.name)
         failed = b.icmp_unsigned("==", ptr, ir.Constant(PTR, None))
         with b.if_then(failed, likely=False):
-            b.ret(ir.Constant(I32, 1))
+            self._fail()
         return ptr
 
     def _free(self, ptr: ir.Value) -> None:
@@ -201,14 +375,33 @@ class _FunctionBuilder:
         return existing if existing is not None else ir.Function(self.module, fnty, name)
 
     def _intrinsic(self, name: str, ty: ir.Type, nargs: int = 1) -> ir.Function:
-        suffix = {"half": "f16", "float": "f32", "double": "f64"}[str(ty)]
-        return self._declare(f"llvm.{name}.{suffix}", ir.FunctionType(ty, [ty] * nargs))
+        return self._declare(f"llvm.{name}.{_type_suffix(ty)}", ir.FunctionType(ty, [ty] * nargs))
 
     def _from_memory(self, value: ir.Value, dtype: DType) -> ir.Value:
-        return self.builder.icmp_unsigned("!=", value, ir.Constant(I8, 0)) if dtype.is_bool else value
+        if not dtype.is_bool:
+            return value
+        return self.builder.icmp_unsigned("!=", value, _const(value.type, 0))
 
     def _to_memory(self, value: ir.Value, dtype: DType) -> ir.Value:
-        return self.builder.zext(value, I8) if dtype.is_bool else value
+        if not dtype.is_bool:
+            return value
+        return self.builder.zext(value, _like(value.type, I8))
+
+    # ------------------------------------------------------------ vectors
+    def _splat(self, value: ir.Value, lanes: int) -> ir.Value:
+        if isinstance(value.type, ir.VectorType):
+            return value
+        vty = ir.VectorType(value.type, lanes)
+        b = self.builder
+        one = b.insert_element(ir.Constant(vty, None), value, ir.Constant(I32, 0))
+        return b.shuffle_vector(one, ir.Constant(vty, None), ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
+
+    def _unify(self, *values: ir.Value) -> list[ir.Value]:
+        """Broadcast scalars to the vector width when any operand is a vector."""
+        widths = [v.type.count for v in values if isinstance(v.type, ir.VectorType)]
+        if not widths:
+            return list(values)
+        return [self._splat(v, widths[0]) for v in values]
 
     # ------------------------------------------------------------ expressions
     def _expr(self, e: Expr) -> ir.Value:
@@ -221,23 +414,47 @@ class _FunctionBuilder:
         return ir.Constant(value_type(e.dtype), int(e.value) if not e.dtype.is_float else float(e.value))
 
     def _e_Var(self, e: Var) -> ir.Value:
-        return self.vars[e.name]
+        value = self.vars[e.name]
+        if self.vec is not None and e.name == self.vec[0] and not self.lane0:
+            lanes = self.vec[1]
+            iota = ir.Constant(ir.VectorType(I64, lanes), list(range(lanes)))
+            return self.builder.add(self._splat(value, lanes), iota)
+        return value
 
     def _e_Load(self, e: Load) -> ir.Value:
         buf, base = self.buffers[e.buffer]
-        ptr = self._element(buf, base, e.indices)
-        value = self.builder.load(ptr, typ=memory_type(buf.dtype), align=buf.dtype.itemsize)
-        return self._from_memory(value, buf.dtype)
+        b = self.builder
+        ty = memory_type(buf.dtype)
+        stride = 0 if self.vec is None or self.lane0 else self._lane_stride(buf, e.indices)
+        if stride == 0:
+            ptr = self._element(buf, base, e.indices)
+            return self._from_memory(b.load(ptr, typ=ty, align=buf.dtype.itemsize), buf.dtype)
+        lanes = self.vec[1]
+        vty = ir.VectorType(ty, lanes)
+        if stride == 1:
+            ptr = self._element(buf, base, e.indices, lane0=True)
+            return self._from_memory(b.load(ptr, typ=vty, align=buf.dtype.itemsize), buf.dtype)
+        out = ir.Constant(vty, None)
+        for lane in range(lanes):  # a gather, one lane at a time
+            with self._lane(lane):
+                ptr = self._element(buf, base, e.indices, lane0=True)
+            out = b.insert_element(out, b.load(ptr, typ=ty, align=buf.dtype.itemsize), ir.Constant(I32, lane))
+        return self._from_memory(out, buf.dtype)
 
     def _e_Select(self, e: Select) -> ir.Value:
-        return self.builder.select(self._expr(e.cond), self._expr(e.a), self._expr(e.b))
+        cond, a, c = self._expr(e.cond), self._expr(e.a), self._expr(e.b)
+        if isinstance(cond.type, ir.VectorType):
+            cond, a, c = self._unify(cond, a, c)
+        else:
+            a, c = self._unify(a, c)
+        return self.builder.select(cond, a, c)
 
     def _e_Unary(self, e: Unary) -> ir.Value:
         a = self._expr(e.a)
         b = self.builder
         if e.op == "not":
-            return b.xor(a, ir.Constant(I1, 1))
-        return b.fneg(a) if e.dtype.is_float else b.neg(a)
+            return b.xor(a, _const(a.type, 1))
+        return b.fneg(a) if e.dtype.is_float else b.sub(_const(a.type, 0), a)
 
     def _e_Cast(self, e: Cast) -> ir.Value:
         return self._convert(self._expr(e.a), e.a.dtype, e.dtype)
@@ -246,9 +463,9 @@ class _FunctionBuilder:
         b = self.builder
         if src == dst:
             return v
-        to = value_type(dst)
+        to = _like(v.type, value_type(dst))
         if dst.is_bool:
-            zero = ir.Constant(v.type, 0.0 if src.is_float else 0)
+            zero = _const(v.type, 0.0 if src.is_float else 0)
             return b.fcmp_unordered("!=", v, zero) if src.is_float else b.icmp_unsigned("!=", v, zero)
         if src.is_bool:
             return b.uitofp(v, to) if dst.is_float else b.zext(v, to)
@@ -263,7 +480,10 @@ class _FunctionBuilder:
         return b.trunc(v, to)
 
     def _e_Binary(self, e: Binary) -> ir.Value:
-        a, c = self._expr(e.a), self._expr(e.b)
+        fused = self._fused_multiply_add(e)
+        if fused is not None:
+            return fused
+        a, c = self._unify(self._expr(e.a), self._expr(e.b))
         operand = e.a.dtype
         b = self.builder
         if e.op in ("and", "or"):
@@ -277,6 +497,16 @@ class _FunctionBuilder:
         if operand.is_float:
             return self._float_binary(e.op, a, c, e.b)
         return self._int_binary(e.op, a, c)
+
+    def _fused_multiply_add(self, e: Binary) -> ir.Value | None:
+        """``a * b + c`` as ``llvm.fmuladd`` when the schedule allowed contraction (fp_contract)."""
+        if not (self.contract and e.op == "add" and e.dtype.is_float):
+            return None
+        for mul, addend in ((e.b, e.a), (e.a, e.b)):
+            if isinstance(mul, Binary) and mul.op == "mul" and mul.dtype == e.dtype:
+                x, y, z = self._unify(self._expr(mul.a), self._expr(mul.b), self._expr(addend))
+                return self.builder.call(self._intrinsic("fmuladd", x.type, 3), [x, y, z])
+        return None
 
     def _float_binary(self, op: str, a: ir.Value, c: ir.Value, rhs: Expr) -> ir.Value:
         b = self.builder
@@ -303,7 +533,7 @@ class _FunctionBuilder:
     def _float_floordiv(self, a: ir.Value, c: ir.Value) -> ir.Value:
         """NumPy's floor division: from fmod, with its rounding of the quotient (a / 0 for b == 0)."""
         b = self.builder
-        zero, one, half = (ir.Constant(a.type, v) for v in (0.0, 1.0, 0.5))
+        zero, one, half = (_const(a.type, v) for v in (0.0, 1.0, 0.5))
         r = b.frem(a, c)
         div = b.fdiv(b.fsub(a, r), c)
         adjust = b.and_(b.fcmp_ordered("!=", r, zero),
@@ -316,7 +546,7 @@ class _FunctionBuilder:
     def _float_mod(self, a: ir.Value, c: ir.Value) -> ir.Value:
         """Python/NumPy modulo: the result takes the divisor's sign."""
         b = self.builder
-        zero = ir.Constant(a.type, 0.0)
+        zero = _const(a.type, 0.0)
         r = b.frem(a, c)
         fix = b.and_(b.fcmp_ordered("!=", r, zero),
                      b.xor(b.fcmp_ordered("<", r, zero), b.fcmp_ordered("<", c, zero)))
@@ -337,14 +567,27 @@ class _FunctionBuilder:
         if op in ("floordiv", "mod"):
             return self._int_divmod(op, a, c)
         if op == "pow":
-            return b.call(self._ipow(a.type), [a, c])
+            return self._per_lane(lambda x, y: b.call(self._ipow(x.type), [x, y]), a, c)
         raise TccCompileError(f"internal error: integer operator {op}")
+
+    def _per_lane(self, fn, *args: ir.Value) -> ir.Value:
+        """Apply a scalar emitter lane by lane (for operations with no vector form)."""
+        if not isinstance(args[0].type, ir.VectorType):
+            return fn(*args)
+        b = self.builder
+        out = None
+        for lane in range(args[0].type.count):
+            r = fn(*(b.extract_element(a, ir.Constant(I32, lane)) for a in args))
+            if out is None:
+                out = ir.Constant(ir.VectorType(r.type, args[0].type.count), None)
+            out = b.insert_element(out, r, ir.Constant(I32, lane))
+        return out
 
     def _int_divmod(self, op: str, a: ir.Value, c: ir.Value) -> ir.Value:
         """Floor division / modulo; 0 for a zero divisor and no trap for MIN // -1 (as NumPy)."""
         b = self.builder
         ty = a.type
-        zero, one, minus_one = ir.Constant(ty, 0), ir.Constant(ty, 1), ir.Constant(ty, -1)
+        zero, one, minus_one = _const(ty, 0), _const(ty, 1), _const(ty, -1)
         bad = b.or_(b.icmp_signed("==", c, zero), b.icmp_signed("==", c, minus_one))
         safe = b.select(bad, one, c)
         q = b.sdiv(a, safe)
@@ -394,25 +637,87 @@ class _FunctionBuilder:
         b = self.builder
         if not e.dtype.is_float:  # abs / floor / ceil of an integer
             if e.fn == "abs":
-                return b.select(b.icmp_signed("<", x, ir.Constant(x.type, 0)), b.neg(x), x)
+                return b.select(b.icmp_signed("<", x, _const(x.type, 0)), b.sub(_const(x.type, 0), x), x)
             return x
         if e.dtype == dtypes.f16:  # compute in f32, round once
-            wide = b.fpext(x, ir.FloatType())
-            return b.fptrunc(self._math(e.fn, wide), ir.HalfType())
+            wide = b.fpext(x, _like(x.type, ir.FloatType()))
+            return b.fptrunc(self._math(e.fn, wide), _like(x.type, ir.HalfType()))
         return self._math(e.fn, x)
 
     def _math(self, fn: str, x: ir.Value) -> ir.Value:
         b = self.builder
-        one = ir.Constant(x.type, 1.0)
+        one = _const(x.type, 1.0)
+        if fn == "exp" and isinstance(x.type, ir.VectorType) and str(x.type.element) == "float":
+            return self._vector_exp(x)
         if fn in _INTRINSIC:
             return b.call(self._intrinsic("fabs" if fn == "abs" else fn, x.type), [x])
         if fn == "rsqrt":
             return b.fdiv(one, b.call(self._intrinsic("sqrt", x.type), [x]))
         if fn == "sigmoid":
-            e = b.call(self._intrinsic("exp", x.type), [b.fneg(x)])
+            e = self._math("exp", b.fneg(x))
             return b.fdiv(one, b.fadd(one, e))
         if fn in _LIBM:
-            name = fn + ("f" if str(x.type) == "float" else "")
-            return b.call(self._declare(name, ir.FunctionType(x.type, [x.type])), [x])
+            def call(v: ir.Value) -> ir.Value:
+                name = fn + ("f" if str(v.type) == "float" else "")
+                return b.call(self._declare(name, ir.FunctionType(v.type, [v.type])), [v])
+            return self._per_lane(call, x)
         raise TccCompileError(f"internal error: math function {fn}")
 
+    def _vector_exp(self, x: ir.Value) -> ir.Value:
+        """exp on f32 vectors without libm: 2**n * p(r), |r| <= ln2/2 (Cephes' expf, ~1 ulp).
+
+        LLVM would otherwise call expf once per lane; this keeps softmax-like rows vectorised.
+        """
+        b = self.builder
+        ty = x.type
+        f = lambda v: _const(ty, v)  # noqa: E731
+        xc = b.call(self._intrinsic("minnum", ty, 2), [b.call(self._intrinsic("maxnum", ty, 2), [x, f(-87.0)]),
+                                                         f(88.0)])
+        n = b.call(self._intrinsic("floor", ty), [b.call(self._intrinsic("fmuladd", ty, 3),
+                                                         [xc, f(1.44269504088896341), f(0.5)])])
+        fma = self._intrinsic("fma", ty, 3)
+        r = b.call(fma, [n, f(-0.693359375), xc])
+        r = b.call(fma, [n, f(2.12194440e-4), r])
+        p = f(1.9875691500e-4)
+        for c in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
+            p = b.call(fma, [p, r, f(c)])
+        p = b.call(fma, [p, b.fmul(r, r), b.fadd(r, f(1.0))])
+        ity = ir.VectorType(I32, ty.count)
+        bits = b.shl(b.add(b.fptosi(n, ity), _const(ity, 127)), _const(ity, 23))
+        y = b.fmul(p, b.bitcast(bits, ty))
+        y = b.select(b.fcmp_ordered(">", x, f(88.72283)), f(float("inf")), y)
+        y = b.select(b.fcmp_ordered("<", x, f(-103.97)), f(0.0), y)
+        return b.select(b.fcmp_unordered("uno", x, x), x, y)
+
+
+def _const(ty: ir.Type, value: int | float) -> ir.Constant:
+    """A constant of a scalar or vector type (splatted)."""
+    if isinstance(ty, ir.VectorType):
+        return ir.Constant(ty, [value] * ty.count)
+    return ir.Constant(ty, value)
+
+
+def _like(ty: ir.Type, elem: ir.Type) -> ir.Type:
+    """``elem``, as a vector when ``ty`` is one."""
+    return ir.VectorType(elem, ty.count) if isinstance(ty, ir.VectorType) else elem
+
+
+def _type_suffix(ty: ir.Type) -> str:
+    scalar = {"half": "f16", "float": "f32", "double": "f64"}
+    if isinstance(ty, ir.VectorType):
+        return f"v{ty.count}{scalar[str(ty.element)]}"
+    return scalar[str(ty)]
+
+
+def _const_extent(s: For) -> int:
+    if not isinstance(s.extent, Const):
+        raise TccCompileError(f"internal error: {s.kind} loop {s.var.name} has a non-constant extent", s.span)
+    return int(s.extent.value)
+
+
+@functools.cache
+def threads_available() -> bool:
+    """Whether libgomp (the thread team parallel loops run on) could be loaded into the process."""
+    from tcc.codegen_cpu.jit import load_thread_runtime
+
+    return load_thread_runtime()

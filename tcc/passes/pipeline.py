@@ -51,10 +51,17 @@ def run_pipeline(op: OpTE, bindings: dict[str, int | float], target: str,
     return Lowered(te, loops, scheduled)
 
 
-def schedule_for_target(func: LoopFunc, target: str) -> LoopFunc:
-    """The target's default schedule; plain loop nests until the schedulers land."""
+def schedule_for_target(func: LoopFunc, target: str, steps: list | None = None,
+                        params: dict | None = None) -> LoopFunc:
+    """The user's schedule when there is one, else the target's auto-scheduler."""
     if target == "cuda":
         from tcc.codegen_cuda.schedule import schedule_cuda
 
         return schedule_cuda(func)
-    return func
+    if steps:
+        from tcc.passes.schedule import apply_schedule
+
+        return apply_schedule(func, steps)
+    from tcc.passes.autoschedule import autoschedule
+
+    return autoschedule(func, params)

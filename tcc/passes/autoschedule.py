@@ -1,0 +1,277 @@
+"""The CPU auto-scheduler: the schedule every op gets unless its user wrote one.
+
+* Contractions (a sum of products of two tensors: matmul, batched matmul, convolutions) get the
+  BLIS structure: the reduction is decomposed into updates of the result, the loops are tiled
+  for the caches read from the host (L1 holds a packed ``kc x nr`` panel of B, L2 the packed
+  ``mc x kc`` block of A), B and A are packed, and an ``mr x nr`` register tile of C is
+  accumulated with fused multiply-adds (ii unrolled, jj one vector); each thread takes its own
+  rows of C.
+* Row-wise chains (softmax, layernorm) are fused into one loop per row (compute_at), so the
+  intermediates fold into per-thread rows; the rows run in parallel.
+* Every other loop nest gets its unit-stride innermost loop vectorised (reductions with vector
+  partial sums) and its outermost loop parallelised when there is enough work.
+
+Tile sizes come from :func:`gemm_params`; the tuner (tcc.tune) searches around them.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+from tcc.errors import TccScheduleError
+from tcc.ir.expr import Binary, Cast, Expr, Load, free_vars
+from tcc.ir.loops import Allocate, For, LoopFunc, Seq, Stmt, Store, walk_stmts
+from tcc.passes.cache import cache
+from tcc.passes.compute_at import compute_at
+from tcc.passes.fuse import fuse
+from tcc.passes.loopnest import linear_coeff, loop_names, stores
+from tcc.passes.parallel import parallel
+from tcc.passes.reduction import decompose_reduction
+from tcc.passes.reorder import reorder
+from tcc.passes.schedule import contract
+from tcc.passes.split import split
+from tcc.passes.unroll import unroll
+from tcc.passes.vectorize import vectorize
+
+PARALLEL_MIN_WORK = 1 << 15  # iterations below which a fork costs more than it saves
+GEMM_MIN_FLOPS = 1 << 16
+
+
+@functools.cache
+def host_caches() -> dict[int, int]:
+    """Data cache sizes in bytes by level, from /sys (defaults where it is unreadable)."""
+    sizes = {1: 32 << 10, 2: 1 << 20, 3: 8 << 20}
+    root = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for entry in os.listdir(root):
+            path = os.path.join(root, entry)
+            with open(os.path.join(path, "type")) as f:
+                if f.read().strip() == "Instruction":
+                    continue
+            with open(os.path.join(path, "level")) as f:
+                level = int(f.read())
+            with open(os.path.join(path, "size")) as f:
+                text = f.read().strip()
+            scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1], 1)
+            sizes[level] = int(text.rstrip("KMG")) * scale
+    except (OSError, ValueError):
+        pass
+    return sizes
+
+
+def threads() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def gemm_params(m: int, n: int, k: int, itemsize: int = 4) -> dict[str, int]:
+    """Register tile mr x nr, then kc so a kc x nr panel of B fills half of L1, mc for L2."""
+    caches = host_caches()
+    nr = 32 if itemsize == 4 else 16
+    mr = 12
+    kc = max(16, min(k, caches[1] // 2 // (nr * itemsize)))
+    mc = max(mr, min(m, (caches[2] // 2 // (kc * itemsize)) // mr * mr))
+    nc = max(nr, min(n, 1024 // nr * nr))
+    return {"mr": mr, "nr": nr, "kc": kc, "mc": mc, "nc": nc}
+
+
+def autoschedule(func: LoopFunc, params: dict[str, dict[str, int]] | None = None) -> LoopFunc:
+    """The default CPU schedule; ``params`` (by result tensor) override the contraction tiles."""
+    for tensor, info in contractions(func).items():
+        if info["flops"] >= GEMM_MIN_FLOPS:
+            chosen = (params or {}).get(tensor) or gemm_params(info["m"], info["n"], info["k"], info["itemsize"])
+            func = schedule_gemm(func, tensor, info, chosen)
+    func = fuse_rows(func)
+    return vectorize_and_parallelize(func)
+
+
+# ---------------------------------------------------------------- contractions
+
+def contractions(func: LoopFunc) -> dict[str, dict]:
+    """Statements ``C[...] = g(sum[k...](A[...] * B[...]))`` with their i, j, k loops."""
+    found = {}
+    for item in _items(func.body):
+        info = _contraction(item)
+        if info is not None:
+            found[info["tensor"]] = info
+    return found
+
+
+def _items(body: Stmt) -> list[Stmt]:
+    while isinstance(body, Allocate):
+        body = body.body
+    return list(body.stmts) if isinstance(body, Seq) else [body]
+
+
+def _contraction(nest: Stmt) -> dict | None:
+    axes: list[For] = []
+    s = nest
+    while isinstance(s, For):
+        axes.append(s)
+        s = s.body
+    if len(axes) < 2 or not (isinstance(s, Allocate) and isinstance(s.body, Seq) and len(s.body.stmts) == 3):
+        return None
+    init, red, final = s.body.stmts
+    rloops: list[For] = []
+    r = red
+    while isinstance(r, For):
+        rloops.append(r)
+        r = r.body
+    if not (rloops and isinstance(r, Store) and r.buffer == s.buffer.name and isinstance(final, Store)):
+        return None
+    value = r.value
+    if not (isinstance(value, Binary) and value.op == "add" and isinstance(value.b, Binary) and value.b.op == "mul"):
+        return None
+    a, b = _strip(value.b.a), _strip(value.b.b)
+    if not (isinstance(a, Load) and isinstance(b, Load)):
+        return None
+    j = axes[-1].var.name
+    if linear_coeff(b.indices[-1], j) in (0, None) or any(j in free_vars(x) for x in a.indices):
+        a, b = b, a
+    if linear_coeff(b.indices[-1], j) in (0, None) or any(j in free_vars(x) for x in a.indices):
+        return None
+    a_vars = set().union(*(free_vars(x) for x in a.indices))
+    b_vars = set().union(*(free_vars(x) for x in b.indices))
+    i_axes = [f for f in axes[:-1] if f.var.name in a_vars and f.var.name not in b_vars]
+    if not i_axes:
+        return None
+    ext = {f.var.name: int(f.extent.value) for f in axes + rloops}  # type: ignore[attr-defined]
+    k = 1
+    for f in rloops:
+        k *= ext[f.var.name]
+    m, n = ext[i_axes[-1].var.name], ext[j]
+    total = 1
+    for f in axes:
+        total *= ext[f.var.name]
+    return {"tensor": final.buffer, "i": i_axes[-1].var.name, "j": j, "k_loops": [f.var.name for f in rloops],
+            "batch": [f.var.name for f in axes if f.var.name not in (i_axes[-1].var.name, j)],
+            "m": m, "n": n, "k": k, "flops": 2 * total * k, "itemsize": a.dtype.itemsize,
+            "a": a.buffer, "b": b.buffer, "extents": ext}
+
+
+def _strip(e: Expr) -> Expr:
+    while isinstance(e, Cast):
+        e = e.a
+    return e
+
+
+def schedule_gemm(func: LoopFunc, tensor: str, info: dict, p: dict[str, int]) -> LoopFunc:
+    """The BLIS loop nest for one contraction (see the module docstring)."""
+    i, j, kloops = info["i"], info["j"], info["k_loops"]
+    func = decompose_reduction(func, tensor)
+    k = kloops[0]
+    for other in kloops[1:]:
+        func = fuse(func, k, other, name=f"{k}_{other}")
+        k = f"{k}_{other}"
+    m, n, kt = info["m"], info["n"], info["k"]
+    mr, nr = min(p["mr"], m), min(p["nr"], n)
+    kc, mc, nc = min(p["kc"], kt), min(p["mc"], m), min(p["nc"], n)
+    mc = max(mr, mc // mr * mr)
+    nc = max(nr, nc // nr * nr)
+    nthreads = threads()
+    batch_parallel = [b for b in info["batch"] if info["extents"][b] >= nthreads]
+    per_thread = -(-m // nthreads) if nthreads > 1 and not batch_parallel and m >= 2 * mr else m
+    func = split(func, i, per_thread, "ip", "i1")
+    mc = min(mc, per_thread)
+    func = split(func, "i1", mc, "io", "i2")
+    func = split(func, "i2", mr, "ir", "ii")
+    func = split(func, j, nc, "jo", "j1")
+    func = split(func, "j1", nr, "jr", "jj")
+    func = split(func, k, kc, "ko", "kk")
+    func = reorder(func, [*info["batch"], "ip", "jo", "ko", "io", "jr", "ir", "kk", "ii", "jj"])
+    func = cache(func, info["b"], "ko")
+    func = cache(func, info["a"], "io")
+    func = cache(func, tensor if _direct(func, tensor) else f"{tensor}_acc", "ir")
+    func = unroll(func, "ii")
+    func = vectorize(func, "jj")
+    outer = batch_parallel[0] if batch_parallel else "ip"
+    if info["flops"] >= 8 * PARALLEL_MIN_WORK and nthreads > 1:
+        try:
+            func = parallel(func, outer)
+        except TccScheduleError:
+            pass
+    return contract(func)
+
+
+def _direct(func: LoopFunc, tensor: str) -> bool:
+    return f"{tensor}_acc" not in func.buffers()
+
+
+# ---------------------------------------------------------------- rows and elementwise
+
+def fuse_rows(func: LoopFunc) -> LoopFunc:
+    """compute_at each intermediate into the outer loop of its first consumer, where legal."""
+    temps = [b.name for b in func.buffers().values() if b.scope == "global"
+             and b.name not in {p.name for p in func.params}]
+    for t in temps:
+        items = _items(func.body)
+        producer = next((s for s in items if isinstance(s, For) and any(st.buffer == t for st in stores(s))), None)
+        if producer is None or producer.kind != "serial":
+            continue
+        try:
+            func = compute_at(func, t, producer.var.name)
+        except TccScheduleError:
+            continue
+    return func
+
+
+def vectorize_and_parallelize(func: LoopFunc) -> LoopFunc:
+    lanes = 32
+    for name in _vector_candidates(func):
+        try:
+            func = vectorize(func, name, lanes)
+        except TccScheduleError:
+            continue
+    for item in _items(func.body):
+        if isinstance(item, For) and item.kind == "serial" and _work(item) >= PARALLEL_MIN_WORK and threads() > 1:
+            try:
+                func = parallel(func, item.var.name)
+            except TccScheduleError:
+                continue
+    return func
+
+
+def _vector_candidates(func: LoopFunc) -> list[str]:
+    """Loops whose variable walks the last dim of what they store (or, innermost, of what they load)."""
+    picked: list[str] = []
+    for f in walk_stmts(func.body):
+        if not isinstance(f, For) or f.kind != "serial":
+            continue
+        if int(getattr(f.extent, "value", 0)) < 4 or f.var.name in picked:
+            continue
+        inner_loops = [n for n in walk_stmts(f.body) if isinstance(n, For)]
+        if any(n.kind == "vector" for n in inner_loops):
+            continue
+        if _unit_store(f) or (not inner_loops and _unit_load(f)):
+            picked.append(f.var.name)
+    return [n for n in picked if not any(_inside(func, n, other) for other in picked if other != n)]
+
+
+def _unit_store(f: For) -> bool:
+    return any(st.indices and linear_coeff(st.indices[-1], f.var.name) == 1 for st in stores(f.body))
+
+
+def _unit_load(f: For) -> bool:
+    from tcc.passes.loopnest import loads
+
+    return any(ld.indices and linear_coeff(ld.indices[-1], f.var.name) == 1 for ld in loads(f.body))
+
+
+def _inside(func: LoopFunc, inner: str, outer: str) -> bool:
+    return any(isinstance(n, For) and n.var.name == outer and inner in loop_names(n.body)
+               for n in walk_stmts(func.body))
+
+
+def _work(f: For) -> int:
+    total = 0
+    for n in walk_stmts(f):
+        if isinstance(n, Store):
+            total += 1
+    size = 1
+    s: Stmt = f
+    while isinstance(s, For):
+        size *= int(getattr(s.extent, "value", 1))
+        s = s.body
+    inner = sum(int(getattr(n.extent, "value", 1)) for n in walk_stmts(s) if isinstance(n, For)) or 1
+    return size * inner * total
+

@@ -1,0 +1,173 @@
+"""cache: copy the tile of a tensor that a loop's body touches into a contiguous buffer.
+
+At each loop named ``at``, every distinct access ``X[indices]`` inside gets a buffer with one dim
+per loop (inside ``at``) whose variable the indices use, in nesting order, so the body reads it
+contiguously in the order it runs: caching B of a matmul at the K-block loop gives the packed
+``[jr, kk, jj]`` panel that a register-blocked micro-kernel streams. A tensor that the body also
+writes is copied in before and back after (a register tile of C). Small buffers live on the
+stack (``local``), where LLVM keeps them in registers once the loops over them are unrolled and
+vectorised; large ones on the heap, allocated once per thread outside the loops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tcc.errors import Span, TccScheduleError
+from tcc.ir.expr import Expr, Load, free_vars, transform
+from tcc.ir.loops import Allocate, Buffer, For, If, Let, LoopFunc, Seq, Stmt, Store, map_stmt, seq, stmt_exprs
+from tcc.passes.loopnest import const_extent, linear_coeff, map_exprs, require_loop
+
+LOCAL_BYTES = 16 * 1024
+
+
+def cache(func: LoopFunc, tensor: str, at: str, scope: str | None = None, span: Span | None = None) -> LoopFunc:
+    require_loop(func, at, span)
+    buffers = func.buffers()
+    if tensor not in buffers:
+        raise TccScheduleError(f"op {func.name} has no tensor {tensor!r}", span,
+                               f"its tensors are: {', '.join(sorted(buffers))}")
+    if scope not in (None, "local", "global"):
+        raise TccScheduleError(f"unknown scope {scope!r}", span, "use local or global")
+    state = _State(func, buffers[tensor], scope, span)
+    body, pending = _rewrite(func.body, at, state)
+    return replace(func, body=_wrap(body, pending))
+
+
+class _State:
+    def __init__(self, func: LoopFunc, buf: Buffer, scope: str | None, span: Span | None):
+        self.buf = buf
+        self.scope = scope
+        self.span = span
+        self.taken = set(func.buffers())
+        self.count = 0
+
+    def name(self) -> str:
+        while True:
+            self.count += 1
+            name = f"{self.buf.name}_c{self.count}"
+            if name not in self.taken:
+                self.taken.add(name)
+                return name
+
+
+def _wrap(body: Stmt, bufs: list[Buffer]) -> Stmt:
+    for b in reversed(bufs):
+        body = Allocate(b, body)
+    return body
+
+
+def _rewrite(s: Stmt, at: str, st: _State) -> tuple[Stmt, list[Buffer]]:
+    """Rewrite loops ``at``; buffers float up to the nearest parallel loop or the function."""
+    if isinstance(s, For) and s.var.name == at:
+        new, bufs = _cache_at(s, st)
+        if new.kind == "parallel":
+            return replace(new, body=_wrap(new.body, bufs)), []
+        return new, bufs
+    if isinstance(s, For):
+        body, bufs = _rewrite(s.body, at, st)
+        if s.kind == "parallel":
+            return replace(s, body=_wrap(body, bufs)), []
+        return replace(s, body=body), bufs
+    if isinstance(s, Seq):
+        parts, bufs = [], []
+        for c in s.stmts:
+            p, b = _rewrite(c, at, st)
+            parts.append(p)
+            bufs += b
+        return seq(*parts), bufs
+    if isinstance(s, (Allocate, Let)):
+        body, bufs = _rewrite(s.body, at, st)
+        return replace(s, body=body), bufs
+    if isinstance(s, If):
+        then, b1 = _rewrite(s.then, at, st)
+        other, b2 = (None, []) if s.otherwise is None else _rewrite(s.otherwise, at, st)
+        return replace(s, then=then, otherwise=other), b1 + b2
+    return s, []
+
+
+def _sites(s: Stmt, name: str, chain: tuple[For, ...], out: dict) -> None:
+    """Accesses of ``name``: indices -> (enclosing loops, loaded?, stored?)."""
+    for e in stmt_exprs(s):
+        for n in _loads(e, name):
+            entry = out.setdefault(n.indices, [chain, False, False])
+            entry[1] = True
+    if isinstance(s, Store) and s.buffer == name:
+        entry = out.setdefault(s.indices, [chain, False, False])
+        entry[2] = True
+    inner = chain + (s,) if isinstance(s, For) else chain
+    for c in s.children():
+        _sites(c, name, inner, out)
+
+
+def _loads(e: Expr, name: str) -> list[Load]:
+    from tcc.ir.expr import walk
+
+    return [n for n in walk(e) if isinstance(n, Load) and n.buffer == name]
+
+
+def _cache_at(loop: For, st: _State) -> tuple[For, list[Buffer]]:
+    sites: dict = {}
+    _sites(loop.body, st.buf.name, (), sites)
+    if any(stored for _, _, stored in sites.values()) and len(sites) > 1:
+        raise TccScheduleError(f"{st.buf.name} is written inside loop {loop.var.name} and accessed at "
+                               f"{len(sites)} different places; caching it would change the result", st.span)
+    before, after, mapping, bufs = [], [], {}, []
+    for indices, (chain, loaded, stored) in sites.items():
+        used = set().union(*(free_vars(i) for i in indices)) if indices else set()
+        loops = [f for f in chain if f.var.name in used]
+        shape = tuple(const_extent(f, st.span) for f in loops)
+        if stored:
+            _check_injective(indices, loops, st)
+        nbytes = st.buf.dtype.itemsize * max(1, _prod(shape))
+        scope = st.scope or ("local" if nbytes <= LOCAL_BYTES else "global")
+        buf = Buffer(st.name(), st.buf.dtype, shape, scope)
+        bufs.append(buf)
+        local_idx = tuple(f.var for f in loops)
+        mapping[indices] = (buf.name, local_idx)
+        if loaded or not stored:
+            before.append(_copy(loops, Store(buf.name, local_idx, Load(st.buf.name, indices, st.buf.dtype))))
+        if stored:
+            after.append(_copy(loops, Store(st.buf.name, indices, Load(buf.name, local_idx, st.buf.dtype))))
+    body = _retarget(loop.body, st.buf.name, mapping)
+    return replace(loop, body=seq(*before, body, *after)), bufs
+
+
+def _copy(loops: list[For], store: Store) -> Stmt:
+    """The copy nest mirrors the loops it serves (unrolled stays unrolled, the last vector stays vector)."""
+    body: Stmt = store
+    for pos, f in reversed(list(enumerate(loops))):
+        kind = f.kind if f.kind == "unroll" or (f.kind == "vector" and pos == len(loops) - 1) else "serial"
+        body = For(f.var, f.extent, body, kind=kind, span=f.span)
+    return body
+
+
+def _retarget(body: Stmt, name: str, mapping: dict) -> Stmt:
+    def expr(e: Expr) -> Expr:
+        return transform(e, lambda n: Load(mapping[n.indices][0], mapping[n.indices][1], n.dtype)
+                         if isinstance(n, Load) and n.buffer == name else None)
+
+    def node(n: Stmt) -> Stmt | None:
+        if isinstance(n, Store) and n.buffer == name:
+            target, idx = mapping[n.indices]
+            return replace(n, buffer=target, indices=idx)
+        return None
+    return map_stmt(map_exprs(body, expr), node)
+
+
+def _check_injective(indices: tuple[Expr, ...], loops: list[For], st: _State) -> None:
+    """Each loop must move the written element (else copying back would lose updates)."""
+    for f in loops:
+        if not any(linear_coeff(i, f.var.name) not in (0, None) for i in indices):
+            raise TccScheduleError(f"{st.buf.name} is written through a non-affine index of {f.var.name}; "
+                                   "caching it could change the result", st.span)
+
+
+def _prod(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+

@@ -1,0 +1,108 @@
+"""compute_at: compute an intermediate inside the loop of its consumer that uses it.
+
+``m[n] = max[c](X[n, c])`` followed by ``for n: for c: e[n, c] = exp(X[n, c] - m[n])`` becomes
+one loop over ``n`` computing ``m[n]`` then ``e[n, :]``. When every access to the intermediate
+then sits inside that loop at index ``n``, its storage folds away that dim (one row, in cache,
+per thread) and its buffer moves inside the loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tcc.errors import Span, TccScheduleError
+from tcc.ir.expr import Expr, Load, free_vars, transform, walk
+from tcc.ir.loops import Allocate, For, LoopFunc, Stmt, Store, map_stmt, seq, stmt_exprs, walk_stmts
+from tcc.passes.loopnest import map_exprs, stores, subst
+
+LOCAL_BYTES = 32 * 1024
+
+
+def compute_at(func: LoopFunc, tensor: str, loop: str, span: Span | None = None) -> LoopFunc:
+    allocs, items = _top_level(func.body)
+    pi = next((i for i, s in enumerate(items) if any(st.buffer == tensor for st in stores(s))), None)
+    if pi is None:
+        raise TccScheduleError(f"op {func.name} computes no tensor {tensor!r}", span)
+    producer = items[pi]
+    ci = next((i for i in range(pi + 1, len(items)) if _reads(items[i], tensor)), None)
+    if ci is None or not isinstance(producer, For):
+        raise TccScheduleError(f"nothing after {tensor} reads it; there is no consumer loop to compute it in", span)
+    target = next((s for s in walk_stmts(items[ci]) if isinstance(s, For) and s.var.name == loop), None)
+    if target is None:
+        raise TccScheduleError(f"the consumer of {tensor} has no loop {loop!r}", span)
+    dim = _check(producer, items[ci], target, tensor, span)
+    moved = subst(producer.body, {producer.var.name: target.var})
+    consumer = map_stmt(items[ci], lambda s: replace(s, body=seq(moved, s.body)) if s is target else None)
+    items = items[:pi] + items[pi + 1:ci] + [consumer] + items[ci + 1:]
+    body = seq(*items)
+    fold = next((a for a in allocs if a.name == tensor), None)
+    if fold is not None and not any(_reads(s, tensor) for s in items if s is not consumer):
+        allocs = [a for a in allocs if a.name != tensor]
+        body = map_stmt(body, lambda s: _fold(s, fold, dim) if isinstance(s, For) and s.var == target.var
+                        and _reads(s, tensor) else None)
+    for a in reversed(allocs):
+        body = Allocate(a, body)
+    return replace(func, body=body)
+
+
+def _top_level(body: Stmt):
+    allocs = []
+    while isinstance(body, Allocate):
+        allocs.append(body.buffer)
+        body = body.body
+    from tcc.ir.loops import Seq
+
+    return allocs, list(body.stmts) if isinstance(body, Seq) else [body]
+
+
+def _reads(s: Stmt, tensor: str) -> bool:
+    return any(isinstance(n, Load) and n.buffer == tensor for st in walk_stmts(s) for e in stmt_exprs(st)
+               for n in walk(e))
+
+
+def _check(producer: For, consumer: Stmt, target: For, tensor: str, span: Span | None) -> int:
+    if producer.extent != target.extent:
+        raise TccScheduleError(f"loop {target.var.name} runs {target.extent} times but {tensor}'s outer loop "
+                               f"{producer.extent}", span)
+    dims = {i for st in stores(producer) if st.buffer == tensor for i, x in enumerate(st.indices)
+            if x == producer.var}
+    if len(dims) != 1:
+        raise TccScheduleError(f"{tensor} is not indexed by its outer loop {producer.var.name}", span)
+    dim = dims.pop()
+    for st in walk_stmts(consumer):
+        for e in stmt_exprs(st):
+            for n in walk(e):
+                if isinstance(n, Load) and n.buffer == tensor and n.indices[dim] != target.var:
+                    raise TccScheduleError(f"the consumer reads {tensor} at other values of {target.var.name}; "
+                                           "computing it inside that loop would change the result", span)
+    if any(target.var.name in free_vars(x) for st in stores(producer) for x in st.indices
+           if producer.var.name not in free_vars(x)):
+        raise TccScheduleError(f"{target.var.name} is used inside {tensor}'s computation", span)
+    return dim
+
+
+def _fold(loop: For, buf, dim: int) -> Stmt:
+    """Drop dim ``dim`` (always the loop variable here) and allocate the buffer inside the loop."""
+    shape = buf.shape[:dim] + buf.shape[dim + 1:]
+    nbytes = buf.dtype.itemsize * max(1, _prod(shape))
+    new = replace(buf, shape=shape, scope="local" if nbytes <= LOCAL_BYTES else "global")
+
+    def expr(e: Expr) -> Expr:
+        return transform(e, lambda n: Load(n.buffer, n.indices[:dim] + n.indices[dim + 1:], n.dtype)
+                         if isinstance(n, Load) and n.buffer == buf.name else None)
+
+    def node(s: Stmt) -> Stmt | None:
+        if isinstance(s, Store) and s.buffer == buf.name:
+            return replace(s, indices=s.indices[:dim] + s.indices[dim + 1:])
+        return None
+    body = map_stmt(map_exprs(loop.body, expr), node)
+    return replace(loop, body=Allocate(new, body))
+
+
+def _prod(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+

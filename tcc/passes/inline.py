@@ -1,0 +1,61 @@
+"""inline: replace reads of an elementwise intermediate by the expression that defines it.
+
+Trades memory traffic for recomputation; the intermediate's loop nest and buffer disappear.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tcc.errors import Span, TccScheduleError
+from tcc.ir.expr import Expr, substitute
+from tcc.ir.loops import Allocate, For, LoopFunc, Seq, Stmt, Store, map_stmt, seq
+from tcc.passes.loopnest import replace_loads, stores
+
+
+def inline(func: LoopFunc, tensor: str, span: Span | None = None) -> LoopFunc:
+    if tensor not in func.buffers():
+        raise TccScheduleError(f"op {func.name} has no tensor {tensor!r}", span)
+    if any(p.name == tensor for p in func.params):
+        raise TccScheduleError(f"{tensor} is an input or result of {func.name}; only intermediates inline", span)
+    nest = _producer(func.body, tensor)
+    if nest is None:
+        raise TccScheduleError(f"{tensor} is not defined by a plain elementwise statement; it cannot be inlined",
+                               span, "reductions stay materialised; use compute_at to fuse them")
+    loops, store = nest
+    names = [f.var.name for f in loops]
+
+    def expand(ld) -> Expr | None:
+        if ld.buffer != tensor:
+            return None
+        return substitute(store.value, dict(zip(names, ld.indices)))
+
+    def drop(s: Stmt) -> Stmt | None:
+        if isinstance(s, Allocate) and s.buffer.name == tensor:
+            return s.body
+        if isinstance(s, Seq):
+            return seq(*(c for c in s.stmts if not (isinstance(c, For) and _defines(c, tensor))))
+        return None
+
+    body = map_stmt(func.body, drop)
+    return replace(func, body=replace_loads(body, expand))
+
+
+def _defines(s: For, tensor: str) -> bool:
+    return any(st.buffer == tensor for st in stores(s))
+
+
+def _producer(body: Stmt, tensor: str) -> tuple[list[For], Store] | None:
+    from tcc.ir.loops import walk_stmts
+
+    for s in walk_stmts(body):
+        if isinstance(s, For) and _defines(s, tensor):
+            loops = []
+            n: Stmt = s
+            while isinstance(n, For):
+                loops.append(n)
+                n = n.body
+            if isinstance(n, Store) and n.indices == tuple(f.var for f in loops):
+                return loops, n
+            return None
+    return None

@@ -1,0 +1,123 @@
+"""Helpers shared by the schedule passes: finding loops, substituting, affine coefficients."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tcc.errors import Span, TccScheduleError
+from tcc.ir.expr import Binary, Const, Expr, Load, Var, free_vars, substitute, transform, walk
+from tcc.ir.loops import Allocate, For, If, Let, LoopFunc, Seq, Stmt, Store, map_stmt, walk_stmts
+
+
+def linear_coeff(e: Expr, var: str) -> int | None:
+    """The constant ``c`` with ``e == c * var + (terms free of var)``; None when not affine in var."""
+    if isinstance(e, Var):
+        return 1 if e.name == var else 0
+    if isinstance(e, Const):
+        return 0
+    if var not in free_vars(e):
+        return 0
+    if isinstance(e, Binary) and e.op in ("add", "sub"):
+        a, b = linear_coeff(e.a, var), linear_coeff(e.b, var)
+        if a is None or b is None:
+            return None
+        return a + b if e.op == "add" else a - b
+    if isinstance(e, Binary) and e.op == "mul":
+        if isinstance(e.a, Const) and e.a.dtype.is_int:
+            inner = linear_coeff(e.b, var)
+            return None if inner is None else int(e.a.value) * inner
+        if isinstance(e.b, Const) and e.b.dtype.is_int:
+            inner = linear_coeff(e.a, var)
+            return None if inner is None else int(e.b.value) * inner
+    return None
+
+
+def map_exprs(s: Stmt, fn) -> Stmt:
+    """Apply ``fn`` (Expr -> Expr) to every expression held by every statement of ``s``."""
+    def node(n: Stmt) -> Stmt | None:
+        if isinstance(n, For):
+            return replace(n, extent=fn(n.extent))
+        if isinstance(n, Store):
+            return replace(n, indices=tuple(fn(i) for i in n.indices), value=fn(n.value))
+        if isinstance(n, If):
+            return replace(n, cond=fn(n.cond))
+        if isinstance(n, Let):
+            return replace(n, value=fn(n.value))
+        return None
+    return map_stmt(s, node)
+
+
+def subst(s: Stmt, mapping: dict[str, Expr]) -> Stmt:
+    """Replace variables by expressions everywhere in ``s``."""
+    return map_exprs(s, lambda e: substitute(e, mapping))
+
+
+def replace_loads(s: Stmt, fn) -> Stmt:
+    """Rewrite every Load: ``fn(load)`` returns a replacement or None."""
+    return map_exprs(s, lambda e: transform(e, lambda n: fn(n) if isinstance(n, Load) else None))
+
+
+def loops_named(s: Stmt, name: str) -> list[For]:
+    return [n for n in walk_stmts(s) if isinstance(n, For) and n.var.name == name]
+
+
+def loop_names(s: Stmt) -> set[str]:
+    return {n.var.name for n in walk_stmts(s) if isinstance(n, For)}
+
+
+def require_loop(func: LoopFunc, name: str, span: Span | None = None) -> list[For]:
+    found = loops_named(func.body, name)
+    if not found:
+        names = ", ".join(sorted(loop_names(func.body))) or "none"
+        raise TccScheduleError(f"op {func.name} has no loop {name!r}", span, f"its loops are: {names}")
+    return found
+
+
+def const_extent(loop: For, span: Span | None = None) -> int:
+    if not isinstance(loop.extent, Const):
+        raise TccScheduleError(f"loop {loop.var.name} has no constant extent", span)
+    return int(loop.extent.value)
+
+
+def fresh(func: LoopFunc, base: str) -> str:
+    taken = loop_names(func.body) | set(func.buffers()) | {p.name for p in func.params}
+    if base not in taken:
+        return base
+    n = 2
+    while f"{base}{n}" in taken:
+        n += 1
+    return f"{base}{n}"
+
+
+def on_loops(func: LoopFunc, name: str, fn) -> LoopFunc:
+    """``func`` with every loop called ``name`` replaced by ``fn(loop)``."""
+    body = map_stmt(func.body, lambda n: fn(n) if isinstance(n, For) and n.var.name == name else None)
+    return replace(func, body=body)
+
+
+def stores(s: Stmt) -> list[Store]:
+    return [n for n in walk_stmts(s) if isinstance(n, Store)]
+
+
+def loads(s: Stmt) -> list[Load]:
+    out = []
+    for n in walk_stmts(s):
+        for e in _exprs(n):
+            out.extend(x for x in walk(e) if isinstance(x, Load))
+    return out
+
+
+def _exprs(n: Stmt) -> tuple[Expr, ...]:
+    from tcc.ir.loops import stmt_exprs
+
+    return stmt_exprs(n)
+
+
+def allocated(s: Stmt) -> set[str]:
+    return {n.buffer.name for n in walk_stmts(s) if isinstance(n, Allocate)}
+
+
+def is_seq_of_copies(s: Stmt) -> bool:
+    """A Seq of loops that share one name: the main part and the tail of a split."""
+    return (isinstance(s, Seq) and all(isinstance(c, For) for c in s.stmts)
+            and len({c.var.name for c in s.stmts}) == 1)
