@@ -132,18 +132,20 @@ def _cost(e: Expr) -> int:
 
 
 def _inline_into(consumer: Compute, producer: Compute) -> Compute:
+    taken = {ax.var.name for ax in consumer.axes} | _vars(consumer.body)
+    taken |= {ax.var.name for n in walk(consumer.body) if isinstance(n, Reduce) for ax in n.axes}
+
     def visit(n: Expr) -> Expr | None:
         if isinstance(n, Read) and n.tensor == producer.tensor:
             mapping = {ax.var.name: idx for ax, idx in zip(producer.axes, n.indices)}
-            return _fresh_reductions(substitute(producer.body, mapping), n)
+            return _fresh_reductions(substitute(producer.body, mapping), taken)
         return None
 
     return replace(consumer, body=transform(consumer.body, visit))
 
 
-def _fresh_reductions(body: Expr, site: Read) -> Expr:
+def _fresh_reductions(body: Expr, taken: set[str]) -> Expr:
     """Rename the inlined body's reduction variables so they cannot capture the consumer's."""
-    taken = set().union(*(_vars(i) for i in site.indices)) if site.indices else set()
 
     def visit(n: Expr) -> Expr | None:
         if not isinstance(n, Reduce):

@@ -1,0 +1,137 @@
+"""The fusion pass: what it inlines, what it keeps, how it groups row reductions, and that fused
+programs still agree with the reference (which never fuses)."""
+
+import numpy as np
+import pytest
+from helpers import check_op
+
+import tcc
+
+
+def fused(src: str, name: str, **shapes) -> str:
+    op = tcc.compile(src)[name]
+    return op.stage_text({**op.te.cparams, **shapes}, "fused")
+
+
+def loops(src: str, name: str, **shapes) -> str:
+    op = tcc.compile(src)[name]
+    return op.stage_text({**op.te.cparams, **shapes}, "loops")
+
+
+SOFTMAX = """
+op softmax(X: f32[N, C]) -> Y: f32[N, C] {
+    m[n] = max[c](X[n, c])
+    e[n, c] = exp(X[n, c] - m[n])
+    s[n] = sum[c](e[n, c])
+    Y[n, c] = e[n, c] / s[n]
+}
+"""
+
+
+def test_softmax_rows_share_one_outer_loop():
+    text = fused(SOFTMAX, "softmax", N=8, C=16)
+    assert "keep e: cost 11 per element read at 2 places" in text
+    assert "group [m, e, s, Y] share 1 outer loop(s); m, e, s kept per row" in text
+    nest = loops(SOFTMAX, "softmax", N=8, C=16)
+    assert nest.count("for n") == 1  # one pass over the rows: each row read from memory once
+    assert "allocate e: f32[16] in local" in nest
+
+
+@pytest.mark.parametrize("n,c", [(1, 1), (7, 33), (3, 1000)])
+def test_softmax_fused_matches_reference(n, c, rng):
+    check_op(SOFTMAX, "softmax", dict(N=n, C=c), rng)
+
+
+CONV_RELU = """
+op conv_relu(X: f32[N, C, H, W], Wt: f32[F, C, 3, 3], b: f32[F]) -> Y: f32[N, F, H - 2, W - 2] {
+    Z[n, f, y, x] = sum[c, r, s](X[n, c, y + r, x + s] * Wt[f, c, r, s])
+    Y[n, f, y, x] = max(Z[n, f, y, x] + b[f], 0.0)
+}
+"""
+
+
+def test_epilogue_is_fused_into_the_reduction(rng):
+    text = fused(CONV_RELU, "conv_relu", N=1, C=2, H=6, W=5, F=3)
+    assert "inline Z: reduction, read once by Y" in text
+    assert "allocate Z" not in loops(CONV_RELU, "conv_relu", N=1, C=2, H=6, W=5, F=3)
+    check_op(CONV_RELU, "conv_relu", dict(N=2, C=3, H=7, W=6, F=4), rng)
+
+
+def test_reduction_read_by_every_column_is_not_recomputed(rng):
+    src = """
+    op center(X: f32[N, C]) -> Y: f32[N, C] {
+        mu[n] = sum[c](X[n, c])
+        Y[n, c] = X[n, c] - mu[n]
+    }
+    """
+    text = fused(src, "center", N=4, C=5)
+    assert "keep mu: Y reads it under loops that do not index it: inlining would recompute each element " \
+           "5 times" in text
+    check_op(src, "center", dict(N=4, C=5), rng)
+
+
+def test_cheap_elementwise_read_twice_is_inlined(rng):
+    src = """
+    op f(X: f32[N]) -> (Y: f32[N], Z: f32[N]) {
+        t[i] = X[i] * 2.0
+        Y[i] = t[i] + 1.0
+        Z[i] = t[i] - 1.0
+    }
+    """
+    assert "inline t: cheap" in fused(src, "f", N=9)
+    check_op(src, "f", dict(N=9), rng)
+
+
+def test_inlined_reduction_variables_do_not_capture(rng):
+    src = """
+    op f(X: f32[N, D]) -> Y: f32[N, D] {
+        v[n] = sum[d](X[n, d] * X[n, d])
+        Y[n, d] = X[n, d] * v[n]
+    }
+    """
+    # with D = 1 the read of v repeats nothing, so v is inlined into Y, whose axis is also d
+    assert "inline v" in fused(src, "f", N=3, D=1)
+    check_op(src, "f", dict(N=3, D=1), rng)
+    check_op(src, "f", dict(N=3, D=7), rng)
+
+
+def test_intermediate_read_outside_its_group_keeps_full_size(rng):
+    src = """
+    op f(X: f32[N, C], W: f32[C, C]) -> (Y: f32[N, C], Z: f32[C, C]) {
+        t[n, c] = exp(X[n, c])
+        Y[n, c] = t[n, c] * 2.0 + t[n, c]
+        Z[a, b] = sum[n](t[n, a] * W[a, b])
+    }
+    """
+    nest = loops(src, "f", N=5, C=4)
+    assert "allocate t: f32[5, 4] in global" in nest
+    check_op(src, "f", dict(N=5, C=4), rng)
+
+
+def test_fused_stage_from_the_cli(capsys):
+    from pathlib import Path
+
+    from tcc.cli import main
+    path = Path(__file__).resolve().parent.parent / "examples" / "conv2d_relu.tc"
+    assert main([
+        "lower", str(path), "--stage", "fused", "--shape", "X=1x2x5x5", "--shape", "Wt=2x2x3x3"]) == 0
+    out = capsys.readouterr().out
+    assert "fusion:" in out and "inline Z" in out
+
+
+def test_layernorm_group_matches_reference(rng):
+    src = open(__file__.replace("tests/test_fusion.py", "examples/layernorm.tc")).read()
+    assert "group [mu, var, Y] share 1 outer loop(s); mu, var kept per row" in fused(src, "layernorm", N=4, D=9)
+    for n, d in [(1, 1), (7, 33), (2, 1000)]:
+        check_op(src, "layernorm", dict(N=n, D=d), rng)
+
+
+def test_nothing_to_fuse_is_said():
+    src = "op f(X: f32[N]) -> Y: f32[N] { Y[i] = X[i] }"
+    assert "nothing to fuse" in fused(src, "f", N=3)
+
+
+def test_fused_results_equal_unfused_bitwise_for_elementwise(rng):
+    src = "op f(X: f32[N]) -> Y: f32[N] { t[i] = X[i] * 3.0; Y[i] = t[i] + 1.0 }"
+    x = rng.standard_normal(100).astype(np.float32)
+    np.testing.assert_array_equal(tcc.compile(src).f(x), (x * np.float32(3.0)) + np.float32(1.0))
