@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-import torch
+# this file is named cuda.py: keep its folder off the path so that `cuda.bindings` resolves
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
-import tcc
-from tcc.codegen_cuda import driver
-from tcc.runtime import cache
+import torch  # noqa: E402
+
+import tcc  # noqa: E402
+from tcc.codegen_cuda import driver  # noqa: E402
+from tcc.runtime import cache  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

@@ -13,9 +13,13 @@ mkdir -p "$LOGS"
 PY="${PYTHON:-python3}"
 
 if compgen -G ".whl/*.whl" > /dev/null; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/tcc-site .whl/*.whl \
-        || { echo "gpu_check: installing the carried wheels failed"; exit 2; }
-    export PYTHONPATH="/tmp/tcc-site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+    # into the interpreter's own environment, so that subprocesses of the tests see them too
+    if ! "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade .whl/*.whl; then
+        "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/tcc-site \
+            .whl/*.whl || { echo "gpu_check: installing the carried wheels failed"; exit 2; }
+        export PYTHONPATH="/tmp/tcc-site${PYTHONPATH:+:$PYTHONPATH}"
+    fi
+    export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 else
     "$PY" -m pip install -q -e ".[cuda,dev]" || { echo "gpu_check: pip install failed"; exit 2; }
 fi

@@ -183,23 +183,38 @@ def _memory():
     return tcc.cuda.allocated_bytes(), torch.cuda.memory_allocated()
 
 
-def test_out_of_memory_names_the_tensor_and_frees_everything(rng):
+def test_out_of_memory_names_the_result_and_frees_everything(rng):
     torch = _torch()
     src = """
-    op outer_sum(X: f32[N]) -> Y: f32[N] {
-        T[i, j] = X[i] * X[j]
-        Y[i] = sum[j](T[i, j])
+    op outer(X: f32[N]) -> Y: f32[N, N] {
+        Y[i, j] = X[i] * X[j]
     }
     """
-    op = tcc.compile(src, target="cuda").outer_sum
-    x = torch.randn(600_000, device="cuda")  # T would be 1.4 TB
+    op = tcc.compile(src, target="cuda").outer
+    x = torch.randn(600_000, device="cuda")  # Y would be 1.4 TB
     before = _memory()
-    with pytest.raises(TccRuntimeError, match="outer_sum.*intermediate T") as info:
+    with pytest.raises(TccRuntimeError, match="op outer: cannot allocate result Y") as info:
         op(x)
     assert "hint" in str(info.value)
     assert _memory() == before
-    small = op(x[:100])
-    torch.testing.assert_close(small, x[:100] * x[:100].sum(), rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(op(x[:100]), torch.outer(x[:100], x[:100]))
+
+
+def test_out_of_memory_for_an_intermediate_frees_everything(rng):
+    torch = _torch()
+    lib = tcc.compile(EXAMPLES / "softmax.tc", target="cuda")
+    x = torch.randn(7, 2000, device="cuda")
+    lib.softmax(x)
+    kernel = lib.softmax.kernel({"N": 7, "C": 2000})
+    before = _memory()
+    kernel.temps.append(("huge", 1 << 45))  # 32 TiB: the allocation fails
+    try:
+        with pytest.raises(TccRuntimeError, match="op softmax: intermediate huge: cannot allocate"):
+            lib.softmax(x)
+    finally:
+        kernel.temps.pop()
+    assert _memory() == before
+    torch.testing.assert_close(lib.softmax(x), torch.softmax(x, dim=1))
 
 
 def test_launch_failure_is_a_tcc_error_and_frees_everything(rng):
@@ -208,12 +223,12 @@ def test_launch_failure_is_a_tcc_error_and_frees_everything(rng):
     x = torch.randn(7, 2000, device="cuda")
     lib.softmax(x)  # load it
     kernel = lib.softmax.kernel({"N": 7, "C": 2000})
-    launcher = kernel.launchers(0)[1]
+    launcher = kernel.launchers(0)[-1]
     good = launcher.block
     before = _memory()
     launcher.block = 4096  # over the limit of 1024 threads a block: the launch is refused
     try:
-        with pytest.raises(TccRuntimeError, match="op softmax: launching kernel tcc_softmax_k1"):
+        with pytest.raises(TccRuntimeError, match="op softmax: launching kernel tcc_softmax_k"):
             lib.softmax(x)
     finally:
         launcher.block = good

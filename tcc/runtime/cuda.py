@@ -21,9 +21,11 @@ import numpy as np
 
 from tcc import dtypes
 from tcc.codegen_cuda import cuda_c, driver, nvrtc
+from tcc.cuda import Array
 from tcc.dtypes import DType
 from tcc.errors import TccArgumentError, TccCompileError, TccRuntimeError
 from tcc.ir.loops import LoopFunc
+from tcc.runtime.binding import as_host_array
 
 STAGES = ("ast", "te", "loops", "scheduled", "cuda", "ptx")
 _MAGIC = b"TCC-CUBIN-1\n"
@@ -143,8 +145,6 @@ def _is_torch(value: Any) -> bool:
 
 def as_array(value: Any, what: str) -> Any:
     """A :class:`DeviceTensor` for a device tensor, else a NumPy array (to be copied over)."""
-    from tcc.cuda import Array
-
     if isinstance(value, Array):
         return DeviceTensor(value.ptr, value.shape, value.tcc_dtype, value.device, value, "tcc")
     if _is_torch(value):
@@ -156,8 +156,6 @@ def as_array(value: Any, what: str) -> Any:
         return value.detach().resolve_conj().numpy()
     if hasattr(value, "__cuda_array_interface__"):
         return _from_cai(value, what)
-    from tcc.runtime.binding import as_host_array
-
     return as_host_array(value, what)
 
 
@@ -315,8 +313,8 @@ def _result(call: _Call, name: str, shape: tuple[int, ...], dt: DType, kind: str
     """(what the caller gets, the device pointer the kernel writes, a step to run after the kernels)."""
     nbytes = math.prod(shape) * dt.itemsize
     if kind == "numpy":
-        host = target if target is not None else np.empty(shape, dt.numpy)
         ptr = call.alloc(nbytes, f"result {name}")
+        host = target if target is not None else _host_result(call, name, shape, dt)
         direct = host.flags.c_contiguous
 
         def back() -> None:
@@ -332,9 +330,22 @@ def _result(call: _Call, name: str, shape: tuple[int, ...], dt: DType, kind: str
             return target, view.ptr, None
         ptr = call.alloc(nbytes, f"result {name}")
         return target, ptr, lambda: _copy_into(call, name, view, ptr, nbytes)
-    result = _new_device_tensor(shape, dt, kind, call.device, call.stream)
+    try:
+        result = _new_device_tensor(shape, dt, kind, call.device, call.stream)
+    except Exception as exc:  # noqa: BLE001 - torch/CuPy/our own out-of-memory errors alike
+        raise TccRuntimeError(f"op {call.op}: cannot allocate result {name} ({dt}{list(shape)}, {nbytes} bytes) "
+                              f"on cuda:{call.device}: {str(exc).splitlines()[0] if str(exc) else exc!r}",
+                              hint="free device memory or use smaller inputs") from None
     view = as_array(result, f"result {name}")
     return result, view.ptr, None
+
+
+def _host_result(call: _Call, name: str, shape: tuple[int, ...], dt: DType) -> np.ndarray:
+    try:
+        return np.empty(shape, dt.numpy)
+    except MemoryError:
+        raise TccRuntimeError(f"op {call.op}: cannot allocate result {name} ({dt}{list(shape)}) in host memory",
+                              hint="use smaller inputs") from None
 
 
 def _overlaps(view: DeviceTensor, inputs: list[DeviceTensor]) -> bool:
