@@ -31,7 +31,7 @@ op softmax(X: f32[N, C]) -> Y: f32[N, C] {
 def test_softmax_rows_share_one_outer_loop():
     text = fused(SOFTMAX, "softmax", N=8, C=16)
     assert "keep e: cost 11 per element read at 2 places" in text
-    assert "group [m, e, s, Y] share 1 outer loop(s); m, e, s kept per row" in text
+    assert "group [m, e, s, Y] share 1 outer loop(s); m, e, s kept per outer iteration" in text
     nest = loops(SOFTMAX, "softmax", N=8, C=16)
     assert nest.count("for n") == 1  # one pass over the rows: each row read from memory once
     assert "allocate e: f32[16] in local" in nest
@@ -121,7 +121,7 @@ def test_fused_stage_from_the_cli(capsys):
 
 def test_layernorm_group_matches_reference(rng):
     src = open(__file__.replace("tests/test_fusion.py", "examples/layernorm.tc")).read()
-    assert "group [mu, var, Y] share 1 outer loop(s); mu, var kept per row" in fused(src, "layernorm", N=4, D=9)
+    assert "group [mu, var, Y] share 1 outer loop(s); mu, var kept per outer iteration" in fused(src, "layernorm", N=4, D=9)
     for n, d in [(1, 1), (7, 33), (2, 1000)]:
         check_op(src, "layernorm", dict(N=n, D=d), rng)
 

@@ -17,6 +17,7 @@ Two decisions, both printed by the ``fused`` stage with the reason for each:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from tcc.ir.expr import Call, Expr, IterVar, Read, Reduce, Var, substitute, transform, walk
@@ -36,13 +37,26 @@ class FusionGroup:
     internal: tuple[str, ...]  # intermediates read only inside the group: shrunk to one row
 
     def describe(self) -> str:
-        inner = f"; {', '.join(self.internal)} kept per row" if self.internal else ""
+        inner = f"; {', '.join(self.internal)} kept per outer iteration" if self.internal else ""
         return f"group [{', '.join(self.tensors)}] share {self.shared} outer loop(s){inner}"
 
 
-def fuse(op: OpTE) -> OpTE:
-    """Inline what is free to inline, then group statements that share their outer loops."""
-    notes: list[str] = []
+def fuse(op: OpTE, before_grouping: Callable[[OpTE], OpTE] | None = None) -> OpTE:
+    """Inline what is free to inline, then group statements that share their outer loops.
+
+    ``before_grouping`` runs between the two (the im2col rewrite: it needs epilogues already
+    inlined, and its patch buffer grouped with the GEMM that reads it).
+    """
+    op = inline_intermediates(op)
+    if before_grouping is not None:
+        op = before_grouping(op)
+    groups = _groups(op)
+    return replace(op, groups=groups, fusion_notes=[*op.fusion_notes, *(g.describe() for g in groups)])
+
+
+def inline_intermediates(op: OpTE) -> OpTE:
+    """Substitute intermediates into their readers where that recomputes nothing (see module doc)."""
+    notes: list[str] = list(op.fusion_notes)
     computes = list(op.computes)
     tensors = dict(op.tensors)
     for name in [c.tensor for c in op.computes if op.tensors[c.tensor].kind == "temp"]:
@@ -54,10 +68,7 @@ def fuse(op: OpTE) -> OpTE:
             notes.append(f"inline {c.tensor}: {reason}")
         else:
             notes.append(f"keep {c.tensor}: {reason}")
-    fused = replace(op, computes=computes, tensors=tensors)
-    groups = _groups(fused)
-    notes += [g.describe() for g in groups]
-    return replace(fused, groups=groups, fusion_notes=notes)
+    return replace(op, computes=computes, tensors=tensors, fusion_notes=notes)
 
 
 def format_fused(op: OpTE) -> str:

@@ -14,6 +14,7 @@ from tcc.ir.loops import LoopFunc, format_func, verify_func
 from tcc.ir.te import OpTE, format_op, verify_op
 from tcc.passes.bounds import check_bounds
 from tcc.passes.fusion import format_fused, fuse
+from tcc.passes.im2col import im2col
 from tcc.passes.lower import lower
 from tcc.passes.specialize import specialize
 
@@ -30,7 +31,7 @@ class Lowered:
 
 
 def run_pipeline(op: OpTE, bindings: dict[str, int | float], target: str,
-                 after_pass: AfterPass | None = None) -> Lowered:
+                 after_pass: AfterPass | None = None, options: dict | None = None) -> Lowered:
     def report(name: str, text: str) -> None:
         if after_pass is not None:
             after_pass(name, text)
@@ -40,7 +41,8 @@ def run_pipeline(op: OpTE, bindings: dict[str, int | float], target: str,
     report("specialize", format_op(te))
     check_bounds(te)
     report("bounds", "all reads proved in bounds")
-    te = fuse(te)
+    conv = (options or {}).get("conv", "auto")
+    te = fuse(te, before_grouping=lambda t: im2col(t, conv))
     report("fusion", format_fused(te))
     loops = lower(te)
     verify_func(loops)

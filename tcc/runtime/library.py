@@ -152,7 +152,7 @@ class Op:
 
     def lowered(self, bindings: dict[str, int | float],
                 after_pass: Callable[[str, str], None] | None = None) -> Lowered:
-        return run_pipeline(self.te, bindings, self.target, after_pass)
+        return run_pipeline(self.te, bindings, self.target, after_pass, self.options)
 
     def cache_key(self, lowered: Lowered) -> str:
         options = ",".join(f"{k}={v}" for k, v in sorted(self.options.items()))

@@ -1,0 +1,129 @@
+"""Convolutions of every shape against the reference, through both lowerings (im2col and direct):
+stride, dilation, padding, groups, depthwise, 1-D, 2-D and 3-D; and the conv gradients."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import check_op
+
+import tcc
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+CONV1D = """
+op conv1d[S = 1, P = 0, D = 1](X: f32[N, C, W], Wt: f32[F, C, K], b: f32[F])
+    -> Y: f32[N, F, (W + 2*P - D*(K - 1) - 1) // S + 1] {
+    Xp = pad(X, [0, 0, P])
+    Y[n, f, x] = sum[c, s](Xp[n, c, x*S + s*D] * Wt[f, c, s]) + b[f]
+}
+"""
+
+CONV3D = """
+op conv3d[S = 1, P = 0](X: f32[N, C, T, H, W], Wt: f32[F, C, KT, KH, KW])
+    -> Y: f32[N, F, (T + 2*P - KT) // S + 1, (H + 2*P - KH) // S + 1, (W + 2*P - KW) // S + 1] {
+    Xp = pad(X, [0, 0, P, P, P])
+    Y[n, f, t, y, x] = sum[c, q, r, s](Xp[n, c, t*S + q, y*S + r, x*S + s] * Wt[f, c, q, r, s])
+}
+"""
+
+DEPTHWISE = """
+op depthwise[S = 1, P = 1](X: f32[N, C, H, W], Wt: f32[C, KH, KW]) -> Y: f32[N, C, (H + 2*P - KH) // S + 1,
+                                                                          (W + 2*P - KW) // S + 1] {
+    Xp = pad(X, [0, 0, P, P])
+    Y[n, c, y, x] = sum[r, s](Xp[n, c, y*S + r, x*S + s] * Wt[c, r, s])
+}
+"""
+
+GROUPED = """
+op grouped[G = 2, P = 1](X: f32[N, C, H, W], Wt: f32[F, CG, KH, KW]) -> Y: f32[N, F, H + 2*P - KH + 1,
+                                                                               W + 2*P - KW + 1] {
+    Xp = pad(X, [0, 0, P, P])
+    Y[n, o, y, x] = sum[c, r, s](Xp[n, (o // (F // G)) * CG + c, y + r, x + s] * Wt[o, c, r, s])
+}
+"""
+
+LOWERINGS = ["im2col", "direct"]
+
+
+def check(src, name, shapes, conv, rng):
+    lib = tcc.compile(src, conv=conv)
+    op = lib[name]
+    text = op.stage_text({**op.te.cparams, **shapes}, "fused")
+    check_op(src, name, shapes, rng) if conv == "auto" else _check_with(lib, name, shapes, rng)
+    return text
+
+
+def _check_with(lib, name, shapes, rng):
+    from tcc.testing import assert_matches, random_args, reference_results
+
+    op = lib[name]
+    full = {**op.te.cparams, **shapes}
+    args = random_args(op.te, full, rng)
+    expected = reference_results(op.te, args, full)
+    out = np.full(expected[0].shape, np.nan, np.float32)
+    op(*args, out=out, **{k: v for k, v in shapes.items() if k in op.te.cparams})
+    assert_matches(out, expected[0], op.te.tensors[op.te.results[0]].dtype, name)
+
+
+@pytest.mark.parametrize("conv", LOWERINGS)
+@pytest.mark.parametrize("shapes", [
+    dict(N=1, C=3, H=7, W=9, F=4, KH=3, KW=3),
+    dict(N=2, C=2, H=8, W=8, F=3, KH=1, KW=1),
+    dict(N=1, C=3, H=9, W=7, F=2, KH=3, KW=2, S=2, P=1),
+    dict(N=2, C=1, H=11, W=10, F=2, KH=3, KW=3, S=1, P=2, D=2),
+    dict(N=1, C=1, H=1, W=1, F=1, KH=1, KW=1),
+    dict(N=1, C=3, H=33, W=17, F=5, KH=7, KW=7, S=2, P=3),
+])
+def test_conv2d(conv, shapes, rng):
+    src = (EXAMPLES / "conv2d.tc").read_text()
+    text = check(src, "conv2d", shapes, conv, rng)
+    assert ("im2col Y" in text) == (conv == "im2col")
+
+
+@pytest.mark.parametrize("conv", LOWERINGS)
+def test_conv2d_relu_epilogue(conv, rng):
+    src = (EXAMPLES / "conv2d_relu.tc").read_text()
+    check(src, "conv2d_relu", dict(N=2, C=4, H=9, W=8, F=6, KH=3, KW=3), conv, rng)
+    check(src, "conv2d_relu", dict(N=1, C=3, H=10, W=7, F=2, KH=3, KW=3, S=2), conv, rng)
+
+
+@pytest.mark.parametrize("conv", LOWERINGS)
+@pytest.mark.parametrize("shapes", [dict(N=2, C=3, W=17, F=4, K=3), dict(N=1, C=2, W=9, F=3, K=2, S=2, P=1, D=2)])
+def test_conv1d(conv, shapes, rng):
+    check(CONV1D, "conv1d", shapes, conv, rng)
+
+
+@pytest.mark.parametrize("conv", LOWERINGS)
+def test_conv3d(conv, rng):
+    check(CONV3D, "conv3d", dict(N=1, C=2, T=5, H=6, W=7, F=3, KT=2, KH=3, KW=3, P=1), conv, rng)
+    check(CONV3D, "conv3d", dict(N=2, C=1, T=4, H=5, W=5, F=2, KT=3, KH=3, KW=2, S=2), conv, rng)
+
+
+def test_depthwise_stays_direct_under_auto(rng):
+    text = check(DEPTHWISE, "depthwise", dict(N=2, C=5, H=9, W=8, KH=3, KW=3), "auto", rng)
+    assert "direct Y: the weights have no output index of their own (depthwise)" in text
+
+
+@pytest.mark.parametrize("conv", LOWERINGS)
+def test_depthwise_both_lowerings(conv, rng):
+    check(DEPTHWISE, "depthwise", dict(N=1, C=4, H=7, W=7, KH=3, KW=3, S=2), conv, rng)
+
+
+def test_grouped_stays_direct_under_auto(rng):
+    text = check(GROUPED, "grouped", dict(N=1, C=4, H=6, W=6, F=6, CG=2, KH=3, KW=3), "auto", rng)
+    assert "direct Y" in text and "grouped" in text
+
+
+def test_auto_picks_im2col_for_resnet_like_layers():
+    src = (EXAMPLES / "conv2d.tc").read_text()
+    op = tcc.compile(src).conv2d
+    text = op.stage_text(dict(N=8, C=64, H=56, W=56, F=64, KH=3, KW=3, S=1, P=1, D=1), "fused")
+    assert "extra memory 6.89 MiB patches + 0.77 MiB GEMM result per batch element" in text
+    assert "Xp_patches, Y_gemm kept per outer iteration" in text  # one batch element at a time
+
+
+def test_unknown_lowering_is_an_error():
+    with pytest.raises(tcc.TccError, match="unknown convolution lowering 'fft'"):
+        tcc.compile((EXAMPLES / "conv2d.tc").read_text(), conv="fft").conv2d(
+            np.zeros((1, 1, 3, 3), np.float32), np.zeros((1, 1, 3, 3), np.float32), np.zeros(1, np.float32))
