@@ -98,6 +98,7 @@ class LoadedObject:
 
     def __init__(self, obj: bytes):
         _init()
+        load_thread_runtime()  # a cached object may call GOMP_parallel: resolve it before linking
         with _LOCK:
             self._engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), new_target_machine())
             self._engine.add_object_file(llvm.ObjectFileRef.from_data(obj))

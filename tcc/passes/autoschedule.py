@@ -65,13 +65,14 @@ def threads() -> int:
 
 
 def gemm_params(m: int, n: int, k: int, itemsize: int = 4) -> dict[str, int]:
-    """Register tile mr x nr, then kc so a kc x nr panel of B fills half of L1, mc for L2."""
+    """Register tile mr x nr (24 of the 32 zmm registers accumulate), kc x nr panel of B in L1,
+    mc x kc block of A and kc x nc panel of B sharing L2 (measured best on AVX-512 hosts)."""
     caches = host_caches()
     nr = 32 if itemsize == 4 else 16
     mr = 12
-    kc = max(16, min(k, caches[1] // 2 // (nr * itemsize)))
-    mc = max(mr, min(m, (caches[2] // 2 // (kc * itemsize)) // mr * mr))
-    nc = max(nr, min(n, 1024 // nr * nr))
+    kc = max(16, min(256, caches[1] // (nr * itemsize)))
+    mc = max(mr, (caches[2] // 4 // (kc * itemsize)) // mr * mr)
+    nc = max(nr, (caches[2] // 4 // (kc * itemsize)) // nr * nr)
     return {"mr": mr, "nr": nr, "kc": kc, "mc": mc, "nc": nc}
 
 
@@ -179,17 +180,14 @@ def schedule_gemm(func: LoopFunc, tensor: str, info: dict, p: dict[str, int]) ->
     func = split(func, "j1", nr, "jr", "jj")
     func = split(func, k, kc, "ko", "kk")
     func = reorder(func, [*info["batch"], "ip", "jo", "ko", "io", "jr", "ir", "kk", "ii", "jj"])
+    outer = batch_parallel[0] if batch_parallel else "ip"
+    if info["flops"] >= 8 * PARALLEL_MIN_WORK and nthreads > 1:
+        func = parallel(func, outer)  # before caching: packed buffers then belong to each thread
     func = cache(func, info["b"], "ko")
     func = cache(func, info["a"], "io")
     func = cache(func, tensor if _direct(func, tensor) else f"{tensor}_acc", "ir")
     func = unroll(func, "ii")
     func = vectorize(func, "jj")
-    outer = batch_parallel[0] if batch_parallel else "ip"
-    if info["flops"] >= 8 * PARALLEL_MIN_WORK and nthreads > 1:
-        try:
-            func = parallel(func, outer)
-        except TccScheduleError:
-            pass
     return contract(func)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tcc.errors import Span, TccScheduleError
-from tcc.ir.expr import free_vars
+from tcc.ir.expr import const, free_vars
 from tcc.ir.loops import For, LoopFunc, walk_stmts
 from tcc.passes.loopnest import allocated, linear_coeff, loads, on_loops, require_loop, stores
 
@@ -23,6 +23,8 @@ def parallel(func: LoopFunc, loop: str, span: Span | None = None) -> LoopFunc:
 
 def check_parallel(func: LoopFunc, loop: For, span: Span | None) -> None:
     name = loop.var.name
+    if loop.extent == const(1):
+        return  # the tail copy of a split: one iteration cannot race
     if any(isinstance(n, For) and n.kind == "parallel" and n is not loop for n in walk_stmts(loop.body)):
         raise TccScheduleError(f"loop {name} contains a parallel loop; parallel loops do not nest", span)
     for outer in walk_stmts(func.body):

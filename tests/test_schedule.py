@@ -1,0 +1,89 @@
+"""Schedule primitives and the auto-scheduler against the reference, at odd and round sizes."""
+
+import numpy as np
+import pytest
+
+import tcc
+from tcc.errors import TccScheduleError
+from tcc.passes import pipeline
+from tcc.passes.schedule import Step
+from tcc.testing import assert_matches, random_args, reference_results
+
+MATMUL = "op matmul(A: f32[M, K], B: f32[K, N]) -> C: f32[M, N] { C[i, j] = sum[k](A[i, k] * B[k, j]) }"
+SOFTMAX = """op softmax(X: f32[N, C]) -> Y: f32[N, C] {
+    m[n] = max[c](X[n, c])
+    e[n, c] = exp(X[n, c] - m[n])
+    s[n] = sum[c](e[n, c])
+    Y[n, c] = e[n, c] / s[n]
+}"""
+
+
+def _run(src, name, bindings, rng, steps=None, monkeypatch=None):
+    if steps is not None:
+        original = pipeline.schedule_for_target
+        monkeypatch.setattr(pipeline, "schedule_for_target", lambda f, t, *a, **k: original(f, t, steps))
+    op = tcc.compile(src)[name]
+    args = random_args(op.te, bindings, rng)
+    expected = reference_results(op.te, args, bindings)
+    out = np.full(expected[0].shape, np.nan, expected[0].dtype)
+    op(*args, out=out)
+    assert_matches(out, expected[0], op.te.tensors[op.te.results[0]].dtype, name)
+    return op
+
+
+def S(text):  # noqa: N802 - reads like the schedule language
+    words = [int(w) if w.isdigit() else w for w in text.replace(",", " ").split()]
+    if "->" in words:
+        k = words.index("->")
+        return Step(str(words[0]), tuple(words[1:k]), tuple(map(str, words[k + 1:])))
+    return Step(str(words[0]), tuple(words[1:]))
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (7, 33, 5), (33, 7, 100), (64, 32, 48), (130, 70, 97)])
+def test_autoscheduled_matmul(m, k, n, rng):
+    _run(MATMUL, "matmul", dict(M=m, K=k, N=n), rng)
+
+
+@pytest.mark.parametrize("steps", [
+    ["split i by 4", "vectorize j by 8", "unroll i_i"],
+    ["decompose C", "split i by 3 -> io, ii", "split j by 16 -> jo, ji", "reorder io, jo, k, ii, ji",
+     "unroll ii", "vectorize ji", "parallel io"],
+    ["decompose C", "tile i, j by 8, 16", "cache B at i_o", "cache A at j_o", "vectorize j_i"],
+    ["decompose C", "split i by 5 -> io, ii", "split j by 8 -> jo, ji", "reorder io, jo, k, ii, ji",
+     "cache C at jo", "cache B at jo", "unroll ii", "vectorize ji"],
+    ["fuse i, j -> ij", "parallel ij"],
+])
+@pytest.mark.parametrize("m,k,n", [(7, 33, 5), (33, 16, 40)])
+def test_user_schedules_matmul(steps, m, k, n, rng, monkeypatch):
+    _run(MATMUL, "matmul", dict(M=m, K=k, N=n), rng, [S(s) for s in steps], monkeypatch)
+
+
+@pytest.mark.parametrize("n,c", [(1, 1), (7, 33), (4, 1000), (64, 64)])
+def test_autoscheduled_softmax(n, c, rng):
+    _run(SOFTMAX, "softmax", dict(N=n, C=c), rng)
+
+
+@pytest.mark.parametrize("bad,match", [
+    ("split q by 4", "no loop 'q'"),
+    ("reorder j, i, k", "not perfectly nested"),
+    ("parallel k", "reduction|same elements"),
+    ("vectorize i by 0", "positive"),
+    ("frobnicate i", "unknown schedule primitive"),
+    ("cache Z at i", "no tensor"),
+])
+def test_schedule_errors(bad, match, rng, monkeypatch):
+    with pytest.raises(TccScheduleError, match=match):
+        _run(MATMUL, "matmul", dict(M=7, K=5, N=3), rng, [S(bad)], monkeypatch)
+
+
+def test_reorder_of_reductions_is_refused(rng, monkeypatch):
+    steps = [S("decompose C"), S("split k by 2 -> ko, ki"), S("reorder i, j, ki, ko")]
+    with pytest.raises(TccScheduleError, match="reduction"):
+        _run(MATMUL, "matmul", dict(M=3, K=6, N=3), rng, steps, monkeypatch)
+
+
+def test_scheduled_stage_shows_kinds():
+    op = tcc.compile(MATMUL).matmul
+    a = np.zeros((64, 64), np.float32)
+    text = op.lower(a, a, stage="scheduled")
+    assert "# vector" in text and "# unroll" in text and "# parallel" in text
