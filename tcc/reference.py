@@ -57,8 +57,6 @@ def run(op: OpTE, args: Mapping[str, np.ndarray | int | float]) -> dict[str, np.
     for name in op.inputs:
         env[name] = np.asarray(args[name]).astype(wide(op.tensors[name].dtype))
     scalars = {name: np.asarray(args[name]).astype(wide(s.dtype)) for name, s in op.scalars.items()}
-    for name, pad in op.pads.items():
-        env[name] = _pad(op, pad, env)
     with np.errstate(all="ignore"):
         for c in op.computes:
             tensor = op.tensors[c.tensor]
@@ -106,6 +104,8 @@ class _Statement:
                 return self.scalars[e.name]
             return self._grid(e.name, self.extent[e.name])
         if isinstance(e, Read):
+            if e.tensor not in self.env:  # a pad view, materialised once its source exists
+                self.env[e.tensor] = _pad(self.op, self.op.pads[e.tensor], self.env)
             tensor = self.env[e.tensor]
             indices = [np.asarray(self._eval(i), dtype=np.int64) for i in e.indices]
             indices = np.broadcast_arrays(*indices) if indices else indices

@@ -209,3 +209,9 @@ def test_unknown_target():
 def test_missing_file():
     with pytest.raises(tcc.TccError, match="cannot read"):
         tcc.compile("no/such/file.tc")
+
+
+def test_negative_pad_width():
+    lib = tcc.compile("op p[P = 1](X: f32[N]) -> Y: f32[N] { Xp = pad(X, [P - 2]); Y[i] = Xp[i] }")
+    with pytest.raises(TccShapeError, match="pad Xp has a negative width"):
+        lib.p(np.zeros(4, np.float32))

@@ -45,6 +45,11 @@ def specialize(op: OpTE, bindings: dict[str, int | float]) -> OpTE:
     computes = [Compute(c.tensor, _axes(c.axes, sub), sub(c.body), c.span) for c in op.computes]
     pads = {n: Pad(n, p.source, tuple(sub(x) for x in p.lo), tuple(sub(x) for x in p.hi), sub(p.value))
             for n, p in op.pads.items()}
+    for name, pad in pads.items():
+        widths = [evaluate_int(w) for w in (*pad.lo, *pad.hi)]
+        if any(w is None or w < 0 for w in widths):
+            raise TccShapeError(f"pad {name} has a negative width for {_fmt(bindings)}: {widths}",
+                                op.tensors[name].span, "pad widths must be >= 0 (crop with indices instead)")
     return replace(op, tensors=tensors, computes=computes, pads=pads,
                    bindings=dict(bindings), range_checks=[])
 

@@ -1,0 +1,50 @@
+"""The conv2d gradients written in the language (examples/conv2d_grad.tc) agree with the
+reference and with PyTorch's autograd."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import check_op
+
+import tcc
+
+SRC = (Path(__file__).resolve().parent.parent / "examples" / "conv2d_grad.tc").read_text()
+CASES = [dict(N=1, C=2, H=5, W=6, F=3, KH=3, KW=3), dict(N=2, C=3, H=9, W=8, F=2, KH=3, KW=2, S=2, P=1),
+         dict(N=1, C=1, H=7, W=7, F=2, KH=3, KW=3, S=3, P=2), dict(N=2, C=2, H=6, W=5, F=4, KH=1, KW=1)]
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("name", ["conv2d_grad_x", "conv2d_grad_w"])
+def test_gradients_match_reference(name, case, rng):
+    check_op(SRC, name, case, rng)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_gradients_match_torch_autograd(case, rng):
+    torch = pytest.importorskip("torch")
+    s, p = case.get("S", 1), case.get("P", 0)
+    x = rng.standard_normal((case["N"], case["C"], case["H"], case["W"])).astype(np.float32)
+    w = rng.standard_normal((case["F"], case["C"], case["KH"], case["KW"])).astype(np.float32)
+    tx = torch.tensor(x, requires_grad=True)
+    tw = torch.tensor(w, requires_grad=True)
+    y = torch.nn.functional.conv2d(tx, tw, stride=s, padding=p)
+    dy = rng.standard_normal(tuple(y.shape)).astype(np.float32)
+    y.backward(torch.tensor(dy))
+    lib = tcc.compile(SRC)
+    dx = lib.conv2d_grad_x(x, w, dy, S=s, P=p)
+    dw = lib.conv2d_grad_w(x, w, dy, S=s, P=p)
+    np.testing.assert_allclose(dx, tx.grad.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dw, tw.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_conv2d_matches_torch_forward(rng):
+    torch = pytest.importorskip("torch")
+    lib = tcc.compile(Path(__file__).resolve().parent.parent / "examples" / "conv2d.tc")
+    x = rng.standard_normal((2, 3, 11, 9)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(4).astype(np.float32)
+    for s, p, d in [(1, 0, 1), (2, 1, 1), (1, 2, 2)]:
+        expected = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w), torch.tensor(b), stride=s,
+                                              padding=p, dilation=d).numpy()
+        np.testing.assert_allclose(lib.conv2d(x, w, b, S=s, P=p, D=d), expected, rtol=1e-4, atol=1e-4)
