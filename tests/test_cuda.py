@@ -160,3 +160,12 @@ def test_running_without_a_gpu_is_a_clean_error():
     x = np.ones(4, np.float32)
     with pytest.raises(TccRuntimeError, match="driver|GPU"):
         lib.axpy(2.0, x, x)
+
+
+def test_im2col_on_cuda_is_a_clean_error():
+    lib = tcc.compile(EXAMPLES / "conv2d.tc", target="cuda", conv="im2col")
+    x, w, b = np.zeros((2, 8, 32, 32), np.float32), np.zeros((16, 8, 3, 3), np.float32), np.zeros(16, np.float32)
+    with pytest.raises(TccError, match="conv='direct'"):
+        lib.conv2d.lower(x, w, b, P=1, stage="cuda")
+    assert "tcc_conv2d_k0" in tcc.compile(EXAMPLES / "conv2d.tc", target="cuda").conv2d.lower(x, w, b, P=1,
+                                                                                               stage="cuda")

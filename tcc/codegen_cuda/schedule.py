@@ -108,6 +108,10 @@ def _split_axes(nest: Stmt) -> _Nest:
 
 
 def _schedule_nest(stmt: Stmt, names: _Names) -> Stmt | None:
+    inner = next((s for s in walk_stmts(stmt) if isinstance(s, Allocate) and s.buffer.scope == "global"), None)
+    if inner is not None:
+        raise TccCompileError(f"the CUDA backend cannot schedule {inner.buffer.name}, a global buffer made inside a "
+                              "loop nest (from the im2col lowering)", hint="use conv='direct' on target='cuda'")
     nest = _split_axes(stmt)
     total = math.prod(nest.extents)
     if total == 0:

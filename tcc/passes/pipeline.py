@@ -41,7 +41,7 @@ def run_pipeline(op: OpTE, bindings: dict[str, int | float], target: str,
     report("specialize", format_op(te))
     check_bounds(te)
     report("bounds", "all reads proved in bounds")
-    conv = (options or {}).get("conv", "auto")
+    conv = (options or {}).get("conv", "direct" if target == "cuda" else "auto")  # no GPU GEMM schedule yet
     te = fuse(te, before_grouping=lambda t: im2col(t, conv))
     report("fusion", format_fused(te))
     loops = lower(te)

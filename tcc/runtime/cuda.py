@@ -10,6 +10,7 @@ default stream; nothing synchronises unless host arrays are involved.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -131,6 +132,7 @@ class DeviceTensor:
         return math.prod(self.shape) * self.tcc_dtype.itemsize
 
 
+@functools.cache
 def _torch_dtypes() -> dict[Any, DType]:
     import torch
 
@@ -372,7 +374,7 @@ def _new_device_tensor(shape: tuple[int, ...], dt: DType, kind: str, device: int
     if kind == "torch":
         import torch
 
-        torch_dt = {v: k for k, v in _torch_dtypes().items()}[dt]
+        torch_dt = next(k for k, v in _torch_dtypes().items() if v == dt)
         return torch.empty(shape, dtype=torch_dt, device=torch.device("cuda", device))
     if kind == "cupy" and dt.name != "bf16":
         import cupy
