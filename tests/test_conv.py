@@ -79,6 +79,14 @@ def test_conv2d(conv, shapes, rng):
     src = (EXAMPLES / "conv2d.tc").read_text()
     text = check(src, "conv2d", shapes, conv, rng)
     assert ("im2col Y" in text) == (conv == "im2col")
+    if conv == "im2col":
+        assert "extra memory" in text
+
+
+def test_1x1_stays_direct_under_auto():
+    op = tcc.compile((EXAMPLES / "conv2d.tc").read_text()).conv2d
+    text = op.stage_text(dict(N=2, C=8, H=5, W=5, F=4, KH=1, KW=1, S=1, P=0, D=1), "fused")
+    assert "direct Y: a 1x1 window" in text
 
 
 @pytest.mark.parametrize("conv", LOWERINGS)

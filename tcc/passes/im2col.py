@@ -94,7 +94,10 @@ def _plan(window: Read, other: Read, r: Reduce, c: Compute, mode: str) -> _Plan:
     plan.weights = [ax for ax in c.axes if ax.var.name in b_vars and ax.var.name not in a_vars]
     shared = [ax.var.name for ax in plan.outer if ax.var.name in b_vars]
     per_outer = window.dtype.itemsize * _size(plan.reduce) * _size(plan.spatial)
-    if mode == "auto" and not plan.weights:
+    window_axes = [ax for ax in plan.reduce if ax.var.name in in_window]
+    if mode == "auto" and _size(window_axes) == 1:
+        plan.why = "a 1x1 window: the input is already the GEMM's operand, patches would only copy it"
+    elif mode == "auto" and not plan.weights:
         plan.why = "the weights have no output index of their own (depthwise): a GEMM would not reuse the patches"
     elif mode == "auto" and shared:
         plan.why = f"{', '.join(shared)} indexes both operands (grouped): the patches would be copied per group"
