@@ -135,3 +135,26 @@ def test_unknown_lowering_is_an_error():
     with pytest.raises(tcc.TccError, match="unknown convolution lowering 'fft'"):
         tcc.compile((EXAMPLES / "conv2d.tc").read_text(), conv="fft").conv2d(
             np.zeros((1, 1, 3, 3), np.float32), np.zeros((1, 1, 3, 3), np.float32), np.zeros(1, np.float32))
+
+
+NETWORK = """
+op tiny_net(X: f32[N, 3, H, W], W1: f32[8, 3, 3, 3], b1: f32[8], W2: f32[4, 8, 3, 3], b2: f32[4], Wfc: f32[4, 10])
+    -> Y: f32[N, 10] {
+    Xp = pad(X, [0, 0, 1, 1])
+    h1[n, f, y, x] = max(sum[c, r, s](Xp[n, c, y + r, x + s] * W1[f, c, r, s]) + b1[f], 0.0)
+    h1p = pad(h1, [0, 0, 1, 1])
+    h2[n, g, y, x] = max(sum[f, r, s](h1p[n, f, y*2 + r, x*2 + s] * W2[g, f, r, s]) + b2[g], 0.0)
+    pooled[n, g] = sum[y, x](h2[n, g, y, x]) / f32((H // 2) * (W // 2))
+    Y[n, k] = sum[g](pooled[n, g] * Wfc[g, k])
+}
+"""
+
+
+@pytest.mark.parametrize("conv", ["auto", "direct"])
+def test_small_network_as_one_op(conv, rng):
+    lib = tcc.compile(NETWORK, conv=conv)
+    op = lib.tiny_net
+    text = op.stage_text(dict(N=2, H=8, W=6), "fused")
+    if conv == "auto":
+        assert "im2col h1" in text and "im2col h2" in text
+    _check_with(lib, "tiny_net", dict(N=2, H=8, W=6), rng)

@@ -81,6 +81,9 @@ def format_fused(op: OpTE) -> str:
 # ---------------------------------------------------------------- inlining
 
 def _inline_verdict(c: Compute, computes: list[Compute], op: OpTE) -> tuple[bool, str]:
+    through_pad = [p.name for p in op.pads.values() if p.source == c.tensor]
+    if through_pad:
+        return False, f"read through the pad view {through_pad[0]}, which needs it in memory"
     sites = [(other, site, repeat) for other in computes if other is not c
              for site, repeat in _read_sites(Reduce("sum", other.axes, other.body, c.body.dtype, c.body.dtype),
                                              c.tensor)]
@@ -94,6 +97,10 @@ def _inline_verdict(c: Compute, computes: list[Compute], op: OpTE) -> tuple[bool
         consumer = repeated[0][0].tensor
         return False, f"{consumer} reads it under loops that do not index it: inlining would recompute " \
                       f"each element {repeated[0][2]} times"
+    nested = [s for s in sites if _inside_reduction(s[0].body, s[1])]
+    if has_reduce and nested:
+        return False, f"a reduction read inside a reduction of {nested[0][0].tensor}: kept apart so each stays " \
+                      "a plain loop nest (a GEMM, an im2col candidate)"
     if len(sites) == 1:
         what = "reduction" if has_reduce else "elementwise"
         return True, f"{what}, read once by {sites[0][0].tensor}: fused there with no recomputation"
@@ -126,6 +133,12 @@ def _read_sites(e: Expr, tensor: str, repeat: int = 1) -> list[tuple[Read, int]]
     if isinstance(e, Read) and e.tensor == tensor:
         return [(e, repeat)]
     return [site for child in e.children() for site in _read_sites(child, tensor, repeat)]
+
+
+def _inside_reduction(e: Expr, read: Read, under: bool = False) -> bool:
+    if e is read:
+        return under
+    return any(_inside_reduction(c, read, under or isinstance(e, Reduce)) for c in e.children())
 
 
 def _vars(e: Expr) -> set[str]:
