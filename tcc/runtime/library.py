@@ -12,7 +12,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tcc import __version__
 from tcc.errors import TccArgumentError, TccError
 from tcc.frontend.ast import OpDef, format_ast
 from tcc.frontend.parser import parse
@@ -50,6 +49,8 @@ def compile(source: str | os.PathLike, target: str = "cpu", **options: Any) -> L
     module = parse(text, filename)
     ops = analyze(module, module.span.source if module.span else None)
     asts = {o.name: o for o in module.ops}
+    if target == "cuda":
+        options.setdefault("conv", "direct")  # im2col's per-batch GEMM buffers have no GPU schedule yet
     return Library(ops, asts, target, options)
 
 
@@ -140,13 +141,13 @@ class Op:
         artifact = disk.get(key)
         if artifact is not None:
             try:
-                kernel = self._backend.load(lowered.scheduled, artifact)
+                kernel = self._backend.load(lowered.loops, artifact)
             except TccError:
                 kernel = None  # an unusable entry: rebuild it below
         if kernel is None:
             artifact = self._backend.build(lowered.scheduled, self.options)
             disk.put(key, artifact)
-            kernel = self._backend.load(lowered.scheduled, artifact)
+            kernel = self._backend.load(lowered.loops, artifact)
         cache.MEMORY.put(key, kernel)
         return kernel
 
@@ -156,8 +157,8 @@ class Op:
 
     def cache_key(self, lowered: Lowered) -> str:
         options = ",".join(f"{k}={v}" for k, v in sorted(self.options.items()))
-        return cache.make_key(__version__, self.target, self._backend.host_key(self.options), options,
-                              format_op(lowered.te), format_func(lowered.scheduled))
+        return cache.make_key(cache.compiler_fingerprint(), self.target, self._backend.host_key(self.options),
+                              options, format_op(lowered.te))
 
     # ------------------------------------------------------------ inspecting
     def bindings_for(self, args: tuple[Any, ...], cparams: dict[str, Any]) -> dict[str, int | float]:
@@ -190,6 +191,8 @@ class Op:
             return format_fused(lowered.te)
         if stage == "loops":
             return format_func(lowered.loops)
+        if after_pass is not None:
+            lowered.scheduled  # noqa: B018 - run the schedule so that every pass is printed
         if stage == "scheduled":
             return format_func(lowered.scheduled)
         return self._backend.stage_text(lowered.scheduled, stage, self.options)
