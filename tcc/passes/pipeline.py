@@ -7,8 +7,8 @@ calling ``after_pass(name, text)`` after each pass so that ``--print-after-all``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from tcc.ir.loops import LoopFunc, format_func, verify_func
 from tcc.ir.te import OpTE, format_op, verify_op
@@ -23,11 +23,28 @@ AfterPass = Callable[[str, str], None]
 
 @dataclass
 class Lowered:
-    """What the target-independent part of the pipeline produced for one specialisation."""
+    """What the pipeline produced for one specialisation; the schedule runs on first use.
+
+    A warm start (the kernel is in the disk cache) never needs the scheduled loops, so they are
+    built only when code is generated or a stage after ``loops`` is printed.
+    """
 
     te: OpTE  # specialised and fused TE (its fusion decisions in ``fusion_notes``)
     loops: LoopFunc  # plain loop nests, straight from the TE
-    scheduled: LoopFunc  # after the target's schedule
+    target: str
+    after_pass: AfterPass | None = None
+    _scheduled: LoopFunc | None = field(default=None, repr=False)
+
+    @property
+    def scheduled(self) -> LoopFunc:
+        """The loops after the target's schedule."""
+        if self._scheduled is None:
+            scheduled = schedule_for_target(self.loops, self.target)
+            verify_func(scheduled)
+            if self.after_pass is not None:
+                self.after_pass("schedule", format_func(scheduled))
+            self._scheduled = scheduled
+        return self._scheduled
 
 
 def run_pipeline(op: OpTE, bindings: dict[str, int | float], target: str,
@@ -41,16 +58,13 @@ def run_pipeline(op: OpTE, bindings: dict[str, int | float], target: str,
     report("specialize", format_op(te))
     check_bounds(te)
     report("bounds", "all reads proved in bounds")
-    conv = (options or {}).get("conv", "direct" if target == "cuda" else "auto")  # no GPU GEMM schedule yet
+    conv = (options or {}).get("conv", "auto")
     te = fuse(te, before_grouping=lambda t: im2col(t, conv))
     report("fusion", format_fused(te))
     loops = lower(te)
     verify_func(loops)
     report("lower", format_func(loops))
-    scheduled = schedule_for_target(loops, target)
-    verify_func(scheduled)
-    report("schedule", format_func(scheduled))
-    return Lowered(te, loops, scheduled)
+    return Lowered(te, loops, target, after_pass)
 
 
 def schedule_for_target(func: LoopFunc, target: str, steps: list | None = None,

@@ -9,6 +9,7 @@ checksum, so a corrupt or truncated one is treated as a miss and recompiled.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import tempfile
@@ -25,6 +26,20 @@ def cache_dir() -> Path | None:
         return Path(configured) if configured else None
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "tcc"
+
+
+@functools.cache
+def compiler_fingerprint() -> str:
+    """The compiler's version and a hash of its own source: any change to tcc is a new key."""
+    from tcc import __version__
+
+    h = hashlib.sha256(__version__.encode())
+    root = Path(__file__).resolve().parent.parent
+    for path in sorted(root.rglob("*")):
+        if path.suffix in (".py", ".lark") and "__pycache__" not in path.parts:
+            h.update(path.relative_to(root).as_posix().encode())
+            h.update(path.read_bytes())
+    return f"{__version__}+{h.hexdigest()[:16]}"
 
 
 def make_key(*parts: str) -> str:

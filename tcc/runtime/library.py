@@ -185,14 +185,14 @@ class Op:
         if stage == "te" and not (set(self.te.symbols) <= set(bindings)):
             return format_op(self.te)
         lowered = self.lowered(bindings, after_pass)
+        if after_pass is not None:
+            lowered.scheduled  # noqa: B018 - run the schedule so that every pass is printed
         if stage == "te":
             return format_op(self.te if not lowered.te.bindings else specialize(self.te, lowered.te.bindings))
         if stage == "fused":
             return format_fused(lowered.te)
         if stage == "loops":
             return format_func(lowered.loops)
-        if after_pass is not None:
-            lowered.scheduled  # noqa: B018 - run the schedule so that every pass is printed
         if stage == "scheduled":
             return format_func(lowered.scheduled)
         return self._backend.stage_text(lowered.scheduled, stage, self.options)
