@@ -5,8 +5,10 @@ rewritten so that its outermost loop is bound to ``block.x``; the CUDA code gene
 every such top-level loop into one kernel, launched in order on one stream, and every global
 intermediate into a device allocation that lives for the call.
 
-Two schedules, chosen per nest:
+Three schedules, chosen per nest:
 
+* **gemm** (:mod:`tcc.codegen_cuda.gemm`): contractions (matmul, batched matmul, convolution
+  as an implicit GEMM) as shared-memory tiles and per-thread register tiles.
 * **flat**: the nest's spatial loops are fused into one index, one thread per output
   element (``block.x`` x ``thread.x``), with a guard where the block size does not divide
   the element count. Reductions stay serial inside the thread.
@@ -116,6 +118,11 @@ def _schedule_nest(stmt: Stmt, names: _Names) -> Stmt | None:
     total = math.prod(nest.extents)
     if total == 0:
         return None  # nothing to compute: no launch
+    from tcc.codegen_cuda import gemm  # it builds on this module's index helpers
+
+    tiled = gemm.schedule(nest.axes, nest.body, names.fresh, _decompose)
+    if tiled is not None:
+        return tiled
     work = _row_work(nest.body)
     if work is not None and work >= ROW_MIN_REDUCTION and work * ROW_RATIO >= total:
         return _row_schedule(nest, names)

@@ -1,0 +1,260 @@
+"""The GPU schedule for contractions: ``C[...] = g(sum[k...](x * y))`` as a tiled GEMM.
+
+A nest qualifies when its body is what ``lower`` gives for one reduction (a local accumulator,
+its initialising store, the reduction loops over ``acc[0] = acc[0] + x * y``, the final store)
+and the output axes split into **M** axes (read by ``x`` only), **N** axes (read by ``y`` only)
+and batch axes (read by both or neither). Matmul, batched matmul and convolution (implicit
+GEMM: output channels x output pixels, reduction over ``c, r, s``) all take this form.
+
+Each block computes a ``BM x BN`` tile of one batch element with 256 threads, each thread a
+``TM x TN`` register tile whose rows and columns are strided by 16 (so shared-memory reads are
+conflict-free and the final stores coalesce). Per step of ``BK`` along the flattened reduction,
+the threads fill ``xs[BK][BM+4]`` and ``ys[BK][BN+4]`` in shared memory cooperatively (the
+reduction index fastest where the operand is contiguous along it), with zeros outside the
+problem, then ``__syncthreads()``, then rank-1 updates from registers, then a barrier again.
+The epilogue (bias, relu, casts: whatever the final store computes) runs per register element,
+guarded at the tile edges.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tcc import dtypes
+from tcc.ir.expr import Binary, Const, Expr, Load, Var, free_vars, transform, walk
+from tcc.ir.loops import Allocate, Barrier, Buffer, For, If, Let, Seq, Stmt, Store, seq
+
+I64 = dtypes.i64
+THREADS = 256
+SIDE = 16  # threads along each side of a tile: THREADS == SIDE * SIDE
+PAD = 4  # floats added to each shared row: the transposed fills then avoid bank conflicts
+SMS = 132  # multiprocessors of an H100/H200: a grid smaller than this leaves the chip idle
+# (BM, BN, BK): the largest tile that still gives a full grid is chosen; TM = BM / 16, TN = BN / 16
+TILES = ((128, 128, 8), (128, 64, 8), (64, 128, 8), (64, 64, 16), (32, 32, 8))
+MIN_K = 4  # shorter reductions stay one thread per output
+
+
+@dataclass
+class Contraction:
+    """A nest recognised as a contraction, by the role of each loop."""
+
+    m_axes: list[For]
+    n_axes: list[For]
+    batch_axes: list[For]
+    k_axes: list[For]
+    acc: Buffer
+    init: Expr
+    add: Binary  # acc[0] + x * y
+    x: Expr
+    y: Expr
+    final: Store
+
+    def size(self, axes: list[For]) -> int:
+        return math.prod(_const(f) for f in axes)
+
+
+def _const(f: For) -> int:
+    return int(f.extent.value) if isinstance(f.extent, Const) else -1
+
+
+def match(axes: list[For], body: Stmt) -> Contraction | None:
+    """The contraction that ``axes`` (the output loops) over ``body`` compute, if any."""
+    if not (isinstance(body, Allocate) and body.buffer.scope == "local" and body.buffer.size == 1
+            and isinstance(body.body, Seq) and len(body.body.stmts) == 3):
+        return None
+    acc = body.buffer
+    init, red, final = body.body.stmts
+    k_axes = []
+    while isinstance(red, For) and red.kind == "serial":
+        k_axes.append(red)
+        red = red.body
+    if not (k_axes and isinstance(init, Store) and init.buffer == acc.name and isinstance(red, Store)
+            and red.buffer == acc.name and isinstance(final, Store) and final.buffer != acc.name):
+        return None
+    add = red.value
+    if not (isinstance(add, Binary) and add.op == "add" and _is_acc(add.a, acc)
+            and isinstance(add.b, Binary) and add.b.op == "mul"):
+        return None
+    x, y = add.b.a, add.b.b
+    if any(_reads(e, acc) for e in (init.value, x, y)) or any(_const(f) < 0 for f in axes + k_axes):
+        return None
+    in_x, in_y = free_vars(x), free_vars(y)
+    m_axes = [f for f in axes if f.var.name in in_x and f.var.name not in in_y]
+    n_axes = [f for f in axes if f.var.name in in_y and f.var.name not in in_x]
+    if axes and axes[-1] in m_axes:  # the innermost output axis becomes N: the stores coalesce
+        m_axes, n_axes, x, y = n_axes, m_axes, y, x
+    batch = [f for f in axes if f not in m_axes and f not in n_axes]
+    c = Contraction(m_axes, n_axes, batch, k_axes, acc, init.value, add, x, y, final)
+    if not (m_axes and n_axes) or c.size(k_axes) < MIN_K:
+        return None
+    return c
+
+
+def _is_acc(e: Expr, acc: Buffer) -> bool:
+    return isinstance(e, Load) and e.buffer == acc.name and all(isinstance(i, Const) and i.value == 0
+                                                                for i in e.indices)
+
+
+def _reads(e: Expr, acc: Buffer) -> bool:
+    return any(isinstance(n, Load) and n.buffer == acc.name for n in walk(e))
+
+
+def choose_tile(m: int, n: int, batch: int) -> tuple[int, int, int]:
+    """The largest (BM, BN, BK) whose tiles fit the problem and still fill the chip."""
+    fitting = [t for t in TILES if t[0] <= max(m, 32) and t[1] <= max(n, 32)]
+    for tile in fitting:
+        if batch * -(-m // tile[0]) * -(-n // tile[1]) >= SMS:
+            return tile
+    return fitting[-1] if fitting else TILES[-1]
+
+
+# ---------------------------------------------------------------- building the kernel
+
+class _Builder:
+    """Builds the kernel of one contraction; ``fresh`` names new variables."""
+
+    def __init__(self, c: Contraction, fresh, decompose):
+        self.c = c
+        self.fresh = fresh
+        self.decompose = decompose
+        self.m, self.n, self.k = c.size(c.m_axes), c.size(c.n_axes), c.size(c.k_axes)
+        self.bm, self.bn, self.bk = choose_tile(self.m, self.n, c.size(c.batch_axes))
+        self.tm, self.tn = self.bm // SIDE, self.bn // SIDE
+        names = [fresh(s).name for s in ("xs", "ys", "acct", "xr", "yr")]
+        self.xs = Buffer(names[0], c.x.dtype, (self.bk, self.bm + PAD), "shared")
+        self.ys = Buffer(names[1], c.y.dtype, (self.bk, self.bn + PAD), "shared")
+        self.acct = Buffer(names[2], c.acc.dtype, (self.tm, self.tn), "local")
+        self.xr = Buffer(names[3], c.x.dtype, (self.tm,), "local")
+        self.yr = Buffer(names[4], c.y.dtype, (self.tn,), "local")
+
+    def kernel(self) -> Stmt:
+        c = self.c
+        tiles_m, tiles_n = -(-self.m // self.bm), -(-self.n // self.bn)
+        batch = c.size(c.batch_axes)
+        bx, tid, tm0, tn0 = (self.fresh(s) for s in ("bx", "tx", "tm0", "tn0"))
+        ty, tx = self.fresh("ty"), self.fresh("tx")
+        body = self._allocate(seq(self._init(), self._main_loop(tid, ty, tx, tm0, tn0),
+                                  self._epilogue(ty, tx, tm0, tn0)))
+        body = Let(ty, _div(tid, SIDE), Let(tx, _mod(tid, SIDE), body))
+        span = c.final.span
+        inner: Stmt = For(tid, Const(THREADS, I64), body, "thread.x", span=span)
+        tile = _mod(bx, tiles_m * tiles_n)
+        inner = Let(tm0, _mul(_div(tile, tiles_n), self.bm), Let(tn0, _mul(_mod(tile, tiles_n), self.bn), inner))
+        if c.batch_axes:
+            inner = self.decompose(c.batch_axes, [_const(f) for f in c.batch_axes],
+                                   _div(bx, tiles_m * tiles_n), inner)
+        return For(bx, Const(batch * tiles_m * tiles_n, I64), inner, "block.x", span=span)
+
+    def _allocate(self, body: Stmt) -> Stmt:
+        for buf in (self.yr, self.xr, self.acct, self.ys, self.xs):
+            body = Allocate(buf, body)
+        return body
+
+    def _tile_loops(self, body_fn) -> Stmt:
+        a, b = self.fresh("ta"), self.fresh("tb")
+        return For(a, Const(self.tm, I64), For(b, Const(self.tn, I64), body_fn(a, b), "unroll"), "unroll")
+
+    def _init(self) -> Stmt:
+        return self._tile_loops(lambda a, b: Store(self.acct.name, (a, b), self.c.init))
+
+    def _main_loop(self, tid: Var, ty: Var, tx: Var, tm0: Var, tn0: Var) -> Stmt:
+        kt = self.fresh("kt")
+        k0 = _mul(kt, self.bk)
+        steps = -(-self.k // self.bk)
+        fill = seq(self._fill(self.xs, self.c.x, self.c.m_axes, self.m, self.bm, tid, tm0, k0),
+                   self._fill(self.ys, self.c.y, self.c.n_axes, self.n, self.bn, tid, tn0, k0))
+        return For(kt, Const(steps, I64), seq(fill, Barrier(), self._products(ty, tx), Barrier()))
+
+    def _fill(self, buf: Buffer, value: Expr, axes: list[For], size: int, tile: int, tid: Var, base: Var,
+              k0: Expr) -> Stmt:
+        """The threads copy ``value`` over a ``BK x tile`` slice into ``buf`` (zeros outside)."""
+        k_fast = _k_fastest(value, axes, self.c.k_axes)
+        step, lid, kk, ss = self.fresh("ld"), self.fresh("lid"), self.fresh("kk"), self.fresh("ss")
+        gs, gk = self.fresh("gs"), self.fresh("gk")
+        fast, slow = (kk, ss) if k_fast else (ss, kk)
+        fast_n = self.bk if k_fast else tile
+        target = Store(buf.name, (kk, ss), value)
+        compute = self.decompose(self.c.k_axes, [_const(f) for f in self.c.k_axes], gk,
+                                 self.decompose(axes, [_const(f) for f in axes], gs, target))
+        cond = _in_range([(gs, size, size % tile == 0), (gk, self.k, self.k % self.bk == 0)])
+        zero = Store(buf.name, (kk, ss), Const(0, buf.dtype))
+        guarded = compute if cond is None else If(cond, compute, zero)
+        body = Let(gs, _add(base, ss), Let(gk, _add(k0, kk), guarded))
+        body = Let(fast, _mod(lid, fast_n), Let(slow, _div(lid, fast_n), body))
+        body = Let(lid, _add(_mul(step, THREADS), tid), body)
+        return For(step, Const(self.bk * tile // THREADS, I64), body, "unroll")
+
+    def _products(self, ty: Var, tx: Var) -> Stmt:
+        kk, a, b = self.fresh("kk"), self.fresh("ra"), self.fresh("rb")
+        load_x = For(a, Const(self.tm, I64), Store(self.xr.name, (a,), Load(self.xs.name, (
+            kk, _add(ty, _mul(a, SIDE))), self.xs.dtype)), "unroll")
+        load_y = For(b, Const(self.tn, I64), Store(self.yr.name, (b,), Load(self.ys.name, (
+            kk, _add(tx, _mul(b, SIDE))), self.ys.dtype)), "unroll")
+        mul = self.c.add.b
+
+        def update(i: Var, j: Var) -> Stmt:
+            prod = Binary("mul", Load(self.xr.name, (i,), self.xr.dtype), Load(self.yr.name, (j,), self.yr.dtype),
+                          mul.dtype)
+            acc = Load(self.acct.name, (i, j), self.acct.dtype)
+            return Store(self.acct.name, (i, j), Binary("add", acc, prod, self.c.add.dtype))
+        return For(kk, Const(self.bk, I64), seq(load_x, load_y, self._tile_loops(update)), "unroll")
+
+    def _epilogue(self, ty: Var, tx: Var, tm0: Var, tn0: Var) -> Stmt:
+        c = self.c
+        gm, gn = self.fresh("gm"), self.fresh("gn")
+
+        def store(a: Var, b: Var) -> Stmt:
+            acc = Load(self.acct.name, (a, b), self.acct.dtype)
+            value = transform(c.final.value, lambda e: acc if _is_acc(e, c.acc) else None)
+            body: Stmt = Store(c.final.buffer, c.final.indices, value, c.final.span)
+            body = self.decompose(c.n_axes, [_const(f) for f in c.n_axes], gn, body)
+            body = self.decompose(c.m_axes, [_const(f) for f in c.m_axes], gm, body)
+            cond = _in_range([(gm, self.m, self.m % self.bm == 0), (gn, self.n, self.n % self.bn == 0)])
+            if cond is not None:
+                body = If(cond, body)
+            return Let(gm, _add(tm0, _add(ty, _mul(a, SIDE))), Let(gn, _add(tn0, _add(tx, _mul(b, SIDE))), body))
+        return self._tile_loops(store)
+
+
+def _k_fastest(value: Expr, axes: list[For], k_axes: list[For]) -> bool:
+    """Whether ``value``'s main read is contiguous along the reduction rather than the tile's axis."""
+    load = next((n for n in walk(value) if isinstance(n, Load)), None)
+    if load is None or not load.indices:
+        return False
+    last = free_vars(load.indices[-1])
+    return axes[-1].var.name not in last and k_axes[-1].var.name in last
+
+
+def _in_range(checks: list[tuple[Var, int, bool]]) -> Expr | None:
+    cond = None
+    for var, size, covered in checks:
+        if covered:
+            continue
+        test = Binary("lt", var, Const(size, I64), dtypes.boolean)
+        cond = test if cond is None else Binary("and", cond, test, dtypes.boolean)
+    return cond
+
+
+def _add(a: Expr, b: Expr) -> Expr:
+    return Binary("add", a, b, I64)
+
+
+def _mul(a: Expr, k: int) -> Expr:
+    return Binary("mul", a, Const(k, I64), I64)
+
+
+def _div(a: Expr, k: int) -> Expr:
+    return Binary("floordiv", a, Const(k, I64), I64)
+
+
+def _mod(a: Expr, k: int) -> Expr:
+    return Binary("mod", a, Const(k, I64), I64)
+
+
+def schedule(axes: list[For], body: Stmt, fresh, decompose) -> Stmt | None:
+    """The tiled kernel for a contraction nest, or None when the nest is not one."""
+    c = match(axes, body)
+    if c is None:
+        return None
+    return _Builder(c, fresh, decompose).kernel()
