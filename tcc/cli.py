@@ -3,6 +3,9 @@
     tcc check FILE
     tcc lower FILE --op NAME --stage STAGE [-D SYM=VALUE ...] [--shape T=64x32 ...]
     tcc run FILE --op NAME [-D ...] [--shape ...] [--check] [--repeat N]
+    tcc tune FILE --op NAME [-D ...] [--shape ...] [--trials N]
+
+``lower`` and ``run`` take ``--schedule "split(i, 32); ..."`` (replacing the file's schedule).
 
 Errors print ``file:line:col``, the source line and a caret, and exit with status 1.
 """
@@ -58,10 +61,15 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--repeat", type=int, default=10, help="timed runs (median reported)")
     run.add_argument("--seed", type=int, default=None, help="random seed for the inputs")
     run.set_defaults(func=cmd_run)
+
+    tune = sub.add_parser("tune", help="search GEMM tile sizes for an op and store the winner in the cache")
+    _op_arguments(tune, schedule=False)
+    tune.add_argument("--trials", type=int, default=None, help="candidates to time (default 12)")
+    tune.set_defaults(func=cmd_tune)
     return parser
 
 
-def _op_arguments(p: argparse.ArgumentParser) -> None:
+def _op_arguments(p: argparse.ArgumentParser, schedule: bool = True) -> None:
     p.add_argument("file")
     p.add_argument("--op", help="the op (may be omitted when the file has one)")
     p.add_argument("-D", dest="defines", action="append", default=[], metavar="NAME=VALUE",
@@ -70,6 +78,9 @@ def _op_arguments(p: argparse.ArgumentParser) -> None:
                    help="the shape of an input tensor")
     p.add_argument("--target", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--arch", default=None, help="CUDA architecture, e.g. sm_90 (target cuda)")
+    if schedule:
+        p.add_argument("--schedule", default=None, metavar="STEPS",
+                       help='the op\'s schedule, e.g. "split(i, 32, io, ii); vectorize(ii)" (replaces the file\'s)')
 
 
 # ---------------------------------------------------------------- commands
@@ -127,6 +138,31 @@ def cmd_run(args: argparse.Namespace) -> int:
     return status
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    from tcc.tune import DEFAULT_TRIALS, search, store_tuning, tunable
+
+    if args.target != "cpu":
+        raise TccArgumentError("tuning is CPU-only for now", hint="drop --target cuda")
+    op = _select_op(args)
+    bindings = _bindings(op, args, need_all=True)
+    lowered = op.lowered(bindings)
+    if not tunable(lowered):
+        print(f"{op.name} [{_fmt(bindings)}]: no matrix multiply or convolution large enough to tune")
+        return 0
+    trials = args.trials if args.trials is not None else DEFAULT_TRIALS
+    if trials < 1:
+        raise TccArgumentError(f"--trials {trials}: needs at least 1")
+    result = search(op, lowered, trials, progress=sys.stderr.isatty())
+    print(f"{op.name} [{_fmt(bindings)}]: {len(result.timings)} candidates")
+    for tuning, seconds in result.timings:
+        print(f"  {seconds * 1e3:9.3f} ms  {tuning}")
+    store_tuning(op, lowered, result)
+    print(f"best: {result.best} at {result.best_time * 1e3:.3f} ms "
+          f"({result.default_time / result.best_time:.2f}x the default's speed); stored in the cache, "
+          f"used by tcc.compile(..., tune=True)")
+    return 0
+
+
 # ---------------------------------------------------------------- helpers
 
 def _select_op(args: argparse.Namespace) -> Op:
@@ -137,10 +173,13 @@ def _select_op(args: argparse.Namespace) -> Op:
         if len(ops) != 1:
             raise TccArgumentError(f"{args.file} has {len(ops)} ops; choose one with --op",
                                    hint=f"ops: {', '.join(ops)}")
-        return next(iter(ops.values()))
-    if args.op not in ops:
+        op = next(iter(ops.values()))
+    elif args.op not in ops:
         raise TccArgumentError(f"no op {args.op!r} in {args.file}", hint=f"ops: {', '.join(ops) or 'none'}")
-    return ops[args.op]
+    else:
+        op = ops[args.op]
+    schedule = getattr(args, "schedule", None)
+    return op.schedule(schedule) if schedule is not None else op
 
 
 def _bindings(op: Op, args: argparse.Namespace, need_all: bool) -> dict[str, int | float]:

@@ -110,9 +110,34 @@ class OpDef(Node):
     body: list[Node]
 
 
+# ---------------------------------------------------------------- schedules
+
+@dataclass
+class Word(Node):
+    """One argument of a schedule step (a loop, tensor or keyword name, or a number)."""
+
+    value: str | int | float
+
+
+@dataclass
+class SchedStep(Node):
+    prim: str
+    args: list[Word]
+
+
+@dataclass
+class ScheduleDef(Node):
+    """``schedule OP TARGET { steps }``; checked against the op in tcc.frontend.schedules."""
+
+    op: Word
+    target: Word
+    steps: list[SchedStep]
+
+
 @dataclass
 class Module(Node):
     ops: list[OpDef]
+    schedules: list[ScheduleDef] = field(default_factory=list)
 
 
 def format_ast(node: object, depth: int = 0) -> str:

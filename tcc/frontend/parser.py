@@ -21,6 +21,7 @@ from tcc.errors import Source, Span, TccSyntaxError
 from tcc.frontend import ast
 
 _GRAMMAR = Path(__file__).with_name("grammar.lark")
+_STARTS = ("start", "steps")  # a whole file; the steps of a schedule given from Python
 _OPEN = {"(": ")", "[": "]"}
 _PRETTY = {"LPAR": "'('", "RPAR": "')'", "LSQB": "'['", "RSQB": "']'", "LBRACE": "'{'",
            "RBRACE": "'}'", "COMMA": "','", "COLON": "':'", "SEMICOLON": "';'", "EQUAL": "'='",
@@ -63,19 +64,28 @@ def _parser() -> lark.Lark:
     if root is not None:
         try:
             root.mkdir(parents=True, exist_ok=True)
-            digest = hashlib.sha256(_GRAMMAR.read_bytes()).hexdigest()[:16]
+            digest = hashlib.sha256(_GRAMMAR.read_bytes() + repr(_STARTS).encode()).hexdigest()[:16]
             cache = str(root / f"grammar-{lark.__version__}-{digest}.lark-cache")
         except OSError:
             cache = False
     return lark.Lark(_GRAMMAR.read_text(), parser="lalr", propagate_positions=True,
-                     postlex=_StatementNewlines(), maybe_placeholders=True, cache=cache)
+                     postlex=_StatementNewlines(), maybe_placeholders=True, cache=cache, start=list(_STARTS))
 
 
 def parse(text: str, filename: str = "<string>") -> ast.Module:
     """Parse a whole source file; raises :class:`TccSyntaxError` pointing at the problem."""
+    return _parse(text, filename, "start")
+
+
+def parse_steps(text: str, filename: str = "<schedule>") -> list[ast.SchedStep]:
+    """Parse the steps of a schedule given from Python (``op.schedule("split(i, 32); ...")``)."""
+    return _parse(text, filename, "steps")
+
+
+def _parse(text: str, filename: str, start: str):
     source = Source(text, filename)
     try:
-        tree = _parser().parse(text)
+        tree = _parser().parse(text, start=start)
     except UnexpectedInput as exc:
         raise _syntax_error(exc, source) from None
     return _ToAst(source).transform(tree)
@@ -136,7 +146,9 @@ class _ToAst(Transformer):
 
     # -- module and op headers
     def start(self, meta, *items):
-        return self._with(ast.Module(list(items)), meta)
+        ops = [i for i in items if isinstance(i, ast.OpDef)]
+        schedules = [i for i in items if isinstance(i, ast.ScheduleDef)]
+        return self._with(ast.Module(ops, schedules), meta)
 
     def op_def(self, meta, name, cparams, *rest):
         *params, results, body = rest
@@ -165,6 +177,23 @@ class _ToAst(Transformer):
 
     def body(self, meta, *stmts):
         return [s for s in stmts if s is not None]
+
+    # -- schedules
+    def schedule_def(self, meta, op, target, steps):
+        return self._with(ast.ScheduleDef(op, target, steps), meta)
+
+    def steps(self, meta, *steps):
+        return [s for s in steps if s is not None]
+
+    def sched_step(self, meta, prim, *args):
+        return self._with(ast.SchedStep(str(prim), [a for a in args if a is not None]), meta)
+
+    def word(self, meta, tok):
+        value = _number(tok).value if tok.type == "NUMBER" else str(tok)
+        return self._with(ast.Word(value), meta)
+
+    def neg_word(self, meta, tok):
+        return self._with(ast.Word(-_number(tok).value), meta)
 
     # -- statements
     def assign(self, meta, name, *rest):

@@ -19,6 +19,21 @@ from tcc.passes.lower import lower
 from tcc.passes.specialize import specialize
 
 AfterPass = Callable[[str, str], None]
+GEMM_K_LOOP = "kk"  # the micro-kernel's k loop in the auto-scheduler's GEMM nest, unrolled by tuning
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """What the tuner may change in the CPU auto-schedule: GEMM tiles by result tensor
+    (``gemm_params`` keys) and an unroll factor for the micro-kernel's k loop."""
+
+    tiles: dict[str, dict[str, int]] = field(default_factory=dict)
+    unroll: int = 1
+
+    def __str__(self) -> str:
+        tiles = "; ".join(f"{t}: " + " ".join(f"{k}={v}" for k, v in sorted(p.items()))
+                          for t, p in sorted(self.tiles.items()))
+        return f"{tiles}; unroll={self.unroll}"
 
 
 @dataclass
@@ -33,13 +48,16 @@ class Lowered:
     loops: LoopFunc  # plain loop nests, straight from the TE
     target: str
     after_pass: AfterPass | None = None
+    steps: tuple = ()  # the user's schedule (tcc.passes.schedule.Step); empty: the auto-scheduler
+    tuning: Tuning | None = None  # the tuner's choice for the auto-scheduler (tcc.tune)
     _scheduled: LoopFunc | None = field(default=None, repr=False)
 
     @property
     def scheduled(self) -> LoopFunc:
         """The loops after the target's schedule."""
         if self._scheduled is None:
-            scheduled = schedule_for_target(self.loops, self.target)
+            tuning = self.tuning or Tuning()
+            scheduled = schedule_for_target(self.loops, self.target, list(self.steps), tuning.tiles, tuning.unroll)
             verify_func(scheduled)
             if self.after_pass is not None:
                 self.after_pass("schedule", format_func(scheduled))
@@ -48,7 +66,7 @@ class Lowered:
 
 
 def run_pipeline(op: OpTE, bindings: dict[str, int | float], target: str,
-                 after_pass: AfterPass | None = None, options: dict | None = None) -> Lowered:
+                 after_pass: AfterPass | None = None, options: dict | None = None, steps: tuple = ()) -> Lowered:
     def report(name: str, text: str) -> None:
         if after_pass is not None:
             after_pass(name, text)
@@ -64,20 +82,22 @@ def run_pipeline(op: OpTE, bindings: dict[str, int | float], target: str,
     loops = lower(te)
     verify_func(loops)
     report("lower", format_func(loops))
-    return Lowered(te, loops, target, after_pass)
+    return Lowered(te, loops, target, after_pass, steps)
 
 
 def schedule_for_target(func: LoopFunc, target: str, steps: list | None = None,
-                        params: dict | None = None) -> LoopFunc:
-    """The user's schedule when there is one, else the target's auto-scheduler."""
+                        params: dict | None = None, unroll: int = 1) -> LoopFunc:
+    """The user's schedule when there is one, else the target's auto-scheduler (with the tuner's
+    GEMM tiles ``params`` by result tensor, and its k-loop unroll factor)."""
     if target == "cuda":
         from tcc.codegen_cuda.schedule import schedule_cuda
 
         return schedule_cuda(func)
-    if steps:
-        from tcc.passes.schedule import apply_schedule
+    from tcc.passes.schedule import Step, apply_schedule
 
+    if steps:
         return apply_schedule(func, steps)
     from tcc.passes.autoschedule import autoschedule
 
-    return autoschedule(func, params)
+    func = autoschedule(func, params)
+    return apply_schedule(func, [Step("unroll", (GEMM_K_LOOP, "by", unroll))]) if unroll > 1 else func

@@ -11,11 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from tcc.errors import Span, TccScheduleError
-from tcc.ir.loops import LoopFunc, verify_func
+from tcc.ir.expr import Cast, Load
+from tcc.ir.loops import For, LoopFunc, verify_func, walk_stmts
 from tcc.passes.cache import cache
 from tcc.passes.compute_at import compute_at
 from tcc.passes.fuse import fuse
 from tcc.passes.inline import inline
+from tcc.passes.loopnest import stores
 from tcc.passes.parallel import parallel
 from tcc.passes.reduction import decompose_reduction
 from tcc.passes.reorder import reorder
@@ -117,7 +119,32 @@ def _tile(func: LoopFunc, step: Step) -> LoopFunc:
 
 
 def _reorder(func: LoopFunc, step: Step) -> LoopFunc:
-    return reorder(func, [str(w) for w in step.words], step.span)
+    order = [str(w) for w in step.words]
+    try:
+        return reorder(func, order, step.span)
+    except TccScheduleError as err:
+        blocker = _reduction_between(func, order) if "not perfectly nested" in err.message else None
+        if blocker is None:
+            raise
+        raise TccScheduleError(err.message, err.span, f"the reduction into {blocker} sits between these loops; "
+                                                      f"decompose({blocker}) as the first step") from None
+
+
+def _reduction_between(func: LoopFunc, order: list[str]) -> str | None:
+    """A tensor stored from a scalar accumulator inside the named loops (for the hint): its
+    reduction loop cannot move until the reduction is decomposed."""
+    buffers = func.buffers()
+    for node in walk_stmts(func.body):
+        if isinstance(node, For) and node.var.name in order:
+            for st in stores(node.body):
+                value = st.value
+                while isinstance(value, Cast):
+                    value = value.a
+                if isinstance(value, Load) and buffers.get(value.buffer) is not None \
+                        and buffers[value.buffer].scope == "local" and buffers.get(st.buffer) is not None \
+                        and buffers[st.buffer].scope == "global":
+                    return st.buffer
+    return None
 
 
 def _fuse(func: LoopFunc, step: Step) -> LoopFunc:

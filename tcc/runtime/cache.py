@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import tempfile
 import threading
@@ -56,15 +57,27 @@ class DiskCache:
     def __init__(self, root: Path | None):
         self.root = root
 
-    def _path(self, key: str) -> Path:
+    def _path(self, key: str, suffix: str = ".bin") -> Path:
         assert self.root is not None
-        return self.root / key[:2] / f"{key}.bin"
+        return self.root / key[:2] / f"{key}{suffix}"
 
-    def get(self, key: str) -> bytes | None:
+    def get_json(self, key: str) -> dict | None:
+        """A small JSON entry (the tuner's winner) beside the artifacts; None when absent or bad."""
+        payload = self.get(key, ".json")
+        try:
+            value = json.loads(payload) if payload is not None else None
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) else None
+
+    def put_json(self, key: str, value: dict) -> None:
+        self.put(key, json.dumps(value, sort_keys=True).encode(), ".json")
+
+    def get(self, key: str, suffix: str = ".bin") -> bytes | None:
         if self.root is None:
             return None
         try:
-            data = self._path(key).read_bytes()
+            data = self._path(key, suffix).read_bytes()
         except OSError:
             return None
         header = len(_MAGIC) + 32
@@ -75,10 +88,10 @@ class DiskCache:
             return None
         return payload
 
-    def put(self, key: str, payload: bytes) -> None:
+    def put(self, key: str, payload: bytes, suffix: str = ".bin") -> None:
         if self.root is None:
             return
-        path = self._path(key)
+        path = self._path(key, suffix)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")

@@ -15,6 +15,7 @@ from typing import Any
 from tcc.errors import TccArgumentError, TccError
 from tcc.frontend.ast import OpDef, format_ast
 from tcc.frontend.parser import parse
+from tcc.frontend.schedules import Schedule, module_schedules, schedule_from_text
 from tcc.frontend.sema import analyze
 from tcc.ir.loops import format_func
 from tcc.ir.te import OpTE, format_op
@@ -41,17 +42,23 @@ def read_source(source: str | os.PathLike) -> tuple[str, str]:
     return source, "<string>"
 
 
-def compile(source: str | os.PathLike, target: str = "cpu", **options: Any) -> Library:  # noqa: A001
-    """Parse and check every op of ``source``; kernels are built on first call per shape."""
+def compile(source: str | os.PathLike, target: str = "cpu", tune: bool = False,  # noqa: A001
+            **options: Any) -> Library:
+    """Parse and check every op of ``source`` and its ``schedule`` blocks for ``target``; kernels
+    are built on first call per shape. ``tune=True`` searches the auto-scheduler's GEMM tiles on
+    the first call per shape (or reuses the winner from the disk cache); a user's schedule wins."""
     if target not in TARGETS:
         raise TccArgumentError(f"unknown target {target!r}", hint=f"use one of {', '.join(TARGETS)}")
+    if tune and target != "cpu":
+        raise TccArgumentError("tuning is CPU-only for now", hint="drop tune=True for target cuda")
     text, filename = read_source(source)
     module = parse(text, filename)
     ops = analyze(module, module.span.source if module.span else None)
+    schedules = module_schedules(module, set(ops), target)
     asts = {o.name: o for o in module.ops}
     if target == "cuda":
         options.setdefault("conv", "direct")  # im2col's per-batch GEMM buffers have no GPU schedule yet
-    return Library(ops, asts, target, options)
+    return Library(ops, asts, target, options, schedules, bool(tune))
 
 
 def target_module(target: str):
@@ -67,10 +74,12 @@ def target_module(target: str):
 class Library:
     """The ops of one source file, as attributes: ``lib.matmul(A, B)``."""
 
-    def __init__(self, ops: dict[str, OpTE], asts: dict[str, OpDef], target: str, options: dict[str, Any]):
+    def __init__(self, ops: dict[str, OpTE], asts: dict[str, OpDef], target: str, options: dict[str, Any],
+                 schedules: dict[str, Schedule] | None = None, tune: bool = False):
         self.target = target
         self.options = dict(options)
-        self._ops = {name: Op(te, asts[name], target, self.options) for name, te in ops.items()}
+        self._ops = {name: Op(te, asts[name], target, self.options, (schedules or {}).get(name), tune)
+                     for name, te in ops.items()}
 
     def __getattr__(self, name: str) -> Op:
         ops = self.__dict__.get("_ops", {})
@@ -95,23 +104,44 @@ class Library:
 class Op:
     """One op of a library. Call it on arrays; ``lower`` shows any stage of its compilation."""
 
-    def __init__(self, te: OpTE, ast: OpDef, target: str, options: dict[str, Any]):
+    def __init__(self, te: OpTE, ast: OpDef, target: str, options: dict[str, Any],
+                 schedule: Schedule | None = None, tune: bool = False):
         self.te = te
         self.ast = ast
         self.name = te.name
         self.target = target
-        self.options = options
+        self._library_options = options
+        self.user_schedule = schedule or Schedule()
+        self.options = {**options, "conv": self.user_schedule.conv} if self.user_schedule.conv else options
+        self.tune = tune and not self.user_schedule.steps  # a user's schedule leaves nothing to tune
         self._backend = target_module(target)
         self._keys: dict[tuple, str] = {}  # bindings -> cache key, so repeat calls skip the pipeline
+        self._plans: dict[tuple, Any] = {}  # argument signature -> the backend's plan for a checked call
+        self._signature = getattr(self._backend, "signature", None)  # backends with a fast path
 
     def __repr__(self) -> str:
         return f"<tcc op {self.name} ({self.target})>"
 
+    def schedule(self, text: str) -> Op:
+        """A new op with this schedule (steps separated by ``;`` or newlines, spelled as in a
+        ``schedule`` block); it replaces any schedule of the file. ``""`` means the auto-scheduler."""
+        if not isinstance(text, str):
+            raise TccArgumentError(f"{self.name}.schedule takes the schedule's text, got {type(text).__name__}",
+                                   hint='e.g. op.schedule("split(i, 32, io, ii); vectorize(ii)")')
+        schedule = schedule_from_text(text, self.target)
+        return Op(self.te, self.ast, self.target, self._library_options, schedule, self.tune)
+
     # ------------------------------------------------------------ calling
     def __call__(self, *args: Any, out: Any = None, **cparams: Any) -> Any:
-        bound = self._bind(args, cparams)
-        kernel = self.kernel(bound.bindings)
-        results = self._backend.invoke(kernel, self.te, bound, out)
+        sig = self._signature(args, cparams, out) if self._signature is not None else None
+        plan = self._plans.get(sig) if sig is not None else None
+        results = self._backend.run_plan(plan, self.te, args, out) if plan is not None else None
+        if results is None:
+            bound = self._bind(args, cparams)
+            kernel = self.kernel(bound.bindings)
+            results = self._backend.invoke(kernel, self.te, bound, out)
+            if sig is not None and plan is None:
+                self._plans[sig] = self._backend.make_plan(kernel, self.te, bound, args)
         return results[0] if len(results) == 1 else tuple(results)
 
     def _bind(self, args: tuple[Any, ...], cparams: dict[str, Any]) -> BoundCall:
@@ -153,9 +183,20 @@ class Op:
 
     def lowered(self, bindings: dict[str, int | float],
                 after_pass: Callable[[str, str], None] | None = None) -> Lowered:
-        return run_pipeline(self.te, bindings, self.target, after_pass, self.options)
+        lowered = run_pipeline(self.te, bindings, self.target, after_pass, self.options, self.user_schedule.steps)
+        if self.tune:
+            from tcc.tune import tuning_for
+
+            lowered.tuning = tuning_for(self, lowered)
+        return lowered
 
     def cache_key(self, lowered: Lowered) -> str:
+        """The kernel's key: everything that changes its code, the user's schedule and tuning included."""
+        return cache.make_key(self.base_key(lowered), f"schedule={self.user_schedule}",
+                              f"tuning={lowered.tuning or ''}")
+
+    def base_key(self, lowered: Lowered) -> str:
+        """The key of the op's specialisation without its schedule (the tuner stores its winner under it)."""
         options = ",".join(f"{k}={v}" for k, v in sorted(self.options.items()))
         return cache.make_key(cache.compiler_fingerprint(), self.target, self._backend.host_key(self.options),
                               options, format_op(lowered.te))
