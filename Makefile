@@ -24,6 +24,8 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/compile_time.py
+	$(BIN)/python benchmarks/cpu.py
+	$(BIN)/python benchmarks/conv.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -111,6 +111,8 @@ def search(op: Op, lowered: Lowered, trials: int = DEFAULT_TRIALS, progress: boo
                 if seconds < best_time:
                     best, best_time = candidate, seconds
                 bar.set_postfix_str(f"best {best_time * 1e3:.3g} ms")
+        bar.total = bar.n  # candidates that coincided were skipped
+        bar.refresh()
     if not timings:
         raise TccError(f"tuning {op.name}: no candidate schedule could be built", op.te.span,
                        "compile without tune=True")
