@@ -1,6 +1,8 @@
 """The fusion pass: what it inlines, what it keeps, how it groups row reductions, and that fused
 programs still agree with the reference (which never fuses)."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from helpers import check_op
@@ -109,8 +111,6 @@ def test_intermediate_read_outside_its_group_keeps_full_size(rng):
 
 
 def test_fused_stage_from_the_cli(capsys):
-    from pathlib import Path
-
     from tcc.cli import main
     path = Path(__file__).resolve().parent.parent / "examples" / "conv2d_relu.tc"
     assert main([
@@ -120,8 +120,9 @@ def test_fused_stage_from_the_cli(capsys):
 
 
 def test_layernorm_group_matches_reference(rng):
-    src = open(__file__.replace("tests/test_fusion.py", "examples/layernorm.tc")).read()
-    assert "group [mu, var, Y] share 1 outer loop(s); mu, var kept per outer iteration" in fused(src, "layernorm", N=4, D=9)
+    src = (Path(__file__).resolve().parent.parent / "examples" / "layernorm.tc").read_text()
+    text = fused(src, "layernorm", N=4, D=9)
+    assert "group [mu, var, Y] share 1 outer loop(s); mu, var kept per outer iteration" in text
     for n, d in [(1, 1), (7, 33), (2, 1000)]:
         check_op(src, "layernorm", dict(N=n, D=d), rng)
 
