@@ -70,7 +70,7 @@ def tuning_for(op: Op, lowered: Lowered) -> Tuning | None:
     found = stored_tuning(op, lowered)
     if found is not None:
         return found
-    result = search(op, lowered)
+    result = search(op, lowered, DEFAULT_TRIALS if op.tune is True else int(op.tune))
     store_tuning(op, lowered, result)
     return result.best
 

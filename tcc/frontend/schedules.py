@@ -128,7 +128,7 @@ def _check_arg(step: ast.SchedStep, arg: ast.Word, want: str, usage: str) -> Non
         raise TccScheduleError(f"{step.prim}: expected a name here, got {value!r}", arg.span,
                                f"write it as {usage}")
     if want == "I" and not (isinstance(value, int) and value > 0):
-        what = "a positive integer" if isinstance(value, int | float) else "an integer"
+        what = "a positive integer" if isinstance(value, int) else "an integer"
         raise TccScheduleError(f"{step.prim}: expected {what} here, got {value!r}", arg.span,
                                f"write it as {usage}")
 

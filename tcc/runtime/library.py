@@ -42,13 +42,16 @@ def read_source(source: str | os.PathLike) -> tuple[str, str]:
     return source, "<string>"
 
 
-def compile(source: str | os.PathLike, target: str = "cpu", tune: bool = False,  # noqa: A001
+def compile(source: str | os.PathLike, target: str = "cpu", tune: bool | int = False,  # noqa: A001
             **options: Any) -> Library:
     """Parse and check every op of ``source`` and its ``schedule`` blocks for ``target``; kernels
-    are built on first call per shape. ``tune=True`` searches the auto-scheduler's GEMM tiles on
-    the first call per shape (or reuses the winner from the disk cache); a user's schedule wins."""
+    are built on first call per shape. ``tune=True`` (or a number of trials) searches the
+    auto-scheduler's GEMM tiles on the first call per shape, or reuses the winner from the disk
+    cache; an op with a user's schedule is not tuned."""
     if target not in TARGETS:
         raise TccArgumentError(f"unknown target {target!r}", hint=f"use one of {', '.join(TARGETS)}")
+    if not isinstance(tune, bool | int) or tune < 0:
+        raise TccArgumentError(f"tune={tune!r}: expected True, False or a number of trials")
     if tune and target != "cpu":
         raise TccArgumentError("tuning is CPU-only for now", hint="drop tune=True for target cuda")
     text, filename = read_source(source)
@@ -58,7 +61,7 @@ def compile(source: str | os.PathLike, target: str = "cpu", tune: bool = False, 
     asts = {o.name: o for o in module.ops}
     if target == "cuda":
         options.setdefault("conv", "direct")  # im2col's per-batch GEMM buffers have no GPU schedule yet
-    return Library(ops, asts, target, options, schedules, bool(tune))
+    return Library(ops, asts, target, options, schedules, tune)
 
 
 def target_module(target: str):
@@ -75,7 +78,7 @@ class Library:
     """The ops of one source file, as attributes: ``lib.matmul(A, B)``."""
 
     def __init__(self, ops: dict[str, OpTE], asts: dict[str, OpDef], target: str, options: dict[str, Any],
-                 schedules: dict[str, Schedule] | None = None, tune: bool = False):
+                 schedules: dict[str, Schedule] | None = None, tune: bool | int = False):
         self.target = target
         self.options = dict(options)
         self._ops = {name: Op(te, asts[name], target, self.options, (schedules or {}).get(name), tune)
@@ -105,7 +108,7 @@ class Op:
     """One op of a library. Call it on arrays; ``lower`` shows any stage of its compilation."""
 
     def __init__(self, te: OpTE, ast: OpDef, target: str, options: dict[str, Any],
-                 schedule: Schedule | None = None, tune: bool = False):
+                 schedule: Schedule | None = None, tune: bool | int = False):
         self.te = te
         self.ast = ast
         self.name = te.name
@@ -113,7 +116,7 @@ class Op:
         self._library_options = options
         self.user_schedule = schedule or Schedule()
         self.options = {**options, "conv": self.user_schedule.conv} if self.user_schedule.conv else options
-        self.tune = tune and not self.user_schedule.steps  # a user's schedule leaves nothing to tune
+        self.tune = tune if not self.user_schedule.steps else False  # a user's schedule leaves nothing to tune
         self._backend = target_module(target)
         self._keys: dict[tuple, str] = {}  # bindings -> cache key, so repeat calls skip the pipeline
         self._plans: dict[tuple, Any] = {}  # argument signature -> the backend's plan for a checked call
