@@ -1,5 +1,6 @@
-"""CUDA backend timings: cold compile, warm start from the disk cache, per-call overhead, and a
-few kernels against PyTorch (as ratios). Needs a GPU and PyTorch.
+"""CUDA backend timings: cold compile, warm start from the disk cache, per-call overhead (host
+time of a tcc call against a bare cuLaunchKernel), and kernels against PyTorch as ratios of GPU
+time (CUDA events around back-to-back calls queued behind a sleep kernel). Needs a GPU and PyTorch.
 
     python benchmarks/cuda.py            # prints a table; targets: cold <= 300 ms, warm <= 5 ms,
                                          # per-call overhead <= 20 us
@@ -94,42 +95,71 @@ def call_overhead() -> list[tuple[str, str]]:
             ("overhead of a tcc call over a bare launch", f"{(ours - bare) * 1e6:8.1f} us")]
 
 
-def _time_gpu(fn, reps: int = 50) -> float:
-    """Median milliseconds of ``fn`` by CUDA events, after a warm-up."""
-    for _ in range(5):
-        fn()
-    times = []
+def _gpu_ms(fn, reps: int) -> float:
+    """Milliseconds per call of ``fn`` on the GPU alone: the stream first sleeps while the host
+    queues ``reps`` back-to-back calls, and CUDA events bracket the calls, so host time between
+    launches is not counted."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(int(2e6 + reps * 1e5))  # ~1 ms + 50 us of GPU cycles per queued call
+    start.record()
     for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
         fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def _time_gpu(fn, trials: int = 7) -> float:
+    """Median over trials of :func:`_gpu_ms`, after a warm-up; enough calls for ~20 ms a trial."""
+    fn()
+    torch.cuda.synchronize()
+    once = _gpu_ms(fn, 1)
+    reps = max(3, min(200, int(20.0 / max(once, 1e-3))))
+    return statistics.median(_gpu_ms(fn, reps) for _ in range(trials))
+
+
+def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.double(), want.double()
+    return float((got - want).norm() / want.norm().clamp_min(1e-30))
+
+
+def _cases() -> list[tuple]:
+    """(label, example, tcc arguments, compile-time parameters, PyTorch anchor, flops or 0)."""
+    x = torch.randn(4096, 1024, device="cuda")
+    g, b = torch.randn(1024, device="cuda"), torch.randn(1024, device="cuda")
+    v, w = torch.randn(1 << 24, device="cuda"), torch.randn(1 << 24, device="cuda")
+    mats = {n: (torch.randn(n, n, device="cuda"), torch.randn(n, n, device="cuda")) for n in (1024, 4096)}
+    h1, h2 = (torch.randn(4096, 4096, device="cuda").half() for _ in range(2))
+    xc, wc, bc = torch.randn(8, 64, 56, 56, device="cuda"), torch.randn(64, 64, 3, 3, device="cuda") * 0.1, \
+        torch.randn(64, device="cuda")
+    fn = torch.nn.functional
+    cases = [
+        ("axpy 16M", "axpy", (2.0, v, w), {}, lambda: torch.add(w, v, alpha=2.0), 0),
+        ("bias_relu 4096x1024", "bias_relu", (x, g), {}, lambda: torch.relu(x + g), 0),
+        ("softmax 4096x1024", "softmax", (x,), {}, lambda: torch.softmax(x, dim=1), 0),
+        ("layernorm 4096x1024", "layernorm", (x, g, b), {}, lambda: fn.layer_norm(x, (1024,), g, b, 1e-5), 0),
+    ]
+    for n, (a, bm) in mats.items():
+        cases.append((f"matmul {n} f32", "matmul", (a, bm), {}, lambda a=a, bm=bm: a @ bm, 2 * n**3))
+    cases.append(("hmm 4096 (f16 in, f32 out)", "hmm", (h1, h2), {}, lambda: h1 @ h2, 2 * 4096**3))
+    cases.append(("conv2d_relu 3x3 64->64 56x56 b8", "conv2d_relu", (xc, wc, bc), {"P": 1},
+                  lambda: torch.relu(fn.conv2d(xc, wc, bc, padding=1)), 2 * 8 * 64 * 56 * 56 * 64 * 9))
+    return cases
 
 
 def kernels_vs_torch() -> list[tuple[str, str]]:
-    rows = []
-    x = torch.randn(4096, 1024, device="cuda")
-    g, b = torch.randn(1024, device="cuda"), torch.randn(1024, device="cuda")
-    a, bm = torch.randn(1024, 1024, device="cuda"), torch.randn(1024, 1024, device="cuda")
-    v = torch.randn(1 << 24, device="cuda")
-    w = torch.randn(1 << 24, device="cuda")
-    cases = [
-        ("axpy 16M", "axpy", (2.0, v, w), lambda: torch.add(w, v, alpha=2.0)),
-        ("bias_relu 4096x1024", "bias_relu", (x, g), lambda: torch.relu(x + g)),
-        ("softmax 4096x1024", "softmax", (x,), lambda: torch.softmax(x, dim=1)),
-        ("layernorm 4096x1024", "layernorm", (x, g, b),
-         lambda: torch.nn.functional.layer_norm(x, (1024,), g, b, 1e-5)),
-        ("matmul 1024^3 (fp32, no TF32)", "matmul", (a, bm), lambda: a @ bm),
-    ]
+    """GPU time per call (events around back-to-back calls), tcc against PyTorch, as ratios."""
     torch.backends.cuda.matmul.allow_tf32 = False
-    for label, name, args, ref in cases:
+    torch.backends.cudnn.allow_tf32 = False
+    rows = []
+    for label, name, args, cparams, ref, flops in _cases():
         op = getattr(tcc.compile(EXAMPLES / f"{name}.tc", target="cuda"), name)
-        ours = _time_gpu(lambda op=op, args=args: op(*args))
+        err = _rel_err(op(*args, **cparams), ref())
+        ours = _time_gpu(lambda op=op, args=args, cparams=cparams: op(*args, **cparams))
         theirs = _time_gpu(ref)
-        rows.append((f"{label}: tcc / torch", f"{ours:7.3f} ms / {theirs:7.3f} ms = {ours / theirs:6.2f}x"))
+        rate = f", {flops / ours / 1e9:7.1f} TFLOP/s" if flops else ""
+        rows.append((f"{label}: tcc / torch", f"{ours:8.3f} ms / {theirs:8.3f} ms = {ours / theirs:6.2f}x"
+                                              f"{rate}  (rel err {err:.1e})"))
     return rows
 
 

@@ -169,3 +169,26 @@ def test_im2col_on_cuda_is_a_clean_error():
         lib.conv2d.lower(x, w, b, P=1, stage="cuda")
     assert "tcc_conv2d_k0" in tcc.compile(EXAMPLES / "conv2d.tc", target="cuda").conv2d.lower(x, w, b, P=1,
                                                                                                stage="cuda")
+
+
+def test_contractions_get_the_tiled_schedule():
+    from tcc.codegen_cuda import gemm
+
+    lib = tcc.compile(EXAMPLES / "conv2d_relu.tc", target="cuda")
+    x, w, b = np.zeros((2, 16, 15, 17), np.float32), np.zeros((24, 16, 3, 3), np.float32), np.zeros(24, np.float32)
+    src = lib.conv2d_relu.lower(x, w, b, stage="cuda")
+    assert "__syncthreads();" in src and "__shared__ float" in src and src.count("__global__") == 1
+    assert nvrtc.compile_cubin(src).startswith(b"\x7fELF")
+    mm = tcc.compile(EXAMPLES / "matmul.tc", target="cuda").matmul
+    matvec = mm.lower(np.zeros((64, 32), np.float32), np.zeros((32, 1), np.float32), stage="cuda")
+    assert "__shared__" not in matvec.split('extern "C"')[1]  # N = 1: one thread per output
+    assert gemm.choose_tile(4096, 4096, 1) == (128, 128, 8)
+    assert gemm.choose_tile(64, 3136, 8)[0] == 64  # no 128-row tiles for 64 output channels
+    assert gemm.choose_tile(1024, 1024, 1) == (64, 64, 16)  # a full grid before large tiles
+
+
+def test_fast_path_signature_needs_cuda_tensors():
+    torch = pytest.importorskip("torch")
+    assert rt.signature((1.0, np.zeros(3)), {}, None) is None
+    assert rt.signature((torch.zeros(3),), {}, None) is None  # CPU tensors take the checked path
+    assert rt.signature((1.0,), {"S": [1]}, None) is None  # unhashable: the checked path explains

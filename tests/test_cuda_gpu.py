@@ -247,3 +247,66 @@ def test_wrong_device_or_dtype_is_an_argument_error():
             lib.axpy(1.0, x, x.to("cuda:1"))
     with pytest.raises(TccError, match="out= for Z"):
         lib.axpy(1.0, x, x, out=torch.empty(9, device="cuda"))
+
+
+# ---------------------------------------------------------------- the tiled contraction schedule
+
+BMM = """
+op bmm(A: f32[B, M, K], X: f32[B, K, N]) -> C: f32[B, M, N] {
+    C[b, i, j] = sum[k](A[b, i, k] * X[b, k, j])
+}
+"""
+GEMM_CASES = [("matmul", dict(M=67, K=45, N=33)), ("matmul", dict(M=130, K=257, N=129)),
+              ("matmul", dict(M=256, K=64, N=512)), ("matmul", dict(M=1000, K=24, N=1000)),
+              ("hmm", dict(M=129, K=70, N=65)), ("conv2d_relu", dict(N=2, C=16, H=15, W=17, F=24, KH=3, KW=3)),
+              ("conv2d", dict(N=3, C=5, H=20, W=19, F=70, KH=3, KW=2, S=2, P=1)), ("bmm", dict(B=3, M=19, K=21, N=35))]
+
+
+@pytest.mark.parametrize("name,case", GEMM_CASES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(GEMM_CASES)])
+def test_tiled_contractions_match_reference(name, case, rng):
+    lib = tcc.compile(BMM if name == "bmm" else EXAMPLES / f"{name}.tc", target="cuda")
+    op = lib[name]
+    cparams = {k: v for k, v in case.items() if k in op.te.cparams}
+    bindings = {**op.te.cparams, **case}
+    assert "__syncthreads" in op.stage_text(bindings, "cuda")  # the tiled schedule, not one thread per output
+    args = random_args(op.te, bindings, rng)
+    expected = reference_results(op.te, args, bindings)
+    (out,) = _poisoned(expected)
+    op(*args, out=out, **cparams)
+    assert_matches(out, expected[0], op.te.tensors[op.te.results[0]].dtype, name)
+
+
+# ---------------------------------------------------------------- repeat calls (the fast path)
+
+def test_repeat_calls_take_the_plan_and_still_check(rng):
+    torch = _torch()
+    lib = tcc.compile(EXAMPLES / "axpy.tc", target="cuda")
+    x, y = torch.randn(1000, device="cuda"), torch.randn(1000, device="cuda")
+    for _ in range(3):
+        torch.testing.assert_close(lib.axpy(2.0, x, y), 2.0 * x + y)
+    assert lib.axpy._plans, "a checked torch call leaves a plan for the next"
+    z = torch.empty(1000, device="cuda")
+    for _ in range(2):
+        assert lib.axpy(3.0, x, y, out=z) is z
+        torch.testing.assert_close(z, 3.0 * x + y)
+    with pytest.raises(TccError, match="argument Y of axpy must be f32"):
+        lib.axpy(1.0, x, y.double())
+    with pytest.raises(TccError, match="symbol N"):
+        lib.axpy(1.0, x, y[:999])
+    with pytest.raises(TccError, match="f32 scalar"):
+        lib.axpy("2", x, y)
+    x0 = x.clone()
+    lib.axpy(1.0, x, y, out=x)  # out= overlapping an input: computed into a temporary
+    torch.testing.assert_close(x, x0 + y)
+
+
+def test_repeat_calls_follow_the_current_stream(rng):
+    torch = _torch()
+    lib = tcc.compile(EXAMPLES / "softmax.tc", target="cuda")
+    x = torch.randn(64, 300, device="cuda")
+    lib.softmax(x)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        y = lib.softmax(x)
+    s.synchronize()
+    torch.testing.assert_close(y, torch.softmax(x, dim=1))

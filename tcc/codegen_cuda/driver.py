@@ -199,15 +199,25 @@ class Launcher:
         self.argv = (ctypes.c_void_p * max(1, len(params)))(*[ctypes.addressof(s) for s in self.slots])
         self.argv_ptr = ctypes.addressof(self.argv)
         self.lock = threading.Lock()
+        self.cu_launch = api().cuLaunchKernel
+        self.ok = api().CUresult.CUDA_SUCCESS
 
     def launch(self, values: dict[str, Any], stream: int, op: str) -> None:
+        """Launch with each parameter taken from ``values`` by name."""
+        self.launch_ordered([values[n] for n in self.names], list(range(len(self.names))), stream, op)
+
+    def launch_ordered(self, values: list[Any], order: list[int], stream: int, op: str) -> None:
+        """Launch with parameter ``i`` taken from ``values[order[i]]`` (the fast path's layout)."""
         with self.lock:
-            for slot, name in zip(self.slots, self.names):
-                slot.value = values[name]
-            (err,) = api().cuLaunchKernel(self.fn, self.grid, 1, 1, self.block, 1, 1, 0, stream, self.argv_ptr, 0)
-        if err != api().CUresult.CUDA_SUCCESS:
-            raise TccRuntimeError(f"op {op}: launching kernel {self.name} ({self.grid} blocks of {self.block} "
-                                  f"threads) failed: {error_name(err)}", hint=_hint(err))
+            for slot, i in zip(self.slots, order):
+                slot.value = values[i]
+            (err,) = self.cu_launch(self.fn, self.grid, 1, 1, self.block, 1, 1, 0, stream, self.argv_ptr, 0)
+        if err != self.ok:
+            self._fail(err, op)
+
+    def _fail(self, err: Any, op: str) -> None:
+        raise TccRuntimeError(f"op {op}: launching kernel {self.name} ({self.grid} blocks of {self.block} "
+                              f"threads) failed: {error_name(err)}", hint=_hint(err))
 
 
 def load_module(cubin: bytes, what: str) -> Any:

@@ -86,8 +86,8 @@ def match(axes: list[For], body: Stmt) -> Contraction | None:
         m_axes, n_axes, x, y = n_axes, m_axes, y, x
     batch = [f for f in axes if f not in m_axes and f not in n_axes]
     c = Contraction(m_axes, n_axes, batch, k_axes, acc, init.value, add, x, y, final)
-    if not (m_axes and n_axes) or c.size(k_axes) < MIN_K:
-        return None
+    if c.size(m_axes) < 2 or c.size(n_axes) < 2 or c.size(k_axes) < MIN_K:
+        return None  # matrix-vector products and short reductions: one thread per output
     return c
 
 

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import struct
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -273,9 +274,7 @@ def _stream(device_args: dict[str, DeviceTensor], device: int) -> int:
     """The caller's current stream when it passed framework tensors, else the legacy default stream."""
     kinds = {a.kind for a in device_args.values()}
     if "torch" in kinds:
-        import torch
-
-        return int(torch.cuda.current_stream(device).cuda_stream)
+        return _raw_stream(device)
     if "cupy" in kinds:
         import cupy
 
@@ -411,3 +410,140 @@ def _check_out(op, bound, out: Any, kind: str, device: int) -> list[Any]:
             raise TccArgumentError(f"{what} is read-only", op.tensors[name].span)
     return outs
 
+
+
+# ---------------------------------------------------------------- the repeat-call fast path
+
+@dataclass
+class Plan:
+    """What a repeat call with the same argument signature needs: no binding, no checks redone.
+
+    Made only after a call with that signature passed every check (so a wrong dtype, shape,
+    device or layout has another signature and takes the checked path). Covers contiguous
+    PyTorch CUDA tensors and Python scalars; the results are new tensors or ``out=`` tensors.
+    """
+
+    kernel: CudaKernel
+    device: int
+    tensors: list[int]  # positions of tensor arguments
+    input_bytes: list[int]
+    results: list[tuple[tuple[int, ...], Any]]  # (shape, torch dtype) of each new result
+    torch_device: Any
+    orders: list[list[int]]  # per kernel: positions of its parameters in the call's value list
+    result_bytes: list[int]
+
+
+def signature(args: tuple[Any, ...], cparams: dict[str, Any], out: Any) -> tuple | None:
+    """A hashable key of everything the checks depend on, or None where only the checked path goes."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    tensor = torch.Tensor
+    key: list[Any] = []
+    for a in args:
+        if isinstance(a, tensor):
+            if not (a.is_cuda and a.is_contiguous()):
+                return None
+            key.append((a.dtype, a.shape, a.device))
+        elif type(a) in (float, int, bool):
+            key.append(type(a))
+        else:
+            return None
+    outs = () if out is None else (out if isinstance(out, (tuple, list)) else (out,))
+    for o in outs:
+        if not (isinstance(o, tensor) and o.is_cuda and o.is_contiguous()):
+            return None
+        key.append(("out", o.dtype, o.shape, o.device))
+    if cparams:
+        key.append(tuple((k, type(v), v) for k, v in sorted(cparams.items())))
+    try:
+        hash(key[-1] if key else None)
+    except TypeError:
+        return None  # an unhashable parameter value: the checked path explains what is wrong
+    return tuple(key)
+
+
+def make_plan(kernel: CudaKernel, op, bound) -> Plan | None:
+    """The plan for calls like this checked one (None when it has no fast path)."""
+    if any(not isinstance(a, DeviceTensor) or a.kind != "torch" for a in bound.arrays.values()):
+        return None
+    first = next(iter(bound.arrays.values()), None)
+    if first is None:
+        return None
+    import torch
+
+    index = {name: i for i, name in enumerate([*op.params, *op.results, *(n for n, _ in kernel.temps)])}
+    inverse = {v: k for k, v in _torch_dtypes().items()}
+    results = [(bound.result_shapes[r], inverse[op.tensors[r].dtype]) for r in op.results]
+    launchers = kernel.launchers(first.device)
+    return Plan(kernel, first.device, [i for i, p in enumerate(op.params) if p in op.tensors],
+                [bound.arrays[p].nbytes for p in op.params if p in op.tensors], results,
+                torch.device("cuda", first.device), [[index[n] for n in launcher.names] for launcher in launchers],
+                [math.prod(s) * op.tensors[r].dtype.itemsize for r, (s, _) in zip(op.results, results)])
+
+
+def run_plan(plan: Plan, op, args: tuple[Any, ...], out: Any) -> list[Any] | None:
+    """Run a planned call; None when ``out=`` overlaps an input (the checked path handles that)."""
+    values = list(args)
+    for i in plan.tensors:
+        values[i] = args[i].data_ptr()
+    if out is not None:
+        results = list(out) if isinstance(out, (tuple, list)) else [out]
+        ptrs = [r.data_ptr() for r in results]
+        if _plan_overlaps(plan, values, ptrs):
+            return None
+    else:
+        results = [_empty(plan, op, r, shape, dt) for r, (shape, dt) in zip(op.results, plan.results)]
+        ptrs = [r.data_ptr() for r in results]
+    values.extend(ptrs)
+    try:
+        _launch_plan(plan, op, values)
+    except BaseException:
+        results.clear()  # the traceback must not keep new result tensors alive
+        raise
+    return results
+
+
+def _launch_plan(plan: Plan, op, values: list[Any]) -> None:
+    driver.context(plan.device).activate()
+    stream = _raw_stream(plan.device)
+    with _Call(op.name, plan.device, stream) as call:
+        values.extend(call.alloc(nbytes, f"intermediate {name}") for name, nbytes in plan.kernel.temps)
+        for launcher, order in zip(plan.kernel.launchers(plan.device), plan.orders):
+            launcher.launch_ordered(values, order, stream, op.name)
+    if _SYNC:
+        driver.synchronize(stream, f"op {op.name}: running its kernels")
+
+
+def _empty(plan: Plan, op, name: str, shape: tuple[int, ...], dt: Any) -> Any:
+    import torch
+
+    try:
+        return torch.empty(shape, dtype=dt, device=plan.torch_device)
+    except Exception as exc:  # noqa: BLE001 - PyTorch's out-of-memory error, as on the checked path
+        raise TccRuntimeError(f"op {op.name}: cannot allocate result {name} ({list(shape)}) on "
+                              f"cuda:{plan.device}: {str(exc).splitlines()[0] if str(exc) else exc!r}",
+                              hint="free device memory or use smaller inputs") from None
+
+
+def _plan_overlaps(plan: Plan, values: list[Any], ptrs: list[int]) -> bool:
+    for ptr, size in zip(ptrs, plan.result_bytes):
+        for i, nbytes in zip(plan.tensors, plan.input_bytes):
+            if values[i] < ptr + size and ptr < values[i] + nbytes:
+                return True
+    return False
+
+
+@functools.cache
+def _stream_getter() -> Any:
+    """The fastest way to read PyTorch's current raw stream of a device."""
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw
+    return lambda device: torch.cuda.current_stream(device).cuda_stream
+
+
+def _raw_stream(device: int) -> int:
+    return int(_stream_getter()(device))

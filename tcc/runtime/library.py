@@ -26,6 +26,7 @@ from tcc.runtime import cache
 from tcc.runtime.binding import BoundCall, bind, bind_cparams
 
 TARGETS = ("cpu", "cuda")
+MAX_PLANS = 64  # argument signatures remembered per op
 
 
 def read_source(source: str | os.PathLike) -> tuple[str, str]:
@@ -138,13 +139,15 @@ class Op:
     def __call__(self, *args: Any, out: Any = None, **cparams: Any) -> Any:
         sig = self._signature(args, cparams, out) if self._signature is not None else None
         plan = self._plans.get(sig) if sig is not None else None
-        results = self._backend.run_plan(plan, self.te, args, out) if plan is not None else None
+        results = self._backend.run_plan(plan, self.te, args, out) if plan else None
         if results is None:
             bound = self._bind(args, cparams)
             kernel = self.kernel(bound.bindings)
             results = self._backend.invoke(kernel, self.te, bound, out)
             if sig is not None and plan is None:
-                self._plans[sig] = self._backend.make_plan(kernel, self.te, bound, args)
+                if len(self._plans) >= MAX_PLANS:
+                    self._plans.clear()
+                self._plans[sig] = self._backend.make_plan(kernel, self.te, bound) or False
         return results[0] if len(results) == 1 else tuple(results)
 
     def _bind(self, args: tuple[Any, ...], cparams: dict[str, Any]) -> BoundCall:
