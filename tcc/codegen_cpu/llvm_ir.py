@@ -442,12 +442,49 @@ class _FunctionBuilder:
         return self._from_memory(out, buf.dtype)
 
     def _e_Select(self, e: Select) -> ir.Value:
+        guarded = self._guarded_load(e)
+        if guarded is not None:
+            return guarded
         cond, a, c = self._expr(e.cond), self._expr(e.a), self._expr(e.b)
         if isinstance(cond.type, ir.VectorType):
             cond, a, c = self._unify(cond, a, c)
         else:
             a, c = self._unify(a, c)
         return self.builder.select(cond, a, c)
+
+    def _guarded_load(self, e: Select) -> ir.Value | None:
+        """``select(inside, X[clamp(i)], v)`` (a read through a pad) on vector lanes: a masked load
+        of ``X[i]`` (``llvm.masked.load``, or ``llvm.masked.gather`` for a constant stride) where
+        ``inside`` holds, instead of one clamped scalar load per lane. ``inside`` must imply that
+        every clamp is the identity, which is what lowering a pad read produces."""
+        if self.vec is None or self.lane0 or not isinstance(e.a, Load):
+            return None
+        buf, base = self.buffers[e.a.buffer]
+        indices = _unclamped(e.a.indices, _conjuncts(e.cond))
+        if indices is None or buf.dtype.is_bool:
+            return None
+        stride = self._lane_stride(buf, indices)
+        if not stride:
+            return None
+        b = self.builder
+        lanes = self.vec[1]
+        vty = ir.VectorType(memory_type(buf.dtype), lanes)
+        mask, other = self._unify(self._expr(e.cond), self._expr(e.b))
+        mask = self._splat(mask, lanes)
+        other = self._splat(other, lanes)
+        ptr = self._element(buf, base, indices, lane0=True)
+        align = ir.Constant(I32, buf.dtype.itemsize)
+        if stride == 1:
+            fn = self._declare(f"llvm.masked.load.{_type_suffix(vty)}.p0",
+                               ir.FunctionType(vty, [PTR, I32, mask.type, vty]))
+            return b.call(fn, [ptr, align, mask, other])
+        size = buf.dtype.itemsize
+        offsets = ir.Constant(ir.VectorType(I64, lanes), [lane * stride * size for lane in range(lanes)])
+        pty = ir.VectorType(PTR, lanes)
+        ptrs = b.inttoptr(b.add(self._splat(b.ptrtoint(ptr, I64), lanes), offsets), pty)
+        fn = self._declare(f"llvm.masked.gather.{_type_suffix(vty)}.v{lanes}p0",
+                           ir.FunctionType(vty, [pty, I32, mask.type, vty]))
+        return b.call(fn, [ptrs, align, mask, other])
 
     def _e_Unary(self, e: Unary) -> ir.Value:
         a = self._expr(e.a)
@@ -688,6 +725,31 @@ class _FunctionBuilder:
         y = b.select(b.fcmp_ordered(">", x, f(88.72283)), f(float("inf")), y)
         y = b.select(b.fcmp_ordered("<", x, f(-103.97)), f(0.0), y)
         return b.select(b.fcmp_unordered("uno", x, x), x, y)
+
+
+def _conjuncts(e: Expr) -> set[Expr]:
+    if isinstance(e, Binary) and e.op == "and":
+        return _conjuncts(e.a) | _conjuncts(e.b)
+    return {e}
+
+
+def _unclamped(indices: tuple[Expr, ...], facts: set[Expr]) -> tuple[Expr, ...] | None:
+    """``indices`` with each ``min(max(i, 0), n - 1)`` replaced by ``i`` when ``facts`` hold
+    ``i >= 0`` and ``i < n``; None when there is no clamp or one is not implied."""
+    out, found = [], False
+    for idx in indices:
+        if isinstance(idx, Binary) and idx.op == "min" and isinstance(idx.a, Binary) and idx.a.op == "max" \
+                and isinstance(idx.b, Const) and idx.a.b == Const(0, idx.dtype):
+            inner = idx.a.a
+            lo = Binary("ge", inner, Const(0, idx.dtype), dtypes.boolean)
+            hi = Binary("lt", inner, Const(idx.b.value + 1, idx.dtype), dtypes.boolean)
+            if lo not in facts or hi not in facts:
+                return None
+            out.append(inner)
+            found = True
+        else:
+            out.append(idx)
+    return tuple(out) if found else None
 
 
 def _const(ty: ir.Type, value: int | float) -> ir.Constant:

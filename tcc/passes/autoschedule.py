@@ -18,19 +18,21 @@ from __future__ import annotations
 
 import functools
 import os
+from dataclasses import replace
 
 from tcc.errors import TccScheduleError
-from tcc.ir.expr import Binary, Cast, Expr, Load, free_vars
-from tcc.ir.loops import Allocate, For, LoopFunc, Seq, Stmt, Store, walk_stmts
+from tcc.ir.expr import Binary, Cast, Expr, Load, Var, free_vars
+from tcc.ir.loops import Allocate, For, LoopFunc, Seq, Stmt, Store, map_stmt, walk_stmts
 from tcc.passes.cache import cache
 from tcc.passes.compute_at import compute_at
 from tcc.passes.fuse import fuse
-from tcc.passes.loopnest import linear_coeff, loop_names, stores
+from tcc.passes.loopnest import fresh, linear_coeff, loop_names, stores, subst
 from tcc.passes.parallel import parallel
 from tcc.passes.reduction import decompose_reduction
 from tcc.passes.reorder import reorder
 from tcc.passes.schedule import contract
 from tcc.passes.split import split
+from tcc.passes.unflatten import divmod_width, unflatten
 from tcc.passes.unroll import unroll
 from tcc.passes.vectorize import vectorize
 
@@ -83,19 +85,48 @@ def autoschedule(func: LoopFunc, params: dict[str, dict[str, int]] | None = None
             chosen = (params or {}).get(tensor) or gemm_params(info["m"], info["n"], info["k"], info["itemsize"])
             func = schedule_gemm(func, tensor, info, chosen)
     func = fuse_rows(func)
-    return vectorize_and_parallelize(func)
+    return vectorize_and_parallelize(unflatten_gathers(func))
 
 
 # ---------------------------------------------------------------- contractions
 
 def contractions(func: LoopFunc) -> dict[str, dict]:
-    """Statements ``C[...] = g(sum[k...](A[...] * B[...]))`` with their i, j, k loops."""
+    """Statements ``C[...] = g(sum[k...](A[...] * B[...]))`` with their i, j, k loops.
+
+    They are found at the top level and inside group loops (the batch loop im2col and fusion put
+    around a patch gather, a GEMM and its epilogue); ``outer`` names the loops around the nest.
+    """
     found = {}
-    for item in _items(func.body):
+    for item, outer in _nests(func.body, ()):
         info = _contraction(item)
         if info is not None:
-            found[info["tensor"]] = info
+            found[info["tensor"]] = {**info, "outer": list(outer)}
     return found
+
+
+def _nests(body: Stmt, outer: tuple[str, ...]) -> list[tuple[Stmt, tuple[str, ...]]]:
+    """Each statement of ``body`` with the loops around it, descending into group loops."""
+    out = []
+    for item in _items(body):
+        out.append((item, outer))
+        if _is_group(item):
+            out += _nests(item.body, (*outer, item.var.name))  # type: ignore[attr-defined]
+    return out
+
+
+def _is_group(s: Stmt) -> bool:
+    """A loop whose body is several statements (with buffers of its own): a fusion group's loop."""
+    if not isinstance(s, For):
+        return False
+    body, allocs = s.body, 0
+    while isinstance(body, Allocate):
+        body, allocs = body.body, allocs + 1
+    return isinstance(body, Seq) and (allocs > 0 or len(body.stmts) > 1) and not _is_reduction_body(s.body)
+
+
+def _is_reduction_body(s: Stmt) -> bool:
+    return isinstance(s, Allocate) and isinstance(s.body, Seq) and len(s.body.stmts) == 3 \
+        and s.buffer.scope == "local" and s.buffer.size == 1
 
 
 def _items(body: Stmt) -> list[Stmt]:
@@ -158,6 +189,8 @@ def _strip(e: Expr) -> Expr:
 
 def schedule_gemm(func: LoopFunc, tensor: str, info: dict, p: dict[str, int]) -> LoopFunc:
     """The BLIS loop nest for one contraction (see the module docstring)."""
+    func, info = _uniquify(func, tensor, info)
+    t = _tile_names(func)
     i, j, kloops = info["i"], info["j"], info["k_loops"]
     func = decompose_reduction(func, tensor)
     k = kloops[0]
@@ -167,28 +200,79 @@ def schedule_gemm(func: LoopFunc, tensor: str, info: dict, p: dict[str, int]) ->
     m, n, kt = info["m"], info["n"], info["k"]
     mr, nr = min(p["mr"], m), min(p["nr"], n)
     kc, mc, nc = min(p["kc"], kt), min(p["mc"], m), min(p["nc"], n)
-    mc = max(mr, mc // mr * mr)
-    nc = max(nr, nc // nr * nr)
-    nthreads = threads()
-    batch_parallel = [b for b in info["batch"] if info["extents"][b] >= nthreads]
-    per_thread = -(-m // nthreads) if nthreads > 1 and not batch_parallel and m >= 2 * mr else m
-    func = split(func, i, per_thread, "ip", "i1")
-    mc = min(mc, per_thread)
-    func = split(func, "i1", mc, "io", "i2")
-    func = split(func, "i2", mr, "ir", "ii")
-    func = split(func, j, nc, "jo", "j1")
-    func = split(func, "j1", nr, "jr", "jj")
-    func = split(func, k, kc, "ko", "kk")
-    func = reorder(func, [*info["batch"], "ip", "jo", "ko", "io", "jr", "ir", "kk", "ii", "jj"])
-    outer = batch_parallel[0] if batch_parallel else "ip"
-    if info["flops"] >= 8 * PARALLEL_MIN_WORK and nthreads > 1:
+    nthreads = threads() if info["flops"] >= 8 * PARALLEL_MIN_WORK else 1
+    batch_parallel = [b for b in info["batch"] if info["extents"][b] >= nthreads > 1]
+    axis = None if batch_parallel or nthreads == 1 else _parallel_axis(m, n, mr, nr, nthreads)
+    per_m = -(-m // nthreads) if axis == "ip" else m
+    per_n = -(-n // nthreads) if axis == "jp" else n
+    mc = max(mr, min(mc, per_m) // mr * mr)
+    nc = max(nr, min(nc, per_n) // nr * nr)
+    func = split(func, i, per_m, t["ip"], t["i1"])
+    func = split(func, t["i1"], mc, t["io"], t["i2"])
+    func = split(func, t["i2"], mr, t["ir"], t["ii"])
+    func = split(func, j, per_n, t["jp"], t["j0"])
+    func = split(func, t["j0"], nc, t["jo"], t["j1"])
+    func = split(func, t["j1"], nr, t["jr"], t["jj"])
+    func = split(func, k, kc, t["ko"], t["kk"])
+    nest = ("ip", "jp", "jo", "ko", "io", "jr", "ir", "kk", "ii", "jj")
+    func = reorder(func, [*info["batch"], *(t[x] for x in nest)])
+    outer = batch_parallel[0] if batch_parallel else None if axis is None else t[axis]
+    if outer is not None:
         func = parallel(func, outer)  # before caching: packed buffers then belong to each thread
-    func = cache(func, info["b"], "ko")
-    func = cache(func, info["a"], "io")
-    func = cache(func, tensor if _direct(func, tensor) else f"{tensor}_acc", "ir")
-    func = unroll(func, "ii")
-    func = vectorize(func, "jj")
+    func = cache(func, info["b"], t["ko"])
+    func = cache(func, info["a"], t["io"])
+    func = cache(func, tensor if _direct(func, tensor) else f"{tensor}_acc", t["ir"])
+    func = unroll(func, t["ii"])
+    func = vectorize(func, t["jj"])
     return contract(func)
+
+
+TILE_LOOPS = ("ip", "i1", "io", "i2", "ir", "ii", "jp", "j0", "jo", "j1", "jr", "jj", "ko", "kk")
+
+
+def _tile_names(func: LoopFunc) -> dict[str, str]:
+    """The tile loops' names, with a suffix when an earlier contraction's nest took them."""
+    taken = loop_names(func.body)
+    n = 1
+    while any((f"{x}{n}" if n > 1 else x) in taken for x in TILE_LOOPS):
+        n += 1
+    return {x: f"{x}{n}" if n > 1 else x for x in TILE_LOOPS}
+
+
+def _uniquify(func: LoopFunc, tensor: str, info: dict) -> tuple[LoopFunc, dict]:
+    """Rename the nest's loops that share a name with another loop of ``func`` (a patch gather's
+    ``j``, an epilogue's ``f``), so that splitting them leaves the other statements alone."""
+    nest = next(s for s, _ in _nests(func.body, ()) if (c := _contraction(s)) and c["tensor"] == tensor)
+    counts: dict[str, int] = {}
+    for f in walk_stmts(func.body):
+        if isinstance(f, For):
+            counts[f.var.name] = counts.get(f.var.name, 0) + 1
+    inside = [f.var.name for f in walk_stmts(nest) if isinstance(f, For)]
+    mapping: dict[str, str] = {}
+    for name in inside:
+        if counts[name] > inside.count(name):
+            mapping[name] = fresh(func, f"{name}_{tensor}")
+    if not mapping:
+        return func, info
+    renamed = _rename_loops(nest, mapping)
+    func = replace(func, body=map_stmt(func.body, lambda s: renamed if s == nest else None))
+    return func, _contraction(renamed) | {"outer": info["outer"]}
+
+
+def _rename_loops(s: Stmt, mapping: dict[str, str]) -> Stmt:
+    s = subst(s, {old: Var(new) for old, new in mapping.items()})
+    return map_stmt(s, lambda n: replace(n, var=Var(mapping[n.var.name]))
+                    if isinstance(n, For) and n.var.name in mapping else None)
+
+
+def _parallel_axis(m: int, n: int, mr: int, nr: int, nthreads: int) -> str:
+    """Split the rows (``ip``) unless that pads the register tiles clearly more than the columns
+    (``jp``): a conv GEMM has few rows (output channels) and many columns (pixels)."""
+    def waste(extent: int, tile: int) -> float:
+        per = -(-extent // nthreads)
+        return -(-per // tile) * tile * nthreads / extent - 1
+
+    return "ip" if m >= 2 * mr and waste(m, mr) <= waste(n, nr) + 0.02 else "jp"
 
 
 def _direct(func: LoopFunc, tensor: str) -> bool:
@@ -213,6 +297,18 @@ def fuse_rows(func: LoopFunc) -> LoopFunc:
     return func
 
 
+def unflatten_gathers(func: LoopFunc) -> LoopFunc:
+    """Innermost loops over a flattened index (im2col's patch gather) become row x column loops,
+    so that the column loop vectorises with unit-stride (masked) loads."""
+    for f in list(walk_stmts(func.body)):
+        if not (isinstance(f, For) and f.kind == "serial") or any(isinstance(n, For) for n in walk_stmts(f.body)):
+            continue
+        width = divmod_width(f)
+        if width is not None and 1 < width < int(getattr(f.extent, "value", 0)):
+            func = unflatten(func, f.var.name, width)
+    return func
+
+
 def vectorize_and_parallelize(func: LoopFunc) -> LoopFunc:
     lanes = 32
     for name in _vector_candidates(func):
@@ -220,13 +316,34 @@ def vectorize_and_parallelize(func: LoopFunc) -> LoopFunc:
             func = vectorize(func, name, lanes)
         except TccScheduleError:
             continue
-    for item in _items(func.body):
-        if isinstance(item, For) and item.kind == "serial" and _work(item) >= PARALLEL_MIN_WORK and threads() > 1:
+    if threads() > 1:
+        func = _parallelize_items(func, func.body)
+    return func
+
+
+def _parallelize_items(func: LoopFunc, body: Stmt) -> LoopFunc:
+    """Parallelise each statement's outer loop; a group loop that cannot run in parallel (it holds
+    a parallel GEMM) gets its own statements parallelised instead, one fork per iteration."""
+    for item in _items(body):
+        if not (isinstance(item, For) and item.kind == "serial"):
+            continue
+        if not _has_parallel(item) and _work(item) >= PARALLEL_MIN_WORK:
             try:
                 func = parallel(func, item.var.name)
-            except TccScheduleError:
                 continue
+            except TccScheduleError:
+                pass
+        if _is_group(item):
+            func = _parallelize_items(func, _find_loop(func, item.var.name).body)
     return func
+
+
+def _has_parallel(s: Stmt) -> bool:
+    return any(isinstance(n, For) and n.kind == "parallel" for n in walk_stmts(s))
+
+
+def _find_loop(func: LoopFunc, name: str) -> For:
+    return next(f for f in walk_stmts(func.body) if isinstance(f, For) and f.var.name == name)
 
 
 def _vector_candidates(func: LoopFunc) -> list[str]:
