@@ -136,3 +136,19 @@ def test_fused_results_equal_unfused_bitwise_for_elementwise(rng):
     src = "op f(X: f32[N]) -> Y: f32[N] { t[i] = X[i] * 3.0; Y[i] = t[i] + 1.0 }"
     x = rng.standard_normal(100).astype(np.float32)
     np.testing.assert_array_equal(tcc.compile(src).f(x), (x * np.float32(3.0)) + np.float32(1.0))
+
+
+def test_reads_through_a_pad_of_a_group_tensor_keep_their_neighbours(rng):
+    src = """
+    op blur(X: f32[N, C]) -> Y: f32[N, C] {
+        T[n, c] = X[n, c] * 2.0
+        Tp = pad(T, [0, 1], [0, 1])
+        Y[m, x] = Tp[m, x] + Tp[m, x + 1] + Tp[m, x + 2]
+    }
+    """
+    assert "group [T, Y] share 1 outer loop(s); T kept per outer iteration" in fused(src, "blur", N=4, C=6)
+    check_op(src, "blur", dict(N=4, C=6), rng)
+    rows = src.replace("pad(T, [0, 1], [0, 1])", "pad(T, [1, 0], [1, 0])").replace(
+        "Tp[m, x] + Tp[m, x + 1] + Tp[m, x + 2]", "Tp[m, x] + Tp[m + 1, x] + Tp[m + 2, x]")
+    assert "group" not in fused(rows, "blur", N=4, C=6).split("fusion:")[1]
+    check_op(rows, "blur", dict(N=4, C=6), rng)

@@ -196,7 +196,7 @@ def _groups(op: OpTE) -> list:
     shared: list[int] = []
     for c in op.computes:
         if groups:
-            k = _shared_depth(groups[-1], shared[-1], c)
+            k = _shared_depth(groups[-1], shared[-1], c, op)
             if k > 0:
                 groups[-1].append(c)
                 shared[-1] = k
@@ -213,35 +213,44 @@ def _groups(op: OpTE) -> list:
     return out
 
 
-def _shared_depth(group: list[Compute], depth: int, c: Compute) -> int:
+def _shared_depth(group: list[Compute], depth: int, c: Compute, op: OpTE) -> int:
     """How many leading loops ``c`` can share with ``group`` (0: it cannot join)."""
     first = group[0]
     k = min(depth, len(c.axes))
     while k > 0:
         same_extents = all(first.axes[i].extent == c.axes[i].extent for i in range(k))
-        if same_extents and _row_local(group, c, k):
+        if same_extents and _row_local(group, c, k, op):
             return k
         k -= 1
     return 0
 
 
-def _row_local(group: list[Compute], c: Compute, k: int) -> bool:
-    """Does ``c`` read the group's tensors only at its own first ``k`` indices?"""
+def _row_local(group: list[Compute], c: Compute, k: int, op: OpTE) -> bool:
+    """Does ``c`` read the group's tensors (directly or through a pad) only at its own first ``k`` indices?"""
     produced = {m.tensor for m in group}
-    reads = [n for n in walk(c.body) if isinstance(n, Read) and n.tensor in produced]
     own = [ax.var.name for ax in c.axes[:k]]
-    for read in reads:
+    for read in _reads_of(op, c.body, produced):
         lead = read.indices[:k]
         if len(lead) < k or [getattr(i, "name", None) for i in lead] != own:
             return False
+        pad = op.pads.get(read.tensor)
+        if pad is not None and not all(_zero(w) for w in (*pad.lo[:k], *pad.hi[:k])):
+            return False  # padding a shared dim shifts which iteration's values are read
     return True
+
+
+def _reads_of(op: OpTE, body: Expr, tensors: set[str]) -> list[Read]:
+    """Reads in ``body`` of ``tensors`` or of pad views of them."""
+    return [n for n in walk(body) if isinstance(n, Read)
+            and (n.tensor in tensors or (n.tensor in op.pads and op.pads[n.tensor].source in tensors))]
+
+
+def _zero(e: Expr) -> bool:
+    return getattr(e, "value", None) == 0
 
 
 def _only_read_in(op: OpTE, tensor: str, names: list[str]) -> bool:
     for c in op.computes:
-        if c.tensor in names:
-            continue
-        if any(isinstance(n, Read) and n.tensor == tensor for n in walk(c.body)):
+        if c.tensor not in names and _reads_of(op, c.body, {tensor}):
             return False
     return True
-
