@@ -19,6 +19,7 @@ import numpy as np
 from tcc.dtypes import DType
 from tcc.ir.expr import Binary, Call, Cast, Const, Expr, Read, Reduce, Select, Unary, Var, walk
 from tcc.ir.te import OpTE
+from tcc.passes.bounds import check_bounds
 
 _MATH = {
     "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": lambda x: 1.0 / np.sqrt(x),
@@ -52,7 +53,11 @@ def store(value: np.ndarray, dtype: DType) -> np.ndarray:
 
 
 def run(op: OpTE, args: Mapping[str, np.ndarray | int | float]) -> dict[str, np.ndarray]:
-    """Evaluate a specialised op on its named arguments; returns every result by name."""
+    """Evaluate a specialised op on its named arguments; returns every result by name.
+
+    Reads are bounds-checked first, as compilation does, so the oracle refuses what tcc refuses.
+    """
+    check_bounds(op)
     env: dict[str, np.ndarray] = {}
     for name in op.inputs:
         env[name] = np.asarray(args[name]).astype(wide(op.tensors[name].dtype))
