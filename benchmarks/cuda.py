@@ -89,7 +89,14 @@ def call_overhead() -> list[tuple[str, str]]:
         api.cuLaunchKernel(launcher.fn, launcher.grid, 1, 1, launcher.block, 1, 1, 0, stream, argv, 0)
     torch.cuda.synchronize()
     bare = (time.perf_counter() - t) / n
-    return [("axpy call with out= (per call)", f"{ours * 1e6:8.1f} us"),
+    lib_cuda = driver.libcuda()
+    t = time.perf_counter()
+    for _ in range(n):
+        lib_cuda.cuLaunchKernel(int(launcher.fn), launcher.grid, 1, 1, launcher.block, 1, 1, 0, stream, argv, None)
+    torch.cuda.synchronize()
+    bare_ctypes = (time.perf_counter() - t) / n
+    return [("bare cuLaunchKernel through ctypes (per call)", f"{bare_ctypes * 1e6:8.1f} us"),
+            ("axpy call with out= (per call)", f"{ours * 1e6:8.1f} us"),
             ("axpy call, new result tensor (per call)", f"{ours_new * 1e6:8.1f} us"),
             ("bare cuLaunchKernel (per call)", f"{bare * 1e6:8.1f} us"),
             ("overhead of a tcc call over a bare launch", f"{(ours - bare) * 1e6:8.1f} us")]

@@ -60,6 +60,24 @@ def _hint(err: Any) -> str | None:
 
 
 @functools.cache
+def libcuda() -> Any:
+    """The driver library through ctypes, for the two calls of the hot path (None if not loadable).
+
+    A ctypes call costs about a microsecond; cuda-python's wrappers several.
+    """
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    u, p = ctypes.c_uint, ctypes.c_void_p
+    lib.cuLaunchKernel.argtypes = [p, u, u, u, u, u, u, u, p, p, p]
+    lib.cuLaunchKernel.restype = ctypes.c_int
+    lib.cuCtxGetCurrent.argtypes = [ctypes.POINTER(p)]
+    lib.cuCtxGetCurrent.restype = ctypes.c_int
+    return lib
+
+
+@functools.cache
 def _init() -> None:
     try:
         result = api().cuInit(0)
@@ -100,6 +118,11 @@ class Context:
 
     def activate(self) -> None:
         """Make this context current on the calling thread (a no-op when it already is)."""
+        lib = libcuda()
+        if lib is not None:
+            current = ctypes.c_void_p()
+            if lib.cuCtxGetCurrent(ctypes.byref(current)) == 0 and (current.value or 0) == self.ptr:
+                return
         d = api()
         current = check(d.cuCtxGetCurrent(), "cuCtxGetCurrent")
         if int(current) != self.ptr:
@@ -199,8 +222,11 @@ class Launcher:
         self.argv = (ctypes.c_void_p * max(1, len(params)))(*[ctypes.addressof(s) for s in self.slots])
         self.argv_ptr = ctypes.addressof(self.argv)
         self.lock = threading.Lock()
-        self.cu_launch = api().cuLaunchKernel
-        self.ok = api().CUresult.CUDA_SUCCESS
+        lib = libcuda()
+        if lib is not None:
+            self.cu_launch, self.fn_arg = lib.cuLaunchKernel, int(self.fn)
+        else:
+            self.cu_launch, self.fn_arg = _python_launch, self.fn
 
     def launch(self, values: dict[str, Any], stream: int, op: str) -> None:
         """Launch with each parameter taken from ``values`` by name."""
@@ -211,13 +237,22 @@ class Launcher:
         with self.lock:
             for slot, i in zip(self.slots, order):
                 slot.value = values[i]
-            (err,) = self.cu_launch(self.fn, self.grid, 1, 1, self.block, 1, 1, 0, stream, self.argv_ptr, 0)
-        if err != self.ok:
+            err = self.cu_launch(self.fn_arg, self.grid, 1, 1, self.block, 1, 1, 0, stream, self.argv_ptr, None)
+        if err != 0:
             self._fail(err, op)
 
     def _fail(self, err: Any, op: str) -> None:
+        if isinstance(err, int):
+            err = api().CUresult(err)
         raise TccRuntimeError(f"op {op}: launching kernel {self.name} ({self.grid} blocks of {self.block} "
                               f"threads) failed: {error_name(err)}", hint=_hint(err))
+
+
+def _python_launch(fn: Any, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shared: int, stream: int,
+                   argv: int, extra: Any) -> Any:
+    """cuLaunchKernel through cuda-python, answering as the ctypes call does (0 on success)."""
+    (err,) = api().cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, shared, stream, argv, 0)
+    return 0 if err == api().CUresult.CUDA_SUCCESS else err
 
 
 def load_module(cubin: bytes, what: str) -> Any:

@@ -507,10 +507,15 @@ def run_plan(plan: Plan, op, args: tuple[Any, ...], out: Any) -> list[Any] | Non
 def _launch_plan(plan: Plan, op, values: list[Any]) -> None:
     driver.context(plan.device).activate()
     stream = _raw_stream(plan.device)
-    with _Call(op.name, plan.device, stream) as call:
-        values.extend(call.alloc(nbytes, f"intermediate {name}") for name, nbytes in plan.kernel.temps)
-        for launcher, order in zip(plan.kernel.launchers(plan.device), plan.orders):
+    launchers = plan.kernel.launchers(plan.device)
+    if not plan.kernel.temps:
+        for launcher, order in zip(launchers, plan.orders):
             launcher.launch_ordered(values, order, stream, op.name)
+    else:
+        with _Call(op.name, plan.device, stream) as call:
+            values.extend(call.alloc(nbytes, f"intermediate {name}") for name, nbytes in plan.kernel.temps)
+            for launcher, order in zip(launchers, plan.orders):
+                launcher.launch_ordered(values, order, stream, op.name)
     if _SYNC:
         driver.synchronize(stream, f"op {op.name}: running its kernels")
 
