@@ -158,3 +158,25 @@ def test_small_network_as_one_op(conv, rng):
     if conv == "auto":
         assert "im2col h1" in text and "im2col h2" in text
     _check_with(lib, "tiny_net", dict(N=2, H=8, W=6), rng)
+
+
+@pytest.mark.parametrize("conv", LOWERINGS)
+def test_variants_match_torch(conv, rng):
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    lib = tcc.compile(CONV1D + CONV3D + DEPTHWISE + GROUPED, conv=conv)
+
+    def arr(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    def close(got, want):
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-4)
+
+    x, w, b = arr(2, 3, 17), arr(4, 3, 3), arr(4)
+    close(lib.conv1d(x, w, b, S=2, P=1, D=2), F.conv1d(*map(torch.tensor, (x, w, b)), stride=2, padding=1, dilation=2))
+    x, w = arr(1, 2, 5, 7, 6), arr(3, 2, 2, 3, 3)
+    close(lib.conv3d(x, w, S=2, P=1), F.conv3d(torch.tensor(x), torch.tensor(w), stride=2, padding=1))
+    x, w = arr(2, 5, 9, 7), arr(5, 3, 3)
+    close(lib.depthwise(x, w, S=2), F.conv2d(torch.tensor(x), torch.tensor(w)[:, None], stride=2, padding=1, groups=5))
+    x, w = arr(1, 4, 6, 5), arr(6, 2, 3, 3)
+    close(lib.grouped(x, w), F.conv2d(torch.tensor(x), torch.tensor(w), padding=1, groups=2))

@@ -24,6 +24,7 @@ from tcc import dtypes
 from tcc.errors import TccScheduleError
 from tcc.ir.expr import Binary, Cast, Const, Expr, IterVar, Read, Reduce, Var, substitute, transform, walk
 from tcc.ir.te import Compute, OpTE, Tensor
+from tcc.passes.loopnest import linear_coeff
 
 MAX_PATCH_BYTES = 32 * 1024 * 1024
 I64 = dtypes.i64
@@ -201,8 +202,13 @@ def _strip(e: Expr) -> Expr:
 
 
 def _is_window(index: Expr, out_vars: set[str], red_vars: set[str]) -> bool:
+    """An output index plus a reduction index, both with non-zero affine coefficients (``y*S + r*D``).
+
+    A group offset such as ``(o // G) * CG + c`` is not a window: it does not slide with ``o``.
+    """
     names = {n.name for n in walk(index) if isinstance(n, Var)}
-    return bool(names & out_vars) and bool(names & red_vars)
+    return any(linear_coeff(index, v) not in (None, 0) for v in names & out_vars) and \
+        any(linear_coeff(index, v) not in (None, 0) for v in names & red_vars)
 
 
 def _fresh(base: str, taken: dict[str, Tensor]) -> str:
