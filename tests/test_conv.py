@@ -110,7 +110,7 @@ def test_conv3d(conv, rng):
 
 def test_depthwise_stays_direct_under_auto(rng):
     text = check(DEPTHWISE, "depthwise", dict(N=2, C=5, H=9, W=8, KH=3, KW=3), "auto", rng)
-    assert "direct Y: the weights have no output index of their own (depthwise)" in text
+    assert "direct Y: c indexes both the input and the weights (depthwise or grouped)" in text
 
 
 @pytest.mark.parametrize("conv", LOWERINGS)

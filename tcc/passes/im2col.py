@@ -98,10 +98,11 @@ def _plan(window: Read, other: Read, r: Reduce, c: Compute, mode: str) -> _Plan:
     window_axes = [ax for ax in plan.reduce if ax.var.name in in_window]
     if mode == "auto" and _size(window_axes) == 1:
         plan.why = "a 1x1 window: the input is already the GEMM's operand, patches would only copy it"
-    elif mode == "auto" and not plan.weights:
-        plan.why = "the weights have no output index of their own (depthwise): a GEMM would not reuse the patches"
     elif mode == "auto" and shared:
-        plan.why = f"{', '.join(shared)} indexes both operands (grouped): the patches would be copied per group"
+        plan.why = (f"{', '.join(shared)} indexes both the input and the weights (depthwise or grouped): the "
+                    "patches would be gathered again for each of its values")
+    elif mode == "auto" and not plan.weights:
+        plan.why = "the weights have no output index of their own: a GEMM would not reuse the patches"
     elif mode == "auto" and per_outer > MAX_PATCH_BYTES:
         plan.why = f"one batch element's patches would take {per_outer / 2**20:.1f} MiB (> {MAX_PATCH_BYTES >> 20} MiB)"
     elif any(ax.var.name not in {x.var.name for x in plan.outer + plan.spatial + plan.weights} for ax in c.axes):
