@@ -121,7 +121,7 @@ def time_layer(lib, torch, layer, rng, runs: int) -> list[float]:
 
 
 RSS_CHILD = r"""
-import json, sys
+import ctypes, json, sys
 import numpy as np
 sys.path.insert(0, sys.argv[3])
 import conv as bench
@@ -137,6 +137,7 @@ if sys.argv[2] == "1":
 x, wt, b = bench.inputs(layer, np.random.default_rng(0))
 op = tcc.compile(bench.CONV).depthwise_bias_relu if layer[8] else tcc.compile(bench.CONV).conv_bias_relu
 op(x, wt, b, S=layer[6], P=layer[7])  # compile and warm up: JIT memory is not the run's
+ctypes.CDLL(None).malloc_trim(0)  # give freed heap back: the call below must fault its buffers in again
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # reset the peak (VmHWM) to the current RSS
 before = status("VmRSS:")

@@ -7,6 +7,7 @@ import pytest
 from helpers import check_op
 
 import tcc
+from tcc.passes import autoschedule
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SRC = (EXAMPLES / "conv2d_relu.tc").read_text()
@@ -32,18 +33,55 @@ def test_nested_conv_gemm_is_scheduled():
     assert "for jj in 0..32:  # vector" in text and "for ii in 0..12:  # unroll" in text
     assert "j_col" in text  # the patch gather runs over rows and (vector) columns
     parallel = [line.strip() for line in text.splitlines() if "# parallel" in line]
-    assert parallel and not any(line.startswith("for n") for line in parallel)  # inside the batch loop
+    if autoschedule.threads() > 2:  # fewer images than threads: the statements inside fork
+        assert parallel and not any(line.startswith("for n") for line in parallel)
+    elif autoschedule.threads() == 2:  # one image per thread: one fork per call, the GEMM serial
+        assert parallel == ["for n_1 in 0..2:  # parallel"]
 
 
-def test_two_nested_contractions_get_their_own_tile_loops(rng):
-    src = """
-op two(X: f32[N, C, H, W], W1: f32[F, C, 3, 3], W2: f32[F, F, 3, 3]) -> Y: f32[N, F, H - 4, W - 4] {
-    Z[n, f, y, x] = max(sum[c, r, s](X[n, c, y + r, x + s] * W1[f, c, r, s]), 0.0)
-    Y[n, f, y, x] = sum[c, r, s](Z[n, c, y + r, x + s] * W2[f, c, r, s])
+def test_batch_loop_runs_images_on_threads(rng, monkeypatch):
+    """With at least one image per thread the batch loop is the one parallel loop: each thread
+    gathers patches into, and multiplies from, its own buffers (allocated inside the loop)."""
+    monkeypatch.setattr(autoschedule, "threads", lambda: 2)
+    shapes = dict(N=3, C=5, H=17, W=13, F=19, KH=3, KW=3)
+    check_op(SRC, "conv2d_relu", shapes, rng)
+    op = tcc.compile(SRC, conv="im2col").conv2d_relu
+    x, w, b = np.zeros((3, 5, 17, 13), np.float32), np.zeros((19, 5, 3, 3), np.float32), np.zeros(19, np.float32)
+    text = op.lower(x, w, b, stage="scheduled")
+    parallel = [line.strip() for line in text.splitlines() if "# parallel" in line]
+    assert parallel == ["for n_1 in 0..3:  # parallel"]
+    batch = text.index("for n_1")
+    assert text.index("allocate Xp_patches") > batch and text.index("allocate Y_gemm") > batch
+
+
+ONE_BY_ONE = """
+op pointwise(X: f32[N, C, H, W], Wt: f32[F, C, 1, 1], b: f32[F]) -> Y: f32[N, F, H, W] {
+    Y[n, f, y, x] = max(sum[c, r, s](X[n, c, y + r, x + s] * Wt[f, c, r, s]) + b[f], 0.0)
 }
 """
-    check_op(src, "two", dict(N=2, C=6, H=27, W=25, F=20), rng)
-    op = tcc.compile(src).two
-    x, w1, w2 = (np.zeros(s, np.float32) for s in [(2, 6, 27, 25), (20, 6, 3, 3), (20, 20, 3, 3)])
-    text = op.lower(x, w1, w2, stage="scheduled")
-    assert "for kk2 in" in text and "for ir2 in" in text
+
+
+@pytest.mark.parametrize("shapes", [dict(N=3, C=7, H=13, W=11, F=29), dict(N=1, C=33, H=9, W=37, F=13)])
+def test_one_by_one_conv_is_a_gemm_over_pixels(shapes, rng):
+    """A 1x1 convolution's y, x loops merge into one pixel loop: a GEMM [F x C] @ [C x H*W]."""
+    check_op(ONE_BY_ONE, "pointwise", shapes, rng)
+    op = tcc.compile(ONE_BY_ONE).pointwise
+    n, c, h, w, f = (shapes[k] for k in "NCHWF")
+    args = np.zeros((n, c, h, w), np.float32), np.zeros((f, c, 1, 1), np.float32), np.zeros(f, np.float32)
+    text = op.lower(*args, stage="scheduled")
+    assert "for yx" not in op.lower(*args, stage="loops")
+    assert "Y_acc[n, " in text and ", 0, yx" in text  # the pixel loop indexes the last dim
+    assert "for jj in 0..32:  # vector" in text and "for ii in 0..12:  # unroll" in text
+
+
+def test_pixels_stay_apart_when_rows_are_wider(rng):
+    """A 3x3 window reads rows of W + 2: merging y, x would change the elements read."""
+    src = """
+op valid(X: f32[N, C, H, W], Wt: f32[F, C, 3, 3]) -> Y: f32[N, F, H - 2, W - 2] {
+    Y[n, f, y, x] = sum[c, r, s](X[n, c, y + r, x + s] * Wt[f, c, r, s])
+}
+"""
+    check_op(src, "valid", dict(N=2, C=3, H=11, W=9, F=14), rng)
+    op = tcc.compile(src, conv="direct").valid
+    args = np.zeros((2, 3, 11, 9), np.float32), np.zeros((14, 3, 3, 3), np.float32)
+    assert "yx" not in op.lower(*args, stage="scheduled")

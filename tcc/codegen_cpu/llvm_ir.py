@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Callable
+from dataclasses import replace
 
 from llvmlite import ir
 from llvmlite.ir import instructions as ir_instructions
@@ -32,6 +34,7 @@ _FLOAT_TYPES = {"f16": ir.HalfType(), "f32": ir.FloatType(), "f64": ir.DoubleTyp
 _INT_TYPES = {"i8": I8, "i32": I32, "i64": I64}
 _ICMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 _LIBM = {"tanh", "erf"}
+CHUNKS_PER_THREAD = 4  # grabs per thread of a parallel loop: balance against preempted threads
 _INTRINSIC = {"exp", "log", "sqrt", "sin", "cos", "floor", "ceil", "abs"}
 
 
@@ -184,14 +187,20 @@ class _FunctionBuilder:
             self.vec = None
 
     def _parallel(self, s: For) -> None:
-        """Outline the body into ``void f(ptr ctx)`` and run it on libgomp's thread team."""
+        """Outline the body into ``void f(ptr ctx)`` and run it on libgomp's thread team.
+
+        The iterations are handed out dynamically: each thread takes the next chunk from a shared
+        counter (an atomic add), so a thread that the OS preempts delays the call by at most one
+        chunk instead of its whole static share."""
         b = self.builder
         extent = self._scalar(s.extent)
         status = self._entry_alloca(I32, 1, "status")
         b.store(ir.Constant(I32, 0), status)
+        counter = self._entry_alloca(I64, 1, "next")
+        b.store(ir.Constant(I64, 0), counter)
         names = list(self.vars)
         bufs = list(self.buffers)
-        values = [self.vars[n] for n in names] + [self.buffers[n][1] for n in bufs] + [extent, status]
+        values = [self.vars[n] for n in names] + [self.buffers[n][1] for n in bufs] + [extent, status, counter]
         ctx_ty = ir.LiteralStructType([v.type for v in values])
         ctx = self._entry_alloca(ctx_ty, 1, "ctx")
         for i, v in enumerate(values):
@@ -221,17 +230,46 @@ class _FunctionBuilder:
         self.buffers = {n: (saved[4][n][0], field(len(names) + i, PTR)) for i, n in enumerate(bufs)}
         extent = field(len(names) + len(bufs), I64)
         self.status = field(len(names) + len(bufs) + 1, PTR)
-        tid = b.sext(b.call(self._declare("omp_get_thread_num", ir.FunctionType(I32, [])), []), I64)
+        counter = field(len(names) + len(bufs) + 2, PTR)
         nth = b.sext(b.call(self._declare("omp_get_num_threads", ir.FunctionType(I32, [])), []), I64)
-        chunk = b.sdiv(b.add(extent, b.sub(nth, ir.Constant(I64, 1))), nth)
-        begin = b.mul(tid, chunk)
-        end = b.add(begin, chunk)
-        end = b.select(b.icmp_signed("<", end, extent), end, extent)
+        chunk = self._chunk(extent, nth)
         try:
-            self._loop(s, begin, end)
+            body, scratch = _peel_allocates(s.body)
+            self._per_thread(scratch, lambda: self._chunks(replace(s, body=body), extent, chunk, counter))
             self.builder.ret_void()
         finally:
             self.fn, self.entry, self.builder, self.vars, self.buffers, self.status = saved
+
+    def _chunk(self, extent: ir.Value, nth: ir.Value) -> ir.Value:
+        """Iterations per grab: about CHUNKS_PER_THREAD grabs per thread, at least one iteration."""
+        b = self.builder
+        parts = b.mul(nth, ir.Constant(I64, CHUNKS_PER_THREAD))
+        chunk = b.sdiv(extent, parts)
+        return b.select(b.icmp_signed("<", chunk, ir.Constant(I64, 1)), ir.Constant(I64, 1), chunk)
+
+    def _chunks(self, s: For, extent: ir.Value, chunk: ir.Value, counter: ir.Value) -> None:
+        """``while (begin = next.fetch_add(chunk)) < extent: run s over [begin, min(begin + chunk, extent))``."""
+        b = self.builder
+        header = self.fn.append_basic_block(f"{s.var.name}.grab")
+        body = self.fn.append_basic_block(f"{s.var.name}.chunk")
+        done = self.fn.append_basic_block(f"{s.var.name}.done")
+        b.branch(header)
+        b.position_at_end(header)
+        begin = b.atomic_rmw("add", counter, chunk, "monotonic")
+        b.cbranch(b.icmp_signed("<", begin, extent), body, done)
+        b.position_at_end(body)
+        end = b.add(begin, chunk)
+        end = b.select(b.icmp_signed("<", end, extent), end, extent)
+        self._loop(s, begin, end)
+        b.branch(header)
+        b.position_at_end(done)
+
+    def _per_thread(self, scratch: list[Buffer], emit: Callable[[], None]) -> None:
+        """Scratch buffers of a parallel loop's iterations, allocated once per thread around ``emit``
+        (each iteration overwrites them before reading, so a thread may reuse them)."""
+        if not scratch:
+            return emit()
+        self._with_buffer(scratch[0], lambda: self._per_thread(scratch[1:], emit))
 
     def _entry_alloca(self, ty: ir.Type, count: int, name: str) -> ir.Value:
         b = self.builder
@@ -295,14 +333,17 @@ class _FunctionBuilder:
         return total
 
     def _s_Allocate(self, s: Allocate) -> None:
-        buf = s.buffer
+        self._with_buffer(s.buffer, lambda: self._stmt(s.body))
+
+    def _with_buffer(self, buf: Buffer, emit: Callable[[], None]) -> None:
+        """Stack (entry-block alloca) for local buffers, the heap for global ones, around ``emit``."""
         elem = memory_type(buf.dtype)
         if buf.scope == "local":
             ptr = self._entry_alloca(elem, buf.size, buf.name)
         else:
             ptr = self._malloc(buf)
         self.buffers[buf.name] = (buf, ptr)
-        self._stmt(s.body)
+        emit()
         if buf.scope != "local":
             self._free(ptr)
         del self.buffers[buf.name]
@@ -725,6 +766,15 @@ class _FunctionBuilder:
         y = b.select(b.fcmp_ordered(">", x, f(88.72283)), f(float("inf")), y)
         y = b.select(b.fcmp_ordered("<", x, f(-103.97)), f(0.0), y)
         return b.select(b.fcmp_unordered("uno", x, x), x, y)
+
+
+def _peel_allocates(s: Stmt) -> tuple[Stmt, list[Buffer]]:
+    """The body under a parallel loop's leading allocations, and those buffers."""
+    bufs = []
+    while isinstance(s, Allocate):
+        bufs.append(s.buffer)
+        s = s.body
+    return s, bufs
 
 
 def _conjuncts(e: Expr) -> set[Expr]:

@@ -28,6 +28,7 @@ from tcc.passes.compute_at import compute_at
 from tcc.passes.fuse import fuse
 from tcc.passes.loopnest import fresh, linear_coeff, loop_names, stores, subst
 from tcc.passes.parallel import parallel
+from tcc.passes.pixels import merge_pixels
 from tcc.passes.reduction import decompose_reduction
 from tcc.passes.reorder import reorder
 from tcc.passes.schedule import contract
@@ -80,6 +81,7 @@ def gemm_params(m: int, n: int, k: int, itemsize: int = 4) -> dict[str, int]:
 
 def autoschedule(func: LoopFunc, params: dict[str, dict[str, int]] | None = None) -> LoopFunc:
     """The default CPU schedule; ``params`` (by result tensor) override the contraction tiles."""
+    func = merge_contraction_pixels(func)
     for tensor, info in contractions(func).items():
         if info["flops"] >= GEMM_MIN_FLOPS:
             chosen = (params or {}).get(tensor) or gemm_params(info["m"], info["n"], info["k"], info["itemsize"])
@@ -102,6 +104,25 @@ def contractions(func: LoopFunc) -> dict[str, dict]:
         if info is not None:
             found[info["tensor"]] = {**info, "outer": list(outer)}
     return found
+
+
+def merge_contraction_pixels(func: LoopFunc) -> LoopFunc:
+    """Merge the last two output loops ``y, j`` of each contraction into one pixel loop where every
+    access allows it (a 1x1 convolution: a GEMM over H*W columns, not W; see passes/pixels.py)."""
+    for item, _ in _nests(func.body, ()):
+        info = _contraction(item)
+        names = _output_loops(item)
+        if info is not None and len(names) >= 3 and names[-1] == info["j"] and names[-2] in info["batch"]:
+            func = merge_pixels(func, item, names[-2], names[-1])
+    return func
+
+
+def _output_loops(nest: Stmt) -> list[str]:
+    names = []
+    while isinstance(nest, For):
+        names.append(nest.var.name)
+        nest = nest.body
+    return names
 
 
 def _nests(body: Stmt, outer: tuple[str, ...]) -> list[tuple[Stmt, tuple[str, ...]]]:
@@ -201,6 +222,9 @@ def schedule_gemm(func: LoopFunc, tensor: str, info: dict, p: dict[str, int]) ->
     mr, nr = min(p["mr"], m), min(p["nr"], n)
     kc, mc, nc = min(p["kc"], kt), min(p["mc"], m), min(p["nc"], n)
     nthreads = threads() if info["flops"] >= 8 * PARALLEL_MIN_WORK else 1
+    group = _group_parallel(func, info["outer"], nthreads)
+    if group is not None or _inside_parallel(func, info["outer"]):
+        nthreads = 1  # one fork per call: the group loop's iterations (images) go to the threads
     batch_parallel = [b for b in info["batch"] if info["extents"][b] >= nthreads > 1]
     axis = None if batch_parallel or nthreads == 1 else _parallel_axis(m, n, mr, nr, nthreads)
     per_m = -(-m // nthreads) if axis == "ip" else m
@@ -216,7 +240,7 @@ def schedule_gemm(func: LoopFunc, tensor: str, info: dict, p: dict[str, int]) ->
     func = split(func, k, kc, t["ko"], t["kk"])
     nest = ("ip", "jp", "jo", "ko", "io", "jr", "ir", "kk", "ii", "jj")
     func = reorder(func, [*info["batch"], *(t[x] for x in nest)])
-    outer = batch_parallel[0] if batch_parallel else None if axis is None else t[axis]
+    outer = group or (batch_parallel[0] if batch_parallel else None if axis is None else t[axis])
     if outer is not None:
         func = parallel(func, outer)  # before caching: packed buffers then belong to each thread
     func = cache(func, info["b"], t["ko"])
@@ -263,6 +287,28 @@ def _rename_loops(s: Stmt, mapping: dict[str, str]) -> Stmt:
     s = subst(s, {old: Var(new) for old, new in mapping.items()})
     return map_stmt(s, lambda n: replace(n, var=Var(mapping[n.var.name]))
                     if isinstance(n, For) and n.var.name in mapping else None)
+
+
+def _group_parallel(func: LoopFunc, outer: list[str], nthreads: int) -> str | None:
+    """The outermost group loop around a nested contraction (im2col's batch loop) with at least
+    one iteration per thread, if it may run in parallel: each thread then gathers, multiplies and
+    finishes whole images with its own patch and GEMM buffers (allocated inside the loop), and
+    the call forks once instead of once per statement per image."""
+    if nthreads < 2 or _inside_parallel(func, outer):
+        return None
+    for name in outer:
+        loop = _find_loop(func, name)
+        if int(getattr(loop.extent, "value", 0)) >= nthreads:
+            try:
+                parallel(func, name)
+            except TccScheduleError:
+                continue
+            return name
+    return None
+
+
+def _inside_parallel(func: LoopFunc, outer: list[str]) -> bool:
+    return any(_find_loop(func, name).kind == "parallel" for name in outer)
 
 
 def _parallel_axis(m: int, n: int, mr: int, nr: int, nthreads: int) -> str:

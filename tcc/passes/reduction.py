@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tcc.errors import Span, TccScheduleError
-from tcc.ir.expr import Expr, Load, Var, transform
+from tcc.ir.expr import Expr, Load, Var, free_vars, transform
 from tcc.ir.loops import Allocate, Buffer, For, LoopFunc, Seq, Stmt, Store, map_stmt, seq
-from tcc.passes.loopnest import subst
+from tcc.passes.loopnest import linear_coeff, subst
 
 
 def decompose_reduction(func: LoopFunc, tensor: str, span: Span | None = None) -> LoopFunc:
@@ -64,8 +64,10 @@ def _decompose(nest: For, out: Buffer, span: Span | None) -> Stmt | None:
     if not (isinstance(r, Store) and r.buffer == acc.name):
         return None
     idx = final.indices
-    if tuple(a.var for a in axes) != idx:
-        return None
+    names = {a.var.name for a in axes}
+    if set().union(*(free_vars(i) for i in idx)) != names \
+            or not all(any(linear_coeff(i, n) not in (0, None) for i in idx) for n in names):
+        return None  # the output loops, each moving the element written (a merged pixel loop may share a dim)
     direct = final.value == Load(acc.name, (_zero(),), acc.dtype) and out.dtype == acc.dtype
     target = out if direct else Buffer(f"{out.name}_acc", acc.dtype, out.shape, "global")
 
