@@ -177,7 +177,7 @@ def test_contractions_get_the_tiled_schedule():
     lib = tcc.compile(EXAMPLES / "conv2d_relu.tc", target="cuda")
     x, w, b = np.zeros((2, 16, 15, 17), np.float32), np.zeros((24, 16, 3, 3), np.float32), np.zeros(24, np.float32)
     src = lib.conv2d_relu.lower(x, w, b, stage="cuda")
-    assert "__syncthreads();" in src and "__shared__ float" in src and src.count("__global__") == 1
+    assert "__syncthreads();" in src and "__shared__ __align__(16) float" in src and src.count("__global__") == 1
     assert nvrtc.compile_cubin(src).startswith(b"\x7fELF")
     mm = tcc.compile(EXAMPLES / "matmul.tc", target="cuda").matmul
     matvec = mm.lower(np.zeros((64, 32), np.float32), np.zeros((32, 1), np.float32), stage="cuda")

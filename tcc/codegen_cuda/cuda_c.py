@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tcc.codegen_cuda import tensorcore
 from tcc.dtypes import DType
 from tcc.errors import TccCompileError
 from tcc.ir.expr import Binary, Call, Cast, Const, Expr, Load, Select, Unary, Var, walk
@@ -146,6 +147,8 @@ def generate(func: LoopFunc) -> CudaProgram:
         info, text = _Kernel(f"tcc_{func.name}_k{i}", kernel, buffers, scalars).emit()
         kernels.append(info)
         lines.append(text)
+    if any(tensorcore.MMA + "<" in text for text in lines[1:]):
+        lines.insert(1, tensorcore.PREAMBLE)
     source = "\n".join(lines)
     return CudaProgram(source, kernels, [(t.name, max(1, t.size * t.dtype.itemsize)) for t in temps])
 
@@ -267,17 +270,33 @@ class _Kernel:
 
     def _s_Store(self, s: Store, depth: int) -> None:
         buf = self.buffers[s.buffer]
-        value = self._expr(s.value)
-        if buf.scope != "local":
-            value = _to_memory(value, buf.dtype)
+        if isinstance(s.value, Call) and s.value.fn == tensorcore.MMA:
+            self._line(depth, self._mma(buf, s.value))
+            return
+        if buf.scope != "local" and _same_memory(s.value, buf, self.buffers):
+            value = self._memory_load(s.value)  # a 16-bit copy stays a bit copy
+        else:
+            value = self._expr(s.value)
+            if buf.scope != "local":
+                value = _to_memory(value, buf.dtype)
         self._line(depth, f"{c_name(s.buffer)}[{self._flat(buf, s.indices)}] = {value};")
+
+    def _mma(self, acc: Buffer, call: Call) -> str:
+        xs, ys, lane = call.args
+        assert isinstance(xs, Load) and isinstance(ys, Load)
+        xbuf, ybuf = self.buffers[xs.buffer], self.buffers[ys.buffer]
+        pointers = [f"{c_name(a.buffer)} + {self._flat(b, a.indices)}" for a, b in ((xs, xbuf), (ys, ybuf))]
+        return tensorcore.mma_source(c_name(acc.name), *pointers, self._expr(lane), (acc, xbuf, ybuf))
+
+    def _memory_load(self, e: Load) -> str:
+        return f"{c_name(e.buffer)}[{self._flat(self.buffers[e.buffer], e.indices)}]"
 
     def _s_Allocate(self, s: Allocate, depth: int) -> None:
         buf = s.buffer
         if buf.scope == "global":
             raise TccCompileError(f"internal error: global buffer {buf.name} allocated inside a kernel")
         ctype = _VALUE_TYPE[buf.dtype.name] if buf.scope == "local" else _MEMORY_TYPE[buf.dtype.name]
-        shared = "__shared__ " if buf.scope == "shared" else ""
+        shared = "__shared__ __align__(16) " if buf.scope == "shared" else ""
         self._line(depth, f"{shared}{ctype} {c_name(buf.name)}[{max(1, buf.size)}];")
         self.buffers[buf.name] = buf
         self._stmt(s.body, depth)
@@ -371,6 +390,12 @@ class _Kernel:
             name = _MATH_F32[e.fn]
             text = f"{name[:-1] if f64 else name}({x})"
         return _round(text, e.dtype)
+
+
+def _same_memory(e: Expr, dst: Buffer, buffers: dict[str, Buffer]) -> bool:
+    """Whether ``e`` loads a 16-bit float from memory that ``dst`` stores in the same format."""
+    return (isinstance(e, Load) and dst.dtype.name in ("f16", "bf16") and e.dtype == dst.dtype
+            and buffers[e.buffer].scope != "local" and buffers[e.buffer].dtype == dst.dtype)
 
 
 def _int_binary(op: str, a: str, b: str) -> str:

@@ -100,30 +100,35 @@ def _reads(e: Expr, acc: Buffer) -> bool:
     return any(isinstance(n, Load) and n.buffer == acc.name for n in walk(e))
 
 
-def choose_tile(m: int, n: int, batch: int) -> tuple[int, int, int]:
-    """The largest (BM, BN, BK) whose tiles fit the problem and still fill the chip."""
-    fitting = [t for t in TILES if t[0] <= max(m, 32) and t[1] <= max(n, 32)]
+def choose_tile(m: int, n: int, batch: int, tiles: tuple[tuple[int, int, int], ...] = TILES) -> tuple[int, int, int]:
+    """The largest (BM, BN, BK) of ``tiles`` that fits the problem and still fills the chip."""
+    fitting = [t for t in tiles if t[0] <= max(m, 32) and t[1] <= max(n, 32)]
     for tile in fitting:
         if batch * -(-m // tile[0]) * -(-n // tile[1]) >= SMS:
             return tile
-    return fitting[-1] if fitting else TILES[-1]
+    return fitting[-1] if fitting else tiles[-1]
 
 
 # ---------------------------------------------------------------- building the kernel
 
-class _Builder:
+class Builder:
     """Builds the kernel of one contraction; ``fresh`` names new variables."""
+
+    tiles = TILES
 
     def __init__(self, c: Contraction, fresh, decompose):
         self.c = c
         self.fresh = fresh
         self.decompose = decompose
         self.m, self.n, self.k = c.size(c.m_axes), c.size(c.n_axes), c.size(c.k_axes)
-        self.bm, self.bn, self.bk = choose_tile(self.m, self.n, c.size(c.batch_axes))
+        self.bm, self.bn, self.bk = choose_tile(self.m, self.n, c.size(c.batch_axes), self.tiles)
         self.tm, self.tn = self.bm // SIDE, self.bn // SIDE
-        names = [fresh(s).name for s in ("xs", "ys", "acct", "xr", "yr")]
-        self.xs = Buffer(names[0], c.x.dtype, (self.bk, self.bm + PAD), "shared")
-        self.ys = Buffer(names[1], c.y.dtype, (self.bk, self.bn + PAD), "shared")
+        names = [fresh(s).name for s in ("xs", "ys", "acct", "xr", "yr", "xst", "yst")]
+        self.k_inner = False  # shared tiles are [slot][BK][tile]
+        self.xs = Buffer(names[0], c.x.dtype, (2, self.bk, self.bm + PAD), "shared")
+        self.ys = Buffer(names[1], c.y.dtype, (2, self.bk, self.bn + PAD), "shared")
+        self.xst = Buffer(names[5], c.x.dtype, (self.bk * self.bm // THREADS,), "local")
+        self.yst = Buffer(names[6], c.y.dtype, (self.bk * self.bn // THREADS,), "local")
         self.acct = Buffer(names[2], c.acc.dtype, (self.tm, self.tn), "local")
         self.xr = Buffer(names[3], c.x.dtype, (self.tm,), "local")
         self.yr = Buffer(names[4], c.y.dtype, (self.tn,), "local")
@@ -136,7 +141,8 @@ class _Builder:
         ty, tx = self.fresh("ty"), self.fresh("tx")
         body = self._allocate(seq(self._init(), self._main_loop(tid, ty, tx, tm0, tn0),
                                   self._epilogue(ty, tx, tm0, tn0)))
-        body = Let(ty, _div(tid, SIDE), Let(tx, _mod(tid, SIDE), body))
+        row, col = self.thread_coords(tid)
+        body = Let(ty, row, Let(tx, col, body))
         span = c.final.span
         inner: Stmt = For(tid, Const(THREADS, I64), body, "thread.x", span=span)
         tile = _mod(bx, tiles_m * tiles_n)
@@ -146,8 +152,16 @@ class _Builder:
                                    _div(bx, tiles_m * tiles_n), inner)
         return For(bx, Const(batch * tiles_m * tiles_n, I64), inner, "block.x", span=span)
 
+    def thread_coords(self, tid: Var) -> tuple[Expr, Expr]:
+        """(ty, tx): the thread's place in the block, as the products and the epilogue use it."""
+        return _div(tid, SIDE), _mod(tid, SIDE)
+
+    def local_buffers(self) -> tuple[Buffer, ...]:
+        """The kernel's shared and register buffers, innermost first."""
+        return (self.yst, self.xst, self.yr, self.xr, self.acct, self.ys, self.xs)
+
     def _allocate(self, body: Stmt) -> Stmt:
-        for buf in (self.yr, self.xr, self.acct, self.ys, self.xs):
+        for buf in self.local_buffers():
             body = Allocate(buf, body)
         return body
 
@@ -159,38 +173,64 @@ class _Builder:
         return self._tile_loops(lambda a, b: Store(self.acct.name, (a, b), self.c.init))
 
     def _main_loop(self, tid: Var, ty: Var, tx: Var, tm0: Var, tn0: Var) -> Stmt:
+        """Double-buffered: while the products of step ``kt`` read one slot of the shared tiles, the
+        next step's operands come from global memory into registers, then go to the other slot;
+        one barrier per step."""
         kt = self.fresh("kt")
-        k0 = _mul(kt, self.bk)
         steps = -(-self.k // self.bk)
-        fill = seq(self._fill(self.xs, self.c.x, self.c.m_axes, self.m, self.bm, tid, tm0, k0),
-                   self._fill(self.ys, self.c.y, self.c.n_axes, self.n, self.bn, tid, tn0, k0))
-        return For(kt, Const(steps, I64), seq(fill, Barrier(), self._products(ty, tx), Barrier()))
+        first = self.fills(tid, tm0, tn0, Const(0, I64), Const(0, I64))
+        products = self._products(ty, tx, _mod(kt, 2))
+        if steps == 1:
+            return seq(*first, Barrier(), products)
+        loads, stores = self.fills(tid, tm0, tn0, _mul(_add(kt, Const(1, I64)), self.bk),
+                                   _mod(_add(kt, Const(1, I64)), 2))
+        more = Binary("lt", _add(kt, Const(1, I64)), Const(steps, I64), dtypes.boolean)
+        step = seq(If(more, loads), products, If(more, stores), Barrier())
+        return seq(*first, Barrier(), For(kt, Const(steps, I64), step))
 
-    def _fill(self, buf: Buffer, value: Expr, axes: list[For], size: int, tile: int, tid: Var, base: Var,
-              k0: Expr) -> Stmt:
-        """The threads copy ``value`` over a ``BK x tile`` slice into ``buf`` (zeros outside)."""
+    def fills(self, tid: Var, tm0: Var, tn0: Var, k0: Expr, slot: Expr) -> tuple[Stmt, Stmt]:
+        """Both operands' tiles of one k-step: (global to registers, registers to shared ``slot``)."""
+        x = self._fill(self.xs, self.xst, self.c.x, self.c.m_axes, self.m, tid, tm0, k0, slot)
+        y = self._fill(self.ys, self.yst, self.c.y, self.c.n_axes, self.n, tid, tn0, k0, slot)
+        return seq(x[0], y[0]), seq(x[1], y[1])
+
+    def _fill(self, buf: Buffer, stage: Buffer, value: Expr, axes: list[For], size: int, tid: Var, base: Var,
+              k0: Expr, slot: Expr) -> tuple[Stmt, Stmt]:
+        """The threads read ``value`` over a ``BK x tile`` slice into their registers ``stage``
+        (zeros outside the problem), then store those to ``buf[slot]``, which is ``[BK][tile]``,
+        or ``[tile][BK]`` with ``k_inner``."""
+        tile = buf.shape[1] if self.k_inner else buf.shape[2] - PAD
         k_fast = _k_fastest(value, axes, self.c.k_axes)
-        step, lid, kk, ss = self.fresh("ld"), self.fresh("lid"), self.fresh("kk"), self.fresh("ss")
-        gs, gk = self.fresh("gs"), self.fresh("gk")
-        fast, slow = (kk, ss) if k_fast else (ss, kk)
         fast_n = self.bk if k_fast else tile
-        target = Store(buf.name, (kk, ss), value)
-        compute = self.decompose(self.c.k_axes, [_const(f) for f in self.c.k_axes], gk,
-                                 self.decompose(axes, [_const(f) for f in axes], gs, target))
-        cond = _in_range([(gs, size, size % tile == 0), (gk, self.k, self.k % self.bk == 0)])
-        zero = Store(buf.name, (kk, ss), Const(0, buf.dtype))
-        guarded = compute if cond is None else If(cond, compute, zero)
-        body = Let(gs, _add(base, ss), Let(gk, _add(k0, kk), guarded))
-        body = Let(fast, _mod(lid, fast_n), Let(slow, _div(lid, fast_n), body))
-        body = Let(lid, _add(_mul(step, THREADS), tid), body)
-        return For(step, Const(self.bk * tile // THREADS, I64), body, "unroll")
+        steps = self.bk * tile // THREADS
 
-    def _products(self, ty: Var, tx: Var) -> Stmt:
+        def indexed(make) -> Stmt:
+            step, lid, kk, ss = self.fresh("ld"), self.fresh("lid"), self.fresh("kk"), self.fresh("ss")
+            fast, slow = (kk, ss) if k_fast else (ss, kk)
+            body = Let(fast, _mod(lid, fast_n), Let(slow, _div(lid, fast_n), make(step, kk, ss)))
+            return For(step, Const(steps, I64), Let(lid, _add(_mul(step, THREADS), tid), body), "unroll")
+
+        def load(step: Var, kk: Var, ss: Var) -> Stmt:
+            gs, gk = self.fresh("gs"), self.fresh("gk")
+            target = Store(stage.name, (step,), value)
+            compute = self.decompose(self.c.k_axes, [_const(f) for f in self.c.k_axes], gk,
+                                     self.decompose(axes, [_const(f) for f in axes], gs, target))
+            cond = _in_range([(gs, size, size % tile == 0), (gk, self.k, self.k % self.bk == 0)])
+            guarded = compute if cond is None else If(cond, compute, Store(stage.name, (step,),
+                                                                           Const(0, stage.dtype)))
+            return Let(gs, _add(base, ss), Let(gk, _add(k0, kk), guarded))
+
+        def store(step: Var, kk: Var, ss: Var) -> Stmt:
+            where = (slot, ss, kk) if self.k_inner else (slot, kk, ss)
+            return Store(buf.name, where, Load(stage.name, (step,), stage.dtype))
+        return indexed(load), indexed(store)
+
+    def _products(self, ty: Var, tx: Var, slot: Expr) -> Stmt:
         kk, a, b = self.fresh("kk"), self.fresh("ra"), self.fresh("rb")
         load_x = For(a, Const(self.tm, I64), Store(self.xr.name, (a,), Load(self.xs.name, (
-            kk, _add(ty, _mul(a, SIDE))), self.xs.dtype)), "unroll")
+            slot, kk, _add(ty, _mul(a, SIDE))), self.xs.dtype)), "unroll")
         load_y = For(b, Const(self.tn, I64), Store(self.yr.name, (b,), Load(self.ys.name, (
-            kk, _add(tx, _mul(b, SIDE))), self.ys.dtype)), "unroll")
+            slot, kk, _add(tx, _mul(b, SIDE))), self.ys.dtype)), "unroll")
         mul = self.c.add.b
 
         def update(i: Var, j: Var) -> Stmt:
@@ -257,4 +297,9 @@ def schedule(axes: list[For], body: Stmt, fresh, decompose) -> Stmt | None:
     c = match(axes, body)
     if c is None:
         return None
-    return _Builder(c, fresh, decompose).kernel()
+    from tcc.codegen_cuda import tensorcore  # it builds on this module's Builder
+
+    values = tensorcore.operands(c)
+    if values is not None:
+        return tensorcore.Builder(c, fresh, decompose, values).kernel()
+    return Builder(c, fresh, decompose).kernel()
