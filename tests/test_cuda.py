@@ -192,3 +192,30 @@ def test_fast_path_signature_needs_cuda_tensors():
     assert rt.signature((1.0, np.zeros(3)), {}, None) is None
     assert rt.signature((torch.zeros(3),), {}, None) is None  # CPU tensors take the checked path
     assert rt.signature((1.0,), {"S": [1]}, None) is None  # unhashable: the checked path explains
+
+
+def test_half_contractions_use_tensor_cores():
+    hmm = tcc.compile(EXAMPLES / "hmm.tc", target="cuda").hmm
+    for m, k, n in ((4096, 4096, 4096), (129, 70, 65), (2, 16, 2)):
+        a, b = np.zeros((m, k), np.float16), np.zeros((k, n), np.float16)
+        src = hmm.lower(a, b, stage="cuda")
+        assert "tcc_mma_tile<" in src and nvrtc.compile_cubin(src, "sm_90").startswith(b"\x7fELF")
+        assert nvrtc.compile_ptx(src, "sm_90").count("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") >= 2
+    bf = tcc.compile("op g(A: bf16[M, K], B: bf16[K, N]) -> C: f32[M, N] "
+                     "{ C[i, j] = sum[k](f32(A[i, k]) * f32(B[k, j])) }", target="cuda").g
+    ptx = bf.stage_text(dict(M=64, K=48, N=80), "ptx")
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx and "ld.local" not in ptx
+    mm = tcc.compile(EXAMPLES / "matmul.tc", target="cuda").matmul
+    src = mm.lower(np.zeros((256, 64), np.float32), np.zeros((64, 128), np.float32), stage="cuda")
+    assert "tcc_mma_tile" not in src  # f32 stays on the FMA path
+
+
+def test_tiled_gemms_keep_their_registers():
+    """Double-buffered tiles and register staging, with nothing spilled to local memory."""
+    mm = tcc.compile(EXAMPLES / "matmul.tc", target="cuda").matmul
+    a = np.zeros((4096, 4096), np.float32)
+    ptx = mm.lower(a, a, stage="ptx")
+    assert "ld.local" not in ptx and "st.local" not in ptx and ptx.count("bar.sync") == 2
+    hmm = tcc.compile(EXAMPLES / "hmm.tc", target="cuda").hmm
+    h = np.zeros((4096, 4096), np.float16)
+    assert "ld.local" not in hmm.lower(h, h, stage="ptx")

@@ -262,9 +262,34 @@ GEMM_CASES = [("matmul", dict(M=67, K=45, N=33)), ("matmul", dict(M=130, K=257, 
               ("conv2d", dict(N=3, C=5, H=20, W=19, F=70, KH=3, KW=2, S=2, P=1)), ("bmm", dict(B=3, M=19, K=21, N=35))]
 
 
-@pytest.mark.parametrize("name,case", GEMM_CASES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(GEMM_CASES)])
+HALF_SOURCES = {
+    "bhmm": """
+op bhmm(A: bf16[M, K], B: bf16[K, N]) -> C: f32[M, N] {
+    C[i, j] = sum[k](f32(A[i, k]) * f32(B[k, j]))
+}
+""",
+    "hbmm": """
+op hbmm(A: f16[B, M, K], X: f16[B, K, N]) -> C: f32[B, M, N] {
+    C[b, i, j] = max(sum[k](f32(A[b, i, k]) * f32(X[b, k, j])), 0.0)
+}
+""",
+    "hconv": """
+op hconv(X: f16[N, C, H, W], Wt: f16[F, C, 3, 3]) -> Y: f32[N, F, H - 2, W - 2] {
+    Y[n, f, y, x] = sum[c, r, s](f32(X[n, c, y + r, x + s]) * f32(Wt[f, c, r, s]))
+}
+""",
+}
+TENSOR_CORE_CASES = [("hmm", dict(M=7, K=33, N=5)), ("hmm", dict(M=256, K=256, N=256)),
+                     ("hmm", dict(M=200, K=1000, N=72)), ("hmm", dict(M=2, K=16, N=2)),
+                     ("bhmm", dict(M=131, K=77, N=190)), ("hbmm", dict(B=3, M=19, K=21, N=35)),
+                     ("hconv", dict(N=2, C=13, H=15, W=17, F=24))]
+
+
+@pytest.mark.parametrize("name,case", GEMM_CASES + TENSOR_CORE_CASES,
+                         ids=[f"{n}-{i}" for i, (n, _) in enumerate(GEMM_CASES + TENSOR_CORE_CASES)])
 def test_tiled_contractions_match_reference(name, case, rng):
-    lib = tcc.compile(BMM if name == "bmm" else EXAMPLES / f"{name}.tc", target="cuda")
+    src = HALF_SOURCES.get(name, BMM if name == "bmm" else EXAMPLES / f"{name}.tc")
+    lib = tcc.compile(src, target="cuda")
     op = lib[name]
     cparams = {k: v for k, v in case.items() if k in op.te.cparams}
     bindings = {**op.te.cparams, **case}

@@ -179,9 +179,9 @@ class Builder:
         kt = self.fresh("kt")
         steps = -(-self.k // self.bk)
         first = self.fills(tid, tm0, tn0, Const(0, I64), Const(0, I64))
-        products = self._products(ty, tx, _mod(kt, 2))
         if steps == 1:
-            return seq(*first, Barrier(), products)
+            return seq(*first, Barrier(), self._products(ty, tx, Const(0, I64)))
+        products = self._products(ty, tx, _mod(kt, 2))
         loads, stores = self.fills(tid, tm0, tn0, _mul(_add(kt, Const(1, I64)), self.bk),
                                    _mod(_add(kt, Const(1, I64)), 2))
         more = Binary("lt", _add(kt, Const(1, I64)), Const(steps, I64), dtypes.boolean)

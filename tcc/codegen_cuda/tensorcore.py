@@ -1,8 +1,10 @@
 """Tensor-core GEMMs: contractions of f16 or bf16 operands, accumulated in f32.
 
 A contraction qualifies (see :func:`operands`) when both factors are 16-bit floats of one type
-widened to f32 (``sum[k](f32(A[i, k]) * f32(B[k, j]))``), or when the whole contraction is in
-f16 or bf16 (then it accumulates in f32 and rounds once at the end, as cuBLAS does).
+widened to f32 (``sum[k](f32(A[i, k]) * f32(B[k, j]))``): their products are exact in f32, so
+the result is the f32 sum. A sum written over f16 or bf16 tensors (``sum[k](A[i, k] * B[k, j])``)
+rounds every product to 16 bits before adding in f32, which tensor cores cannot reproduce; it
+stays on the FMA path.
 
 The kernel keeps the tiled GEMM's structure (:mod:`tcc.codegen_cuda.gemm`): 256 threads fill
 ``BM x BK`` and ``BN x BK`` tiles of the 16-bit operands in shared memory (the reduction index
@@ -32,15 +34,10 @@ MMA = "tcc_mma_tile"  # the Call that codegen turns into the warp's mma.sync seq
 
 def operands(c: gemm.Contraction) -> tuple[Expr, Expr] | None:
     """The 16-bit values whose products ``c`` sums, when tensor cores can compute it."""
-    half = c.x.dtype.name
-    if c.acc.dtype == F32 and c.add.b.dtype == F32:
-        x, y = _widened(c.x), _widened(c.y)
-        if x is not None and y is not None and x.dtype == y.dtype:
-            return x, y
+    if c.acc.dtype != F32 or c.add.b.dtype != F32:
         return None
-    if half in ("f16", "bf16") and c.acc.dtype == c.x.dtype == c.y.dtype == c.add.b.dtype:
-        return c.x, c.y
-    return None
+    x, y = _widened(c.x), _widened(c.y)
+    return (x, y) if x is not None and y is not None and x.dtype == y.dtype else None
 
 
 def _widened(e: Expr) -> Expr | None:
@@ -71,8 +68,7 @@ class Builder(gemm.Builder):
         return (self.yst, self.xst, self.acct, self.ys, self.xs)
 
     def _init(self) -> Stmt:
-        init = self.c.init if self.c.init.dtype == F32 else Cast(self.c.init, F32)
-        return self._frag_loops(lambda i, j, e: Store(self.acct.name, (i, j, e), init))
+        return self._frag_loops(lambda i, j, e: Store(self.acct.name, (i, j, e), self.c.init))
 
     def _frag_loops(self, body_fn) -> Stmt:
         i, j, e = self.fresh("fi"), self.fresh("fj"), self.fresh("fe")
@@ -100,9 +96,7 @@ class Builder(gemm.Builder):
         gm, gn = self.fresh("gm"), self.fresh("gn")
 
         def store(i: Var, j: Var, e: Var) -> Stmt:
-            acc: Expr = Load(self.acct.name, (i, j, e), F32)
-            if c.acc.dtype != F32:
-                acc = Cast(acc, c.acc.dtype)
+            acc = Load(self.acct.name, (i, j, e), F32)
             value = transform(c.final.value, lambda x: acc if gemm._is_acc(x, c.acc) else None)
             body: Stmt = Store(c.final.buffer, c.final.indices, value, c.final.span)
             body = self.decompose(c.n_axes, [gemm._const(f) for f in c.n_axes], gn, body)
