@@ -85,3 +85,32 @@ op valid(X: f32[N, C, H, W], Wt: f32[F, C, 3, 3]) -> Y: f32[N, F, H - 2, W - 2] 
     op = tcc.compile(src, conv="direct").valid
     args = np.zeros((2, 3, 11, 9), np.float32), np.zeros((14, 3, 3, 3), np.float32)
     assert "yx" not in op.lower(*args, stage="scheduled")
+
+
+DEPTHWISE = """
+op dw(X: f32[N, C, H, W], Wt: f32[C, 3, 3], b: f32[C]) -> Y: f32[N, C, H, W] {
+    Xp = pad(X, [0, 0, 1, 1])
+    Y[n, c, y, x] = max(sum[r, s](Xp[n, c, y + r, x + s] * Wt[c, r, s]) + b[c], 0.0)
+}
+"""
+
+
+def test_batch_of_one_parallel_over_images_and_channels(rng, monkeypatch):
+    """A batch of one gives one parallel iteration: n and c are fused into the parallel loop."""
+    monkeypatch.setattr(autoschedule, "threads", lambda: 2)
+    shapes = dict(N=1, C=9, H=67, W=45)
+    check_op(DEPTHWISE, "dw", shapes, rng)
+    op = tcc.compile(DEPTHWISE).dw
+    args = np.zeros((1, 9, 67, 45), np.float32), np.zeros((9, 3, 3), np.float32), np.zeros(9, np.float32)
+    text = op.lower(*args, stage="scheduled")
+    assert "for n_c in 0..9:  # parallel" in text and "# vector" in text
+
+
+def test_gemm_packs_small_weights_once_per_thread():
+    """A conv's weights (few rows) are packed once per thread, not once per block of columns."""
+    op = tcc.compile(SRC, conv="im2col").conv2d_relu
+    x, w, b = np.zeros((2, 5, 40, 40), np.float32), np.zeros((29, 5, 3, 3), np.float32), np.zeros(29, np.float32)
+    text = op.lower(x, w, b, stage="scheduled")
+    pack = next(line for line in text.splitlines() if line.strip().startswith("Wt_c1["))
+    assert pack.strip().startswith("Wt_c1[ko, io, ir, kk, ii]")  # one buffer over all column blocks
+    assert text.index("Wt_c1[ko") < text.index("for jo in")

@@ -244,7 +244,7 @@ def schedule_gemm(func: LoopFunc, tensor: str, info: dict, p: dict[str, int]) ->
     if outer is not None:
         func = parallel(func, outer)  # before caching: packed buffers then belong to each thread
     func = cache(func, info["b"], t["ko"])
-    func = cache(func, info["a"], t["io"])
+    func = cache(func, info["a"], t["jp"] if _pack_a_once(per_m, kt, n, nc, info["itemsize"]) else t["io"])
     func = cache(func, tensor if _direct(func, tensor) else f"{tensor}_acc", t["ir"])
     func = unroll(func, t["ii"])
     func = vectorize(func, t["jj"])
@@ -287,6 +287,12 @@ def _rename_loops(s: Stmt, mapping: dict[str, str]) -> Stmt:
     s = subst(s, {old: Var(new) for old, new in mapping.items()})
     return map_stmt(s, lambda n: replace(n, var=Var(mapping[n.var.name]))
                     if isinstance(n, For) and n.var.name in mapping else None)
+
+
+def _pack_a_once(rows: int, k: int, n: int, nc: int, itemsize: int) -> bool:
+    """Pack a thread's rows of A once (at ``jp``) rather than per ``nc`` block of columns when they
+    are small (a conv's weights: few output channels) and there is more than one column block."""
+    return n > nc and rows * k * itemsize <= host_caches()[2] // 4
 
 
 def _group_parallel(func: LoopFunc, outer: list[str], nthreads: int) -> str | None:
@@ -375,13 +381,25 @@ def _parallelize_items(func: LoopFunc, body: Stmt) -> LoopFunc:
             continue
         if not _has_parallel(item) and _work(item) >= PARALLEL_MIN_WORK:
             try:
-                func = parallel(func, item.var.name)
+                func = _parallel_widened(func, item)
                 continue
             except TccScheduleError:
                 pass
         if _is_group(item):
             func = _parallelize_items(func, _find_loop(func, item.var.name).body)
     return func
+
+
+def _parallel_widened(func: LoopFunc, item: For) -> LoopFunc:
+    """``item``'s loop in parallel; with fewer iterations than the threads take chunks (a batch of
+    one) it is first fused with the loop right inside it (``n`` x ``c`` of a depthwise conv)."""
+    if int(getattr(item.extent, "value", 0)) < 4 * threads() and isinstance(item.body, For):
+        name = fresh(func, f"{item.var.name}_{item.body.var.name}")
+        try:
+            return parallel(fuse(func, item.var.name, item.body.var.name, name=name), name)
+        except TccScheduleError:
+            pass
+    return parallel(func, item.var.name)
 
 
 def _has_parallel(s: Stmt) -> bool:
