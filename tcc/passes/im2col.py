@@ -11,7 +11,8 @@ cost model applies it only where the GEMM reuses each patch (the weights have an
 the input read lacks: output channels), so depthwise convolutions stay direct; and only while
 one batch element's patches fit in ``MAX_PATCH_BYTES``. The patch tensor's leading index is the
 batch, and fusion groups it with the GEMM under one batch loop, so only one batch element's
-patches exist at a time: the peak extra memory is ``C*R*S*OY*OX*itemsize`` whatever the batch.
+patches per thread exist at a time (the CPU runs whole images on each thread when the batch has
+one per thread): the peak extra memory is ``threads * C*R*S*OY*OX*itemsize`` whatever the batch.
 
 Override with ``tcc.compile(..., conv="im2col" | "direct" | "auto")``.
 """
