@@ -49,6 +49,8 @@ op chain(A: f32[L], B: f32[L], C: f32[L]) -> Y: f32[L] {
 }
 """
 
+SETTLE = 0.2  # seconds before each timed call, as in benchmarks/cpu.py
+
 # name: (N, C, H, W, F, K, S, P, depthwise)
 LAYERS = {
     "3x3 64->64 56x56 b8": (8, 64, 56, 56, 64, 3, 1, 1, False),
@@ -75,6 +77,7 @@ def interleaved(fns: list, runs: int) -> list[float]:
         fn()  # compile / warm up
     for _ in range(runs):
         for t, fn in zip(times, fns):
+            time.sleep(SETTLE)  # let the previous library's spinning threads go idle
             start = time.perf_counter()
             fn()
             t.append(time.perf_counter() - start)

@@ -1,7 +1,10 @@
 """CPU kernels side by side with their anchors: ratios tcc time / anchor time (lower is better).
 
 Each anchor configuration runs in its own process (OpenBLAS reads OPENBLAS_CORETYPE when NumPy
-loads), and in it tcc and the anchor are timed interleaved, medians of ``--runs`` runs.
+loads), and in it tcc and the anchor are timed interleaved, medians of ``--runs`` runs. Before each
+timed call the process sleeps ``SETTLE`` seconds, so that the other library's idle thread pool
+(OpenBLAS and libgomp spin for a while after a call) no longer holds a core: interleaving without
+it times each side on one core and a half.
 Usage: python benchmarks/cpu.py [--runs 10] [--quick]
 """
 
@@ -14,6 +17,7 @@ import subprocess
 import sys
 import time
 
+SETTLE = 0.2  # seconds of sleep before each timed call: see the module docstring
 ANCHORS = {"numpy-avx512": {"OPENBLAS_CORETYPE": "SkylakeX"}, "numpy": {}, "torch": {}}
 SOURCES = {
     "matmul": "op matmul(A: f32[M, K], B: f32[K, N]) -> C: f32[M, N] { C[i, j] = sum[k](A[i, k] * B[k, j]) }",
@@ -91,13 +95,16 @@ def measure(anchor: str, runs: int, names: list[str]) -> dict:
         fn()
         t_tcc, t_anchor = [], []
         for _ in range(runs):
+            time.sleep(SETTLE)
             t0 = time.perf_counter()
             kernel(*args)
             t1 = time.perf_counter()
-            fn()
+            time.sleep(SETTLE)
             t2 = time.perf_counter()
+            fn()
+            t3 = time.perf_counter()
             t_tcc.append(t1 - t0)
-            t_anchor.append(t2 - t1)
+            t_anchor.append(t3 - t2)
         out[label] = (float(np.median(t_tcc)), float(np.median(t_anchor)))
     return out
 
