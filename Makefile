@@ -10,6 +10,10 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e ".[dev,cuda]" || $(BIN)/python -m pip install -q -e ".[dev]"
+	@# PyTorch (CPU) is optional: the anchor of benchmarks and of a few comparison tests. Only a
+	@# wheel already on this machine (PIP_FIND_LINKS) is used, never a multi-GB download.
+	-$(BIN)/python -m pip install -q --no-index --no-deps "torch==2.13.0" 2>/dev/null && \
+		$(BIN)/python -m pip install -q "torch==2.13.0"
 	@touch $(STAMP)
 
 demo: $(STAMP)
