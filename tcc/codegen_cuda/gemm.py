@@ -115,6 +115,9 @@ class Builder:
     """Builds the kernel of one contraction; ``fresh`` names new variables."""
 
     tiles = TILES
+    # NVRTC 13.0 crashes now and then (a segfault inside nvrtcCompileProgram) on the f32 kernels
+    # double-buffered, and they gained nothing measured on an H200: single-buffered
+    double_buffered = False
 
     def __init__(self, c: Contraction, fresh, decompose):
         self.c = c
@@ -125,8 +128,9 @@ class Builder:
         self.tm, self.tn = self.bm // SIDE, self.bn // SIDE
         names = [fresh(s).name for s in ("xs", "ys", "acct", "xr", "yr", "xst", "yst")]
         self.k_inner = False  # shared tiles are [slot][BK][tile]
-        self.xs = Buffer(names[0], c.x.dtype, (2, self.bk, self.bm + PAD), "shared")
-        self.ys = Buffer(names[1], c.y.dtype, (2, self.bk, self.bn + PAD), "shared")
+        slots = 2 if self.double_buffered else 1
+        self.xs = Buffer(names[0], c.x.dtype, (slots, self.bk, self.bm + PAD), "shared")
+        self.ys = Buffer(names[1], c.y.dtype, (slots, self.bk, self.bn + PAD), "shared")
         self.xst = Buffer(names[5], c.x.dtype, (self.bk * self.bm // THREADS,), "local")
         self.yst = Buffer(names[6], c.y.dtype, (self.bk * self.bn // THREADS,), "local")
         self.acct = Buffer(names[2], c.acc.dtype, (self.tm, self.tn), "local")
@@ -158,7 +162,8 @@ class Builder:
 
     def local_buffers(self) -> tuple[Buffer, ...]:
         """The kernel's shared and register buffers, innermost first."""
-        return (self.yst, self.xst, self.yr, self.xr, self.acct, self.ys, self.xs)
+        stages = (self.yst, self.xst) if self.double_buffered else ()
+        return (*stages, self.yr, self.xr, self.acct, self.ys, self.xs)
 
     def _allocate(self, body: Stmt) -> Stmt:
         for buf in self.local_buffers():
@@ -173,11 +178,15 @@ class Builder:
         return self._tile_loops(lambda a, b: Store(self.acct.name, (a, b), self.c.init))
 
     def _main_loop(self, tid: Var, ty: Var, tx: Var, tm0: Var, tn0: Var) -> Stmt:
-        """Double-buffered: while the products of step ``kt`` read one slot of the shared tiles, the
-        next step's operands come from global memory into registers, then go to the other slot;
-        one barrier per step."""
+        """Per k-step: fill, barrier, products, barrier; or, ``double_buffered``, while the products of
+        step ``kt`` read one slot of the shared tiles, the next step's operands come from global
+        memory into registers, then go to the other slot, with one barrier per step."""
         kt = self.fresh("kt")
         steps = -(-self.k // self.bk)
+        if not self.double_buffered:
+            fill = self.fills(tid, tm0, tn0, _mul(kt, self.bk), Const(0, I64))[0]
+            products = self._products(ty, tx, Const(0, I64))
+            return For(kt, Const(steps, I64), seq(fill, Barrier(), products, Barrier()))
         first = self.fills(tid, tm0, tn0, Const(0, I64), Const(0, I64))
         if steps == 1:
             return seq(*first, Barrier(), self._products(ty, tx, Const(0, I64)))
@@ -212,12 +221,15 @@ class Builder:
 
         def load(step: Var, kk: Var, ss: Var) -> Stmt:
             gs, gk = self.fresh("gs"), self.fresh("gk")
-            target = Store(stage.name, (step,), value)
+            if self.double_buffered:
+                name, where = stage.name, (step,)
+            else:  # straight to shared memory
+                name, where = buf.name, (slot, ss, kk) if self.k_inner else (slot, kk, ss)
+            target = Store(name, where, value)
             compute = self.decompose(self.c.k_axes, [_const(f) for f in self.c.k_axes], gk,
                                      self.decompose(axes, [_const(f) for f in axes], gs, target))
             cond = _in_range([(gs, size, size % tile == 0), (gk, self.k, self.k % self.bk == 0)])
-            guarded = compute if cond is None else If(cond, compute, Store(stage.name, (step,),
-                                                                           Const(0, stage.dtype)))
+            guarded = compute if cond is None else If(cond, compute, Store(name, where, Const(0, stage.dtype)))
             return Let(gs, _add(base, ss), Let(gk, _add(k0, kk), guarded))
 
         def store(step: Var, kk: Var, ss: Var) -> Stmt:

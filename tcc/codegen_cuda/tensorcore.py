@@ -50,6 +50,7 @@ class Builder(gemm.Builder):
     """A :class:`gemm.Builder` whose products run on tensor cores."""
 
     tiles = TILES
+    double_buffered = True
 
     def __init__(self, c: gemm.Contraction, fresh, decompose, values: tuple[Expr, Expr]):
         super().__init__(c, fresh, decompose)
