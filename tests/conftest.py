@@ -11,3 +11,13 @@ os.environ.setdefault("TCC_CACHE_DIR", tempfile.mkdtemp(prefix="tcc-test-cache-"
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng()
+
+
+@pytest.fixture(autouse=True)
+def _a_two_core_host(monkeypatch):
+    """Schedule as for CI's 2-core machine, whatever this host has, so that tests asserting on
+    scheduled loop text hold on the many-core GPU machines too (the code runs on all cores)."""
+    from tcc.passes import autoschedule
+
+    monkeypatch.setattr(autoschedule, "threads", lambda: 2)
+    monkeypatch.setattr(autoschedule, "host_caches", lambda: {1: 32 << 10, 2: 1 << 20, 3: 8 << 20})

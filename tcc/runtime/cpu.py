@@ -16,7 +16,11 @@ STAGES = ("ast", "te", "fused", "loops", "scheduled", "llvm", "asm")
 
 
 def host_key(options: dict[str, Any]) -> str:
-    return "/".join(jit.host())
+    """The host as the auto-scheduler sees it: CPU, features, threads and cache sizes."""
+    from tcc.passes import autoschedule
+
+    caches = ",".join(f"L{level}={size}" for level, size in sorted(autoschedule.host_caches().items()))
+    return "/".join((*jit.host(), f"threads={autoschedule.threads()}", caches))
 
 
 def llvm_ir(func: LoopFunc) -> str:
