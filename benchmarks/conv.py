@@ -2,8 +2,9 @@
 
 For each ResNet-like layer: conv + bias + relu (fused epilogue) against PyTorch's conv2d + relu,
 the bare conv against PyTorch's bare conv, and the epilogue's cost (fused / bare, both tcc); then
-a 4-operator elementwise chain against NumPy. tcc and the anchor are timed interleaved, medians
-of ``--runs``. Peak memory: in a fresh process, after a warm-up call, the peak RSS is reset and
+a 4-operator elementwise chain against NumPy. tcc and the anchor are timed in interleaved rounds
+of warm back-to-back calls (see benchmarks/cpu.py), medians over ``--runs`` rounds. Peak memory:
+in a fresh process, after a warm-up call, the peak RSS is reset and
 its growth during one call measured (im2col's patch buffers plus the new output array).
 
     python benchmarks/conv.py [--runs 10] [--quick]
@@ -17,7 +18,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
 CONV = """
 op conv_bias_relu[S = 1, P = 1](X: f32[N, C, H, W], Wt: f32[F, C, KH, KW], b: f32[F])
@@ -49,8 +49,6 @@ op chain(A: f32[L], B: f32[L], C: f32[L]) -> Y: f32[L] {
 }
 """
 
-SETTLE = 0.2  # seconds before each timed call, as in benchmarks/cpu.py
-
 # name: (N, C, H, W, F, K, S, P, depthwise)
 LAYERS = {
     "3x3 64->64 56x56 b8": (8, 64, 56, 56, 64, 3, 1, 1, False),
@@ -72,15 +70,15 @@ def inputs(layer, rng):
 
 
 def interleaved(fns: list, runs: int) -> list[float]:
-    times = [[] for _ in fns]
+    """Median seconds per call of each of ``fns``, in interleaved rounds (see benchmarks/cpu.py)."""
+    from cpu import timed_burst
+
+    times: list[list[float]] = [[] for _ in fns]
     for fn in fns:
-        fn()  # compile / warm up
+        fn()  # compile
     for _ in range(runs):
         for t, fn in zip(times, fns):
-            time.sleep(SETTLE)  # let the previous library's spinning threads go idle
-            start = time.perf_counter()
-            fn()
-            t.append(time.perf_counter() - start)
+            t += timed_burst(fn)
     return [statistics.median(t) for t in times]
 
 

@@ -1,23 +1,25 @@
 """CPU kernels side by side with their anchors: ratios tcc time / anchor time (lower is better).
 
 Each anchor configuration runs in its own process (OpenBLAS reads OPENBLAS_CORETYPE when NumPy
-loads), and in it tcc and the anchor are timed interleaved, medians of ``--runs`` runs. Before each
-timed call the process sleeps ``SETTLE`` seconds, so that the other library's idle thread pool
-(OpenBLAS and libgomp spin for a while after a call) no longer holds a core: interleaving without
-it times each side on one core and a half.
+loads), and in it tcc and the anchor are timed in interleaved rounds, medians over ``--runs``
+rounds. A round of one side sleeps ``SETTLE`` seconds, makes one warm-up call, then times three
+calls back to back: each side is timed warm, as in a network's steady state, and never while the
+other library's idle thread pool is still spinning on a core (OpenBLAS and libgomp spin for a
+while after a call; interleaving single calls timed each side on one core and a half).
 Usage: python benchmarks/cpu.py [--runs 10] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
 import sys
 import time
 
-SETTLE = 0.2  # seconds of sleep before each timed call: see the module docstring
+SETTLE = 0.2  # seconds of quiet before each round: see the module docstring
 ANCHORS = {"numpy-avx512": {"OPENBLAS_CORETYPE": "SkylakeX"}, "numpy": {}, "torch": {}}
 SOURCES = {
     "matmul": "op matmul(A: f32[M, K], B: f32[K, N]) -> C: f32[M, N] { C[i, j] = sum[k](A[i, k] * B[k, j]) }",
@@ -93,20 +95,25 @@ def measure(anchor: str, runs: int, names: list[str]) -> dict:
             continue
         kernel(*args)
         fn()
+        run_tcc = functools.partial(kernel, *args)
         t_tcc, t_anchor = [], []
         for _ in range(runs):
-            time.sleep(SETTLE)
-            t0 = time.perf_counter()
-            kernel(*args)
-            t1 = time.perf_counter()
-            time.sleep(SETTLE)
-            t2 = time.perf_counter()
-            fn()
-            t3 = time.perf_counter()
-            t_tcc.append(t1 - t0)
-            t_anchor.append(t3 - t2)
+            t_tcc += timed_burst(run_tcc)
+            t_anchor += timed_burst(fn)
         out[label] = (float(np.median(t_tcc)), float(np.median(t_anchor)))
     return out
+
+
+def timed_burst(fn, calls: int = 3) -> list[float]:
+    """After ``SETTLE`` seconds of quiet, one warm-up call, then ``calls`` timed back to back."""
+    time.sleep(SETTLE)
+    fn()
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
 
 
 def main() -> None:

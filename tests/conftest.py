@@ -17,7 +17,10 @@ def rng() -> np.random.Generator:
 def _a_two_core_host(monkeypatch):
     """Schedule as for CI's 2-core machine, whatever this host has, so that tests asserting on
     scheduled loop text hold on the many-core GPU machines too (the code runs on all cores)."""
+    from helpers import TWO_CORE_CACHES
+
     from tcc.passes import autoschedule
 
     monkeypatch.setattr(autoschedule, "threads", lambda: 2)
-    monkeypatch.setattr(autoschedule, "host_caches", lambda: {1: 32 << 10, 2: 1 << 20, 3: 8 << 20})
+    monkeypatch.setattr(autoschedule, "host_caches", lambda: dict(TWO_CORE_CACHES))
+

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import check_op
+from helpers import TWO_CORE_HOST, check_op
 from test_schedule import MATMUL
 
 import tcc
@@ -61,7 +61,7 @@ def test_cli_tune_then_a_second_process_uses_the_winner(fresh_cache, capsys):
     assert main(["tune", str(path), "-D", "M=64", "-D", "K=48", "-D", "N=40", "--trials", "2"]) == 0
     out = capsys.readouterr().out
     assert "2 candidates" in out and "best: C: kc=" in out
-    script = (
+    script = TWO_CORE_HOST + (
         "import numpy as np, tcc, tcc.tune\n"
         "def refuse(*a, **k): raise SystemExit('searched again')\n"
         "tcc.tune.search = refuse\n"
