@@ -71,6 +71,7 @@ def inputs(layer, rng):
 
 def interleaved(fns: list, runs: int) -> list[float]:
     """Median seconds per call of each of ``fns``, in interleaved rounds (see benchmarks/cpu.py)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from cpu import timed_burst
 
     times: list[list[float]] = [[] for _ in fns]
