@@ -137,9 +137,6 @@ class _ToAst(Transformer):
             return None
         return Span(self.source, meta.line, meta.column, meta.end_line, meta.end_column)
 
-    def _tok_span(self, tok: Token) -> Span:
-        return Span(self.source, tok.line, tok.column, tok.end_line, tok.end_column)
-
     def _with(self, node: ast.Node, meta: object) -> ast.Node:
         node.span = self._span(meta)
         return node

@@ -289,7 +289,7 @@ class _OpAnalyzer:
             self.range_checks.append(RangeCheck(var, where, tuple(sources)))
         return sources[0].extent
 
-    def _alone_uses(self, var: str, node: ast.Node, shadowed: bool = False) -> list[RangeSource]:
+    def _alone_uses(self, var: str, node: ast.Node) -> list[RangeSource]:
         out: list[RangeSource] = []
         if isinstance(node, ast.ReduceExpr):
             if any(ax.name == var for ax in node.axes):

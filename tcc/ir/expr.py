@@ -16,7 +16,6 @@ from tcc.errors import Span
 
 ARITH_OPS = ("add", "sub", "mul", "div", "floordiv", "mod", "pow", "max", "min")
 COMPARE_OPS = ("lt", "le", "gt", "ge", "eq", "ne")
-LOGIC_OPS = ("and", "or")
 MATH_FUNCS = ("exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "erf", "abs",
               "floor", "ceil")
 REDUCE_OPS = ("sum", "max", "min", "prod")

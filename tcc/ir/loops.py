@@ -182,12 +182,6 @@ def format_func(f: LoopFunc) -> str:
     return "\n".join(lines)
 
 
-def format_stmt(s: Stmt) -> str:
-    lines: list[str] = []
-    _format_stmt(s, 0, lines)
-    return "\n".join(lines)
-
-
 def _format_stmt(s: Stmt, depth: int, out: list[str]) -> None:
     pad = "    " * depth
     if isinstance(s, For):

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from tcc.dtypes import DType
 from tcc.errors import Source, Span, TccError
-from tcc.ir.expr import Const, Expr, IterVar, Read, Reduce, Var, format_expr, walk
+from tcc.ir.expr import Expr, IterVar, Read, Reduce, Var, format_expr
 
 
 @dataclass(frozen=True)
@@ -83,8 +83,6 @@ class OpTE:
     def inputs(self) -> list[str]:
         return [p for p in self.params if p in self.tensors]
 
-    def compute_of(self, tensor: str) -> Compute | None:
-        return next((c for c in self.computes if c.tensor == tensor), None)
 
 
 def format_op(op: OpTE) -> str:
@@ -148,8 +146,4 @@ def _check(cond: bool, message: str) -> None:
         raise TccError(f"internal error: TE verifier: {message}")
 
 
-def reads_of(e: Expr) -> list[Read]:
-    return [n for n in walk(e) if isinstance(n, Read)]
-
-
-__all__ = ["Compute", "Const", "OpTE", "Pad", "Scalar", "Tensor", "Var", "format_op", "verify_op"]
+__all__ = ["Compute", "OpTE", "Pad", "Scalar", "Tensor", "format_op", "verify_op"]

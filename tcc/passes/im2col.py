@@ -219,7 +219,3 @@ def _fresh(base: str, taken: dict[str, Tensor]) -> str:
         i += 1
         name = f"{base}{i}"
     return name
-
-
-def _replace_read(body: Expr, old: Read, new: Read) -> Expr:
-    return transform(body, lambda n: new if n == old else None)

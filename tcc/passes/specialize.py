@@ -12,7 +12,7 @@ from dataclasses import replace
 from tcc import dtypes
 from tcc.errors import TccShapeError
 from tcc.ir.expr import Const, Expr, IterVar, substitute
-from tcc.ir.te import Compute, OpTE, Pad, Tensor
+from tcc.ir.te import Compute, OpTE, Pad
 from tcc.passes.simplify import evaluate_int, simplify
 
 
@@ -71,7 +71,3 @@ def _check_ranges(op: OpTE, sub, bindings: dict[str, int | float]) -> None:
 
 def _fmt(bindings: dict[str, int | float]) -> str:
     return ", ".join(f"{k}={v}" for k, v in bindings.items()) or "these shapes"
-
-
-def concrete(t: Tensor) -> tuple[int, ...]:
-    return t.concrete_shape()
