@@ -219,3 +219,31 @@ def test_tiled_gemms_keep_their_registers():
     hmm = tcc.compile(EXAMPLES / "hmm.tc", target="cuda").hmm
     h = np.zeros((4096, 4096), np.float16)
     assert "ld.local" not in hmm.lower(h, h, stage="ptx")
+
+
+def _meta(op, bindings: dict) -> tuple[dict, str]:
+    """(the launch plan, the PTX) of ``op`` specialised to ``bindings``."""
+    artifact = rt.build(op.lowered(bindings).scheduled, {"arch": "sm_90"})
+    return rt._parse(artifact)[0], op.stage_text(bindings, "ptx")
+
+
+def test_aligned_variants_compile_with_their_fallbacks():
+    """16-byte loads where sizes allow (float4 flat kernels; cp.async + ldmatrix tensor cores),
+    each flagged aligned and followed by the kernel the launcher runs for misaligned pointers."""
+    axpy = tcc.compile(EXAMPLES / "axpy.tc", target="cuda").axpy
+    meta, ptx = _meta(axpy, dict(N=4096))
+    assert [k["aligned"] for k in meta["kernels"]] == [True, False]
+    assert "ld.global.v4.f32" in ptx and "st.global.v4.f32" in ptx
+    assert [k["aligned"] for k in _meta(axpy, dict(N=4097))[0]["kernels"]] == [False]
+    hmm = tcc.compile(EXAMPLES / "hmm.tc", target="cuda").hmm
+    lin = tcc.compile("op hlin(A: f16[M, K], W: f16[N, K]) -> C: f32[M, N] "
+                      "{ C[i, j] = sum[k](f32(A[i, k]) * f32(W[j, k])) }", target="cuda").hlin
+    bf = tcc.compile("op g(A: bf16[M, K], B: bf16[K, N]) -> C: f32[M, N] "
+                     "{ C[i, j] = sum[k](f32(A[i, k]) * f32(B[k, j])) }", target="cuda").g
+    for op, sizes, fast in ((hmm, (4096, 4096, 4096), True), (hmm, (129, 72, 200), True),
+                            (hmm, (129, 70, 65), False), (hmm, (64, 64, 60), False),
+                            (lin, (100, 64, 72), True), (lin, (130, 200, 257), True), (bf, (64, 48, 80), True)):
+        meta, ptx = _meta(op, dict(zip("MKN", sizes)))
+        assert [k["aligned"] for k in meta["kernels"]] == ([True, False] if fast else [False])
+        assert ("cp.async.cg.shared.global" in ptx and "ldmatrix" in ptx) == fast
+        assert "ld.local" not in ptx and "st.local" not in ptx

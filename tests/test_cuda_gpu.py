@@ -274,9 +274,16 @@ op hconv(X: f16[N, C, H, W], Wt: f16[F, C, 3, 3]) -> Y: f32[N, F, H - 2, W - 2] 
 }
 """,
 }
+HALF_SOURCES["hlin"] = """
+op hlin(A: f16[M, K], W: f16[N, K]) -> C: f32[M, N] {
+    C[i, j] = sum[k](f32(A[i, k]) * f32(W[j, k]))
+}
+"""
 TENSOR_CORE_CASES = [("hmm", dict(M=7, K=33, N=5)), ("hmm", dict(M=256, K=256, N=256)),
                      ("hmm", dict(M=200, K=1000, N=72)), ("hmm", dict(M=2, K=16, N=2)),
-                     ("hbmm", dict(B=3, M=19, K=21, N=35)),
+                     ("hmm", dict(M=129, K=72, N=200)), ("hmm", dict(M=300, K=40, N=136)),
+                     ("hbmm", dict(B=3, M=19, K=21, N=35)), ("hbmm", dict(B=3, M=19, K=24, N=40)),
+                     ("hlin", dict(M=100, K=64, N=72)), ("hlin", dict(M=130, K=200, N=257)),
                      ("hconv", dict(N=2, C=13, H=15, W=17, F=24))]
 
 
@@ -301,12 +308,13 @@ def test_bf16_contraction_on_tensor_cores(rng):
     torch = _torch()
     op = tcc.compile("op bhmm(A: bf16[M, K], B: bf16[K, N]) -> C: f32[M, N] "
                      "{ C[i, j] = sum[k](f32(A[i, k]) * f32(B[k, j])) }", target="cuda").bhmm
-    assert "mma.sync" in op.stage_text(dict(M=131, K=77, N=190), "ptx")
-    a = torch.from_numpy(rng.standard_normal((131, 77)).astype(np.float32)).cuda().bfloat16()
-    b = torch.from_numpy(rng.standard_normal((77, 190)).astype(np.float32)).cuda().bfloat16()
-    out = torch.full((131, 190), float("nan"), device="cuda")
-    op(a, b, out=out)
-    torch.testing.assert_close(out, a.double().matmul(b.double()).float(), rtol=1e-5, atol=1e-4)
+    for m, k, n in ((131, 77, 190), (131, 80, 192)):  # the register-staged kernel, then cp.async
+        assert "mma.sync" in op.stage_text(dict(M=m, K=k, N=n), "ptx")
+        a = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32)).cuda().bfloat16()
+        b = torch.from_numpy(rng.standard_normal((k, n)).astype(np.float32)).cuda().bfloat16()
+        out = torch.full((m, n), float("nan"), device="cuda")
+        op(a, b, out=out)
+        torch.testing.assert_close(out, a.double().matmul(b.double()).float(), rtol=1e-5, atol=1e-4)
 
 
 # ---------------------------------------------------------------- repeat calls (the fast path)
@@ -343,3 +351,49 @@ def test_repeat_calls_follow_the_current_stream(rng):
         y = lib.softmax(x)
     s.synchronize()
     torch.testing.assert_close(y, torch.softmax(x, dim=1))
+
+
+# ---------------------------------------------------------------- aligned variants and their fallbacks
+
+def _misaligned(t, offset: int):
+    """A contiguous copy of ``t`` whose data starts ``offset`` elements into a fresh buffer."""
+    torch = _torch()
+    flat = torch.full((t.numel() + 16,), float("nan"), dtype=t.dtype, device=t.device)
+    view = flat[offset:offset + t.numel()].view(t.shape)
+    view.copy_(t)
+    assert view.is_contiguous()
+    return view
+
+
+@pytest.mark.parametrize("offset", [0, 1, 2, 3])
+def test_flat_kernels_aligned_and_misaligned(offset):
+    """axpy and bias_relu with views at every 4-byte offset: the float4 kernel or its fallback."""
+    torch = _torch()
+    lib = tcc.compile(EXAMPLES / "axpy.tc", target="cuda")
+    x, y = torch.randn(4096 + 64, device="cuda"), torch.randn(4096 + 64, device="cuda")
+    xv, yv = _misaligned(x, offset), _misaligned(y, (offset * 3) % 4)
+    out = _misaligned(torch.full_like(x, float("nan")), offset)
+    for _ in range(2):  # the checked path, then the plan
+        assert lib.axpy(2.5, xv, yv, out=out) is out
+        torch.testing.assert_close(out, 2.5 * x + y)
+        torch.testing.assert_close(lib.axpy(2.5, xv, yv), 2.5 * x + y)
+    br = tcc.compile(EXAMPLES / "bias_relu.tc", target="cuda").bias_relu
+    a, g = torch.randn(33, 1028, device="cuda"), torch.randn(1028, device="cuda")
+    for _ in range(2):
+        torch.testing.assert_close(br(_misaligned(a, offset), g), torch.relu(a + g))
+
+
+@pytest.mark.parametrize("offset", [0, 1, 4, 8])
+def test_tensor_core_kernel_aligned_and_misaligned(offset):
+    """hmm with operands at half-element offsets: cp.async needs 16 bytes (offset 0 or 8)."""
+    torch = _torch()
+    hmm = tcc.compile(EXAMPLES / "hmm.tc", target="cuda").hmm
+    a = torch.randn(136, 96, device="cuda").half()
+    b = torch.randn(96, 264, device="cuda").half()
+    want = a.double() @ b.double()
+    av, bv = _misaligned(a, offset), _misaligned(b, 0)
+    for _ in range(2):
+        out = torch.full((136, 264), float("nan"), device="cuda")
+        hmm(av, bv, out=out)
+        torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(hmm(av, bv).double(), want, rtol=1e-5, atol=1e-4)

@@ -115,6 +115,7 @@ class KernelInfo:
     grid: int
     block: int
     params: list[tuple[str, str]]  # (parameter name in the LoopFunc, ctype code: "p" pointer or a dtype)
+    aligned: bool = False  # launch only when every pointer is 16-byte aligned; else the next kernel
 
 
 @dataclass
@@ -144,10 +145,11 @@ def generate(func: LoopFunc) -> CudaProgram:
         if not (isinstance(kernel, For) and kernel.kind == "block.x"):
             raise TccCompileError("internal error: a CUDA kernel must start with a loop bound to block.x",
                                   hint="schedule the function with tcc.codegen_cuda.schedule.schedule_cuda")
-        info, text = _Kernel(f"tcc_{func.name}_k{i}", kernel, buffers, scalars).emit()
+        used = _pair_used(stmts, i)
+        info, text = _Kernel(f"tcc_{func.name}_k{i}", kernel, buffers, scalars, used).emit()
         kernels.append(info)
         lines.append(text)
-    if any(tensorcore.MMA + "<" in text for text in lines[1:]):
+    if any(tensorcore.MMA + "<" in text or tensorcore.MAIN + "<" in text for text in lines[1:]):
         lines.insert(1, tensorcore.PREAMBLE)
     source = "\n".join(lines)
     return CudaProgram(source, kernels, [(t.name, max(1, t.size * t.dtype.itemsize)) for t in temps])
@@ -159,6 +161,27 @@ def _peel(s: Stmt) -> tuple[list[Buffer], Stmt]:
         temps.append(s.buffer)
         s = s.body
     return temps, s
+
+
+def is_aligned_variant(kernel: Stmt) -> bool:
+    """Whether ``kernel`` assumes 16-byte aligned pointers (the kernel after it is its fallback)."""
+    return isinstance(kernel, For) and any(key == "aligned" for key, _ in kernel.annotations)
+
+
+def _pair_used(stmts: list[Stmt], i: int) -> tuple[set[str], set[str], set[str]]:
+    """What kernel ``i`` refers to; a kernel and its fallback share one parameter list."""
+    pair = [i]
+    if is_aligned_variant(stmts[i]):
+        pair.append(i + 1)
+    elif i > 0 and is_aligned_variant(stmts[i - 1]):
+        pair.append(i - 1)
+    if max(pair) >= len(stmts):
+        raise TccCompileError("internal error: an aligned kernel variant without its fallback")
+    reads, writes, names = set(), set(), set()
+    for j in pair:
+        r, w, n = _used(stmts[j])
+        reads, writes, names = reads | r, writes | w, names | n
+    return reads, writes, names
 
 
 def _used(kernel: Stmt) -> tuple[set[str], set[str], set[str]]:
@@ -179,23 +202,30 @@ def _used(kernel: Stmt) -> tuple[set[str], set[str], set[str]]:
 class _Kernel:
     """Emits one ``__global__`` function."""
 
-    def __init__(self, name: str, root: For, buffers: dict[str, Buffer], scalars: list[Var]):
+    def __init__(self, name: str, root: For, buffers: dict[str, Buffer], scalars: list[Var],
+                 used: tuple[set[str], set[str], set[str]]):
         self.name = name
         self.root = root
+        self.used = used
         self.buffers = dict(buffers)
         self.scalars = scalars
         self.lines: list[str] = []
         self.block = 1
 
     def emit(self) -> tuple[KernelInfo, str]:
-        reads, writes, names = _used(self.root)
+        reads, writes, names = self.used
         self.block = self._block_size()
+        aligned = is_aligned_variant(self.root)
         params, decls, prologue = [], [], []
         for buf in self.buffers.values():
             if buf.name in reads or buf.name in writes:
                 const = "const " if buf.name not in writes else ""
-                decls.append(f"{const}{_MEMORY_TYPE[buf.dtype.name]}* __restrict__ {c_name(buf.name)}")
+                ctype = f"{const}{_MEMORY_TYPE[buf.dtype.name]}*"
+                decls.append(f"{ctype} __restrict__ {c_name(buf.name)}")
                 params.append((buf.name, "p"))
+                if aligned:  # checked at launch: lets the compiler merge loads into 16-byte ones
+                    prologue.append(f"    {c_name(buf.name)} = ({ctype})__builtin_assume_aligned("
+                                    f"{c_name(buf.name)}, 16);")
         for var in self.scalars:
             if var.name not in names:
                 continue
@@ -210,7 +240,7 @@ class _Kernel:
         self.lines = [head, *prologue]
         self._stmt(self.root, 1)
         self.lines.append("}")
-        info = KernelInfo(self.name, _const_extent(self.root), self.block, params)
+        info = KernelInfo(self.name, _const_extent(self.root), self.block, params, aligned)
         return info, "\n".join(self.lines)
 
     def _block_size(self) -> int:
@@ -273,6 +303,9 @@ class _Kernel:
         if isinstance(s.value, Call) and s.value.fn == tensorcore.MMA:
             self._line(depth, self._mma(buf, s.value))
             return
+        if isinstance(s.value, Call) and s.value.fn == tensorcore.MAIN:
+            self._line(depth, self._tc_main(buf, s.value))
+            return
         if buf.scope != "local" and _same_memory(s.value, buf, self.buffers):
             value = self._memory_load(s.value)  # a 16-bit copy stays a bit copy
         else:
@@ -287,6 +320,12 @@ class _Kernel:
         xbuf, ybuf = self.buffers[xs.buffer], self.buffers[ys.buffer]
         pointers = [f"{c_name(a.buffer)} + {self._flat(b, a.indices)}" for a, b in ((xs, xbuf), (ys, ybuf))]
         return tensorcore.mma_source(c_name(acc.name), *pointers, self._expr(lane), (acc, xbuf, ybuf))
+
+    def _tc_main(self, acc: Buffer, call: Call) -> str:
+        x, y, *rest = call.args
+        assert isinstance(x, Load) and isinstance(y, Load)
+        pointers = [f"{c_name(a.buffer)} + {self._flat(self.buffers[a.buffer], a.indices)}" for a in (x, y)]
+        return tensorcore.main_source(c_name(acc.name), *pointers, [self._expr(e) for e in rest])
 
     def _memory_load(self, e: Load) -> str:
         return f"{c_name(e.buffer)}[{self._flat(self.buffers[e.buffer], e.indices)}]"

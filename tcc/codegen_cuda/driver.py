@@ -218,15 +218,24 @@ class Launcher:
         self.block = block
         self.fn = check(api().cuModuleGetFunction(module, name.encode()), f"finding kernel {name}")
         self.names = [p for p, _ in params]
+        self.pointers = [i for i, (_, code) in enumerate(params) if code == "p"]
         self.slots = [_CTYPES[code]() for _, code in params]
         self.argv = (ctypes.c_void_p * max(1, len(params)))(*[ctypes.addressof(s) for s in self.slots])
         self.argv_ptr = ctypes.addressof(self.argv)
         self.lock = threading.Lock()
+        self.fallback: Launcher | None = None
         lib = libcuda()
         if lib is not None:
             self.cu_launch, self.fn_arg = lib.cuLaunchKernel, int(self.fn)
         else:
             self.cu_launch, self.fn_arg = _python_launch, self.fn
+
+    def set_fallback(self, other: Launcher) -> None:
+        """Make this an aligned variant: calls whose pointers are not all 16-byte aligned run ``other``
+        (a kernel of the same parameters, assuming nothing)."""
+        if other.names != self.names:
+            raise TccRuntimeError(f"internal error: kernels {self.name} and {other.name} differ in parameters")
+        self.fallback = other
 
     def launch(self, values: dict[str, Any], stream: int, op: str) -> None:
         """Launch with each parameter taken from ``values`` by name."""
@@ -234,6 +243,9 @@ class Launcher:
 
     def launch_ordered(self, values: list[Any], order: list[int], stream: int, op: str) -> None:
         """Launch with parameter ``i`` taken from ``values[order[i]]`` (the fast path's layout)."""
+        if self.fallback is not None and any(values[order[i]] % 16 for i in self.pointers):
+            self.fallback.launch_ordered(values, order, stream, op)
+            return
         with self.lock:
             for slot, i in zip(self.slots, order):
                 slot.value = values[i]

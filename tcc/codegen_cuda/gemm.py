@@ -304,14 +304,19 @@ def _mod(a: Expr, k: int) -> Expr:
     return Binary("mod", a, Const(k, I64), I64)
 
 
-def schedule(axes: list[For], body: Stmt, fresh, decompose) -> Stmt | None:
-    """The tiled kernel for a contraction nest, or None when the nest is not one."""
+def schedule(axes: list[For], body: Stmt, fresh, decompose, shapes: dict[str, tuple[int, ...]]) -> Stmt | None:
+    """The tiled kernel for a contraction nest, or None when the nest is not one; ``shapes``
+    gives each buffer's shape. Two kernels where an aligned variant exists (it comes first)."""
     c = match(axes, body)
     if c is None:
         return None
     from tcc.codegen_cuda import tensorcore  # it builds on this module's Builder
 
     values = tensorcore.operands(c)
-    if values is not None:
-        return tensorcore.Builder(c, fresh, decompose, values).kernel()
-    return Builder(c, fresh, decompose).kernel()
+    if values is None:
+        return Builder(c, fresh, decompose).kernel()
+    staged = tensorcore.Builder(c, fresh, decompose, values).kernel()
+    fast = tensorcore.fast_layout(c, values, shapes)
+    if fast is None:
+        return staged
+    return seq(tensorcore.Builder(c, fresh, decompose, values, fast).kernel(), staged)

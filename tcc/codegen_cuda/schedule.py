@@ -11,7 +11,10 @@ Three schedules, chosen per nest:
   as an implicit GEMM) as shared-memory tiles and per-thread register tiles.
 * **flat**: the nest's spatial loops are fused into one index, one thread per output
   element (``block.x`` x ``thread.x``), with a guard where the block size does not divide
-  the element count. Reductions stay serial inside the thread.
+  the element count. Reductions stay serial inside the thread. Where the innermost extent is
+  a multiple of 4, a first kernel gives each thread 4 consecutive elements and assumes
+  16-byte aligned pointers (its loads and stores become 16-byte ones); the launcher runs it
+  when every pointer is aligned, else the one-element kernel after it (annotation ``aligned``).
 * **row**: for nests whose inner loops are long next to the number of outputs (softmax,
   layernorm rows, fused or not), one block per output row. The row's loops are strided
   over the block's threads; a reduction loop carries the annotation ``allreduce=ACC:OP``
@@ -44,7 +47,8 @@ def schedule_cuda(func: LoopFunc) -> LoopFunc:
     """Bind every statement nest of ``func`` to a grid of blocks and threads."""
     temps, body = _peel_global_allocates(func.body)
     names = _Names(func)
-    kernels = [k for nest in _nests(body) if (k := _schedule_nest(nest, names)) is not None]
+    shapes = {name: buf.shape for name, buf in func.buffers().items()}
+    kernels = [k for nest in _nests(body) if (k := _schedule_nest(nest, names, shapes)) is not None]
     new_body: Stmt = seq(*kernels) if kernels else Seq(())
     for buf in reversed(temps):
         new_body = Allocate(buf, new_body)
@@ -109,7 +113,7 @@ def _split_axes(nest: Stmt) -> _Nest:
     return _Nest(axes, nest)
 
 
-def _schedule_nest(stmt: Stmt, names: _Names) -> Stmt | None:
+def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]]) -> Stmt | None:
     inner = next((s for s in walk_stmts(stmt) if isinstance(s, Allocate) and s.buffer.scope == "global"), None)
     if inner is not None:
         raise TccCompileError(f"the CUDA backend cannot schedule {inner.buffer.name}, a global buffer made inside a "
@@ -120,7 +124,7 @@ def _schedule_nest(stmt: Stmt, names: _Names) -> Stmt | None:
         return None  # nothing to compute: no launch
     from tcc.codegen_cuda import gemm  # it builds on this module's index helpers
 
-    tiled = gemm.schedule(nest.axes, nest.body, names.fresh, _decompose)
+    tiled = gemm.schedule(nest.axes, nest.body, names.fresh, _decompose, shapes)
     if tiled is not None:
         return tiled
     work = _row_work(nest.body)
@@ -173,7 +177,36 @@ def _grid(total: int, threads: int, span) -> int:
 
 # ---------------------------------------------------------------- flat: one thread per output element
 
+VECTOR = 4  # elements per thread in the aligned flat kernel
+VECTOR_MIN = 1024  # fewer elements: the one-element kernel alone
+
+
 def _flat_schedule(nest: _Nest, names: _Names) -> Stmt:
+    plain = _flat_kernel(nest, names)
+    extents = nest.extents
+    if not extents or extents[-1] % VECTOR or math.prod(extents) < VECTOR_MIN:
+        return plain
+    return seq(_flat_vector_kernel(nest, names), plain)
+
+
+def _flat_vector_kernel(nest: _Nest, names: _Names) -> Stmt:
+    """``VECTOR`` consecutive elements of the innermost axis per thread, pointers assumed aligned."""
+    extents = [*nest.extents[:-1], nest.extents[-1] // VECTOR]
+    total = math.prod(extents)
+    threads = _block_size(total, FLAT_THREADS)
+    span = nest.axes[0].span
+    blocks = _grid(total, threads, span)
+    bx, tx, gid, quad, lane = (names.fresh(s) for s in ("bx", "tx", "gid", "quad", "vl"))
+    last = nest.axes[-1]
+    inner = Let(last.var, _linear(quad, VECTOR, lane), nest.body)
+    body: Stmt = For(lane, Const(VECTOR, I64), inner, "unroll", span=span)
+    body = _decompose([*nest.axes[:-1], replace(last, var=quad)], extents, gid, body)
+    body = _guarded(gid, _linear(bx, threads, tx), total, blocks * threads, body)
+    return For(bx, Const(blocks, I64), For(tx, Const(threads, I64), body, "thread.x", span=span),
+               "block.x", annotations=(("aligned", True),), span=span)
+
+
+def _flat_kernel(nest: _Nest, names: _Names) -> Stmt:
     extents = nest.extents
     total = math.prod(extents)
     threads = _block_size(total, FLAT_THREADS)

@@ -57,8 +57,8 @@ def build(func: LoopFunc, options: dict[str, Any] | None = None) -> bytes:
     program = cuda_c.generate(func)
     cubin = nvrtc.compile_cubin(program.source, arch)
     meta = {"arch": arch, "temps": program.temps,
-            "kernels": [{"name": k.name, "grid": k.grid, "block": k.block, "params": k.params}
-                        for k in program.kernels]}
+            "kernels": [{"name": k.name, "grid": k.grid, "block": k.block, "params": k.params,
+                         "aligned": k.aligned} for k in program.kernels]}
     header = json.dumps(meta).encode()
     return _MAGIC + struct.pack("<I", len(header)) + header + cubin
 
@@ -95,10 +95,22 @@ class CudaKernel:
                 raise TccRuntimeError(f"op {self.name} was compiled for {self.meta['arch']} but cuda:{device} "
                                       f"is {ctx.arch}", hint=f"tcc.compile(..., target='cuda', arch='{ctx.arch}')")
             module = driver.load_module(self.cubin, f"op {self.name}")
-            found = [driver.Launcher(module, k["name"], k["grid"], k["block"], [tuple(p) for p in k["params"]])
-                     for k in self.meta["kernels"]]
+            made = [driver.Launcher(module, k["name"], k["grid"], k["block"], [tuple(p) for p in k["params"]])
+                    for k in self.meta["kernels"]]
+            found = _pair(made, [bool(k.get("aligned")) for k in self.meta["kernels"]])
             self._launchers[device] = found
         return found
+
+
+def _pair(launchers: list[driver.Launcher], aligned: list[bool]) -> list[driver.Launcher]:
+    """The launchers a call runs: an aligned variant takes the kernel after it as its fallback."""
+    out, i = [], 0
+    while i < len(launchers):
+        if aligned[i]:
+            launchers[i].set_fallback(launchers[i + 1])
+        out.append(launchers[i])
+        i += 2 if aligned[i] else 1
+    return out
 
 
 def load(func: LoopFunc, artifact: bytes) -> CudaKernel:
