@@ -1,0 +1,62 @@
+"""Vector math the CPU backend emits itself (exp by vscalefps, max/min by vrangeps on AVX-512):
+values at odd sizes (vector body and tail) and the special cases NumPy defines."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tcc
+
+SPECIAL = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 3e-45, -2.5, 88.72, 88.73, -87.5,
+                    -103.9, -104.5, 1e30, -1e30], np.float32)
+
+
+def _same(got: np.ndarray, want: np.ndarray) -> bool:
+    """Equal values, NaN where NumPy has NaN, and the sign of every zero."""
+    nan = np.isnan(want)
+    return bool(np.array_equal(np.isnan(got), nan) and np.array_equal(got[~nan], want[~nan])
+                and np.array_equal(np.signbit(got[want == 0]), np.signbit(want[want == 0])))
+
+
+@pytest.mark.parametrize("n", [7, 1000, 2_001])
+def test_vector_exp_is_within_two_ulp_down_to_the_subnormals(n, rng):
+    f = tcc.compile("op e(X: f32[N]) -> Y: f32[N] { Y[i] = exp(X[i]) }")["e"]
+    x = np.concatenate([rng.uniform(-110, 95, n).astype(np.float32), SPECIAL])
+    got = f(x)
+    want = np.exp(x.astype(np.float64))
+    with np.errstate(over="ignore"):
+        want32 = want.astype(np.float32)
+    finite = np.isfinite(want32)
+    assert np.array_equal(np.isnan(got), np.isnan(x))
+    assert np.array_equal(got[np.isinf(want32)], want32[np.isinf(want32)])
+    err = np.abs(got[finite].astype(np.float64) - want[finite])
+    ulp = np.spacing(np.maximum(want32[finite], np.float32(1.2e-38))).astype(np.float64)
+    assert (err <= 2 * ulp).all()
+
+
+@pytest.mark.parametrize("fn", ["max", "min"])
+def test_vector_max_min_propagate_nan_from_either_side_and_order_zeros(fn):
+    f = tcc.compile(f"op m(A: f32[N], B: f32[N]) -> Y: f32[N] {{ Y[i] = {fn}(A[i], B[i]) }}")["m"]
+    a = np.tile(np.repeat(SPECIAL, len(SPECIAL)), 3)
+    b = np.tile(np.tile(SPECIAL, len(SPECIAL)), 3)
+    want = (np.maximum if fn == "max" else np.minimum)(a, b)
+    zeros = (a == 0) & (b == 0)  # IEEE maximum / minimum (as before): -0 < +0; NumPy picks either
+    want[zeros] = np.float32(0.0) if fn == "max" else np.float32(-0.0)
+    want[zeros & (np.signbit(a) == np.signbit(b))] = a[zeros & (np.signbit(a) == np.signbit(b))]
+    assert _same(f(a, b), want)
+
+
+def test_row_max_with_nan_and_softmax_of_minus_inf(rng):
+    """A NaN anywhere in a row makes its max NaN; exp(-inf) is 0 so masked softmax entries are 0."""
+    src = ("op softmax(X: f32[N, C]) -> Y: f32[N, C] {\n m[n] = max[c](X[n, c])\n e[n, c] = exp(X[n, c] - m[n])\n"
+           " s[n] = sum[c](e[n, c])\n Y[n, c] = e[n, c] / s[n]\n}")
+    x = rng.standard_normal((5, 77)).astype(np.float32)
+    x[1, 40] = np.nan
+    x[2, ::3] = -np.inf
+    y = tcc.compile(src)["softmax"](x)
+    e = np.exp(x - x.max(1, keepdims=True))
+    want = e / e.sum(1, keepdims=True)
+    assert np.isnan(y[1]).all() and not np.isnan(y[[0, 2, 3, 4]]).any()
+    assert (y[2, ::3] == 0).all()
+    np.testing.assert_allclose(y[[0, 2, 3, 4]], want[[0, 2, 3, 4]], rtol=2e-6, atol=1e-9)
