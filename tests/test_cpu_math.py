@@ -60,3 +60,22 @@ def test_row_max_with_nan_and_softmax_of_minus_inf(rng):
     assert np.isnan(y[1]).all() and not np.isnan(y[[0, 2, 3, 4]]).any()
     assert (y[2, ::3] == 0).all()
     np.testing.assert_allclose(y[[0, 2, 3, 4]], want[[0, 2, 3, 4]], rtol=2e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("d", [1024, 96])
+def test_row_sums_fold_their_partial_results_as_a_tree(d, rng):
+    """The 32 per-lane partial sums of a row (layernorm's mean) fold in halving vector steps (16,
+    8, 4 lanes), then the last four in order: a few dependent adds per row instead of 32."""
+    src = ("op layernorm(X: f32[N, D], g: f32[D], b: f32[D]) -> Y: f32[N, D] {\n mu[n] = sum[d](X[n, d]) / D\n"
+           " var[n] = sum[d]((X[n, d] - mu[n]) ** 2) / D\n"
+           " Y[n, d] = (X[n, d] - mu[n]) * rsqrt(var[n] + 1e-5) * g[d] + b[d]\n}")
+    op = tcc.compile(src)["layernorm"]
+    x, g, b = rng.standard_normal((37, d)).astype(np.float32), rng.random(d, np.float32), rng.random(d, np.float32)
+    text = op.lower(x, g, b, stage="scheduled")
+    assert "for acc_2_lane in 0..16:  # vector\n" in text
+    assert "acc_2_v[acc_2_lane] = acc_2_v[acc_2_lane] + acc_2_v[acc_2_lane + 4]" in text
+    assert "for acc_2_lane in 0..4:\n" in text
+    x64 = x.astype(np.float64)
+    mu = x64.mean(1, keepdims=True)
+    want = (x64 - mu) / np.sqrt(((x64 - mu) ** 2).mean(1, keepdims=True) + 1e-5) * g + b
+    np.testing.assert_allclose(op(x, g, b), want, rtol=1e-4, atol=1e-4)

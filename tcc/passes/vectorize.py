@@ -7,8 +7,9 @@ elements. Two rewrites make common bodies vectorisable, both explicit in the IR:
   one element per lane (a trailing dim indexed by the loop variable);
 * a reduction into an accumulator allocated outside the loop is reassociated on purpose: it
   accumulates into a vector of partial results (``{acc}_v``, one per lane) initialised before the
-  reduction's loops and folded into the accumulator after them. This is the one place tcc
-  reorders a floating-point reduction; no global fast-math flag is ever set.
+  reduction's loops and folded into the accumulator after them (halving vector steps, then the
+  last few lanes in order). This is the one place tcc reorders a floating-point reduction; no
+  global fast-math flag is ever set.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tcc.errors import Span, TccScheduleError
-from tcc.ir.expr import Binary, Expr, Load, Var, const, free_vars, walk
+from tcc.ir.expr import Binary, Expr, Load, Var, const, free_vars, iadd, walk
 from tcc.ir.loops import Allocate, Buffer, For, If, LoopFunc, Seq, Stmt, Store, map_stmt, seq, walk_stmts
 from tcc.passes.loopnest import (
     allocated,
@@ -32,6 +33,7 @@ from tcc.passes.lower import reduce_identity
 from tcc.passes.split import split
 
 MAX_LANES = 256
+FOLD_SERIAL = 4  # partial results folded one by one; wider power-of-two vectors fold as a tree
 _COMBINE = {"add": "sum", "mul": "prod", "max": "max", "min": "min"}
 
 
@@ -122,11 +124,8 @@ def _rfactor(func: LoopFunc, loop: str, acc: str, lanes: int, span: Span | None)
         i = hits[0]
         lane = Var(f"{acc}_lane")
         init = For(lane, const(lanes), Store(accv.name, (lane,), reduce_identity(op, buf.dtype)), kind="vector")
-        fold = For(lane, const(lanes), Store(acc, (const(0),) * len(buf.shape), Binary(
-            _op_binary(op), Load(acc, (const(0),) * len(buf.shape), buf.dtype), Load(accv.name, (lane,), buf.dtype),
-            buf.dtype)))
         body = on_loops(replace(func, body=children[i]), loop, rewrite_loop).body
-        children[i:i + 1] = [init, body, fold]
+        children[i:i + 1] = [init, body, *_fold(acc, accv, buf, op, lanes)]
         return replace(n, body=Allocate(accv, seq(*children)))
 
     found = [n for n in walk_stmts(func.body) if isinstance(n, Allocate) and n.buffer.name == acc]
@@ -134,6 +133,24 @@ def _rfactor(func: LoopFunc, loop: str, acc: str, lanes: int, span: Span | None)
         raise TccScheduleError(f"loop {loop} accumulates into {acc}, which is not a reduction accumulator",
                                span, "vectorize a loop whose iterations write different elements")
     return replace(func, body=map_stmt(func.body, wrap))
+
+
+def _fold(acc: str, accv: Buffer, buf: Buffer, op: str, lanes: int) -> list[Stmt]:
+    """Fold the partial results into ``acc``: halving vector steps while the width is a power of
+    two above ``FOLD_SERIAL`` lanes (a tree: log2 steps, not one dependent add per lane), then
+    the last lanes one by one."""
+    lane = Var(f"{acc}_lane")
+    combine = _op_binary(op)
+    steps: list[Stmt] = []
+    while lanes > FOLD_SERIAL and lanes & (lanes - 1) == 0:
+        lanes //= 2
+        steps.append(For(lane, const(lanes), Store(accv.name, (lane,), Binary(
+            combine, Load(accv.name, (lane,), buf.dtype), Load(accv.name, (iadd(lane, lanes),), buf.dtype),
+            buf.dtype)), kind="vector"))
+    zero = (const(0),) * len(buf.shape)
+    steps.append(For(lane, const(lanes), Store(acc, zero, Binary(
+        combine, Load(acc, zero, buf.dtype), Load(accv.name, (lane,), buf.dtype), buf.dtype))))
+    return steps
 
 
 def _op_binary(op: str) -> str:
