@@ -33,6 +33,7 @@ from tcc.passes.reduction import decompose_reduction
 from tcc.passes.reorder import reorder
 from tcc.passes.schedule import contract
 from tcc.passes.split import split
+from tcc.passes.tile_init import init_in_registers
 from tcc.passes.unflatten import divmod_width, unflatten
 from tcc.passes.unroll import unroll
 from tcc.passes.vectorize import vectorize
@@ -245,7 +246,10 @@ def schedule_gemm(func: LoopFunc, tensor: str, info: dict, p: dict[str, int]) ->
         func = parallel(func, outer)  # before caching: packed buffers then belong to each thread
     func = cache(func, info["b"], t["ko"])
     func = cache(func, info["a"], t["jp"] if _pack_a_once(per_m, kt, n, nc, info["itemsize"]) else t["io"])
-    func = cache(func, tensor if _direct(func, tensor) else f"{tensor}_acc", t["ir"])
+    target = tensor if _direct(func, tensor) else f"{tensor}_acc"
+    func = cache(func, target, t["ir"])
+    if kt <= kc:  # one k block: each register tile is loaded once, right after C is zeroed
+        func = init_in_registers(func, target)
     func = unroll(func, t["ii"])
     func = vectorize(func, t["jj"])
     return contract(func)

@@ -1,0 +1,37 @@
+"""GEMMs whose reduction fits one k block start their register tiles at zero (no init nest, no
+loads of C); longer reductions keep the init nest and accumulate into C across k blocks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import check_op
+
+import tcc
+
+MATMUL = "op matmul(A: f32[M, K], B: f32[K, N]) -> C: f32[M, N] { C[i, j] = sum[k](A[i, k] * B[k, j]) }"
+EPILOGUE = ("op mm_relu(A: f32[M, K], B: f32[K, N], b: f32[N]) -> C: f32[M, N] "
+            "{ C[i, j] = max(sum[k](A[i, k] * B[k, j]) + b[j], 0.0) }")
+
+
+def _text(src: str, name: str, m: int, k: int, n: int) -> str:
+    op = tcc.compile(src)[name]
+    args = [np.zeros((m, k), np.float32), np.zeros((k, n), np.float32)]
+    return op.lower(*args, *([np.zeros(n, np.float32)] if name == "mm_relu" else []), stage="scheduled")
+
+
+@pytest.mark.parametrize("m, k, n", [(37, 29, 45), (131, 256, 70), (61, 257, 99), (40, 700, 33)])
+def test_one_k_block_starts_tiles_at_zero(m, k, n, rng):
+    text = _text(MATMUL, "matmul", m, k, n)
+    one_block = k <= 256  # kc of the 2-core test host model (L1 32 KiB / 32 lanes / 4 bytes)
+    assert ("_init" not in text) == one_block
+    assert ("C_c1[ii, jj] = f32(0.0)" in text) == one_block
+    assert ("C_c1[ii, jj] = C[" in text) != one_block
+    check_op(MATMUL, "matmul", {"M": m, "K": k, "N": n}, rng)
+
+
+@pytest.mark.parametrize("m, k, n", [(37, 29, 45), (61, 300, 99)])
+def test_epilogue_accumulator_starts_at_zero(m, k, n, rng):
+    text = _text(EPILOGUE, "mm_relu", m, k, n)
+    assert ("C_acc_c1[ii, jj] = f32(0.0)" in text) == (k <= 256)
+    check_op(EPILOGUE, "mm_relu", {"M": m, "K": k, "N": n}, rng)
