@@ -79,3 +79,21 @@ def test_row_sums_fold_their_partial_results_as_a_tree(d, rng):
     mu = x64.mean(1, keepdims=True)
     want = (x64 - mu) / np.sqrt(((x64 - mu) ** 2).mean(1, keepdims=True) + 1e-5) * g + b
     np.testing.assert_allclose(op(x, g, b), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("c", [1000, 77])
+def test_softmax_rows_of_odd_width_vectorise_with_their_tail(c, rng):
+    """A row split by 32 lanes leaves a narrower tail copy; both add into the partial results,
+    so the row's reductions (and everything else) stay vectorised instead of falling to scalar."""
+    src = ("op softmax(X: f32[N, C]) -> Y: f32[N, C] {\n m[n] = max[c](X[n, c])\n e[n, c] = exp(X[n, c] - m[n])\n"
+           " s[n] = sum[c](e[n, c])\n Y[n, c] = e[n, c] / s[n]\n}")
+    op = tcc.compile(src)["softmax"]
+    x = (rng.standard_normal((29, c)) * 4).astype(np.float32)
+    text = op.lower(x, stage="scheduled")
+    tail = c % 32
+    assert f"for c_v in 0..{tail}:  # vector\n" in text
+    assert f"acc_2_v[c_v] = max(acc_2_v[c_v], X[n_1, {c - tail} + c_v])" in text
+    assert f"acc_3_v[c_v] = acc_3_v[c_v] + e[{c - tail} + c_v]" in text
+    x64 = x.astype(np.float64)
+    e = np.exp(x64 - x64.max(1, keepdims=True))
+    np.testing.assert_allclose(op(x), e / e.sum(1, keepdims=True), rtol=2e-6, atol=1e-9)

@@ -7,9 +7,9 @@ elements. Two rewrites make common bodies vectorisable, both explicit in the IR:
   one element per lane (a trailing dim indexed by the loop variable);
 * a reduction into an accumulator allocated outside the loop is reassociated on purpose: it
   accumulates into a vector of partial results (``{acc}_v``, one per lane) initialised before the
-  reduction's loops and folded into the accumulator after them (halving vector steps, then the
-  last few lanes in order). This is the one place tcc reorders a floating-point reduction; no
-  global fast-math flag is ever set.
+  reduction's loops (a split's tail copy, narrower, adds into the first lanes) and folded into
+  the accumulator after them (halving vector steps, then the last few lanes in order). This is
+  the one place tcc reorders a floating-point reduction; no global fast-math flag is ever set.
 """
 
 from __future__ import annotations
@@ -119,13 +119,12 @@ def _rfactor(func: LoopFunc, loop: str, acc: str, lanes: int, span: Span | None)
             return None
         children = list(n.body.stmts) if isinstance(n.body, Seq) else [n.body]
         hits = [i for i, c in enumerate(children) if loops_named(c, loop)]
-        if len(hits) != 1:
+        if not hits or hits != list(range(hits[0], hits[-1] + 1)):
             raise TccScheduleError(f"cannot vectorize the reduction into {acc} over {loop}", span)
-        i = hits[0]
         lane = Var(f"{acc}_lane")
         init = For(lane, const(lanes), Store(accv.name, (lane,), reduce_identity(op, buf.dtype)), kind="vector")
-        body = on_loops(replace(func, body=children[i]), loop, rewrite_loop).body
-        children[i:i + 1] = [init, body, *_fold(acc, accv, buf, op, lanes)]
+        bodies = [on_loops(replace(func, body=children[i]), loop, rewrite_loop).body for i in hits]
+        children[hits[0]:hits[-1] + 1] = [init, *bodies, *_fold(acc, accv, buf, op, lanes)]
         return replace(n, body=Allocate(accv, seq(*children)))
 
     found = [n for n in walk_stmts(func.body) if isinstance(n, Allocate) and n.buffer.name == acc]
