@@ -97,3 +97,30 @@ def test_softmax_rows_of_odd_width_vectorise_with_their_tail(c, rng):
     x64 = x.astype(np.float64)
     e = np.exp(x64 - x64.max(1, keepdims=True))
     np.testing.assert_allclose(op(x), e / e.sum(1, keepdims=True), rtol=2e-6, atol=1e-9)
+
+
+MAXPOOL = ("op maxpool(X: f32[N, C, H, W]) -> Y: f32[N, C, (H - 3) // 2 + 1, (W - 3) // 2 + 1] "
+           "{ Y[n, c, y, x] = max[r: 3, s: 3](X[n, c, y*2 + r, x*2 + s]) }")
+
+
+@pytest.mark.parametrize("shapes", [dict(N=2, C=3, H=37, W=111), dict(N=1, C=2, H=9, W=35)])
+def test_stride_two_lanes_load_as_one_wide_masked_load(shapes, rng):
+    """Pooling windows (and stride-2 conv patch rows) of 16 lanes or more read their lanes, two
+    elements apart, with one masked contiguous load of twice the width and a shuffle, not a
+    gather; the masked-off odd elements keep the last lane's read inside the row."""
+    from helpers import check_op
+
+    op = tcc.compile(MAXPOOL)["maxpool"]
+    x = rng.standard_normal((shapes["N"], shapes["C"], shapes["H"], shapes["W"])).astype(np.float32)
+    text = op.lower(x, stage="llvm")
+    assert "llvm.masked.load.v" in text and "llvm.masked.gather" not in text
+    check_op(MAXPOOL, "maxpool", shapes, rng)
+
+
+def test_stride_two_conv_rows_load_wide_and_match(rng):
+    from helpers import check_op
+
+    src = ("op conv[S = 2, P = 3](X: f32[N, C, H, W], Wt: f32[F, C, KH, KW]) -> Y: f32[N, F, (H + 2*P - KH) // S + 1, "
+           "(W + 2*P - KW) // S + 1] {\n Xp = pad(X, [0, 0, P, P])\n"
+           " Y[n, f, y, x] = sum[c, r, s](Xp[n, c, y*S + r, x*S + s] * Wt[f, c, r, s])\n}")
+    check_op(src, "conv", dict(N=1, C=3, H=45, W=77, F=19, KH=7, KW=7), rng)
