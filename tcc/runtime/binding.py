@@ -159,3 +159,13 @@ def _scalar(op: OpTE, name: str, value: Any) -> int | float | bool:
         raise TccArgumentError(f"argument {name} of {op.name} must be a {dtype} scalar, got {value!r}",
                                op.span)
     return value
+
+
+def out_list(op: OpTE, out: Any) -> list[Any]:
+    """``out=`` as one entry per result (None where the call allocates), its count checked."""
+    if out is None:
+        return [None] * len(op.results)
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    if len(outs) != len(op.results):
+        raise TccArgumentError(f"{op.name} has {len(op.results)} result(s); out= gave {len(outs)}", op.span)
+    return outs

@@ -103,12 +103,11 @@ def invoke(kernel: CpuKernel, op, bound, out: Any) -> list[np.ndarray]:
 
 def _check_out(op, bound, out: Any) -> list[np.ndarray | None]:
     from tcc.errors import TccArgumentError
+    from tcc.runtime.binding import out_list
 
+    outs = out_list(op, out)
     if out is None:
-        return [None] * len(op.results)
-    outs = list(out) if isinstance(out, (tuple, list)) else [out]
-    if len(outs) != len(op.results):
-        raise TccArgumentError(f"{op.name} has {len(op.results)} result(s); out= gave {len(outs)}", op.span)
+        return outs
     for name, target in zip(op.results, outs):
         want_shape, want = bound.result_shapes[name], op.tensors[name].dtype
         if not isinstance(target, np.ndarray):

@@ -27,7 +27,7 @@ from tcc.cuda import Array
 from tcc.dtypes import DType
 from tcc.errors import TccArgumentError, TccCompileError, TccRuntimeError
 from tcc.ir.loops import LoopFunc
-from tcc.runtime.binding import as_host_array
+from tcc.runtime.binding import as_host_array, out_list
 
 STAGES = ("ast", "te", "loops", "scheduled", "cuda", "ptx")
 _MAGIC = b"TCC-CUBIN-1\n"
@@ -398,11 +398,9 @@ def _new_device_tensor(shape: tuple[int, ...], dt: DType, kind: str, device: int
 
 
 def _check_out(op, bound, out: Any, kind: str, device: int) -> list[Any]:
+    outs = out_list(op, out)
     if out is None:
-        return [None] * len(op.results)
-    outs = list(out) if isinstance(out, (tuple, list)) else [out]
-    if len(outs) != len(op.results):
-        raise TccArgumentError(f"{op.name} has {len(op.results)} result(s); out= gave {len(outs)}", op.span)
+        return outs
     for name, target in zip(op.results, outs):
         what = f"out= for {name} of {op.name}"
         want_shape, want = bound.result_shapes[name], op.tensors[name].dtype
