@@ -60,8 +60,14 @@ def bind_cparams(op: OpTE, kwargs: dict[str, Any]) -> dict[str, int | float]:
     return {name: values.get(name, default) for name, default in op.cparams.items()}
 
 
-def bind(op: OpTE, args: tuple[Any, ...], kwargs: dict[str, Any], arrays: dict[str, Any]) -> BoundCall:
-    """Check ``args`` (already converted to arrays in ``arrays`` for tensor params)."""
+def bind(op: OpTE, args: tuple[Any, ...], kwargs: dict[str, Any], arrays: dict[str, Any],
+         solved: dict[tuple, tuple[dict, dict]] | None = None) -> BoundCall:
+    """Check ``args`` (already converted to arrays in ``arrays`` for tensor params).
+
+    ``solved`` memoises, per op, the symbol values and result shapes of input shapes and
+    parameters seen before (a pure function of them): a repeat call re-checks dtypes and
+    scalars but does not solve the shape expressions again.
+    """
     scalars: dict[str, int | float | bool] = {}
     for name, value in zip(op.params, args):
         if name in op.scalars:
@@ -69,8 +75,18 @@ def bind(op: OpTE, args: tuple[Any, ...], kwargs: dict[str, Any], arrays: dict[s
         else:
             _check_dtype(op, name, arrays[name])
     shapes = {name: tuple(int(n) for n in arr.shape) for name, arr in arrays.items()}
-    bindings = bind_shapes(op, shapes, bind_cparams(op, kwargs))
-    return BoundCall(bindings, arrays, scalars, result_shapes(op, bindings))
+    values = bind_cparams(op, kwargs)
+    key = (tuple(shapes.values()), tuple(values.values()))
+    known = solved.get(key) if solved is not None else None
+    if known is None:
+        bindings = bind_shapes(op, shapes, values)
+        known = (bindings, result_shapes(op, bindings))
+        if solved is not None:
+            if len(solved) >= 256:
+                solved.clear()
+            solved[key] = known
+    bindings, outs = known
+    return BoundCall(dict(bindings), arrays, scalars, outs)
 
 
 def bind_shapes(op: OpTE, shapes: dict[str, tuple[int, ...]], values: dict[str, int | float]

@@ -120,6 +120,7 @@ class Op:
         self.tune = tune if not self.user_schedule.steps else False  # a user's schedule leaves nothing to tune
         self._backend = target_module(target)
         self._keys: dict[tuple, str] = {}  # bindings -> cache key, so repeat calls skip the pipeline
+        self._solved: dict[tuple, tuple[dict, dict]] = {}  # shapes + parameters -> symbols, result shapes
         self._plans: dict[tuple, Any] = {}  # argument signature -> the backend's plan for a checked call
         self._signature = getattr(self._backend, "signature", None)  # backends with a fast path
 
@@ -159,7 +160,7 @@ class Op:
                                             "as keywords")
         arrays = {name: self._backend.as_array(value, f"argument {name} of {self.name}")
                   for name, value in zip(te.params, args) if name in te.tensors}
-        return bind(te, args, cparams, arrays)
+        return bind(te, args, cparams, arrays, self._solved)
 
     def kernel(self, bindings: dict[str, int | float]) -> Any:
         """The loaded kernel for these bindings, from the caches or freshly built."""
