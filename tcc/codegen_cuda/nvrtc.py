@@ -51,29 +51,25 @@ def version() -> str:
 
 def compile_cubin(source: str, arch: str = DEFAULT_ARCH) -> bytes:
     """Machine code for ``arch``."""
-    prog = _compile(source, f"--gpu-architecture={check_arch(arch)}")
-    try:
-        nvrtc = _nvrtc()
-        err, size = nvrtc.nvrtcGetCUBINSize(prog)
-        _check(err, "nvrtcGetCUBINSize")
-        out = b" " * size
-        _check(nvrtc.nvrtcGetCUBIN(prog, out)[0], "nvrtcGetCUBIN")
-        return out
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
+    return _compiled(source, f"--gpu-architecture={check_arch(arch)}", "CUBIN")
 
 
 def compile_ptx(source: str, arch: str = DEFAULT_ARCH) -> str:
     """PTX assembly for the virtual architecture of ``arch`` (to read; never loaded)."""
     virtual = check_arch(arch).replace("sm_", "compute_")
-    prog = _compile(source, f"--gpu-architecture={virtual}")
+    return _compiled(source, f"--gpu-architecture={virtual}", "PTX").rstrip(b"\0").decode()
+
+
+def _compiled(source: str, option: str, kind: str) -> bytes:
+    """Compile and fetch NVRTC's output of ``kind`` ("CUBIN" or "PTX"), freeing the program."""
+    prog = _compile(source, option)
+    nvrtc = _nvrtc()
     try:
-        nvrtc = _nvrtc()
-        err, size = nvrtc.nvrtcGetPTXSize(prog)
-        _check(err, "nvrtcGetPTXSize")
+        err, size = getattr(nvrtc, f"nvrtcGet{kind}Size")(prog)
+        _check(err, f"nvrtcGet{kind}Size")
         out = b" " * size
-        _check(nvrtc.nvrtcGetPTX(prog, out)[0], "nvrtcGetPTX")
-        return out.rstrip(b"\0").decode()
+        _check(getattr(nvrtc, f"nvrtcGet{kind}")(prog, out)[0], f"nvrtcGet{kind}")
+        return out
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
 
