@@ -31,7 +31,11 @@ def test_nested_conv_gemm_is_scheduled():
     assert "Wt_c1[" in text and "Y_gemm_c1[ii, jj] = Y_gemm_c1[ii, jj] + " in text  # A packed, C in registers
     assert "for kk in 0..45:" in text  # c, r, s fused into one k loop
     assert "for jj in 0..32:  # vector" in text and "for ii in 0..12:  # unroll" in text
-    assert "j_col" in text  # the patch gather runs over rows and (vector) columns
+    # the patches are gathered from X straight into the packed panels (no whole patch tensor),
+    # a block of pixels (jr) at a time, one masked row (kk) of the panel after another
+    assert "allocate Xp_patches:" not in text
+    assert "Xp_patches_c1[jr, kk, jj] = select(" in text
+    assert text.index("for jr in") < text.index("for kk in", text.index("for jr in")) < text.index("Xp_patches_c1[jr")
     parallel = [line.strip() for line in text.splitlines() if "# parallel" in line]
     if autoschedule.threads() > 2:  # fewer images than threads: the statements inside fork
         assert parallel and not any(line.startswith("for n") for line in parallel)

@@ -25,7 +25,7 @@ from tcc.dtypes import DType
 from tcc.errors import TccCompileError
 from tcc.ir.expr import Binary, Call, Cast, Const, Expr, Load, Select, Unary, Var
 from tcc.ir.loops import Allocate, Barrier, Buffer, For, If, Let, LoopFunc, Seq, Stmt, Store
-from tcc.passes.loopnest import linear_coeff
+from tcc.passes.loopnest import flat_coeff
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()
@@ -323,15 +323,7 @@ class _FunctionBuilder:
 
     def _lane_stride(self, buf: Buffer, indices: tuple[Expr, ...]) -> int | None:
         """Elements between neighbouring lanes of an access (None: not affine in the lane)."""
-        total = 0
-        stride = 1
-        for idx, dim in reversed(list(zip(indices, buf.shape))):
-            c = linear_coeff(idx, self.vec[0])
-            if c is None:
-                return None
-            total += c * stride
-            stride *= dim
-        return total
+        return flat_coeff(indices, buf.shape, self.vec[0])
 
     def _s_Allocate(self, s: Allocate) -> None:
         self._with_buffer(s.buffer, lambda: self._stmt(s.body))

@@ -27,6 +27,7 @@ from tcc.passes.cache import cache
 from tcc.passes.compute_at import compute_at
 from tcc.passes.fuse import fuse
 from tcc.passes.loopnest import fresh, linear_coeff, loop_names, stores, subst
+from tcc.passes.pack_gather import gather_into_packs
 from tcc.passes.parallel import parallel
 from tcc.passes.pixels import merge_pixels
 from tcc.passes.reduction import decompose_reduction
@@ -87,7 +88,7 @@ def autoschedule(func: LoopFunc, params: dict[str, dict[str, int]] | None = None
         if info["flops"] >= GEMM_MIN_FLOPS:
             chosen = (params or {}).get(tensor) or gemm_params(info["m"], info["n"], info["k"], info["itemsize"])
             func = schedule_gemm(func, tensor, info, chosen)
-    func = fuse_rows(func)
+    func = fuse_rows(gather_into_packs(func))
     return vectorize_and_parallelize(unflatten_gathers(func))
 
 

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from tcc import dtypes
 from tcc.errors import Span, TccScheduleError
-from tcc.ir.expr import Expr, Load, free_vars, transform
+from tcc.ir.expr import Const, Expr, Load, free_vars, substitute, transform
 from tcc.ir.loops import Allocate, Buffer, For, If, Let, LoopFunc, Seq, Stmt, Store, map_stmt, seq, stmt_exprs
 from tcc.passes.loopnest import const_extent, linear_coeff, map_exprs, require_loop
+from tcc.passes.simplify import evaluate_int
 
 LOCAL_BYTES = 16 * 1024
 
@@ -126,7 +128,8 @@ def _cache_at(loop: For, st: _State) -> tuple[For, list[Buffer]]:
         local_idx = tuple(f.var for f in loops)
         mapping[indices] = (buf.name, local_idx)
         if loaded or not stored:
-            before.append(_copy(loops, Store(buf.name, local_idx, Load(st.buf.name, indices, st.buf.dtype))))
+            order = source_order(loops, indices, st.buf.shape)
+            before.append(_copy(order, Store(buf.name, local_idx, Load(st.buf.name, indices, st.buf.dtype))))
         if stored:
             after.append(_copy(loops, Store(st.buf.name, indices, Load(buf.name, local_idx, st.buf.dtype))))
     body = _retarget(loop.body, st.buf.name, mapping)
@@ -140,6 +143,41 @@ def _copy(loops: list[For], store: Store) -> Stmt:
         kind = f.kind if f.kind == "unroll" or (f.kind == "vector" and pos == len(loops) - 1) else "serial"
         body = For(f.var, f.extent, body, kind=kind, span=f.span)
     return body
+
+
+def source_order(loops: list[For], indices: tuple[Expr, ...], shape: tuple[int, ...]) -> list[For]:
+    """The copy-in loops ordered to read the source front to back when the innermost loop walks
+    both the source and the buffer with unit stride: a packed panel of B ``[jr, kk, jj]`` is
+    filled row by row of B (``kk`` outside ``jr``), one contiguous run per row, rather than 32
+    floats from each of ``kc`` rows (a new page per row when B is wide) per ``jr``. Strides are
+    measured on the flat source offset, so a patch read through ``k // 9, k // 3 % 3, k % 3``
+    orders like ``k``."""
+    if len(loops) < 3 or loops[-1].kind == "unroll":
+        return loops
+    base = _flat_offset(indices, shape, {})
+    strides = {}
+    for f in loops:
+        moved = _flat_offset(indices, shape, {f.var.name: 1})
+        if base is None or moved is None:
+            return loops
+        strides[f.var.name] = abs(moved - base)
+    if strides[loops[-1].var.name] != 1:
+        return loops
+    outer = sorted(loops[:-1], key=lambda f: -strides[f.var.name])
+    return [*outer, loops[-1]]
+
+
+def _flat_offset(indices: tuple[Expr, ...], shape: tuple[int, ...], values: dict[str, int]) -> int | None:
+    """The row-major element offset of ``indices`` with ``values`` for the named loops, 0 for the rest."""
+    total, stride = 0, 1
+    for idx, dim in reversed(list(zip(indices, shape))):
+        env = {v: Const(values.get(v, 0), dtypes.i64) for v in free_vars(idx)}
+        value = evaluate_int(substitute(idx, env))
+        if value is None:
+            return None
+        total += value * stride
+        stride *= dim
+    return total
 
 
 def _retarget(body: Stmt, name: str, mapping: dict) -> Stmt:

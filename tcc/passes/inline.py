@@ -48,7 +48,7 @@ def _defines(s: For, tensor: str) -> bool:
 def _producer(body: Stmt, tensor: str) -> tuple[list[For], Store] | None:
     from tcc.ir.loops import walk_stmts
 
-    for s in walk_stmts(body):
+    for s in walk_stmts(body):  # outer loops first: a group loop around the nest is skipped
         if isinstance(s, For) and _defines(s, tensor):
             loops = []
             n: Stmt = s
@@ -57,5 +57,6 @@ def _producer(body: Stmt, tensor: str) -> tuple[list[For], Store] | None:
                 n = n.body
             if isinstance(n, Store) and n.indices == tuple(f.var for f in loops):
                 return loops, n
-            return None
+            if isinstance(n, Store):
+                return None
     return None

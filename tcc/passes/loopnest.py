@@ -32,6 +32,58 @@ def linear_coeff(e: Expr, var: str) -> int | None:
     return None
 
 
+def flat_coeff(indices: tuple[Expr, ...], shape: tuple[int, ...], var: str) -> int | None:
+    """The coefficient of ``var`` in the row-major flat offset of ``indices`` into ``shape``; None
+    when that offset is not affine in ``var``.
+
+    Unlike :func:`linear_coeff` on each index alone, a pixel index split into a row and a column
+    (``j // W`` times ``W`` plus ``j % W``, as im2col's gather reads its input) recombines into
+    ``j``: ``W * (E // W) + E % W == E`` holds for every integer ``E`` (floor semantics, W > 0).
+    """
+    terms: dict[Expr, int] = {}
+    stride = 1
+    for idx, dim in reversed(list(zip(indices, shape))):
+        if not _add_terms(idx, stride, terms):
+            return None
+        stride *= dim
+    while _pair_divmod(terms):
+        pass
+    total = 0
+    for atom, coef in terms.items():
+        if isinstance(atom, Var):
+            total += coef if atom.name == var else 0
+        elif coef and var in free_vars(atom):
+            return None
+    return total
+
+
+def _add_terms(e: Expr, scale: int, terms: dict[Expr, int]) -> bool:
+    """Accumulate ``scale * e`` as integer multiples of atoms (variables and non-affine parts)."""
+    if isinstance(e, Const):
+        return e.dtype.is_int
+    if isinstance(e, Binary) and e.op in ("add", "sub"):
+        return _add_terms(e.a, scale, terms) and _add_terms(e.b, scale if e.op == "add" else -scale, terms)
+    if isinstance(e, Binary) and e.op == "mul":
+        for c, x in ((e.a, e.b), (e.b, e.a)):
+            if isinstance(c, Const) and c.dtype.is_int:
+                return _add_terms(x, scale * int(c.value), terms)
+    terms[e] = terms.get(e, 0) + scale
+    return True
+
+
+def _pair_divmod(terms: dict[Expr, int]) -> bool:
+    """Replace one pair ``c*a * (E // c) + a * (E % c)`` by ``a * E``; whether one was found."""
+    for atom, coef in terms.items():
+        if not (isinstance(atom, Binary) and atom.op == "mod" and isinstance(atom.b, Const) and atom.b.value > 0):
+            continue
+        quotient = Binary("floordiv", atom.a, atom.b, atom.dtype)
+        if coef and terms.get(quotient) == coef * int(atom.b.value):
+            del terms[atom], terms[quotient]
+            _add_terms(atom.a, coef, terms)
+            return True
+    return False
+
+
 def map_exprs(s: Stmt, fn) -> Stmt:
     """Apply ``fn`` (Expr -> Expr) to every expression held by every statement of ``s``."""
     def node(n: Stmt) -> Stmt | None:

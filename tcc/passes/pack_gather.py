@@ -1,0 +1,104 @@
+"""pack_gather: gather an intermediate straight into the packed panels that read it.
+
+im2col writes a patch tensor (one image: ``C*R*S x OY*OX`` floats, 7 MiB for a 3x3 64-channel
+layer at 56x56), then the GEMM's packing copies it, block by block, into ``[jr, kk, jj]``
+panels: the patches go out to L3 and come back. When an intermediate is read only by such
+copies and is cheap to compute (loads, selects and arithmetic: no math calls), its expression is
+inlined into the copies, which then gather from the input (an image: 0.8 MiB, resident in L2)
+into the panel directly; the intermediate's loop nest and buffer disappear.
+
+The copy's loops are then ordered to walk the new source front to back (see
+:func:`tcc.passes.cache.source_order`): for a patch panel that puts the pixel blocks ``jr``
+outside the rows ``kk``, so the per-lane row and column of each pixel (``j // W``, ``j % W``)
+are computed once per block, and each ``kk`` row is one masked contiguous load (the lanes'
+flat offsets are consecutive: see :func:`tcc.passes.loopnest.flat_coeff`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tcc.errors import TccScheduleError
+from tcc.ir.expr import Binary, Call, Expr, Load, transform, walk
+from tcc.ir.loops import For, LoopFunc, Stmt, Store, map_stmt, walk_stmts
+from tcc.passes.cache import source_order
+from tcc.passes.inline import inline
+from tcc.passes.loopnest import loads
+
+
+def gather_into_packs(func: LoopFunc) -> LoopFunc:
+    """Inline every cheap intermediate that only packing copies read into those copies."""
+    params = {p.name for p in func.params}
+    for buf in list(func.buffers().values()):
+        if buf.name in params:
+            continue
+        copies = _copy_nests(func.body, buf.name)
+        targets = {_innermost(c).buffer for c in copies}
+        if not copies or targets & params or len(copies) != sum(1 for ld in loads(func.body) if ld.buffer == buf.name):
+            continue
+        producer = _producer_value(func.body, buf.name)
+        if producer is None or any(isinstance(n, Call) for n in walk(producer)):
+            continue
+        try:
+            func = inline(func, buf.name)
+        except TccScheduleError:
+            continue  # not one plain elementwise nest (a GEMM's result, copied out of registers)
+        func = _reorder_copies(func, targets)
+    return func
+
+
+def _copy_nests(body: Stmt, name: str) -> list[For]:
+    """Outermost loop nests whose only statement is ``dst[...] = name[...]``."""
+    found = []
+    for s in walk_stmts(body):
+        if isinstance(s, For) and not any(s in walk_stmts(c) for c in found):
+            inner = _innermost(s)
+            if isinstance(inner, Store) and isinstance(inner.value, Load) and inner.value.buffer == name:
+                found.append(s)
+    return found
+
+
+def _producer_value(body: Stmt, name: str):
+    stores = [s for s in walk_stmts(body) if isinstance(s, Store) and s.buffer == name]
+    return stores[0].value if len(stores) == 1 else None
+
+
+def _innermost(s: Stmt) -> Stmt:
+    while isinstance(s, For):
+        s = s.body
+    return s
+
+
+def _unclamp(e: Expr) -> Expr | None:
+    """``min(max(i, 0), n)`` (a read through a pad) as ``i``: strides are those of the interior."""
+    if isinstance(e, Binary) and e.op == "min" and isinstance(e.a, Binary) and e.a.op == "max":
+        return transform(e.a.a, _unclamp)
+    return None
+
+
+def _reorder_copies(func: LoopFunc, targets: set[str]) -> LoopFunc:
+    """Each copy nest into ``targets`` with its loops in the order that reads its source in order."""
+    buffers = func.buffers()
+
+    def node(s: Stmt) -> Stmt | None:
+        if not isinstance(s, For):
+            return None
+        store = _innermost(s)
+        if not (isinstance(store, Store) and store.buffer in targets):
+            return None
+        loops = []
+        n: Stmt = s
+        while isinstance(n, For):
+            loops.append(n)
+            n = n.body
+        source = next((x for x in walk(store.value) if isinstance(x, Load)), None)
+        if source is None:
+            return s
+        indices = tuple(transform(i, _unclamp) for i in source.indices)
+        order = source_order(loops, indices, buffers[source.buffer].shape)
+        nest: Stmt = store
+        for f in reversed(order):
+            nest = replace(f, body=nest)
+        return nest
+
+    return replace(func, body=map_stmt(func.body, node))
