@@ -53,3 +53,19 @@ def test_patches_are_gathered_into_the_panels():
 ])
 def test_gathered_panels_match_reference(shapes, rng):
     check_op(CONV, "conv", shapes, rng)
+
+
+STRIDED = """
+op conv_s2(X: f32[N, C, H, W], Wt: f32[F, C, 3, 3]) -> Y: f32[N, F, (H - 3) // 2 + 1, (W - 3) // 2 + 1] {
+    Y[n, f, y, x] = sum[c, r, s](X[n, c, y * 2 + r, x * 2 + s] * Wt[f, c, r, s])
+}
+"""
+
+
+def test_strided_patches_stay_a_row_by_row_gather(rng):
+    """A stride-2 conv's pixel blocks jump rows: no constant lane stride, so no gather into panels."""
+    op = tcc.compile(STRIDED, conv="im2col").conv_s2
+    x, w = np.ones((2, 6, 19, 23), np.float32), np.ones((20, 6, 3, 3), np.float32)
+    assert "allocate Xp_patches" not in op.lower(x, w, stage="scheduled")  # no pad: X is read directly
+    assert "allocate X_patches:" in op.lower(x, w, stage="scheduled")
+    check_op(STRIDED, "conv_s2", dict(N=2, C=6, H=19, W=23, F=20), rng)

@@ -23,7 +23,7 @@ from tcc.ir.expr import Binary, Call, Expr, Load, transform, walk
 from tcc.ir.loops import For, LoopFunc, Stmt, Store, map_stmt, walk_stmts
 from tcc.passes.cache import source_order
 from tcc.passes.inline import inline
-from tcc.passes.loopnest import loads
+from tcc.passes.loopnest import flat_coeff, loads
 
 
 def gather_into_packs(func: LoopFunc) -> LoopFunc:
@@ -40,10 +40,11 @@ def gather_into_packs(func: LoopFunc) -> LoopFunc:
         if producer is None or any(isinstance(n, Call) for n in walk(producer)):
             continue
         try:
-            func = inline(func, buf.name)
+            gathered = inline(func, buf.name)
         except TccScheduleError:
             continue  # not one plain elementwise nest (a GEMM's result, copied out of registers)
-        func = _reorder_copies(func, targets)
+        if _contiguous_lanes(gathered, targets):
+            func = _reorder_copies(gathered, targets)
     return func
 
 
@@ -67,6 +68,21 @@ def _innermost(s: Stmt) -> Stmt:
     while isinstance(s, For):
         s = s.body
     return s
+
+
+def _contiguous_lanes(func: LoopFunc, targets: set[str]) -> bool:
+    """Whether each copy's source read walks memory with a constant stride along its innermost
+    loop. A strided conv's pixels jump rows at each row's end (``(j // OW) * S * W``), so a block
+    of them is a per-lane gather: its patches are better gathered row by row as before."""
+    buffers = func.buffers()
+    for s in walk_stmts(func.body):
+        if not isinstance(s, For) or not isinstance(s.body, Store) or s.body.buffer not in targets:
+            continue
+        for ld in (x for x in walk(s.body.value) if isinstance(x, Load)):
+            indices = tuple(transform(i, _unclamp) for i in ld.indices)
+            if flat_coeff(indices, buffers[ld.buffer].shape, s.var.name) is None:
+                return False
+    return True
 
 
 def _unclamp(e: Expr) -> Expr | None:
