@@ -118,3 +118,15 @@ def test_gemm_packs_small_weights_once_per_thread():
     pack = next(line for line in text.splitlines() if line.strip().startswith("Wt_c1["))
     assert pack.strip().startswith("Wt_c1[ko, io, ir, kk, ii]")  # one buffer over all column blocks
     assert text.index("Wt_c1[ko") < text.index("for jo in")
+
+
+def test_cache_sizes_are_read_from_sysfs(tmp_path):
+    """The sysfs cache directory also holds a ``uevent`` file: it must not hide the real sizes."""
+    (tmp_path / "uevent").write_text("")
+    for name, kind, level, size in [("index0", "Data", 1, "48K"), ("index1", "Instruction", 1, "32K"),
+                                    ("index2", "Unified", 2, "2048K"), ("index3", "Unified", 3, "300M")]:
+        (tmp_path / name).mkdir()
+        for field, value in (("type", kind), ("level", str(level)), ("size", size)):
+            (tmp_path / name / field).write_text(value + "\n")
+    assert autoschedule.read_caches(str(tmp_path)) == {1: 48 << 10, 2: 2 << 20, 3: 300 << 20}
+    assert autoschedule.read_caches(str(tmp_path / "missing")) == {1: 32 << 10, 2: 1 << 20, 3: 8 << 20}

@@ -1,0 +1,59 @@
+"""An epilogue folded into a one-k-block GEMM's register-tile stores (passes/epilogue.py)."""
+
+import numpy as np
+import pytest
+from helpers import check_op
+
+import tcc
+
+RESIDUAL = """
+op mm_res(A: f32[M, K], B: f32[K, N], R: f32[M, N], b: f32[N]) -> C: f32[M, N] {
+    C[i, j] = max(sum[k](A[i, k] * B[k, j]) + b[j], 0.0) + R[i, j] * 0.5
+}
+"""
+
+TWO_USES = """
+op two(A: f32[M, K], B: f32[K, N]) -> (P: f32[M, N], Q: f32[M, N]) {
+    T[i, j] = sum[k](A[i, k] * B[k, j])
+    P[i, j] = max(T[i, j], 0.0)
+    Q[i, j] = T[i, j] * 2.0 - P[i, j]
+}
+"""
+
+CONV = """
+op conv_bias_relu(X: f32[N, C, H, W], Wt: f32[F, C, 3, 3], b: f32[F]) -> Y: f32[N, F, H, W] {
+    Xp = pad(X, [0, 0, 1, 1])
+    Y[n, f, y, x] = max(sum[c, r, s](Xp[n, c, y + r, x + s] * Wt[f, c, r, s]) + b[f], 0.0)
+}
+"""
+
+
+@pytest.mark.parametrize("m, k, n", [(1, 7, 33), (37, 29, 45), (61, 300, 99), (13, 701, 40)])
+def test_residual_epilogue(m, k, n, rng):
+    check_op(RESIDUAL, "mm_res", {"M": m, "K": k, "N": n}, rng)
+
+
+def test_epilogue_is_in_the_tile_store():
+    op = tcc.compile(RESIDUAL).mm_res
+    m, k, n = 40, 50, 64
+    z = np.zeros
+    text = op.lower(z((m, k), np.float32), z((k, n), np.float32), z((m, n), np.float32), z(n, np.float32),
+                    stage="scheduled")
+    assert "allocate C_acc:" not in text
+    assert "C[" in text and "= max(C_acc_c1[ii, jj] + b[" in text
+
+
+@pytest.mark.parametrize("m, k, n", [(7, 33, 45), (64, 64, 64)])
+def test_gemm_result_read_twice_stays_materialised(m, k, n, rng):
+    check_op(TWO_USES, "two", {"M": m, "K": k, "N": n}, rng)
+
+
+def test_conv_epilogue_writes_the_output_from_registers(rng):
+    op = tcc.compile(CONV, conv="im2col").conv_bias_relu
+    z = np.zeros
+    text = op.lower(z((2, 6, 9, 13), np.float32), z((20, 6, 3, 3), np.float32), z(20, np.float32),
+                    stage="scheduled")
+    assert "allocate Y_gemm:" not in text
+    assert "Y[n_1, " in text and "= max(Y_gemm_c1[ii, jj] + b[" in text
+    check_op(CONV, "conv_bias_relu", dict(N=2, C=6, H=9, W=13, F=20), rng)
+    check_op(CONV, "conv_bias_relu", dict(N=1, C=1, H=1, W=1, F=1), rng)
