@@ -57,3 +57,21 @@ def test_conv_epilogue_writes_the_output_from_registers(rng):
     assert "Y[n_1, " in text and "= max(Y_gemm_c1[ii, jj] + b[" in text
     check_op(CONV, "conv_bias_relu", dict(N=2, C=6, H=9, W=13, F=20), rng)
     check_op(CONV, "conv_bias_relu", dict(N=1, C=1, H=1, W=1, F=1), rng)
+
+
+POINTWISE = """
+op pointwise(X: f32[N, C, H, W], Wt: f32[F, C, 1, 1], b: f32[F]) -> Y: f32[N, F, H, W] {
+    Y[n, f, y, x] = max(sum[c, r, s](X[n, c, y + r, x + s] * Wt[f, c, r, s]) + b[f], 0.0)
+}
+"""
+
+
+def test_merged_pixel_epilogue_in_the_tile_store(rng):
+    """A 1x1 conv's GEMM runs over merged pixels (``Y[n, f, 0, y*W + x]``): the epilogue folds too."""
+    op = tcc.compile(POINTWISE).pointwise
+    z = np.zeros
+    text = op.lower(z((2, 40, 9, 13), np.float32), z((24, 40, 1, 1), np.float32), z(24, np.float32),
+                    stage="scheduled")
+    assert "allocate Y_acc:" not in text and "= max(Y_acc_c1[ii, jj] + b[" in text
+    check_op(POINTWISE, "pointwise", dict(N=2, C=40, H=9, W=13, F=24), rng)
+    check_op(POINTWISE, "pointwise", dict(N=3, C=7, H=1, W=33, F=13), rng)

@@ -109,12 +109,21 @@ def _check_written_once(producer: Stmt, target: str) -> None:
 def _invert(read: tuple[Expr, ...], at: tuple[Expr, ...], extents: dict[str, int],
             shape: tuple[int, ...]) -> dict[str, Expr] | None:
     """The epilogue's loop variables at which ``read`` equals ``at``: each index of ``read`` is a
-    variable or a row-major flattening ``(a * E + b)`` of variables (``b`` of extent ``E``)."""
+    variable or a row-major flattening ``(a * E + b)`` of variables (``b`` of extent ``E``)
+    covering its dim, or ``0`` in both where a merged pixel index (``[n, f, 0, y*W + x]``, see
+    passes/pixels.py) spans that dim and the next."""
     mapping: dict[str, Expr] = {}
+    span = 1  # elements the next index covers: its dim times the dims merged into it
     for idx, x, dim in zip(read, at, shape):
+        span *= dim
+        if isinstance(idx, Const):
+            if idx != x or idx.value != 0:
+                return None
+            continue
         parts = _flattened(idx, extents)
-        if parts is None or _size(extents[v] for v in parts) != dim:
+        if parts is None or _size(extents[v] for v in parts) != span:
             return None
+        span = 1
         for pos, v in enumerate(parts):
             if v in mapping:
                 return None
@@ -123,7 +132,7 @@ def _invert(read: tuple[Expr, ...], at: tuple[Expr, ...], extents: dict[str, int
             if pos > 0:
                 value = Binary("mod", value, Const(extents[v], x.dtype), x.dtype)
             mapping[v] = value
-    return mapping
+    return mapping if span == 1 else None
 
 
 def _flattened(e: Expr, extents: dict[str, int]) -> list[str] | None:
