@@ -30,7 +30,8 @@ def test_nested_conv_gemm_is_scheduled():
     assert text.index("Xp_patches_c1[") > batch  # the patches are packed (cache B at ko) per batch element
     assert "Wt_c1[" in text and "Y_gemm_c1[ii, jj] = Y_gemm_c1[ii, jj] + " in text  # A packed, C in registers
     assert "for kk in 0..45:" in text  # c, r, s fused into one k loop
-    assert "for jj in 0..32:  # vector" in text and "for ii in 0..12:  # unroll" in text
+    # 29 rows at 2 threads: tiles of 8 rows (12 would pad 15 rows to 24)
+    assert "for jj in 0..32:  # vector" in text and "for ii in 0..8:  # unroll" in text
     # the patches are gathered from X straight into the packed panels (no whole patch tensor),
     # a block of pixels (jr) at a time, one masked row (kk) of the panel after another
     assert "allocate Xp_patches:" not in text
@@ -76,7 +77,8 @@ def test_one_by_one_conv_is_a_gemm_over_pixels(shapes, rng):
     assert "for yx" not in op.lower(*args, stage="loops")
     # the pixel loop indexes the last dim; the epilogue writes Y from the register tiles
     assert "Y[n, " in text and ", 0, jp * " in text and "allocate Y_acc:" not in text
-    assert "for jj in 0..32:  # vector" in text and "for ii in 0..12:  # unroll" in text
+    # 29 and 13 rows at 2 threads: register tiles of 8 rows pad 15 and 7 rows less than 12 would
+    assert "for jj in 0..32:  # vector" in text and "for ii in 0..8:  # unroll" in text
 
 
 def test_pixels_stay_apart_when_rows_are_wider(rng):

@@ -42,6 +42,7 @@ from tcc.passes.vectorize import vectorize
 
 PARALLEL_MIN_WORK = 1 << 15  # iterations below which a fork costs more than it saves
 GEMM_MIN_FLOPS = 1 << 16
+PACK_A_ONCE_BYTES = 32 << 20
 ONE_K_BLOCK = 2.5  # reductions up to this many k blocks run as one (a 3x3 conv on 64 channels: 576)
 
 
@@ -89,13 +90,26 @@ def gemm_params(m: int, n: int, k: int, itemsize: int = 4) -> dict[str, int]:
     prefetch share L2)."""
     caches = host_caches()
     nr = 32 if itemsize == 4 else 16
-    mr = 12
+    mr = _register_rows(m)
     kc = max(16, min(256, caches[1] // (nr * itemsize)))
     if k <= ONE_K_BLOCK * kc:  # one k block: no pass to zero C, no reloads of C, the epilogue in the tile store
         kc = k
     mc = max(mr, (caches[2] // 8 // (kc * itemsize)) // mr * mr)
     nc = max(nr, (caches[2] // 8 // (kc * itemsize)) // nr * nr)
     return {"mr": mr, "nr": nr, "kc": kc, "mc": mc, "nc": nc}
+
+
+def _register_rows(m: int) -> int:
+    """12 rows per register tile (24 accumulators), or 8 where 12 pads a thread's share of the
+    rows by more than 2% and 8 pads them less: 64 output channels are 8 tiles of 8 rather than 5
+    of 12 and a 4-row tail, and 256 rows split over 2 threads become 16 tiles each, which also
+    lets the threads split the rows (see _parallel_axis) instead of each packing all of A."""
+    rows = -(-m // threads())
+
+    def waste(mr: int) -> float:
+        return -(-rows // mr) * mr / rows - 1
+
+    return 8 if waste(12) > 0.02 and waste(8) < waste(12) else 12
 
 
 def autoschedule(func: LoopFunc, params: dict[str, dict[str, int]] | None = None) -> LoopFunc:
@@ -316,9 +330,11 @@ def _rename_loops(s: Stmt, mapping: dict[str, str]) -> Stmt:
 
 
 def _pack_a_once(rows: int, k: int, n: int, nc: int, itemsize: int) -> bool:
-    """Pack a thread's rows of A once (at ``jp``) rather than per ``nc`` block of columns when they
-    are small (a conv's weights: few output channels) and there is more than one column block."""
-    return n > nc and rows * k * itemsize <= host_caches()[2] // 4
+    """Pack a thread's rows of A once (at ``jp``) rather than again for each ``nc`` block of
+    columns, when there is more than one block and the packed copy is not huge: packing A is a
+    transposing scalar copy, and repacking it per block cost ~8% at 1024 and 2048 (each kc x mc
+    block of the whole copy is still read from L2 while the column panels of one block run)."""
+    return n > nc and rows * k * itemsize <= PACK_A_ONCE_BYTES
 
 
 def _group_parallel(func: LoopFunc, outer: list[str], nthreads: int) -> str | None:
