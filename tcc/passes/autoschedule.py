@@ -43,6 +43,7 @@ from tcc.passes.vectorize import vectorize
 PARALLEL_MIN_WORK = 1 << 15  # iterations below which a fork costs more than it saves
 GEMM_MIN_FLOPS = 1 << 16
 PACK_A_ONCE_BYTES = 32 << 20
+A_COPY_COST = 3
 ONE_K_BLOCK = 2.5  # reductions up to this many k blocks run as one (a 3x3 conv on 64 channels: 576)
 
 
@@ -361,12 +362,17 @@ def _inside_parallel(func: LoopFunc, outer: list[str]) -> bool:
 
 def _parallel_axis(m: int, n: int, mr: int, nr: int, nthreads: int) -> str:
     """Split the rows (``ip``) unless that pads the register tiles clearly more than the columns
-    (``jp``): a conv GEMM has few rows (output channels) and many columns (pixels)."""
+    (``jp``), or B is much wider than A is tall: each thread packs all of the operand whose
+    other axis it splits, and a conv GEMM's B (its patches: 7 MiB for a 7x7 layer on a 224x224
+    image) is far larger than its A (the weights). Packing A is a scalar transposing copy, about
+    ``A_COPY_COST`` times dearer per element than B's vector copy."""
     def waste(extent: int, tile: int) -> float:
         per = -(-extent // nthreads)
         return -(-per // tile) * tile * nthreads / extent - 1
 
-    return "ip" if m >= 2 * mr and waste(m, mr) <= waste(n, nr) + 0.02 else "jp"
+    if m < 2 * mr or n > A_COPY_COST * m:
+        return "jp"
+    return "ip" if waste(m, mr) <= waste(n, nr) + 0.02 else "jp"
 
 
 def _direct(func: LoopFunc, tensor: str) -> bool:
