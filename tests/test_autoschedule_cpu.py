@@ -32,11 +32,11 @@ def test_nested_conv_gemm_is_scheduled():
     assert "for kk in 0..45:" in text  # c, r, s fused into one k loop
     # 29 rows at 2 threads: tiles of 8 rows (12 would pad 15 rows to 24)
     assert "for jj in 0..32:  # vector" in text and "for ii in 0..8:  # unroll" in text
-    # the patches are gathered from X straight into the packed panels (no whole patch tensor),
-    # a block of pixels (jr) at a time, one masked row (kk) of the panel after another
+    # the patches are gathered from X straight into the packed panels (no whole patch tensor);
+    # one k block: the panel's rows loop over c, r, s (no divisions), c innermost (r, s mask)
     assert "allocate Xp_patches:" not in text
-    assert "Xp_patches_c1[jr, kk, jj] = select(" in text
-    assert text.index("for jr in") < text.index("for kk in", text.index("for jr in")) < text.index("Xp_patches_c1[jr")
+    pack = text.index("Xp_patches_c1[jr, (kk_row_row * 3 + kk_row_col) * 3 + kk_col, jj] = select(")
+    assert text.rindex("for kk_col in 0..3:", 0, pack) < text.rindex("for kk_row_row in 0..5:", 0, pack)
     parallel = [line.strip() for line in text.splitlines() if "# parallel" in line]
     if autoschedule.threads() > 2:  # fewer images than threads: the statements inside fork
         assert parallel and not any(line.startswith("for n") for line in parallel)

@@ -18,12 +18,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from tcc import dtypes
 from tcc.errors import TccScheduleError
-from tcc.ir.expr import Binary, Call, Expr, Load, transform, walk
-from tcc.ir.loops import For, LoopFunc, Stmt, Store, map_stmt, walk_stmts
+from tcc.ir.expr import Binary, Call, Const, Expr, Load, Select, free_vars, transform, walk
+from tcc.ir.loops import Allocate, For, Let, LoopFunc, Seq, Stmt, Store, map_stmt, seq, walk_stmts
 from tcc.passes.cache import source_order
 from tcc.passes.inline import inline
-from tcc.passes.loopnest import flat_coeff, loads
+from tcc.passes.loopnest import flat_coeff, fresh, loads, map_exprs, subst
+from tcc.passes.simplify import simplify
+from tcc.passes.unflatten import divmod_width, split_flat
 
 
 def gather_into_packs(func: LoopFunc) -> LoopFunc:
@@ -44,7 +47,7 @@ def gather_into_packs(func: LoopFunc) -> LoopFunc:
         except TccScheduleError:
             continue  # not one plain elementwise nest (a GEMM's result, copied out of registers)
         if _contiguous_lanes(gathered, targets):
-            func = _reorder_copies(gathered, targets)
+            func = _reorder_copies(_unflatten_rows(gathered, targets), targets)
     return func
 
 
@@ -85,6 +88,44 @@ def _contiguous_lanes(func: LoopFunc, targets: set[str]) -> bool:
     return True
 
 
+def _unflatten_rows(func: LoopFunc, targets: set[str]) -> LoopFunc:
+    """In each copy into ``targets``: loops of one iteration around it become 0, and a row loop
+    that covers the whole reduction (one k block) and is read through ``k // W`` and ``k % W``
+    (im2col's ``c, r, s``) splits into one loop per index, so no division is left per row and
+    the padding masks, which depend on ``r, s`` only, are computed outside the ``c`` loop."""
+    def visit(s: Stmt, units: dict[str, Expr]) -> Stmt:
+        if isinstance(s, For) and isinstance(_innermost(s), Store) and _innermost(s).buffer in targets:
+            nest = map_exprs(subst(s, units), simplify)
+            return _split_divmods(nest, func)
+        if isinstance(s, For):
+            inner = {**units, s.var.name: Const(0, dtypes.i64)} if getattr(s.extent, "value", None) == 1 else units
+            return replace(s, body=visit(s.body, inner))
+        if isinstance(s, Seq):
+            return seq(*(visit(c, units) for c in s.stmts))
+        if isinstance(s, (Allocate, Let)):
+            return replace(s, body=visit(s.body, units))
+        return s
+
+    return replace(func, body=visit(func.body, {}))
+
+
+def _split_divmods(nest: For, func: LoopFunc) -> For:
+    """Split each loop of ``nest`` read through ``v // W`` and ``v % W`` into ``v_row x v_col``."""
+    def node(s: Stmt) -> Stmt | None:
+        if not isinstance(s, For) or s.kind != "serial":
+            return None
+        width = divmod_width(s)
+        if width is None or not 1 < width < int(s.extent.value) or int(s.extent.value) % width:  # type: ignore[attr-defined]
+            return None
+        row, col = fresh(func, f"{s.var.name}_row"), fresh(func, f"{s.var.name}_col")
+        split = split_flat(s, width, row, col)
+        return replace(split, body=map_exprs(split.body, simplify))
+
+    for _ in range(4):  # c, r, s of a 3-D window: at most a few levels
+        nest = map_stmt(nest, node)  # type: ignore[assignment]
+    return nest
+
+
 def _unclamp(e: Expr) -> Expr | None:
     """``min(max(i, 0), n)`` (a read through a pad) as ``i``: strides are those of the interior."""
     if isinstance(e, Binary) and e.op == "min" and isinstance(e.a, Binary) and e.a.op == "max":
@@ -112,6 +153,8 @@ def _reorder_copies(func: LoopFunc, targets: set[str]) -> LoopFunc:
             return s
         indices = tuple(transform(i, _unclamp) for i in source.indices)
         order = source_order(loops, indices, buffers[source.buffer].shape)
+        masked = set().union(*(free_vars(x.cond) for x in walk(store.value) if isinstance(x, Select)))
+        order = sorted(order[:-1], key=lambda f: f.var.name not in masked) + order[-1:]  # stable
         nest: Stmt = store
         for f in reversed(order):
             nest = replace(f, body=nest)

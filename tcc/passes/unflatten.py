@@ -22,7 +22,7 @@ def unflatten(func: LoopFunc, loop: str, width: int) -> LoopFunc:
 
     def node(s: Stmt) -> Stmt | None:
         if isinstance(s, For) and s.var.name == loop and int(s.extent.value) % width == 0:  # type: ignore[attr-defined]
-            return _split(s, width, row, col)
+            return split_flat(s, width, row, col)
         return None
 
     return replace(func, body=map_stmt(func.body, node))
@@ -36,7 +36,9 @@ def divmod_width(s: For) -> int | None:
     return int(widths.pop()) if len(widths) == 1 else None
 
 
-def _split(s: For, width: int, row: str, col: str) -> Stmt:
+def split_flat(s: For, width: int, row: str, col: str) -> For:
+    """``s`` (its extent a multiple of ``width``) as ``row x col`` loops, ``v // width`` read as
+    ``row`` and ``v % width`` as ``col``."""
     v, r, c = Var(s.var.name), Var(row), Var(col)
 
     def parts(e: Expr) -> Expr:
