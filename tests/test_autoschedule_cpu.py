@@ -133,3 +133,21 @@ def test_cache_sizes_are_read_from_sysfs(tmp_path):
             (tmp_path / name / field).write_text(value + "\n")
     assert autoschedule.read_caches(str(tmp_path)) == {1: 48 << 10, 2: 2 << 20, 3: 300 << 20}
     assert autoschedule.read_caches(str(tmp_path / "missing")) == {1: 32 << 10, 2: 1 << 20, 3: 8 << 20}
+
+
+DEPTHWISE = """
+op dw(X: f32[N, C, H, W], Wt: f32[C, 3, 3], b: f32[C]) -> Y: f32[N, C, H, W] {
+    Xp = pad(X, [0, 0, 1, 1])
+    Y[n, c, y, x] = max(sum[r, s](Xp[n, c, y + r, x + s] * Wt[c, r, s]) + b[c], 0.0)
+}
+"""
+
+
+def test_masked_row_vectors_are_unrolled(rng):
+    """The vectors of a padded row are unrolled (constant masks per copy); rows of one vector are not."""
+    op = tcc.compile(DEPTHWISE).dw
+    z = np.zeros
+    text = op.lower(z((1, 3, 5, 100), np.float32), z((3, 3, 3), np.float32), z(3, np.float32), stage="scheduled")
+    assert "for x_o in 0..3:  # unroll" in text
+    check_op(DEPTHWISE, "dw", dict(N=1, C=3, H=5, W=100), rng)
+    check_op(DEPTHWISE, "dw", dict(N=2, C=5, H=7, W=33), rng)

@@ -21,13 +21,13 @@ import os
 from dataclasses import replace
 
 from tcc.errors import TccScheduleError
-from tcc.ir.expr import Binary, Cast, Expr, Load, Var, free_vars
-from tcc.ir.loops import Allocate, For, LoopFunc, Seq, Stmt, Store, map_stmt, walk_stmts
+from tcc.ir.expr import Binary, Cast, Expr, Load, Select, Var, free_vars, walk
+from tcc.ir.loops import Allocate, For, LoopFunc, Seq, Stmt, Store, map_stmt, stmt_exprs, walk_stmts
 from tcc.passes.cache import cache
 from tcc.passes.compute_at import compute_at
 from tcc.passes.epilogue import store_epilogue
 from tcc.passes.fuse import fuse
-from tcc.passes.loopnest import fresh, linear_coeff, loop_names, stores, subst
+from tcc.passes.loopnest import fresh, linear_coeff, loop_names, on_loops, stores, subst
 from tcc.passes.pack_gather import gather_into_packs
 from tcc.passes.parallel import parallel
 from tcc.passes.pixels import merge_pixels
@@ -416,8 +416,26 @@ def vectorize_and_parallelize(func: LoopFunc) -> LoopFunc:
             func = vectorize(func, name, lanes)
         except TccScheduleError:
             continue
+    func = unroll_masked_rows(func)
     if threads() > 1:
         func = _parallelize_items(func, func.body)
+    return func
+
+
+MASKED_ROW_UNROLL = 4
+
+
+def unroll_masked_rows(func: LoopFunc) -> LoopFunc:
+    """Unroll the few vectors of a row whose lanes read through a pad (``x_o`` of a depthwise
+    conv: 3 vectors of 32 and a tail): each unrolled copy's padding masks are constants, and
+    LLVM, left to itself, kept the loop once the body held an epilogue and computed the masks
+    with 64-bit vector compares per vector (the fused depthwise layer ran 1.6x its bare one)."""
+    for f in list(walk_stmts(func.body)):
+        if isinstance(f, For) and f.kind == "serial" and isinstance(f.body, For) and f.body.kind == "vector" \
+                and 1 < int(getattr(f.extent, "value", 0)) <= MASKED_ROW_UNROLL \
+                and any(isinstance(n, Select) for st in walk_stmts(f.body) for e in stmt_exprs(st) for n in walk(e)):
+            func = on_loops(func, f.var.name,
+                            lambda s, body=f.body: replace(s, kind="unroll") if s.body == body else None)
     return func
 
 
