@@ -25,7 +25,7 @@ from tcc.dtypes import DType
 from tcc.errors import TccCompileError
 from tcc.ir.expr import Binary, Call, Cast, Const, Expr, Load, Select, Unary, Var
 from tcc.ir.loops import Allocate, Barrier, Buffer, For, If, Let, LoopFunc, Seq, Stmt, Store
-from tcc.passes.loopnest import flat_coeff
+from tcc.passes.loopnest import flat_coeff, loads
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()
@@ -36,6 +36,8 @@ _ICMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 _LIBM = {"tanh", "erf"}
 MAX_SPREAD_STRIDE = 4  # lanes this far apart load as one wider masked load and a shuffle
 CHUNKS_PER_THREAD = 4  # grabs per thread of a parallel loop: balance against preempted threads
+STREAM_BYTES = 32 << 20  # results at least this large are stored around the cache (non-temporal)
+CACHE_LINE = 64
 _INTRINSIC = {"exp", "log", "sqrt", "sin", "cos", "floor", "ceil", "abs"}
 
 
@@ -86,6 +88,7 @@ class _FunctionBuilder:
         self.vec: tuple[str, int] | None = None  # (var, lanes) inside a vector loop
         self.lane0 = False  # evaluate the vector var as its first lane (address computations)
         self.outlined = 0
+        self.streamed = _streamed_outputs(func)
 
     # ------------------------------------------------------------ structure
     def build(self) -> None:
@@ -99,7 +102,8 @@ class _FunctionBuilder:
                 value = b.load(ptr, typ=memory_type(param.dtype), name=param.name)
                 self.vars[param.name] = self._from_memory(value, param.dtype)
         self._stmt(self.func.body)
-        b.ret(ir.Constant(I32, 0))
+        self._store_fence()
+        self.builder.ret(ir.Constant(I32, 0))
 
     def _fail(self) -> None:
         """Leave the current function reporting out-of-memory."""
@@ -237,6 +241,7 @@ class _FunctionBuilder:
         try:
             body, scratch = _peel_allocates(s.body)
             self._per_thread(scratch, lambda: self._chunks(replace(s, body=body), extent, chunk, counter))
+            self._store_fence()
             self.builder.ret_void()
         finally:
             self.fn, self.entry, self.builder, self.vars, self.buffers, self.status = saved
@@ -294,13 +299,38 @@ class _FunctionBuilder:
         if stride == 1:
             ptr = self._element(buf, base, s.indices, lane0=True)
             value = self._to_memory(self._splat(value, lanes), buf.dtype)
-            self._raw_store(value, ptr, buf.dtype.itemsize)
+            if s.buffer in self.streamed and (lanes * buf.dtype.itemsize) % CACHE_LINE == 0:
+                self._streaming_store(value, ptr, buf.dtype.itemsize)
+            else:
+                self._raw_store(value, ptr, buf.dtype.itemsize)
             return
         for lane in range(lanes):  # a scatter, one lane at a time
             with self._lane(lane):
                 ptr = self._element(buf, base, s.indices, lane0=True)
             elem = self._lane_value(value, lane)
             self.builder.store(self._to_memory(elem, buf.dtype), ptr, align=buf.dtype.itemsize)
+
+    def _streaming_store(self, value: ir.Value, ptr: ir.Value, itemsize: int) -> None:
+        """A non-temporal store where ``ptr`` is cache-line aligned (else a plain one): the line
+        is written without first being read (a third less memory traffic for ``relu(a*b + c)``)
+        and does not evict what the loop reads. The branch goes one way for the whole loop."""
+        b = self.builder
+        aligned = b.icmp_unsigned("==", b.and_(b.ptrtoint(ptr, I64), ir.Constant(I64, CACHE_LINE - 1)),
+                                  ir.Constant(I64, 0))
+        with b.if_else(aligned) as (then, otherwise):
+            with then:
+                st = ir_instructions.StoreInstr(b.block, value, ptr)
+                st.align = CACHE_LINE
+                st.set_metadata("nontemporal", self.module.add_metadata([ir.Constant(I32, 1)]))
+                b._insert(st)
+            with otherwise:
+                self._raw_store(value, ptr, itemsize)
+
+    def _store_fence(self) -> None:
+        """Order this thread's non-temporal stores before it reports done (they bypass the
+        cache's ordering): ``sfence`` at the end of every function that may issue them."""
+        if self.streamed:
+            self.builder.call(self._declare("llvm.x86.sse.sfence", ir.FunctionType(ir.VoidType(), [])), [])
 
     def _raw_store(self, value: ir.Value, ptr: ir.Value, align: int | None = None) -> None:
         """A store without llvmlite's check of the pointer's (typed) element type: LLVM's pointers
@@ -832,6 +862,16 @@ class _FunctionBuilder:
         while len(parts) > 1:
             parts = [b.shuffle_vector(a, c, _lanes(range(2 * a.type.count))) for a, c in zip(parts[::2], parts[1::2])]
         return parts[0] if count == 16 else b.shuffle_vector(parts[0], parts[0], _lanes(range(count)))
+
+
+def _streamed_outputs(func: LoopFunc) -> set[str]:
+    """Results the kernel only writes and that are too large to stay in cache (STREAM_BYTES), on
+    x86 hosts with AVX-512: their unit-stride vector stores bypass the cache."""
+    if not _avx512():
+        return set()
+    read = {ld.buffer for ld in loads(func.body)}
+    return {p.name for p in func.params if isinstance(p, Buffer) and p.name not in read
+            and p.size * p.dtype.itemsize >= STREAM_BYTES}
 
 
 def _spreads(stride: int | None, lanes: int) -> bool:

@@ -90,7 +90,7 @@ def invoke(kernel: CpuKernel, op, bound, out: Any) -> list[np.ndarray]:
         shape, dtype = bound.result_shapes[name], op.tensors[name].dtype.numpy
         direct = (target is not None and target.flags.c_contiguous and target.flags.writeable
                   and not any(np.may_share_memory(target, a) for a in inputs))
-        buf = target if direct else np.empty(shape, dtype)
+        buf = target if direct else aligned_empty(shape, dtype)
         if target is not None and not direct:
             copies.append((target, buf))
         values[name] = buf
@@ -99,6 +99,18 @@ def invoke(kernel: CpuKernel, op, bound, out: Any) -> list[np.ndarray]:
     for target, buf in copies:
         np.copyto(target, buf)
     return results
+
+
+ALIGN = 64  # bytes: a cache line, so that large results take non-temporal vector stores
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """``np.empty`` starting on a cache line (NumPy's large blocks start 16 bytes into a page)."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + ALIGN, np.uint8)
+    start = -raw.ctypes.data % ALIGN
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
 def _check_out(op, bound, out: Any) -> list[np.ndarray | None]:
