@@ -87,3 +87,29 @@ def test_scheduled_stage_shows_kinds():
     a = np.zeros((64, 64), np.float32)
     text = op.lower(a, a, stage="scheduled")
     assert "# vector" in text and "# unroll" in text and "# parallel" in text
+
+
+def test_compute_at_moves_the_producer_into_the_consumer_loop(rng):
+    """compute_at keeps every statement (it once dropped the producer) and folds its storage."""
+    from tcc import dtypes
+    from tcc.ir.expr import Binary, Const, Load, Var
+    from tcc.ir.loops import Allocate, Buffer, For, LoopFunc, Seq, Store, format_func
+    from tcc.passes.compute_at import compute_at
+    from tcc.runtime import cpu
+
+    f32, i64 = dtypes.f32, dtypes.i64
+    a, b, t = Buffer("A", f32, (5,)), Buffer("B", f32, (5, 3)), Buffer("T", f32, (5,))
+    i, i2, j = Var("i", i64), Var("i2", i64), Var("j", i64)
+    produce = For(i, Const(5, i64), Store("T", (i,), Binary("mul", Load("A", (i,), f32), Const(2.0, f32), f32)))
+    consume = For(i2, Const(5, i64), For(j, Const(3, i64), Store("B", (i2, j), Binary(
+        "add", Load("T", (i2,), f32), Const(1.0, f32), f32))))
+    func = LoopFunc("f", [a, b], Allocate(t, Seq((produce, consume))))
+    out = compute_at(func, "T", "i2")
+    text = format_func(out)
+    assert text.count("for i2 in 0..5") == 1 and "for i in" not in text
+    assert "T[] = A[i2] * f32(2.0)" in text and "allocate T: f32[] in local" in text
+    kernel = cpu.load(out, cpu.build(out))
+    x = rng.standard_normal(5).astype(np.float32)
+    y = np.full((5, 3), np.nan, np.float32)
+    kernel({"A": x, "B": y})
+    np.testing.assert_array_equal(y, np.repeat((x * 2 + 1)[:, None], 3, axis=1))

@@ -170,12 +170,15 @@ def _nests(body: Stmt, outer: tuple[str, ...]) -> list[tuple[Stmt, tuple[str, ..
 
 
 def _is_group(s: Stmt) -> bool:
-    """A loop whose body is several statements (with buffers of its own): a fusion group's loop."""
+    """A loop whose body is several statements (with buffers of its own): a fusion group's loop,
+    or the outer of the group's loops (``n`` around ``y_block`` of im2col's row blocks)."""
     if not isinstance(s, For):
         return False
     body, allocs = s.body, 0
     while isinstance(body, Allocate):
         body, allocs = body.body, allocs + 1
+    if isinstance(body, For) and not allocs:
+        return _is_group(body)
     return isinstance(body, Seq) and (allocs > 0 or len(body.stmts) > 1) and not _is_reduction_body(s.body)
 
 

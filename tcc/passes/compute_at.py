@@ -32,7 +32,7 @@ def compute_at(func: LoopFunc, tensor: str, loop: str, span: Span | None = None)
         raise TccScheduleError(f"the consumer of {tensor} has no loop {loop!r}", span)
     dim = _check(producer, items[ci], target, tensor, span)
     moved = subst(producer.body, {producer.var.name: target.var})
-    consumer = map_stmt(items[ci], lambda s: replace(s, body=seq(moved, s.body)) if s is target else None)
+    consumer = map_stmt(items[ci], lambda s: replace(s, body=seq(moved, s.body)) if s == target else None)
     items = items[:pi] + items[pi + 1:ci] + [consumer] + items[ci + 1:]
     body = seq(*items)
     fold = next((a for a in allocs if a.name == tensor), None)

@@ -108,11 +108,12 @@ def _check_written_once(producer: Stmt, target: str) -> None:
 
 def _invert(read: tuple[Expr, ...], at: tuple[Expr, ...], extents: dict[str, int],
             shape: tuple[int, ...]) -> dict[str, Expr] | None:
-    """The epilogue's loop variables at which ``read`` equals ``at``: each index of ``read`` is a
-    variable or a row-major flattening ``(a * E + b)`` of variables (``b`` of extent ``E``)
-    covering its dim, or ``0`` in both where a merged pixel index (``[n, f, 0, y*W + x]``, see
-    passes/pixels.py) spans that dim and the next."""
-    mapping: dict[str, Expr] = {}
+    """The epilogue's loop variables at which ``read`` equals ``at``. Each index of ``read`` is
+    a row-major flattening ``(a * Eb + b) * Ec + c`` of parts covering its dim, a part being a
+    variable or one digit of it (``y // R``, ``y % R``: im2col's blocks of output rows), or ``0``
+    in both where a merged pixel index (``[n, f, 0, y*W + x]``, see passes/pixels.py) spans that
+    dim and the next."""
+    digits: dict[tuple, Expr] = {}
     span = 1  # elements the next index covers: its dim times the dims merged into it
     for idx, x, dim in zip(read, at, shape):
         span *= dim
@@ -121,29 +122,61 @@ def _invert(read: tuple[Expr, ...], at: tuple[Expr, ...], extents: dict[str, int
                 return None
             continue
         parts = _flattened(idx, extents)
-        if parts is None or _size(extents[v] for v in parts) != span:
+        if parts is None or _size(e for _, e in parts) != span:
             return None
         span = 1
-        for pos, v in enumerate(parts):
-            if v in mapping:
+        for pos, (key, extent) in enumerate(parts):
+            if key in digits:
                 return None
-            inner = _size(extents[w] for w in parts[pos + 1:])
+            inner = _size(e for _, e in parts[pos + 1:])
             value = x if inner == 1 else Binary("floordiv", x, Const(inner, x.dtype), x.dtype)
             if pos > 0:
-                value = Binary("mod", value, Const(extents[v], x.dtype), x.dtype)
-            mapping[v] = value
-    return mapping if span == 1 else None
+                value = Binary("mod", value, Const(extent, x.dtype), x.dtype)
+            digits[key] = value
+    return _combine(digits) if span == 1 else None
 
 
-def _flattened(e: Expr, extents: dict[str, int]) -> list[str] | None:
-    """``[a, b, c]`` for ``(a * Eb + b) * Ec + c`` (``E*`` the variables' extents), else None."""
-    if isinstance(e, Var) and e.name in extents:
-        return [e.name]
-    if isinstance(e, Binary) and e.op == "add" and isinstance(e.b, Var) and e.b.name in extents:
+def _combine(digits: dict[tuple, Expr]) -> dict[str, Expr] | None:
+    """Each variable's value from its whole (``(v, 1)``) or from its two digits ``v // R, v % R``."""
+    out: dict[str, Expr] = {}
+    for (name, kind, radix), value in digits.items():
+        if kind == "all":
+            out[name] = value
+        elif kind == "hi":
+            low = digits.get((name, "lo", radix))
+            if low is None:
+                return None
+            out[name] = Binary("add", Binary("mul", value, Const(radix, value.dtype), value.dtype), low, value.dtype)
+        elif (name, "hi", radix) not in digits:
+            return None
+    return out
+
+
+def _flattened(e: Expr, extents: dict[str, int]) -> list[tuple[tuple, int]] | None:
+    """The parts of ``(a * Eb + b) * Ec + c`` (each part with its extent ``E``), else None."""
+    atom = _digit(e, extents)
+    if atom is not None:
+        return [atom]
+    if isinstance(e, Binary) and e.op == "add":
+        tail = _digit(e.b, extents)
         scaled = e.a
-        if isinstance(scaled, Binary) and scaled.op == "mul" and scaled.b == Const(extents[e.b.name], e.b.dtype):
+        if tail is not None and isinstance(scaled, Binary) and scaled.op == "mul" \
+                and scaled.b == Const(tail[1], scaled.b.dtype):
             head = _flattened(scaled.a, extents)
-            return None if head is None else [*head, e.b.name]
+            return None if head is None else [*head, tail]
+    return None
+
+
+def _digit(e: Expr, extents: dict[str, int]) -> tuple[tuple, int] | None:
+    """``v``, ``v // R`` or ``v % R`` of a loop variable ``v``, as (key, extent)."""
+    if isinstance(e, Var) and e.name in extents:
+        return (e.name, "all", 1), extents[e.name]
+    if isinstance(e, Binary) and e.op in ("floordiv", "mod") and isinstance(e.a, Var) and e.a.name in extents \
+            and isinstance(e.b, Const) and e.b.value > 0 and extents[e.a.name] % int(e.b.value) == 0:
+        radix = int(e.b.value)
+        if e.op == "mod":
+            return (e.a.name, "lo", radix), radix
+        return (e.a.name, "hi", radix), extents[e.a.name] // radix
     return None
 
 

@@ -214,12 +214,17 @@ def _groups(op: OpTE) -> list:
 
 
 def _shared_depth(group: list[Compute], depth: int, c: Compute, op: OpTE) -> int:
-    """How many leading loops ``c`` can share with ``group`` (0: it cannot join)."""
+    """How many leading loops ``c`` can share with ``group`` (0: it cannot join). A statement that
+    would make a group holding a reduction share fewer loops stays out: im2col's patches and
+    GEMM for one block of output rows share ``n, y_block``, and the epilogue reading the GEMM at
+    ``y // R`` joining them at ``n`` would make whole images' patches again."""
     first = group[0]
     k = min(depth, len(c.axes))
     while k > 0:
         same_extents = all(first.axes[i].extent == c.axes[i].extent for i in range(k))
         if same_extents and _row_local(group, c, k, op):
+            if k < depth and any(isinstance(n, Reduce) for m in group for n in walk(m.body)):
+                return 0
             return k
         k -= 1
     return 0

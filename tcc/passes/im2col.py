@@ -28,6 +28,9 @@ from tcc.ir.te import Compute, OpTE, Tensor
 from tcc.passes.loopnest import linear_coeff
 
 MAX_PATCH_BYTES = 32 * 1024 * 1024
+ROW_BLOCK_FROM = 2 * 1024 * 1024  # strided patches of one batch element above this are blocked by rows
+ROW_BLOCK_BYTES = 512 * 1024  # ... into blocks of at most this (a quarter of a 2 MiB L2)
+VECTOR = 32  # columns of the GEMM's register tile: blocks of whole tiles are preferred
 I64 = dtypes.i64
 CHOICES = ("auto", "im2col", "direct")
 
@@ -81,6 +84,7 @@ class _Plan:
     reduce: list[IterVar] = field(default_factory=list)  # reduction axes the input read uses
     spatial: list[IterVar] = field(default_factory=list)  # output axes inside window indices
     weights: list[IterVar] = field(default_factory=list)  # output axes of the other factor only
+    row_block: int = 0  # output rows per patch block (0: the whole of a batch element at once)
 
 
 def _plan(window: Read, other: Read, r: Reduce, c: Compute, mode: str) -> _Plan:
@@ -111,28 +115,73 @@ def _plan(window: Read, other: Read, r: Reduce, c: Compute, mode: str) -> _Plan:
     else:
         plan.apply = True
         result = r.dtype.itemsize * _size(plan.weights) * _size(plan.spatial)
+        plan.row_block = _row_block(plan, window, per_outer)
+        if plan.row_block:
+            rows = int(plan.spatial[0].extent.value)  # type: ignore[attr-defined]
+            per_outer = per_outer * plan.row_block // rows
+            result = result * plan.row_block // rows
         plan.why = (f"patches of {window.tensor}, then a GEMM over {', '.join(ax.var.name for ax in plan.reduce)}; "
                     f"extra memory {per_outer / 2**20:.2f} MiB patches + {result / 2**20:.2f} MiB GEMM result "
-                    f"per {'batch element' if plan.outer else 'call'}")
+                    f"per {'batch element' if plan.outer else 'call'}"
+                    + (f" and block of {plan.row_block} output rows (strided patches)" if plan.row_block else ""))
     return plan
 
 
+def _row_block(plan: _Plan, window: Read, per_outer: int) -> int:
+    """Output rows per patch block, or 0 for none. Patches of a stride-1 window are gathered
+    straight into the GEMM's packed panels (passes/pack_gather.py); a strided window's pixels
+    jump rows, so its patches are written out first: above ``ROW_BLOCK_FROM`` per batch element
+    (7.4 MiB for a 7x7/2 layer on a 224x224 image) they are made and multiplied one block of
+    output rows at a time, each block small enough to stay in L2 (and the blocks, like batch
+    elements, go to the threads)."""
+    if per_outer <= ROW_BLOCK_FROM or len(plan.spatial) < 2:
+        return 0
+    first = plan.spatial[0].var.name
+    strides = {linear_coeff(i, first) for i in window.indices} - {0, None}
+    if strides == {1}:
+        return 0
+    rows = int(plan.spatial[0].extent.value)  # type: ignore[attr-defined]
+    per_row = per_outer // rows
+    width = _size(plan.spatial[1:])
+    fitting = [d for d in range(1, rows) if rows % d == 0 and d * per_row <= ROW_BLOCK_BYTES]
+    whole_vectors = [d for d in fitting if d * width % VECTOR == 0]  # no narrow tail tile per block
+    return max(whole_vectors or fitting, default=0)
+
+
 def _build(plan: _Plan, window: Read, r: Reduce, c: Compute, tensors: dict[str, Tensor]):
-    """The patch gather P[outer, reduce, j], the GEMM G[outer, weights, j] and the read replacing ``r``."""
+    """The patch gather P[outer, reduce, j], the GEMM G[outer, weights, j] and the read replacing ``r``
+    (with a row block ``R``: P[outer, yb, reduce, j] and G[outer, yb, weights, j] for output rows
+    ``yb*R .. yb*R + R - 1``, read back at ``yb = y // R`` and ``y % R`` within the block)."""
     j = Var(_fresh_var("j", c, r), I64)
-    extent_j = _size(plan.spatial)
-    spatial_of_j = _unflatten(j, plan.spatial)
+    spatial, outer, block = list(plan.spatial), list(plan.outer), []
+    y = spatial[0].var
+    if plan.row_block:
+        yb = IterVar(Var(_fresh_var(f"{y.name}_block", c, r), I64),
+                     Const(int(spatial[0].extent.value) // plan.row_block, I64))  # type: ignore[attr-defined]
+        block = [yb]
+        spatial[0] = IterVar(Var(_fresh_var(f"{y.name}_in", c, r), I64), Const(plan.row_block, I64))
+    extent_j = _size(spatial)
+    spatial_of_j = _unflatten(j, spatial)
+    if plan.row_block:
+        row = spatial_of_j.pop(spatial[0].var.name)
+        spatial_of_j[y.name] = Binary("add", Binary("mul", block[0].var, Const(plan.row_block, I64), I64), row, I64)
     patch_name = _fresh(f"{window.tensor}_patches", tensors)
     gemm_name = _fresh(f"{c.tensor}_gemm", tensors)
-    p_axes = (*plan.outer, *plan.reduce, IterVar(j, Const(extent_j, I64)))
+    p_axes = (*outer, *block, *plan.reduce, IterVar(j, Const(extent_j, I64)))
     patch_body = substitute(window, spatial_of_j)
     patch = Compute(patch_name, p_axes, patch_body, c.span)
     p_read = Read(patch_name, tuple(ax.var for ax in p_axes), window.dtype, window.span)
-    g_axes = (*plan.outer, *plan.weights, IterVar(j, Const(extent_j, I64)))
+    g_axes = (*outer, *block, *plan.weights, IterVar(j, Const(extent_j, I64)))
     g_body = replace(r, body=transform(r.body, lambda n: p_read if n == window else None))
     gemm = Compute(gemm_name, g_axes, g_body, c.span)
-    flat = _flatten(plan.spatial)
-    read = Read(gemm_name, (*(ax.var for ax in plan.outer), *(ax.var for ax in plan.weights), flat), r.dtype, r.span)
+    if plan.row_block:
+        rb = Const(plan.row_block, I64)
+        local = [(Binary("mod", y, rb, I64), plan.row_block), *_parts(plan.spatial[1:])]
+        leading = (*(ax.var for ax in outer), Binary("floordiv", y, rb, I64))
+    else:
+        local, leading = _parts(spatial), tuple(ax.var for ax in outer)
+    flat = _flatten(local)
+    read = Read(gemm_name, (*leading, *(ax.var for ax in plan.weights), flat), r.dtype, r.span)
     p_tensor = Tensor(patch_name, window.dtype, tuple(ax.extent for ax in p_axes), "temp", window.span)
     g_tensor = Tensor(gemm_name, r.dtype, tuple(ax.extent for ax in g_axes), "temp", r.span)
     return (patch, p_tensor), (gemm, g_tensor), read
@@ -152,11 +201,15 @@ def _unflatten(j: Var, spatial: list[IterVar]) -> dict[str, Expr]:
     return out
 
 
-def _flatten(spatial: list[IterVar]) -> Expr:
+def _parts(axes: list[IterVar]) -> list[tuple[Expr, int]]:
+    return [(ax.var, int(ax.extent.value)) for ax in axes]  # type: ignore[attr-defined]
+
+
+def _flatten(parts: list[tuple[Expr, int]]) -> Expr:
+    """Row-major ``(a * Eb + b) * Ec + c`` of (index, extent) pairs (an index may be ``y % R``)."""
     flat: Expr | None = None
-    for ax in spatial:
-        extent = int(ax.extent.value)  # type: ignore[attr-defined]
-        flat = ax.var if flat is None else Binary("add", Binary("mul", flat, Const(extent, I64), I64), ax.var, I64)
+    for index, extent in parts:
+        flat = index if flat is None else Binary("add", Binary("mul", flat, Const(extent, I64), I64), index, I64)
     return flat if flat is not None else Const(0, I64)
 
 

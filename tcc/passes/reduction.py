@@ -21,21 +21,15 @@ def decompose_reduction(func: LoopFunc, tensor: str, span: Span | None = None) -
     buffers = func.buffers()
     if tensor not in buffers:
         raise TccScheduleError(f"op {func.name} has no tensor {tensor!r}", span)
-    done = []
+    from tcc.ir.loops import walk_stmts
 
-    def node(s: Stmt) -> Stmt | None:
-        if isinstance(s, For) and _stores_to(s, tensor) and not done:
+    for s in walk_stmts(func.body):  # outer loops first: the whole output nest, not its inner loops
+        if isinstance(s, For) and _stores_to(s, tensor):
             out = _decompose(s, buffers[tensor], span)
             if out is not None:
-                done.append(True)
-            return out
-        return None
-
-    body = map_stmt(func.body, node)
-    if not done:
-        raise TccScheduleError(f"{tensor} is not computed by a single reduction", span,
-                               "decompose applies to statements like C[i, j] = sum[k](...)")
-    return replace(func, body=body)
+                return replace(func, body=map_stmt(func.body, lambda n, s=s, out=out: out if n == s else None))
+    raise TccScheduleError(f"{tensor} is not computed by a single reduction", span,
+                           "decompose applies to statements like C[i, j] = sum[k](...)")
 
 
 def _stores_to(s: For, tensor: str) -> bool:
@@ -65,9 +59,11 @@ def _decompose(nest: For, out: Buffer, span: Span | None) -> Stmt | None:
         return None
     idx = final.indices
     names = {a.var.name for a in axes}
-    if set().union(*(free_vars(i) for i in idx)) != names \
+    reduced = {f.var.name for f in rloops}
+    used = set().union(*(free_vars(i) for i in idx))
+    if not names <= used or used & reduced \
             or not all(any(linear_coeff(i, n) not in (0, None) for i in idx) for n in names):
-        return None  # the output loops, each moving the element written (a merged pixel loop may share a dim)
+        return None  # the output loops (and loops around them: a group's), each output loop moving the element
     direct = final.value == Load(acc.name, (_zero(),), acc.dtype) and out.dtype == acc.dtype
     target = out if direct else Buffer(f"{out.name}_acc", acc.dtype, out.shape, "global")
 
