@@ -13,6 +13,8 @@ one batch element's patches fit in ``MAX_PATCH_BYTES``. The patch tensor's leadi
 batch, and fusion groups it with the GEMM under one batch loop, so only one batch element's
 patches per thread exist at a time (the CPU runs whole images on each thread when the batch has
 one per thread): the peak extra memory is ``threads * C*R*S*OY*OX*itemsize`` whatever the batch.
+Strided windows with more than ``ROW_BLOCK_FROM`` of patches per batch element are gathered and
+multiplied a block of output rows at a time (``_row_block``), each block's patches in L2.
 
 Override with ``tcc.compile(..., conv="im2col" | "direct" | "auto")``.
 """
