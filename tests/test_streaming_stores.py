@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 
 import tcc
-from tcc.codegen_cpu.llvm_ir import STREAM_BYTES, _avx512
+from tcc.codegen_cpu.llvm_ir import _avx512, stream_bytes
 from tcc.runtime.cpu import aligned_empty
 
 SRC = "op fma_relu(A: f32[N], B: f32[N], C: f32[N]) -> Y: f32[N] { Y[i] = max(A[i] * B[i] + C[i], 0.0) }"
-BIG = STREAM_BYTES // 4 + 7  # elements: past the threshold, with a tail
+BIG = stream_bytes() // 4 + 7  # elements: past the threshold (4 L2s of the tests' host model), with a tail
 
 
 @pytest.mark.skipif(not _avx512(), reason="non-temporal stores are emitted on AVX-512 hosts")
