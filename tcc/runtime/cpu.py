@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import math
 from typing import Any
 
 import numpy as np
@@ -102,12 +103,16 @@ def invoke(kernel: CpuKernel, op, bound, out: Any) -> list[np.ndarray]:
 
 
 ALIGN = 64  # bytes: a cache line, so that large results take non-temporal vector stores
+ALIGN_FROM = 1 << 20  # smaller results are plain np.empty (the alignment costs a few us a call)
 
 
 def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """``np.empty`` starting on a cache line (NumPy's large blocks start 16 bytes into a page)."""
+    """``np.empty`` starting on a cache line when large (NumPy's large blocks start 16 bytes
+    into a page)."""
     dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes < ALIGN_FROM:
+        return np.empty(shape, dtype)
     raw = np.empty(nbytes + ALIGN, np.uint8)
     start = -raw.ctypes.data % ALIGN
     return raw[start:start + nbytes].view(dtype).reshape(shape)
