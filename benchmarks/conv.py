@@ -3,7 +3,8 @@
 For each ResNet-like layer: conv + bias + relu (fused epilogue) against PyTorch's conv2d + relu,
 the bare conv against PyTorch's bare conv, and the epilogue's cost (fused / bare, both tcc); then
 a 4-operator elementwise chain against NumPy. tcc and the anchor are timed in interleaved rounds
-of warm back-to-back calls (see benchmarks/cpu.py), medians over ``--runs`` rounds. Peak memory:
+of warm back-to-back calls (see benchmarks/cpu.py); each ratio is the median over ``--runs``
+rounds of the two times in the same round (GFLOP/s and times: medians over rounds). Peak memory:
 in a fresh process, after a warm-up call, the peak RSS is reset and
 its growth during one call measured (im2col's patch buffers plus the new output array).
 
@@ -69,18 +70,24 @@ def inputs(layer, rng):
     return x, wt, b
 
 
-def interleaved(fns: list, runs: int) -> list[float]:
-    """Median seconds per call of each of ``fns``, in interleaved rounds (see benchmarks/cpu.py)."""
+def interleaved(fns: list, runs: int) -> list[list[float]]:
+    """Per interleaved round, the median seconds per call of each of ``fns`` (see benchmarks/cpu.py)."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from cpu import timed_burst
+    from cpu import paired_rounds
 
-    times: list[list[float]] = [[] for _ in fns]
     for fn in fns:
         fn()  # compile
-    for _ in range(runs):
-        for t, fn in zip(times, fns):
-            t += timed_burst(fn)
-    return [statistics.median(t) for t in times]
+    return paired_rounds(fns, runs)
+
+
+def _ratio(rounds: list[list[float]], a: int, b: int) -> float:
+    from cpu import ratio
+
+    return ratio(rounds, a, b)
+
+
+def _median(rounds: list[list[float]], k: int) -> float:
+    return statistics.median(r[k] for r in rounds)
 
 
 def conv_rows(runs: int, quick: bool) -> list[str]:
@@ -96,18 +103,18 @@ def conv_rows(runs: int, quick: bool) -> list[str]:
     for name, layer in LAYERS.items():
         if quick:
             layer = (1, *layer[1:])
-        t_fused, t_torch_fused, t_bare, t_torch_bare = time_layer(lib, torch, layer, rng, runs)
+        rounds = time_layer(lib, torch, layer, rng, runs)  # fused, torch fused, bare, torch bare
         n, c, h, w, f, k, s, p, dw = layer
         oh = (h + 2 * p - k) // s + 1
         flops = 2 * n * f * oh * oh * (1 if dw else c) * k * k
-        rows.append(f"| {name if not quick else name + ' (b1)'} | {flops / t_fused / 1e9:.1f} | "
-                    f"{flops / t_torch_fused / 1e9:.1f} | {t_fused / t_torch_fused:.2f} | "
-                    f"{t_bare / t_torch_bare:.2f} | {t_fused / t_bare:.3f} | {peak_rss_mib(name, quick):.1f} |")
+        rows.append(f"| {name if not quick else name + ' (b1)'} | {flops / _median(rounds, 0) / 1e9:.1f} | "
+                    f"{flops / _median(rounds, 1) / 1e9:.1f} | {_ratio(rounds, 0, 1):.2f} | "
+                    f"{_ratio(rounds, 2, 3):.2f} | {_ratio(rounds, 0, 2):.3f} | {peak_rss_mib(name, quick):.1f} |")
     return rows
 
 
-def time_layer(lib, torch, layer, rng, runs: int) -> list[float]:
-    """Medians of tcc fused, torch fused, tcc bare, torch bare, interleaved."""
+def time_layer(lib, torch, layer, rng, runs: int) -> list[list[float]]:
+    """Per round: tcc fused, torch fused, tcc bare, torch bare."""
     x, wt, b = inputs(layer, rng)
     n, c, h, w, f, k, s, p, dw = layer
     tx, tw, tb = (torch.from_numpy(a) for a in (x, wt, b))
@@ -167,8 +174,9 @@ def chain_row(runs: int) -> str:
     rng = np.random.default_rng(0)
     a, b, c = (rng.standard_normal(1 << 24, dtype=np.float32) for _ in range(3))
     op = tcc.compile(CONV).chain
-    t_tcc, t_np = interleaved([lambda: op(a, b, c), lambda: np.maximum(a * b + c, 0) * np.float32(0.5)], runs)
-    return f"| 4-op chain max(a*b+c, 0)*0.5, 2^24 | {t_tcc * 1e3:.1f} ms | {t_np * 1e3:.1f} ms | {t_tcc / t_np:.2f} |"
+    rounds = interleaved([lambda: op(a, b, c), lambda: np.maximum(a * b + c, 0) * np.float32(0.5)], runs)
+    return (f"| 4-op chain max(a*b+c, 0)*0.5, 2^24 | {_median(rounds, 0) * 1e3:.1f} ms | "
+            f"{_median(rounds, 1) * 1e3:.1f} ms | {_ratio(rounds, 0, 1):.2f} |")
 
 
 def main() -> None:

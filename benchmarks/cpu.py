@@ -1,11 +1,14 @@
 """CPU kernels side by side with their anchors: ratios tcc time / anchor time (lower is better).
 
 Each anchor configuration runs in its own process (OpenBLAS reads OPENBLAS_CORETYPE when NumPy
-loads), and in it tcc and the anchor are timed in interleaved rounds, medians over ``--runs``
-rounds. A round of one side sleeps ``SETTLE`` seconds, makes one warm-up call, then times three
-calls back to back: each side is timed warm, as in a network's steady state, and never while the
-other library's idle thread pool is still spinning on a core (OpenBLAS and libgomp spin for a
-while after a call; interleaving single calls timed each side on one core and a half).
+loads), and in it tcc and the anchor are timed in interleaved rounds (``--runs``). In a round each
+side sleeps ``SETTLE`` seconds, makes one warm-up call, then times calls back to back (at least
+three, at least ``BURST`` seconds of them; the round's figure is their median): each
+side is timed warm, as in a network's steady state, and never while the other library's idle
+thread pool is still spinning on a core (OpenBLAS and libgomp spin for a while after a call;
+interleaving single calls timed each side on one core and a half). The sides swap order every
+other round; a ratio is the median over rounds of the two sides' times in the same round (the
+VM drifts 10-30% over minutes), the times shown are medians over rounds.
 Usage: python benchmarks/cpu.py [--runs 10] [--quick]
 """
 
@@ -15,11 +18,14 @@ import argparse
 import functools
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
 
 SETTLE = 0.2  # seconds of quiet before each round: see the module docstring
+BURST = 0.02  # seconds of timed calls per side and round, at least (3 calls at least)
+MAX_CALLS = 200
 ANCHORS = {"numpy-avx512": {"OPENBLAS_CORETYPE": "SkylakeX"}, "numpy": {}, "torch": {}}
 SOURCES = {
     "matmul": "op matmul(A: f32[M, K], B: f32[K, N]) -> C: f32[M, N] { C[i, j] = sum[k](A[i, k] * B[k, j]) }",
@@ -95,21 +101,41 @@ def measure(anchor: str, runs: int, names: list[str]) -> dict:
             continue
         kernel(*args)
         fn()
-        run_tcc = functools.partial(kernel, *args)
-        t_tcc, t_anchor = [], []
-        for _ in range(runs):
-            t_tcc += timed_burst(run_tcc)
-            t_anchor += timed_burst(fn)
-        out[label] = (float(np.median(t_tcc)), float(np.median(t_anchor)))
+        rounds = paired_rounds([functools.partial(kernel, *args), fn], runs)
+        out[label] = (statistics.median(r[0] for r in rounds), statistics.median(r[1] for r in rounds),
+                      ratio(rounds, 0, 1))
     return out
 
 
+def paired_rounds(fns: list, runs: int) -> list[list[float]]:
+    """Per round, the median seconds of each of ``fns`` (each a ``timed_burst``), the order of
+    ``fns`` reversed every other round so that no side always goes first."""
+    rounds = []
+    for i in range(runs):
+        order = list(range(len(fns))) if i % 2 == 0 else list(range(len(fns)))[::-1]
+        medians = [0.0] * len(fns)
+        for k in order:
+            medians[k] = statistics.median(timed_burst(fns[k]))
+        rounds.append(medians)
+    return rounds
+
+
+def ratio(rounds: list[list[float]], a: int, b: int) -> float:
+    """Median over rounds of ``fns[a] / fns[b]`` measured in the same round: the VM's speed drifts
+    by 10-30% over minutes, and a ratio within one round is far steadier than one of medians."""
+    return statistics.median(r[a] / r[b] for r in rounds)
+
+
 def timed_burst(fn, calls: int = 3) -> list[float]:
-    """After ``SETTLE`` seconds of quiet, one warm-up call, then ``calls`` timed back to back."""
+    """After ``SETTLE`` seconds of quiet, one warm-up call, then at least ``calls`` timed back to
+    back, and enough of them to fill ``BURST`` seconds (a 0.2 ms call is timed ~100 times, so
+    one interruption does not decide a round)."""
     time.sleep(SETTLE)
+    start = time.perf_counter()
     fn()
+    warm = time.perf_counter() - start
     times = []
-    for _ in range(calls):
+    for _ in range(max(calls, min(MAX_CALLS, int(BURST / max(warm, 1e-6))))):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
@@ -139,11 +165,11 @@ def main() -> None:
         if label not in opts.only:
             continue
         times = [results[a][label] for a in ANCHORS if a in results and label in results[a]]
-        tcc_ms = min(t for t, _ in times) * 1e3 if times else float("nan")
+        tcc_ms = min(t[0] for t in times) * 1e3 if times else float("nan")
         cells = []
         for a in ANCHORS:
             r = results.get(a, {}).get(label)
-            cells.append(f"{r[0] / r[1]:.2f}x ({r[1] * 1e3:.2f} ms)" if r else "-")
+            cells.append(f"{r[2]:.2f}x ({r[1] * 1e3:.2f} ms)" if r else "-")
         print(f"| {label} | {tcc_ms:.2f} | " + " | ".join(cells) + " |")
 
 
