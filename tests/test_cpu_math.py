@@ -124,3 +124,17 @@ def test_stride_two_conv_rows_load_wide_and_match(rng):
            "(W + 2*P - KW) // S + 1] {\n Xp = pad(X, [0, 0, P, P])\n"
            " Y[n, f, y, x] = sum[c, r, s](Xp[n, c, y*S + r, x*S + s] * Wt[f, c, r, s])\n}")
     check_op(src, "conv", dict(N=1, C=3, H=45, W=77, F=19, KH=7, KW=7), rng)
+
+
+def test_max_and_min_against_a_constant_keep_nan_and_zero_rules():
+    """``max(x, 0.0)`` (relu) compiles to one compare and a blend: NaN still comes through,
+    ``max(-0.0, 0.0)`` is ``0.0`` as NumPy gives it, infinities are ordered."""
+    lib = tcc.compile("""
+op relu(X: f32[N]) -> Y: f32[N] { Y[i] = max(X[i], 0.0) }
+op clip(X: f32[N]) -> Y: f32[N] { Y[i] = min(1.5, X[i]) }
+""")
+    x = np.array([np.nan, -0.0, 0.0, -1.0, 2.0, np.inf, -np.inf, 1.5, 3.0] * 7, np.float32)
+    relu, clip = lib.relu(x), lib.clip(x)
+    np.testing.assert_array_equal(relu, np.maximum(x, np.float32(0)))
+    assert not np.signbit(relu[1])
+    np.testing.assert_array_equal(clip, np.minimum(x, np.float32(1.5)))

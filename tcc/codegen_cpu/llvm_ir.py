@@ -626,7 +626,7 @@ class _FunctionBuilder:
                 return b.icmp_unsigned(_ICMP[e.op], a, c)
             return b.icmp_signed(_ICMP[e.op], a, c)
         if operand.is_float:
-            return self._float_binary(e.op, a, c, e.b)
+            return self._float_binary(e.op, a, c, e.b, e.a)
         return self._int_binary(e.op, a, c)
 
     def _divide_by_invariant(self, a: ir.Value, c: ir.Value) -> ir.Value:
@@ -655,7 +655,7 @@ class _FunctionBuilder:
                 return self.builder.call(self._intrinsic("fmuladd", x.type, 3), [x, y, z])
         return None
 
-    def _float_binary(self, op: str, a: ir.Value, c: ir.Value, rhs: Expr) -> ir.Value:
+    def _float_binary(self, op: str, a: ir.Value, c: ir.Value, rhs: Expr, lhs: Expr | None = None) -> ir.Value:
         b = self.builder
         if op == "add":
             return b.fadd(a, c)
@@ -666,6 +666,11 @@ class _FunctionBuilder:
         if op == "div":
             return b.fdiv(a, c)
         if op in ("max", "min"):
+            bound = _against_constant(lhs, rhs, a, c)
+            if bound is not None:  # relu's max(x, 0): one compare and a blend
+                x, k = bound
+                keep = b.fcmp_unordered(">" if op == "max" else "<", x, k)
+                return b.select(keep, x, k)
             if _avx512() and isinstance(a.type, ir.VectorType) and str(a.type.element) == "float":
                 return self._range(a, c, op)
             return b.call(self._intrinsic("maximum" if op == "max" else "minimum", a.type, 2), [a, c])
@@ -900,6 +905,16 @@ def _streamed_outputs(func: LoopFunc) -> set[str]:
     read = {ld.buffer for ld in loads(func.body)}
     return {p.name for p in func.params if isinstance(p, Buffer) and p.name not in read
             and p.size * p.dtype.itemsize >= stream_bytes()}
+
+
+def _against_constant(lhs: Expr | None, rhs: Expr, a: ir.Value, c: ir.Value) -> tuple[ir.Value, ir.Value] | None:
+    """(x, k) for ``max``/``min`` of a value and a non-NaN constant, else None: ``x > k ? x : k``
+    with an unordered compare (so a NaN ``x`` comes through, and ``max(-0.0, 0.0)`` is ``0.0``)
+    is the IEEE maximum there, in two instructions where the general case needs four."""
+    for const, x, k in ((rhs, a, c), (lhs, c, a)):
+        if isinstance(const, Const) and const.value == const.value:  # not NaN
+            return x, k
+    return None
 
 
 def _spreads(stride: int | None, lanes: int) -> bool:
