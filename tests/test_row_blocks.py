@@ -40,3 +40,30 @@ def test_small_or_unit_stride_patches_are_not_blocked():
 @pytest.mark.parametrize("shapes", [dict(N=1, C=3, H=140, W=140, F=8), dict(N=2, C=3, H=141, W=139, F=5)])
 def test_row_blocked_conv_matches_reference(shapes, rng):
     check_op(CONV, "conv7", shapes, rng)
+
+
+CONV3D = """
+op conv3d(X: f32[N, C, D, H, W], Wt: f32[F, C, 3, 3, 3])
+    -> Y: f32[N, F, (D - 3) // 2 + 1, (H - 3) // 2 + 1, (W - 3) // 2 + 1] {
+    Y[n, f, z, y, x] = sum[c, dz, r, s](X[n, c, z*2 + dz, y*2 + r, x*2 + s] * Wt[f, c, dz, r, s])
+}
+"""
+
+DILATED = """
+op dilated(X: f32[N, C, H, W], Wt: f32[F, C, 3, 3]) -> Y: f32[N, F, (H + 4 - 5) // 2 + 1, (W + 4 - 5) // 2 + 1] {
+    Xp = pad(X, [0, 0, 2, 2])
+    Y[n, f, y, x] = max(sum[c, r, s](Xp[n, c, y*2 + r*2, x*2 + s*2] * Wt[f, c, r, s]), 0.0)
+}
+"""
+
+
+def test_row_blocked_3d_and_dilated_convs_match_reference(rng):
+    shapes3 = dict(N=1, C=2, D=45, H=45, W=47, F=4)  # 54 x 22*22*23 patches: 2.4 MiB
+    op = tcc.compile(CONV3D).conv3d
+    assert "output rows (strided patches)" in op.stage_text(shapes3, "fused")
+    check_op(CONV3D, "conv3d", shapes3, rng)
+    shapes = dict(N=2, C=5, H=130, W=131, F=6)  # 45 x 65*65 patches: 0.7 MiB, not blocked
+    check_op(DILATED, "dilated", shapes, rng)
+    big = dict(N=1, C=16, H=130, W=129, F=6)  # 144 x 65*65 patches: 2.3 MiB, blocked
+    assert "output rows (strided patches)" in tcc.compile(DILATED).dilated.stage_text(big, "fused")
+    check_op(DILATED, "dilated", big, rng)
