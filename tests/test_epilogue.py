@@ -75,3 +75,21 @@ def test_merged_pixel_epilogue_in_the_tile_store(rng):
     assert "allocate Y_acc:" not in text and "= max(Y_acc_c1[ii, jj] + b[" in text
     check_op(POINTWISE, "pointwise", dict(N=2, C=40, H=9, W=13, F=24), rng)
     check_op(POINTWISE, "pointwise", dict(N=3, C=7, H=1, W=33, F=13), rng)
+
+
+@pytest.mark.parametrize("k", [1024 + 256, 1024 + 77])  # whole k blocks only; a k tail after them
+def test_several_k_blocks_apply_the_epilogue_in_the_last(k, rng):
+    """K > 4 blocks: partial sums go to C_acc, the last block's tiles apply the epilogue (``if ko ==
+    last`` when the blocks are whole, unconditionally in the k tail), and no second nest reads C_acc."""
+    op = tcc.compile(RESIDUAL).mm_res
+    m, n = 20, 70
+    z = np.zeros
+    text = op.lower(z((m, k), np.float32), z((k, n), np.float32), z((m, n), np.float32), z(n, np.float32),
+                    stage="scheduled")
+    assert "allocate C_acc:" in text and "_post" not in text
+    assert ("if ko == 4:" in text) == (k % 256 == 0)
+    check_op(RESIDUAL, "mm_res", {"M": m, "K": k, "N": n}, rng)
+
+
+def test_conv_with_several_k_blocks(rng):
+    check_op(CONV, "conv_bias_relu", dict(N=2, C=129, H=9, W=7, F=13), rng)  # K = 1161: 4 blocks + a tail

@@ -289,10 +289,10 @@ def schedule_gemm(func: LoopFunc, tensor: str, info: dict, p: dict[str, int]) ->
     func = cache(func, target, t["jr"])
     if kt <= kc:  # one k block: each register tile is loaded once, right after C is zeroed
         func = init_in_registers(func, target)
-        try:  # ... and stored once: an epilogue reading C back is applied as the tile is stored
-            func = store_epilogue(func, target)
-        except TccScheduleError:
-            pass
+    try:  # an epilogue reading C back is applied as the (last k block's) tile is stored
+        func = store_epilogue(func, target)
+    except TccScheduleError:
+        pass
     func = unroll(func, t["ii"])
     func = vectorize(func, t["jj"])
     return contract(func)

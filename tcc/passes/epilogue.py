@@ -16,19 +16,25 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from tcc import dtypes
 from tcc.errors import TccScheduleError
 from tcc.ir.expr import Binary, Const, Expr, Load, Var, free_vars, substitute, transform
-from tcc.ir.loops import Allocate, For, LoopFunc, Seq, Stmt, Store, map_stmt, seq, walk_stmts
+from tcc.ir.loops import Allocate, For, If, Let, LoopFunc, Seq, Stmt, Store, map_stmt, seq, walk_stmts
 from tcc.passes.loopnest import loads, stores
 
 
 def store_epilogue(func: LoopFunc, target: str) -> LoopFunc:
-    """Fold the nest that reads ``target`` back into ``target``'s register-tile write-backs."""
+    """Fold the nest that reads ``target`` back into ``target``'s register-tile write-backs.
+
+    With several k blocks each tile is written back once per block: the write-back of the last
+    block applies the epilogue and writes the result (``if ko == last``), the others keep
+    accumulating into ``target``, and the separate pass over ``target`` goes."""
     if target in {p.name for p in func.params}:
         raise TccScheduleError(f"{target} is a result of {func.name}: there is no epilogue to fold")
-    seq_stmt, producer, epilogue = _neighbours(func.body, target)
+    producers, epilogue = _neighbours(func.body, target)
+    producer = Seq(tuple(producers))
     loops, out = _perfect_nest(epilogue)
-    read = _single_read(func.body, target)
+    read = _single_read(func.body, producer, target)
     names = [f.var.name for f in loops]
     extents = {f.var.name: int(f.extent.value) for f in loops}  # type: ignore[attr-defined]
     written = {st.buffer for st in stores(func.body)}
@@ -38,6 +44,7 @@ def store_epilogue(func: LoopFunc, target: str) -> LoopFunc:
     shape = func.buffers()[target].shape
     if _size(extents.values()) != _size(shape):
         raise TccScheduleError(f"the epilogue of {target} does not read each element once")
+    k_block = _k_block_loop(producer, target)
 
     def write_back(s: Stmt) -> Stmt | None:
         if isinstance(s, Store) and s.buffer == target:
@@ -49,22 +56,70 @@ def store_epilogue(func: LoopFunc, target: str) -> LoopFunc:
                          substitute(value, mapping), span=out.span)
         return None
 
-    _check_written_once(producer, target)
-    body = map_stmt(func.body, lambda s: seq(*(c for c in s.stmts if c != epilogue)) if s == seq_stmt else None)
-    body = map_stmt(body, write_back)
-    body = map_stmt(body, lambda s: s.body if isinstance(s, Allocate) and s.buffer.name == target else None)
+    def fold(s: Stmt, k_loop: For | None) -> Stmt:
+        """``s`` with the write-backs that run last for their elements applying the epilogue."""
+        if s in copies:
+            if k_loop is None:
+                return map_stmt(s, write_back)
+            last = Const(int(k_loop.extent.value) - 1, k_loop.var.dtype)  # type: ignore[attr-defined]
+            return If(Binary("eq", k_loop.var, last, dtypes.boolean), map_stmt(s, write_back), s)
+        if isinstance(s, Seq):
+            out = []
+            for i, c in enumerate(s.stmts):
+                later = any(isinstance(d, For) and d.var.name == k_name for d in s.stmts[i + 1:])
+                out.append(c if later and isinstance(c, For) and c.var.name == k_name else fold(c, k_loop))
+            return seq(*out)  # a k block followed by another (the k tail) is not the last
+        if isinstance(s, For) and s.var.name == k_name:
+            return replace(s, body=fold(s.body, s if int(s.extent.value) > 1 else None))  # type: ignore[attr-defined]
+        if isinstance(s, (For, Allocate, Let)):
+            return replace(s, body=fold(s.body, k_loop))
+        if isinstance(s, If):
+            return replace(s, then=fold(s.then, k_loop),
+                           otherwise=None if s.otherwise is None else fold(s.otherwise, k_loop))
+        return s
+
+    copies = _write_backs(producer, target)
+    k_name = k_block[0].name if k_block is not None else ""
+    folded = {p: fold(p, None) for p in producers}
+    body = map_stmt(func.body, lambda s: folded.get(s) if s in folded else Seq(()) if s == epilogue else None)
+    if k_block is None:
+        body = map_stmt(body, lambda s: s.body if isinstance(s, Allocate) and s.buffer.name == target else None)
     return replace(func, body=body)
 
 
-def _neighbours(body: Stmt, target: str) -> tuple[Seq, Stmt, For]:
-    """The Seq holding the statement that writes ``target`` and, right after it, the epilogue."""
+def _write_backs(producer: Stmt, target: str) -> list[Stmt]:
+    """The outermost loop nests (or bare stores) that copy a register tile back into ``target``."""
+    found: list[Stmt] = []
+
+    def visit(s: Stmt) -> None:
+        inner = s
+        while isinstance(inner, For):
+            inner = inner.body
+        if isinstance(inner, Store) and inner.buffer == target:
+            if isinstance(inner.value, Load):  # not the nest that zeroes target first
+                found.append(s)
+            return
+        for c in s.children():
+            visit(c)
+
+    visit(producer)
+    return found
+
+
+def _neighbours(body: Stmt, target: str) -> tuple[list[Stmt], For]:
+    """The statements that write ``target`` (a GEMM nest and the copies a split of its outer
+    loop made for the tail) and, right after them, the epilogue that reads it."""
     for s in walk_stmts(body):
         if not isinstance(s, Seq):
             continue
-        for first, second in zip(s.stmts, s.stmts[1:]):
-            if any(st.buffer == target for st in stores(first)) and isinstance(second, For) \
-                    and any(ld.buffer == target for ld in loads(second)):
-                return s, first, second
+        for i, second in enumerate(s.stmts):
+            if i and isinstance(second, For) and any(ld.buffer == target for ld in loads(second)) \
+                    and not any(st.buffer == target for st in stores(second)):
+                first = i
+                while first and any(st.buffer == target for st in stores(s.stmts[first - 1])):
+                    first -= 1
+                if first < i:
+                    return list(s.stmts[first:i]), second
     raise TccScheduleError(f"no epilogue reads {target} right after the GEMM that writes it")
 
 
@@ -79,31 +134,43 @@ def _perfect_nest(s: For) -> tuple[list[For], Store]:
     return loops, n
 
 
-def _single_read(body: Stmt, target: str) -> Load:
+def _single_read(body: Stmt, producer: Stmt, target: str) -> Load:
+    """The epilogue's one read of ``target`` (the GEMM's own reads, its tiles' loads, aside)."""
+    inside = sum(1 for ld in loads(producer) if ld.buffer == target)
     found = [ld for ld in loads(body) if ld.buffer == target]
-    if len(found) != 1:
-        raise TccScheduleError(f"{target} is read {len(found)} times; an epilogue reads it once")
-    return found[0]
+    if len(found) - inside != 1:
+        raise TccScheduleError(f"{target} is read {len(found) - inside} times after its GEMM; "
+                               "an epilogue reads it once")
+    return next(ld for ld in found if ld not in loads(producer))
 
 
 def _mentions(s: Stmt, name: str) -> bool:
     return any(st.buffer == name for st in stores(s)) or any(ld.buffer == name for ld in loads(s))
 
 
-def _check_written_once(producer: Stmt, target: str) -> None:
-    """Every write-back of ``target`` is a copy out of a register tile, inside loops that each move
-    the element written (so no element is written twice: one k block)."""
+def _k_block_loop(producer: Stmt, target: str) -> tuple[Var, int] | None:
+    """The k-block loop around ``target``'s write-backs (None: one k block, each element written
+    once). Every write-back must copy a register tile, inside loops that all move the element
+    written but that one."""
+    found: set[tuple[str, int]] = set()
+
     def visit(s: Stmt, chain: tuple[For, ...]) -> None:
-        if isinstance(s, Store) and s.buffer == target:
+        if isinstance(s, Store) and s.buffer == target and not isinstance(s.value, Const):  # (zeroing)
             if not isinstance(s.value, Load):
-                raise TccScheduleError(f"{target} is accumulated in memory, not written once from registers")
+                raise TccScheduleError(f"{target} is accumulated in memory, not written from registers")
             used = set().union(*(free_vars(i) for i in s.indices))
-            if any(f.var.name not in used and getattr(f.extent, "value", 2) != 1 for f in chain):
-                raise TccScheduleError(f"{target} is written more than once per element (several k blocks)")
+            found.update((f.var.name, int(f.extent.value)) for f in chain  # type: ignore[attr-defined]
+                         if f.var.name not in used and getattr(f.extent, "value", 2) != 1)
         for c in s.children():
             visit(c, chain + (s,) if isinstance(s, For) else chain)
 
     visit(producer, ())
+    if len(found) > 1:
+        raise TccScheduleError(f"{target} is written back under several loops that do not move it")
+    if not found:
+        return None
+    name, extent = found.pop()
+    return Var(name, dtypes.i64), extent
 
 
 def _invert(read: tuple[Expr, ...], at: tuple[Expr, ...], extents: dict[str, int],
