@@ -14,13 +14,14 @@ the epilogue moves into the write-back: ``C_acc[i, j] = tile[ii, jj]`` becomes
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from tcc import dtypes
 from tcc.errors import TccScheduleError
 from tcc.ir.expr import Binary, Const, Expr, Load, Var, free_vars, substitute, transform
 from tcc.ir.loops import Allocate, For, If, Let, LoopFunc, Seq, Stmt, Store, map_stmt, seq, walk_stmts
-from tcc.passes.loopnest import loads, stores
+from tcc.passes.loopnest import loads, nest_loops, outermost_nests, stores
 
 
 def store_epilogue(func: LoopFunc, target: str) -> LoopFunc:
@@ -42,7 +43,7 @@ def store_epilogue(func: LoopFunc, target: str) -> LoopFunc:
     if others & written or _mentions(producer, out.buffer):
         raise TccScheduleError(f"the epilogue of {target} reads what the GEMM writes")
     shape = func.buffers()[target].shape
-    if _size(extents.values()) != _size(shape):
+    if math.prod(extents.values()) != math.prod(shape):
         raise TccScheduleError(f"the epilogue of {target} does not read each element once")
     k_block = _k_block_loop(producer, target)
 
@@ -64,11 +65,11 @@ def store_epilogue(func: LoopFunc, target: str) -> LoopFunc:
             last = Const(int(k_loop.extent.value) - 1, k_loop.var.dtype)  # type: ignore[attr-defined]
             return If(Binary("eq", k_loop.var, last, dtypes.boolean), map_stmt(s, write_back), s)
         if isinstance(s, Seq):
-            out = []
+            parts = []
             for i, c in enumerate(s.stmts):
                 later = any(isinstance(d, For) and d.var.name == k_name for d in s.stmts[i + 1:])
-                out.append(c if later and isinstance(c, For) and c.var.name == k_name else fold(c, k_loop))
-            return seq(*out)  # a k block followed by another (the k tail) is not the last
+                parts.append(c if later and isinstance(c, For) and c.var.name == k_name else fold(c, k_loop))
+            return seq(*parts)  # a k block followed by another (the k tail) is not the last
         if isinstance(s, For) and s.var.name == k_name:
             return replace(s, body=fold(s.body, s if int(s.extent.value) > 1 else None))  # type: ignore[attr-defined]
         if isinstance(s, (For, Allocate, Let)):
@@ -88,22 +89,10 @@ def store_epilogue(func: LoopFunc, target: str) -> LoopFunc:
 
 
 def _write_backs(producer: Stmt, target: str) -> list[Stmt]:
-    """The outermost loop nests (or bare stores) that copy a register tile back into ``target``."""
-    found: list[Stmt] = []
-
-    def visit(s: Stmt) -> None:
-        inner = s
-        while isinstance(inner, For):
-            inner = inner.body
-        if isinstance(inner, Store) and inner.buffer == target:
-            if isinstance(inner.value, Load):  # not the nest that zeroes target first
-                found.append(s)
-            return
-        for c in s.children():
-            visit(c)
-
-    visit(producer)
-    return found
+    """The outermost loop nests (or bare stores) that copy a register tile back into ``target``
+    (not the nest that zeroes it first)."""
+    return outermost_nests(producer, lambda s: isinstance(s, Store) and s.buffer == target
+                           and isinstance(s.value, Load))
 
 
 def _neighbours(body: Stmt, target: str) -> tuple[list[Stmt], For]:
@@ -124,11 +113,7 @@ def _neighbours(body: Stmt, target: str) -> tuple[list[Stmt], For]:
 
 
 def _perfect_nest(s: For) -> tuple[list[For], Store]:
-    loops: list[For] = []
-    n: Stmt = s
-    while isinstance(n, For):
-        loops.append(n)
-        n = n.body
+    loops, n = nest_loops(s)
     if not isinstance(n, Store) or any(not isinstance(f.extent, Const) for f in loops):
         raise TccScheduleError("the epilogue is not one perfect loop nest")
     return loops, n
@@ -136,12 +121,12 @@ def _perfect_nest(s: For) -> tuple[list[For], Store]:
 
 def _single_read(body: Stmt, producer: Stmt, target: str) -> Load:
     """The epilogue's one read of ``target`` (the GEMM's own reads, its tiles' loads, aside)."""
-    inside = sum(1 for ld in loads(producer) if ld.buffer == target)
+    inside = [ld for ld in loads(producer) if ld.buffer == target]
     found = [ld for ld in loads(body) if ld.buffer == target]
-    if len(found) - inside != 1:
-        raise TccScheduleError(f"{target} is read {len(found) - inside} times after its GEMM; "
+    if len(found) - len(inside) != 1:
+        raise TccScheduleError(f"{target} is read {len(found) - len(inside)} times after its GEMM; "
                                "an epilogue reads it once")
-    return next(ld for ld in found if ld not in loads(producer))
+    return next(ld for ld in found if ld not in inside)
 
 
 def _mentions(s: Stmt, name: str) -> bool:
@@ -189,13 +174,13 @@ def _invert(read: tuple[Expr, ...], at: tuple[Expr, ...], extents: dict[str, int
                 return None
             continue
         parts = _flattened(idx, extents)
-        if parts is None or _size(e for _, e in parts) != span:
+        if parts is None or math.prod(e for _, e in parts) != span:
             return None
         span = 1
         for pos, (key, extent) in enumerate(parts):
             if key in digits:
                 return None
-            inner = _size(e for _, e in parts[pos + 1:])
+            inner = math.prod(e for _, e in parts[pos + 1:])
             value = x if inner == 1 else Binary("floordiv", x, Const(inner, x.dtype), x.dtype)
             if pos > 0:
                 value = Binary("mod", value, Const(extent, x.dtype), x.dtype)
@@ -247,9 +232,4 @@ def _digit(e: Expr, extents: dict[str, int]) -> tuple[tuple, int] | None:
     return None
 
 
-def _size(dims) -> int:
-    n = 1
-    for d in dims:
-        n *= int(d)
-    return n
 

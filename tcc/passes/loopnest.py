@@ -84,6 +84,23 @@ def _pair_divmod(terms: dict[Expr, int]) -> bool:
     return False
 
 
+def nest_loops(s: Stmt) -> tuple[list[For], Stmt]:
+    """The loops perfectly nested at the top of ``s`` and the statement inside them."""
+    loops: list[For] = []
+    while isinstance(s, For):
+        loops.append(s)
+        s = s.body
+    return loops, s
+
+
+def outermost_nests(s: Stmt, accept) -> list[Stmt]:
+    """The outermost loop nests (or bare statements) in ``s`` whose innermost statement
+    ``accept`` takes: a packing copy, a register tile's write-back."""
+    if accept(nest_loops(s)[1]):
+        return [s]
+    return [n for c in s.children() for n in outermost_nests(c, accept)]
+
+
 def map_exprs(s: Stmt, fn) -> Stmt:
     """Apply ``fn`` (Expr -> Expr) to every expression held by every statement of ``s``."""
     def node(n: Stmt) -> Stmt | None:

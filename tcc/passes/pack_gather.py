@@ -24,7 +24,7 @@ from tcc.ir.expr import Binary, Call, Const, Expr, Load, Select, free_vars, tran
 from tcc.ir.loops import Allocate, For, Let, LoopFunc, Seq, Stmt, Store, map_stmt, seq, walk_stmts
 from tcc.passes.cache import source_order
 from tcc.passes.inline import inline
-from tcc.passes.loopnest import flat_coeff, fresh, loads, map_exprs, subst
+from tcc.passes.loopnest import flat_coeff, fresh, loads, map_exprs, nest_loops, outermost_nests, subst
 from tcc.passes.simplify import simplify
 from tcc.passes.unflatten import divmod_width, split_flat
 
@@ -51,15 +51,10 @@ def gather_into_packs(func: LoopFunc) -> LoopFunc:
     return func
 
 
-def _copy_nests(body: Stmt, name: str) -> list[For]:
+def _copy_nests(body: Stmt, name: str) -> list[Stmt]:
     """Outermost loop nests whose only statement is ``dst[...] = name[...]``."""
-    found = []
-    for s in walk_stmts(body):
-        if isinstance(s, For) and not any(s in walk_stmts(c) for c in found):
-            inner = _innermost(s)
-            if isinstance(inner, Store) and isinstance(inner.value, Load) and inner.value.buffer == name:
-                found.append(s)
-    return found
+    return outermost_nests(body, lambda s: isinstance(s, Store) and isinstance(s.value, Load)
+                           and s.value.buffer == name)
 
 
 def _producer_value(body: Stmt, name: str):
@@ -68,9 +63,7 @@ def _producer_value(body: Stmt, name: str):
 
 
 def _innermost(s: Stmt) -> Stmt:
-    while isinstance(s, For):
-        s = s.body
-    return s
+    return nest_loops(s)[1]
 
 
 def _contiguous_lanes(func: LoopFunc, targets: set[str]) -> bool:
@@ -140,14 +133,9 @@ def _reorder_copies(func: LoopFunc, targets: set[str]) -> LoopFunc:
     def node(s: Stmt) -> Stmt | None:
         if not isinstance(s, For):
             return None
-        store = _innermost(s)
+        loops, store = nest_loops(s)
         if not (isinstance(store, Store) and store.buffer in targets):
             return None
-        loops = []
-        n: Stmt = s
-        while isinstance(n, For):
-            loops.append(n)
-            n = n.body
         source = next((x for x in walk(store.value) if isinstance(x, Load)), None)
         if source is None:
             return s

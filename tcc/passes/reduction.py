@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from tcc.errors import Span, TccScheduleError
 from tcc.ir.expr import Expr, Load, Var, free_vars, transform
-from tcc.ir.loops import Allocate, Buffer, For, LoopFunc, Seq, Stmt, Store, map_stmt, seq
+from tcc.ir.loops import Allocate, Buffer, For, LoopFunc, Seq, Stmt, Store, map_stmt, seq, walk_stmts
 from tcc.passes.loopnest import linear_coeff, subst
 
 
@@ -21,8 +21,6 @@ def decompose_reduction(func: LoopFunc, tensor: str, span: Span | None = None) -
     buffers = func.buffers()
     if tensor not in buffers:
         raise TccScheduleError(f"op {func.name} has no tensor {tensor!r}", span)
-    from tcc.ir.loops import walk_stmts
-
     for s in walk_stmts(func.body):  # outer loops first: the whole output nest, not its inner loops
         if isinstance(s, For) and _stores_to(s, tensor):
             out = _decompose(s, buffers[tensor], span)
