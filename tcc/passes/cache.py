@@ -11,6 +11,7 @@ vectorised; large ones on the heap, allocated once per thread outside the loops.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from tcc import dtypes
@@ -121,7 +122,7 @@ def _cache_at(loop: For, st: _State) -> tuple[For, list[Buffer]]:
         shape = tuple(const_extent(f, st.span) for f in loops)
         if stored:
             _check_injective(indices, loops, st)
-        nbytes = st.buf.dtype.itemsize * max(1, _prod(shape))
+        nbytes = st.buf.dtype.itemsize * max(1, math.prod(shape))
         scope = st.scope or ("local" if nbytes <= LOCAL_BYTES else "global")
         buf = Buffer(st.name(), st.buf.dtype, shape, scope)
         bufs.append(buf)
@@ -200,12 +201,6 @@ def _check_injective(indices: tuple[Expr, ...], loops: list[For], st: _State) ->
             raise TccScheduleError(f"{st.buf.name} is written through a non-affine index of {f.var.name}; "
                                    "caching it could change the result", st.span)
 
-
-def _prod(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 

@@ -8,6 +8,7 @@ per thread) and its buffer moves inside the loop.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from tcc.errors import Span, TccScheduleError
@@ -84,7 +85,7 @@ def _check(producer: For, consumer: Stmt, target: For, tensor: str, span: Span |
 def _fold(loop: For, buf, dim: int) -> Stmt:
     """Drop dim ``dim`` (always the loop variable here) and allocate the buffer inside the loop."""
     shape = buf.shape[:dim] + buf.shape[dim + 1:]
-    nbytes = buf.dtype.itemsize * max(1, _prod(shape))
+    nbytes = buf.dtype.itemsize * max(1, math.prod(shape))
     new = replace(buf, shape=shape, scope="local" if nbytes <= LOCAL_BYTES else "global")
 
     def expr(e: Expr) -> Expr:
@@ -98,11 +99,5 @@ def _fold(loop: For, buf, dim: int) -> Stmt:
     body = map_stmt(map_exprs(loop.body, expr), node)
     return replace(loop, body=Allocate(new, body))
 
-
-def _prod(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
