@@ -87,7 +87,8 @@ def _unflatten_rows(func: LoopFunc, targets: set[str]) -> LoopFunc:
     (im2col's ``c, r, s``) splits into one loop per index, so no division is left per row and
     the padding masks, which depend on ``r, s`` only, are computed outside the ``c`` loop."""
     def visit(s: Stmt, units: dict[str, Expr]) -> Stmt:
-        if isinstance(s, For) and isinstance(_innermost(s), Store) and _innermost(s).buffer in targets:
+        inner = _innermost(s)
+        if isinstance(s, For) and isinstance(inner, Store) and inner.buffer in targets:
             nest = map_exprs(subst(s, units), simplify)
             return _split_divmods(nest, func)
         if isinstance(s, For):
