@@ -114,18 +114,26 @@ def _rfactor(func: LoopFunc, loop: str, acc: str, lanes: int, span: Span | None)
             return None
         return replace(f, body=map_stmt(map_exprs(f.body, to_vec), node))
 
-    def wrap(n: Stmt) -> Stmt | None:
-        if not (isinstance(n, Allocate) and n.buffer.name == acc):
-            return None
-        children = list(n.body.stmts) if isinstance(n.body, Seq) else [n.body]
+    def place(body: Stmt) -> Stmt:
+        """Initialise the partial results just before the reduction's loops, fold them just after
+        (inside another accumulator's allocation when two reductions share a statement)."""
+        children = list(body.stmts) if isinstance(body, Seq) else [body]
         hits = [i for i, c in enumerate(children) if loops_named(c, loop)]
+        if len(hits) == 1 and isinstance(children[hits[0]], Allocate):
+            children[hits[0]] = replace(children[hits[0]], body=place(children[hits[0]].body))
+            return seq(*children)
         if not hits or hits != list(range(hits[0], hits[-1] + 1)):
             raise TccScheduleError(f"cannot vectorize the reduction into {acc} over {loop}", span)
         lane = Var(f"{acc}_lane")
         init = For(lane, const(lanes), Store(accv.name, (lane,), reduce_identity(op, buf.dtype)), kind="vector")
         bodies = [on_loops(replace(func, body=children[i]), loop, rewrite_loop).body for i in hits]
         children[hits[0]:hits[-1] + 1] = [init, *bodies, *_fold(acc, accv, buf, op, lanes)]
-        return replace(n, body=Allocate(accv, seq(*children)))
+        return seq(*children)
+
+    def wrap(n: Stmt) -> Stmt | None:
+        if not (isinstance(n, Allocate) and n.buffer.name == acc):
+            return None
+        return replace(n, body=Allocate(accv, place(n.body)))
 
     found = [n for n in walk_stmts(func.body) if isinstance(n, Allocate) and n.buffer.name == acc]
     if not found or buf.scope != "local" or buf.size != 1:
