@@ -1,0 +1,1 @@
+"""Interoperation with frameworks: ``torch`` (PyTorch operators with autograd)."""
