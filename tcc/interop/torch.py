@@ -80,7 +80,7 @@ class TorchOp:
     def result_shapes(self, args: tuple[Any, ...], cparams: dict[str, Any]) -> list[tuple[int, ...]]:
         """Result shapes for these inputs (memoised: a pure function of shapes and parameters)."""
         shapes = tuple(tuple(int(d) for d in a.shape) for a, is_t in zip(args, self._tensors) if is_t)
-        key = (shapes, tuple(sorted(cparams.items())))
+        key = (shapes, tuple(cparams.items()))
         known = self._shapes.get(key)
         if known is None:
             te = self.te
@@ -101,7 +101,7 @@ class TorchOp:
     def _run_cpu(self, *args: Any, **cparams: Any) -> Any:
         outs = self._empty(args, cparams, torch.device("cpu"))
         arrays = [a.detach().numpy() if is_t else a for a, is_t in zip(args, self._tensors)]
-        self.op(*arrays, out=[o.numpy() for o in outs], **cparams)
+        self.op(*arrays, out=outs[0].numpy() if len(outs) == 1 else [o.numpy() for o in outs], **cparams)
         return _one(outs)
 
     def _run_cuda(self, *args: Any, **cparams: Any) -> Any:
