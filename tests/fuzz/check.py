@@ -17,12 +17,18 @@ from dataclasses import dataclass
 import numpy as np
 
 import tcc
-from tcc.errors import (TccBoundsError, TccError, TccNameError, TccScheduleError, TccShapeError, TccSyntaxError,
-                        TccTypeError)
+from fuzz.generate import Program, generate
+from tcc.errors import (
+    TccBoundsError,
+    TccError,
+    TccNameError,
+    TccScheduleError,
+    TccShapeError,
+    TccSyntaxError,
+    TccTypeError,
+)
 from tcc.ir.loops import For, walk_stmts
 from tcc.testing import max_relative_error, random_args, reference_results
-
-from fuzz.generate import Program, generate
 
 # The largest error, relative to the result's largest magnitude (at least 1), that rounding can
 # explain for a program whose least precise float type is the key.

@@ -342,7 +342,8 @@ class _Context:
                 parts.append(a.text if self.rnd.random() < 0.7 else f"not {a.text}")
             else:
                 cmp = self.rnd.choice(["<", "<=", ">", ">=", "==", "!="])
-                lit = self.rnd.choice(["0", "1", "0.5", "-0.5"]) if a.kind == "float" else self.rnd.choice(["0", "2", "-3"])
+                lits = ["0", "1", "0.5", "-0.5"] if a.kind == "float" else ["0", "2", "-3"]
+                lit = self.rnd.choice(lits)
                 parts.append(f"{a.text} {cmp} {lit}")
         return f" {self.rnd.choice(['and', 'or'])} ".join(f"({p})" for p in parts)
 
