@@ -94,9 +94,11 @@ class TorchOp:
         return [torch.empty(shape, dtype=dt, device=device)
                 for shape, dt in zip(self.result_shapes(args, cparams), self._dtypes)]
 
+    def _device(self, args: tuple[Any, ...]) -> torch.device:
+        return next((a.device for a, is_t in zip(args, self._tensors) if is_t), torch.device("cpu"))
+
     def _fake(self, *args: Any, **cparams: Any) -> Any:
-        device = next(a.device for a, is_t in zip(args, self._tensors) if is_t)
-        return _one(self._empty(args, cparams, device))
+        return _one(self._empty(args, cparams, self._device(args)))
 
     def _run_cpu(self, *args: Any, **cparams: Any) -> Any:
         outs = self._empty(args, cparams, torch.device("cpu"))
@@ -105,8 +107,7 @@ class TorchOp:
         return _one(outs)
 
     def _run_cuda(self, *args: Any, **cparams: Any) -> Any:
-        device = next(a.device for a, is_t in zip(args, self._tensors) if is_t)
-        outs = self._empty(args, cparams, device)
+        outs = self._empty(args, cparams, self._device(args))
         self.cuda_op(*args, out=outs, **cparams)  # in place, on torch's current stream
         return _one(outs)
 
@@ -141,7 +142,7 @@ class TorchOp:
     def _backward(self, ctx: Any, *upstream: Any) -> tuple[Any, ...]:
         saved = iter(ctx.saved_tensors)
         args = [next(saved) if is_t else s for s, is_t in zip(ctx.scalars, self._tensors)]
-        outs = self._empty(tuple(args), ctx.cparams, args[self._tensors.index(True)].device)
+        outs = self._empty(tuple(args), ctx.cparams, self._device(tuple(args)))
         upstream = [torch.zeros_like(o) if g is None else g for g, o in zip(upstream, outs)]
         grads: list[Any] = []
         for i, p in enumerate(self.te.params):

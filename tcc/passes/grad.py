@@ -33,6 +33,7 @@ from tcc.ir.expr import Binary, Cast, Expr, IterVar, Read, Reduce, Var, const, f
 from tcc.ir.te import Compute, OpTE, Pad, Tensor, verify_op
 from tcc.passes.grad_expr import fadd, fdiv, fmul, fselect, num, partials
 from tcc.passes.grad_index import Adjoint, Emitter, gather, iadd, isub
+from tcc.passes.grad_tidy import tidy_op
 
 
 def derive(op: OpTE, wrt: Sequence[str] | None = None, name: str | None = None) -> OpTE:
@@ -223,6 +224,7 @@ class _Derivation:
         pads = {n: p for n, p in self.pads.items() if n in needed}
         out = OpTE(self.name, dict(self.op.cparams), [*self.op.params, *grads], results, tensors,
                    dict(self.op.scalars), pads, computes, list(self.op.symbols), self.op.source, self.op.span)
+        out = tidy_op(out, frozenset(_names(out)) - set(self.op.symbols) - set(self.op.cparams))
         verify_op(out)
         return out
 
