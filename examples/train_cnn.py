@@ -172,6 +172,8 @@ def main() -> None:
     parser.add_argument("--nproc", type=int, default=1, help="processes under DDP (2: gloo on CPU, NCCL on GPUs)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     opts = parser.parse_args()
+    torch.backends.cudnn.allow_tf32 = False  # PyTorch's GPU reference in full f32, like tcc
+    torch.backends.cuda.matmul.allow_tf32 = False
     if opts.nproc > 1:
         mp.spawn(ddp_worker, args=(opts.nproc, opts.device, opts.steps, free_port()), nprocs=opts.nproc)
         print(f"DDP with {opts.nproc} processes: gradients equal one process's")

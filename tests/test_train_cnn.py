@@ -26,3 +26,29 @@ def test_loss_falls_and_gradients_match_torch():
 def test_ddp_two_processes_gloo():
     out = _run("--nproc", "2", "--steps", "2")
     assert out.count("DDP step") == 2 and "gradients equal one process's" in out
+
+
+def _gpus() -> int:
+    import torch
+
+    import tcc
+
+    try:
+        return torch.cuda.device_count() if torch.cuda.is_available() and tcc.cuda.is_available() else 0
+    except tcc.TccError:
+        return 0
+
+
+@pytest.mark.cuda
+def test_on_one_gpu():
+    if _gpus() < 1:
+        pytest.skip("no CUDA GPU")
+    _run("--steps", "12", "--device", "cuda")
+
+
+@pytest.mark.cuda
+def test_ddp_two_gpus_nccl():
+    if _gpus() < 2:
+        pytest.skip("needs 2 CUDA GPUs")
+    out = _run("--nproc", "2", "--steps", "3", "--device", "cuda")
+    assert out.count("DDP step") == 3

@@ -67,7 +67,6 @@ class _Derivation:
         self.forward: list[Compute] = []
         self.backward: list[Compute] = []
         self.contribs: dict[str, list[Expr]] = {}
-        self.adjoint: dict[str, str] = {}
         self.targets = tuple(Var(self.fresh(f"i{d}")) for d in range(max(len(t.shape) for t in op.tensors.values())))
         self.emit = Emitter(self.fresh, self._add_temp, self._add_pad)
 
@@ -121,7 +120,6 @@ class _Derivation:
             return None
         if not result and len(parts) == 1 and isinstance(parts[0], Read) and parts[0].indices == axes \
                 and self.tensors[parts[0].tensor].shape == t.shape:
-            self.adjoint[tensor] = parts[0].tensor
             return parts[0].tensor
         body = parts[0] if parts else num(0)
         for part in parts[1:]:
@@ -129,7 +127,6 @@ class _Derivation:
         name = self.fresh(f"d{tensor}")
         self._add_temp(name, t.dtype, t.shape, tuple(IterVar(v, d) for v, d in zip(axes, t.shape)), body,
                        "result" if result else "temp")
-        self.adjoint[tensor] = name
         return name
 
     def _differentiate(self, c: Compute, adj: str, active: set[str]) -> None:
