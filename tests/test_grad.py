@@ -234,3 +234,27 @@ def test_non_affine_index_is_an_error():
     op = tcc.compile("op f(X: f32[N]) -> Y: f32[N] { Y[i] = X[i * i % N] }").f
     with pytest.raises(tcc.TccError, match="not affine"):
         tcc.grad(op)
+
+
+GPU_CASES = [("conv2d", dict(N=2, C=3, H=9, W=8, F=4, KH=3, KW=3, S=2, P=1)), ("softmax", dict(N=7, C=33)),
+             ("layernorm", dict(N=3, D=17)), ("maxpool2d", dict(N=2, C=3, H=9, W=7, K=3, S=2)),
+             ("matmul", dict(M=7, K=5, N=33)), ("dwconv2d", dict(N=1, C=5, H=9, W=8, KH=3, KW=3, S=2, P=1))]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name,bindings", GPU_CASES, ids=[n for n, _ in GPU_CASES])
+def test_gradients_on_the_gpu_match_the_reference(name, bindings, rng):
+    try:
+        if not tcc.cuda.is_available():
+            pytest.skip("no CUDA GPU")
+    except tcc.TccError:
+        pytest.skip("no CUDA GPU")
+    op = tcc.compile(_source(name), target="cuda")[name]
+    grad = tcc.grad(op)
+    cparams, full = _split(op, bindings)
+    args = [a.astype(np.float32) for a in _inputs(op, full, rng)]
+    upstream = [rng.standard_normal(r.shape).astype(np.float32) for r in reference_results(op.te, args, full)]
+    got = grad(*args, *upstream, **cparams)
+    got = got if isinstance(got, tuple) else (got,)
+    for g, want in zip(got, reference_results(grad.te, [*args, *upstream], full)):
+        np.testing.assert_allclose(g, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
