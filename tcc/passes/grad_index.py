@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tcc import dtypes
-from tcc.errors import Span, TccError
+from tcc.errors import TccError
 from tcc.ir.expr import Binary, Const, Expr, IterVar, Read, Reduce, Unary, Var, free_vars, substitute, transform, walk
 from tcc.passes.grad_expr import fselect, num
 from tcc.passes.simplify import simplify
@@ -121,7 +121,7 @@ def gather(read: Read, indices: tuple[Expr, ...], shape: tuple[Expr, ...], targe
                            "in the index variables", read.span, "write indices as sums of index variables "
                            "times constants")
         forms.append({k: v for k, v in form.items() if not (k is not None and _zero(v))})
-    solves, guards = _solve(forms, scope, read.span)
+    solves, guards = _solve(forms, scope)
     trivial = {s.var for s in solves if _trivial(s, scope, shape)}
     window = [s for s in solves if s.var not in trivial]
     summed = [v for v in scope if v not in {s.var for s in solves}]
@@ -141,7 +141,7 @@ def _one(e: Expr) -> bool:
     return isinstance(e, Const) and e.value == 1
 
 
-def _solve(forms: list[Linear], scope: dict[str, Expr], span: Span | None) -> tuple[list[_Solve], list[int]]:
+def _solve(forms: list[Linear], scope: dict[str, Expr]) -> tuple[list[_Solve], list[int]]:
     """Solve single-variable dims first, then one (output-most) variable per window dim; the dims
     left over (no variable, or all solved already) are guards."""
     solves: list[_Solve] = []
