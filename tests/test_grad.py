@@ -49,6 +49,9 @@ op shifts(X: f32[N]) -> (Y: f32[N - 2], Z: f32[(N + 1) // 2]) {
     Y[i] = X[i + 2] * X[i] - X[0]
     Z[i] = X[2 * i] * 3.0
 }
+op reversed(X: f32[N], Z: f32[N, 2]) -> Y: f32[N] {
+    Y[i] = X[N - 1 - i] * X[i] + sum[k: 2](Z[N - 1 - i, 1 - k] * f32(k + 1))
+}
 op diag(X: f32[N, N]) -> Y: f32[N] {
     Y[i] = X[i, i] * X[0, i]
 }
@@ -73,7 +76,8 @@ CASES = [
     ("dwconv2d", dict(N=1, C=5, H=9, W=8, KH=3, KW=3, S=2, P=1)),
     ("softmax", dict(N=7, C=33)), ("layernorm", dict(N=3, D=17)), ("maxpool2d", dict(N=2, C=3, H=9, W=7, K=3, S=2)),
     ("avgpool2d", dict(N=1, C=3, H=7, W=8, K=3, S=2)), ("bias_relu", dict(N=7, C=5)), ("chain", dict(N=33)),
-    ("shifts", dict(N=9)), ("diag", dict(N=7)), ("reused", dict(N=4, C=7)), ("extremes", dict(N=5, C=3)),
+    ("shifts", dict(N=9)), ("reversed", dict(N=7)), ("diag", dict(N=7)), ("reused", dict(N=4, C=7)),
+    ("extremes", dict(N=5, C=3)),
 ]
 
 
@@ -101,6 +105,16 @@ def _call_poisoned(op, args: list, cparams: dict, full: dict) -> tuple[np.ndarra
     return got if isinstance(got, tuple) else (got,)
 
 
+def _directional(op, args: list, full: dict, upstream: list, i: int, v: np.ndarray, h: float = 1e-6) -> float:
+    """d/dh sum(<R(args[i] + h v), dR>) at h = 0 by central differences on the reference interpreter."""
+    def loss(sign: int) -> float:
+        moved = [a + sign * h * v if k == i else a for k, a in enumerate(args)]
+        outs = reference_results(op.te, moved, full)
+        return sum(float(np.sum(r * u)) for r, u in zip(outs, upstream) if r.dtype.kind == "f")
+
+    return (loss(1) - loss(-1)) / (2 * h)
+
+
 @pytest.mark.parametrize("name,bindings", CASES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(CASES)])
 def test_gradient_matches_finite_differences(name, bindings, rng):
     """<dX, v> == d/dh sum(<R(X + h v), dR>) at h = 0, central differences in float64, for every input."""
@@ -110,15 +124,9 @@ def test_gradient_matches_finite_differences(name, bindings, rng):
     results = reference_results(op.te, args, full)
     upstream = [rng.standard_normal(r.shape) for r in results]
     grads = _call_poisoned(tcc.grad(op), [*args, *upstream], cparams, {**full})
-    h = 1e-6
     for x, (arg, g) in enumerate(zip(args, grads)):
         v = rng.standard_normal(arg.shape)
-
-        def loss(sign, x=x, v=v):
-            moved = [a + sign * h * v if i == x else a for i, a in enumerate(args)]
-            return sum(float(np.sum(r * u)) for r, u in zip(reference_results(op.te, moved, full), upstream))
-
-        numeric = (loss(1) - loss(-1)) / (2 * h)
+        numeric = _directional(op, args, full, upstream, x, v)
         analytic = float(np.sum(g * v))
         assert abs(numeric - analytic) <= 1e-5 * max(1.0, abs(numeric)), (op.te.params[x], numeric, analytic)
 
@@ -163,7 +171,7 @@ def _torch_fns():
     }
 
 
-TORCH_CASES = [c for c in CASES if c[0] not in ("chain", "shifts", "diag", "reused", "extremes")] + [
+TORCH_CASES = [c for c in CASES if c[0] not in ("chain", "shifts", "reversed", "diag", "reused", "extremes")] + [
     ("conv2d", dict(N=1, C=4, H=7, W=7, F=3, KH=1, KW=1)), ("conv1d", dict(N=1, C=2, L=9, F=3, K=4, P=3)),
     ("dwconv2d", dict(N=2, C=3, H=7, W=9, KH=3, KW=3, D=2, P=2)), ("maxpool2d", dict(N=1, C=2, H=8, W=8)),
 ]
@@ -258,3 +266,38 @@ def test_gradients_on_the_gpu_match_the_reference(name, bindings, rng):
     got = got if isinstance(got, tuple) else (got,)
     for g, want in zip(got, reference_results(grad.te, [*args, *upstream], full)):
         np.testing.assert_allclose(g, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_programs(seed):
+    """The fuzzer's random programs (in float64): where tcc.grad derives a gradient op, it compiles,
+    agrees with the reference, and with central differences of the forward."""
+    import re
+
+    from fuzz.generate import generate
+
+    from tcc.testing import random_args
+
+    prog = generate(seed)
+    rng = np.random.default_rng(seed)
+    lib = tcc.compile(re.sub(r"\b(f16|bf16|f32)\b", "f64", prog.source))
+    for case in prog.cases:
+        op = lib[case.name]
+        floats = [p for p in op.te.inputs if op.te.tensors[p].dtype.is_float]
+        full = {**op.te.cparams, **case.bindings}
+        try:
+            grad = tcc.grad(op)
+            args = random_args(op.te, full, rng)
+            results = reference_results(op.te, args, full)
+        except tcc.TccError:  # an index that is not affine, or an op the reference refuses
+            continue
+        cparams = {k: v for k, v in case.bindings.items() if k in op.te.cparams}
+        upstream = [rng.standard_normal(r.shape) if r.dtype.kind == "f" else np.zeros_like(r) for r in results]
+        got = _call_poisoned(grad, [*args, *upstream], cparams, full)
+        for g, want in zip(got, reference_results(grad.te, [*args, *upstream], full)):
+            np.testing.assert_allclose(g, want, rtol=1e-9, atol=1e-9 * max(1.0, float(np.abs(want).max(initial=0))))
+        for name, g in zip(floats, got):
+            i = op.te.params.index(name)
+            v = rng.standard_normal(args[i].shape)
+            numeric = _directional(op, args, full, upstream, i, v)
+            assert abs(numeric - float(np.sum(g * v))) <= 1e-4 * max(1.0, abs(numeric)), (seed, case.name, name)

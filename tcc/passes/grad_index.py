@@ -282,12 +282,14 @@ def _guarded_form(forms: list[Linear], solves: list[_Solve], trivial: set[str], 
         for k, c in s.others.items():
             if k is not None:
                 rest = iadd(rest, imul(c, Var(k)))
-        numer = isub(targets[s.dim], rest)
-        exact[s.var] = numer if _one(s.coef) else Binary("floordiv", numer, s.coef, dtypes.i64)
+        numer, coef = isub(targets[s.dim], rest), s.coef
+        if isinstance(coef, Const) and coef.value < 0:  # a reversed read: divide by a positive number
+            numer, coef = isub(rest, targets[s.dim]), _i(-coef.value)
+        exact[s.var] = numer if _one(coef) else Binary("floordiv", numer, coef, dtypes.i64)
         if s.var in trivial:
             continue
-        if not _one(s.coef):
-            conds.append(_cmp("eq", Binary("mod", numer, s.coef, dtypes.i64), _i(0)))
+        if not _one(coef):
+            conds.append(_cmp("eq", Binary("mod", numer, coef, dtypes.i64), _i(0)))
         conds.append(_cmp("ge", exact[s.var], _i(0)))
         conds.append(_cmp("lt", exact[s.var], scope[s.var]))
     for _ in solves:  # a solution may name an index solved after it
