@@ -52,6 +52,12 @@ op shifts(X: f32[N]) -> (Y: f32[N - 2], Z: f32[(N + 1) // 2]) {
 op reversed(X: f32[N], Z: f32[N, 2]) -> Y: f32[N] {
     Y[i] = X[N - 1 - i] * X[i] + sum[k: 2](Z[N - 1 - i, 1 - k] * f32(k + 1))
 }
+op padpad(X: f32[N]) -> (Y: f32[N + 3], Z: f32[N + 1]) {
+    Xp = pad(X, [1], [0])
+    Xq = pad(Xp, [0], [2], value=1.0)
+    Y[i] = Xq[i] * Xq[i]
+    Z[i] = Xp[i] * 2.0
+}
 op diag(X: f32[N, N]) -> Y: f32[N] {
     Y[i] = X[i, i] * X[0, i]
 }
@@ -77,7 +83,7 @@ CASES = [
     ("softmax", dict(N=7, C=33)), ("layernorm", dict(N=3, D=17)), ("maxpool2d", dict(N=2, C=3, H=9, W=7, K=3, S=2)),
     ("avgpool2d", dict(N=1, C=3, H=7, W=8, K=3, S=2)), ("bias_relu", dict(N=7, C=5)), ("chain", dict(N=33)),
     ("shifts", dict(N=9)), ("reversed", dict(N=7)), ("diag", dict(N=7)), ("reused", dict(N=4, C=7)),
-    ("extremes", dict(N=5, C=3)),
+    ("extremes", dict(N=5, C=3)), ("padpad", dict(N=6)),
 ]
 
 
@@ -171,7 +177,8 @@ def _torch_fns():
     }
 
 
-TORCH_CASES = [c for c in CASES if c[0] not in ("chain", "shifts", "reversed", "diag", "reused", "extremes")] + [
+NO_TORCH = ("chain", "shifts", "reversed", "diag", "reused", "extremes", "padpad")  # no one torch function
+TORCH_CASES = [c for c in CASES if c[0] not in NO_TORCH] + [
     ("conv2d", dict(N=1, C=4, H=7, W=7, F=3, KH=1, KW=1)), ("conv1d", dict(N=1, C=2, L=9, F=3, K=4, P=3)),
     ("dwconv2d", dict(N=2, C=3, H=7, W=9, KH=3, KW=3, D=2, P=2)), ("maxpool2d", dict(N=1, C=2, H=8, W=8)),
 ]

@@ -18,14 +18,14 @@ def format_source(op: OpTE) -> str:
     """``op NAME[...](...) -> (...) { ... }`` for a symbolic (unspecialised) op."""
     lines = [_header(op)]
     for name in op.inputs:
-        lines += [_pad(op, p) for p in op.pads.values() if p.source == name]
+        lines += _pads_of(op, name)
     for c in op.computes:
         t = op.tensors[c.tensor]
         if t.kind != "result":
             lines.append(f"    {c.tensor}: {_shape(t)}")
         axes = ", ".join(ax.var.name for ax in c.axes)
         lines.append(f"    {c.tensor}[{axes}] = {source_expr(c.body)}")
-        lines += [_pad(op, p) for p in op.pads.values() if p.source == c.tensor]
+        lines += _pads_of(op, c.tensor)
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -56,6 +56,15 @@ def _header(op: OpTE) -> str:
 
 def _shape(t: Tensor) -> str:
     return f"{t.dtype}[{', '.join(format_expr(d) for d in t.shape)}]"
+
+
+def _pads_of(op: OpTE, source: str) -> list[str]:
+    """The ``pad`` statements of ``source``, each followed by those of the view it defines."""
+    lines = []
+    for p in op.pads.values():
+        if p.source == source:
+            lines += [_pad(op, p), *_pads_of(op, p.name)]
+    return lines
 
 
 def _pad(op: OpTE, p: Pad) -> str:
