@@ -155,3 +155,12 @@ def test_cuda_in_place_on_the_current_stream():
     torch.testing.assert_close(y, yr, rtol=1e-4, atol=1e-4)
     for got, want in ((x.grad, xr.grad), (w.grad, wr.grad), (b.grad, br.grad)):
         torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+
+
+def test_bad_arguments_are_tcc_errors(ops64):
+    with pytest.raises(tcc.TccError, match="must be f64"):
+        ops64.matmul(torch.randn(3, 4), torch.randn(4, 5))
+    with pytest.raises(tcc.TccError, match="cannot read"):
+        ops64.matmul(torch.randn(3, 4, dtype=torch.bfloat16), torch.randn(4, 5, dtype=torch.float64))
+    with pytest.raises(tcc.TccError, match="symbol K"):
+        ops64.matmul(torch.randn(3, 4, dtype=torch.float64), torch.randn(5, 5, dtype=torch.float64))

@@ -102,7 +102,11 @@ class TorchOp:
 
     def _run_cpu(self, *args: Any, **cparams: Any) -> Any:
         outs = self._empty(args, cparams, torch.device("cpu"))
-        arrays = [a.detach().numpy() if is_t else a for a, is_t in zip(args, self._tensors)]
+        try:
+            arrays = [a.detach().numpy() if is_t else a for a, is_t in zip(args, self._tensors)]
+        except TypeError as exc:  # e.g. bfloat16, which NumPy (and tcc's CPU target) lacks
+            raise TccArgumentError(f"{self.name}: a CPU tensor tcc cannot read ({exc})",
+                                   hint="use float16/32/64 or integer tensors on the CPU") from None
         self.op(*arrays, out=outs[0].numpy() if len(outs) == 1 else [o.numpy() for o in outs], **cparams)
         return _one(outs)
 
