@@ -107,7 +107,8 @@ def run(op: OpTE, args: Mapping[str, np.ndarray | int | float]) -> dict[str, np.
     env: dict[str, np.ndarray] = {}
     for name in op.inputs:
         env[name] = np.asarray(args[name]).astype(wide(op.tensors[name].dtype))
-    scalars = {name: np.asarray(args[name]).astype(wide(s.dtype)) for name, s in op.scalars.items()}
+    scalars = {name: store(np.asarray(args[name]), s.dtype).astype(wide(s.dtype))  # a scalar has its dtype
+               for name, s in op.scalars.items()}
     with np.errstate(all="ignore"):
         for c in op.computes:
             tensor = op.tensors[c.tensor]
