@@ -10,6 +10,7 @@ from tcc import reference
 from tcc.dtypes import DType
 from tcc.ir.te import OpTE
 from tcc.passes.specialize import specialize
+from tcc.stack import deep
 
 TOLERANCE = {"f16": 2e-2, "bf16": 5e-2, "f32": 2e-4, "f64": 1e-10}
 
@@ -53,7 +54,7 @@ def _random_scalar(dtype: DType, rng: np.random.Generator) -> Any:
 
 
 def reference_results(op: OpTE, args: list[Any], bindings: dict[str, int | float]) -> list[np.ndarray]:
-    spec = specialize(op, bindings)
+    spec = deep(specialize, op, bindings)
     named = dict(zip(op.params, args))
     results = reference.run(spec, named)
     return [results[r] for r in op.results]
