@@ -6,6 +6,9 @@ the parameter in the op's source and say what to do.
 
 from __future__ import annotations
 
+import functools
+import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,6 +84,7 @@ def bind(op: OpTE, args: tuple[Any, ...], kwargs: dict[str, Any], arrays: dict[s
     if known is None:
         bindings = bind_shapes(op, shapes, values)
         known = (bindings, result_shapes(op, bindings))
+        check_sizes(op, bindings)
         if solved is not None:
             if len(solved) >= 256:
                 solved.clear()
@@ -119,6 +123,47 @@ def result_shapes(op: OpTE, bindings: dict[str, int | float]) -> dict[str, tuple
             dims.append(value)
         shapes[r] = tuple(dims)
     return shapes
+
+
+INDEX_LIMIT = 1 << 62  # bytes: element offsets are 64-bit integers in the generated code
+
+
+def check_sizes(op: OpTE, bindings: dict[str, int | float]) -> None:
+    """Refuse, before any work, shapes whose tensors cannot exist: results (and inputs, for
+    ``tcc run``'s random data) larger than the machine's memory, and any tensor, intermediates
+    included, too large for 64-bit offsets."""
+    memory = physical_memory()
+    consts = _consts(bindings)
+    for name, tensor in op.tensors.items():
+        if tensor.kind == "pad":
+            continue
+        dims = [evaluate_int(substitute(d, consts)) for d in tensor.shape]
+        if any(d is None or d < 0 for d in dims):
+            continue  # reported with its location by the shape checks
+        nbytes = math.prod(dims) * tensor.dtype.itemsize
+        what = {"input": "input", "result": "result"}.get(tensor.kind, "intermediate")
+        if nbytes >= INDEX_LIMIT or (memory and tensor.kind != "temp" and nbytes > memory):
+            limit = f"this machine has {_bytes(memory)} of memory" if memory and nbytes < INDEX_LIMIT else \
+                "more than 64-bit offsets can address"
+            raise TccShapeError(f"{what} {name} of {op.name} would be {tensor.dtype}{dims}: {_bytes(nbytes)}, "
+                                f"{limit}", tensor.span, f"use smaller sizes ({_fmt(bindings)})")
+
+
+@functools.cache
+def physical_memory() -> int | None:
+    """Bytes of RAM, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if n < 1024 or unit == "EiB":
+            return f"{n:.3g} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024
+    return f"{n} B"  # pragma: no cover
 
 
 def _consts(bindings: dict[str, int | float]) -> dict[str, Const]:

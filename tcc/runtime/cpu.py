@@ -91,7 +91,7 @@ def invoke(kernel: CpuKernel, op, bound, out: Any) -> list[np.ndarray]:
         shape, dtype = bound.result_shapes[name], op.tensors[name].dtype.numpy
         direct = (target is not None and target.flags.c_contiguous and target.flags.writeable
                   and not any(np.may_share_memory(target, a) for a in inputs))
-        buf = target if direct else aligned_empty(shape, dtype)
+        buf = target if direct else _allocate(op, name, shape, dtype)
         if target is not None and not direct:
             copies.append((target, buf))
         values[name] = buf
@@ -116,6 +116,14 @@ def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     raw = np.empty(nbytes + ALIGN, np.uint8)
     start = -raw.ctypes.data % ALIGN
     return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def _allocate(op, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    try:
+        return aligned_empty(shape, dtype)
+    except (MemoryError, ValueError) as exc:
+        raise TccRuntimeError(f"cannot allocate result {name} of {op.name}: {dtype.name}{list(shape)} "
+                              f"({exc})", op.tensors[name].span, "use smaller inputs") from None
 
 
 def _check_out(op, bound, out: Any) -> list[np.ndarray | None]:

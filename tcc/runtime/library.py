@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tcc.codegen_cuda.nvrtc import check_arch
 from tcc.errors import Source, Span, TccArgumentError, TccError, TccSyntaxError
 from tcc.frontend import ast
 from tcc.frontend.ast import OpDef, format_ast
@@ -21,6 +22,7 @@ from tcc.frontend.sema import analyze
 from tcc.ir.loops import format_func
 from tcc.ir.te import OpTE, format_op
 from tcc.passes.fusion import format_fused
+from tcc.passes.im2col import CHOICES as CONV_CHOICES
 from tcc.passes.pipeline import Lowered, run_pipeline
 from tcc.passes.specialize import specialize
 from tcc.runtime import cache
@@ -29,6 +31,23 @@ from tcc.stack import deep
 
 TARGETS = ("cpu", "cuda")
 MAX_PLANS = 64  # argument signatures remembered per op
+OPTIONS = {"conv": ("cpu", "cuda"), "arch": ("cuda",)}  # tcc.compile's options: the targets they fit
+
+
+def check_options(options: dict[str, Any], target: str) -> None:
+    """Every keyword of ``tcc.compile`` beyond target and tune is known and fits the target."""
+    for name in options:
+        if name not in OPTIONS:
+            raise TccArgumentError(f"tcc.compile has no option {name!r}",
+                                   hint=f"options: target, tune, {', '.join(OPTIONS)}")
+        if target not in OPTIONS[name]:
+            raise TccArgumentError(f"option {name}= is for target {' or '.join(OPTIONS[name])}, not {target!r}",
+                                   hint=f"drop {name}= or use target={OPTIONS[name][0]!r}")
+    if "conv" in options and options["conv"] not in CONV_CHOICES:
+        raise TccArgumentError(f"conv={options['conv']!r}: unknown convolution lowering",
+                               hint=f"use one of {', '.join(CONV_CHOICES)}")
+    if "arch" in options:
+        check_arch(options["arch"])
 
 
 def read_source(source: str | os.PathLike) -> tuple[str, str]:
@@ -89,6 +108,7 @@ def compile(source: str | os.PathLike, target: str = "cpu", tune: bool | int = F
         raise TccArgumentError(f"tune={tune!r}: expected True, False or a number of trials")
     if tune and target != "cpu":
         raise TccArgumentError("tuning is CPU-only for now", hint="drop tune=True for target cuda")
+    check_options(options, target)
     text, filename = read_source(source)
     module, ops, schedules = deep(_check_module, text, filename, target)
     asts = {o.name: o for o in module.ops}
