@@ -26,7 +26,8 @@ _OPEN = {"(": ")", "[": "]"}
 _PRETTY = {"LPAR": "'('", "RPAR": "')'", "LSQB": "'['", "RSQB": "']'", "LBRACE": "'{'",
            "RBRACE": "'}'", "COMMA": "','", "COLON": "':'", "SEMICOLON": "';'", "EQUAL": "'='",
            "_NL": "a newline", "NAME": "a name", "NUMBER": "a number", "DTYPE": "a dtype",
-           "REDUCER": "a reduction", "FLOAT_WORD": "a number", "$END": "the end of the file", "MINUS": "'-'", "PLUS": "'+'",
+           "REDUCER": "a reduction", "FLOAT_WORD": "a number", "$END": "the end of the file",
+           "MINUS": "'-'", "PLUS": "'+'",
            "STAR": "'*'", "SLASH": "'/'", "__ANON_0": "'->'"}
 
 
