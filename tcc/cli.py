@@ -22,7 +22,7 @@ import numpy as np
 
 import tcc
 from tcc.errors import TccArgumentError, TccError
-from tcc.runtime.binding import bind_shapes, check_sizes
+from tcc.runtime.binding import bind_cparams, bind_shapes, check_sizes
 from tcc.runtime.library import Library, Op
 from tcc.stack import deep
 
@@ -198,7 +198,13 @@ def _bindings(op: Op, args: argparse.Namespace, need_all: bool) -> dict[str, int
             known = ", ".join([*te.symbols, *te.cparams]) or "none"
             raise TccArgumentError(f"-D {name}: {op.name} has no symbol or parameter {name!r}",
                                    hint=f"it has: {known}")
-        values[name] = _number(value, f"-D {item}")
+        number = _number(value, f"-D {item}")
+        if name in te.cparams:
+            values[name] = bind_cparams(te, {name: number})[name]
+        elif not isinstance(number, int) or number < 0:
+            raise TccArgumentError(f"-D {item}: {name} is a size and needs a non-negative integer")
+        else:
+            values[name] = number
     shapes = {}
     for item in args.shape:
         name, value = _split(item, "--shape", "TENSOR=64x32")

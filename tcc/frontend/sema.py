@@ -113,6 +113,8 @@ class _OpAnalyzer:
         d = self.op_def
         for cp in d.cparams:
             self._claim(cp.name, cp.span)
+            if isinstance(cp.default, int) and not -2**63 <= cp.default < 2**63:
+                raise TccTypeError(f"the default of {cp.name} does not fit a 64-bit integer", cp.span)
             self.cparams[cp.name] = cp.default
         for p in d.params:
             self._param(p)

@@ -57,10 +57,18 @@ def bind_cparams(op: OpTE, kwargs: dict[str, Any]) -> dict[str, int | float]:
         default = op.cparams[name]
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
             raise TccArgumentError(f"{op.name}: {name} must be a number, got {value!r}", op.span)
-        if isinstance(default, int) and not float(value).is_integer():
+        if isinstance(default, int) and not _is_integer(value):
             raise TccArgumentError(f"{op.name}: {name} must be an integer, got {value!r}", op.span)
+        if isinstance(default, int) and not -2**63 <= int(value) < 2**63:
+            raise TccArgumentError(f"{op.name}: {name} = {value} does not fit a 64-bit integer", op.span)
         values[name] = int(value) if isinstance(default, int) else float(value)
     return {name: values.get(name, default) for name, default in op.cparams.items()}
+
+
+def _is_integer(value: Any) -> bool:
+    if isinstance(value, (int, np.integer)):
+        return True
+    return bool(np.isfinite(value)) and float(value).is_integer()
 
 
 def bind(op: OpTE, args: tuple[Any, ...], kwargs: dict[str, Any], arrays: dict[str, Any],
@@ -214,8 +222,15 @@ def _scalar(op: OpTE, name: str, value: Any) -> int | float | bool:
         ok = isinstance(value, bool)
     elif dtype.is_int:
         ok = isinstance(value, int) and not isinstance(value, bool)
+        info = np.iinfo(dtype.numpy)
+        if ok and not info.min <= value <= info.max:
+            raise TccArgumentError(f"argument {name} of {op.name} is {value}, out of range for {dtype} "
+                                   f"({info.min} to {info.max})", op.span)
     elif ok:
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:
+            raise TccArgumentError(f"argument {name} of {op.name} is too large for {dtype}", op.span) from None
     if not ok:
         raise TccArgumentError(f"argument {name} of {op.name} must be a {dtype} scalar, got {value!r}",
                                op.span)
@@ -229,4 +244,11 @@ def out_list(op: OpTE, out: Any) -> list[Any]:
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
     if len(outs) != len(op.results):
         raise TccArgumentError(f"{op.name} has {len(op.results)} result(s); out= gave {len(outs)}", op.span)
+    for i, a in enumerate(outs):
+        for j in range(i):
+            b = outs[j]
+            if a is not None and (a is b or (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)
+                                             and np.may_share_memory(a, b))):
+                raise TccArgumentError(f"out= arrays for {op.results[j]} and {op.results[i]} of {op.name} overlap",
+                                       op.span, "give each result its own array")
     return outs
