@@ -65,9 +65,11 @@ def max_relative_error(actual: np.ndarray, expected: np.ndarray) -> float:
     expected = np.asarray(expected, dtype=np.float64)
     if actual.size == 0:
         return 0.0
-    both_nan = np.isnan(actual) & np.isnan(expected)
-    scale = max(1.0, float(np.nanmax(np.abs(expected))) if np.isfinite(expected).any() else 1.0)
-    diff = np.where(both_nan, 0.0, np.abs(actual - expected))
+    same = (actual == expected) | (np.isnan(actual) & np.isnan(expected))  # infinities of one sign match
+    finite = np.abs(expected[np.isfinite(expected)])
+    scale = max(1.0, float(finite.max())) if finite.size else 1.0
+    with np.errstate(invalid="ignore"):
+        diff = np.where(same, 0.0, np.abs(actual - expected))
     return float(np.max(diff) / scale) if not np.isnan(diff).any() else float("inf")
 
 
