@@ -158,7 +158,7 @@ AXPY = "op axpy(a: f32, X: f32[N], Y: f32[N]) -> Z: f32[N] { Z[i] = a * X[i] + Y
 @pytest.mark.parametrize("options,needle", [
     ({"bogus": 1}, "no option 'bogus'"),
     ({"arch": "sm_90"}, "option arch= is for target cuda"),
-    ({"conv": "fft"}, "conv='fft': unknown convolution lowering"),
+    ({"conv": "fft"}, r"unknown convolution lowering 'fft' \(conv=\)"),
 ])
 def test_unknown_or_misplaced_compile_options_are_errors(options, needle):
     with pytest.raises(TccArgumentError, match=needle):
@@ -352,3 +352,29 @@ def test_hostile_sources_give_success_or_a_tcc_error():
     report = "\n\n".join(f"case {o['id']} ({o['status']}):\n{sources[o['id']].decode('utf-8', 'replace')}\n"
                          f"{o['detail']}" for o in bad[:5])
     assert not bad, f"{len(bad)} of {len(sources)} hostile sources escaped:\n{report}"
+
+
+# ---------------------------------------------------------------- schedules
+
+MM = "op mm(A: f32[M, K], B: f32[K, N]) -> C: f32[M, N] { C[i, j] = sum[k](A[i, k] * B[k, j]) }"
+
+
+@pytest.mark.parametrize("steps,needle", [
+    ("split(i, 2, io, ii); split(io, 2, io, ii)", "the name 'ii' is already used"),
+    ("split(i, 2, k, ii)", "the name 'k' is already used"),
+    ("split(i, 0, io, ii)", "positive integer"),
+    ("split(k, 1000000, ko, ki); unroll(ki)", "would bloat the code"),
+    ("split(i, 2, \u00e9, ii)", "unexpected character"),
+    ("\x00", "unexpected character"),
+    ("x" * 5000 + "(i)", "unknown schedule primitive"),
+])
+def test_hostile_schedules_are_schedule_errors(steps, needle):
+    a, b = np.ones((7, 300), np.float32), np.ones((300, 5), np.float32)
+    with pytest.raises(tcc.TccError, match=needle):
+        tcc.compile(MM).mm.schedule(steps)(a, b)
+
+
+def test_a_split_factor_beyond_64_bits_is_harmless(rng):
+    a, b = rng.standard_normal((7, 30)).astype(np.float32), rng.standard_normal((30, 5)).astype(np.float32)
+    got = tcc.compile(MM).mm.schedule("split(i, 99999999999999999999, io, ii)")(a, b)
+    np.testing.assert_allclose(got, a @ b, rtol=1e-5, atol=1e-5)

@@ -44,7 +44,7 @@ def check_options(options: dict[str, Any], target: str) -> None:
             raise TccArgumentError(f"option {name}= is for target {' or '.join(OPTIONS[name])}, not {target!r}",
                                    hint=f"drop {name}= or use target={OPTIONS[name][0]!r}")
     if "conv" in options and options["conv"] not in CONV_CHOICES:
-        raise TccArgumentError(f"conv={options['conv']!r}: unknown convolution lowering",
+        raise TccArgumentError(f"unknown convolution lowering {options['conv']!r} (conv=)",
                                hint=f"use one of {', '.join(CONV_CHOICES)}")
     if "arch" in options:
         check_arch(options["arch"])
