@@ -378,3 +378,13 @@ def test_a_split_factor_beyond_64_bits_is_harmless(rng):
     a, b = rng.standard_normal((7, 30)).astype(np.float32), rng.standard_normal((30, 5)).astype(np.float32)
     got = tcc.compile(MM).mm.schedule("split(i, 99999999999999999999, io, ii)")(a, b)
     np.testing.assert_allclose(got, a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_a_bf16_result_on_the_cpu_is_a_type_error_even_when_nothing_is_computed():
+    """Found by the fuzz batch: a zero-size bf16 result reached the allocation (KeyError)."""
+    src = (ROOT / "examples" / "conv2d_relu.tc").read_text()
+    src = src.replace("-> Y: f32", "-> Y: bf16").replace("S = 1", "S = -129")
+    op = tcc.compile(src).conv2d_relu
+    x, w, b = np.ones((1, 1, 3, 3), np.float32), np.ones((1, 1, 2, 2), np.float32), np.ones(1, np.float32)
+    with pytest.raises(TccTypeError, match="result Y is bf16, which is supported on target='cuda' only"):
+        op(x, w, b)

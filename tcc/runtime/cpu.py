@@ -10,7 +10,7 @@ import numpy as np
 
 from tcc.codegen_cpu import jit
 from tcc.codegen_cpu.llvm_ir import build_module, symbol_name
-from tcc.errors import TccRuntimeError
+from tcc.errors import TccRuntimeError, TccTypeError
 from tcc.ir.loops import Buffer, LoopFunc
 
 STAGES = ("ast", "te", "fused", "loops", "scheduled", "llvm", "asm")
@@ -79,6 +79,10 @@ def stage_text(func: LoopFunc, stage: str, options: dict[str, Any]) -> str:
 
 def invoke(kernel: CpuKernel, op, bound, out: Any) -> list[np.ndarray]:
     """Run ``kernel`` on a bound call; writes into ``out`` when given (checked first)."""
+    for name in op.results:
+        if op.tensors[name].dtype.name == "bf16":  # code generation refuses bf16, unless nothing is computed
+            raise TccTypeError(f"result {name} is bf16, which is supported on target='cuda' only",
+                               op.tensors[name].span, "use f32 or f16 on the CPU")
     outs = _check_out(op, bound, out)
     values: dict[str, Any] = dict(bound.scalars)
     inputs = []
