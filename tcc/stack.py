@@ -34,7 +34,8 @@ _saved_limit = 0
 
 
 def deep(fn: Callable[..., T], *args, **kwargs) -> T:
-    """``fn(*args, **kwargs)`` on a deep-stack thread (inline when already on one)."""
+    """``fn(*args, **kwargs)`` on a deep-stack thread (inline when already on one, or when no
+    thread can be started, e.g. under a tight address-space limit)."""
     if getattr(_local, "deep", False):
         return fn(*args, **kwargs)
     outcome: list = []
@@ -49,32 +50,40 @@ def deep(fn: Callable[..., T], *args, **kwargs) -> T:
                 hint="split the expression into several statements")))
         except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread below
             outcome.append((False, exc))
+        finally:
+            _local.deep = False
 
     thread = _start(work)
-    try:
-        thread.join()
-    finally:
-        _finish()
+    if thread is None:
+        work()
+    else:
+        try:
+            thread.join()
+        finally:
+            _finish()
     ok, value = outcome[0]
     if not ok:
         raise value
     return value
 
 
-def _start(work: Callable[[], None]) -> threading.Thread:
+def _start(work: Callable[[], None]) -> threading.Thread | None:
+    """A started deep-stack thread running ``work`` (the recursion limit raised), or None."""
     global _active, _saved_limit
     with _lock:
-        if _active == 0:
-            _saved_limit = sys.getrecursionlimit()
-            sys.setrecursionlimit(max(_saved_limit, RECURSION_LIMIT))
-        _active += 1
         previous = threading.stack_size(STACK_BYTES)
         try:
             thread = threading.Thread(target=work, name="tcc-compile", daemon=True)
+            if _active == 0:
+                _saved_limit = sys.getrecursionlimit()
+                sys.setrecursionlimit(max(_saved_limit, RECURSION_LIMIT))
+            _active += 1
             thread.start()
-        except BaseException:
+        except (RuntimeError, MemoryError):  # "can't start new thread"
             _active -= 1
-            raise
+            if _active == 0:
+                sys.setrecursionlimit(_saved_limit)
+            return None
         finally:
             threading.stack_size(previous)
     return thread

@@ -10,9 +10,11 @@ processes (``hostile/``), so that a segfault is a reported failure, not a dead t
 from __future__ import annotations
 
 import base64
+import importlib.util
 import random
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -101,6 +103,16 @@ def test_beyond_the_depth_limit_is_a_compile_error_not_a_crash():
             "except tcc.TccError as e:\n    print(e)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0 and "nested too deeply" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_without_threads_small_programs_still_compile(monkeypatch):
+    """Under an address-space limit no deep-stack thread may start: compile on the caller's stack."""
+    def refuse(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    x = np.arange(3, dtype=np.float32)
+    np.testing.assert_array_equal(tcc.compile("op f(X: f32[N]) -> Y: f32[N] { Y[i] = X[i] * 2.0 }").f(x), 2 * x)
 
 
 def test_the_recursion_limit_is_restored():
@@ -342,9 +354,12 @@ def fuzz_cases() -> list[bytes]:
 
 
 def test_hostile_sources_give_success_or_a_tcc_error():
-    """1,000 sources through compile, a call and the CLI on two worker processes (~40 s)."""
+    """1,000 sources through compile, a call and the CLI on two worker processes (~40 s); a
+    quarter also through CUDA C generation and a twentieth through NVRTC, where it is installed."""
     sources = fuzz_cases()
-    jobs = [{"id": i, "seed": i, "source": base64.b64encode(s).decode(), "cli_run": i % 4 == 0}
+    nvrtc = importlib.util.find_spec("cuda") is not None and importlib.util.find_spec("cuda.bindings") is not None
+    jobs = [{"id": i, "seed": i, "source": base64.b64encode(s).decode(), "cli_run": i % 4 == 0,
+             "cuda": ("ptx" if i % 20 == 0 else "cuda" if i % 4 == 1 else None) if nvrtc else None}
             for i, s in enumerate(sources)]
     outcomes = runner.run_cases(jobs, workers=2, timeout=120)
     assert len(outcomes) == len(sources)

@@ -2,7 +2,8 @@
 
 Each case is source bytes (base64). The worker writes them to a ``.tc`` file and puts them
 through everything a user can: ``tcc.compile`` by path, a call of every op on small random
-inputs, and the CLI's ``check`` (and, for some cases, ``run``) in-process. The outcome is
+inputs, the CLI's ``check`` (and, for some cases, ``run``) in-process, and for some the CUDA C
+or PTX of each op (NVRTC needs no GPU). The outcome is
 ``ok`` (success or a clean :class:`tcc.TccError`) or ``raw`` with the escaped exception's
 traceback. It runs in its own process so that a segfault ends only this worker: the runner
 (:mod:`hostile.runner`) reports the case it held as a crash.
@@ -57,6 +58,14 @@ def call_ops(path: str, seed: int) -> None:
         op(*random_args(op.te, bindings, rng), **op.te.cparams)
 
 
+def lower_for_cuda(path: str, seed: int, stage: str) -> None:
+    """CUDA C (or PTX, through NVRTC: no GPU needed) of every op at small sizes."""
+    rng = np.random.default_rng(seed)
+    for op in tcc.compile(path, target="cuda"):
+        bindings = {**op.te.cparams, **{s: int(rng.integers(1, 6)) for s in op.te.symbols}}
+        op.stage_text(bindings, stage)
+
+
 def run_cli(argv: list[str]) -> str | None:
     """None when the CLI behaved (status 0, or 1 with a message and no traceback)."""
     err, out = io.StringIO(), io.StringIO()
@@ -90,12 +99,16 @@ def check_case(case: dict) -> dict:
         path = os.path.join(tmp, "case.tc")
         with open(path, "wb") as f:
             f.write(data)
-        try:
-            call_ops(path, seed)
-        except tcc.TccError:
-            pass
-        except Exception:  # noqa: BLE001 - exactly what this worker reports
-            return {"id": case["id"], "status": "raw", "detail": traceback.format_exc()[-3000:]}
+        steps = [lambda: call_ops(path, seed)]
+        if case.get("cuda"):
+            steps.append(lambda: lower_for_cuda(path, seed, case["cuda"]))
+        for step in steps:
+            try:
+                step()
+            except tcc.TccError:
+                pass
+            except Exception:  # noqa: BLE001 - exactly what this worker reports
+                return {"id": case["id"], "status": "raw", "detail": traceback.format_exc()[-3000:]}
         problem = run_cli(["check", path])
         if problem is None and case.get("cli_run"):
             argv = cli_run_args(path, seed)
