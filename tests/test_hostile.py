@@ -71,6 +71,21 @@ def test_missing_path_is_file_not_found(path):
         tcc.compile(path)
 
 
+def test_unreadable_paths_are_errors(tmp_path):
+    with pytest.raises(TccArgumentError, match="cannot read .*: Is a directory"):
+        tcc.compile(tmp_path)
+    if Path("/dev/zero").exists():  # an endless file is refused, not read into memory
+        with pytest.raises(TccArgumentError, match="larger than 64 MiB"):
+            tcc.compile("/dev/zero")
+
+
+def test_a_long_line_is_cut_to_a_window_in_errors():
+    with pytest.raises(tcc.TccError) as info:
+        tcc.compile("op f(X: f32[N]) -> Y: f32[N] { Y[i] = X[i] + " + "1 + " * 5000 + "q }")
+    line, caret = str(info.value).splitlines()[1:3]
+    assert len(line) < 140 and line.endswith("q }") and line[caret.index("^")] == "q"
+
+
 def test_source_text_is_never_taken_for_a_path():
     with pytest.raises(TccSyntaxError, match="end of file"):
         tcc.compile("op f(X: f32[N]) -> Y: f32[N]")

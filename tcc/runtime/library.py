@@ -31,6 +31,7 @@ from tcc.stack import deep
 
 TARGETS = ("cpu", "cuda")
 MAX_PLANS = 64  # argument signatures remembered per op
+MAX_SOURCE_BYTES = 64 << 20
 OPTIONS = {"conv": ("cpu", "cuda"), "arch": ("cuda",)}  # tcc.compile's options: the targets they fit
 
 
@@ -66,13 +67,17 @@ def read_source(source: str | os.PathLike) -> tuple[str, str]:
         return source, "<string>"
     path = Path(source)
     try:
-        data = path.read_bytes()
+        with path.open("rb") as f:
+            data = f.read(MAX_SOURCE_BYTES + 1)  # bounded: the path may be /dev/zero or a pipe
     except FileNotFoundError:
         raise TccArgumentError(f"file not found: {path}",
                                hint="check the path (source text must contain an op with a { ... } body)"
                                ) from None
     except OSError as exc:
         raise TccArgumentError(f"cannot read {path}: {exc.strerror or exc}", hint="check the path") from None
+    if len(data) > MAX_SOURCE_BYTES:
+        raise TccArgumentError(f"{path} is larger than {MAX_SOURCE_BYTES >> 20} MiB; it is not tcc source",
+                               hint="check the path")
     return decode_source(data, str(path)), str(path)
 
 
