@@ -22,8 +22,9 @@ import numpy as np
 
 import tcc
 from tcc.errors import TccArgumentError, TccError
-from tcc.runtime.binding import bind_shapes
+from tcc.runtime.binding import bind_cparams, bind_shapes, check_sizes
 from tcc.runtime.library import Library, Op
+from tcc.stack import deep
 
 ALL_STAGES = ("ast", "te", "fused", "loops", "scheduled", "llvm", "asm", "cuda", "ptx")
 
@@ -32,7 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
-        return args.func(args)
+        return deep(args.func, args)  # the whole command on a deep stack (see tcc/stack.py)
     except TccError as err:
         print(err, file=sys.stderr)
         return 1
@@ -107,6 +108,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from tcc.passes.specialize import specialize
     from tcc.testing import max_relative_error, random_args, reference_results, tolerance
 
+    if args.repeat < 1:
+        raise TccArgumentError(f"--repeat {args.repeat}: needs at least 1 timed run")
+    if args.seed is not None and args.seed < 0:
+        raise TccArgumentError(f"--seed {args.seed}: needs a non-negative integer")
     op = _select_op(args)
     bindings = _bindings(op, args, need_all=True)
     rng = np.random.default_rng(args.seed)
@@ -116,7 +121,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     results = op(*inputs, **cparams)
     first = time.perf_counter() - start
     times = []
-    for _ in range(max(1, args.repeat)):
+    for _ in range(args.repeat):
         start = time.perf_counter()
         op(*inputs, **cparams)
         times.append(time.perf_counter() - start)
@@ -170,6 +175,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- helpers
 
 def _select_op(args: argparse.Namespace) -> Op:
+    if args.arch is not None and args.target != "cuda":
+        raise TccArgumentError(f"--arch {args.arch} is for --target cuda", hint="drop --arch on the CPU")
     options = {"arch": args.arch} if args.arch else {}
     lib: Library = tcc.compile(args.file, target=args.target, **options)
     ops = lib.ops
@@ -195,7 +202,13 @@ def _bindings(op: Op, args: argparse.Namespace, need_all: bool) -> dict[str, int
             known = ", ".join([*te.symbols, *te.cparams]) or "none"
             raise TccArgumentError(f"-D {name}: {op.name} has no symbol or parameter {name!r}",
                                    hint=f"it has: {known}")
-        values[name] = _number(value, f"-D {item}")
+        number = _number(value, f"-D {item}")
+        if name in te.cparams:
+            values[name] = bind_cparams(te, {name: number})[name]
+        elif not isinstance(number, int) or number < 0:
+            raise TccArgumentError(f"-D {item}: {name} is a size and needs a non-negative integer")
+        else:
+            values[name] = number
     shapes = {}
     for item in args.shape:
         name, value = _split(item, "--shape", "TENSOR=64x32")
@@ -211,6 +224,8 @@ def _bindings(op: Op, args: argparse.Namespace, need_all: bool) -> dict[str, int
     if need_all and missing:
         raise TccArgumentError(f"no size for {', '.join(missing)} of {op.name}",
                                te.span, "give them with -D NAME=VALUE or --shape TENSOR=AxB")
+    if need_all:
+        check_sizes(te, bindings)
     return bindings
 
 

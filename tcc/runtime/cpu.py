@@ -10,7 +10,7 @@ import numpy as np
 
 from tcc.codegen_cpu import jit
 from tcc.codegen_cpu.llvm_ir import build_module, symbol_name
-from tcc.errors import TccRuntimeError
+from tcc.errors import TccRuntimeError, TccTypeError
 from tcc.ir.loops import Buffer, LoopFunc
 
 STAGES = ("ast", "te", "fused", "loops", "scheduled", "llvm", "asm")
@@ -79,6 +79,10 @@ def stage_text(func: LoopFunc, stage: str, options: dict[str, Any]) -> str:
 
 def invoke(kernel: CpuKernel, op, bound, out: Any) -> list[np.ndarray]:
     """Run ``kernel`` on a bound call; writes into ``out`` when given (checked first)."""
+    for name in op.results:
+        if op.tensors[name].dtype.name == "bf16":  # code generation refuses bf16, unless nothing is computed
+            raise TccTypeError(f"result {name} is bf16, which is supported on target='cuda' only",
+                               op.tensors[name].span, "use f32 or f16 on the CPU")
     outs = _check_out(op, bound, out)
     values: dict[str, Any] = dict(bound.scalars)
     inputs = []
@@ -91,7 +95,7 @@ def invoke(kernel: CpuKernel, op, bound, out: Any) -> list[np.ndarray]:
         shape, dtype = bound.result_shapes[name], op.tensors[name].dtype.numpy
         direct = (target is not None and target.flags.c_contiguous and target.flags.writeable
                   and not any(np.may_share_memory(target, a) for a in inputs))
-        buf = target if direct else aligned_empty(shape, dtype)
+        buf = target if direct else _allocate(op, name, shape, dtype)
         if target is not None and not direct:
             copies.append((target, buf))
         values[name] = buf
@@ -116,6 +120,14 @@ def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     raw = np.empty(nbytes + ALIGN, np.uint8)
     start = -raw.ctypes.data % ALIGN
     return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def _allocate(op, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    try:
+        return aligned_empty(shape, dtype)
+    except (MemoryError, ValueError) as exc:
+        raise TccRuntimeError(f"cannot allocate result {name} of {op.name}: {dtype.name}{list(shape)} "
+                              f"({exc})", op.tensors[name].span, "use smaller inputs") from None
 
 
 def _check_out(op, bound, out: Any) -> list[np.ndarray | None]:
