@@ -1,0 +1,1 @@
+"""Bridges to other frameworks: ONNX models (``tcc.onnx``)."""
