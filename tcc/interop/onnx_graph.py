@@ -98,12 +98,13 @@ class Program:
     lines: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what the import decided (folds, views)
     _names: set[str] = field(default_factory=set)
+    _statements: int = 0
 
     # ------------------------------------------------------------ names
     def fresh(self, hint: str) -> str:
         """A tcc name from an ONNX one: letters, digits and ``_``, unique, not a keyword."""
         base = re.sub(r"\W", "_", hint) or "t"
-        if base[0].isdigit() or base in RESERVED or keyword.iskeyword(base) or re.fullmatch(r"[ik]\d+", base):
+        if base[0].isdigit() or base in RESERVED or keyword.iskeyword(base) or re.fullmatch(r"[ikcr]\d*(_\d+)?", base):
             base = "t_" + base
         name, n = base, 1
         while name in self._names:
@@ -148,7 +149,7 @@ class Program:
     def emit(self, hint: str, shape: Sequence[int], dtype: str, body: Callable[[list[str]], str]) -> Value:
         """A statement ``T[i0, ...] = body(i0, ...)`` defining a new intermediate."""
         name = self.fresh(hint)
-        idx = index_names(len(shape))
+        idx = self.index_names(len(shape))
         self.lines.append(f"{name}: {dtype}[{', '.join(map(str, shape))}]")
         self.lines.append(f"{name}[{', '.join(idx)}] = {body(idx)}")
         return self.tensor_value(name, tuple(shape), dtype)
@@ -174,9 +175,15 @@ class Program:
 
     def add_result(self, onnx_name: str, value: Value) -> None:
         name = self.fresh(onnx_name)
-        idx = index_names(value.rank)
+        idx = self.index_names(value.rank)
         self.results.append((name, value.dtype, value.shape))
         self.lines.append(f"{name}[{', '.join(idx)}] = {value.read(idx)}")
+
+    def index_names(self, rank: int) -> list[str]:
+        """Each statement's own index names (``i0_7, i1_7``): the CPU auto-scheduler transforms
+        same-named loops of different statements together, which breaks on big programs."""
+        self._statements += 1
+        return [f"i{d}_{self._statements}" for d in range(rank)]
 
     # ------------------------------------------------------------ text
     def source(self) -> str:
@@ -190,8 +197,6 @@ class Program:
         return f"op {self.name}(\n    {params}\n) -> {results} {{\n{body}\n}}\n"
 
 
-def index_names(rank: int, prefix: str = "i") -> list[str]:
-    return [f"{prefix}{d}" for d in range(rank)]
 
 
 def _literal(x, dtype: str) -> str | None:
@@ -229,10 +234,12 @@ def broadcast_shape(node: Node, *shapes: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(out)
 
 
-def broadcast_read(value: Value, idx: Sequence[str]) -> str:
-    """Read ``value`` at the output index ``idx`` under NumPy broadcasting."""
+def broadcast_read(value: Value, idx: Sequence[str], shape: Sequence[int]) -> str:
+    """Read ``value`` at the index ``idx`` of a result of ``shape``, under NumPy broadcasting
+    (a dim of 1 against a longer one reads 0; matching dims keep their index, so fusion sees
+    every loop index)."""
     offset = len(idx) - value.rank
-    return value.read([idx[offset + d] if value.shape[d] != 1 else "0" for d in range(value.rank)])
+    return value.read([idx[offset + d] if value.shape[d] == shape[offset + d] else "0" for d in range(value.rank)])
 
 
 def view(source: Value, shape: Sequence[int], read: Read) -> Value:

@@ -72,7 +72,7 @@ def gemm(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
         if alpha != 1.0:
             text = f"{text} * {float_literal(alpha)}"
         if c is not None and beta != 0.0:
-            bias = broadcast_read(c, idx)
+            bias = broadcast_read(c, idx, (m, n))
             text = f"{text} + {bias}" if beta == 1.0 else f"{text} + {bias} * {float_literal(beta)}"
         return text
 
@@ -340,7 +340,7 @@ def layer_norm(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
     tail = x.shape[axis:]
 
     def affine(v: Value, idx: Sequence[str]) -> str:
-        return broadcast_read(v, idx[axis:]) if v.rank <= len(tail) else broadcast_read(v, idx)
+        return broadcast_read(v, idx[axis:], tail) if v.rank <= len(tail) else broadcast_read(v, idx, x.shape)
 
     def body(idx: list[str]) -> str:
         kept_idx = [i if d < axis else "0" for d, i in enumerate(idx)]

@@ -82,7 +82,7 @@ def elementwise(p: Program, node: Node, args: Sequence[Value], dtype: str, templ
     """One statement over the broadcast shape of ``args``: ``template(read0, read1, ...)``."""
     shape = broadcast_shape(node, *(a.shape for a in args))
     return p.emit(node.outputs[0], shape, dtype,
-                  lambda idx: template(*(f"({broadcast_read(a, idx)})" for a in args)))
+                  lambda idx: template(*(f"({broadcast_read(a, idx, shape)})" for a in args)))
 
 
 # ---------------------------------------------------------------- elementwise
@@ -331,12 +331,14 @@ def softmax(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
     kept = tuple(1 if d in axes else n for d, n in enumerate(x.shape))
     name = node.outputs[0]
     m = p.emit(name + "_max", kept, x.dtype, lambda idx: reduce_text("max", x, axes, idx, x.read))
-    e = p.emit(name + "_exp", x.shape, x.dtype, lambda idx: f"exp({x.read(idx)} - {broadcast_read(m, idx)})")
+    e = p.emit(name + "_exp", x.shape, x.dtype, lambda idx: f"exp({x.read(idx)} - {broadcast_read(m, idx, x.shape)})")
     s = p.emit(name + "_sum", kept, x.dtype, lambda idx: reduce_text("sum", e, axes, idx, e.read))
     if node.op_type == "LogSoftmax":
-        return [p.emit(name, x.shape, x.dtype,
-                       lambda idx: f"{x.read(idx)} - {broadcast_read(m, idx)} - log({broadcast_read(s, idx)})")]
-    return [p.emit(name, x.shape, x.dtype, lambda idx: f"{e.read(idx)} / {broadcast_read(s, idx)}")]
+        def log_softmax(idx: list[str]) -> str:
+            return f"{x.read(idx)} - {broadcast_read(m, idx, x.shape)} - log({broadcast_read(s, idx, x.shape)})"
+
+        return [p.emit(name, x.shape, x.dtype, log_softmax)]
+    return [p.emit(name, x.shape, x.dtype, lambda idx: f"{e.read(idx)} / {broadcast_read(s, idx, x.shape)}")]
 
 
 # ---------------------------------------------------------------- shapes
