@@ -43,7 +43,7 @@ HANDLERS: dict[str, Handler] = {
     "ReduceSum": ops.reduce, "ReduceMean": ops.reduce, "ReduceMax": ops.reduce,
     "Softmax": ops.softmax, "LogSoftmax": ops.softmax,
     "Transpose": ops.transpose, "Reshape": ops.reshape, "Flatten": ops.flatten, "Unsqueeze": ops.unsqueeze,
-    "Squeeze": ops.squeeze, "Slice": ops.slice_, "Gather": ops.gather, "Concat": ops.concat,
+    "Squeeze": ops.squeeze, "Slice": ops.slice_, "Split": ops.split, "Gather": ops.gather, "Concat": ops.concat,
     "MatMul": nn.matmul, "Gemm": nn.gemm, "Conv": nn.conv, "ConvTranspose": nn.conv_transpose,
     "MaxPool": nn.max_pool, "AveragePool": nn.average_pool, "GlobalAveragePool": nn.global_average_pool,
     "BatchNormalization": nn.batch_norm, "LayerNormalization": nn.layer_norm,
@@ -66,12 +66,17 @@ def _read_model(model: Any):
     onnx = _onnx()
     if isinstance(model, onnx.ModelProto):
         return model
+    if isinstance(model, bytes):
+        try:
+            return onnx.load_from_string(model)
+        except Exception as exc:  # protobuf's DecodeError and friends
+            raise TccArgumentError(f"these bytes are not an ONNX model: {exc}") from None
     if isinstance(model, str | os.PathLike):
         try:
             return onnx.load(os.fspath(model))
         except (OSError, ValueError) as exc:
             raise TccArgumentError(f"cannot read ONNX model {os.fspath(model)!r}: {exc}") from None
-    raise TccArgumentError(f"tcc.onnx.load takes a path or an onnx.ModelProto, got {type(model).__name__}")
+    raise TccArgumentError(f"tcc.onnx.load takes a path, bytes or an onnx.ModelProto, got {type(model).__name__}")
 
 
 def _attrs(proto) -> dict:
@@ -239,7 +244,9 @@ class OnnxModel:
         self.compile_seconds = time.perf_counter() - start
         return self
 
-    def __call__(self, *args: Any, **named: Any) -> Any:
+    def __call__(self, *args: Any, out: Any = None, **named: Any) -> Any:
+        """Run on the inputs (NumPy arrays, DLPack or torch tensors); ``out=`` an array (a tuple
+        for several outputs) to write into."""
         if named:
             missing = [n for n in self.input_names[len(args):] if n not in named]
             if missing:
@@ -248,7 +255,7 @@ class OnnxModel:
         if len(args) != len(self.input_names):
             raise TccArgumentError(f"the model takes {len(self.input_names)} input(s) "
                                    f"({', '.join(self.input_names)}), got {len(args)}")
-        return self.op(*args, *self._weights)
+        return self.op(*args, *self._weights, out=out)
 
     def lower(self, stage: str = "fused") -> str:
         """The text of any compilation stage (``te fused loops scheduled llvm asm cuda ptx``)."""

@@ -564,3 +564,30 @@ def concat(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
         return text
 
     return [p.emit(node.outputs[0], shape, parts[0].dtype, body)]
+
+
+def split(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
+    """Split along an axis: each output a view (a slice) of the input."""
+    x = args[0]
+    axis = norm_axis(node, node.attrs.get("axis", 0), x.rank)
+    n, count = x.shape[axis], len(node.outputs)
+    if "split" in node.attrs:
+        sizes = list(node.attrs["split"])
+    elif len(args) > 1 and args[1] is not None:
+        sizes = const_of(node, args[1], "split").reshape(-1).tolist()
+    else:
+        chunk = -(-n // node.attrs.get("num_outputs", count))
+        sizes = [min(chunk, n - k * chunk) for k in range(count)]
+    if sum(sizes) != n or len(sizes) != count:
+        raise node.error(f"split sizes {sizes} do not cover axis {axis} of size {n} in {count} outputs")
+    outputs, start = [], 0
+    for size in sizes:
+        shape = list(x.shape)
+        shape[axis] = int(size)
+        if x.const is not None:
+            outputs.append(p.constant(np.take(x.const, range(start, start + size), axis=axis), x.dtype, "split"))
+        else:
+            outputs.append(view(x, shape, lambda idx, s=start: x.read(
+                [_affine(s, 1, i) if d == axis else i for d, i in enumerate(idx)])))
+        start += int(size)
+    return outputs
