@@ -288,3 +288,16 @@ def test_runtime_shape_input_is_refused_until_given():
     x = np.arange(12, dtype=np.float32).reshape(2, 6)
     compiled = tcc.onnx.load(model, constants={"s": np.array([3, 4])})
     np.testing.assert_array_equal(compiled(x), x.reshape(3, 4))
+
+
+def test_cli_prints_fused_stage_and_checks_against_ort(tmp_path, rng, capsys):
+    from tcc.cli import main
+
+    w = rng.standard_normal([4, 3, 3, 3]).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])]
+    path = tmp_path / "m.onnx"
+    onnx.save(make_model(nodes, [("x", F32, [1, 3, 9, 7])], [("y", F32, [1, 4, 9, 7])], {"w": w}), path)
+    assert main(["onnx", str(path), "--stage", "fused"]) == 0
+    assert "inline c: reduction, read once by y" in capsys.readouterr().out  # conv + relu: one kernel
+    assert main(["onnx", str(path), "--run", "--check", "--seed", "3"]) == 0
+    assert "vs onnxruntime: ok" in capsys.readouterr().out
