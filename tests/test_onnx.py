@@ -298,6 +298,6 @@ def test_cli_prints_fused_stage_and_checks_against_ort(tmp_path, rng, capsys):
     path = tmp_path / "m.onnx"
     onnx.save(make_model(nodes, [("x", F32, [1, 3, 9, 7])], [("y", F32, [1, 4, 9, 7])], {"w": w}), path)
     assert main(["onnx", str(path), "--stage", "fused"]) == 0
-    assert "inline c: reduction, read once by" in capsys.readouterr().out  # conv + relu: one kernel
+    assert "inline t_c: reduction, read once by y" in capsys.readouterr().out  # conv + relu: one kernel
     assert main(["onnx", str(path), "--run", "--check", "--seed", "3"]) == 0
     assert "vs onnxruntime: ok" in capsys.readouterr().out
