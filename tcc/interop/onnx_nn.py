@@ -25,8 +25,19 @@ def _sum_cast(text: str, dtype: str) -> str:
     return text if dtype in ("f32", "f64", "i64") else cast_text(text, dtype)
 
 
+def gemm_operand(p: Program, v: Value, hint: str) -> Value:
+    """``v`` as a GEMM operand: a view whose reads divide or wrap indices (a reshape that merges
+    dims) is copied first, so that the product reads affine indices the GEMM scheduler tiles.
+    (Fusion may still inline the producer of the view into the copy.)"""
+    probe = v.read([f"i{d}" for d in range(v.rank)])
+    if v.tensor is None and v.const is None and ("//" in probe or "%" in probe):
+        return p.tensor_value(p.materialize(v, hint), v.shape, v.dtype)
+    return v
+
+
 def matmul(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
-    a, b = args[0], args[1]
+    a = gemm_operand(p, args[0], node.outputs[0] + "_lhs")
+    b = gemm_operand(p, args[1], node.outputs[0] + "_rhs")
     a_shape = (1, *a.shape) if a.rank == 1 else a.shape
     b_shape = (*b.shape, 1) if b.rank == 1 else b.shape
     if a_shape[-1] != b_shape[-2]:
@@ -39,7 +50,7 @@ def matmul(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
         if v.rank == 1:
             return v.read([col if v is a else row])
         nb = len(vshape) - 2
-        batch_idx = [idx[len(batch) - nb + d] if vshape[d] != 1 else "0" for d in range(nb)]
+        batch_idx = [idx[len(batch) - nb + d] if vshape[d] == batch[len(batch) - nb + d] else "0" for d in range(nb)]
         return v.read([*batch_idx, row, col])
 
     def body(idx: list[str]) -> str:
@@ -55,7 +66,8 @@ def matmul(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
 
 
 def gemm(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
-    a, b = args[0], args[1]
+    a = gemm_operand(p, args[0], node.outputs[0] + "_lhs")
+    b = gemm_operand(p, args[1], node.outputs[0] + "_rhs")
     c = args[2] if len(args) > 2 else None
     ta, tb = node.attrs.get("transA", 0), node.attrs.get("transB", 0)
     alpha, beta = node.attrs.get("alpha", 1.0), node.attrs.get("beta", 1.0)

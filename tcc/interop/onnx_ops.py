@@ -370,17 +370,18 @@ def reshape_view(p: Program, x: Value, shape: Sequence[int], hint: str) -> Value
         for ins, outs in groups:
             terms, stride = [], 1
             for d in reversed(outs):
-                if shape[d] != 1:
+                if shape[d] != 1 and idx[d] != "0":
                     terms.append(idx[d] if stride == 1 else f"{idx[d]} * {stride}")
                 stride *= shape[d]
             flat = " + ".join(reversed(terms)) or "0"
-            stride = math.prod(x.shape[d] for d in ins)
-            for n, d in enumerate(ins):
+            stride, outer = math.prod(x.shape[d] for d in ins), 1
+            for d in ins:
                 stride //= x.shape[d]
                 text = flat if stride == 1 else f"({flat}) // {stride}"
-                if n > 0 and x.shape[d] != 1:
+                if outer > 1:  # the flat index runs past this dim only when a larger one sits outside it
                     text = f"({text}) % {x.shape[d]}"
                 src.append(text if x.shape[d] != 1 else "0")
+                outer *= x.shape[d]
         return x.read(src)
 
     return view(x, shape, read)
