@@ -301,3 +301,15 @@ def test_cli_prints_fused_stage_and_checks_against_ort(tmp_path, rng, capsys):
     assert "inline t_c: reduction, read once by y" in capsys.readouterr().out  # conv + relu: one kernel
     assert main(["onnx", str(path), "--run", "--check", "--seed", "3"]) == 0
     assert "vs onnxruntime: ok" in capsys.readouterr().out
+
+
+def test_docs_example_runs():
+    """The Python example of docs/onnx.md, as written."""
+    text = (EXAMPLES.parent / "docs" / "onnx.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict = {}
+    exec(compile(code, "docs/onnx.md", "exec"), namespace)  # noqa: S102 - the documentation's own example
+    x, w = namespace["x"], namespace["w"]
+    session = ort.InferenceSession(namespace["model"].SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(namespace["y"], session.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
+    assert w.shape == (8, 3, 3, 3)
