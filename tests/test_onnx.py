@@ -315,3 +315,15 @@ def test_docs_example_runs():
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(namespace["y"], session.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
     assert w.shape == (8, 3, 3, 3)
+
+
+def test_malformed_node_is_an_import_error():
+    model = make_model([helper.make_node("MaxPool", ["x"], ["y"], name="mp")], [("x", F32, [1, 1, 4, 4])],
+                       [("y", F32, [1, 1, 2, 2])])  # no kernel_shape
+    with pytest.raises(OnnxImportError, match=r"node mp \(MaxPool\): malformed node"):
+        tcc.onnx.load(model)
+    missing = make_model([helper.make_node("Add", ["x"], ["y"], name="add")], [("x", F32, [3])], [("y", F32, [3])])
+    with pytest.raises(OnnxImportError, match=r"node add \(Add\): malformed node"):
+        tcc.onnx.load(missing)
+    with pytest.raises(tcc.TccError, match="not an ONNX model"):
+        tcc.onnx.load(b"\x00not a model")

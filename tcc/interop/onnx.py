@@ -187,7 +187,12 @@ def translate(model: Any, input_shapes: dict[str, Sequence[int]] | None = None,
             args.append(env[name])
         while args and args[-1] is None:
             args.pop()
-        results = HANDLERS[node.op_type](program, node, args)
+        try:
+            results = HANDLERS[node.op_type](program, node, args)
+        except (KeyError, IndexError, ValueError, TypeError, AttributeError) as exc:
+            # a node the ONNX checker would refuse (a required attribute or input missing)
+            raise node.error(f"malformed node ({type(exc).__name__}: {exc})",
+                             hint="check the model with onnx.checker.check_model") from None
         if "folded" in node.attrs:
             program.notes.append(f"{node.where()}: BatchNormalization {node.attrs['folded']} folded into its "
                                  "weights and bias")
