@@ -185,7 +185,9 @@ def cmd_onnx(args: argparse.Namespace) -> int:
     model = tcc.onnx.load(args.model, target=args.target, input_shapes=shapes or None, compile_now=False)
     if not args.run:
         stage = args.stage or "fused"
-        print(model.source if stage == "ast" else model.lower(stage))
+        if stage == "fused":  # the graph as tcc source, then the op after fusion with each decision
+            print(model.source)
+        print(model.lower(stage))
         for note in model.notes():
             print(f"import: {note}")
         return 0
