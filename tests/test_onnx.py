@@ -327,3 +327,12 @@ def test_malformed_node_is_an_import_error():
         tcc.onnx.load(missing)
     with pytest.raises(tcc.TccError, match="not an ONNX model"):
         tcc.onnx.load(b"\x00not a model")
+
+
+def test_cuda_code_generates_without_a_gpu(rng):
+    """target="cuda" goes through the same import; its CUDA C builds here (running needs a GPU)."""
+    torch = pytest.importorskip("torch")
+    nets = _networks()
+    model = nets.randomized(nets.EncoderBlock(dim=32, heads=4, hidden=65))
+    data = nets.export(model, torch.from_numpy(rng.standard_normal([2, 7, 32]).astype(np.float32)))
+    assert "__global__" in tcc.onnx.load(data, target="cuda", compile_now=False).lower("cuda")

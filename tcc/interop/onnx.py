@@ -230,10 +230,8 @@ class OnnxModel:
         self.output_names = output_names
         self.library: Library = tcc_compile(self.source, target=target, **options)
         self.op: Op = self.library.model
-        weights = [program.weights[name] for name, _, _ in program.params if name in program.weights]
-        if target == "cuda":
-            weights = [tcc_cuda.to_device(np.ascontiguousarray(w)) for w in weights]
-        self._weights = weights
+        self._weights = [program.weights[name] for name, _, _ in program.params if name in program.weights]
+        self._on_device = target != "cuda"  # CUDA weights are copied over once, on the first call
         self.compile_seconds = 0.0
 
     def __repr__(self) -> str:
@@ -260,6 +258,9 @@ class OnnxModel:
         if len(args) != len(self.input_names):
             raise TccArgumentError(f"the model takes {len(self.input_names)} input(s) "
                                    f"({', '.join(self.input_names)}), got {len(args)}")
+        if not self._on_device:
+            self._weights = [tcc_cuda.to_device(np.ascontiguousarray(w)) for w in self._weights]
+            self._on_device = True
         return self.op(*args, *self._weights, out=out)
 
     def lower(self, stage: str = "fused") -> str:
