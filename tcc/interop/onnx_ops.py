@@ -295,9 +295,8 @@ def keep_index(idx: Sequence[str], rank: int, axes: Sequence[int], keepdims: boo
 def reduce(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
     x = args[0]
     axes = axes_of(node, args, 1, x.rank)
-    if axes is None or not axes:
-        if axes is not None and node.attrs.get("noop_with_empty_axes", 0) or axes is None and \
-                node.attrs.get("noop_with_empty_axes", 0):
+    if not axes:  # no axes: all of them, or none at all with noop_with_empty_axes
+        if node.attrs.get("noop_with_empty_axes", 0):
             return [x]
         axes = list(range(x.rank))
     axes = sorted(set(axes))
@@ -316,8 +315,9 @@ def reduce(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
             return f"{text} > 0"
         if node.op_type == "ReduceMean":
             text = f"{text} / {count}"
-        return text if x.dtype in ("f32", "f64", "i64") and node.op_type != "ReduceMean" or x.dtype == "f32" \
-            else cast_text(text, x.dtype)
+        # tcc sums small ints into i64 and divides ints into f64: cast those back to the input's type
+        keeps_type = x.dtype in ("f32", "f64") or x.dtype == "i64" and node.op_type != "ReduceMean"
+        return text if keeps_type else cast_text(text, x.dtype)
 
     if node.op_type == "ReduceMax" and count == 0 and not is_float(x.dtype) and x.dtype != "bool":
         raise node.error("ReduceMax over an empty set of integers has no value")
