@@ -26,7 +26,7 @@ from tcc import cuda as tcc_cuda
 from tcc.errors import TccArgumentError
 from tcc.interop import onnx_nn as nn
 from tcc.interop import onnx_ops as ops
-from tcc.interop.onnx_graph import NeedsValue, Node, OnnxImportError, Program, Value
+from tcc.interop.onnx_graph import NUMPY_DTYPES, NeedsValue, Node, OnnxImportError, Program, Value
 from tcc.interop.onnx_ops import ONNX_DTYPES, tcc_dtype
 from tcc.runtime.library import TARGETS, Library, Op
 from tcc.runtime.library import compile as tcc_compile
@@ -207,8 +207,7 @@ def translate(model: Any, input_shapes: dict[str, Sequence[int]] | None = None,
 
 
 def _numpy_dtype(array: np.ndarray, name: str) -> str:
-    for dtype, np_dtype in {"f16": np.float16, "f32": np.float32, "f64": np.float64, "i8": np.int8,
-                            "i32": np.int32, "i64": np.int64, "bool": np.bool_}.items():
+    for dtype, np_dtype in NUMPY_DTYPES.items():
         if array.dtype == np_dtype:
             return dtype
     raise OnnxImportError(f"initializer {name!r} has element type {array.dtype}, which tcc does not have",
