@@ -28,11 +28,9 @@ from tcc.errors import (
     TccTypeError,
 )
 from tcc.ir.loops import For, walk_stmts
-from tcc.testing import max_relative_error, random_args, reference_results
+from tcc.passes.specialize import specialize
+from tcc.testing import max_relative_error, random_args, reference_results, tolerance
 
-# The largest error, relative to the result's largest magnitude (at least 1), that rounding can
-# explain for a program whose least precise float type is the key.
-BOUND = {"bf16": 6e-2, "f16": 2e-2, "f32": 1e-4, "f64": 1e-9}
 FRONTEND_ERRORS = (TccSyntaxError, TccTypeError, TccBoundsError, TccNameError, TccShapeError)
 
 
@@ -43,13 +41,6 @@ class Outcome:
     detail: str = ""
     schedules: int = 0  # random schedules tried
     refused: int = 0  # ... that tcc refused with a TccScheduleError
-
-
-def bound_for(source: str) -> float:
-    for name in ("bf16", "f16", "f32"):
-        if name in source:
-            return BOUND[name]
-    return BOUND["f64"]
 
 
 def check_seed(seed: int, target: str = "cpu", schedules: int = 0, bf16: bool = False) -> Outcome:
@@ -106,9 +97,9 @@ def _run_case(prog: Program, op, bindings: dict[str, int], data_seed: int) -> tu
     except Exception as exc:  # noqa: BLE001
         return "internal", _describe(exc)
     got = got if isinstance(got, tuple) else (got,)
-    bound = bound_for(prog.source)
+    spec = specialize(op.te, full)
     for r, g, e in zip(op.te.results, got, expected):
-        problem = _compare(np.asarray(g), e, bound)
+        problem = _compare(np.asarray(g), e, tolerance(spec, r))
         if problem:
             return "mismatch", f"result {r}: {problem}"
     return "ok", ""
