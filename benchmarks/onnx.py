@@ -1,6 +1,6 @@
 """Whole ONNX models: tcc.onnx against onnxruntime (CPU) and PyTorch (CPU; CUDA when present).
 
-    python benchmarks/onnx.py [--models resnet18 encoder] [--batches 1 8] [--repeat 20]
+    python benchmarks/onnx.py [--models resnet18 encoder] [--batches 1 8] [--repeat 20] [--threads N]
 
 For each model and batch: import + compile time cold (an empty cache directory) and warm (the
 same directory again, as a new process would find it), then run times measured side by side,
@@ -47,7 +47,7 @@ def interleaved(runs: dict, repeat: int) -> dict[str, float]:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def bench(name: str, batch: int, repeat: int) -> None:
+def bench(name: str, batch: int, repeat: int, threads: int | None) -> None:
     make, shape = MODELS[name]
     model = onnx_models.randomized(make())
     x = torch.randn(shape(batch))
@@ -62,7 +62,10 @@ def bench(name: str, batch: int, repeat: int) -> None:
         compiled = tcc.onnx.load(data)
         warm = time.perf_counter() - start
     xn = x.numpy()
-    session = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
     runs = {"tcc": lambda: compiled(xn), "onnxruntime": lambda: session.run(None, {"x": xn})}
     with torch.no_grad():
         runs["torch-cpu"] = lambda: model(x)
@@ -92,11 +95,17 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads for all three (tcc schedules for the CPUs this process may use)")
     args = parser.parse_args()
-    print(f"threads: torch {torch.get_num_threads()}, cpus {os.cpu_count()}")
+    if args.threads:
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:args.threads])
+        torch.set_num_threads(args.threads)
+    print(f"threads: torch {torch.get_num_threads()}, tcc {len(os.sched_getaffinity(0))}, cpus {os.cpu_count()}, "
+          f"load average {os.getloadavg()[0]:.1f}")
     for name in args.models:
         for batch in args.batches:
-            bench(name, batch, args.repeat)
+            bench(name, batch, args.repeat, args.threads)
 
 
 if __name__ == "__main__":
