@@ -1,0 +1,212 @@
+"""Step 6's workloads, tcc against PyTorch (cuBLAS, cuDNN, its own kernels) in one process.
+
+Each row times tcc and its anchor alternately (one trial of each, then again: ``--trials``
+rounds), GPU time per call from CUDA events around back-to-back calls queued behind a sleep
+kernel, and reports the medians. Inputs are random (never zeros); every row first checks tcc's
+result against the anchor (relative error in f64). TF32 is off except in the row that says TF32.
+The ratio is tcc throughput over the anchor's (above 1: tcc is faster); for relu(a*b+c) the
+anchor is a device-to-device copy and the ratio compares bytes moved per second.
+
+    python benchmarks/gpu.py                 # every row
+    python benchmarks/gpu.py -k sum -k gemm  # rows whose label contains one of the words
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+# keep this folder off the path: its cuda.py would shadow `cuda.bindings`
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+import torch  # noqa: E402
+
+import tcc  # noqa: E402
+
+SOURCE = """
+op gemm(A: f32[M, K], B: f32[K, N]) -> C: f32[M, N] {
+    C[i, j] = sum[k](A[i, k] * B[k, j])
+}
+op hgemm(A: f16[M, K], B: f16[K, N]) -> C: f32[M, N] {
+    C[i, j] = sum[k](f32(A[i, k]) * f32(B[k, j]))
+}
+op conv[P = 1](X: f32[N, C, H, W], Wt: f32[F, C, KH, KW], b: f32[F])
+    -> Y: f32[N, F, H + 2*P - KH + 1, W + 2*P - KW + 1] {
+    Xp = pad(X, [0, 0, P, P])
+    Z[n, f, y, x] = sum[c, r, s](Xp[n, c, y + r, x + s] * Wt[f, c, r, s])
+    Y[n, f, y, x] = max(Z[n, f, y, x] + b[f], 0.0)
+}
+op hconv[P = 1](X: f16[N, C, H, W], Wt: f16[F, C, KH, KW], b: f16[F])
+    -> Y: f16[N, F, H + 2*P - KH + 1, W + 2*P - KW + 1] {
+    Xp = pad(X, [0, 0, P, P])
+    Z[n, f, y, x] = sum[c, r, s](f32(Xp[n, c, y + r, x + s]) * f32(Wt[f, c, r, s]))
+    Y[n, f, y, x] = f16(max(Z[n, f, y, x] + f32(b[f]), 0.0))
+}
+op total(X: f32[M, N]) -> Y: f32[1] {
+    Y[z] = sum[i, j](X[i, j])
+}
+op chansum(X: f32[N, C, H, W]) -> Y: f32[C] {
+    Y[c] = sum[n, h, w](X[n, c, h, w])
+}
+op rowsum(X: f32[M, N]) -> Y: f32[M] {
+    Y[i] = sum[j](X[i, j])
+}
+op fma_relu(A: f32[N], B: f32[N], C: f32[N]) -> Y: f32[N] {
+    Y[i] = max(A[i] * B[i] + C[i], 0.0)
+}
+op softmax(X: f32[N, C]) -> Y: f32[N, C] {
+    m[n] = max[c](X[n, c])
+    e[n, c] = exp(X[n, c] - m[n])
+    s[n] = sum[c](e[n, c])
+    Y[n, c] = e[n, c] / s[n]
+}
+op layernorm(X: f32[N, D], g: f32[D], b: f32[D]) -> Y: f32[N, D] {
+    mu[n] = sum[d](X[n, d]) / D
+    var[n] = sum[d]((X[n, d] - mu[n]) ** 2) / D
+    Y[n, d] = (X[n, d] - mu[n]) * rsqrt(var[n] + 1e-5) * g[d] + b[d]
+}
+"""
+
+
+@dataclass
+class Row:
+    label: str
+    ours: Callable[[], torch.Tensor]
+    theirs: Callable[[], torch.Tensor]
+    work: float  # FLOPs, or bytes moved by tcc's kernel where ``unit`` is GB/s
+    unit: str = "TFLOP/s"
+    their_work: float | None = None  # the anchor's bytes where it does other work (the copy)
+    tf32: bool = False
+
+
+def _gpu_ms(fn: Callable[[], object], reps: int) -> float:
+    """GPU milliseconds per call: the stream sleeps while the host queues ``reps`` calls."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(int(2e6 + reps * 1e5))
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def _reps(fn: Callable[[], object]) -> int:
+    fn()
+    torch.cuda.synchronize()
+    once = _gpu_ms(fn, 1)
+    return max(3, min(200, int(25.0 / max(once, 1e-3))))
+
+
+def _interleaved(a: Callable[[], object], b: Callable[[], object], trials: int) -> tuple[float, float]:
+    """Medians of alternating trials of ``a`` and ``b``."""
+    ra, rb = _reps(a), _reps(b)
+    ta, tb = [], []
+    for _ in range(trials):
+        ta.append(_gpu_ms(a, ra))
+        tb.append(_gpu_ms(b, rb))
+    return statistics.median(ta), statistics.median(tb)
+
+
+def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.double().flatten(), want.double().flatten()
+    return float((got - want).norm() / want.norm().clamp_min(1e-30))
+
+
+def _rows(lib: tcc.Library, only: list[str]) -> list[Row]:
+    dev = "cuda"
+    fn = torch.nn.functional
+    rows: list[Row] = []
+
+    def want(label: str) -> bool:
+        return not only or any(word in label for word in only)
+
+    for n in (4096, 8192):
+        if want(f"f32 GEMM {n}"):
+            a, b = torch.randn(n, n, device=dev), torch.randn(n, n, device=dev)
+            rows.append(Row(f"f32 GEMM {n}", lambda a=a, b=b: lib.gemm(a, b), lambda a=a, b=b: a @ b, 2 * n**3))
+    if want("f32 GEMM 4096 vs cuBLAS TF32"):
+        a, b = torch.randn(4096, 4096, device=dev), torch.randn(4096, 4096, device=dev)
+        rows.append(Row("f32 GEMM 4096 vs cuBLAS TF32 (tcc: no TF32)", lambda: lib.gemm(a, b), lambda: a @ b,
+                        2 * 4096**3, tf32=True))
+    for n in (4096, 8192):
+        if want(f"f16 GEMM {n}"):
+            a, b = torch.randn(n, n, device=dev).half(), torch.randn(n, n, device=dev).half()
+            rows.append(Row(f"f16 GEMM {n} (f32 acc/out)", lambda a=a, b=b: lib.hgemm(a, b),
+                            lambda a=a, b=b: torch.mm(a, b, out_dtype=torch.float32), 2 * n**3))
+    conv_flops = 2 * 32 * 64 * 56 * 56 * 64 * 9
+    x, w, bias = torch.randn(32, 64, 56, 56, device=dev), torch.randn(64, 64, 3, 3, device=dev) * 0.1, \
+        torch.randn(64, device=dev)
+    if want("f32 conv"):
+        rows.append(Row("f32 conv 3x3 64->64 56x56 b32 +bias+relu", lambda: lib.conv(x, w, bias, P=1),
+                        lambda: torch.relu(fn.conv2d(x, w, bias, padding=1)), conv_flops))
+    if want("f16 conv"):
+        xh, wh, bh = x.half(), w.half(), bias.half()
+        rows.append(Row("f16 conv 3x3 64->64 56x56 b32 +bias+relu", lambda: lib.hconv(xh, wh, bh, P=1),
+                        lambda: torch.relu(fn.conv2d(xh, wh, bh, padding=1)), conv_flops))
+    big = torch.randn(8192, 8192, device=dev)
+    nbytes = big.numel() * 4
+    if want("full sum"):
+        rows.append(Row("full sum 8192x8192", lambda: lib.total(big), lambda: big.sum().reshape(1), nbytes, "GB/s"))
+    if want("full sum odd"):
+        odd = torch.randn(7001, 5003, device=dev)
+        rows.append(Row("full sum odd 7001x5003", lambda: lib.total(odd), lambda: odd.sum().reshape(1),
+                        odd.numel() * 4, "GB/s"))
+    if want("channel sum"):
+        act = torch.randn(32, 64, 112, 112, device=dev)
+        rows.append(Row("channel sum [n,h,w] 32x64x112x112", lambda: lib.chansum(act),
+                        lambda: act.sum(dim=(0, 2, 3)), act.numel() * 4, "GB/s"))
+    if want("row sum"):
+        rows.append(Row("row sum 8192x8192", lambda: lib.rowsum(big), lambda: big.sum(dim=1), nbytes, "GB/s"))
+    if want("relu(a*b+c)"):
+        v = [torch.randn(1 << 26, device=dev) for _ in range(3)]
+        dst = torch.empty_like(v[0])
+        elems = v[0].numel() * 4
+        rows.append(Row("relu(a*b+c) 2^26 vs copy BW", lambda: lib.fma_relu(*v), lambda: dst.copy_(v[0]),
+                        4 * elems, "GB/s", their_work=2 * elems))
+    if want("softmax"):
+        rows.append(Row("softmax 8192x8192", lambda: lib.softmax(big), lambda: torch.softmax(big, dim=1),
+                        2 * nbytes, "GB/s"))
+    if want("layernorm"):
+        g, b = torch.randn(8192, device=dev), torch.randn(8192, device=dev)
+        rows.append(Row("layernorm 8192x8192", lambda: lib.layernorm(big, g, b),
+                        lambda: fn.layer_norm(big, (8192,), g, b, 1e-5), 2 * nbytes, "GB/s"))
+    return rows
+
+
+def measure(row: Row, trials: int) -> tuple[str, ...]:
+    torch.backends.cuda.matmul.allow_tf32 = row.tf32
+    torch.backends.cudnn.allow_tf32 = row.tf32
+    err = "-" if row.their_work else f"{_rel_err(row.ours(), row.theirs()):.1e}"
+    ours, theirs = _interleaved(row.ours, row.theirs, trials)
+    scale = 1e9 if row.unit == "TFLOP/s" else 1e6
+    rate, their_rate = row.work / ours / scale, (row.their_work or row.work) / theirs / scale
+    return (row.label, f"{ours:.3f}", f"{theirs:.3f}", f"{rate:.1f}", f"{their_rate:.1f}", row.unit,
+            f"{rate / their_rate:.2f}", err)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("-k", action="append", default=[], help="run rows whose label contains this")
+    parser.add_argument("--trials", type=int, default=7)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    lib = tcc.compile(SOURCE, target="cuda")
+    header = ("workload", "tcc ms", "torch ms", "tcc", "torch", "unit", "ratio", "rel err")
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header), flush=True)
+    for row in _rows(lib, args.k):
+        try:
+            cells = measure(row, args.trials)
+        except tcc.TccError as err:  # one failing kernel does not hide the other rows
+            cells = (row.label, "error", str(err).splitlines()[0])
+        print("| " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
