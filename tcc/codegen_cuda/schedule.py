@@ -29,6 +29,8 @@ import math
 from dataclasses import dataclass, replace
 
 from tcc import dtypes
+from tcc.codegen_cuda import split_reduction
+from tcc.codegen_cuda.gemm import SMS
 from tcc.errors import TccCompileError
 from tcc.ir.expr import Binary, Const, Expr, Load, Var, walk
 from tcc.ir.loops import Allocate, Barrier, For, If, Let, LoopFunc, Seq, Stmt, Store, seq, stmt_exprs, walk_stmts
@@ -48,7 +50,7 @@ def schedule_cuda(func: LoopFunc) -> LoopFunc:
     temps, body = _peel_global_allocates(func.body)
     names = _Names(func)
     shapes = {name: buf.shape for name, buf in func.buffers().items()}
-    kernels = [k for nest in _nests(body) if (k := _schedule_nest(nest, names, shapes)) is not None]
+    kernels = [k for nest in _nests(body) if (k := _schedule_nest(nest, names, shapes, temps)) is not None]
     new_body: Stmt = seq(*kernels) if kernels else Seq(())
     for buf in reversed(temps):
         new_body = Allocate(buf, new_body)
@@ -113,7 +115,8 @@ def _split_axes(nest: Stmt) -> _Nest:
     return _Nest(axes, nest)
 
 
-def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]]) -> Stmt | None:
+def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]], temps: list) -> Stmt | None:
+    """The kernels of one nest; global intermediates they need are appended to ``temps``."""
     inner = next((s for s in walk_stmts(stmt) if isinstance(s, Allocate) and s.buffer.scope == "global"), None)
     if inner is not None:
         raise TccCompileError(f"the CUDA backend cannot schedule {inner.buffer.name}, a global buffer made inside a "
@@ -127,6 +130,12 @@ def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]]
     tiled = gemm.schedule(nest.axes, nest.body, names.fresh, _decompose, shapes)
     if tiled is not None:
         return tiled
+    reduction = split_reduction.match(nest.body)
+    if reduction is not None:
+        split = split_reduction.schedule(nest.axes, nest.extents, reduction, SMS, names.fresh, _decompose)
+        if split is not None:
+            temps.append(split[0])
+            return split[1]
     work = _row_work(nest.body)
     if work is not None and work >= ROW_MIN_REDUCTION and work * ROW_RATIO >= total:
         return _row_schedule(nest, names)
