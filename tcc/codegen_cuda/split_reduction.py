@@ -136,13 +136,25 @@ def _chunk_loops(red: PureReduction, s: int, chunk: Var, tx: Var, fresh: Fresh, 
         return _flat_chunk(red, s, chunk, tx, fresh, decompose)
     per = -(-rows // s)
     row_len = math.prod(extents[split:])
-    rr, row, st, col = fresh("rr"), fresh("row"), fresh("rstep"), fresh("col")
-    inner = decompose(red.axes[split:], extents[split:], col, red.update)
-    steps = -(-row_len // THREADS)
-    inner = _guarded(col, _add(_mul(st, THREADS), tx), row_len, steps * THREADS, inner)
-    strided: Stmt = For(st, Const(steps, I64), inner) if steps > 1 else Let(st, Const(0, I64), inner)
+    rr, row = fresh("rr"), fresh("row")
+    strided = _block_strided(row_len, tx, fresh, lambda col: decompose(red.axes[split:], extents[split:], col,
+                                                                      red.update))
     body = decompose(red.axes[:split], extents[:split], row, strided)
     return For(rr, Const(per, I64), _guarded(row, _add(_mul(chunk, per), rr), rows, per * s, body))
+
+
+def _block_strided(length: int, tx: Var, fresh: Fresh, body: Callable[[Var], Stmt]) -> Stmt:
+    """``body(col)`` for ``col = tx, tx + THREADS, ... < length``: whole steps unguarded (their
+    loads can be issued together), then one guarded partial step."""
+    whole, rest = divmod(length, THREADS)
+    st, col, last = fresh("rstep"), fresh("col"), fresh("col")
+    parts = []
+    if whole:
+        parts.append(For(st, Const(whole, I64), Let(col, _add(_mul(st, THREADS), tx), body(col))))
+    if rest:
+        guard = If(Binary("lt", last, Const(length, I64), dtypes.boolean), body(last))
+        parts.append(Let(last, _add(Const(whole * THREADS, I64), tx), guard))
+    return seq(*parts)
 
 
 def _flat_chunk(red: PureReduction, s: int, chunk: Var, tx: Var, fresh: Fresh, decompose: Decompose) -> Stmt:
