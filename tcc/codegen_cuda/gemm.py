@@ -24,12 +24,13 @@ from dataclasses import dataclass
 from tcc import dtypes
 from tcc.ir.expr import Binary, Const, Expr, Load, Var, free_vars, transform, walk
 from tcc.ir.loops import Allocate, Barrier, Buffer, For, If, Let, Seq, Stmt, Store, seq
+from tcc.target import CudaTarget
 
 I64 = dtypes.i64
 THREADS = 256
 SIDE = 16  # threads along each side of a tile: THREADS == SIDE * SIDE
 PAD = 4  # floats added to each shared row: the transposed fills then avoid bank conflicts
-SMS = 132  # multiprocessors of an H100/H200: a grid smaller than this leaves the chip idle
+SMS = CudaTarget().sms  # the default target's multiprocessors, where none is given
 # (BM, BN, BK): the largest tile that still gives a full grid is chosen; TM = BM / 16, TN = BN / 16
 TILES = ((128, 128, 8), (128, 64, 8), (64, 128, 8), (64, 64, 16), (32, 32, 8))
 MIN_K = 4  # shorter reductions stay one thread per output
@@ -100,11 +101,13 @@ def _reads(e: Expr, acc: Buffer) -> bool:
     return any(isinstance(n, Load) and n.buffer == acc.name for n in walk(e))
 
 
-def choose_tile(m: int, n: int, batch: int, tiles: tuple[tuple[int, int, int], ...] = TILES) -> tuple[int, int, int]:
-    """The largest (BM, BN, BK) of ``tiles`` that fits the problem and still fills the chip."""
+def choose_tile(m: int, n: int, batch: int, tiles: tuple[tuple[int, int, int], ...] = TILES,
+                sms: int = SMS) -> tuple[int, int, int]:
+    """The largest (BM, BN, BK) of ``tiles`` that fits the problem and still fills the ``sms``
+    multiprocessors of the chip (a grid smaller than that leaves it idle)."""
     fitting = [t for t in tiles if t[0] <= max(m, 32) and t[1] <= max(n, 32)]
     for tile in fitting:
-        if batch * -(-m // tile[0]) * -(-n // tile[1]) >= SMS:
+        if batch * -(-m // tile[0]) * -(-n // tile[1]) >= sms:
             return tile
     return fitting[-1] if fitting else tiles[-1]
 
@@ -119,12 +122,12 @@ class Builder:
     # double-buffered, and they gained nothing measured on an H200: single-buffered
     double_buffered = False
 
-    def __init__(self, c: Contraction, fresh, decompose):
+    def __init__(self, c: Contraction, fresh, decompose, sms: int = SMS):
         self.c = c
         self.fresh = fresh
         self.decompose = decompose
         self.m, self.n, self.k = c.size(c.m_axes), c.size(c.n_axes), c.size(c.k_axes)
-        self.bm, self.bn, self.bk = choose_tile(self.m, self.n, c.size(c.batch_axes), self.tiles)
+        self.bm, self.bn, self.bk = choose_tile(self.m, self.n, c.size(c.batch_axes), self.tiles, sms)
         self.tm, self.tn = self.bm // SIDE, self.bn // SIDE
         names = [fresh(s).name for s in ("xs", "ys", "acct", "xr", "yr", "xst", "yst")]
         self.k_inner = False  # shared tiles are [slot][BK][tile]
@@ -304,9 +307,11 @@ def _mod(a: Expr, k: int) -> Expr:
     return Binary("mod", a, Const(k, I64), I64)
 
 
-def schedule(axes: list[For], body: Stmt, fresh, decompose, shapes: dict[str, tuple[int, ...]]) -> Stmt | None:
+def schedule(axes: list[For], body: Stmt, fresh, decompose, shapes: dict[str, tuple[int, ...]],
+             sms: int = SMS) -> Stmt | None:
     """The tiled kernel for a contraction nest, or None when the nest is not one; ``shapes``
-    gives each buffer's shape. Two kernels where an aligned variant exists (it comes first)."""
+    gives each buffer's shape, ``sms`` the chip's multiprocessors. Two kernels where an aligned
+    variant exists (it comes first)."""
     c = match(axes, body)
     if c is None:
         return None
@@ -314,9 +319,9 @@ def schedule(axes: list[For], body: Stmt, fresh, decompose, shapes: dict[str, tu
 
     values = tensorcore.operands(c)
     if values is None:
-        return Builder(c, fresh, decompose).kernel()
-    staged = tensorcore.Builder(c, fresh, decompose, values).kernel()
+        return Builder(c, fresh, decompose, sms).kernel()
+    staged = tensorcore.Builder(c, fresh, decompose, values, None, sms).kernel()
     fast = tensorcore.fast_layout(c, values, shapes)
     if fast is None:
         return staged
-    return seq(tensorcore.Builder(c, fresh, decompose, values, fast).kernel(), staged)
+    return seq(tensorcore.Builder(c, fresh, decompose, values, fast, sms).kernel(), staged)

@@ -30,11 +30,11 @@ from dataclasses import dataclass, replace
 
 from tcc import dtypes
 from tcc.codegen_cuda import split_reduction
-from tcc.codegen_cuda.gemm import SMS
 from tcc.errors import TccCompileError
 from tcc.ir.expr import Binary, Const, Expr, Load, Var, walk
 from tcc.ir.loops import Allocate, Barrier, For, If, Let, LoopFunc, Seq, Stmt, Store, seq, stmt_exprs, walk_stmts
 from tcc.passes.simplify import evaluate_int
+from tcc.target import CudaTarget
 
 I64 = dtypes.i64
 FLAT_THREADS = 256
@@ -45,12 +45,13 @@ ROW_MIN_REDUCTION = 64
 ROW_RATIO = 16
 
 
-def schedule_cuda(func: LoopFunc) -> LoopFunc:
-    """Bind every statement nest of ``func`` to a grid of blocks and threads."""
+def schedule_cuda(func: LoopFunc, target: CudaTarget | None = None) -> LoopFunc:
+    """Bind every statement nest of ``func`` to a grid of blocks and threads, sized for ``target``."""
+    target = target or CudaTarget()
     temps, body = _peel_global_allocates(func.body)
     names = _Names(func)
     shapes = {name: buf.shape for name, buf in func.buffers().items()}
-    kernels = [k for nest in _nests(body) if (k := _schedule_nest(nest, names, shapes, temps)) is not None]
+    kernels = [k for nest in _nests(body) if (k := _schedule_nest(nest, names, shapes, temps, target)) is not None]
     new_body: Stmt = seq(*kernels) if kernels else Seq(())
     for buf in reversed(temps):
         new_body = Allocate(buf, new_body)
@@ -115,7 +116,8 @@ def _split_axes(nest: Stmt) -> _Nest:
     return _Nest(axes, nest)
 
 
-def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]], temps: list) -> Stmt | None:
+def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]], temps: list,
+                   target: CudaTarget) -> Stmt | None:
     """The kernels of one nest; global intermediates they need are appended to ``temps``."""
     inner = next((s for s in walk_stmts(stmt) if isinstance(s, Allocate) and s.buffer.scope == "global"), None)
     if inner is not None:
@@ -127,12 +129,12 @@ def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]]
         return None  # nothing to compute: no launch
     from tcc.codegen_cuda import gemm  # it builds on this module's index helpers
 
-    tiled = gemm.schedule(nest.axes, nest.body, names.fresh, _decompose, shapes)
+    tiled = gemm.schedule(nest.axes, nest.body, names.fresh, _decompose, shapes, target.sms)
     if tiled is not None:
         return tiled
     reduction = split_reduction.match(nest.body)
     if reduction is not None:
-        split = split_reduction.schedule(nest.axes, nest.extents, reduction, SMS, names.fresh, _decompose)
+        split = split_reduction.schedule(nest.axes, nest.extents, reduction, target.sms, names.fresh, _decompose)
         if split is not None:
             temps.append(split[0])
             return split[1]
