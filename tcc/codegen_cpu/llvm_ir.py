@@ -984,10 +984,12 @@ def _like(ty: ir.Type, elem: ir.Type) -> ir.Type:
 
 
 def _type_suffix(ty: ir.Type) -> str:
-    scalar = {"half": "f16", "float": "f32", "double": "f64"}
+    """The overload suffix of an LLVM intrinsic for ``ty``: ``f32``, ``v8f64``, ``v16i8``, ..."""
     if isinstance(ty, ir.VectorType):
-        return f"v{ty.count}{scalar[str(ty.element)]}"
-    return scalar[str(ty)]
+        return f"v{ty.count}{_type_suffix(ty.element)}"
+    if isinstance(ty, ir.IntType):
+        return f"i{ty.width}"
+    return {"half": "f16", "float": "f32", "double": "f64"}[str(ty)]
 
 
 def _const_extent(s: For) -> int:

@@ -1,0 +1,27 @@
+"""A fuzz worker: reads one JSON job a line on stdin, writes one JSON outcome a line on stdout.
+
+It runs in its own process so that a segfault in generated code ends only this process; the
+pool (``fuzz.pool``) reports the seed it was running as a crash and starts a new worker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+from fuzz.check import check_seed
+
+
+def main() -> None:
+    out = sys.stdout
+    sys.stdout = sys.stderr  # anything tcc or NumPy prints must not corrupt the protocol
+    for line in sys.stdin:
+        job = json.loads(line)
+        outcome = check_seed(job["seed"], job.get("target", "cpu"), job.get("schedules", 0), job.get("bf16", False))
+        out.write(json.dumps(dataclasses.asdict(outcome)) + "\n")
+        out.flush()
+
+
+if __name__ == "__main__":
+    main()
