@@ -33,6 +33,7 @@ from tcc.codegen_cuda import split_reduction
 from tcc.errors import TccCompileError
 from tcc.ir.expr import Binary, Const, Expr, Load, Var, walk
 from tcc.ir.loops import Allocate, Barrier, For, If, Let, LoopFunc, Seq, Stmt, Store, seq, stmt_exprs, walk_stmts
+from tcc.passes.bind import top_level_nests
 from tcc.passes.simplify import evaluate_int
 from tcc.target import CudaTarget
 
@@ -67,7 +68,7 @@ def _peel_global_allocates(s: Stmt) -> tuple[list, Stmt]:
 
 
 def _nests(body: Stmt) -> list[Stmt]:
-    return list(body.stmts) if isinstance(body, Seq) else [body]
+    return top_level_nests(body)
 
 
 class _Names:
@@ -123,6 +124,8 @@ def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]]
     if inner is not None:
         raise TccCompileError(f"the CUDA backend cannot schedule {inner.buffer.name}, a global buffer made inside a "
                               "loop nest (from the im2col lowering)", hint="use conv='direct' on target='cuda'")
+    if isinstance(stmt, For) and stmt.kind == "block.x":
+        return stmt  # bound by the user's schedule (checked by tcc.passes.bind.check_kernels)
     nest = _split_axes(stmt)
     total = math.prod(nest.extents)
     if total == 0:

@@ -16,6 +16,7 @@ from tcc.passes.bounds import check_bounds
 from tcc.passes.fusion import format_fused, fuse
 from tcc.passes.im2col import im2col
 from tcc.passes.lower import lower
+from tcc.passes.schedule import Step, apply_schedule, check_gpu_schedule
 from tcc.passes.specialize import specialize
 from tcc.target import CudaTarget, Target, default_target
 
@@ -94,8 +95,10 @@ def schedule_for_target(func: LoopFunc, target: str | Target, steps: list | None
     if isinstance(machine, CudaTarget):
         from tcc.codegen_cuda.schedule import schedule_cuda
 
+        if steps:  # the nests the user bound are kernels as they are; the others are auto-scheduled
+            func = apply_schedule(func, steps)
+            check_gpu_schedule(func, steps)
         return schedule_cuda(func, machine)
-    from tcc.passes.schedule import Step, apply_schedule
 
     if steps:
         return apply_schedule(func, steps)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from tcc.errors import Span, TccScheduleError
 from tcc.ir.expr import Cast, Load
 from tcc.ir.loops import For, LoopFunc, verify_func, walk_stmts
+from tcc.passes.bind import bind, check_kernels
 from tcc.passes.cache import cache
 from tcc.passes.compute_at import compute_at
 from tcc.passes.fuse import fuse
@@ -46,10 +47,11 @@ USAGE = {
     "unroll": "unroll LOOP [by N]",
     "vectorize": "vectorize LOOP [by N]",
     "parallel": "parallel LOOP",
-    "cache": "cache TENSOR at LOOP [local|global]",
+    "cache": "cache TENSOR at LOOP [local|global|shared]",
     "compute_at": "compute_at TENSOR at LOOP",
     "inline": "inline TENSOR",
     "decompose": "decompose TENSOR",
+    "bind": "bind LOOP block|thread",
 }
 
 
@@ -192,6 +194,16 @@ def _decompose(func: LoopFunc, step: Step) -> LoopFunc:
     return decompose_reduction(func, tensor, step.span)
 
 
+def _bind(func: LoopFunc, step: Step) -> LoopFunc:
+    loop, axis = (str(w) for w in step.words)
+    return bind(func, loop, axis, step.span)
+
+
+def check_gpu_schedule(func: LoopFunc, steps: list[Step]) -> None:
+    """After a CUDA schedule's steps: every bound nest is a kernel (errors at the bind step)."""
+    check_kernels(func, {str(s.words[0]): s.span for s in steps if s.prim == "bind"})
+
+
 def contract(func: LoopFunc) -> LoopFunc:
     """Allow ``a * b + c`` to become one fused multiply-add (more accurate, never less)."""
     return replace(func, attrs={**func.attrs, "fp_contract": True})
@@ -199,4 +211,4 @@ def contract(func: LoopFunc) -> LoopFunc:
 
 _HANDLERS = {"split": _split, "tile": _tile, "reorder": _reorder, "fuse": _fuse, "unroll": _unroll,
              "vectorize": _vectorize, "parallel": _parallel, "cache": _cache, "compute_at": _compute_at,
-             "inline": _inline, "decompose": _decompose}
+             "inline": _inline, "decompose": _decompose, "bind": _bind}
