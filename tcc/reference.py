@@ -52,6 +52,24 @@ def store(value: np.ndarray, dtype: DType) -> np.ndarray:
     return np.asarray(value).astype(dtype.numpy)
 
 
+def _wrap(value, dtype: DType) -> np.ndarray:
+    """A computed value in the reference's wide type; integers wrap at their own width, as
+    integer arithmetic does in compiled code (``i8`` 100 + 100 is -56)."""
+    value = np.asarray(value)
+    if dtype.is_int and dtype.bits < 64:
+        return value.astype(dtype.numpy).astype(np.int64)
+    return value.astype(wide(dtype))
+
+
+def float_to_i64(a: np.ndarray) -> np.ndarray:
+    """The language's float -> integer conversion, before wrapping to the width: truncate toward
+    zero, saturate to the i64 range, NaN to 0 (what LLVM's fptosi.sat and CUDA's cvt.rzi do)."""
+    a = np.trunc(np.asarray(a, dtype=np.float64))
+    inside = np.clip(np.nan_to_num(a, nan=0.0), -2.0**63, 2.0**63 - 1024)  # f64s that convert exactly
+    out = inside.astype(np.int64)
+    return np.where(a >= 2.0**63, np.iinfo(np.int64).max, out)
+
+
 def run(op: OpTE, args: Mapping[str, np.ndarray | int | float]) -> dict[str, np.ndarray]:
     """Evaluate a specialised op on its named arguments; returns every result by name.
 
@@ -126,16 +144,16 @@ class _Statement:
             body = np.broadcast_to(body, full)
             return _REDUCE[e.op](body, axis=axes, keepdims=True).astype(wide(e.dtype))
         if isinstance(e, Binary):
-            return _BINARY[e.op](self._eval(e.a), self._eval(e.b)).astype(wide(e.dtype))
+            return _wrap(_BINARY[e.op](self._eval(e.a), self._eval(e.b)), e.dtype)
         if isinstance(e, Unary):
             a = self._eval(e.a)
-            return np.logical_not(a) if e.op == "not" else np.negative(a)
+            return np.logical_not(a) if e.op == "not" else _wrap(np.negative(a), e.dtype)
         if isinstance(e, Call):
             return np.asarray(_MATH[e.fn](self._eval(e.args[0]))).astype(wide(e.dtype))
         if isinstance(e, Cast):
             a = np.asarray(self._eval(e.a))
             if e.dtype.is_int and a.dtype.kind == "f":
-                a = np.trunc(a)
+                a = float_to_i64(a)
             if e.dtype.is_int:
                 return a.astype(e.dtype.numpy).astype(np.int64)  # wrap like a real cast
             if e.dtype.is_float and e.dtype.bits < 64 and e.dtype.name != "bf16":

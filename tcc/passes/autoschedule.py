@@ -27,7 +27,7 @@ from tcc.passes.cache import cache
 from tcc.passes.compute_at import compute_at
 from tcc.passes.epilogue import store_epilogue
 from tcc.passes.fuse import fuse
-from tcc.passes.loopnest import fresh, linear_coeff, loop_names, on_loops, stores, subst
+from tcc.passes.loopnest import fresh, linear_coeff, loads, loop_names, on_loops, stores, subst
 from tcc.passes.pack_gather import gather_into_packs
 from tcc.passes.parallel import parallel
 from tcc.passes.pixels import merge_pixels
@@ -396,6 +396,9 @@ def fuse_rows(func: LoopFunc) -> LoopFunc:
         producer = next((s for s in items if isinstance(s, For) and any(st.buffer == t for st in stores(s))), None)
         if producer is None or producer.kind != "serial":
             continue
+        consumer = next((s for s in items[items.index(producer) + 1:] if t in {ld.buffer for ld in loads(s)}), None)
+        if not (isinstance(consumer, For) and consumer.var.name == producer.var.name):
+            continue  # only into the consumer's outer loop: deeper, it would be recomputed per outer iteration
         try:
             func = compute_at(func, t, producer.var.name)
         except TccScheduleError:
@@ -503,8 +506,6 @@ def _unit_store(f: For) -> bool:
 
 
 def _unit_load(f: For) -> bool:
-    from tcc.passes.loopnest import loads
-
     return any(ld.indices and linear_coeff(ld.indices[-1], f.var.name) == 1 for ld in loads(f.body))
 
 
