@@ -131,8 +131,8 @@ def _rows(lib: tcc.Library, only: list[str]) -> list[Row]:
             rows.append(Row(f"f32 GEMM {n}", lambda a=a, b=b: lib.gemm(a, b), lambda a=a, b=b: a @ b, 2 * n**3))
     if want("f32 GEMM 4096 vs cuBLAS TF32"):
         a, b = torch.randn(4096, 4096, device=dev), torch.randn(4096, 4096, device=dev)
-        rows.append(Row("f32 GEMM 4096 vs cuBLAS TF32 (tcc: no TF32)", lambda: lib.gemm(a, b), lambda: a @ b,
-                        2 * 4096**3, tf32=True))
+        rows.append(Row("f32 GEMM 4096 vs cuBLAS TF32 (tcc: no TF32)", lambda a=a, b=b: lib.gemm(a, b),
+                        lambda a=a, b=b: a @ b, 2 * 4096**3, tf32=True))
     for n in (4096, 8192):
         if want(f"f16 GEMM {n}"):
             a, b = torch.randn(n, n, device=dev).half(), torch.randn(n, n, device=dev).half()

@@ -7,10 +7,11 @@ and batch axes (read by both or neither). Matmul, batched matmul and convolution
 GEMM: output channels x output pixels, reduction over ``c, r, s``) all take this form.
 
 Each block computes a ``BM x BN`` tile of one batch element with 256 threads, each thread a
-``TM x TN`` register tile whose rows and columns are strided by 16 (so shared-memory reads are
-conflict-free and the final stores coalesce). Per step of ``BK`` along the flattened reduction,
-the threads fill ``xs[BK][BM+4]`` and ``ys[BK][BN+4]`` in shared memory cooperatively (the
-reduction index fastest where the operand is contiguous along it), with zeros outside the
+``TM x TN`` register tile whose rows and columns come in runs of 4 consecutive ones, the runs
+64 apart (so each run is one 16-byte shared-memory load, conflict-free, and the final stores
+coalesce; single rows strided by 16 where TM or TN is not a multiple of 4). Per step of ``BK``
+along the flattened reduction, the threads fill ``xs[BK][BM+4]`` and ``ys[BK][BN+4]`` in shared
+memory cooperatively (the reduction index fastest where the operand is contiguous along it), with zeros outside the
 problem, then ``__syncthreads()``, then rank-1 updates from registers, then a barrier again.
 The epilogue (bias, relu, casts: whatever the final store computes) runs per register element,
 guarded at the tile edges.
@@ -30,6 +31,7 @@ I64 = dtypes.i64
 THREADS = 256
 SIDE = 16  # threads along each side of a tile: THREADS == SIDE * SIDE
 PAD = 4  # floats added to each shared row: the transposed fills then avoid bank conflicts
+RUN = 4  # consecutive tile rows (and columns) a thread owns: one 16-byte shared-memory load
 SMS = CudaTarget().sms  # the default target's multiprocessors, where none is given
 # (BM, BN, BK): the largest tile that still gives a full grid is chosen; TM = BM / 16, TN = BN / 16
 TILES = ((128, 128, 8), (128, 64, 8), (64, 128, 8), (64, 64, 16), (32, 32, 8))
@@ -243,9 +245,9 @@ class Builder:
     def _products(self, ty: Var, tx: Var, slot: Expr) -> Stmt:
         kk, a, b = self.fresh("kk"), self.fresh("ra"), self.fresh("rb")
         load_x = For(a, Const(self.tm, I64), Store(self.xr.name, (a,), Load(self.xs.name, (
-            slot, kk, _add(ty, _mul(a, SIDE))), self.xs.dtype)), "unroll")
+            slot, kk, _owned(ty, a, self.tm)), self.xs.dtype)), "unroll")
         load_y = For(b, Const(self.tn, I64), Store(self.yr.name, (b,), Load(self.ys.name, (
-            slot, kk, _add(tx, _mul(b, SIDE))), self.ys.dtype)), "unroll")
+            slot, kk, _owned(tx, b, self.tn)), self.ys.dtype)), "unroll")
         mul = self.c.add.b
 
         def update(i: Var, j: Var) -> Stmt:
@@ -268,8 +270,19 @@ class Builder:
             cond = _in_range([(gm, self.m, self.m % self.bm == 0), (gn, self.n, self.n % self.bn == 0)])
             if cond is not None:
                 body = If(cond, body)
-            return Let(gm, _add(tm0, _add(ty, _mul(a, SIDE))), Let(gn, _add(tn0, _add(tx, _mul(b, SIDE))), body))
+            return Let(gm, _add(tm0, _owned(ty, a, self.tm)), Let(gn, _add(tn0, _owned(tx, b, self.tn)), body))
         return self._tile_loops(store)
+
+
+def _owned(t: Var, i: Var, count: int) -> Expr:
+    """The tile row (or column) of a thread's ``i``-th register, for thread coordinate ``t``: runs
+    of ``RUN`` consecutive rows, the runs ``SIDE * RUN`` apart (``i`` is an unrolled loop, so the
+    run's reads of shared memory merge into one 16-byte load); single rows ``SIDE`` apart where
+    ``count`` is not a multiple of ``RUN``."""
+    run = RUN if count % RUN == 0 else 1
+    if run == 1:
+        return _add(t, _mul(i, SIDE))
+    return _add(_add(_mul(_div(i, run), SIDE * run), _mul(t, run)), _mod(i, run))
 
 
 def _k_fastest(value: Expr, axes: list[For], k_axes: list[For]) -> bool:
