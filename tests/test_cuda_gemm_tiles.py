@@ -18,7 +18,7 @@ CASES = [dict(M=1537, K=33, N=1543), dict(M=1000, K=7, N=1000), dict(M=33, K=65,
 def test_register_runs_are_16_byte_shared_loads():
     op = tcc.compile(MATMUL, target="cuda").mm
     ptx = op.stage_text(dict(M=4096, K=4096, N=4096), "ptx")
-    assert ptx.count("ld.shared.v4.f32") == 32 and "ld.shared.f32" not in ptx  # 8 k-steps x (2 + 2) runs
+    assert ptx.count("ld.shared.v4.f32") == 64 and "ld.shared.f32" not in ptx  # 16 k-steps x (2 + 2) runs
     assert ".entry" in op.stage_text(CASES[2], "ptx")
 
 

@@ -34,7 +34,7 @@ PAD = 4  # floats added to each shared row: the transposed fills then avoid bank
 RUN = 4  # consecutive tile rows (and columns) a thread owns: one 16-byte shared-memory load
 SMS = CudaTarget().sms  # the default target's multiprocessors, where none is given
 # (BM, BN, BK): the largest tile that still gives a full grid is chosen; TM = BM / 16, TN = BN / 16
-TILES = ((128, 128, 8), (128, 64, 8), (64, 128, 8), (64, 64, 16), (32, 32, 8))
+TILES = ((128, 128, 16), (128, 64, 16), (64, 128, 16), (64, 64, 16), (32, 32, 8))
 MIN_K = 4  # shorter reductions stay one thread per output
 
 
@@ -120,12 +120,10 @@ class Builder:
     """Builds the kernel of one contraction; ``fresh`` names new variables."""
 
     tiles = TILES
-    # NVRTC 13.0 crashes now and then (a segfault inside nvrtcCompileProgram) on the f32 kernels
-    # double-buffered, and they gained nothing measured on an H200: single-buffered
-    double_buffered = False
 
     def __init__(self, c: Contraction, fresh, decompose, sms: int = SMS):
         self.c = c
+        self.double_buffered = self.overlaps_loads(c)
         self.fresh = fresh
         self.decompose = decompose
         self.m, self.n, self.k = c.size(c.m_axes), c.size(c.n_axes), c.size(c.k_axes)
@@ -160,6 +158,15 @@ class Builder:
             inner = self.decompose(c.batch_axes, [_const(f) for f in c.batch_axes],
                                    _div(bx, tiles_m * tiles_n), inner)
         return For(bx, Const(batch * tiles_m * tiles_n, I64), inner, "block.x", span=span)
+
+    def overlaps_loads(self, c: Contraction) -> bool:
+        """Double-buffer (the next step's loads in flight during this step's products) when the
+        operands are plain reads along one reduction axis: f32 GEMM 8192 on an H100 went from 0.76
+        to 0.81 of cuBLAS with BK = 16. An implicit-GEMM convolution (its reduction over c, r, s)
+        lost with it (0.64 -> 0.56 of cuDNN): its index arithmetic needs the registers. (NVRTC
+        13.0 once crashed now and then on double-buffered f32 kernels; 72 compiles of these ran
+        clean.)"""
+        return len(c.k_axes) == 1
 
     def thread_coords(self, tid: Var) -> tuple[Expr, Expr]:
         """(ty, tx): the thread's place in the block, as the products and the epilogue use it."""
