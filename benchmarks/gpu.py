@@ -8,7 +8,8 @@ The ratio is tcc throughput over the anchor's (above 1: tcc is faster); for relu
 anchor is a device-to-device copy and the ratio compares bytes moved per second.
 
     python benchmarks/gpu.py                 # every row
-    python benchmarks/gpu.py -k sum -k gemm  # rows whose label contains one of the words
+    python benchmarks/gpu.py -k sum -k GEMM  # rows whose label contains one of the words
+    python benchmarks/gpu.py --roofline --png roofline.png  # and each against the machine's ceilings
 """
 
 from __future__ import annotations
@@ -77,9 +78,11 @@ class Row:
     label: str
     ours: Callable[[], torch.Tensor]
     theirs: Callable[[], torch.Tensor]
-    work: float  # FLOPs, or bytes moved by tcc's kernel where ``unit`` is GB/s
-    unit: str = "TFLOP/s"
-    their_work: float | None = None  # the anchor's bytes where it does other work (the copy)
+    flops: float  # arithmetic the workload needs (a multiply-add is 2)
+    nbytes: float  # the fewest bytes it must move: each input read once, each output written once
+    unit: str = "TFLOP/s"  # the table's rate: FLOPs or, for "GB/s", bytes per second
+    arith: str = "f32"  # the unit that does the arithmetic: "f32" (FMA pipes) or "f16" (tensor cores)
+    their_bytes: float | None = None  # the anchor's bytes where it does other work (the copy)
     tf32: bool = False
 
 
@@ -128,71 +131,135 @@ def _rows(lib: tcc.Library, only: list[str]) -> list[Row]:
     for n in (4096, 8192):
         if want(f"f32 GEMM {n}"):
             a, b = torch.randn(n, n, device=dev), torch.randn(n, n, device=dev)
-            rows.append(Row(f"f32 GEMM {n}", lambda a=a, b=b: lib.gemm(a, b), lambda a=a, b=b: a @ b, 2 * n**3))
+            rows.append(Row(f"f32 GEMM {n}", lambda a=a, b=b: lib.gemm(a, b), lambda a=a, b=b: a @ b,
+                            2 * n**3, 12 * n**2))
     if want("f32 GEMM 4096 vs cuBLAS TF32"):
         a, b = torch.randn(4096, 4096, device=dev), torch.randn(4096, 4096, device=dev)
         rows.append(Row("f32 GEMM 4096 vs cuBLAS TF32 (tcc: no TF32)", lambda a=a, b=b: lib.gemm(a, b),
-                        lambda a=a, b=b: a @ b, 2 * 4096**3, tf32=True))
+                        lambda a=a, b=b: a @ b, 2 * 4096**3, 12 * 4096**2, tf32=True))
     for n in (4096, 8192):
         if want(f"f16 GEMM {n}"):
             a, b = torch.randn(n, n, device=dev).half(), torch.randn(n, n, device=dev).half()
             rows.append(Row(f"f16 GEMM {n} (f32 acc/out)", lambda a=a, b=b: lib.hgemm(a, b),
-                            lambda a=a, b=b: torch.mm(a, b, out_dtype=torch.float32), 2 * n**3))
+                            lambda a=a, b=b: torch.mm(a, b, out_dtype=torch.float32), 2 * n**3, 8 * n**2,
+                            arith="f16"))
     conv_flops = 2 * 32 * 64 * 56 * 56 * 64 * 9
     x, w, bias = torch.randn(32, 64, 56, 56, device=dev), torch.randn(64, 64, 3, 3, device=dev) * 0.1, \
         torch.randn(64, device=dev)
+    conv_elems = 2 * x.numel() + w.numel() + bias.numel()  # X and Y, the weights and the bias
     if want("f32 conv"):
         rows.append(Row("f32 conv 3x3 64->64 56x56 b32 +bias+relu", lambda: lib.conv(x, w, bias, P=1),
-                        lambda: torch.relu(fn.conv2d(x, w, bias, padding=1)), conv_flops))
+                        lambda: torch.relu(fn.conv2d(x, w, bias, padding=1)), conv_flops, 4 * conv_elems))
     if want("f16 conv"):
         xh, wh, bh = x.half(), w.half(), bias.half()
         rows.append(Row("f16 conv 3x3 64->64 56x56 b32 +bias+relu", lambda: lib.hconv(xh, wh, bh, P=1),
-                        lambda: torch.relu(fn.conv2d(xh, wh, bh, padding=1)), conv_flops))
+                        lambda: torch.relu(fn.conv2d(xh, wh, bh, padding=1)), conv_flops, 2 * conv_elems,
+                        arith="f16"))
     big = torch.randn(8192, 8192, device=dev)
-    nbytes = big.numel() * 4
+    nbytes, elems = big.numel() * 4, big.numel()
     if want("full sum"):
-        rows.append(Row("full sum 8192x8192", lambda: lib.total(big), lambda: big.sum().reshape(1), nbytes, "GB/s"))
+        rows.append(Row("full sum 8192x8192", lambda: lib.total(big), lambda: big.sum().reshape(1), elems, nbytes,
+                        "GB/s"))
     if want("full sum odd"):
         odd = torch.randn(7001, 5003, device=dev)
         rows.append(Row("full sum odd 7001x5003", lambda: lib.total(odd), lambda: odd.sum().reshape(1),
-                        odd.numel() * 4, "GB/s"))
+                        odd.numel(), odd.numel() * 4, "GB/s"))
     if want("channel sum"):
         act = torch.randn(32, 64, 112, 112, device=dev)
         rows.append(Row("channel sum [n,h,w] 32x64x112x112", lambda: lib.chansum(act),
-                        lambda: act.sum(dim=(0, 2, 3)), act.numel() * 4, "GB/s"))
+                        lambda: act.sum(dim=(0, 2, 3)), act.numel(), act.numel() * 4, "GB/s"))
     if want("row sum"):
-        rows.append(Row("row sum 8192x8192", lambda: lib.rowsum(big), lambda: big.sum(dim=1), nbytes, "GB/s"))
+        rows.append(Row("row sum 8192x8192", lambda: lib.rowsum(big), lambda: big.sum(dim=1), elems, nbytes, "GB/s"))
     if want("relu(a*b+c)"):
         v = [torch.randn(1 << 26, device=dev) for _ in range(3)]
         dst = torch.empty_like(v[0])
-        elems = v[0].numel() * 4
+        n = v[0].numel()
         rows.append(Row("relu(a*b+c) 2^26 vs copy BW", lambda: lib.fma_relu(*v), lambda: dst.copy_(v[0]),
-                        4 * elems, "GB/s", their_work=2 * elems))
+                        3 * n, 16 * n, "GB/s", their_bytes=8 * n))
     if want("softmax"):
         rows.append(Row("softmax 8192x8192", lambda: lib.softmax(big), lambda: torch.softmax(big, dim=1),
-                        2 * nbytes, "GB/s"))
+                        5 * elems, 2 * nbytes, "GB/s"))  # max, subtract, exp, sum, divide
     if want("layernorm"):
         g, b = torch.randn(8192, device=dev), torch.randn(8192, device=dev)
         rows.append(Row("layernorm 8192x8192", lambda: lib.layernorm(big, g, b),
-                        lambda: fn.layer_norm(big, (8192,), g, b, 1e-5), 2 * nbytes, "GB/s"))
+                        lambda: fn.layer_norm(big, (8192,), g, b, 1e-5), 8 * elems, 2 * nbytes, "GB/s"))
     return rows
 
 
-def measure(row: Row, trials: int) -> tuple[str, ...]:
+def measure(row: Row, trials: int) -> tuple[tuple[str, ...], float]:
+    """The table's cells for ``row``, and tcc's milliseconds."""
     torch.backends.cuda.matmul.allow_tf32 = row.tf32
     torch.backends.cudnn.allow_tf32 = row.tf32
-    err = "-" if row.their_work else f"{_rel_err(row.ours(), row.theirs()):.1e}"
+    err = "-" if row.their_bytes else f"{_rel_err(row.ours(), row.theirs()):.1e}"
     ours, theirs = _interleaved(row.ours, row.theirs, trials)
-    scale = 1e9 if row.unit == "TFLOP/s" else 1e6
-    rate, their_rate = row.work / ours / scale, (row.their_work or row.work) / theirs / scale
-    return (row.label, f"{ours:.3f}", f"{theirs:.3f}", f"{rate:.1f}", f"{their_rate:.1f}", row.unit,
-            f"{rate / their_rate:.2f}", err)
+    if row.unit == "TFLOP/s":
+        rate, their_rate = row.flops / ours / 1e9, row.flops / theirs / 1e9
+    else:
+        rate, their_rate = row.nbytes / ours / 1e6, (row.their_bytes or row.nbytes) / theirs / 1e6
+    cells = (row.label, f"{ours:.3f}", f"{theirs:.3f}", f"{rate:.1f}", f"{their_rate:.1f}", row.unit,
+             f"{rate / their_rate:.2f}", err)
+    return cells, ours
+
+
+def peaks() -> dict[str, float]:
+    """The machine's ceilings, measured here: copy bandwidth (bytes read + written per second)
+    and the matrix rates PyTorch reaches on 8192^3 products (f32 FMA pipes, f16 tensor cores)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    src = torch.randn(1 << 28, device="cuda")
+    dst = torch.empty_like(src)
+    a32, b32 = torch.randn(8192, 8192, device="cuda"), torch.randn(8192, 8192, device="cuda")
+    a16, b16 = a32.half(), b32.half()
+    copy = _gpu_ms(lambda: dst.copy_(src), 10)
+    f32 = min(_gpu_ms(lambda: a32 @ b32, 3) for _ in range(2))
+    f16 = min(_gpu_ms(lambda: a16 @ b16, 10) for _ in range(2))
+    return {"mem": 8 * src.numel() / copy * 1e3, "f32": 2 * 8192**3 / f32 * 1e3, "f16": 2 * 8192**3 / f16 * 1e3}
+
+
+def roofline(rows: list[Row], times: list[float], png: str | None) -> None:
+    """FLOPs, bytes, intensity, the floor time from the measured ceilings and the fraction of it
+    that tcc reaches; a log-log plot with a point per workload when ``png`` is given."""
+    peak = peaks()
+    print(f"\nroofline: copy {peak['mem'] / 1e9:.0f} GB/s, f32 {peak['f32'] / 1e12:.1f} TFLOP/s, "
+          f"f16 tensor cores {peak['f16'] / 1e12:.0f} TFLOP/s (measured through PyTorch)")
+    print("| workload | GFLOP | MB | FLOP/byte | floor ms | bound | tcc ms | of floor |")
+    print("|---|---|---|---|---|---|---|---|")
+    points = []
+    for row, ms in zip(rows, times):
+        compute, memory = row.flops / peak[row.arith] * 1e3, row.nbytes / peak["mem"] * 1e3
+        floor = max(compute, memory)
+        bound = f"{row.arith} math" if compute > memory else "memory"
+        print(f"| {row.label} | {row.flops / 1e9:.2f} | {row.nbytes / 1e6:.1f} | {row.flops / row.nbytes:.2f} | "
+              f"{floor:.3f} | {bound} | {ms:.3f} | {floor / ms:.2f} |")
+        points.append((row.label, row.flops / row.nbytes, row.flops / ms * 1e3))
+    if png:
+        _plot(points, peak, png)
+
+
+def _plot(points: list[tuple[str, float, float]], peak: dict[str, float], png: str) -> None:
+    import matplotlib  # only for the plot
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 6))
+    xs = [10 ** (e / 10) for e in range(-20, 41)]
+    for name, style in (("f32", "--"), ("f16", "-")):
+        ax.plot(xs, [min(peak[name], peak["mem"] * x) for x in xs], style, label=f"roof: {name} / copy BW")
+    for label, x, y in points:
+        ax.scatter([x], [y])
+        ax.annotate(label.split(" (")[0], (x, y), fontsize=7, xytext=(4, 2), textcoords="offset points")
+    ax.set(xscale="log", yscale="log", xlabel="FLOP per byte", ylabel="FLOP/s (tcc)", title="tcc on the GPU")
+    ax.legend()
+    fig.savefig(png, dpi=120, bbox_inches="tight")
+    print(f"wrote {png}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("-k", action="append", default=[], help="run rows whose label contains this")
     parser.add_argument("--trials", type=int, default=7)
+    parser.add_argument("--roofline", action="store_true", help="also print each workload against the roofline")
+    parser.add_argument("--png", default=None, help="with --roofline: write the plot here")
     args = parser.parse_args()
     torch.manual_seed(0)
     lib = tcc.compile(SOURCE, target="cuda")
@@ -200,12 +267,17 @@ def main() -> None:
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header), flush=True)
+    done, times = [], []
     for row in _rows(lib, args.k):
         try:
-            cells = measure(row, args.trials)
+            cells, ms = measure(row, args.trials)
+            done.append(row)
+            times.append(ms)
         except tcc.TccError as err:  # one failing kernel does not hide the other rows
             cells = (row.label, "error", str(err).splitlines()[0])
         print("| " + " | ".join(cells) + " |", flush=True)
+    if args.roofline:
+        roofline(done, times, args.png)
 
 
 if __name__ == "__main__":
