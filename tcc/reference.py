@@ -52,6 +52,18 @@ def store(value: np.ndarray, dtype: DType) -> np.ndarray:
     return np.asarray(value).astype(dtype.numpy)
 
 
+def _identity(op: str, dtype: DType) -> int | float | bool:
+    """What an empty reduction gives: 0, 1, or the lowest (highest) value of the type."""
+    if op in ("sum", "prod"):
+        return int(op == "prod")
+    if dtype.is_bool:
+        return op == "min"
+    if dtype.is_float:
+        return -math.inf if op == "max" else math.inf
+    info = np.iinfo(dtype.numpy)
+    return int(info.min if op == "max" else info.max)
+
+
 def _wrap(value, dtype: DType) -> np.ndarray:
     """A computed value in the reference's wide type; integers wrap at their own width, as
     integer arithmetic does in compiled code (``i8`` 100 + 100 is -56)."""
@@ -89,6 +101,8 @@ def run(op: OpTE, args: Mapping[str, np.ndarray | int | float]) -> dict[str, np.
 
 
 def _pad(op: OpTE, pad, env: dict[str, np.ndarray]) -> np.ndarray:
+    if pad.source not in env:  # a pad of a pad view
+        env[pad.source] = _pad(op, op.pads[pad.source], env)
     src = env[pad.source]
     widths = [(int(lo.value), int(hi.value)) for lo, hi in zip(pad.lo, pad.hi)]
     return np.pad(src, widths, constant_values=float(pad.value.value) if src.dtype.kind == "f" else pad.value.value)
@@ -106,8 +120,10 @@ class _Statement:
         self.ndim = len(order)
 
     def evaluate(self) -> np.ndarray:
-        value = self._eval(self.compute.body)
         out_shape = tuple(self.extent[ax.var.name] for ax in self.compute.axes)
+        if 0 in out_shape:  # nothing to compute (and nothing may be read: its reads never run)
+            return np.empty(out_shape, dtype=wide(self.op.tensors[self.compute.tensor].dtype))
+        value = self._eval(self.compute.body)
         value = np.asarray(value)
         value = value.reshape(value.shape + (1,) * (self.ndim - value.ndim)) if value.ndim else value
         if value.ndim:
@@ -136,6 +152,8 @@ class _Statement:
         if isinstance(e, Reduce):
             for ax in e.axes:
                 self.extent[ax.var.name] = int(ax.extent.value)
+            if any(self.extent[ax.var.name] == 0 for ax in e.axes):  # an empty reduction: its identity
+                return np.asarray(_identity(e.op, e.dtype), dtype=wide(e.dtype)).reshape((1,) * self.ndim)
             body = np.asarray(self._eval(e.body))
             axes = tuple(self.axis_of[ax.var.name] for ax in e.axes)
             full = list(np.broadcast_shapes(body.shape, (1,) * self.ndim))

@@ -108,3 +108,40 @@ def test_compute_at_refuses_what_would_change_the_result(rng):
             continue
         np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=steps)
     assert refused == 2  # T2 reads T1 at rows (and columns) not yet computed at that point
+
+
+def test_zero_size_dims_compile_and_leave_other_results_right(rng):
+    """A result with a zero-size dim: its loops are dropped (a vectorised store into it had a flat
+    stride of 0: "vector store to one element")."""
+    src = """op fz(X1: bool[M, K, N], X2: f32[N, K]) -> (Y0: f64[N, M, K], Y1: f32[K]) {
+        Y0[i, j, l] = max[k1: 1](((i32(X1[j, l, i]) % -2) // 3))
+        Y1[i] = sum[k](X2[k, i]) + sum[k: M](f32(X1[k, i, 0]))
+    }"""
+    y0, y1 = check_op(src, "fz", dict(M=0, K=16, N=2), rng)
+    assert y0.shape == (2, 0, 16) and y1.shape == (16,)
+
+
+@pytest.mark.parametrize("steps", ["vectorize(j); unroll(j, 2)", "vectorize(j); split(j, 2)",
+                                   "vectorize(i); cache(X, i)"])
+def test_steps_on_vector_loops_are_schedule_errors(steps, rng):
+    lib = tcc.compile("op fz(X: f32[N, M]) -> Y: f32[N, M] { Y[i, j] = X[j % N, i % M] * 2.0 }")
+    with pytest.raises(tcc.TccError) as err:
+        lib.fz.schedule(steps)(rng.standard_normal((3, 3)).astype(np.float32))
+    assert type(err.value).__name__ == "TccScheduleError"
+
+
+def test_inline_removes_a_producer_nest_that_is_alone_in_its_scope(rng):
+    src = """op fz(X: f32[N, M]) -> Y: f32[M] {
+        T[i, j] = X[i, j] * 3.0
+        Y[j] = sum[i](T[i, j])
+    }"""
+    lib = tcc.compile(src)
+    x = rng.standard_normal((7, 33)).astype(np.float32)
+    want = (x.astype(np.float64) * 3).sum(0)
+    for steps in ("inline(T)", "reorder(i, j); inline(T)"):
+        try:
+            got = lib.fz.schedule(steps)(x)
+        except tcc.TccError as exc:
+            assert type(exc).__name__ == "TccScheduleError", exc
+            continue
+        np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=steps)

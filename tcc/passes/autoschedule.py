@@ -353,7 +353,7 @@ def _group_parallel(func: LoopFunc, outer: list[str], nthreads: int) -> str | No
         return None
     for name in outer:
         loop = _find_loop(func, name)
-        if int(getattr(loop.extent, "value", 0)) >= nthreads:
+        if loop is not None and int(getattr(loop.extent, "value", 0)) >= nthreads:
             try:
                 parallel(func, name)
             except TccScheduleError:
@@ -363,7 +363,7 @@ def _group_parallel(func: LoopFunc, outer: list[str], nthreads: int) -> str | No
 
 
 def _inside_parallel(func: LoopFunc, outer: list[str]) -> bool:
-    return any(_find_loop(func, name).kind == "parallel" for name in outer)
+    return any(getattr(_find_loop(func, name), "kind", "") == "parallel" for name in outer)
 
 
 def _parallel_axis(m: int, n: int, mr: int, nr: int, nthreads: int) -> str:
@@ -460,8 +460,9 @@ def _parallelize_items(func: LoopFunc, body: Stmt) -> LoopFunc:
                 continue
             except TccScheduleError:
                 pass
-        if _is_group(item):
-            func = _parallelize_items(func, _find_loop(func, item.var.name).body)
+        group = _find_loop(func, item.var.name) if _is_group(item) else None
+        if group is not None:  # (None: an earlier step renamed it, fusing it with another loop)
+            func = _parallelize_items(func, group.body)
     return func
 
 
@@ -481,8 +482,8 @@ def _has_parallel(s: Stmt) -> bool:
     return any(isinstance(n, For) and n.kind == "parallel" for n in walk_stmts(s))
 
 
-def _find_loop(func: LoopFunc, name: str) -> For:
-    return next(f for f in walk_stmts(func.body) if isinstance(f, For) and f.var.name == name)
+def _find_loop(func: LoopFunc, name: str) -> For | None:
+    return next((f for f in walk_stmts(func.body) if isinstance(f, For) and f.var.name == name), None)
 
 
 def _vector_candidates(func: LoopFunc) -> list[str]:

@@ -27,7 +27,9 @@ SHARED_BYTES = 48 * 1024  # static shared memory of one CUDA block
 
 
 def cache(func: LoopFunc, tensor: str, at: str, scope: str | None = None, span: Span | None = None) -> LoopFunc:
-    require_loop(func, at, span)
+    if any(f.kind == "vector" for f in require_loop(func, at, span)):
+        raise TccScheduleError(f"loop {at} is vectorised: a copy inside it would run once per lane", span,
+                               "cache at a loop outside the vector loop")
     buffers = func.buffers()
     if tensor not in buffers:
         raise TccScheduleError(f"op {func.name} has no tensor {tensor!r}", span,

@@ -55,7 +55,11 @@ def bound_for(source: str) -> float:
 def check_seed(seed: int, target: str = "cpu", schedules: int = 0, bf16: bool = False) -> Outcome:
     """Generate the program of ``seed``, run every op on fresh random data (and under
     ``schedules`` random user schedules each), compare with the reference."""
-    prog = generate(seed, bf16=bf16)
+    return check_program(generate(seed, bf16=bf16), target, schedules)
+
+
+def check_program(prog: Program, target: str = "cpu", schedules: int = 0) -> Outcome:
+    seed = prog.seed
     try:
         lib = tcc.compile(prog.source, target=target)
     except TccError as exc:  # compile() only parses and checks: the frontend refused it

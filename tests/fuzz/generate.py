@@ -148,7 +148,7 @@ class _OpBuilder:
         hi = [self.rnd.choice([0, 1]) for _ in src.dims]
         name = self.fresh("Xp")
         value = ""
-        if self.rnd.random() < 0.3:
+        if self.rnd.random() < 0.3 and src.dtype != "bool":
             value = ", value=-1" if src.dtype in INTS else ", value=-1.0"
         self.lines.append(f"{name} = pad({src.name}, {list(lo)}, {list(hi)}{value})".replace("'", ""))
         dims = [Dim(d.base, d.scale, d.extra + a + b, _plus(d.extra_text, a + b)) for d, a, b in zip(src.dims, lo, hi)]
@@ -244,13 +244,18 @@ class _Context:
         return Value(self.rnd.choice(["0.5", "1.5", "2.0", "0.25", "1e-3", "3.0"]), "float", True, 3.0)
 
     def read(self) -> Value:
-        t = self.rnd.choice(self.op.tensors)
+        for _ in range(8):
+            t = self.rnd.choice(self.op.tensors)
+            idx = [self.index(d) for d in t.dims]
+            if None not in idx:
+                break
+        else:  # only empty tensors that no variable here walks: a literal instead
+            return Value("1.5", "float", True, 1.5)
         self.op.reads[t.name] = self.op.reads.get(t.name, 0) + 1
-        idx = [self.index(d) for d in t.dims]
         kind = "bool" if t.dtype == "bool" else ("float" if t.dtype[0] in "fb" else "int")
         return Value(f"{t.name}[{', '.join(idx)}]", kind, t.exact, t.mag)
 
-    def index(self, d: Dim) -> str:
+    def index(self, d: Dim) -> str | None:
         """An index expression in range for dim ``d`` under this statement's variables."""
         same = [v for v, ext in self.vars.items() if ext == d.base]
         r = self.rnd.random()
@@ -269,7 +274,7 @@ class _Context:
                 return "0"
             v = self.rnd.choice(list(self.vars))
             return f"({v} + 1) % ({d.text()})" if self.rnd.random() < 0.5 else f"{v} % ({d.text()})"
-        return "0"  # only a zero-size dim gets here: the read is then never executed or refused
+        return None  # an empty dim that no variable of this extent walks: no index is in range
 
     def binary(self, depth: int) -> Value:
         a, b = self.expr(depth - 1), self.expr(depth - 1)
@@ -372,7 +377,8 @@ class _Context:
         if not ints:
             return "5"
         t = self.rnd.choice(ints)
-        return f"{t.name}[{', '.join(self.index(d) for d in t.dims)}]"
+        idx = [self.index(d) for d in t.dims]
+        return "5" if None in idx else f"{t.name}[{', '.join(idx)}]"
 
     def cast(self, depth: int) -> Value:
         a = self.expr(depth - 1)

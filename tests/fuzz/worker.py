@@ -10,7 +10,8 @@ import dataclasses
 import json
 import sys
 
-from fuzz.check import check_seed
+from fuzz.check import check_program, check_seed
+from fuzz.generate import OpCase, Program
 
 
 def main() -> None:
@@ -18,7 +19,11 @@ def main() -> None:
     sys.stdout = sys.stderr  # anything tcc or NumPy prints must not corrupt the protocol
     for line in sys.stdin:
         job = json.loads(line)
-        outcome = check_seed(job["seed"], job.get("target", "cpu"), job.get("schedules", 0), job.get("bf16", False))
+        if "source" in job:  # a given program (the shrinker's)
+            prog = Program(job["seed"], job["source"], [OpCase(n, b) for n, b in job["cases"]])
+            outcome = check_program(prog, job.get("target", "cpu"), job.get("schedules", 0))
+        else:
+            outcome = check_seed(job["seed"], job.get("target", "cpu"), job.get("schedules", 0), job.get("bf16", False))
         out.write(json.dumps(dataclasses.asdict(outcome)) + "\n")
         out.flush()
 
