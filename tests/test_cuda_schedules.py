@@ -136,3 +136,9 @@ def test_scheduled_kernels_match_reference(case, rng):
         op(*args, out=outs[0] if len(outs) == 1 else tuple(outs))
         for r, got, want in zip(op.te.results, outs, expected):
             assert_matches(got, want, op.te.tensors[r].dtype, f"{name}.{r} at {bindings}")
+
+
+def test_device_memory_from_a_schedule_is_an_error():
+    with pytest.raises(TccScheduleError, match="would be in device memory, shared by every block") as info:
+        _op(MATMUL, "matmul", "cache(B, i)").stage_text(dict(M=8, K=64, N=128), "scheduled")  # 32 KiB: global
+    assert info.value.span is not None

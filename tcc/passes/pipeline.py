@@ -96,8 +96,9 @@ def schedule_for_target(func: LoopFunc, target: str | Target, steps: list | None
         from tcc.codegen_cuda.schedule import schedule_cuda
 
         if steps:  # the nests the user bound are kernels as they are; the others are auto-scheduled
-            func = apply_schedule(func, steps)
-            check_gpu_schedule(func, steps)
+            scheduled = apply_schedule(func, steps)
+            check_gpu_schedule(func, scheduled, steps)
+            func = scheduled
         return schedule_cuda(func, machine)
 
     if steps:

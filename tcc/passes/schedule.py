@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from tcc.errors import Span, TccScheduleError
 from tcc.ir.expr import Cast, Load
-from tcc.ir.loops import For, LoopFunc, verify_func, walk_stmts
+from tcc.ir.loops import Allocate, For, LoopFunc, verify_func, walk_stmts
 from tcc.passes.bind import bind, check_kernels
 from tcc.passes.cache import cache
 from tcc.passes.compute_at import compute_at
@@ -199,9 +199,29 @@ def _bind(func: LoopFunc, step: Step) -> LoopFunc:
     return bind(func, loop, axis, step.span)
 
 
-def check_gpu_schedule(func: LoopFunc, steps: list[Step]) -> None:
-    """After a CUDA schedule's steps: every bound nest is a kernel (errors at the bind step)."""
+def check_gpu_schedule(before: LoopFunc, func: LoopFunc, steps: list[Step]) -> None:
+    """After a CUDA schedule's steps (``before`` -> ``func``): every bound nest is a kernel
+    (errors at the bind step), and no step made a buffer in device memory: one inside a kernel
+    cannot be allocated, one outside would be shared by all its blocks and threads."""
     check_kernels(func, {str(s.words[0]): s.span for s in steps if s.prim == "bind"})
+    old, top = before.buffers(), _top_level_buffers(func)
+    for buf in func.buffers().values():
+        if buf.scope == "global" and (buf.name not in old or buf.name not in top):
+            step = next((s for s in steps if s.prim in ("cache", "compute_at") and buf.name.startswith(str(
+                s.words[0]))), steps[-1])
+            raise TccScheduleError(f"{buf.name} ({buf.size * buf.dtype.itemsize} bytes) would be in device memory, "
+                                   "shared by every block and thread of the kernel", step.span,
+                                   "cache into local or shared memory, at a loop where the tile is small")
+
+
+def _top_level_buffers(func: LoopFunc) -> set[str]:
+    """The parameters and the buffers allocated outside every loop nest."""
+    names = {p.name for p in func.params}
+    body = func.body
+    while isinstance(body, Allocate):
+        names.add(body.buffer.name)
+        body = body.body
+    return names
 
 
 def contract(func: LoopFunc) -> LoopFunc:
