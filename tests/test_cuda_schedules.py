@@ -142,3 +142,4 @@ def test_device_memory_from_a_schedule_is_an_error():
     with pytest.raises(TccScheduleError, match="would be in device memory, shared by every block") as info:
         _op(MATMUL, "matmul", "cache(B, i)").stage_text(dict(M=8, K=64, N=128), "scheduled")  # 32 KiB: global
     assert info.value.span is not None
+
