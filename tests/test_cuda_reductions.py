@@ -30,6 +30,9 @@ op hsum(X: f16[M, N]) -> Y: f16[1] {
 op isum(X: i32[M, N]) -> Y: i64[1] {
     Y[z] = sum[i, j](i64(X[i, j]))
 }
+op nested(X: f32[K, M]) -> Y: f32[M] {
+    Y[i] = sum[k1: K](max[k2: K](X[k2, i] * f32(k1 - k2)))
+}
 """
 
 # (op, bindings): odd and round sizes; the large ones take the split (rows, flat index and short
@@ -39,7 +42,8 @@ CASES = [("total", dict(M=1, N=1)), ("total", dict(M=7, N=33)), ("total", dict(M
          ("total", dict(M=3, N=65536)), ("mean", dict(M=1000, N=1000)), ("mean", dict(M=7, N=1)),
          ("top", dict(M=1000, N=1000)), ("top", dict(M=33, N=33)), ("chansum", dict(N=7, C=3, H=33, W=33)),
          ("chansum", dict(N=32, C=5, H=64, W=64)), ("chansum", dict(N=2, C=3, H=1000, W=7)),
-         ("chansum", dict(N=1, C=1, H=1, W=1)), ("hsum", dict(M=1000, N=33)), ("isum", dict(M=1000, N=1000))]
+         ("chansum", dict(N=1, C=1, H=1, W=1)), ("hsum", dict(M=1000, N=33)), ("isum", dict(M=1000, N=1000)),
+         ("nested", dict(K=100, M=7)), ("nested", dict(K=64, M=1))]  # a reduction inside the row's reduction
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +61,11 @@ def test_a_full_reduction_fills_the_chip(lib):
     assert first.extent.value >= 132 * 4 and second.extent.value == 1
     src = lib.total.stage_text(dict(M=8192, N=8192), "cuda")
     assert src.count("__global__") == 2 and src.count("tcc_block_allreduce(") == 3  # 2 uses + preamble
+
+
+def test_a_reduction_over_an_inner_reduction_combines_across_the_block(lib):
+    text = lib.nested.stage_text(dict(K=100, M=7), "scheduled")  # a fuzzer find: it raced
+    assert "allreduce=" in text
 
 
 def test_many_outputs_keep_one_block_each(lib):

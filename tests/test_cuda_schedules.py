@@ -39,6 +39,8 @@ SCHEDULED = [
     (ROWSUM, "rowsum", "split(n, 32, no, ni); bind(no, block); bind(ni, thread); unroll(c, 8)",
      [dict(N=7, C=33), dict(N=1, C=1000), dict(N=100, C=7)]),
     (ROWSUM, "rowsum", "bind(n, block)", [dict(N=7, C=33)]),  # one thread per block
+    # local buffers with no parallel loop to stop at float to the function: each goes into its nest
+    (MATMUL, "matmul", "cache(A, k); cache(B, k)", [dict(M=7, K=33, N=5), dict(M=64, K=70, N=64)]),
 ]
 
 
