@@ -248,6 +248,11 @@ class Builder:
         def indexed(make) -> Stmt:
             step, lid, kk, ss = self.fresh("ld"), self.fresh("lid"), self.fresh("kk"), self.fresh("ss")
             fast, slow = (kk, ss) if k_fast else (ss, kk)
+            if THREADS % fast_n == 0:  # lid = step * THREADS + tid, tid < THREADS: the fast digit is
+                # the thread's own, the same at every step and k-tile (its index arithmetic hoists)
+                body = Let(fast, _mod(tid, fast_n), Let(slow, _add(_mul(step, THREADS // fast_n),
+                                                                   _div(tid, fast_n)), make(step, kk, ss)))
+                return For(step, Const(steps, I64), body, "unroll")
             body = Let(fast, _mod(lid, fast_n), Let(slow, _div(lid, fast_n), make(step, kk, ss)))
             return For(step, Const(steps, I64), Let(lid, _add(_mul(step, THREADS), tid), body), "unroll")
 
