@@ -122,10 +122,14 @@ class Builder:
 
     tiles = TILES
     narrow = True  # tile-to-tensor index digits in 32-bit arithmetic where they fit
+    # the next k-step's loads in flight during this step's products (measured on an H100 with
+    # BK = 16: f32 GEMM 8192 0.76 -> 0.81 of cuBLAS; 3x3 conv 0.79 -> 0.85 of cuDNN once the
+    # fills' index arithmetic was hoisted, 0.64 -> 0.56 before). NVRTC 13.0 crashed now and then
+    # on double-buffered f32 kernels in session 2; 96 compiles of these ran clean.
+    double_buffered = True
 
     def __init__(self, c: Contraction, fresh, decompose, sms: int = SMS):
         self.c = c
-        self.double_buffered = self.overlaps_loads(c)
         self.fresh = fresh
         self.decompose = self._narrow(decompose) if self.narrow else decompose
         self.m, self.n, self.k = c.size(c.m_axes), c.size(c.n_axes), c.size(c.k_axes)
@@ -178,15 +182,6 @@ class Builder:
                 stride *= ext
             return Let(short, cast(flat, I32), body)
         return narrowed
-
-    def overlaps_loads(self, c: Contraction) -> bool:
-        """Double-buffer (the next step's loads in flight during this step's products) when the
-        operands are plain reads along one reduction axis: f32 GEMM 8192 on an H100 went from 0.76
-        to 0.81 of cuBLAS with BK = 16. An implicit-GEMM convolution (its reduction over c, r, s)
-        lost with it (0.64 -> 0.56 of cuDNN): its index arithmetic needs the registers. (NVRTC
-        13.0 once crashed now and then on double-buffered f32 kernels; 72 compiles of these ran
-        clean.)"""
-        return len(c.k_axes) == 1
 
     def thread_coords(self, tid: Var) -> tuple[Expr, Expr]:
         """(ty, tx): the thread's place in the block, as the products and the epilogue use it."""

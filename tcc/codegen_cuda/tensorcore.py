@@ -116,9 +116,6 @@ class Builder(gemm.Builder):
 
     tiles = TILES
 
-    def overlaps_loads(self, c: gemm.Contraction) -> bool:
-        return True  # the main loop is written for two stages
-
     def __init__(self, c: gemm.Contraction, fresh, decompose, values: tuple[Expr, Expr],
                  fast: FastLayout | None = None, sms: int = gemm.SMS):
         super().__init__(c, fresh, decompose, sms)
