@@ -17,9 +17,24 @@ from dataclasses import replace
 from tcc import dtypes
 from tcc.errors import Span, TccScheduleError
 from tcc.ir.expr import Const, Expr, Load, free_vars, substitute, transform
-from tcc.ir.loops import Allocate, Barrier, Buffer, For, If, Let, LoopFunc, Seq, Stmt, Store, map_stmt, seq, stmt_exprs
+from tcc.ir.loops import (
+    Allocate,
+    Barrier,
+    Buffer,
+    For,
+    If,
+    Let,
+    LoopFunc,
+    Seq,
+    Stmt,
+    Store,
+    map_stmt,
+    seq,
+    stmt_exprs,
+    walk_stmts,
+)
 from tcc.passes.bind import cooperative, thread_extents
-from tcc.passes.loopnest import const_extent, fresh, linear_coeff, map_exprs, require_loop
+from tcc.passes.loopnest import const_extent, fresh, in_vector_loop, linear_coeff, map_exprs, require_loop
 from tcc.passes.simplify import evaluate_int
 
 LOCAL_BYTES = 16 * 1024
@@ -27,13 +42,18 @@ SHARED_BYTES = 48 * 1024  # static shared memory of one CUDA block
 
 
 def cache(func: LoopFunc, tensor: str, at: str, scope: str | None = None, span: Span | None = None) -> LoopFunc:
-    if any(f.kind == "vector" for f in require_loop(func, at, span)):
-        raise TccScheduleError(f"loop {at} is vectorised: a copy inside it would run once per lane", span,
+    require_loop(func, at, span)
+    if in_vector_loop(func, at):
+        raise TccScheduleError(f"loop {at} is (inside) a vector loop: a copy there would run once per lane", span,
                                "cache at a loop outside the vector loop")
     buffers = func.buffers()
     if tensor not in buffers:
         raise TccScheduleError(f"op {func.name} has no tensor {tensor!r}", span,
                                f"its tensors are: {', '.join(sorted(buffers))}")
+    if any(isinstance(n, Allocate) and n.buffer.name == tensor for f in require_loop(func, at, span)
+           for n in walk_stmts(f.body)):
+        raise TccScheduleError(f"{tensor} is allocated inside loop {at}: it has no tile there to copy", span,
+                               f"cache it at a loop inside the scope of {tensor}")
     if scope not in (None, "local", "global", "shared"):
         raise TccScheduleError(f"unknown scope {scope!r}", span, "use local, global or (on cuda) shared")
     state = _State(func, buffers[tensor], scope, span)
