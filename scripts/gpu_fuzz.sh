@@ -19,7 +19,7 @@ export PYTHONPATH="$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=
 export TCC_CACHE_DIR="$(mktemp -d)"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
 
-timeout 420 "$PY" -m fuzz -n "$N" --target cuda --schedules 0 --workers 8 --start "${START:-0}" \
+timeout 420 "$PY" -m fuzz -n "$N" --target cuda --schedules 0 --workers 8 --start "${START:-0}" --show-rejected \
     > "$LOGS/fuzz_cuda.log" 2> "$LOGS/fuzz_cuda.err"
 fuzz=$?
 # --report-api-errors no: cuda-python probes driver entry points that do not exist (cuGetProcAddress
