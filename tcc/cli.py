@@ -152,15 +152,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     if args.target != "cpu":
         raise TccArgumentError("tuning is CPU-only for now", hint="drop --target cuda")
+    trials = args.trials if args.trials is not None else DEFAULT_TRIALS
+    if trials < 1:
+        raise TccArgumentError(f"--trials {trials}: needs at least 1")
     op = _select_op(args)
     bindings = _bindings(op, args, need_all=True)
     lowered = op.lowered(bindings)
     if not tunable(lowered):
         print(f"{op.name} [{_fmt(bindings)}]: no matrix multiply or convolution large enough to tune")
         return 0
-    trials = args.trials if args.trials is not None else DEFAULT_TRIALS
-    if trials < 1:
-        raise TccArgumentError(f"--trials {trials}: needs at least 1")
     result = search(op, lowered, trials, progress=sys.stderr.isatty())
     print(f"{op.name} [{_fmt(bindings)}]: {len(result.timings)} candidates")
     for tuning, seconds in result.timings:
@@ -198,6 +198,8 @@ def _bindings(op: Op, args: argparse.Namespace, need_all: bool) -> dict[str, int
     values: dict[str, int | float] = dict(te.cparams)
     for item in args.defines:
         name, value = _split(item, "-D", "NAME=VALUE")
+        if sum(d.partition("=")[0].strip() == name for d in args.defines) > 1:
+            raise TccArgumentError(f"-D {name} is given more than once")
         if name not in te.symbols and name not in te.cparams:
             known = ", ".join([*te.symbols, *te.cparams]) or "none"
             raise TccArgumentError(f"-D {name}: {op.name} has no symbol or parameter {name!r}",
@@ -212,6 +214,8 @@ def _bindings(op: Op, args: argparse.Namespace, need_all: bool) -> dict[str, int
     shapes = {}
     for item in args.shape:
         name, value = _split(item, "--shape", "TENSOR=64x32")
+        if name in shapes:
+            raise TccArgumentError(f"--shape {name} is given more than once")
         if name not in te.inputs:
             raise TccArgumentError(f"--shape {name}: {op.name} has no input tensor {name!r}",
                                    hint=f"inputs: {', '.join(te.inputs)}")
