@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 
 import tcc
-from tcc.errors import TccArgumentError, TccError
+from tcc.errors import TccArgumentError, TccError, TccRuntimeError
 from tcc.runtime.binding import bind_cparams, bind_shapes, check_sizes
 from tcc.runtime.library import Library, Op
 from tcc.stack import deep
@@ -115,7 +115,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     op = _select_op(args)
     bindings = _bindings(op, args, need_all=True)
     rng = np.random.default_rng(args.seed)
-    inputs = random_args(op.te, bindings, rng)
+    try:
+        inputs = random_args(op.te, bindings, rng)
+    except (MemoryError, ValueError) as exc:  # sizes check_sizes could not judge (memory unknown)
+        raise TccRuntimeError(f"cannot make random inputs of these sizes ({exc})", hint="use smaller sizes") from None
     cparams = {k: v for k, v in bindings.items() if k in op.te.cparams}
     start = time.perf_counter()
     results = op(*inputs, **cparams)
