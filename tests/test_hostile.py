@@ -430,3 +430,9 @@ def test_a_bf16_result_on_the_cpu_is_a_type_error_even_when_nothing_is_computed(
     x, w, b = np.ones((1, 1, 3, 3), np.float32), np.ones((1, 1, 2, 2), np.float32), np.ones(1, np.float32)
     with pytest.raises(TccTypeError, match="result Y is bf16, which is supported on target='cuda' only"):
         op(x, w, b)
+
+
+def test_a_file_that_is_not_onnx_is_a_clean_cli_error(capsys):
+    pytest.importorskip("onnx")
+    code, _, err = run_cli(capsys, "onnx", str(ROOT / "examples" / "matmul.tc"), "--run")
+    assert code == 1 and "cannot read ONNX model" in err and "Traceback" not in err

@@ -28,8 +28,9 @@ from tcc.interop import onnx_nn as nn
 from tcc.interop import onnx_ops as ops
 from tcc.interop.onnx_graph import NUMPY_DTYPES, NeedsValue, Node, OnnxImportError, Program, Value
 from tcc.interop.onnx_ops import ONNX_DTYPES, tcc_dtype
-from tcc.runtime.library import TARGETS, Library, Op
+from tcc.runtime.library import Library, Op
 from tcc.runtime.library import compile as tcc_compile
+from tcc.target import KINDS as TARGETS
 
 __all__ = ["HANDLERS", "NeedsValue", "OnnxImportError", "OnnxModel", "load", "translate"]
 
@@ -74,7 +75,7 @@ def _read_model(model: Any):
     if isinstance(model, str | os.PathLike):
         try:
             return onnx.load(os.fspath(model))
-        except (OSError, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 - OSError, and protobuf's DecodeError for a file that is not ONNX
             raise TccArgumentError(f"cannot read ONNX model {os.fspath(model)!r}: {exc}") from None
     raise TccArgumentError(f"tcc.onnx.load takes a path, bytes or an onnx.ModelProto, got {type(model).__name__}")
 
