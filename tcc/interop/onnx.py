@@ -75,7 +75,7 @@ def _read_model(model: Any):
     if isinstance(model, str | os.PathLike):
         try:
             return onnx.load(os.fspath(model))
-        except (OSError, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 - OSError, and protobuf's DecodeError for a file that is not ONNX
             raise TccArgumentError(f"cannot read ONNX model {os.fspath(model)!r}: {exc}") from None
     raise TccArgumentError(f"tcc.onnx.load takes a path, bytes or an onnx.ModelProto, got {type(model).__name__}")
 
