@@ -4,6 +4,7 @@
     tcc lower FILE --op NAME --stage STAGE [-D SYM=VALUE ...] [--shape T=64x32 ...]
     tcc run FILE --op NAME [-D ...] [--shape ...] [--check] [--repeat N]
     tcc tune FILE --op NAME [-D ...] [--shape ...] [--trials N]
+    tcc onnx MODEL.onnx [--stage fused] [--run [--check]] [--shape INPUT=1x3x224x224]
 
 ``lower`` and ``run`` take ``--schedule "split(i, 32); ..."`` (replacing the file's schedule).
 
@@ -22,6 +23,7 @@ import numpy as np
 
 import tcc
 from tcc.errors import TccArgumentError, TccError
+from tcc.interop.onnx_check import run_against_onnxruntime
 from tcc.runtime.binding import bind_cparams, bind_shapes, check_sizes
 from tcc.runtime.library import Library, Op
 from tcc.stack import deep
@@ -67,6 +69,17 @@ def _parser() -> argparse.ArgumentParser:
     _op_arguments(tune, schedule=False)
     tune.add_argument("--trials", type=int, default=None, help="candidates to time (default 12)")
     tune.set_defaults(func=cmd_tune)
+
+    onnx = sub.add_parser("onnx", help="import an ONNX model: print a stage, or run it against onnxruntime")
+    onnx.add_argument("model", help="an .onnx file")
+    onnx.add_argument("--stage", default=None, choices=ALL_STAGES[1:], help="print this stage of the model's op")
+    onnx.add_argument("--shape", action="append", default=[], metavar="INPUT=1x3x224x224",
+                      help="the shape of an input the model leaves symbolic")
+    onnx.add_argument("--target", default="cpu", choices=("cpu", "cuda"))
+    onnx.add_argument("--run", action="store_true", help="compile and run on random inputs")
+    onnx.add_argument("--check", action="store_true", help="with --run: compare with onnxruntime")
+    onnx.add_argument("--seed", type=int, default=None, help="random seed for the inputs")
+    onnx.set_defaults(func=cmd_onnx)
     return parser
 
 
@@ -170,6 +183,24 @@ def cmd_tune(args: argparse.Namespace) -> int:
           f"({result.default_time / result.best_time:.2f}x the default's speed); stored in the cache, "
           f"used by tcc.compile(..., tune=True)")
     return 0
+
+
+def cmd_onnx(args: argparse.Namespace) -> int:
+    """``tcc onnx MODEL``: the graph as tcc source (or any stage), or a run checked against onnxruntime."""
+    shapes = {}
+    for item in args.shape:
+        name, value = _split(item, "--shape", "INPUT=1x3x224x224")
+        shapes[name] = tuple(int(d) for d in value.lower().split("x")) if value else ()
+    model = tcc.onnx.load(args.model, target=args.target, input_shapes=shapes or None, compile_now=False)
+    if not args.run:
+        stage = args.stage or "fused"
+        if stage == "fused":  # the graph as tcc source, then the op after fusion with each decision
+            print(model.source)
+        print(model.lower(stage))
+        for note in model.notes():
+            print(f"import: {note}")
+        return 0
+    return run_against_onnxruntime(model, args.model, args.check, args.seed)
 
 
 # ---------------------------------------------------------------- helpers

@@ -409,7 +409,7 @@ class _Kernel:
         a = self._expr(e.a)
         if e.op == "not":
             return f"(!{a})"
-        return _wrap(f"(-{a})", e.dtype)
+        return _wrap(f"(-({a}))", e.dtype)
 
     def _e_Cast(self, e: Cast) -> str:
         return convert(self._expr(e.a), e.a.dtype, e.dtype)
@@ -441,7 +441,7 @@ class _Kernel:
     def _e_Call(self, e: Call) -> str:
         x = self._expr(e.args[0])
         if not e.dtype.is_float:  # abs / floor / ceil of an integer
-            return _wrap(f"({x} < 0 ? -{x} : {x})", e.dtype) if e.fn == "abs" else x
+            return _wrap(f"({x} < 0 ? -({x}) : {x})", e.dtype) if e.fn == "abs" else x
         f64 = e.dtype.name == "f64"
         if e.fn == "sigmoid":
             one = "1.0" if f64 else "1.0f"

@@ -1,1 +1,2 @@
-"""Interoperation with frameworks: ``torch`` (PyTorch operators with autograd)."""
+"""Bridges to other frameworks: ``torch`` (PyTorch operators with autograd) and ONNX models
+(``tcc.onnx``)."""

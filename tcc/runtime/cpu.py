@@ -12,16 +12,20 @@ from tcc.codegen_cpu import jit
 from tcc.codegen_cpu.llvm_ir import build_module, symbol_name
 from tcc.errors import TccRuntimeError, TccTypeError
 from tcc.ir.loops import Buffer, LoopFunc
+from tcc.passes import autoschedule
+from tcc.target import CpuTarget
 
 STAGES = ("ast", "te", "fused", "loops", "scheduled", "llvm", "asm")
 
 
-def host_key(options: dict[str, Any]) -> str:
+def machine(options: dict[str, Any]) -> CpuTarget:
     """The host as the auto-scheduler sees it: CPU, features, threads and cache sizes."""
-    from tcc.passes import autoschedule
+    triple, cpu, features = jit.host()
+    return CpuTarget(triple, cpu, features, autoschedule.threads(), tuple(sorted(autoschedule.host_caches().items())))
 
-    caches = ",".join(f"L{level}={size}" for level, size in sorted(autoschedule.host_caches().items()))
-    return "/".join((*jit.host(), f"threads={autoschedule.threads()}", caches))
+
+def host_key(options: dict[str, Any]) -> str:
+    return machine(options).key()
 
 
 def llvm_ir(func: LoopFunc) -> str:

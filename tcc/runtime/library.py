@@ -28,11 +28,12 @@ from tcc.passes.specialize import specialize
 from tcc.runtime import cache
 from tcc.runtime.binding import BoundCall, bind, bind_cparams
 from tcc.stack import deep
+from tcc.target import Target, target_kind
 
-TARGETS = ("cpu", "cuda")
 MAX_PLANS = 64  # argument signatures remembered per op
 MAX_SOURCE_BYTES = 64 << 20
-OPTIONS = {"conv": ("cpu", "cuda"), "arch": ("cuda",)}  # tcc.compile's options: the targets they fit
+# tcc.compile's options and the targets they fit (machine: a CudaTarget value given as target=)
+OPTIONS = {"conv": ("cpu", "cuda"), "arch": ("cuda",), "machine": ("cuda",)}
 
 
 def check_options(options: dict[str, Any], target: str) -> None:
@@ -40,7 +41,7 @@ def check_options(options: dict[str, Any], target: str) -> None:
     for name in options:
         if name not in OPTIONS:
             raise TccArgumentError(f"tcc.compile has no option {name!r}",
-                                   hint=f"options: target, tune, {', '.join(OPTIONS)}")
+                                   hint=f"options: target, tune, {', '.join(o for o in OPTIONS if o != 'machine')}")
         if target not in OPTIONS[name]:
             raise TccArgumentError(f"option {name}= is for target {' or '.join(OPTIONS[name])}, not {target!r}",
                                    hint=f"drop {name}= or use target={OPTIONS[name][0]!r}")
@@ -101,14 +102,18 @@ def decode_source(data: bytes, filename: str) -> str:
                              "save the file as UTF-8") from None
 
 
-def compile(source: str | os.PathLike, target: str = "cpu", tune: bool | int = False,  # noqa: A001
+def compile(source: str | os.PathLike, target: str | Target = "cpu", tune: bool | int = False,  # noqa: A001
             **options: Any) -> Library:
     """Parse and check every op of ``source`` and its ``schedule`` blocks for ``target``; kernels
     are built on first call per shape. ``tune=True`` (or a number of trials) searches the
     auto-scheduler's GEMM tiles on the first call per shape, or reuses the winner from the disk
     cache; an op with a user's schedule is not tuned."""
-    if target not in TARGETS:
-        raise TccArgumentError(f"unknown target {target!r}", hint=f"use one of {', '.join(TARGETS)}")
+    if not isinstance(target, str) and target_kind(target) == "cuda":
+        options["machine"] = target  # schedules size their work from it; part of the cache key
+    elif not isinstance(target, str):
+        raise TccArgumentError("a CpuTarget value is not accepted yet: the CPU auto-scheduler reads the host",
+                               hint="use target='cpu'")
+    target = target_kind(target)
     if not isinstance(tune, bool | int) or tune < 0:
         raise TccArgumentError(f"tune={tune!r}: expected True, False or a number of trials")
     if tune and target != "cpu":
@@ -257,7 +262,8 @@ class Op:
 
     def lowered(self, bindings: dict[str, int | float],
                 after_pass: Callable[[str, str], None] | None = None) -> Lowered:
-        lowered = run_pipeline(self.te, bindings, self.target, after_pass, self.options, self.user_schedule.steps)
+        lowered = run_pipeline(self.te, bindings, self._backend.machine(self.options), after_pass, self.options,
+                               self.user_schedule.steps)
         if self.tune:
             from tcc.tune import tuning_for
 
