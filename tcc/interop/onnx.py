@@ -28,8 +28,9 @@ from tcc.interop import onnx_nn as nn
 from tcc.interop import onnx_ops as ops
 from tcc.interop.onnx_graph import NUMPY_DTYPES, NeedsValue, Node, OnnxImportError, Program, Value
 from tcc.interop.onnx_ops import ONNX_DTYPES, tcc_dtype
-from tcc.runtime.library import TARGETS, Library, Op
+from tcc.runtime.library import Library, Op
 from tcc.runtime.library import compile as tcc_compile
+from tcc.target import Target, target_kind
 
 __all__ = ["HANDLERS", "NeedsValue", "OnnxImportError", "OnnxModel", "load", "translate"]
 
@@ -220,17 +221,17 @@ def _numpy_dtype(array: np.ndarray, name: str) -> str:
 class OnnxModel:
     """A compiled ONNX model: call it with the graph's inputs (positionally, or by name)."""
 
-    def __init__(self, program: Program, target: str, input_names: list[str], output_names: list[str],
+    def __init__(self, program: Program, target: str | Target, input_names: list[str], output_names: list[str],
                  options: dict[str, Any]):
         self.program = program
         self.source = program.source()
-        self.target = target
+        self.target = target_kind(target)  # "cpu" or "cuda"; a tcc.target value goes on to tcc.compile
         self.input_names = input_names
         self.output_names = output_names
         self.library: Library = tcc_compile(self.source, target=target, **options)
         self.op: Op = self.library.model
         self._weights = [program.weights[name] for name, _, _ in program.params if name in program.weights]
-        self._on_device = target != "cuda"  # CUDA weights are copied over once, on the first call
+        self._on_device = self.target != "cuda"  # CUDA weights are copied over once, on the first call
         self.compile_seconds = 0.0
 
     def __repr__(self) -> str:
@@ -271,7 +272,7 @@ class OnnxModel:
         return list(self.program.notes)
 
 
-def load(model: Any, target: str = "cpu", input_shapes: dict[str, Sequence[int]] | None = None,
+def load(model: Any, target: str | Target = "cpu", input_shapes: dict[str, Sequence[int]] | None = None,
          constants: dict[str, Any] | None = None, compile_now: bool = True, progress: bool | None = None,
          **options: Any) -> OnnxModel:
     """Import an ONNX model (a path or an ``onnx.ModelProto``) and compile it for ``target``.
@@ -279,8 +280,6 @@ def load(model: Any, target: str = "cpu", input_shapes: dict[str, Sequence[int]]
     ``input_shapes`` gives the shapes of inputs whose dims the model leaves symbolic;
     ``constants`` fixes graph inputs to known values. ``options`` go to ``tcc.compile``.
     """
-    if target not in TARGETS:
-        raise TccArgumentError(f"unknown target {target!r}", hint=f"use one of {', '.join(TARGETS)}")
     proto = _read_model(model)
     program = translate(proto, input_shapes, constants)
     given = set(constants or {}) | {t.name for t in proto.graph.initializer}
