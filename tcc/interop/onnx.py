@@ -26,6 +26,7 @@ from tcc import cuda as tcc_cuda
 from tcc.errors import TccArgumentError
 from tcc.interop import onnx_nn as nn
 from tcc.interop import onnx_ops as ops
+from tcc.interop import onnx_shapes as shapes
 from tcc.interop.onnx_graph import NUMPY_DTYPES, NeedsValue, Node, OnnxImportError, Program, Value
 from tcc.interop.onnx_ops import ONNX_DTYPES, tcc_dtype
 from tcc.runtime.library import Library, Op
@@ -43,8 +44,9 @@ HANDLERS: dict[str, Handler] = {
     "Constant": ops.constant, "ConstantOfShape": ops.constant_of_shape, "Shape": ops.shape_of,
     "ReduceSum": ops.reduce, "ReduceMean": ops.reduce, "ReduceMax": ops.reduce,
     "Softmax": ops.softmax, "LogSoftmax": ops.softmax,
-    "Transpose": ops.transpose, "Reshape": ops.reshape, "Flatten": ops.flatten, "Unsqueeze": ops.unsqueeze,
-    "Squeeze": ops.squeeze, "Slice": ops.slice_, "Split": ops.split, "Gather": ops.gather, "Concat": ops.concat,
+    "Transpose": shapes.transpose, "Reshape": shapes.reshape, "Flatten": shapes.flatten,
+    "Unsqueeze": shapes.unsqueeze, "Squeeze": shapes.squeeze, "Slice": shapes.slice_, "Split": shapes.split,
+    "Gather": shapes.gather, "Concat": shapes.concat,
     "MatMul": nn.matmul, "Gemm": nn.gemm, "Conv": nn.conv, "ConvTranspose": nn.conv_transpose,
     "MaxPool": nn.max_pool, "AveragePool": nn.average_pool, "GlobalAveragePool": nn.global_average_pool,
     "BatchNormalization": nn.batch_norm, "LayerNormalization": nn.layer_norm,
