@@ -336,3 +336,9 @@ def test_cuda_code_generates_without_a_gpu(rng):
     model = nets.randomized(nets.EncoderBlock(dim=32, heads=4, hidden=65))
     data = nets.export(model, torch.from_numpy(rng.standard_normal([2, 7, 32]).astype(np.float32)))
     assert "__global__" in tcc.onnx.load(data, target="cuda", compile_now=False).lower("cuda")
+
+
+@pytest.mark.parametrize("bad", [123, "/nonexistent/model.onnx", "/dev/zero", __file__])
+def test_what_is_not_a_model_is_an_argument_error(bad):
+    with pytest.raises(tcc.TccError, match="tcc.onnx.load takes|cannot read ONNX model"):
+        tcc.onnx.load(bad)

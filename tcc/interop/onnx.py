@@ -75,10 +75,13 @@ def _read_model(model: Any):
         except Exception as exc:  # protobuf's DecodeError and friends
             raise TccArgumentError(f"these bytes are not an ONNX model: {exc}") from None
     if isinstance(model, str | os.PathLike):
+        path = os.fspath(model)
+        if not os.path.isfile(path):  # a directory or a device (/dev/zero) is refused before reading
+            raise TccArgumentError(f"cannot read ONNX model {path!r}: not a file", hint="check the path")
         try:
-            return onnx.load(os.fspath(model))
-        except (OSError, ValueError) as exc:
-            raise TccArgumentError(f"cannot read ONNX model {os.fspath(model)!r}: {exc}") from None
+            return onnx.load(path)
+        except Exception as exc:  # OSError, protobuf's DecodeError, onnx's external-data errors
+            raise TccArgumentError(f"cannot read ONNX model {path!r}: {exc}") from None
     raise TccArgumentError(f"tcc.onnx.load takes a path, bytes or an onnx.ModelProto, got {type(model).__name__}")
 
 
