@@ -28,8 +28,9 @@ from tcc.interop import onnx_nn as nn
 from tcc.interop import onnx_ops as ops
 from tcc.interop.onnx_graph import NUMPY_DTYPES, NeedsValue, Node, OnnxImportError, Program, Value
 from tcc.interop.onnx_ops import ONNX_DTYPES, tcc_dtype
-from tcc.runtime.library import TARGETS, Library, Op
+from tcc.runtime.library import Library, Op
 from tcc.runtime.library import compile as tcc_compile
+from tcc.target import KINDS as TARGETS
 
 __all__ = ["HANDLERS", "NeedsValue", "OnnxImportError", "OnnxModel", "load", "translate"]
 
