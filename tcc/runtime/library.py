@@ -28,9 +28,8 @@ from tcc.passes.specialize import specialize
 from tcc.runtime import cache
 from tcc.runtime.binding import BoundCall, bind, bind_cparams
 from tcc.stack import deep
-from tcc.target import KINDS, Target, target_kind
+from tcc.target import Target, target_kind
 
-TARGETS = KINDS  # the target names ("cpu", "cuda"); tcc.compile also takes a tcc.target.CudaTarget
 MAX_PLANS = 64  # argument signatures remembered per op
 MAX_SOURCE_BYTES = 64 << 20
 # tcc.compile's options and the targets they fit (machine: a CudaTarget value given as target=)
