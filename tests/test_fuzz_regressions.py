@@ -196,3 +196,12 @@ def test_a_float_scalar_is_rounded_to_its_dtype_first(rng):
     y = check_op("op fz(X: f32[N], a: f32) -> Y: f64[N] { Y[i] = a + f64(X[i]) * 0.0 }", "fz", dict(N=3), rng,
                  scalars={"a": 0.1})
     assert y[0][0] == np.float64(np.float32(0.1))
+
+
+def test_fresh_loop_names_never_shadow_the_ops_own_index_names(rng):
+    """Lowering named a group's loops ``{var}_{n}`` without reserving the op's index names."""
+    src = """op f(X: f32[N, C]) -> Y: f32[N, C] {
+        m[u] = max[u_1](X[u, u_1])
+        Y[u, u_1] = exp(X[u, u_1] - m[u])
+    }"""
+    check_op(src, "f", dict(N=7, C=33), rng)
