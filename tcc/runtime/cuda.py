@@ -81,8 +81,8 @@ def _parse(artifact: bytes) -> tuple[dict[str, Any], bytes]:
 class CudaKernel:
     """The kernels of one op specialisation; modules are loaded per device on first use."""
 
-    def __init__(self, func: LoopFunc, artifact: bytes):
-        self.name = func.name
+    def __init__(self, name: str, artifact: bytes):
+        self.name = name
         self.meta, self.cubin = _parse(artifact)
         self.temps: list[tuple[str, int]] = [(n, int(b)) for n, b in self.meta["temps"]]
         self._launchers: dict[int, list[driver.Launcher]] = {}
@@ -113,8 +113,8 @@ def _pair(launchers: list[driver.Launcher], aligned: list[bool]) -> list[driver.
     return out
 
 
-def load(func: LoopFunc, artifact: bytes) -> CudaKernel:
-    return CudaKernel(func, artifact)
+def load(name: str, artifact: bytes) -> CudaKernel:
+    return CudaKernel(name, artifact)
 
 
 # ---------------------------------------------------------------- device tensors

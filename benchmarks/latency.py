@@ -1,0 +1,181 @@
+"""Latency: cold compile, warm start and per-call overhead, each beside its anchor, in one run.
+
+Rows (medians):
+
+- cold: ``tcc.compile`` plus the first call in a new process with an empty cache directory,
+  less the kernel's own run time (import excluded);
+- warm: the same in a new process once the disk cache is filled;
+- call overhead of ``axpy`` on 256 elements, with and without ``out=``, beside NumPy's
+  ``a*x+y``; the same with torch CPU tensors beside torch's ``a*x+y``. Calls are timed in
+  batches, tcc and the anchor interleaved, and the median batch is reported per call;
+- on a machine with a GPU (``--cuda``), the CUDA twins: warm start, and a call with ``out=``
+  beside torch's ``a*x+y`` on the device.
+
+    python benchmarks/latency.py [--runs 7] [--cuda]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+START = r"""
+import json, sys, time
+import numpy as np
+import tcc
+import tcc.runtime.cpu  # the backend's import (llvmlite) is counted as import, not compile
+name, path, shapes, cparams, target = sys.argv[1:6]
+shapes, cparams = json.loads(shapes), json.loads(cparams)
+rng = np.random.default_rng(0)
+args = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+if target == "cuda":
+    import torch
+    args = [torch.from_numpy(a).cuda() for a in args]
+    torch.cuda.synchronize()
+sync = (lambda: torch.cuda.synchronize()) if target == "cuda" else (lambda: None)
+t0 = time.perf_counter()
+lib = tcc.compile(path, target=target)
+getattr(lib, name)(*args, **cparams)
+sync()
+t1 = time.perf_counter()
+runs = []
+for _ in range(5):
+    s = time.perf_counter(); getattr(lib, name)(*args, **cparams); sync(); runs.append(time.perf_counter() - s)
+runs.sort()
+print(json.dumps({"start": (t1 - t0) - runs[2], "imported_torch": "torch" in sys.modules,
+                  "imported_nvrtc": any("nvrtc" in m for m in sys.modules)}))
+"""
+
+CASES = {
+    "matmul 256": ("matmul", "examples/matmul.tc", [[256, 256], [256, 256]], {}),
+    "conv2d 3x3 64->64 56x56": ("conv2d", "examples/conv2d.tc", [[1, 64, 56, 56], [64, 64, 3, 3], [64]], {"P": 1}),
+}
+AXPY = "op axpy(a: f32, X: f32[N], Y: f32[N]) -> Z: f32[N] {\n    Z[i] = a * X[i] + Y[i]\n}\n"
+
+
+def start(case: tuple, cache_dir: str, target: str) -> dict:
+    """One new process: compile and first call, in ms."""
+    name, path, shapes, cparams = case
+    env = {**os.environ, "TCC_CACHE_DIR": cache_dir, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", START, name, str(ROOT / path), json.dumps(shapes),
+                          json.dumps(cparams), target], env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def starts(runs: int, target: str) -> None:
+    for label, case in CASES.items():
+        cold, warm, imported = [], [], set()
+        for _ in range(runs):
+            with tempfile.TemporaryDirectory() as d:
+                cold.append(start(case, d, target)["start"])
+                w = start(case, d, target)
+            warm.append(w["start"])
+            imported |= {k for k in ("imported_torch", "imported_nvrtc") if w[k]} if target == "cpu" else set()
+        note = f" (warm imported: {', '.join(sorted(imported))})" if imported else ""
+        row(f"{target} {label}, cold", statistics.median(cold) * 1e3, "ms", "goal ≤ 150 / ≤ 300 ms")
+        row(f"{target} {label}, warm start{note}", statistics.median(warm) * 1e3, "ms", "goal ≤ 15 ms")
+
+
+def per_call(fns: list[Callable[[], object]], rounds: int = 41, batch: int = 2000) -> list[float]:
+    """Median seconds per call of each function, timed in interleaved batches of this thread's CPU
+    time (so that other processes on a shared machine do not count)."""
+    times: list[list[float]] = [[] for _ in fns]
+    for fn in fns:
+        for _ in range(batch // 10):
+            fn()
+    for _ in range(rounds):
+        for fn, ts in zip(fns, times):
+            s = time.thread_time()
+            for _ in range(batch):
+                fn()
+            ts.append((time.thread_time() - s) / batch)
+    return [statistics.median(ts) for ts in times]
+
+
+def calls() -> None:
+    import numpy as np
+
+    import tcc
+
+    lib = tcc.compile(AXPY)
+    rng = np.random.default_rng(0)
+    a = 1.5
+    x, y = (rng.standard_normal(256).astype(np.float32) for _ in range(2))
+    z = np.empty_like(x)
+    lib.axpy(a, x, y, out=z)
+    np.testing.assert_allclose(lib.axpy(a, x, y), a * x + y, rtol=1e-6)
+    new, into, anchor = per_call([lambda: lib.axpy(a, x, y), lambda: lib.axpy(a, x, y, out=z), lambda: a * x + y])
+    row("cpu call, 256 elements, NumPy", new * 1e6, "µs", f"NumPy a*x+y {anchor * 1e6:.2f} µs")
+    row("cpu call, 256 elements, NumPy, out=", into * 1e6, "µs", f"NumPy a*x+y {anchor * 1e6:.2f} µs")
+    try:
+        import torch
+    except ImportError:
+        print("torch not installed: torch rows skipped")
+        return
+    xt, yt, zt = (torch.from_numpy(v.copy()) for v in (x, y, z))
+    np.testing.assert_allclose(np.asarray(lib.axpy(a, xt, yt)), a * x + y, rtol=1e-6)
+    fns = [lambda: lib.axpy(a, xt, yt), lambda: a * xt + yt]
+    try:
+        lib.axpy(a, xt, yt, out=zt)
+        fns.append(lambda: lib.axpy(a, xt, yt, out=zt))
+    except tcc.TccError as exc:
+        print(f"torch out= not accepted: {exc.args[0] if exc.args else exc}")
+    new, anchor, *into = per_call(fns)
+    row("cpu call, 256 elements, torch", new * 1e6, "µs", f"torch a*x+y {anchor * 1e6:.2f} µs")
+    for t in into:
+        row("cpu call, 256 elements, torch, out=", t * 1e6, "µs", f"torch a*x+y {anchor * 1e6:.2f} µs")
+
+
+def cuda_calls() -> None:
+    import torch
+
+    import tcc
+
+    lib = tcc.compile(AXPY, target="cuda")
+    a = 1.5
+    x, y = (torch.randn(256, device="cuda") for _ in range(2))
+    z = torch.empty_like(x)
+    lib.axpy(a, x, y, out=z)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(z, a * x + y)
+    new, into, anchor = per_call([lambda: lib.axpy(a, x, y), lambda: lib.axpy(a, x, y, out=z), lambda: a * x + y])
+    torch.cuda.synchronize()
+    row("cuda call, 256 elements", new * 1e6, "µs", f"torch a*x+y {anchor * 1e6:.2f} µs")
+    row("cuda call, 256 elements, out=", into * 1e6, "µs", f"torch a*x+y {anchor * 1e6:.2f} µs")
+
+
+def row(label: str, value: float, unit: str, anchor: str) -> None:
+    print(f"| {label} | {value:.2f} {unit} | {anchor} |", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=7, help="fresh processes per cold/warm figure")
+    parser.add_argument("--cuda", action="store_true", help="also the CUDA rows (needs a GPU)")
+    parser.add_argument("--only", choices=("start", "call"), help="run one half of the table")
+    args = parser.parse_args()
+    print(f"medians; cold/warm over {args.runs} fresh processes, import excluded\n")
+    print("| figure | tcc | anchor |\n|---|---:|---|")
+    if args.only != "call":
+        starts(args.runs, "cpu")
+    if args.only != "start":
+        calls()
+    if args.cuda:
+        if args.only != "call":
+            starts(args.runs, "cuda")
+        if args.only != "start":
+            cuda_calls()
+
+
+if __name__ == "__main__":
+    main()
