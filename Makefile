@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench tables clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -27,9 +27,13 @@ lint: $(STAMP)
 	$(BIN)/ruff check tcc tests benchmarks examples
 
 bench: $(STAMP)
+	$(BIN)/python benchmarks/latency.py
 	$(BIN)/python benchmarks/compile_time.py
 	$(BIN)/python benchmarks/cpu.py
 	$(BIN)/python benchmarks/conv.py
+
+tables: $(STAMP)
+	$(BIN)/python -c "from tcc.frontend.parser import write_tables; write_tables()"
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -35,7 +35,8 @@ def load_thread_runtime() -> bool:
     """
     _init()
     with _passive_wait():
-        for name in ("libgomp.so.1", ctypes.util.find_library("gomp")):
+        for find in (lambda: "libgomp.so.1", lambda: ctypes.util.find_library("gomp")):  # the search runs ldconfig
+            name = find()
             if not name:
                 continue
             try:

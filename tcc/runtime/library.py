@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import functools
 import os
+import pickle
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tcc.errors import TccArgumentError, TccError
-from tcc.frontend.ast import OpDef, format_ast
+from tcc.frontend.ast import Module, OpDef, format_ast
 from tcc.frontend.parser import parse
 from tcc.frontend.schedules import Schedule, module_schedules, schedule_from_text
 from tcc.frontend.sema import analyze
@@ -57,13 +58,31 @@ def compile(source: str | os.PathLike, target: str = "cpu", tune: bool | int = F
     if tune and target != "cpu":
         raise TccArgumentError("tuning is CPU-only for now", hint="drop tune=True for target cuda")
     text, filename = read_source(source)
-    module = parse(text, filename)
+    module = parse_cached(text, filename)
     ops = analyze(module, module.span.source if module.span else None)
     schedules = module_schedules(module, set(ops), target)
     asts = {o.name: o for o in module.ops}
     if target == "cuda":
         options.setdefault("conv", "direct")  # im2col's per-batch GEMM buffers have no GPU schedule yet
     return Library(ops, asts, target, options, schedules, tune)
+
+
+def parse_cached(text: str, filename: str) -> Module:
+    """The AST of a source file, from the disk cache when this compiler parsed the same text before
+    (a warm start builds no parser), else parsed and stored."""
+    disk = cache.DiskCache(cache.cache_dir())
+    key = cache.make_key(cache.compiler_fingerprint(), "ast", filename, text)
+    stored = disk.get(key, ".ast")
+    if stored is not None:
+        try:
+            module = pickle.loads(stored)
+            if isinstance(module, Module):
+                return module
+        except Exception:  # noqa: BLE001 - a stale entry (an older AST class) of any kind is a miss
+            pass
+    module = parse(text, filename)
+    disk.put(key, pickle.dumps(module), ".ast")
+    return module
 
 
 def target_module(target: str):
