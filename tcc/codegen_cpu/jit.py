@@ -113,20 +113,22 @@ def target_machine() -> llvm.TargetMachine:
 
 
 def optimize(ir_text: str) -> llvm.ModuleRef:
-    """Parse, verify and run LLVM's O3 pipeline on a module."""
+    """Parse, verify and run LLVM's O3 pipeline on a module. Modules live in LLVM's global
+    context, which is not thread-safe (llvmlite releases the GIL in LLVM): one thread at a time."""
     _init()
-    try:
-        mod = llvm.parse_assembly(ir_text)
-        mod.verify()
-    except RuntimeError as exc:
-        raise TccCompileError(f"internal error: generated LLVM IR is invalid: {exc}") from None
-    tm = target_machine()
-    mod.triple = tm.triple
-    mod.data_layout = str(tm.target_data)
-    pto = llvm.create_pipeline_tuning_options(speed_level=3)
-    pb = llvm.create_pass_builder(tm, pto)
-    pb.getModulePassManager().run(mod, pb)
-    return mod
+    with _LOCK:
+        try:
+            mod = llvm.parse_assembly(ir_text)
+            mod.verify()
+        except RuntimeError as exc:
+            raise TccCompileError(f"internal error: generated LLVM IR is invalid: {exc}") from None
+        tm = target_machine()
+        mod.triple = tm.triple
+        mod.data_layout = str(tm.target_data)
+        pto = llvm.create_pipeline_tuning_options(speed_level=3)
+        pb = llvm.create_pass_builder(tm, pto)
+        pb.getModulePassManager().run(mod, pb)
+        return mod
 
 
 def emit_object(mod: llvm.ModuleRef) -> bytes:

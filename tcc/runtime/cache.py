@@ -9,12 +9,14 @@ checksum, so a corrupt or truncated one is treated as a miss and recompiled.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import os
 import tempfile
 import threading
+import warnings
 from pathlib import Path
 
 _MAGIC = b"TCC-CACHE-1\n"
@@ -117,14 +119,31 @@ class DiskCache:
         if self.root is None:
             return
         path = self._path(key, suffix)
+        tmp = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
             with os.fdopen(fd, "wb") as f:
                 f.write(_MAGIC + hashlib.sha256(payload).digest() + payload)
             os.replace(tmp, path)
-        except OSError:
-            pass  # a read-only or full cache directory only costs a recompile next time
+        except OSError as exc:  # a read-only or full cache directory only costs a recompile next time
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            _warn_once(self.root, exc)
+
+
+_warned: set[Path] = set()  # cache directories already reported unwritable
+
+
+def _warn_once(root: Path, exc: OSError) -> None:
+    """Say once per process and directory that entries cannot be written, and why."""
+    if root in _warned:
+        return
+    _warned.add(root)
+    warnings.warn(f"tcc: cannot write to the compile cache {root} ({exc.strerror or exc}); kernels will "
+                  "be compiled again in each process (set TCC_CACHE_DIR to a writable directory, or to "
+                  "'' to turn the disk cache off)", RuntimeWarning, stacklevel=3)
 
 
 class MemoryCache:
