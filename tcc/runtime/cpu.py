@@ -22,7 +22,7 @@ from tcc import dtypes
 from tcc.codegen_cpu import jit
 from tcc.codegen_cpu.llvm_ir import build_module, symbol_name
 from tcc.errors import TccArgumentError, TccCompileError, TccRuntimeError
-from tcc.ir.loops import Buffer, LoopFunc
+from tcc.ir.loops import Buffer, For, LoopFunc, walk_stmts
 from tcc.passes import autoschedule
 from tcc.runtime.binding import as_host_array, out_list
 
@@ -44,8 +44,15 @@ def build(func: LoopFunc, options: dict[str, Any] | None = None) -> bytes:
     """The artifact the cache stores: the kernel's symbol and parameters, then optimised object code."""
     params = [[p.name, isinstance(p, Buffer), p.dtype.name] for p in func.params]
     header = json.dumps({"symbol": symbol_name(func), "params": params}).encode()
-    obj = jit.emit_object(jit.optimize(llvm_ir(func)))
+    level = llvm_level(func)
+    obj = jit.emit_object(jit.optimize(llvm_ir(func), level), level)
     return _MAGIC + struct.pack("<I", len(header)) + header + obj
+
+
+def llvm_level(func: LoopFunc) -> jit.Level:
+    """LLVM's full effort, or less where tcc's schedule already vectorised the loops."""
+    vectorized = any(isinstance(s, For) and s.kind == "vector" for s in walk_stmts(func.body))
+    return jit.VECTORIZED if vectorized else jit.FULL
 
 
 def _parse(artifact: bytes) -> tuple[dict[str, Any], bytes]:
@@ -63,7 +70,8 @@ def _parse(artifact: bytes) -> tuple[dict[str, Any], bytes]:
 
 
 def assembly(func: LoopFunc) -> str:
-    return jit.emit_assembly(jit.optimize(llvm_ir(func)))
+    level = llvm_level(func)
+    return jit.emit_assembly(jit.optimize(llvm_ir(func), level), level)
 
 
 class CpuKernel:
