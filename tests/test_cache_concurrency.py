@@ -15,7 +15,7 @@ from helpers import TWO_CORE_HOST
 
 import tcc
 from tcc.frontend import parser
-from tcc.runtime import cache, cpu
+from tcc.runtime import cache, cpu, library
 from tcc.testing import assert_matches, random_args, reference_results
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -220,3 +220,24 @@ def test_an_unwritable_entry_file_is_only_a_miss(fresh_cache, monkeypatch, rng):
         warnings.simplefilter("ignore")
         np.testing.assert_allclose(tcc.compile(EXAMPLES / "axpy.tc").axpy(1.0, x, x), 2 * x)
     assert not list(fresh_cache.glob("*/*.bin")) and not list(fresh_cache.glob("*/.tmp-*"))
+
+
+def test_a_warm_start_parses_and_lowers_nothing_yet_prints_every_stage(fresh_cache, monkeypatch, rng):
+    """With the disk cache filled, compile() and a call build no parser and run no pass; a stage
+    print on that warm op still runs the pipeline for its text."""
+    path = EXAMPLES / "conv2d.tc"
+    x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((1, 3, 9, 9), (4, 3, 3, 3), (4,)))
+    expected = tcc.compile(path).conv2d(x, w, b, P=1)
+    cache.MEMORY.clear()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("compiler work on a warm start")
+
+    with monkeypatch.context() as m:
+        m.setattr(parser, "_parser", refuse)
+        m.setattr(library, "run_pipeline", refuse)
+        m.setattr(cpu, "build", refuse)
+        op = tcc.compile(path).conv2d
+        np.testing.assert_array_equal(op(x, w, b, P=1), expected)
+    scheduled = op.lower(x, w, b, P=1, stage="scheduled")
+    assert "for " in scheduled and op.lower(x, w, b, P=1, stage="llvm").startswith("; ModuleID")
