@@ -52,6 +52,36 @@ def store(value: np.ndarray, dtype: DType) -> np.ndarray:
     return np.asarray(value).astype(dtype.numpy)
 
 
+def _identity(op: str, dtype: DType) -> int | float | bool:
+    """What an empty reduction gives: 0, 1, or the lowest (highest) value of the type."""
+    if op in ("sum", "prod"):
+        return int(op == "prod")
+    if dtype.is_bool:
+        return op == "min"
+    if dtype.is_float:
+        return -math.inf if op == "max" else math.inf
+    info = np.iinfo(dtype.numpy)
+    return int(info.min if op == "max" else info.max)
+
+
+def _wrap(value, dtype: DType) -> np.ndarray:
+    """A computed value in the reference's wide type; integers wrap at their own width, as
+    integer arithmetic does in compiled code (``i8`` 100 + 100 is -56)."""
+    value = np.asarray(value)
+    if dtype.is_int and dtype.bits < 64:
+        return value.astype(dtype.numpy).astype(np.int64)
+    return value.astype(wide(dtype))
+
+
+def float_to_i64(a: np.ndarray) -> np.ndarray:
+    """The language's float -> integer conversion, before wrapping to the width: truncate toward
+    zero, saturate to the i64 range, NaN to 0 (what LLVM's fptosi.sat and CUDA's cvt.rzi do)."""
+    a = np.trunc(np.asarray(a, dtype=np.float64))
+    inside = np.clip(np.nan_to_num(a, nan=0.0), -2.0**63, 2.0**63 - 1024)  # f64s that convert exactly
+    out = inside.astype(np.int64)
+    return np.where(a >= 2.0**63, np.iinfo(np.int64).max, out)
+
+
 def run(op: OpTE, args: Mapping[str, np.ndarray | int | float]) -> dict[str, np.ndarray]:
     """Evaluate a specialised op on its named arguments; returns every result by name.
 
@@ -71,6 +101,8 @@ def run(op: OpTE, args: Mapping[str, np.ndarray | int | float]) -> dict[str, np.
 
 
 def _pad(op: OpTE, pad, env: dict[str, np.ndarray]) -> np.ndarray:
+    if pad.source not in env:  # a pad of a pad view
+        env[pad.source] = _pad(op, op.pads[pad.source], env)
     src = env[pad.source]
     widths = [(int(lo.value), int(hi.value)) for lo, hi in zip(pad.lo, pad.hi)]
     return np.pad(src, widths, constant_values=float(pad.value.value) if src.dtype.kind == "f" else pad.value.value)
@@ -88,8 +120,10 @@ class _Statement:
         self.ndim = len(order)
 
     def evaluate(self) -> np.ndarray:
-        value = self._eval(self.compute.body)
         out_shape = tuple(self.extent[ax.var.name] for ax in self.compute.axes)
+        if 0 in out_shape:  # nothing to compute (and nothing may be read: its reads never run)
+            return np.empty(out_shape, dtype=wide(self.op.tensors[self.compute.tensor].dtype))
+        value = self._eval(self.compute.body)
         value = np.asarray(value)
         value = value.reshape(value.shape + (1,) * (self.ndim - value.ndim)) if value.ndim else value
         if value.ndim:
@@ -118,6 +152,8 @@ class _Statement:
         if isinstance(e, Reduce):
             for ax in e.axes:
                 self.extent[ax.var.name] = int(ax.extent.value)
+            if any(self.extent[ax.var.name] == 0 for ax in e.axes):  # an empty reduction: its identity
+                return np.asarray(_identity(e.op, e.dtype), dtype=wide(e.dtype)).reshape((1,) * self.ndim)
             body = np.asarray(self._eval(e.body))
             axes = tuple(self.axis_of[ax.var.name] for ax in e.axes)
             full = list(np.broadcast_shapes(body.shape, (1,) * self.ndim))
@@ -126,16 +162,16 @@ class _Statement:
             body = np.broadcast_to(body, full)
             return _REDUCE[e.op](body, axis=axes, keepdims=True).astype(wide(e.dtype))
         if isinstance(e, Binary):
-            return _BINARY[e.op](self._eval(e.a), self._eval(e.b)).astype(wide(e.dtype))
+            return _wrap(_BINARY[e.op](self._eval(e.a), self._eval(e.b)), e.dtype)
         if isinstance(e, Unary):
             a = self._eval(e.a)
-            return np.logical_not(a) if e.op == "not" else np.negative(a)
+            return np.logical_not(a) if e.op == "not" else _wrap(np.negative(a), e.dtype)
         if isinstance(e, Call):
             return np.asarray(_MATH[e.fn](self._eval(e.args[0]))).astype(wide(e.dtype))
         if isinstance(e, Cast):
             a = np.asarray(self._eval(e.a))
             if e.dtype.is_int and a.dtype.kind == "f":
-                a = np.trunc(a)
+                a = float_to_i64(a)
             if e.dtype.is_int:
                 return a.astype(e.dtype.numpy).astype(np.int64)  # wrap like a real cast
             if e.dtype.is_float and e.dtype.bits < 64 and e.dtype.name != "bf16":

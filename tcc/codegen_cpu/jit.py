@@ -51,6 +51,23 @@ def load_thread_runtime() -> bool:
     return False
 
 
+@functools.cache
+def load_soft_float_runtime() -> None:
+    """Load libgcc's conversion routines (``__truncdfhf2``: f64 -> f16, and the f16 helpers on
+    hosts without F16C). x86 has no instruction for them, so LLVM emits calls; an engine that
+    cannot resolve a call jumps to address 0. A host without libgcc_s cannot run f16 kernels."""
+    for name in ("libgcc_s.so.1", ctypes.util.find_library("gcc_s")):
+        if not name:
+            continue
+        try:
+            llvm.load_library_permanently(name)
+            return
+        except RuntimeError:
+            continue
+    raise TccCompileError("cannot load libgcc_s, which f16 conversions need on this host",
+                          hint="install the GCC runtime library (libgcc-s1)")
+
+
 @contextlib.contextmanager
 def _passive_wait():
     """libgomp reads its wait policy once, when it loads: make its threads sleep at once instead of
@@ -165,6 +182,7 @@ class LoadedObject:
     def __init__(self, obj: bytes):
         _init()
         load_thread_runtime()  # a cached object may call GOMP_parallel: resolve it before linking
+        load_soft_float_runtime()
         keep_freed_memory()
         with _LOCK:
             self._engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), new_target_machine())

@@ -598,8 +598,11 @@ class _FunctionBuilder:
             return b.uitofp(v, to) if dst.is_float else b.zext(v, to)
         if src.is_float and dst.is_float:
             return b.fpext(v, to) if dst.bits > src.bits else b.fptrunc(v, to)
-        if src.is_float:
-            return b.fptosi(v, to)
+        if src.is_float:  # the language's rule: truncate, saturate to i64 (NaN: 0), wrap to the width
+            wide = _like(v.type, ir.IntType(64))
+            sat = b.call(self._declare(f"llvm.fptosi.sat.{_type_suffix(wide)}.{_type_suffix(v.type)}",
+                                       ir.FunctionType(wide, [v.type])), [v])
+            return sat if dst.bits == 64 else b.trunc(sat, to)
         if dst.is_float:
             return b.sitofp(v, to)
         if dst.bits > src.bits:
@@ -828,12 +831,9 @@ class _FunctionBuilder:
         ty = x.type
         f = lambda v: _const(ty, v)  # noqa: E731
         scalef = _avx512()
-        if scalef:  # clamp with selects that keep NaN (x86 max/min would drop it)
-            xc = b.select(b.fcmp_ordered("<", x, f(-104.0)), f(-104.0), x)
-            xc = b.select(b.fcmp_ordered(">", xc, f(89.0)), f(89.0), xc)
-        else:
-            xc = b.call(self._intrinsic("minnum", ty, 2), [b.call(self._intrinsic("maxnum", ty, 2), [x, f(-87.0)]),
-                                                             f(88.0)])
+        # clamp with selects that keep NaN (x86 max/min would drop it)
+        xc = b.select(b.fcmp_ordered("<", x, f(-104.0)), f(-104.0), x)
+        xc = b.select(b.fcmp_ordered(">", xc, f(89.0)), f(89.0), xc)
         n = b.call(self._intrinsic("floor", ty), [b.call(self._intrinsic("fmuladd", ty, 3),
                                                          [xc, f(1.44269504088896341), f(0.5)])])
         fma = self._intrinsic("fma", ty, 3)
@@ -845,11 +845,15 @@ class _FunctionBuilder:
         p = b.call(fma, [p, b.fmul(r, r), b.fadd(r, f(1.0))])
         if scalef:
             return self._scalef(p, n)
+        # 2**n for n in [-150, 129] as two normal powers of two, 2**(n//2) * 2**(n - n//2): the
+        # first product is exact, the second rounds once, into the subnormals or to inf
         ity = ir.VectorType(I32, ty.count)
-        bits = b.shl(b.add(b.fptosi(n, ity), _const(ity, 127)), _const(ity, 23))
-        y = b.fmul(p, b.bitcast(bits, ty))
-        y = b.select(b.fcmp_ordered(">", x, f(88.72283)), f(float("inf")), y)
-        y = b.select(b.fcmp_ordered("<", x, f(-103.97)), f(0.0), y)
+        ni = b.fptosi(n, ity)
+        half = b.ashr(ni, _const(ity, 1))
+
+        def pow2(k: ir.Value) -> ir.Value:
+            return b.bitcast(b.shl(b.add(k, _const(ity, 127)), _const(ity, 23)), ty)
+        y = b.fmul(b.fmul(p, pow2(half)), pow2(b.sub(ni, half)))
         return b.select(b.fcmp_unordered("uno", x, x), x, y)
 
     def _scalef(self, p: ir.Value, n: ir.Value) -> ir.Value:
@@ -984,10 +988,12 @@ def _like(ty: ir.Type, elem: ir.Type) -> ir.Type:
 
 
 def _type_suffix(ty: ir.Type) -> str:
-    scalar = {"half": "f16", "float": "f32", "double": "f64"}
+    """The overload suffix of an LLVM intrinsic for ``ty``: ``f32``, ``v8f64``, ``v16i8``, ..."""
     if isinstance(ty, ir.VectorType):
-        return f"v{ty.count}{scalar[str(ty.element)]}"
-    return scalar[str(ty)]
+        return f"v{ty.count}{_type_suffix(ty.element)}"
+    if isinstance(ty, ir.IntType):
+        return f"i{ty.width}"
+    return {"half": "f16", "float": "f32", "double": "f64"}[str(ty)]
 
 
 def _const_extent(s: For) -> int:

@@ -487,6 +487,8 @@ def convert(x: str, src: DType, dst: DType) -> str:
         return f"tcc_f16_to_f32(tcc_f64_to_f16({x}))"
     if dst.name in ("f16", "bf16"):
         return f"tcc_round_{dst.name}((float){x})"
+    if src.is_float and dst.is_int:  # truncate, saturate to i64 (NaN: 0; cvt.rzi does both), wrap
+        return f"(({_VALUE_TYPE[dst.name]})(long long){x})"
     return f"({_VALUE_TYPE[dst.name]}){x}"
 
 

@@ -27,7 +27,7 @@ from tcc.passes.cache import cache
 from tcc.passes.compute_at import compute_at
 from tcc.passes.epilogue import store_epilogue
 from tcc.passes.fuse import fuse
-from tcc.passes.loopnest import fresh, linear_coeff, loop_names, on_loops, stores, subst
+from tcc.passes.loopnest import fresh, linear_coeff, loads, loop_names, on_loops, stores, subst
 from tcc.passes.pack_gather import gather_into_packs
 from tcc.passes.parallel import parallel
 from tcc.passes.pixels import merge_pixels
@@ -353,7 +353,7 @@ def _group_parallel(func: LoopFunc, outer: list[str], nthreads: int) -> str | No
         return None
     for name in outer:
         loop = _find_loop(func, name)
-        if int(getattr(loop.extent, "value", 0)) >= nthreads:
+        if loop is not None and int(getattr(loop.extent, "value", 0)) >= nthreads:
             try:
                 parallel(func, name)
             except TccScheduleError:
@@ -363,7 +363,7 @@ def _group_parallel(func: LoopFunc, outer: list[str], nthreads: int) -> str | No
 
 
 def _inside_parallel(func: LoopFunc, outer: list[str]) -> bool:
-    return any(_find_loop(func, name).kind == "parallel" for name in outer)
+    return any(getattr(_find_loop(func, name), "kind", "") == "parallel" for name in outer)
 
 
 def _parallel_axis(m: int, n: int, mr: int, nr: int, nthreads: int) -> str:
@@ -396,6 +396,9 @@ def fuse_rows(func: LoopFunc) -> LoopFunc:
         producer = next((s for s in items if isinstance(s, For) and any(st.buffer == t for st in stores(s))), None)
         if producer is None or producer.kind != "serial":
             continue
+        consumer = next((s for s in items[items.index(producer) + 1:] if t in {ld.buffer for ld in loads(s)}), None)
+        if not (isinstance(consumer, For) and consumer.var.name == producer.var.name):
+            continue  # only into the consumer's outer loop: deeper, it would be recomputed per outer iteration
         try:
             func = compute_at(func, t, producer.var.name)
         except TccScheduleError:
@@ -457,8 +460,9 @@ def _parallelize_items(func: LoopFunc, body: Stmt) -> LoopFunc:
                 continue
             except TccScheduleError:
                 pass
-        if _is_group(item):
-            func = _parallelize_items(func, _find_loop(func, item.var.name).body)
+        group = _find_loop(func, item.var.name) if _is_group(item) else None
+        if group is not None:  # (None: an earlier step renamed it, fusing it with another loop)
+            func = _parallelize_items(func, group.body)
     return func
 
 
@@ -478,8 +482,8 @@ def _has_parallel(s: Stmt) -> bool:
     return any(isinstance(n, For) and n.kind == "parallel" for n in walk_stmts(s))
 
 
-def _find_loop(func: LoopFunc, name: str) -> For:
-    return next(f for f in walk_stmts(func.body) if isinstance(f, For) and f.var.name == name)
+def _find_loop(func: LoopFunc, name: str) -> For | None:
+    return next((f for f in walk_stmts(func.body) if isinstance(f, For) and f.var.name == name), None)
 
 
 def _vector_candidates(func: LoopFunc) -> list[str]:
@@ -503,8 +507,6 @@ def _unit_store(f: For) -> bool:
 
 
 def _unit_load(f: For) -> bool:
-    from tcc.passes.loopnest import loads
-
     return any(ld.indices and linear_coeff(ld.indices[-1], f.var.name) == 1 for ld in loads(f.body))
 
 

@@ -25,7 +25,9 @@ LOCAL_BYTES = 16 * 1024
 
 
 def cache(func: LoopFunc, tensor: str, at: str, scope: str | None = None, span: Span | None = None) -> LoopFunc:
-    require_loop(func, at, span)
+    if any(f.kind == "vector" for f in require_loop(func, at, span)):
+        raise TccScheduleError(f"loop {at} is vectorised: a copy inside it would run once per lane", span,
+                               "cache at a loop outside the vector loop")
     buffers = func.buffers()
     if tensor not in buffers:
         raise TccScheduleError(f"op {func.name} has no tensor {tensor!r}", span,

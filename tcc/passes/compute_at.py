@@ -12,9 +12,9 @@ import math
 from dataclasses import replace
 
 from tcc.errors import Span, TccScheduleError
-from tcc.ir.expr import Expr, Load, free_vars, transform, walk
-from tcc.ir.loops import Allocate, For, LoopFunc, Stmt, Store, map_stmt, seq, stmt_exprs, walk_stmts
-from tcc.passes.loopnest import map_exprs, stores, subst
+from tcc.ir.expr import Expr, Load, Var, free_vars, transform, walk
+from tcc.ir.loops import Allocate, For, LoopFunc, Seq, Stmt, Store, map_stmt, seq, stmt_exprs, walk_stmts
+from tcc.passes.loopnest import allocated, loads, loop_names, map_exprs, stores, subst
 
 LOCAL_BYTES = 32 * 1024
 
@@ -32,7 +32,8 @@ def compute_at(func: LoopFunc, tensor: str, loop: str, span: Span | None = None)
     if target is None:
         raise TccScheduleError(f"the consumer of {tensor} has no loop {loop!r}", span)
     dim = _check(producer, items[ci], target, tensor, span)
-    moved = subst(producer.body, {producer.var.name: target.var})
+    _check_dependences(producer, items[pi + 1:ci], items[ci], target, tensor, span)
+    moved = _rename_clashes(func, subst(producer.body, {producer.var.name: target.var}), items[ci], target)
     consumer = map_stmt(items[ci], lambda s: replace(s, body=seq(moved, s.body)) if s == target else None)
     items = items[:pi] + items[pi + 1:ci] + [consumer] + items[ci + 1:]
     body = seq(*items)
@@ -51,8 +52,6 @@ def _top_level(body: Stmt):
     while isinstance(body, Allocate):
         allocs.append(body.buffer)
         body = body.body
-    from tcc.ir.loops import Seq
-
     return allocs, list(body.stmts) if isinstance(body, Seq) else [body]
 
 
@@ -80,6 +79,48 @@ def _check(producer: For, consumer: Stmt, target: For, tensor: str, span: Span |
            if producer.var.name not in free_vars(x)):
         raise TccScheduleError(f"{target.var.name} is used inside {tensor}'s computation", span)
     return dim
+
+
+def _check_dependences(producer: For, between: list[Stmt], consumer: Stmt, target: For, tensor: str,
+                       span: Span | None) -> None:
+    """The producer moves past ``between`` and into ``consumer``: refuse when that changes what
+    any statement reads. Nothing in between may touch what the producer writes, nor write what it
+    reads; the consumer may read the producer's other results only at the moved loop's index."""
+    private = allocated(producer)
+    written = {st.buffer for st in stores(producer)} - private
+    read = {ld.buffer for ld in loads(producer)} - private
+    for s in between:
+        touched = {st.buffer for st in stores(s)} | {ld.buffer for ld in loads(s)}
+        clash = sorted(written & touched) or sorted(read & {st.buffer for st in stores(s)})
+        if clash:
+            raise TccScheduleError(f"computing {tensor} later would reorder it with a statement that uses "
+                                   f"{clash[0]}; that would change the result", span)
+    if {st.buffer for st in stores(consumer)} & read:
+        raise TccScheduleError(f"the consumer of {tensor} writes what {tensor} reads", span)
+    dims = {name: {i for st in stores(producer) if st.buffer == name for i, x in enumerate(st.indices)
+                   if x == producer.var} for name in written if name != tensor}
+    for ld in loads(consumer):
+        if ld.buffer in dims and (len(dims[ld.buffer]) != 1
+                                  or ld.indices[next(iter(dims[ld.buffer]))] != target.var):
+            raise TccScheduleError(f"the consumer reads {ld.buffer} (also computed in {tensor}'s loop) at other "
+                                   f"values of {target.var.name}; that would change the result", span)
+
+
+def _rename_clashes(func: LoopFunc, moved: Stmt, consumer: Stmt, target: For) -> Stmt:
+    """Rename the moved loops whose names a loop around (or at) the target already uses."""
+    around = {f.var.name for f in walk_stmts(consumer) if isinstance(f, For) and _encloses(f, target)}
+    taken = loop_names(func.body) | set(func.buffers()) | {p.name for p in func.params}
+    for name in sorted(loop_names(moved) & around):
+        new = next(f"{name}{n}" for n in range(2, len(taken) + 3) if f"{name}{n}" not in taken)
+        taken.add(new)
+        moved = map_stmt(subst(moved, {name: Var(new)}),
+                         lambda s, name=name, new=new: replace(s, var=Var(new))
+                         if isinstance(s, For) and s.var.name == name else None)
+    return moved
+
+
+def _encloses(outer: For, inner: For) -> bool:
+    return outer is inner or any(n is inner for n in walk_stmts(outer.body))
 
 
 def _fold(loop: For, buf, dim: int) -> Stmt:

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from tcc.errors import Span, TccScheduleError
 from tcc.ir.expr import Expr, substitute
-from tcc.ir.loops import Allocate, For, LoopFunc, Seq, Stmt, Store, map_stmt, seq
+from tcc.ir.loops import Allocate, For, LoopFunc, Stmt, Store, map_stmt, seq, walk_stmts
 from tcc.passes.loopnest import replace_loads, stores
 
 
@@ -33,8 +33,8 @@ def inline(func: LoopFunc, tensor: str, span: Span | None = None) -> LoopFunc:
     def drop(s: Stmt) -> Stmt | None:
         if isinstance(s, Allocate) and s.buffer.name == tensor:
             return s.body
-        if isinstance(s, Seq):
-            return seq(*(c for c in s.stmts if not (isinstance(c, For) and _defines(c, tensor))))
+        if s == loops[0]:  # the producer's nest, wherever it sits (alone in a body or in a sequence)
+            return seq()
         return None
 
     body = map_stmt(func.body, drop)
@@ -46,8 +46,6 @@ def _defines(s: For, tensor: str) -> bool:
 
 
 def _producer(body: Stmt, tensor: str) -> tuple[list[For], Store] | None:
-    from tcc.ir.loops import walk_stmts
-
     for s in walk_stmts(body):  # outer loops first: a group loop around the nest is skipped
         if isinstance(s, For) and _defines(s, tensor):
             loops = []

@@ -14,7 +14,7 @@ from dataclasses import fields, replace
 from tcc import dtypes
 from tcc.dtypes import DType
 from tcc.ir.expr import Binary, Const, Expr, Load, Read, Reduce, Select, Var, cast, substitute
-from tcc.ir.loops import Allocate, Buffer, For, LoopFunc, Stmt, Store, seq
+from tcc.ir.loops import Allocate, Buffer, For, LoopFunc, Stmt, Store, map_stmt, seq
 from tcc.ir.te import Compute, OpTE, Pad
 
 I64 = dtypes.i64
@@ -46,6 +46,13 @@ def combine(op: str, acc: Expr, value: Expr) -> Expr:
     return Binary(binop, acc, value, acc.dtype)
 
 
+def _drop_empty_loops(body: Stmt) -> Stmt:
+    """Loops that run zero times (a zero-size dim) go: what they would store touches no element,
+    and passes and code generators need not reason about tensors without elements."""
+    return map_stmt(body, lambda s: seq() if isinstance(s, For) and isinstance(s.extent, Const)
+                    and s.extent.value == 0 else None)
+
+
 class _Lowering:
     def __init__(self, op: OpTE):
         self.op = op
@@ -64,7 +71,7 @@ class _Lowering:
         params.extend(self._buffer(r) for r in op.results)
         internal = {t for g in op.groups for t in g.internal}
         temps = [c.tensor for c in op.computes if op.tensors[c.tensor].kind == "temp" and c.tensor not in internal]
-        body = seq(*self._nests())
+        body = _drop_empty_loops(seq(*self._nests()))
         for name in reversed(temps):
             body = Allocate(self._buffer(name), body)
         return LoopFunc(op.name, params, body)

@@ -25,6 +25,9 @@ def split(func: LoopFunc, loop: str, factor: int, outer: str | None = None, inne
         raise TccScheduleError(f"split factor of {loop} must be a positive integer, got {factor!r}", span)
     for found in loops:
         const_extent(found, span)
+        if found.kind in ("vector", "unroll"):  # its lanes or copies are one unit: split it first
+            raise TccScheduleError(f"loop {loop} is already marked {found.kind}; it cannot be split", span,
+                                   f"split (or unroll by a factor) before the step that marks {loop} {found.kind}")
     outer = outer or fresh(func, f"{loop}_o")
     inner = inner or fresh(func, f"{loop}_i")
     if outer == inner:

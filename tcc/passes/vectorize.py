@@ -18,7 +18,7 @@ from dataclasses import replace
 
 from tcc.errors import Span, TccScheduleError
 from tcc.ir.expr import Binary, Expr, Load, Var, const, free_vars, iadd, walk
-from tcc.ir.loops import Allocate, Buffer, For, If, LoopFunc, Seq, Stmt, Store, map_stmt, seq, walk_stmts
+from tcc.ir.loops import Allocate, Buffer, For, If, Let, LoopFunc, Seq, Stmt, Store, map_stmt, seq, walk_stmts
 from tcc.passes.loopnest import (
     allocated,
     const_extent,
@@ -114,18 +114,29 @@ def _rfactor(func: LoopFunc, loop: str, acc: str, lanes: int, span: Span | None)
             return None
         return replace(f, body=map_stmt(map_exprs(f.body, to_vec), node))
 
-    def wrap(n: Stmt) -> Stmt | None:
-        if not (isinstance(n, Allocate) and n.buffer.name == acc):
-            return None
-        children = list(n.body.stmts) if isinstance(n.body, Seq) else [n.body]
+    lane = Var(f"{acc}_lane")
+    init = For(lane, const(lanes), Store(accv.name, (lane,), reduce_identity(op, buf.dtype)), kind="vector")
+
+    def place(s: Stmt) -> Stmt:
+        """Partial sums start right before the reduction loops and fold right after them, in
+        the sequence that holds the loops (inside any buffers allocated between), so that no
+        statement after the loops reads the accumulator before its lanes are folded."""
+        children = list(s.stmts) if isinstance(s, Seq) else [s]
         hits = [i for i, c in enumerate(children) if loops_named(c, loop)]
         if not hits or hits != list(range(hits[0], hits[-1] + 1)):
             raise TccScheduleError(f"cannot vectorize the reduction into {acc} over {loop}", span)
-        lane = Var(f"{acc}_lane")
-        init = For(lane, const(lanes), Store(accv.name, (lane,), reduce_identity(op, buf.dtype)), kind="vector")
+        only = children[hits[0]]
+        if len(hits) == 1 and isinstance(only, Allocate | Let):
+            children[hits[0]] = replace(only, body=place(only.body))
+            return seq(*children)
         bodies = [on_loops(replace(func, body=children[i]), loop, rewrite_loop).body for i in hits]
         children[hits[0]:hits[-1] + 1] = [init, *bodies, *_fold(acc, accv, buf, op, lanes)]
-        return replace(n, body=Allocate(accv, seq(*children)))
+        return seq(*children)
+
+    def wrap(n: Stmt) -> Stmt | None:
+        if not (isinstance(n, Allocate) and n.buffer.name == acc):
+            return None
+        return replace(n, body=Allocate(accv, place(n.body)))
 
     found = [n for n in walk_stmts(func.body) if isinstance(n, Allocate) and n.buffer.name == acc]
     if not found or buf.scope != "local" or buf.size != 1:

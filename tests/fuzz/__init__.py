@@ -1,0 +1,1 @@
+"""Differential fuzzing of tcc: random valid programs against the reference interpreter."""

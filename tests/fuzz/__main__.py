@@ -1,0 +1,48 @@
+"""``python -m fuzz -n 5000 [--target cuda] [--schedules 2] [--workers 2]`` (with ``tests`` on
+PYTHONPATH; ``make fuzz N=5000`` does that): fuzz seeds and print every failure and a summary.
+Exit status 1 when any program crashed, timed out, raised an internal error or mismatched."""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import tempfile
+
+from tqdm import tqdm
+
+from fuzz.pool import run_seeds
+
+FAILURES = ("mismatch", "internal", "crash", "timeout")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m fuzz", description=__doc__)
+    ap.add_argument("-n", type=int, default=200, help="number of programs")
+    ap.add_argument("--start", type=int, default=0, help="first seed")
+    ap.add_argument("--target", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--schedules", type=int, default=1, help="random user schedules per op")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=120.0, help="seconds per program")
+    ap.add_argument("--show-rejected", action="store_true", help="print programs the frontend refused")
+    args = ap.parse_args(argv)
+    jobs = ({"seed": s, "target": args.target, "schedules": args.schedules, "bf16": args.target == "cuda"}
+            for s in range(args.start, args.start + args.n))
+    counts: collections.Counter = collections.Counter()
+    scheduled = refused = 0
+    with tempfile.TemporaryDirectory(prefix="tcc-fuzz-") as cache:
+        outcomes = run_seeds(jobs, args.workers, args.timeout, env={"TCC_CACHE_DIR": cache})
+        for o in tqdm(outcomes, total=args.n, desc=f"fuzz {args.target}", file=sys.stderr):
+            counts[o["status"]] += 1
+            scheduled += o["schedules"]
+            refused += o["refused"]
+            if o["status"] in FAILURES or (args.show_rejected and o["status"] == "rejected"):
+                tqdm.write(f"seed {o['seed']}: {o['status']}: {o['detail']}")
+    summary = ", ".join(f"{counts[k]} {k}" for k in ("ok", *FAILURES, "rejected"))
+    print(f"fuzz {args.target}: {args.n} programs: {summary}; "
+          f"{scheduled} random schedules ({refused} refused as TccScheduleError)")
+    return 1 if any(counts[k] for k in FAILURES) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

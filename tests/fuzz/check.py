@@ -1,0 +1,199 @@
+"""Run one generated program with tcc and compare it with the reference interpreter.
+
+This is what a fuzz worker process does for each seed. The outcome is one of:
+``ok``; ``mismatch`` (a wrong answer: the worst case is in the detail); ``internal`` (an
+exception that is not a ``TccError``, or a ``TccError`` from past the frontend on a valid
+program); ``rejected`` (the frontend or the bounds proof refused the program: a generator bug
+or a tcc bug, reviewed by hand; counted apart). A random schedule that tcc refuses with a
+``TccScheduleError`` is fine; one it accepts must give the right answer.
+"""
+
+from __future__ import annotations
+
+import random
+import traceback
+from dataclasses import dataclass
+
+import numpy as np
+
+import tcc
+from fuzz.generate import Program, generate
+from tcc.errors import (
+    TccBoundsError,
+    TccError,
+    TccNameError,
+    TccScheduleError,
+    TccShapeError,
+    TccSyntaxError,
+    TccTypeError,
+)
+from tcc.ir.loops import For, walk_stmts
+from tcc.testing import max_relative_error, random_args, reference_results
+
+# The largest error, relative to the result's largest magnitude (at least 1), that rounding can
+# explain for a program whose least precise float type is the key.
+BOUND = {"bf16": 6e-2, "f16": 2e-2, "f32": 1e-4, "f64": 1e-9}
+FRONTEND_ERRORS = (TccSyntaxError, TccTypeError, TccBoundsError, TccNameError, TccShapeError)
+
+
+@dataclass
+class Outcome:
+    seed: int
+    status: str  # ok | mismatch | internal | rejected
+    detail: str = ""
+    schedules: int = 0  # random schedules tried
+    refused: int = 0  # ... that tcc refused with a TccScheduleError
+
+
+def bound_for(source: str) -> float:
+    for name in ("bf16", "f16", "f32"):
+        if name in source:
+            return BOUND[name]
+    return BOUND["f64"]
+
+
+def check_seed(seed: int, target: str = "cpu", schedules: int = 0, bf16: bool = False) -> Outcome:
+    """Generate the program of ``seed``, run every op on fresh random data (and under
+    ``schedules`` random user schedules each), compare with the reference."""
+    return check_program(generate(seed, bf16=bf16), target, schedules)
+
+
+def check_program(prog: Program, target: str = "cpu", schedules: int = 0) -> Outcome:
+    seed = prog.seed
+    try:
+        lib = tcc.compile(prog.source, target=target)
+    except TccError as exc:  # compile() only parses and checks: the frontend refused it
+        return Outcome(seed, "rejected", f"{type(exc).__name__}: {exc}")
+    except Exception as exc:  # noqa: BLE001 - anything else is a bug to report
+        return Outcome(seed, "internal", _describe(exc))
+    out = Outcome(seed, "ok")
+    rnd = random.Random(seed)
+    for case in prog.cases:
+        op = lib[case.name]
+        variants = [op] + [_random_schedule(op, case.bindings, rnd) for _ in range(schedules)]
+        for k, variant in enumerate(variants):
+            if variant is None:
+                continue
+            out.schedules += k > 0
+            status, detail = _run_case(prog, variant, case.bindings, seed * 1000 + k)
+            if status == "refused":
+                out.refused += 1
+                continue
+            if status != "ok":
+                what = f"{case.name}" + (f" with schedule {variant.user_schedule}" if k else "")
+                return Outcome(seed, status, f"{what}: {detail}", out.schedules, out.refused)
+    return out
+
+
+def _run_case(prog: Program, op, bindings: dict[str, int], data_seed: int) -> tuple[str, str]:
+    rng = np.random.default_rng(data_seed)
+    cparams = {k: v for k, v in bindings.items() if k in op.te.cparams}
+    try:
+        full = {**op.te.cparams, **bindings}
+        args = random_args(op.te, full, rng)
+        expected = reference_results(op.te, args, full)
+    except FRONTEND_ERRORS as exc:
+        return "rejected", f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # noqa: BLE001
+        return "internal", "reference: " + _describe(exc)
+    outs = tuple(np.full(e.shape, np.nan if e.dtype.kind == "f" else 99, e.dtype) for e in expected)
+    try:
+        got = op(*args, out=outs[0] if len(outs) == 1 else outs, **cparams)
+    except TccScheduleError:
+        return "refused", ""
+    except FRONTEND_ERRORS as exc:
+        return "rejected", f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # noqa: BLE001
+        return "internal", _describe(exc)
+    got = got if isinstance(got, tuple) else (got,)
+    bound = bound_for(prog.source)
+    for r, g, e in zip(op.te.results, got, expected):
+        problem = _compare(np.asarray(g), e, bound)
+        if problem:
+            return "mismatch", f"result {r}: {problem}"
+    return "ok", ""
+
+
+def _compare(got: np.ndarray, want: np.ndarray, bound: float) -> str:
+    if got.shape != want.shape:
+        return f"shape {got.shape} != {want.shape}"
+    if want.dtype.kind in "biu":
+        bad = np.flatnonzero(got.ravel() != want.ravel())
+        if bad.size:
+            i = bad[0]
+            return f"{bad.size} of {want.size} differ, first at {np.unravel_index(i, want.shape)}: " \
+                   f"{got.ravel()[i]} != {want.ravel()[i]}"
+        return ""
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    nan_g, nan_w = np.isnan(g), np.isnan(w)
+    if (nan_g != nan_w).any():
+        i = np.flatnonzero((nan_g != nan_w).ravel())[0]
+        return f"NaN at {np.unravel_index(i, want.shape)} differs: {g.ravel()[i]} vs {w.ravel()[i]}"
+    inf = np.isinf(w) | np.isinf(g)
+    if (g[inf] != w[inf]).any():
+        i = np.flatnonzero((inf & (g != w)).ravel())[0]
+        return f"inf at {np.unravel_index(i, want.shape)} differs: {g.ravel()[i]} vs {w.ravel()[i]}"
+    fin = ~(nan_w | inf)
+    err = max_relative_error(np.where(fin, g, 0), np.where(fin, w, 0))
+    if err > bound:
+        diff = np.where(fin, np.abs(g - w), 0)
+        i = int(np.argmax(diff))
+        return f"max relative error {err:.3g} > {bound:g} at {np.unravel_index(i, want.shape)}: " \
+               f"{g.ravel()[i]} vs {w.ravel()[i]}"
+    return ""
+
+
+def _random_schedule(op, bindings: dict[str, int], rnd: random.Random):
+    """A random user schedule over the op's loop names and tensors (legal or not: tcc must
+    either refuse it with a TccScheduleError or give the right answer)."""
+    try:
+        loops = op.lowered({**op.te.cparams, **bindings}).loops
+    except TccError:
+        return None
+    fors = [s for s in walk_stmts(loops.body) if isinstance(s, For)]
+    names = [f.var.name for f in fors]
+    tensors = [t for t in op.te.tensors if t not in op.te.inputs]
+    if not names:
+        return None
+    steps = []
+    for _ in range(rnd.randint(1, 4)):
+        kind = rnd.choice(["split", "unroll", "vectorize", "parallel", "reorder", "fuse", "cache",
+                           "compute_at", "inline", "decompose", "tile", "conv"])
+        loop = rnd.choice(names)
+        if kind == "split":
+            steps.append(f"split({loop}, {rnd.choice([2, 3, 4, 8])})")
+            names += [f"{loop}_o", f"{loop}_i"]
+        elif kind == "tile" and len(names) > 1:
+            a, b = rnd.sample(names, 2)
+            steps.append(f"tile({a}, {b}, {rnd.choice([2, 4])}, {rnd.choice([4, 8])})")
+            names += [f"{a}_o", f"{a}_i", f"{b}_o", f"{b}_i"]
+        elif kind == "unroll":
+            steps.append(f"unroll({loop}, {rnd.choice([2, 4])})")
+        elif kind == "vectorize":
+            steps.append(f"vectorize({loop})")
+        elif kind == "parallel":
+            steps.append(f"parallel({loop})")
+        elif kind == "reorder" and len(names) > 1:
+            steps.append(f"reorder({', '.join(rnd.sample(names, 2))})")
+        elif kind == "fuse" and len(names) > 1:
+            a, b = rnd.sample(names, 2)
+            steps.append(f"fuse({a}, {b})")
+            names.append(f"{a}_{b}")
+        elif kind in ("cache", "compute_at") and tensors:
+            steps.append(f"{kind}({rnd.choice(tensors + list(op.te.inputs))}, {loop})")
+        elif kind in ("inline", "decompose") and tensors:
+            steps.append(f"{kind}({rnd.choice(tensors)})")
+        elif kind == "conv":
+            steps.append(f"conv({rnd.choice(['im2col', 'direct', 'auto'])})")
+    if not steps:
+        return None
+    try:
+        return op.schedule("; ".join(steps))
+    except TccScheduleError:
+        return None
+
+
+def _describe(exc: BaseException) -> str:
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = f" at {tb[-1].filename.split('tcc/')[-1]}:{tb[-1].lineno} ({tb[-1].name})" if tb else ""
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}{where}"

@@ -1,0 +1,147 @@
+"""Programs the differential fuzzer (tests/fuzz) found wrong, each shrunk by hand and checked
+against the reference on random data. Grouped by the bug they exposed."""
+
+import numpy as np
+import pytest
+from helpers import check_op
+
+import tcc
+
+
+def test_f64_to_f16_stores_round_like_numpy(rng):
+    """x86 has no f64 -> f16 instruction: LLVM calls libgcc's __truncdfhf2, which the engine
+    could not resolve (a jump to address 0)."""
+    lib = tcc.compile("op fz(X: f64[N]) -> Y0: f16[N] { Y0[i] = X[i] }")
+    x = np.concatenate([rng.standard_normal(37) * 1e3, [65519.9, 65520.0, 1e-8, -6.1e-5, np.inf, np.nan]])
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(lib.fz(x), x.astype(np.float16))
+    check_op("op fz(X: f64[N]) -> Y0: f32[N] { Y0[i] = f16(X[i] * 3.0) }", "fz", dict(N=7), rng)
+
+
+@pytest.mark.parametrize("source", [
+    "op fz(X: i32[66]) -> Y: i32[33] { Y[i] = X[2*i] }",
+    "op fz(X: i64[33]) -> Y: i64[35] { Xp = pad(X, [1]); Y[i] = Xp[i] }",
+    "op fz(X: i8[33, 4]) -> Y: bool[33] { Y[i] = X[i, 0] > 1 }",
+    "op fz(X: bool[70]) -> Y: bool[33] { Y[i] = X[2*i + 1] and X[2*i] }",
+])
+def test_strided_and_padded_integer_reads_vectorise(source, rng):
+    """Masked loads and gathers of integer vectors named their intrinsic with a float suffix."""
+    check_op(source, "fz", {}, rng)
+
+
+def test_integer_arithmetic_wraps_at_its_width_before_division(rng):
+    """i8 * i8 wraps at 8 bits before ``//``: the reference wrapped only at the store."""
+    x = np.array([100, -100, 12, 127, -128, 3, 0], np.int8)
+    src = "op fz(X: i8[N]) -> Y: i8[N] { Y[i] = (X[i] * X[i]) // 3 + (-X[i]) % 7 }"
+    check_op(src, "fz", dict(N=len(x)), rng, args=[x])
+
+
+def test_float_to_int_truncates_saturates_and_wraps(rng):
+    """One rule on every target: truncate, saturate to i64 (NaN to 0), wrap to the width."""
+    x = np.array([2.5, -2.5, 300.7, -129.9, 1e10, -1e30, 1e30, np.nan, np.inf, -np.inf, 0.0], np.float32)
+    src = "op fz(X: f32[N]) -> (A: i8[N], B: i32[N], C: i64[N]) { A[i] = i8(X[i]); B[i] = i32(X[i]); C[i] = i64(X[i]) }"
+    a, b, c = check_op(src, "fz", dict(N=len(x)), rng, args=[x])
+    assert a[2] == np.int8(300 - 256) and b[4] == np.int64(10**10).astype(np.int32) and c[6] == np.iinfo(np.int64).max
+    assert a[7] == b[7] == c[7] == 0
+
+
+def test_exp_is_exact_to_the_subnormals_on_every_isa(rng):
+    """Without AVX-512's vscalefps, exp clamped its input to [-87, 88]: exp(-100) gave 1.6e-38."""
+    x = np.array([-100.0, -103.5, -95.0, 88.5, 88.7, -87.5, 1.0], np.float32)
+    lib = tcc.compile("op fz(X: f32[N]) -> Y: f32[N] { Y[i] = exp(X[i]) }")
+    got = lib.fz(np.repeat(x, 5))  # vector body and tail
+    want = np.exp(np.repeat(x, 5).astype(np.float64)).astype(np.float32)
+    np.testing.assert_allclose(got, want, rtol=3e-7, atol=3e-45)
+
+
+def test_two_reductions_in_one_statement_fold_their_lanes_before_use(rng):
+    """The second reduction's accumulator sat in a nested buffer scope, so the first one's
+    vector lanes were folded after the statement that read it."""
+    src = "op fz(X0: f32[N, M]) -> Y0: f32[N, 5] { T0[i] = sum[k](X0[i, k]) + sum[r: 3](X0[i, r]); Y0[i, j] = T0[i] }"
+    x = (np.arange(56, dtype=np.float32).reshape(8, 7) / 10)
+    check_op(src, "fz", dict(N=8, M=7), rng, args=[x])
+    check_op(src, "fz", dict(N=33, M=1000), rng)
+    check_op("op fz(X: f32[N, M]) -> Y: f32[N] { Y[i] = max[k](X[i, k]) * sum[k](X[i, k]) - min[r: 2](X[i, r]) }",
+             "fz", dict(N=7, M=33), rng)
+
+
+@pytest.mark.parametrize("source, bindings", [
+    ("op fz(X1: f32[51], X2: f32[2, 33]) -> Y0: f32[19, 2] { Y0[i, j] = sum[k](X1[k + i] * X2[j, k]) }", {}),
+    ("""op fz(X: f32[N, C]) -> Y: f32[N, C] {
+        m[c] = max[n](X[n, c])
+        e[n, c] = exp(X[n, c] - m[c])
+        s[c] = sum[n](e[n, c])
+        Y[n, c] = e[n, c] / s[c]
+    }""", dict(N=7, C=33)),
+    ("op fz(X: f32[N, C]) -> Y: f32[N, C] { s[c] = sum[n](X[n, c]); Y[n, c] = X[n, c] / s[c] }", dict(N=1, C=1000)),
+    ("""op fz(X: f32[N, C, H, W]) -> Y: f32[N, C, H, W] {
+        mu[c] = sum[n, h, w](X[n, c, h, w]) / (N * H * W)
+        Y[n, c, h, w] = X[n, c, h, w] - mu[c]
+    }""", dict(N=2, C=3, H=5, W=7)),
+    ("op fz(X: f32[N]) -> Y: f32[N] { T[i] = X[i] * 2.0; Y[i] = X[i] + 1.0 }", dict(N=33)),
+])
+def test_reductions_over_outer_axes_feeding_intermediates(source, bindings, rng):
+    """compute_at moved a column reduction into the consumer's inner loop under the same name as
+    an outer one ("loop variable n shadows another"), recomputing it per row besides."""
+    check_op(source, "fz", bindings, rng)
+
+
+def test_compute_at_refuses_what_would_change_the_result(rng):
+    """compute_at moves the producer's whole nest: a statement in between that reads what it
+    computes, or a consumer reading its other results at other rows, makes it an error."""
+    src = """op fz(X: f32[N, M]) -> Y: f32[N, M] {
+        T1[i, j] = exp(X[i, j])
+        T2: f32[N, M]
+        T2[i, j] = exp(T1[N - 1 - i, j] - T1[i, j])
+        Y[i, j] = T1[i, j] + T2[i, j] * T2[i, j]
+    }"""
+    lib = tcc.compile(src)
+    x = rng.standard_normal((7, 33)).astype(np.float32)
+    want = lib.fz(x)
+    refused = 0
+    for steps in ("compute_at(T1, i_1)", "compute_at(T1, j_2)"):
+        try:
+            got = lib.fz.schedule(steps)(x)
+        except tcc.TccError as exc:
+            assert type(exc).__name__ == "TccScheduleError", exc
+            refused += 1
+            continue
+        np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=steps)
+    assert refused == 2  # T2 reads T1 at rows (and columns) not yet computed at that point
+
+
+def test_zero_size_dims_compile_and_leave_other_results_right(rng):
+    """A result with a zero-size dim: its loops are dropped (a vectorised store into it had a flat
+    stride of 0: "vector store to one element")."""
+    src = """op fz(X1: bool[M, K, N], X2: f32[N, K]) -> (Y0: f64[N, M, K], Y1: f32[K]) {
+        Y0[i, j, l] = max[k1: 1](((i32(X1[j, l, i]) % -2) // 3))
+        Y1[i] = sum[k](X2[k, i]) + sum[k: M](f32(X1[k, i, 0]))
+    }"""
+    y0, y1 = check_op(src, "fz", dict(M=0, K=16, N=2), rng)
+    assert y0.shape == (2, 0, 16) and y1.shape == (16,)
+
+
+@pytest.mark.parametrize("steps", ["vectorize(j); unroll(j, 2)", "vectorize(j); split(j, 2)",
+                                   "vectorize(i); cache(X, i)"])
+def test_steps_on_vector_loops_are_schedule_errors(steps, rng):
+    lib = tcc.compile("op fz(X: f32[N, M]) -> Y: f32[N, M] { Y[i, j] = X[j % N, i % M] * 2.0 }")
+    with pytest.raises(tcc.TccError) as err:
+        lib.fz.schedule(steps)(rng.standard_normal((3, 3)).astype(np.float32))
+    assert type(err.value).__name__ == "TccScheduleError"
+
+
+def test_inline_removes_a_producer_nest_that_is_alone_in_its_scope(rng):
+    src = """op fz(X: f32[N, M]) -> Y: f32[M] {
+        T[i, j] = X[i, j] * 3.0
+        Y[j] = sum[i](T[i, j])
+    }"""
+    lib = tcc.compile(src)
+    x = rng.standard_normal((7, 33)).astype(np.float32)
+    want = (x.astype(np.float64) * 3).sum(0)
+    for steps in ("inline(T)", "reorder(i, j); inline(T)"):
+        try:
+            got = lib.fz.schedule(steps)(x)
+        except tcc.TccError as exc:
+            assert type(exc).__name__ == "TccScheduleError", exc
+            continue
+        np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=steps)
