@@ -61,6 +61,14 @@ CASES = {
     "conv2d 3x3 64->64 56x56": ("conv2d", "examples/conv2d.tc", [[1, 64, 56, 56], [64, 64, 3, 3], [64]], {"P": 1}),
 }
 AXPY = "op axpy(a: f32, X: f32[N], Y: f32[N]) -> Z: f32[N] {\n    Z[i] = a * X[i] + Y[i]\n}\n"
+# The same work with and without an intermediate tensor (T is read twice, so it is kept).
+TWINS = """
+op with_t(X: f32[N]) -> Y: f32[N] {
+    T[i] = exp(X[i])
+    Y[i] = T[i] + T[N - 1 - i]
+}
+op without_t(X: f32[N]) -> Y: f32[N] { Y[i] = exp(X[i]) + exp(X[N - 1 - i]) }
+"""
 
 
 def start(case: tuple, cache_dir: str, target: str) -> dict:
@@ -86,19 +94,21 @@ def starts(runs: int, target: str) -> None:
         row(f"{target} {label}, warm start{note}", statistics.median(warm) * 1e3, "ms", "goal ≤ 15 ms")
 
 
-def per_call(fns: list[Callable[[], object]], rounds: int = 41, batch: int = 2000) -> list[float]:
-    """Median seconds per call of each function, timed in interleaved batches of this thread's CPU
-    time (so that other processes on a shared machine do not count)."""
+def per_call(fns: list[Callable[[], object]], rounds: int = 41, batch: int = 2000,
+             clock: Callable[[], float] = time.thread_time) -> list[float]:
+    """Median seconds per call of each function, timed in interleaved batches; by default in this
+    thread's CPU time, so that other processes on a shared machine do not count (the CUDA rows,
+    which wait for the device, use wall-clock time)."""
     times: list[list[float]] = [[] for _ in fns]
     for fn in fns:
         for _ in range(batch // 10):
             fn()
     for _ in range(rounds):
         for fn, ts in zip(fns, times):
-            s = time.thread_time()
+            s = clock()
             for _ in range(batch):
                 fn()
-            ts.append((time.thread_time() - s) / batch)
+            ts.append((clock() - s) / batch)
     return [statistics.median(ts) for ts in times]
 
 
@@ -117,6 +127,10 @@ def calls() -> None:
     new, into, anchor = per_call([lambda: lib.axpy(a, x, y), lambda: lib.axpy(a, x, y, out=z), lambda: a * x + y])
     row("cpu call, 256 elements, NumPy", new * 1e6, "µs", f"NumPy a*x+y {anchor * 1e6:.2f} µs")
     row("cpu call, 256 elements, NumPy, out=", into * 1e6, "µs", f"NumPy a*x+y {anchor * 1e6:.2f} µs")
+    twins = tcc.compile(TWINS)
+    np.testing.assert_allclose(twins.with_t(x), twins.without_t(x), rtol=1e-5)
+    with_t, without_t = per_call([lambda: twins.with_t(x, out=z), lambda: twins.without_t(x, out=z)])
+    row("cpu call, 256 elements, an intermediate, out=", with_t * 1e6, "µs", f"none {without_t * 1e6:.2f} µs")
     try:
         import torch
     except ImportError:
@@ -148,10 +162,25 @@ def cuda_calls() -> None:
     lib.axpy(a, x, y, out=z)
     torch.cuda.synchronize()
     torch.testing.assert_close(z, a * x + y)
-    new, into, anchor = per_call([lambda: lib.axpy(a, x, y), lambda: lib.axpy(a, x, y, out=z), lambda: a * x + y])
+    new, into, anchor = per_call([lambda: lib.axpy(a, x, y), lambda: lib.axpy(a, x, y, out=z), lambda: a * x + y],
+                                 clock=time.perf_counter)
     torch.cuda.synchronize()
     row("cuda call, 256 elements", new * 1e6, "µs", f"torch a*x+y {anchor * 1e6:.2f} µs")
     row("cuda call, 256 elements, out=", into * 1e6, "µs", f"torch a*x+y {anchor * 1e6:.2f} µs")
+    twins = tcc.compile(TWINS, target="cuda")
+    torch.testing.assert_close(twins.with_t(x), twins.without_t(x))
+    sync = torch.cuda.synchronize
+    with_t, without_t = per_call([lambda: (twins.with_t(x, out=z), sync()),
+                                  lambda: (twins.without_t(x, out=z), sync())], clock=time.perf_counter)
+    row("cuda call + sync, an intermediate, out=", with_t * 1e6, "µs", f"none {without_t * 1e6:.2f} µs")
+
+
+def _gpu() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
 
 
 def row(label: str, value: float, unit: str, anchor: str) -> None:
@@ -170,7 +199,9 @@ def main() -> None:
         starts(args.runs, "cpu")
     if args.only != "start":
         calls()
-    if args.cuda:
+    if args.cuda and not _gpu():
+        print("no CUDA device: CUDA rows skipped")
+    elif args.cuda:
         if args.only != "call":
             starts(args.runs, "cuda")
         if args.only != "start":

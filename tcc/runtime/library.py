@@ -131,6 +131,9 @@ class Library:
         self.options = dict(options)
         self._ops = {name: Op(te, asts[name], target, self.options, (schedules or {}).get(name), tune)
                      for name, te in ops.items()}
+        for name, op in self._ops.items():  # plain attributes: ``lib.axpy`` in a loop costs no __getattr__
+            if name not in self.__dict__ and not hasattr(type(self), name):
+                self.__dict__[name] = op
 
     def __getattr__(self, name: str) -> Op:
         ops = self.__dict__.get("_ops", {})
