@@ -7,6 +7,7 @@ but ignored by equality, so structurally equal expressions compare equal.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields, replace
 
@@ -32,10 +33,16 @@ class Expr:
     """Base of all scalar expressions."""
 
     def children(self) -> tuple[Expr, ...]:
-        return tuple(v for f in fields(self) for v in _expr_values(getattr(self, f.name)))
+        return tuple(v for name in field_names(type(self)) for v in _expr_values(getattr(self, name)))
 
     def __str__(self) -> str:
         return format_expr(self)
+
+
+@functools.cache
+def field_names(cls: type) -> tuple[str, ...]:
+    """The dataclass fields of a node class (``dataclasses.fields`` is slow in hot traversals)."""
+    return tuple(f.name for f in fields(cls))
 
 
 def _expr_values(value: object) -> Iterator[Expr]:
@@ -198,20 +205,20 @@ def walk(e: Expr) -> Iterator[Expr]:
 def transform(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
     """Rebuild ``e`` bottom-up; ``fn`` returns a replacement for a node or None to keep it."""
     updates = {}
-    for f in fields(e):
-        value = getattr(e, f.name)
+    for name in field_names(type(e)):
+        value = getattr(e, name)
         if isinstance(value, Expr):
             new = transform(value, fn)
             if new is not value:
-                updates[f.name] = new
+                updates[name] = new
         elif isinstance(value, tuple) and value and isinstance(value[0], Expr):
             new_t = tuple(transform(v, fn) for v in value)
             if any(n is not o for n, o in zip(new_t, value)):
-                updates[f.name] = new_t
+                updates[name] = new_t
         elif isinstance(value, tuple) and value and isinstance(value[0], IterVar):
             new_axes = tuple(IterVar(ax.var, transform(ax.extent, fn)) for ax in value)
             if any(n.extent is not o.extent for n, o in zip(new_axes, value)):
-                updates[f.name] = new_axes
+                updates[name] = new_axes
     node = replace(e, **updates) if updates else e
     out = fn(node)
     return node if out is None else out
