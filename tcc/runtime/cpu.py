@@ -13,6 +13,7 @@ import json
 import math
 import struct
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -268,9 +269,9 @@ class Plan:
     slots: list[int]  # of the scalars
     outs: list[tuple] | None  # _Tensor fields of each ``out=`` target; None: the call allocates its results
     results: list[tuple[int, tuple[int, ...], np.dtype, int]]  # (slot, shape, dtype, bytes)
-    pool: list[tuple[Any, list[Any]]] = field(default_factory=list)  # (argument array, scalar cells)
+    pool: list[tuple[Any, list[Any], int]] = field(default_factory=list)  # (argument array, scalar cells, address)
 
-    def new_buffer(self) -> tuple[Any, list[tuple[int, type, tuple[int, int] | None, Any]]]:
+    def new_buffer(self) -> tuple[Any, list[tuple[int, type, tuple[int, int] | None, Any]], int]:
         """An argument array and its scalar cells (each cell's address already in its slot)."""
         ptrs = (ctypes.c_void_p * len(self.kernel.params))()
         cells = []
@@ -278,7 +279,7 @@ class Plan:
             cell = cell_type()
             ptrs[slot] = ctypes.addressof(cell)
             cells.append((pos, kind, bounds, cell))
-        return ptrs, cells
+        return ptrs, cells, ctypes.addressof(ptrs)  # an address passes faster than the array
 
     def run(self, args: tuple[Any, ...], cparams: dict[str, Any], out: Any) -> list[Any] | None:
         """The results, or None when this call's signature differs from the plan's, ``out=``
@@ -291,7 +292,7 @@ class Plan:
             buffer = self.pool.pop()
         except IndexError:  # none free: the first call, or other threads hold them all
             buffer = self.new_buffer()
-        ptrs, cells = buffer
+        ptrs, cells, address = buffer
         try:
             for pos, kind, bounds, cell in cells:
                 value = args[pos]
@@ -326,7 +327,7 @@ class Plan:
                         if start < ptr + t[6] and ptr < start + i[6]:
                             return None
                     ptrs[t[0]] = ptr
-            status = self.kernel.fn(ptrs)
+            status = self.kernel.fn(address)
         except _Miss:
             return None
         finally:
@@ -349,8 +350,11 @@ class Plans:
 
     def __init__(self) -> None:
         self.plans: list[Plan] = []
+        # run(args, cparams, out) -> results or None: the only plan's own run when there is one
+        # (a Python call less per call), else the search below
+        self.run: Callable[[tuple[Any, ...], dict[str, Any], Any], list[Any] | None] = self._first_match
 
-    def run(self, args: tuple[Any, ...], cparams: dict[str, Any], out: Any) -> list[Any] | None:
+    def _first_match(self, args: tuple[Any, ...], cparams: dict[str, Any], out: Any) -> list[Any] | None:
         plans = self.plans
         for plan in plans:
             results = plan.run(args, cparams, out)
@@ -365,6 +369,7 @@ class Plans:
         plan = make_plan(kernel, op, bound, args, cparams, out)
         if plan is not None:
             self.plans = [plan, *self.plans[:MAX_PLANS - 1]]  # replaced whole: threads may be reading it
+            self.run = plan.run if len(self.plans) == 1 else self._first_match
 
 
 def make_plan(kernel: CpuKernel, op, bound, args: tuple[Any, ...], cparams: dict[str, Any],
