@@ -354,6 +354,9 @@ class Plans:
         # (a Python call less per call), else the search below
         self.run: Callable[[tuple[Any, ...], dict[str, Any], Any], list[Any] | None] = self._first_match
 
+    def __bool__(self) -> bool:
+        return bool(self.plans)
+
     def _first_match(self, args: tuple[Any, ...], cparams: dict[str, Any], out: Any) -> list[Any] | None:
         plans = self.plans
         for plan in plans:
