@@ -104,7 +104,8 @@ def cmd_lower(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from tcc.testing import TOLERANCE, max_relative_error, random_args, reference_results
+    from tcc.passes.specialize import specialize
+    from tcc.testing import max_relative_error, random_args, reference_results, tolerance
 
     op = _select_op(args)
     bindings = _bindings(op, args, need_all=True)
@@ -127,13 +128,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.check:
         return 0
     expected = reference_results(op.te, inputs, bindings)
+    spec = specialize(op.te, bindings)
     status = 0
     for name, got, want in zip(op.te.results, results, expected):
         got = got.to_numpy() if hasattr(got, "to_numpy") else np.asarray(got)
         dtype = op.te.tensors[name].dtype
         err = max_relative_error(got, want)
-        ok = err <= TOLERANCE.get(dtype.name, 0.0) if dtype.is_float else bool(np.array_equal(got, want))
-        print(f"check {name}: max relative error {err:.3g} vs reference: {'ok' if ok else 'MISMATCH'}")
+        bound = tolerance(spec, name)
+        ok = err <= bound if dtype.is_float else bool(np.array_equal(got, want))
+        print(f"check {name}: max relative error {err:.3g} (bound {bound:.2g}) vs reference: "
+              f"{'ok' if ok else 'MISMATCH'}")
         status |= 0 if ok else 1
     return status
 

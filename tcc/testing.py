@@ -2,16 +2,53 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from tcc import reference
 from tcc.dtypes import DType
+from tcc.ir.expr import Binary, Call, Cast, Const, Read, Reduce, Select, Unary, walk
 from tcc.ir.te import OpTE
 from tcc.passes.specialize import specialize
 
 TOLERANCE = {"f16": 2e-2, "bf16": 5e-2, "f32": 2e-4, "f64": 1e-10}
+UNIT_ROUNDOFF = {"f16": 2.0**-11, "bf16": 2.0**-8, "f32": 2.0**-24, "f64": 2.0**-53}
+
+
+def tolerance(op: OpTE, result: str) -> float:
+    """The error bound of ``result`` relative to its largest magnitude, from the op itself: a few
+    roundings of the least precise type the op stores in, plus the rounding of the least precise
+    float type it computes in, growing with the square root of its longest chain of reductions
+    (the reference computes in f64). A specialised op gives concrete reduction lengths; otherwise
+    1000 is assumed."""
+    needed = {result}
+    for c in reversed(op.computes):  # the statements the result depends on
+        if c.tensor in needed:
+            for n in walk(c.body):
+                name = n.tensor if isinstance(n, Read) else None
+                while name is not None:  # through pad views to what they pad
+                    needed.add(name)
+                    name = op.pads[name].source if name in op.pads else None
+    computes = [c for c in op.computes if c.tensor in needed]
+    stored = {op.tensors[c.tensor].dtype.name for c in computes}  # each store rounds once
+    dtypes_used: set[str] = set()
+    length = 1
+    for c in computes:
+        for n in walk(c.body):  # so does every operation (reads and literals are exact)
+            if isinstance(n, Binary | Unary | Call | Cast | Select):
+                dtypes_used.add(n.dtype.name)
+        chain = 1
+        for n in walk(c.body):
+            if isinstance(n, Reduce):
+                dtypes_used.add(n.acc_dtype.name)
+                for ax in n.axes:
+                    chain *= int(ax.extent.value) if isinstance(ax.extent, Const) else 1000
+        length = max(length, chain)
+    work = max((UNIT_ROUNDOFF[d] for d in dtypes_used if d in UNIT_ROUNDOFF), default=0.0)
+    store = max((UNIT_ROUNDOFF[d] for d in stored if d in UNIT_ROUNDOFF), default=0.0)
+    return 4 * store + 16 * work * math.sqrt(length)
 
 
 def random_array(shape: tuple[int, ...], dtype: DType, rng: np.random.Generator) -> np.ndarray:

@@ -145,3 +145,30 @@ def test_inline_removes_a_producer_nest_that_is_alone_in_its_scope(rng):
             assert type(exc).__name__ == "TccScheduleError", exc
             continue
         np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=steps)
+
+
+def test_half_reductions_evaluate_their_body_in_f32(rng):
+    """DSL.md: a product of two f16 values inside a reduction is not rounded to f16 (as on tensor
+    cores); the CPU rounded each product, the GPU did not."""
+    lib = tcc.compile("op mm(A: f16[M, K], B: f16[K, N]) -> C: f32[M, N] { C[i, j] = sum[k](A[i, k] * B[k, j]) }")
+    a = rng.standard_normal((7, 1000)).astype(np.float16)
+    b = rng.standard_normal((1000, 33)).astype(np.float16)
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    err = np.abs(lib.mm(a, b) - exact).max() / np.abs(exact).max()
+    assert err < 1e-5  # f32 accumulation of exact products; rounding each product to f16 gives ~3e-4
+    assert "f32(A[i, k]) * f32(B[k, j])" in lib.mm.lower(a, b, stage="te")
+
+
+def test_check_tolerance_follows_dtypes_and_reduction_length():
+    from tcc.passes.specialize import specialize
+    from tcc.testing import tolerance
+
+    src = """op f(A: f16[M, K], B: f16[K, N], X: f32[M]) -> (C: f16[M, N], D: f32[M, N], E: f32[M]) {
+        C[i, j] = sum[k](A[i, k] * B[k, j])
+        D[i, j] = f32(C[i, j]) * 2.0
+        E[i] = X[i] + 1.0
+    }"""
+    op = tcc.compile(src).f.te
+    short, long = specialize(op, dict(M=3, N=4, K=10)), specialize(op, dict(M=3, N=4, K=10000))
+    assert tolerance(long, "C") > tolerance(short, "C") > tolerance(short, "E")
+    assert 2.0**-11 < tolerance(short, "C") < 1e-2  # an f16 result: a few of its roundings

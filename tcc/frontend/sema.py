@@ -9,7 +9,7 @@ concrete sizes is :mod:`tcc.passes.specialize`'s job.
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tcc import dtypes
 from tcc.dtypes import DType
@@ -22,6 +22,7 @@ from tcc.ir.expr import (
     REDUCE_OPS,
     Binary,
     Call,
+    Cast,
     Const,
     Expr,
     IterVar,
@@ -267,7 +268,10 @@ class _OpAnalyzer:
         if value.weak == "f" and not dtype.is_float:
             raise TccTypeError(f"{what} is a float but must be stored as {dtype}", span,
                                f"convert explicitly: {dtype}(...)")
-        return cast(value.expr, dtype)
+        expr = value.expr
+        if isinstance(expr, Reduce) and expr.dtype in _HALF and dtype.is_float and dtype.bits >= 32:
+            expr = replace(expr, dtype=dtypes.f32)  # a half reduction stored wider: its f32 sum rounds once
+        return cast(expr, dtype)
 
     # ------------------------------------------------------------ range inference
     def _infer_range(self, var: str, body: ast.Node, where: str, span: Span | None, temp: str | None = None,
@@ -461,8 +465,36 @@ class _OpAnalyzer:
         result = operand
         if n.op in ("sum", "prod") and operand.is_int and operand.bits < 64:
             result = dtypes.i64  # NumPy sums small integers in the platform integer
-        acc = dtypes.f32 if operand in (dtypes.f16, dtypes.bf16) else result
-        return Typed(Reduce(n.op, tuple(axes), cast(body.expr, acc), result, acc, n.span))
+        half = operand in (dtypes.f16, dtypes.bf16)
+        acc = dtypes.f32 if half else result
+        expr = in_f32(body.expr) if half else body.expr
+        return Typed(Reduce(n.op, tuple(axes), cast(expr, acc), result, acc, n.span))
+
+
+_HALF = (dtypes.f16, dtypes.bf16)
+
+
+def in_f32(e: Expr) -> Expr:
+    """The body of a reduction over f16/bf16 values with every half-precision operation done in
+    f32 (DSL.md's rule, and what tensor cores do: a product of two f16 values is not rounded to
+    f16). Leaves are widened; an explicit cast to a half type still rounds, then widens."""
+    if isinstance(e, Binary):
+        return replace(e, a=in_f32(e.a), b=in_f32(e.b), dtype=_widened(e.dtype))
+    if isinstance(e, Unary):
+        return replace(e, a=in_f32(e.a), dtype=_widened(e.dtype))
+    if isinstance(e, Call):
+        return replace(e, args=tuple(in_f32(a) for a in e.args), dtype=_widened(e.dtype))
+    if isinstance(e, Select):
+        return replace(e, cond=in_f32(e.cond), a=in_f32(e.a), b=in_f32(e.b), dtype=_widened(e.dtype))
+    if isinstance(e, Reduce):
+        return replace(e, body=in_f32(e.body), dtype=_widened(e.dtype))
+    if isinstance(e, Cast) and e.a.dtype in _HALF and e.dtype not in _HALF:
+        return replace(e, a=in_f32(e.a))
+    return cast(e, dtypes.f32) if e.dtype in _HALF else e
+
+
+def _widened(dtype: DType) -> DType:
+    return dtypes.f32 if dtype in _HALF else dtype
 
 
 def _add(a: Expr, b: Expr) -> Expr:
