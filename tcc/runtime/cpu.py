@@ -15,7 +15,7 @@ import struct
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -209,37 +209,31 @@ class _Miss(Exception):
     """A call whose signature differs from a plan's."""
 
 
-@dataclass(frozen=True)
-class _Tensor:
-    """What a plan expects of one array argument (or ``out=`` target) and where its pointer goes."""
+class _Tensor(NamedTuple):
+    """What a plan expects of one array argument (or ``out=`` target) and where its pointer goes.
+    A tuple: its fields read as fast as a tuple's items."""
 
     slot: int  # in the kernel's argument array
     pos: int  # in the call's arguments (or ``out=``)
     numpy: bool  # an np.ndarray, exactly; else a CPU torch.Tensor
-    dtype: Any
+    dtype: Any  # compared by identity
     shape: tuple[int, ...]
     strides: tuple[int, ...]  # bytes for NumPy, elements for torch
     nbytes: int
 
 
-def _pointer(t: tuple, a: Any) -> int:
-    """The data pointer of ``a`` after checking that it matches ``t`` (a _Tensor's fields); raises
-    _Miss otherwise. The plan reads a NumPy array's pointer inline; this is the general case."""
-    _, _, numpy, dtype, shape, strides, _ = t
-    if numpy:
-        if type(a) is not np.ndarray or a.dtype is not dtype or a.shape != shape or a.strides != strides:
+def _pointer(t: _Tensor, a: Any) -> int:
+    """The data pointer of ``a`` after checking that it matches ``t``; raises _Miss otherwise. The
+    plan reads a NumPy array's pointer inline; this is the general case."""
+    if t.numpy:
+        if type(a) is not np.ndarray or a.dtype is not t.dtype or a.shape != t.shape or a.strides != t.strides:
             raise _Miss
         return _read_pointer(id(a) + _DATA).value or 0
     torch = sys.modules["torch"]
-    if (type(a) is not torch.Tensor or a.dtype is not dtype or a.shape != shape or a.stride() != strides
+    if (type(a) is not torch.Tensor or a.dtype is not t.dtype or a.shape != t.shape or a.stride() != t.strides
             or not a.is_cpu or a.requires_grad):
         raise _Miss
     return a.data_ptr()
-
-
-def _fields(t: _Tensor) -> tuple:
-    """``t`` as a plain tuple (``dataclasses.astuple`` would copy the dtype, which is compared by identity)."""
-    return t.slot, t.pos, t.numpy, t.dtype, t.shape, t.strides, t.nbytes
 
 
 def _tensor(slot: int, pos: int, a: Any) -> _Tensor | None:
@@ -264,10 +258,10 @@ class Plan:
     kernel: CpuKernel
     nargs: int
     cparams: dict[str, Any]
-    inputs: list[tuple]  # each a _Tensor's fields, unpacked: read once per call
+    inputs: list[_Tensor]
     scalars: list[tuple[int, type, Any, tuple[int, int] | None]]  # (position, Python type, cell type, int range)
     slots: list[int]  # of the scalars
-    outs: list[tuple] | None  # _Tensor fields of each ``out=`` target; None: the call allocates its results
+    outs: list[_Tensor] | None  # None: the call allocates its results
     results: list[tuple[int, tuple[int, ...], np.dtype, int]]  # (slot, shape, dtype, bytes)
     pool: list[tuple[Any, list[Any], int]] = field(default_factory=list)  # (argument array, scalar cells, address)
 
@@ -300,11 +294,12 @@ class Plan:
                     return None
                 cell.value = value
             for t in self.inputs:
-                a = args[t[1]]
-                if t[2] and type(a) is np.ndarray and a.dtype is t[3] and a.shape == t[4] and a.strides == t[5]:
-                    ptrs[t[0]] = _read_pointer(id(a) + _DATA).value
+                a = args[t.pos]
+                if (t.numpy and type(a) is np.ndarray and a.dtype is t.dtype and a.shape == t.shape
+                        and a.strides == t.strides):
+                    ptrs[t.slot] = _read_pointer(id(a) + _DATA).value
                 else:
-                    ptrs[t[0]] = _pointer(t, a)
+                    ptrs[t.slot] = _pointer(t, a)
             if out is None:
                 results = []
                 for slot, shape, dtype, nbytes in self.results:
@@ -316,17 +311,18 @@ class Plan:
                 if len(results) != len(self.outs):
                     return None
                 for t, r in zip(self.outs, results):
-                    if t[2] and type(r) is np.ndarray and r.dtype is t[3] and r.shape == t[4] and r.strides == t[5]:
+                    if (t.numpy and type(r) is np.ndarray and r.dtype is t.dtype and r.shape == t.shape
+                            and r.strides == t.strides):
                         ptr = _read_pointer(id(r) + _DATA).value or 0
                         if not r.flags.writeable:
                             return None
                     else:
                         ptr = _pointer(t, r)
                     for i in self.inputs:  # an input overlapping the result: the checked path copies
-                        start = ptrs[i[0]] or 0
-                        if start < ptr + t[6] and ptr < start + i[6]:
+                        start = ptrs[i.slot] or 0
+                        if start < ptr + t.nbytes and ptr < start + i.nbytes:
                             return None
-                    ptrs[t[0]] = ptr
+                    ptrs[t.slot] = ptr
             status = self.kernel.fn(address)
         except _Miss:
             return None
@@ -400,5 +396,4 @@ def make_plan(kernel: CpuKernel, op, bound, args: tuple[Any, ...], cparams: dict
     for name in op.results:
         shape, dtype = bound.result_shapes[name], op.tensors[name].dtype.numpy
         results.append((slot[name], shape, dtype, math.prod(shape) * dtype.itemsize))
-    return Plan(kernel, len(args), dict(cparams), [_fields(t) for t in inputs], scalars, [slot[n] for n in kinds],
-                None if outs is None else [_fields(t) for t in outs], results)
+    return Plan(kernel, len(args), dict(cparams), inputs, scalars, [slot[n] for n in kinds], outs, results)
