@@ -8,8 +8,9 @@ Rows (medians):
 - call overhead of ``axpy`` on 256 elements, with and without ``out=``, beside NumPy's
   ``a*x+y``; the same with torch CPU tensors beside torch's ``a*x+y``. Calls are timed in
   batches, tcc and the anchor interleaved, and the median batch is reported per call;
-- on a machine with a GPU (``--cuda``), the CUDA twins: warm start, and a call with ``out=``
-  beside torch's ``a*x+y`` on the device.
+- on a machine with a GPU (``--cuda``), the CUDA twins: cold and warm starts, calls with and
+  without ``out=`` beside torch's ``a*x+y`` on the device and a bare ``cuLaunchKernel``, and an
+  op with an intermediate called and synchronised, beside the same work without one.
 
     python benchmarks/latency.py [--runs 7] [--cuda]
 """
@@ -170,14 +171,31 @@ def cuda_calls() -> None:
     new, into, anchor = per_call([lambda: lib.axpy(a, x, y), lambda: lib.axpy(a, x, y, out=z), lambda: a * x + y],
                                  clock=time.perf_counter)
     torch.cuda.synchronize()
+    bare = per_call([bare_launch(lib, a, x, y, z)], clock=time.perf_counter)[0]
+    torch.cuda.synchronize()
     row("cuda call, 256 elements", new * 1e6, "µs", f"torch a*x+y {anchor * 1e6:.2f} µs")
-    row("cuda call, 256 elements, out=", into * 1e6, "µs", f"torch a*x+y {anchor * 1e6:.2f} µs")
+    row("cuda call, 256 elements, out=", into * 1e6, "µs",
+        f"torch a*x+y {anchor * 1e6:.2f} µs; bare cuLaunchKernel {bare * 1e6:.2f} µs")
     twins = tcc.compile(TWINS, target="cuda")
     torch.testing.assert_close(twins.with_t(x), twins.without_t(x))
     sync = torch.cuda.synchronize
     with_t, without_t = per_call([lambda: (twins.with_t(x, out=z), sync()),
                                   lambda: (twins.without_t(x, out=z), sync())], clock=time.perf_counter)
     row("cuda call + sync, an intermediate, out=", with_t * 1e6, "µs", f"none {without_t * 1e6:.2f} µs")
+
+
+def bare_launch(lib, a: float, x, y, z) -> Callable[[], object]:
+    """One cuLaunchKernel of axpy's kernel through ctypes, its arguments set once: the floor of a call."""
+    import torch
+
+    from tcc.codegen_cuda import driver
+
+    launcher = lib.axpy.kernel({"N": 256}).launchers(0)[0]
+    values = {"a": a, "X": x.data_ptr(), "Y": y.data_ptr(), "Z": z.data_ptr()}
+    for slot, name in zip(launcher.slots, launcher.names):
+        slot.value = values[name]
+    launch, fn, stream = driver.libcuda().cuLaunchKernel, int(launcher.fn), torch.cuda.current_stream().cuda_stream
+    return lambda: launch(fn, launcher.grid, 1, 1, launcher.block, 1, 1, 0, stream, launcher.argv_ptr, None)
 
 
 def _gpu() -> bool:
