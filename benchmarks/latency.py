@@ -95,7 +95,8 @@ def starts(runs: int, target: str) -> None:
             warm.append(w)
             imported |= {k for k in ("imported_torch", "imported_nvrtc") if w[k]} if target == "cpu" else set()
         note = f" (warm imported: {', '.join(sorted(imported))})" if imported else ""
-        for what, runs_, want in (("cold", cold, goal), (f"warm start{note}", warm, "15")):
+        goals = (goal, "15") if target == "cpu" else ("-", "30")  # the issue's; CUDA's cold start has none
+        for what, runs_, want in (("cold", cold, goals[0]), (f"warm start{note}", warm, goals[1])):
             wall, cpu = (statistics.median(r[k] for r in runs_) * 1e3 for k in ("start", "cpu"))
             row(f"{target} {label}, {what}", wall, "ms", f"CPU time {cpu:.1f} ms; goal ≤ {want} ms")
 
