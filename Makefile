@@ -4,7 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench tables clean
+.PHONY: demo test lint bench fuzz tables clean
+N ?= 5000
+TARGET ?= cpu
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -25,6 +27,10 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check tcc tests benchmarks examples
+
+# The differential fuzzer (tests/fuzz): N random programs against the reference, in worker processes.
+fuzz: $(STAMP)
+	PYTHONPATH=tests $(BIN)/python -m fuzz -n $(N) --target $(TARGET) --schedules 1
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/latency.py

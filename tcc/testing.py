@@ -41,8 +41,9 @@ def tolerance(op: OpTE, result: str) -> float:
                 dtypes_used.add(n.dtype.name)
         chain = 1
         for n in walk(c.body):
-            if isinstance(n, Reduce):
+            if isinstance(n, Reduce):  # its accumulator; its result rounds once
                 dtypes_used.add(n.acc_dtype.name)
+                stored.add(n.dtype.name)
                 for ax in n.axes:
                     chain *= int(ax.extent.value) if isinstance(ax.extent, Const) else 1000
         length = max(length, chain)

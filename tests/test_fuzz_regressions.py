@@ -122,7 +122,8 @@ def test_zero_size_dims_compile_and_leave_other_results_right(rng):
 
 
 @pytest.mark.parametrize("steps", ["vectorize(j); unroll(j, 2)", "vectorize(j); split(j, 2)",
-                                   "vectorize(i); cache(X, i)"])
+                                   "vectorize(i); cache(X, i)", "vectorize(i); vectorize(j)",
+                                   "vectorize(i); cache(X, j)"])
 def test_steps_on_vector_loops_are_schedule_errors(steps, rng):
     lib = tcc.compile("op fz(X: f32[N, M]) -> Y: f32[N, M] { Y[i, j] = X[j % N, i % M] * 2.0 }")
     with pytest.raises(tcc.TccError) as err:

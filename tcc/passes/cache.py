@@ -17,21 +17,40 @@ from dataclasses import replace
 from tcc import dtypes
 from tcc.errors import Span, TccScheduleError
 from tcc.ir.expr import Const, Expr, Load, free_vars, substitute, transform
-from tcc.ir.loops import Allocate, Buffer, For, If, Let, LoopFunc, Seq, Stmt, Store, map_stmt, seq, stmt_exprs
-from tcc.passes.loopnest import const_extent, linear_coeff, map_exprs, require_loop
+from tcc.ir.loops import (
+    Allocate,
+    Buffer,
+    For,
+    If,
+    Let,
+    LoopFunc,
+    Seq,
+    Stmt,
+    Store,
+    map_stmt,
+    seq,
+    stmt_exprs,
+    walk_stmts,
+)
+from tcc.passes.loopnest import const_extent, in_vector_loop, linear_coeff, map_exprs, require_loop
 from tcc.passes.simplify import evaluate_int
 
 LOCAL_BYTES = 16 * 1024
 
 
 def cache(func: LoopFunc, tensor: str, at: str, scope: str | None = None, span: Span | None = None) -> LoopFunc:
-    if any(f.kind == "vector" for f in require_loop(func, at, span)):
-        raise TccScheduleError(f"loop {at} is vectorised: a copy inside it would run once per lane", span,
+    require_loop(func, at, span)
+    if in_vector_loop(func, at):
+        raise TccScheduleError(f"loop {at} is (inside) a vector loop: a copy there would run once per lane", span,
                                "cache at a loop outside the vector loop")
     buffers = func.buffers()
     if tensor not in buffers:
         raise TccScheduleError(f"op {func.name} has no tensor {tensor!r}", span,
                                f"its tensors are: {', '.join(sorted(buffers))}")
+    if any(isinstance(n, Allocate) and n.buffer.name == tensor for f in require_loop(func, at, span)
+           for n in walk_stmts(f.body)):
+        raise TccScheduleError(f"{tensor} is allocated inside loop {at}: it has no tile there to copy", span,
+                               f"cache it at a loop inside the scope of {tensor}")
     if scope not in (None, "local", "global"):
         raise TccScheduleError(f"unknown scope {scope!r}", span, "use local or global")
     state = _State(func, buffers[tensor], scope, span)

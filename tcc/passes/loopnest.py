@@ -134,6 +134,13 @@ def loop_names(s: Stmt) -> set[str]:
     return {n.var.name for n in walk_stmts(s) if isinstance(n, For)}
 
 
+def in_vector_loop(func: LoopFunc, name: str) -> bool:
+    """Whether a loop named ``name`` is, or sits inside, a vector loop (whose body runs once for
+    all lanes: nothing in it may be vectorised again or hold a per-iteration copy)."""
+    return any(isinstance(n, For) and n.kind == "vector" and (n.var.name == name or name in loop_names(n.body))
+               for n in walk_stmts(func.body))
+
+
 def require_loop(func: LoopFunc, name: str, span: Span | None = None) -> list[For]:
     found = loops_named(func.body, name)
     if not found:

@@ -22,6 +22,7 @@ from tcc.ir.loops import Allocate, Buffer, For, If, Let, LoopFunc, Seq, Stmt, St
 from tcc.passes.loopnest import (
     allocated,
     const_extent,
+    in_vector_loop,
     linear_coeff,
     loops_named,
     map_exprs,
@@ -43,6 +44,8 @@ def vectorize(func: LoopFunc, loop: str, lanes: int | None = None, span: Span | 
         func = split(func, loop, lanes, outer=f"{loop}_o", inner=f"{loop}_v", span=span)
         loop = f"{loop}_v"
     found = require_loop(func, loop, span)
+    if in_vector_loop(func, loop):
+        raise TccScheduleError(f"loop {loop} is already (inside) a vector loop", span)
     width = 0
     for f in found:
         n = const_extent(f, span)

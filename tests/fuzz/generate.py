@@ -416,6 +416,68 @@ def _paren(text: str) -> str:
     return f"({text})"
 
 
+def _template(rnd: random.Random, name: str, bf16: bool) -> tuple[str, dict[str, int]]:
+    """One op of the shapes the compiler specialises for: matmul, batched matmul, convolutions
+    (1-D, 2-D, strided, dilated, padded, grouped, depthwise) and row chains, with random sizes,
+    dtype and epilogue; they take the GEMM, im2col, packing and epilogue paths."""
+    dt = rnd.choice(["f32", "f32", "f64", "f16"] + (["bf16"] if bf16 else []))
+    out = "f32" if dt in ("f16", "bf16") and rnd.random() < 0.5 else dt
+    size = lambda: rnd.choice([1, 2, 3, 7, 8, 16, 33, 64, 100])  # noqa: E731
+    epilogue = rnd.choice(["", " + b[{c}]", "", " * 0.5"])
+    relu = rnd.random() < 0.4
+    kind = rnd.choice(["matmul", "bmm", "conv1d", "conv2d", "depthwise", "grouped", "rows"])
+    if kind == "matmul":
+        e = epilogue.format(c="j")
+        body = f"sum[k](A[i, k] * B[k, j]){e}"
+        body = f"max({body}, 0.0)" if relu else body
+        bias = f", b: {dt}[N]" if e.startswith(" + b") else ""
+        src = f"op {name}(A: {dt}[M, K], B: {dt}[K, N]{bias}) -> C: {out}[M, N] {{\n    C[i, j] = {body}\n}}"
+        return src, {"M": size(), "N": size(), "K": size()}
+    if kind == "bmm":
+        src = (f"op {name}(A: {dt}[G, M, K], B: {dt}[G, K, N]) -> C: {out}[G, M, N] {{\n"
+               f"    C[g, i, j] = sum[k](A[g, i, k] * B[g, k, j])\n}}")
+        return src, {"G": rnd.choice([1, 2, 3]), "M": size(), "N": size(), "K": size()}
+    if kind == "rows":
+        src = (f"op {name}(X: {dt}[N, C]) -> Y: {out}[N, C] {{\n    m[n] = max[c](X[n, c])\n"
+               f"    e[n, c] = exp(X[n, c] - m[n])\n    s[n] = sum[c](e[n, c])\n    Y[n, c] = e[n, c] / s[n]\n}}")
+        return src, {"N": size(), "C": size()}
+    S, P, D = rnd.choice([1, 1, 2, 3]), rnd.choice([0, 1, 2]), rnd.choice([1, 1, 2])
+    k = rnd.choice([1, 3, 5])
+    h = rnd.choice([k * D + 3, 7, 12, 16, 33])
+    cp = "[S = 1, P = 0, D = 1]"
+    e = epilogue.format(c="f")
+    if kind == "conv1d":
+        acc = f"sum[c, r](Xp[n, c, y*S + r*D] * Wt[f, c, r]){e}"
+        shape = "(H + 2*P - D*(KH - 1) - 1) // S + 1"
+        src = (f"op {name}{cp}(X: {dt}[N, C, H], Wt: {dt}[F, C, KH]{{bias}}) -> Y: {out}[N, F, {shape}] {{\n"
+               f"    Xp = pad(X, [0, 0, P])\n    Y[n, f, y] = {{body}}\n}}")
+        binds = {"N": rnd.choice([1, 2]), "C": rnd.choice([1, 3, 8]), "H": h, "F": rnd.choice([1, 4, 16]), "KH": k}
+    else:
+        w = "Wt[f, r, s]" if kind == "depthwise" else "Wt[f, c, r, s]"
+        xc = "f" if kind == "depthwise" else ("(f // (F // G)) * CG + c" if kind == "grouped" else "c")
+        red = "r, s" if kind == "depthwise" else "c, r, s"
+        acc = f"sum[{red}](Xp[n, {xc}, y*S + r*D, x*S + s*D] * {w}){e}"
+        sh = "(H + 2*P - D*(KH - 1) - 1) // S + 1"
+        sw = "(W + 2*P - D*(KW - 1) - 1) // S + 1"
+        wdecl = {"depthwise": f"Wt: {dt}[C, KH, KW]", "grouped": f"Wt: {dt}[F, CG, KH, KW]",
+                 "conv2d": f"Wt: {dt}[F, C, KH, KW]"}[kind]
+        cps = "[S = 1, P = 0, D = 1, G = 1]" if kind == "grouped" else cp
+        fdim = "C" if kind == "depthwise" else "F"
+        src = (f"op {name}{cps}(X: {dt}[N, C, H, W], {wdecl}{{bias}}) -> Y: {out}[N, {fdim}, {sh}, {sw}] {{\n"
+               f"    Xp = pad(X, [0, 0, P, P])\n    Y[n, f, y, x] = {{body}}\n}}")
+        c = rnd.choice([1, 3, 8])
+        binds = {"N": rnd.choice([1, 2]), "C": c, "H": h, "W": rnd.choice([h, k * D + 1, 9]), "KH": k, "KW": k}
+        if kind == "conv2d":
+            binds["F"] = rnd.choice([1, 4, 16])
+        if kind == "grouped":
+            g = rnd.choice([1, 2])
+            binds.update(G=g, C=4 * g, CG=4, F=2 * g)
+    body = f"max({acc}, 0.0)" if relu else acc
+    bias = f", b: {dt}[{'C' if kind == 'depthwise' else 'F'}]" if "b[" in e else ""
+    binds.update(S=S, P=P, D=D)
+    return src.replace("{bias}", bias).replace("{body}", body), binds
+
+
 def generate(seed: int, bf16: bool = False) -> Program:
     """One random program: a file of one to three ops and the values to call each at."""
     rnd = random.Random(seed)
@@ -426,6 +488,12 @@ def generate(seed: int, bf16: bool = False) -> Program:
     cases: list[OpCase] = []
     float16 = False
     for n in range(rnd.choice([1, 1, 1, 2, 3])):
+        if rnd.random() < 0.2:
+            text, binds = _template(rnd, f"fz{n}", bf16)
+            ops.append(text)
+            cases.append(OpCase(f"fz{n}", binds))
+            float16 = float16 or "f16" in text
+            continue
         b = _OpBuilder(rnd, f"fz{n}", sizes, bf16)
         b.add_inputs()
         for _ in range(rnd.randint(0, 3)):

@@ -1,0 +1,36 @@
+"""A bounded batch of the differential fuzzer (tests/fuzz) in CI: random valid programs, with
+and without random user schedules, each in a worker process, against the reference interpreter.
+``make fuzz N=5000`` runs a long batch; ``TCC_FUZZ_START`` moves this batch to other seeds."""
+
+import os
+
+import pytest
+from fuzz.pool import run_seeds
+
+import tcc
+
+CI_PROGRAMS = 150
+FAILURES = ("mismatch", "internal", "crash", "timeout", "rejected")
+
+
+def _batch(target: str, count: int, schedules: int) -> list[dict]:
+    start = int(os.environ.get("TCC_FUZZ_START", "0"))
+    jobs = [{"seed": s, "target": target, "schedules": schedules, "bf16": target == "cuda"}
+            for s in range(start, start + count)]
+    return list(run_seeds(jobs, workers=2, timeout=300))
+
+
+def test_fuzz_batch_on_the_cpu(tmp_path):
+    outcomes = _batch("cpu", CI_PROGRAMS, schedules=1)
+    bad = [f"seed {o['seed']}: {o['status']}: {o['detail']}" for o in outcomes if o["status"] in FAILURES]
+    assert len(outcomes) == CI_PROGRAMS
+    assert not bad, "\n".join(bad)
+    assert sum(o["schedules"] - o["refused"] for o in outcomes) > CI_PROGRAMS // 4  # schedules did run
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not tcc.cuda.is_available(), reason="needs an NVIDIA GPU")
+def test_fuzz_batch_on_cuda():
+    outcomes = _batch("cuda", CI_PROGRAMS, schedules=0)
+    bad = [f"seed {o['seed']}: {o['status']}: {o['detail']}" for o in outcomes if o["status"] in FAILURES]
+    assert not bad, "\n".join(bad)
