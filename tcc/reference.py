@@ -46,10 +46,26 @@ def wide(dtype: DType) -> np.dtype:
 
 
 def store(value: np.ndarray, dtype: DType) -> np.ndarray:
-    """Round a wide value to a tensor's dtype, as a store does (bf16 stays in float32)."""
+    """Round a wide value to a tensor's dtype, as a store does (bf16 values held in float32)."""
     if dtype.name == "bf16":
-        return np.asarray(value, dtype=np.float32)
+        return round_bf16(value).astype(np.float32)
     return np.asarray(value).astype(dtype.numpy)
+
+
+def round_bf16(value) -> np.ndarray:
+    """Round to the nearest bf16 (ties to even; NaN stays NaN), as float64: NumPy has no bf16.
+    f64 goes to f32 rounding to odd first, so that the second rounding is exact."""
+    a = np.asarray(value, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        t = a.astype(np.float32)
+    back = t.astype(np.float64)
+    bits = t.view(np.uint32).astype(np.uint64)
+    inexact = (back != a) & ~np.isnan(a)
+    bits = np.where(inexact & (np.abs(back) > np.abs(a)), bits - 1, bits)  # toward zero, then odd
+    bits = np.where(inexact, bits | 1, bits)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    rounded = np.where(np.isnan(a), np.uint64(0x7FC00000), rounded)
+    return rounded.astype(np.uint32).view(np.float32).astype(np.float64)
 
 
 def _identity(op: str, dtype: DType) -> int | float | bool:
@@ -91,7 +107,8 @@ def run(op: OpTE, args: Mapping[str, np.ndarray | int | float]) -> dict[str, np.
     env: dict[str, np.ndarray] = {}
     for name in op.inputs:
         env[name] = np.asarray(args[name]).astype(wide(op.tensors[name].dtype))
-    scalars = {name: np.asarray(args[name]).astype(wide(s.dtype)) for name, s in op.scalars.items()}
+    scalars = {name: store(np.asarray(args[name]), s.dtype).astype(wide(s.dtype))  # a scalar has its dtype
+               for name, s in op.scalars.items()}
     with np.errstate(all="ignore"):
         for c in op.computes:
             tensor = op.tensors[c.tensor]
@@ -174,7 +191,9 @@ class _Statement:
                 a = float_to_i64(a)
             if e.dtype.is_int:
                 return a.astype(e.dtype.numpy).astype(np.int64)  # wrap like a real cast
-            if e.dtype.is_float and e.dtype.bits < 64 and e.dtype.name != "bf16":
+            if e.dtype.name == "bf16":
+                return round_bf16(a)
+            if e.dtype.is_float and e.dtype.bits < 64:
                 return a.astype(e.dtype.numpy).astype(np.float64)  # round like a real cast
             return a.astype(wide(e.dtype))
         if isinstance(e, Select):

@@ -173,3 +173,23 @@ def test_check_tolerance_follows_dtypes_and_reduction_length():
     short, long = specialize(op, dict(M=3, N=4, K=10)), specialize(op, dict(M=3, N=4, K=10000))
     assert tolerance(long, "C") > tolerance(short, "C") > tolerance(short, "E")
     assert 2.0**-11 < tolerance(short, "C") < 1e-2  # an f16 result: a few of its roundings
+
+
+def test_reference_rounds_bf16_like_torch(rng):
+    """The oracle rounds bf16 stores and casts (it kept them unrounded in float32), once from f64."""
+    torch = pytest.importorskip("torch")
+    from tcc.reference import round_bf16
+
+    x = rng.standard_normal(20000) * 10.0 ** rng.integers(-40, 39, 20000)
+    x = np.concatenate([x, [np.nan, np.inf, -np.inf, 0.0, -0.0, 3.3961e38, 3.4e38, 1e-45]])
+    want = torch.from_numpy(x).to(torch.bfloat16).double().numpy()
+    np.testing.assert_array_equal(round_bf16(x), want)
+    # just above a tie: torch (through f32) rounds twice and gets 1.0; once, it is 1 + 2**-7
+    assert round_bf16(1 + 2**-8 + 2**-30) == 1 + 2**-7
+
+
+def test_a_float_scalar_is_rounded_to_its_dtype_first(rng):
+    """The reference used a Python float scalar unrounded; the kernel receives it as an f32."""
+    y = check_op("op fz(X: f32[N], a: f32) -> Y: f64[N] { Y[i] = a + f64(X[i]) * 0.0 }", "fz", dict(N=3), rng,
+                 scalars={"a": 0.1})
+    assert y[0] == np.float64(np.float32(0.1))

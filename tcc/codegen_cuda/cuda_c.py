@@ -61,6 +61,10 @@ TCC_D unsigned short tcc_f32_to_bf16(float f) {  // round to nearest even; NaN s
   return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 TCC_D float tcc_round_bf16(float f) { return tcc_bf16_to_f32(tcc_f32_to_bf16(f)); }
+TCC_D float tcc_f64_to_f32_odd(double d) {  // round to odd: then one more rounding (to bf16) is exact
+  float t = __double2float_rz(d);
+  return ((double)t != d && d == d) ? __uint_as_float(__float_as_uint(t) | 1u) : t;
+}
 template <typename T> TCC_D T tcc_max(T a, T b) { return (a != a || b != b) ? a + b : (a > b ? a : b); }
 template <typename T> TCC_D T tcc_min(T a, T b) { return (a != a || b != b) ? a + b : (a < b ? a : b); }
 template <typename T> TCC_D T tcc_floordiv(T a, T b) {  // Python's //: 0 for b == 0, wraps for MIN // -1
@@ -485,6 +489,8 @@ def convert(x: str, src: DType, dst: DType) -> str:
         return f"({x} != 0)"
     if dst.name == "f16" and src.name == "f64":
         return f"tcc_f16_to_f32(tcc_f64_to_f16({x}))"
+    if dst.name == "bf16" and src.name == "f64":  # not through a rounded f32: that would round twice
+        return f"tcc_round_bf16(tcc_f64_to_f32_odd({x}))"
     if dst.name in ("f16", "bf16"):
         return f"tcc_round_{dst.name}((float){x})"
     if src.is_float and dst.is_int:  # truncate, saturate to i64 (NaN: 0; cvt.rzi does both), wrap
