@@ -4,6 +4,7 @@
     tcc lower FILE --op NAME --stage STAGE [-D SYM=VALUE ...] [--shape T=64x32 ...]
     tcc run FILE --op NAME [-D ...] [--shape ...] [--check] [--repeat N]
     tcc tune FILE --op NAME [-D ...] [--shape ...] [--trials N]
+    tcc onnx MODEL.onnx [--stage fused] [--run [--check]] [--shape INPUT=1x3x224x224]
 
 ``lower`` and ``run`` take ``--schedule "split(i, 32); ..."`` (replacing the file's schedule).
 
@@ -22,8 +23,10 @@ import numpy as np
 
 import tcc
 from tcc.errors import TccArgumentError, TccError
-from tcc.runtime.binding import bind_shapes
+from tcc.interop.onnx_check import run_against_onnxruntime
+from tcc.runtime.binding import bind_cparams, bind_shapes, check_sizes
 from tcc.runtime.library import Library, Op
+from tcc.stack import deep
 
 ALL_STAGES = ("ast", "te", "fused", "loops", "scheduled", "llvm", "asm", "cuda", "ptx")
 
@@ -32,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
-        return args.func(args)
+        return deep(args.func, args)  # the whole command on a deep stack (see tcc/stack.py)
     except TccError as err:
         print(err, file=sys.stderr)
         return 1
@@ -66,6 +69,17 @@ def _parser() -> argparse.ArgumentParser:
     _op_arguments(tune, schedule=False)
     tune.add_argument("--trials", type=int, default=None, help="candidates to time (default 12)")
     tune.set_defaults(func=cmd_tune)
+
+    onnx = sub.add_parser("onnx", help="import an ONNX model: print a stage, or run it against onnxruntime")
+    onnx.add_argument("model", help="an .onnx file")
+    onnx.add_argument("--stage", default=None, choices=ALL_STAGES[1:], help="print this stage of the model's op")
+    onnx.add_argument("--shape", action="append", default=[], metavar="INPUT=1x3x224x224",
+                      help="the shape of an input the model leaves symbolic")
+    onnx.add_argument("--target", default="cpu", choices=("cpu", "cuda"))
+    onnx.add_argument("--run", action="store_true", help="compile and run on random inputs")
+    onnx.add_argument("--check", action="store_true", help="with --run: compare with onnxruntime")
+    onnx.add_argument("--seed", type=int, default=None, help="random seed for the inputs")
+    onnx.set_defaults(func=cmd_onnx)
     return parser
 
 
@@ -107,6 +121,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from tcc.passes.specialize import specialize
     from tcc.testing import max_relative_error, random_args, reference_results, tolerance
 
+    if args.repeat < 1:
+        raise TccArgumentError(f"--repeat {args.repeat}: needs at least 1 timed run")
+    if args.seed is not None and args.seed < 0:
+        raise TccArgumentError(f"--seed {args.seed}: needs a non-negative integer")
     op = _select_op(args)
     bindings = _bindings(op, args, need_all=True)
     rng = np.random.default_rng(args.seed)
@@ -116,7 +134,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     results = op(*inputs, **cparams)
     first = time.perf_counter() - start
     times = []
-    for _ in range(max(1, args.repeat)):
+    for _ in range(args.repeat):
         start = time.perf_counter()
         op(*inputs, **cparams)
         times.append(time.perf_counter() - start)
@@ -167,9 +185,29 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_onnx(args: argparse.Namespace) -> int:
+    """``tcc onnx MODEL``: the graph as tcc source (or any stage), or a run checked against onnxruntime."""
+    shapes = {}
+    for item in args.shape:
+        name, value = _split(item, "--shape", "INPUT=1x3x224x224")
+        shapes[name] = tuple(int(d) for d in value.lower().split("x")) if value else ()
+    model = tcc.onnx.load(args.model, target=args.target, input_shapes=shapes or None, compile_now=False)
+    if not args.run:
+        stage = args.stage or "fused"
+        if stage == "fused":  # the graph as tcc source, then the op after fusion with each decision
+            print(model.source)
+        print(model.lower(stage))
+        for note in model.notes():
+            print(f"import: {note}")
+        return 0
+    return run_against_onnxruntime(model, args.model, args.check, args.seed)
+
+
 # ---------------------------------------------------------------- helpers
 
 def _select_op(args: argparse.Namespace) -> Op:
+    if args.arch is not None and args.target != "cuda":
+        raise TccArgumentError(f"--arch {args.arch} is for --target cuda", hint="drop --arch on the CPU")
     options = {"arch": args.arch} if args.arch else {}
     lib: Library = tcc.compile(args.file, target=args.target, **options)
     ops = lib.ops
@@ -195,7 +233,13 @@ def _bindings(op: Op, args: argparse.Namespace, need_all: bool) -> dict[str, int
             known = ", ".join([*te.symbols, *te.cparams]) or "none"
             raise TccArgumentError(f"-D {name}: {op.name} has no symbol or parameter {name!r}",
                                    hint=f"it has: {known}")
-        values[name] = _number(value, f"-D {item}")
+        number = _number(value, f"-D {item}")
+        if name in te.cparams:
+            values[name] = bind_cparams(te, {name: number})[name]
+        elif not isinstance(number, int) or number < 0:
+            raise TccArgumentError(f"-D {item}: {name} is a size and needs a non-negative integer")
+        else:
+            values[name] = number
     shapes = {}
     for item in args.shape:
         name, value = _split(item, "--shape", "TENSOR=64x32")
@@ -211,6 +255,8 @@ def _bindings(op: Op, args: argparse.Namespace, need_all: bool) -> dict[str, int
     if need_all and missing:
         raise TccArgumentError(f"no size for {', '.join(missing)} of {op.name}",
                                te.span, "give them with -D NAME=VALUE or --shape TENSOR=AxB")
+    if need_all:
+        check_sizes(te, bindings)
     return bindings
 
 

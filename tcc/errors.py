@@ -22,6 +22,9 @@ class Source:
         return lines[lineno - 1] if 0 < lineno <= len(lines) else ""
 
 
+EXCERPT_WIDTH = 120  # characters of a source line shown in an error
+
+
 @dataclass(frozen=True)
 class Span:
     """A region of source text: 1-based line and column, end exclusive."""
@@ -36,9 +39,17 @@ class Span:
         return f"{self.source.filename}:{self.line}:{self.col}"
 
     def excerpt(self) -> str:
+        """The line and a caret under the span; a long line is cut to a window around it."""
         text = self.source.line(self.line)
-        width = (self.end_col - self.col) if self.end_line == self.line else len(text) - self.col + 1
-        caret = " " * (self.col - 1) + "^" * max(1, width)
+        width = max(1, (self.end_col - self.col) if self.end_line == self.line else len(text) - self.col + 1)
+        start = 0
+        if len(text) > EXCERPT_WIDTH:
+            start = max(0, min(self.col - 1 - EXCERPT_WIDTH // 4, len(text) - EXCERPT_WIDTH))
+            text = ("..." if start else "") + text[start:start + EXCERPT_WIDTH] + \
+                ("..." if start + EXCERPT_WIDTH < len(text) else "")
+            start -= 3 if start else 0
+            width = min(width, EXCERPT_WIDTH - (self.col - 1 - start) + 3)
+        caret = " " * (self.col - 1 - start) + "^" * max(1, width)
         return f"    {text}\n    {caret}"
 
     def __repr__(self) -> str:

@@ -20,6 +20,7 @@ from tcc.dtypes import DType
 from tcc.ir.expr import Binary, Call, Cast, Const, Expr, Read, Reduce, Select, Unary, Var, walk
 from tcc.ir.te import OpTE
 from tcc.passes.bounds import check_bounds
+from tcc.stack import deep
 
 _MATH = {
     "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": lambda x: 1.0 / np.sqrt(x),
@@ -102,7 +103,12 @@ def run(op: OpTE, args: Mapping[str, np.ndarray | int | float]) -> dict[str, np.
     """Evaluate a specialised op on its named arguments; returns every result by name.
 
     Reads are bounds-checked first, as compilation does, so the oracle refuses what tcc refuses.
+    Runs on a deep stack (:mod:`tcc.stack`): evaluation recurses over the expression trees.
     """
+    return deep(_run, op, args)
+
+
+def _run(op: OpTE, args: Mapping[str, np.ndarray | int | float]) -> dict[str, np.ndarray]:
     check_bounds(op)
     env: dict[str, np.ndarray] = {}
     for name in op.inputs:

@@ -63,7 +63,7 @@ def test_error_exit_with_location(capsys, tmp_path):
     (["lower", MATMUL, "-D", "Q=3", "--stage", "te"], "no symbol or parameter 'Q'"),
     (["lower", MATMUL, "--shape", "A=3xq", "--stage", "te"], "dims must be integers"),
     (["lower", MATMUL, "-D", "M", "--stage", "te"], "expected NAME=VALUE"),
-    (["check", "missing.tc"], "cannot read"),
+    (["check", "missing.tc"], "file not found: missing.tc"),
 ])
 def test_bad_cli_input(capsys, argv, needle):
     code, _, err = run(capsys, *argv)

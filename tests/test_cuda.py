@@ -186,7 +186,7 @@ def test_contractions_get_the_tiled_schedule():
     mm = tcc.compile(EXAMPLES / "matmul.tc", target="cuda").matmul
     matvec = mm.lower(np.zeros((64, 32), np.float32), np.zeros((32, 1), np.float32), stage="cuda")
     assert "__shared__" not in matvec.split('extern "C"')[1]  # N = 1: one thread per output
-    assert gemm.choose_tile(4096, 4096, 1) == (128, 128, 8)
+    assert gemm.choose_tile(4096, 4096, 1) == (128, 128, 16)
     assert gemm.choose_tile(64, 3136, 8)[0] == 64  # no 128-row tiles for 64 output channels
     assert gemm.choose_tile(1024, 1024, 1) == (64, 64, 16)  # a full grid before large tiles
 
@@ -264,3 +264,12 @@ def test_cache_key_does_not_load_nvrtc():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(EXAMPLES.parent)})
     assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_negated_negative_constants_compile():
+    """``-`` before a negative literal is not ``--`` (a fuzzer find: ``abs(-1)`` on integers)."""
+    src = "op f(X: i64[N]) -> (Y: i64[N], Z: f32[N]) {\n    Y[i] = abs(X[i] * 0 - 1) + -(-1)\n" \
+          "    Z[i] = f32(abs(-1)) - f32(-(X[i] * 0 - 1))\n}"
+    op = tcc.compile(src, target="cuda").f
+    assert "--" not in op.stage_text(dict(N=7), "cuda").split("tcc_f_k")[1]
+    assert ".entry" in op.stage_text(dict(N=7), "ptx")

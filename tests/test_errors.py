@@ -207,7 +207,7 @@ def test_unknown_target():
 
 
 def test_missing_file():
-    with pytest.raises(tcc.TccError, match="cannot read"):
+    with pytest.raises(tcc.TccError, match="file not found: no/such/file.tc"):
         tcc.compile("no/such/file.tc")
 
 

@@ -192,4 +192,4 @@ def test_a_float_scalar_is_rounded_to_its_dtype_first(rng):
     """The reference used a Python float scalar unrounded; the kernel receives it as an f32."""
     y = check_op("op fz(X: f32[N], a: f32) -> Y: f64[N] { Y[i] = a + f64(X[i]) * 0.0 }", "fz", dict(N=3), rng,
                  scalars={"a": 0.1})
-    assert y[0] == np.float64(np.float32(0.1))
+    assert y[0][0] == np.float64(np.float32(0.1))

@@ -116,7 +116,8 @@ FILE_ERRORS = [
     ("schedule matmul cpu { unroll(i, -2) }", "expected a positive integer here, got -2", (2, 33), "unroll("),
     ("schedule matmul cpu { split(i, 2.5) }", "expected an integer here, got 2.5", (2, 32), "split("),
     ("schedule matmul cpu { parallel(4) }", "expected a name here, got 4", (2, 32), "parallel(LOOP)"),
-    ("schedule matmul cpu { cache(B, i, shared) }", "unknown buffer scope 'shared'", (2, 35), "local, global"),
+    ("schedule matmul cpu { cache(B, i, shared) }", "shared memory is a GPU scope", (2, 35), "local or global"),
+    ("schedule matmul cpu { cache(B, i, texture) }", "unknown buffer scope 'texture'", (2, 35), "local, global"),
     ("schedule matmul cpu { conv(fft) }", "unknown convolution lowering 'fft'", (2, 28), "im2col, direct"),
     ("schedule matmul cpu { conv(direct); conv(im2col) }", "convolution lowering is chosen twice", (2, 37),
      "one conv"),
@@ -169,9 +170,11 @@ def test_python_schedule_errors_point_into_the_text():
         op.schedule(["split i by 2"])
 
 
-def test_cuda_schedules_are_refused_clearly():
-    with pytest.raises(TccScheduleError, match="cuda are not supported yet") as info:
-        tcc.compile(MATMUL + "\nschedule matmul cuda { split(i, 4) }\n", target="cuda")
-    assert (info.value.span.line, info.value.span.col) == (2, 24)
+def test_cuda_schedules_take_gpu_primitives_only():
+    with pytest.raises(TccScheduleError, match="parallel is a CPU primitive") as info:
+        tcc.compile(MATMUL + "\nschedule matmul cuda { split(i, 4); parallel(i_o) }\n", target="cuda")
+    assert (info.value.span.line, info.value.span.col) == (2, 37) and "bind(LOOP, thread)" in info.value.hint
+    lib = tcc.compile(MATMUL + "\nschedule matmul cuda { split(i, 4); bind(i_o, block) }\n", target="cuda")
+    assert [s.prim for s in lib.matmul.user_schedule.steps] == ["split", "bind"]
     lib = tcc.compile(CONV + "\nschedule conv2d cuda { conv(direct) }\n", target="cuda")
     assert lib.conv2d.options["conv"] == "direct"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -66,6 +67,18 @@ def build_module(func: LoopFunc, triple: str = "", data_layout: str = "") -> ir.
     return module
 
 
+MAX_LOCAL_NAME = 64  # LLVM truncates local names at 1,024 characters, so long ones would collide
+
+
+def local_name(name: str) -> str:
+    """A user-derived name for an LLVM local value or block: itself when short, else a prefix
+    and a hash of the whole (names stay readable and distinct; llvmlite numbers any repeats)."""
+    if len(name) <= MAX_LOCAL_NAME:
+        return name
+    digest = hashlib.blake2b(name.encode(), digest_size=6).hexdigest()
+    return f"{name[:MAX_LOCAL_NAME - 13]}.{digest}"
+
+
 def symbol_name(func: LoopFunc) -> str:
     return f"tcc_{func.name}"
 
@@ -95,11 +108,11 @@ class _FunctionBuilder:
         b = self.builder
         for i, param in enumerate(self.func.params):
             slot = b.gep(self.fn.args[0], [ir.Constant(I64, i)], source_etype=PTR)
-            ptr = b.load(slot, typ=PTR, name=f"{param.name}.ptr")
+            ptr = b.load(slot, typ=PTR, name=local_name(f"{param.name}.ptr"))
             if isinstance(param, Buffer):
                 self.buffers[param.name] = (param, ptr)
             else:
-                value = b.load(ptr, typ=memory_type(param.dtype), name=param.name)
+                value = b.load(ptr, typ=memory_type(param.dtype), name=local_name(param.name))
                 self.vars[param.name] = self._from_memory(value, param.dtype)
         self._stmt(self.func.body)
         self._store_fence()
@@ -142,18 +155,18 @@ class _FunctionBuilder:
     def _loop(self, s: For, begin: ir.Value, end: ir.Value) -> None:
         b = self.builder
         pre = b.block
-        header = self.fn.append_basic_block(f"{s.var.name}.header")
-        body = self.fn.append_basic_block(f"{s.var.name}.body")
-        exit_ = self.fn.append_basic_block(f"{s.var.name}.exit")
+        header = self.fn.append_basic_block(local_name(f"{s.var.name}.header"))
+        body = self.fn.append_basic_block(local_name(f"{s.var.name}.body"))
+        exit_ = self.fn.append_basic_block(local_name(f"{s.var.name}.exit"))
         b.branch(header)
         b.position_at_end(header)
-        idx = b.phi(I64, name=s.var.name)
+        idx = b.phi(I64, name=local_name(s.var.name))
         idx.add_incoming(begin, pre)
         b.cbranch(b.icmp_signed("<", idx, end), body, exit_)
         b.position_at_end(body)
         with self._bound(s.var.name, idx):
             self._stmt(s.body)
-        nxt = b.add(idx, ir.Constant(I64, 1), name=f"{s.var.name}.next", flags=["nsw", "nuw"])
+        nxt = b.add(idx, ir.Constant(I64, 1), name=local_name(f"{s.var.name}.next"), flags=["nsw", "nuw"])
         latch = b.block
         b.branch(header)
         idx.add_incoming(nxt, latch)
@@ -256,9 +269,9 @@ class _FunctionBuilder:
     def _chunks(self, s: For, extent: ir.Value, chunk: ir.Value, counter: ir.Value) -> None:
         """``while (begin = next.fetch_add(chunk)) < extent: run s over [begin, min(begin + chunk, extent))``."""
         b = self.builder
-        header = self.fn.append_basic_block(f"{s.var.name}.grab")
-        body = self.fn.append_basic_block(f"{s.var.name}.chunk")
-        done = self.fn.append_basic_block(f"{s.var.name}.done")
+        header = self.fn.append_basic_block(local_name(f"{s.var.name}.grab"))
+        body = self.fn.append_basic_block(local_name(f"{s.var.name}.chunk"))
+        done = self.fn.append_basic_block(local_name(f"{s.var.name}.done"))
         b.branch(header)
         b.position_at_end(header)
         begin = b.atomic_rmw("add", counter, chunk, "monotonic")
@@ -281,7 +294,7 @@ class _FunctionBuilder:
         b = self.builder
         with b.goto_block(self.entry):
             b.position_at_start(self.entry)
-            ptr = b.alloca(ty, size=ir.Constant(I64, max(1, count)), name=name)
+            ptr = b.alloca(ty, size=ir.Constant(I64, max(1, count)), name=local_name(name))
         ptr.align = 64
         return ptr
 
@@ -424,7 +437,7 @@ class _FunctionBuilder:
         b = self.builder
         alloc = self._declare("aligned_alloc", ir.FunctionType(PTR, [I64, I64]))
         size = max(64, -(-buf.size * buf.dtype.itemsize // 64) * 64)
-        ptr = b.call(alloc, [ir.Constant(I64, 64), ir.Constant(I64, size)], name=buf.name)
+        ptr = b.call(alloc, [ir.Constant(I64, 64), ir.Constant(I64, size)], name=local_name(buf.name))
         failed = b.icmp_unsigned("==", ptr, ir.Constant(PTR, None))
         with b.if_then(failed, likely=False):
             self._fail()

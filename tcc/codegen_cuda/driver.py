@@ -14,6 +14,7 @@ import threading
 from typing import Any
 
 from tcc.errors import TccRuntimeError
+from tcc.target import CudaTarget
 
 _LOCK = threading.Lock()
 _CONTEXTS: dict[int, Context] = {}
@@ -137,6 +138,22 @@ class Context:
         current = check(d.cuCtxGetCurrent(), "cuCtxGetCurrent")
         if int(current) != self.ptr:
             check(d.cuCtxSetCurrent(self.handle), f"making cuda:{self.ordinal} current")
+
+
+def device_target(ordinal: int) -> CudaTarget:
+    """The resources of device ``ordinal``, read from the driver."""
+    ctx = context(ordinal)
+    d = api()
+    attr = d.CUdevice_attribute
+
+    def read(name: str) -> int:
+        return int(check(d.cuDeviceGetAttribute(getattr(attr, f"CU_DEVICE_ATTRIBUTE_{name}"), ctx.device),
+                         f"reading {name.lower()} of cuda:{ordinal}"))
+
+    return CudaTarget(ctx.arch, read("MULTIPROCESSOR_COUNT"), read("MAX_SHARED_MEMORY_PER_BLOCK"),
+                      read("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"), read("MAX_SHARED_MEMORY_PER_MULTIPROCESSOR"),
+                      read("MAX_REGISTERS_PER_MULTIPROCESSOR"), read("MAX_THREADS_PER_BLOCK"),
+                      read("L2_CACHE_SIZE"))
 
 
 def context(ordinal: int) -> Context:

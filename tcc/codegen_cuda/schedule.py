@@ -29,10 +29,27 @@ import math
 from dataclasses import dataclass, replace
 
 from tcc import dtypes
-from tcc.errors import TccCompileError
+from tcc.codegen_cuda import split_reduction
+from tcc.errors import TccCompileError, TccScheduleError
 from tcc.ir.expr import Binary, Const, Expr, Load, Var, walk
-from tcc.ir.loops import Allocate, Barrier, For, If, Let, LoopFunc, Seq, Stmt, Store, seq, stmt_exprs, walk_stmts
+from tcc.ir.loops import (
+    Allocate,
+    Barrier,
+    Buffer,
+    For,
+    If,
+    Let,
+    LoopFunc,
+    Seq,
+    Stmt,
+    Store,
+    seq,
+    stmt_exprs,
+    walk_stmts,
+)
+from tcc.passes.bind import top_level_nests
 from tcc.passes.simplify import evaluate_int
+from tcc.target import CudaTarget
 
 I64 = dtypes.i64
 FLAT_THREADS = 256
@@ -43,28 +60,72 @@ ROW_MIN_REDUCTION = 64
 ROW_RATIO = 16
 
 
-def schedule_cuda(func: LoopFunc) -> LoopFunc:
-    """Bind every statement nest of ``func`` to a grid of blocks and threads."""
-    temps, body = _peel_global_allocates(func.body)
+def schedule_cuda(func: LoopFunc, target: CudaTarget | None = None) -> LoopFunc:
+    """Bind every statement nest of ``func`` to a grid of blocks and threads, sized for ``target``."""
+    target = target or CudaTarget()
+    temps, private, body = _peel_allocates(func.body)
+    body = _sink_private(body, private)
     names = _Names(func)
     shapes = {name: buf.shape for name, buf in func.buffers().items()}
-    kernels = [k for nest in _nests(body) if (k := _schedule_nest(nest, names, shapes)) is not None]
+    kernels = [k for nest in _nests(body) if (k := _schedule_nest(nest, names, shapes, temps, target)) is not None]
     new_body: Stmt = seq(*kernels) if kernels else Seq(())
     for buf in reversed(temps):
         new_body = Allocate(buf, new_body)
     return LoopFunc(func.name, list(func.params), new_body, {**func.attrs, "target": "cuda"})
 
 
-def _peel_global_allocates(s: Stmt) -> tuple[list, Stmt]:
-    temps = []
-    while isinstance(s, Allocate) and s.buffer.scope == "global":
-        temps.append(s.buffer)
+def _peel_allocates(s: Stmt) -> tuple[list[Buffer], list[Buffer], Stmt]:
+    """(global buffers, thread-private buffers, the rest) of a function body's allocations."""
+    temps, private = [], []
+    while isinstance(s, Allocate):
+        (temps if s.buffer.scope == "global" else private).append(s.buffer)
         s = s.body
-    return temps, s
+    return temps, private, s
+
+
+def _sink_private(body: Stmt, private: list[Buffer]) -> Stmt:
+    """A function-level local buffer (a user's ``cache`` with no parallel loop to stop at) moves
+    into the one nest that uses it, around the smallest statement holding every use: on the GPU
+    each thread of a kernel has its own, so it cannot outlive a kernel."""
+    nests = _nests(body)
+    for buf in private:
+        users = [i for i, n in enumerate(nests) if _uses(n, buf.name)]
+        if len(users) > 1:
+            raise TccScheduleError(f"{buf.name} is used by {len(users)} statement nests; on cuda a local buffer "
+                                   "belongs to the threads of one kernel", hint="cache at a loop inside one nest")
+        if users:
+            nests[users[0]] = _sink(nests[users[0]], buf)
+    return seq(*nests) if nests else body
+
+
+def _uses(s: Stmt, name: str) -> bool:
+    for t in walk_stmts(s):
+        if isinstance(t, Store) and t.buffer == name:
+            return True
+        if any(isinstance(n, Load) and n.buffer == name for e in stmt_exprs(t) for n in walk(e)):
+            return True
+    return False
+
+
+def _sink(s: Stmt, buf: Buffer) -> Stmt:
+    """``Allocate(buf)`` around the smallest part of ``s`` that holds every use of ``buf``."""
+    if isinstance(s, Seq):
+        users = [i for i, c in enumerate(s.stmts) if _uses(c, buf.name)]
+        if len(users) == 1:
+            parts = list(s.stmts)
+            parts[users[0]] = _sink(parts[users[0]], buf)
+            return Seq(tuple(parts))
+    elif isinstance(s, (For, Let, Allocate)) and not _uses_directly(s, buf.name):
+        return replace(s, body=_sink(s.body, buf))
+    return Allocate(buf, s)
+
+
+def _uses_directly(s: Stmt, name: str) -> bool:
+    return any(isinstance(n, Load) and n.buffer == name for e in stmt_exprs(s) for n in walk(e))
 
 
 def _nests(body: Stmt) -> list[Stmt]:
-    return list(body.stmts) if isinstance(body, Seq) else [body]
+    return top_level_nests(body)
 
 
 class _Names:
@@ -113,20 +174,30 @@ def _split_axes(nest: Stmt) -> _Nest:
     return _Nest(axes, nest)
 
 
-def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]]) -> Stmt | None:
+def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]], temps: list,
+                   target: CudaTarget) -> Stmt | None:
+    """The kernels of one nest; global intermediates they need are appended to ``temps``."""
     inner = next((s for s in walk_stmts(stmt) if isinstance(s, Allocate) and s.buffer.scope == "global"), None)
     if inner is not None:
         raise TccCompileError(f"the CUDA backend cannot schedule {inner.buffer.name}, a global buffer made inside a "
                               "loop nest (from the im2col lowering)", hint="use conv='direct' on target='cuda'")
+    if isinstance(stmt, For) and stmt.kind == "block.x":
+        return stmt  # bound by the user's schedule (checked by tcc.passes.bind.check_kernels)
     nest = _split_axes(stmt)
     total = math.prod(nest.extents)
     if total == 0:
         return None  # nothing to compute: no launch
     from tcc.codegen_cuda import gemm  # it builds on this module's index helpers
 
-    tiled = gemm.schedule(nest.axes, nest.body, names.fresh, _decompose, shapes)
+    tiled = gemm.schedule(nest.axes, nest.body, names.fresh, _decompose, shapes, target.sms)
     if tiled is not None:
         return tiled
+    reduction = split_reduction.match(nest.body)
+    if reduction is not None:
+        split = split_reduction.schedule(nest.axes, nest.extents, reduction, target.sms, names.fresh, _decompose)
+        if split is not None:
+            temps.append(split[0])
+            return split[1]
     work = _row_work(nest.body)
     if work is not None and work >= ROW_MIN_REDUCTION and work * ROW_RATIO >= total:
         return _row_schedule(nest, names)
@@ -241,8 +312,8 @@ def _row_work(body: Stmt) -> int | None:
                 shared += s.buffer.size * s.buffer.dtype.itemsize
         elif isinstance(s, For):
             nest = _split_axes(s)
-            if not nest.axes:
-                return None
+            if not nest.axes or (_reduction_loop(s) is None and _accumulates(s)):
+                return None  # threads striding over it would race on the row's accumulator
             longest = max(longest, math.prod(nest.extents))
         elif not isinstance(s, Store):
             return None
@@ -287,11 +358,20 @@ def _row_body(s: Stmt, threads: int, names: _Names) -> Stmt:
     return s
 
 
+def _accumulates(loop: Stmt) -> bool:
+    """Whether ``loop`` writes a per-row scalar made outside it (an accumulator)."""
+    inner = {t.buffer.name for t in walk_stmts(loop) if isinstance(t, Allocate)}
+    return any(isinstance(t, Store) and t.buffer not in inner and all(isinstance(i, Const) for i in t.indices)
+               for t in walk_stmts(loop))
+
+
 def _reduction_loop(s: Stmt) -> tuple[str, str] | None:
     """(accumulator, combining operator) when ``s`` is a loop nest that only reduces into one
-    accumulator ``acc[0] = op(acc[0], value)``."""
+    accumulator ``acc[0] = op(acc[0], value)`` (``value`` may come from an inner reduction into
+    an accumulator of its own, made inside the loop)."""
     nest = _split_axes(s)
-    stores = [t for t in walk_stmts(nest.body) if isinstance(t, Store)]
+    inner = {t.buffer.name for t in walk_stmts(nest.body) if isinstance(t, Allocate)}
+    stores = [t for t in walk_stmts(nest.body) if isinstance(t, Store) and t.buffer not in inner]
     if len(stores) != 1:
         return None
     upd = stores[0]

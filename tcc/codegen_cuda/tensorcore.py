@@ -115,11 +115,10 @@ class Builder(gemm.Builder):
     """A :class:`gemm.Builder` whose products run on tensor cores."""
 
     tiles = TILES
-    double_buffered = True
 
     def __init__(self, c: gemm.Contraction, fresh, decompose, values: tuple[Expr, Expr],
-                 fast: FastLayout | None = None):
-        super().__init__(c, fresh, decompose)
+                 fast: FastLayout | None = None, sms: int = gemm.SMS):
+        super().__init__(c, fresh, decompose, sms)
         self.xv, self.yv = values
         self.fast = fast
         half = self.xv.dtype

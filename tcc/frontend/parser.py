@@ -28,7 +28,8 @@ _OPEN = {"(": ")", "[": "]"}
 _PRETTY = {"LPAR": "'('", "RPAR": "')'", "LSQB": "'['", "RSQB": "']'", "LBRACE": "'{'",
            "RBRACE": "'}'", "COMMA": "','", "COLON": "':'", "SEMICOLON": "';'", "EQUAL": "'='",
            "_NL": "a newline", "NAME": "a name", "NUMBER": "a number", "DTYPE": "a dtype",
-           "REDUCER": "a reduction", "$END": "the end of the file", "MINUS": "'-'", "PLUS": "'+'",
+           "REDUCER": "a reduction", "FLOAT_WORD": "a number", "$END": "the end of the file",
+           "MINUS": "'-'", "PLUS": "'+'",
            "STAR": "'*'", "SLASH": "'/'", "__ANON_0": "'->'"}
 
 
@@ -155,7 +156,7 @@ def _syntax_error(exc: UnexpectedInput, source: Source) -> TccSyntaxError:
 
 def _number(tok: Token) -> ast.Num:
     text = str(tok)
-    is_float = any(c in text for c in ".eE")
+    is_float = any(c in text for c in ".eEn")  # "inf" and "nan" are float literals
     return ast.Num(float(text) if is_float else int(text), is_float)
 
 

@@ -21,7 +21,7 @@ from tcc.passes.schedule import Step
 
 TARGETS = ("cpu", "cuda")
 CONV_CHOICES = ("im2col", "direct", "auto")
-CACHE_SCOPES = ("local", "global")
+CACHE_SCOPES = ("local", "global", "shared")
 
 # primitive -> (usage, allowed argument kinds: N a name, I a positive integer)
 SIGNATURES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -32,13 +32,17 @@ SIGNATURES: dict[str, tuple[str, tuple[str, ...]]] = {
     "unroll": ("unroll(LOOP[, FACTOR])", ("N", "NI")),
     "vectorize": ("vectorize(LOOP[, LANES])", ("N", "NI")),
     "parallel": ("parallel(LOOP)", ("N",)),
-    "cache": ("cache(TENSOR, LOOP[, local|global])", ("NN", "NNN")),
+    "cache": ("cache(TENSOR, LOOP[, local|global|shared])", ("NN", "NNN")),
     "pack": ("pack(TENSOR, LOOP): another name of cache(TENSOR, LOOP)", ("NN",)),
     "compute_at": ("compute_at(TENSOR, LOOP)", ("NN",)),
     "inline": ("inline(TENSOR)", ("N",)),
     "decompose": ("decompose(TENSOR): split a reduction into init and update nests", ("N",)),
     "conv": ("conv(im2col|direct|auto)", ("N",)),
+    "bind": ("bind(LOOP, block|thread)", ("NN",)),
 }
+# what a cuda schedule may say (vectorize and parallel are CPU forms of what bind does there)
+CUDA_PRIMS = frozenset(("split", "tile", "reorder", "fuse", "unroll", "bind", "cache", "compute_at", "inline",
+                        "decompose", "conv"))
 
 
 @dataclass(frozen=True)
@@ -67,10 +71,7 @@ def schedule_from_steps(steps: list[ast.SchedStep], target: str) -> Schedule:
     loop_steps: list[Step] = []
     for step in steps:
         _check_signature(step)
-        if target == "cuda" and step.prim != "conv":
-            raise TccScheduleError("schedules for target cuda are not supported yet", step.span,
-                                   "the CUDA auto-scheduler chooses blocks and threads; only conv(...) "
-                                   "is accepted in a cuda schedule for now")
+        _check_target(step, target)
         if step.prim == "conv":
             if conv is not None:
                 raise TccScheduleError("the convolution lowering is chosen twice", step.span,
@@ -120,6 +121,25 @@ def _check_signature(step: ast.SchedStep) -> None:
                                f"write it as {usage}")
     for arg, want in zip(step.args, match):
         _check_arg(step, arg, want, usage)
+
+
+def _check_target(step: ast.SchedStep, target: str) -> None:
+    if target == "cuda" and step.prim not in CUDA_PRIMS:
+        hint = "bind(LOOP, thread) runs a loop's iterations on the GPU's threads" \
+            if step.prim in ("parallel", "vectorize") else f"primitives on cuda: {', '.join(sorted(CUDA_PRIMS))}"
+        raise TccScheduleError(f"{step.prim} is a CPU primitive; a cuda schedule cannot use it", step.span, hint)
+    if target == "cuda" and step.prim == "cache" and len(step.args) == 3 and step.args[2].value == "global":
+        raise TccScheduleError("cache(..., global) is not supported on cuda: it would allocate device memory "
+                               "inside a kernel", step.args[2].span, "cache into local memory")
+    if target == "cpu" and step.prim == "cache" and len(step.args) == 3 and step.args[2].value == "shared":
+        raise TccScheduleError("shared memory is a GPU scope; a cpu schedule cannot use it", step.args[2].span,
+                               "cache into local or global memory")
+    if target == "cpu" and step.prim == "bind":
+        raise TccScheduleError("bind is a GPU primitive; a cpu schedule cannot use it", step.span,
+                               "parallel(LOOP) runs a loop's iterations on the CPU's cores")
+    if step.prim == "bind" and step.args[1].value not in ("block", "thread"):
+        raise TccScheduleError(f"unknown GPU axis {step.args[1].value!r}", step.args[1].span,
+                               "write bind(LOOP, block) or bind(LOOP, thread)")
 
 
 def _check_arg(step: ast.SchedStep, arg: ast.Word, want: str, usage: str) -> None:
@@ -179,4 +199,5 @@ _TO_STEP: dict[str, Callable[[ast.SchedStep, list], Step]] = {
     "compute_at": _mk(lambda v: ("compute_at", (v[0], "at", v[1]), ())),
     "inline": _mk(lambda v: ("inline", (v[0],), ())),
     "decompose": _mk(lambda v: ("decompose", (v[0],), ())),
+    "bind": _mk(lambda v: ("bind", (v[0], v[1]), ())),
 }

@@ -11,6 +11,8 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from tcc import dtypes
 from tcc.dtypes import DType
 from tcc.errors import Source, Span, TccNameError, TccShapeError, TccSyntaxError, TccTypeError
@@ -62,6 +64,7 @@ class Typed:
 
     expr: Expr
     weak: str | None = None
+    span: Span | None = None  # a literal's, for range errors
 
     @property
     def dtype(self) -> DType:
@@ -111,6 +114,8 @@ class _OpAnalyzer:
         d = self.op_def
         for cp in d.cparams:
             self._claim(cp.name, cp.span)
+            if isinstance(cp.default, int) and not -2**63 <= cp.default < 2**63:
+                raise TccTypeError(f"the default of {cp.name} does not fit a 64-bit integer", cp.span)
             self.cparams[cp.name] = cp.default
         for p in d.params:
             self._param(p)
@@ -130,6 +135,7 @@ class _OpAnalyzer:
         return set(self.cparams) | set(self.symbols) | set(self.tensors) | set(self.scalars) | set(self.declared)
 
     def _claim(self, name: str, span: Span | None) -> None:
+        _not_reserved(name, span)
         if name in self._taken():
             raise TccNameError(f"{name!r} is already defined in op {self.op_def.name!r}", span,
                                "choose another name")
@@ -224,11 +230,13 @@ class _OpAnalyzer:
                                "write the new values into a new tensor")
         if name in self.scalars or name in self.cparams or name in self.symbols:
             raise TccNameError(f"{name!r} is not a tensor and cannot be assigned", a.span)
+        _not_reserved(name, a.span)
         axes_names = []
         for idx in a.indices:
             if not isinstance(idx, ast.Name):
                 raise TccSyntaxError("left-hand indices must be plain index variables", idx.span,
                                      f"write {name}[i, ...] = ... and use the expression on the right")
+            _not_reserved(idx.id, idx.span)
             if idx.id in axes_names:
                 raise TccNameError(f"index {idx.id!r} appears twice on the left", idx.span,
                                    "use distinct index variables")
@@ -268,6 +276,7 @@ class _OpAnalyzer:
         if value.weak == "f" and not dtype.is_float:
             raise TccTypeError(f"{what} is a float but must be stored as {dtype}", span,
                                f"convert explicitly: {dtype}(...)")
+        _check_literal(value, dtype, span)
         expr = value.expr
         if isinstance(expr, Reduce) and expr.dtype in _HALF and dtype.is_float and dtype.bits >= 32:
             expr = replace(expr, dtype=dtypes.f32)  # a half reduction stored wider: its f32 sum rounds once
@@ -315,8 +324,10 @@ class _OpAnalyzer:
 
     def _e_Num(self, n: ast.Num, env, what, shape_only) -> Typed:
         if n.is_float:
-            return Typed(Const(float(n.value), dtypes.f64), "f")
-        return Typed(Const(int(n.value), dtypes.i64), "i")
+            return Typed(Const(float(n.value), dtypes.f64), "f", n.span)
+        typed = Typed(Const(int(n.value), dtypes.i64), "i", n.span)
+        _check_literal(typed, dtypes.i64, n.span)
+        return typed
 
     def _e_Name(self, n: ast.Name, env, what, shape_only) -> Typed:
         if n.id in env:
@@ -364,7 +375,7 @@ class _OpAnalyzer:
         if a.dtype.is_bool:
             raise TccTypeError("cannot negate a bool", n.span, "use `not` for logical negation")
         if isinstance(a.expr, Const):
-            return Typed(Const(-a.expr.value, a.dtype), a.weak)
+            return Typed(Const(-a.expr.value, a.dtype), a.weak, n.span)
         return Typed(Unary("neg", a.expr, a.dtype), a.weak)
 
     def _require_bool(self, t: Typed, span: Span | None, op: str) -> None:
@@ -392,7 +403,11 @@ class _OpAnalyzer:
             self._require_bool(a, span, op)
             self._require_bool(b, span, op)
             return Typed(Binary(op, a.expr, b.expr, dtypes.boolean, span))
+        if op in COMPARE_OPS:  # as NumPy 2: an integer compares exactly with any Python integer
+            a, b = _widen_for_literal(a, b), _widen_for_literal(b, a)
         dtype, weak = self._unify(a, b, span)
+        _check_literal(a, dtype, span)
+        _check_literal(b, dtype, span)
         if op in ARITH_OPS and dtype.is_bool:
             raise TccTypeError(f"arithmetic `{op}` on bool values", span, "convert first, e.g. i32(x)")
         if op == "div" and not dtype.is_float:
@@ -411,6 +426,7 @@ class _OpAnalyzer:
         fn = n.fn
         if fn in dtypes.ALL:
             self._arity(n, 1)
+            _check_literal(args[0], dtypes.ALL[fn], n.span)
             return Typed(cast(args[0].expr, dtypes.ALL[fn]))
         if fn in ("max", "min", "pow"):
             self._arity(n, 2)
@@ -419,6 +435,8 @@ class _OpAnalyzer:
             self._arity(n, 3)
             self._require_bool(args[0], n.args[0].span, "select")
             dtype, weak = self._unify(args[1], args[2], n.span)
+            _check_literal(args[1], dtype, n.span)
+            _check_literal(args[2], dtype, n.span)
             return Typed(Select(args[0].expr, cast(args[1].expr, dtype), cast(args[2].expr, dtype), dtype), weak)
         if fn in MATH_FUNCS:
             self._arity(n, 1)
@@ -446,6 +464,7 @@ class _OpAnalyzer:
         inner = dict(env)
         axes_vars = []
         for ax in n.axes:
+            _not_reserved(ax.name, ax.span)
             if ax.name in inner or ax.name in self._taken():
                 raise TccNameError(f"reduction index {ax.name!r} is already in use", ax.span,
                                    "choose another index name")
@@ -495,6 +514,39 @@ def in_f32(e: Expr) -> Expr:
 
 def _widened(dtype: DType) -> DType:
     return dtypes.f32 if dtype in _HALF else dtype
+
+
+RESERVED = ("inf", "nan")  # float literals; the lexer reads them as names only where no value can stand
+
+
+def _not_reserved(name: str, span: Span | None) -> None:
+    if name in RESERVED:
+        raise TccNameError(f"{name!r} is a float literal and cannot name a tensor, index or parameter", span,
+                           "choose another name")
+
+
+def _check_literal(value: Typed, dtype: DType, span: Span | None) -> None:
+    """An integer literal must fit the integer type it becomes, as in NumPy 2 (which raises
+    ``OverflowError`` for ``np.int8(1) + 300``) rather than wrap."""
+    if not (isinstance(value.expr, Const) and value.weak == "i" and dtype.is_int):
+        return
+    info = np.iinfo(dtype.numpy)
+    if not info.min <= value.expr.value <= info.max:
+        raise TccTypeError(f"the integer {value.expr.value} is out of range for {dtype} "
+                           f"({info.min} to {info.max})", value.span or span,
+                           "use a wider type, e.g. i64(x), or a float literal" if dtype != dtypes.i64 else
+                           "use a float literal, e.g. 1e20")
+
+
+def _widen_for_literal(a: Typed, other: Typed) -> Typed:
+    """``a`` widened to i64 when ``other`` is an integer literal out of ``a``'s range (only
+    comparisons do this: NumPy 2 compares such values exactly)."""
+    if not (a.weak is None and a.dtype.is_int and isinstance(other.expr, Const) and other.weak == "i"):
+        return a
+    info = np.iinfo(a.dtype.numpy)
+    if info.min <= other.expr.value <= info.max:
+        return a
+    return Typed(cast(a.expr, dtypes.i64), None, a.span)
 
 
 def _add(a: Expr, b: Expr) -> Expr:

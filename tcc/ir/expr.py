@@ -8,8 +8,11 @@ but ignored by equality, so structurally equal expressions compare equal.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields, replace
+
+import numpy as np
 
 from tcc import dtypes
 from tcc.dtypes import DType
@@ -33,15 +36,15 @@ class Expr:
     """Base of all scalar expressions."""
 
     def children(self) -> tuple[Expr, ...]:
-        return tuple(v for name in field_names(type(self)) for v in _expr_values(getattr(self, name)))
+        return tuple(v for name in _field_names(type(self)) for v in _expr_values(getattr(self, name)))
 
     def __str__(self) -> str:
         return format_expr(self)
 
 
 @functools.cache
-def field_names(cls: type) -> tuple[str, ...]:
-    """The dataclass fields of a node class (``dataclasses.fields`` is slow in hot traversals)."""
+def _field_names(cls: type) -> tuple[str, ...]:
+    """A node class's field names (``dataclasses.fields`` is slow, and every walk asks)."""
     return tuple(f.name for f in fields(cls))
 
 
@@ -59,6 +62,9 @@ class Const(Expr):
     value: int | float | bool
     dtype: DType
 
+    def children(self) -> tuple[Expr, ...]:
+        return ()
+
 
 @dataclass(frozen=True)
 class Var(Expr):
@@ -66,6 +72,9 @@ class Var(Expr):
 
     name: str
     dtype: DType = dtypes.i64
+
+    def children(self) -> tuple[Expr, ...]:
+        return ()
 
 
 @dataclass(frozen=True)
@@ -76,12 +85,18 @@ class Binary(Expr):
     dtype: DType
     span: Span | None = field(default=None, compare=False, repr=False)
 
+    def children(self) -> tuple[Expr, ...]:  # the common nodes spell out their children: walks are hot
+        return (self.a, self.b)
+
 
 @dataclass(frozen=True)
 class Unary(Expr):
     op: str  # "neg" or "not"
     a: Expr
     dtype: DType
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.a,)
 
 
 @dataclass(frozen=True)
@@ -95,6 +110,9 @@ class Call(Expr):
 class Cast(Expr):
     a: Expr
     dtype: DType
+
+    def children(self) -> tuple[Expr, ...]:
+        return (self.a,)
 
 
 @dataclass(frozen=True)
@@ -186,39 +204,60 @@ def cast(e: Expr, dtype: DType) -> Expr:
 
 
 def convert_value(value: int | float | bool, dtype: DType) -> int | float | bool:
+    """``value`` as a ``dtype`` holds it, by the language's conversions (a folded constant must
+    equal the run-time cast): float -> int truncates toward zero, saturates to the i64 range
+    (NaN is 0) and wraps to the width, as do int -> int; a float beyond f16's or f32's range
+    is infinite."""
     if dtype.is_bool:
         return bool(value)
     if dtype.is_int:
-        return int(value)
-    return float(value)
+        if isinstance(value, float):
+            value = 0 if math.isnan(value) else int(min(max(value, -2.0**63), 2.0**63 - 1024)) \
+                if value < 2.0**63 else 2**63 - 1
+        half = 1 << (dtype.bits - 1)
+        return (int(value) + half) % (2 * half) - half
+    try:
+        out = float(value)
+    except OverflowError:  # an integer beyond the largest double
+        out = math.copysign(math.inf, value)
+    if dtype.bits < 64 and dtype.name != "bf16" and math.isfinite(out):
+        with np.errstate(over="ignore"):
+            rounded = float(np.asarray(out).astype(dtype.numpy))
+        if math.isinf(rounded):
+            return rounded
+    return out
 
 
 # ---------------------------------------------------------------- traversal
 
 def walk(e: Expr) -> Iterator[Expr]:
-    """Every node of ``e``, parents first."""
-    yield e
-    for c in e.children():
-        yield from walk(c)
+    """Every node of ``e``, parents first, children left to right. An explicit stack rather
+    than nested generators: a 5,000-term sum is 5,000 levels deep, and ``yield from`` would
+    pass each node up through every level."""
+    stack = [e]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(reversed(node.children()))
 
 
 def transform(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
     """Rebuild ``e`` bottom-up; ``fn`` returns a replacement for a node or None to keep it."""
     updates = {}
-    for name in field_names(type(e)):
-        value = getattr(e, name)
+    for f in fields(e):
+        value = getattr(e, f.name)
         if isinstance(value, Expr):
             new = transform(value, fn)
             if new is not value:
-                updates[name] = new
+                updates[f.name] = new
         elif isinstance(value, tuple) and value and isinstance(value[0], Expr):
             new_t = tuple(transform(v, fn) for v in value)
             if any(n is not o for n, o in zip(new_t, value)):
-                updates[name] = new_t
+                updates[f.name] = new_t
         elif isinstance(value, tuple) and value and isinstance(value[0], IterVar):
             new_axes = tuple(IterVar(ax.var, transform(ax.extent, fn)) for ax in value)
             if any(n.extent is not o.extent for n, o in zip(new_axes, value)):
-                updates[name] = new_axes
+                updates[f.name] = new_axes
     node = replace(e, **updates) if updates else e
     out = fn(node)
     return node if out is None else out

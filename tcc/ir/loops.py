@@ -226,7 +226,8 @@ def verify_func(f: LoopFunc) -> None:
 def _verify(s: Stmt, buffers: dict[str, Buffer], scope: set[str], loops: set[str]) -> None:
     for e in stmt_exprs(s):
         for n in walk(e):
-            _check(not isinstance(n, (Read, Reduce)), f"TE node left in loop IR: {n}")
+            if isinstance(n, (Read, Reduce)):  # formatted only on failure: printing is O(size)
+                _check(False, f"TE node left in loop IR: {n}")
             if isinstance(n, Var):
                 _check(n.name in scope, f"unbound variable {n.name}")
             if isinstance(n, Load):

@@ -19,6 +19,7 @@ from tcc.errors import Span, TccScheduleError
 from tcc.ir.expr import Const, Expr, Load, free_vars, substitute, transform
 from tcc.ir.loops import (
     Allocate,
+    Barrier,
     Buffer,
     For,
     If,
@@ -32,10 +33,12 @@ from tcc.ir.loops import (
     stmt_exprs,
     walk_stmts,
 )
-from tcc.passes.loopnest import const_extent, in_vector_loop, linear_coeff, map_exprs, require_loop
+from tcc.passes.bind import cooperative, thread_extents
+from tcc.passes.loopnest import const_extent, fresh, in_vector_loop, linear_coeff, map_exprs, require_loop
 from tcc.passes.simplify import evaluate_int
 
 LOCAL_BYTES = 16 * 1024
+SHARED_BYTES = 48 * 1024  # static shared memory of one CUDA block
 
 
 def cache(func: LoopFunc, tensor: str, at: str, scope: str | None = None, span: Span | None = None) -> LoopFunc:
@@ -51,8 +54,8 @@ def cache(func: LoopFunc, tensor: str, at: str, scope: str | None = None, span: 
            for n in walk_stmts(f.body)):
         raise TccScheduleError(f"{tensor} is allocated inside loop {at}: it has no tile there to copy", span,
                                f"cache it at a loop inside the scope of {tensor}")
-    if scope not in (None, "local", "global"):
-        raise TccScheduleError(f"unknown scope {scope!r}", span, "use local or global")
+    if scope not in (None, "local", "global", "shared"):
+        raise TccScheduleError(f"unknown scope {scope!r}", span, "use local, global or (on cuda) shared")
     state = _State(func, buffers[tensor], scope, span)
     body, pending = _rewrite(func.body, at, state)
     return replace(func, body=_wrap(body, pending))
@@ -60,6 +63,7 @@ def cache(func: LoopFunc, tensor: str, at: str, scope: str | None = None, span: 
 
 class _State:
     def __init__(self, func: LoopFunc, buf: Buffer, scope: str | None, span: Span | None):
+        self.func = func
         self.buf = buf
         self.scope = scope
         self.span = span
@@ -81,31 +85,32 @@ def _wrap(body: Stmt, bufs: list[Buffer]) -> Stmt:
     return body
 
 
-def _rewrite(s: Stmt, at: str, st: _State) -> tuple[Stmt, list[Buffer]]:
-    """Rewrite loops ``at``; buffers float up to the nearest parallel loop or the function."""
+def _rewrite(s: Stmt, at: str, st: _State, gpu: str = "") -> tuple[Stmt, list[Buffer]]:
+    """Rewrite loops ``at``; buffers float up to the nearest parallel (or GPU block) loop or the
+    function. ``gpu`` is the innermost enclosing GPU binding ("block.x", "thread.x" or "")."""
     if isinstance(s, For) and s.var.name == at:
-        new, bufs = _cache_at(s, st)
-        if new.kind == "parallel":
+        new, bufs = _cache_at(s, st, gpu)
+        if new.kind in ("parallel", "block.x"):
             return replace(new, body=_wrap(new.body, bufs)), []
         return new, bufs
     if isinstance(s, For):
-        body, bufs = _rewrite(s.body, at, st)
-        if s.kind == "parallel":
+        body, bufs = _rewrite(s.body, at, st, s.kind if s.kind in ("block.x", "thread.x") else gpu)
+        if s.kind in ("parallel", "block.x"):
             return replace(s, body=_wrap(body, bufs)), []
         return replace(s, body=body), bufs
     if isinstance(s, Seq):
         parts, bufs = [], []
         for c in s.stmts:
-            p, b = _rewrite(c, at, st)
+            p, b = _rewrite(c, at, st, gpu)
             parts.append(p)
             bufs += b
         return seq(*parts), bufs
     if isinstance(s, (Allocate, Let)):
-        body, bufs = _rewrite(s.body, at, st)
+        body, bufs = _rewrite(s.body, at, st, gpu)
         return replace(s, body=body), bufs
     if isinstance(s, If):
-        then, b1 = _rewrite(s.then, at, st)
-        other, b2 = (None, []) if s.otherwise is None else _rewrite(s.otherwise, at, st)
+        then, b1 = _rewrite(s.then, at, st, gpu)
+        other, b2 = (None, []) if s.otherwise is None else _rewrite(s.otherwise, at, st, gpu)
         return replace(s, then=then, otherwise=other), b1 + b2
     return s, []
 
@@ -130,7 +135,8 @@ def _loads(e: Expr, name: str) -> list[Load]:
     return [n for n in walk(e) if isinstance(n, Load) and n.buffer == name]
 
 
-def _cache_at(loop: For, st: _State) -> tuple[For, list[Buffer]]:
+def _cache_at(loop: For, st: _State, gpu: str) -> tuple[For, list[Buffer]]:
+    threads = _shared_threads(loop, st, gpu) if st.scope == "shared" else 0
     sites: dict = {}
     _sites(loop.body, st.buf.name, (), sites)
     if any(stored for _, _, stored in sites.values()) and len(sites) > 1:
@@ -145,17 +151,42 @@ def _cache_at(loop: For, st: _State) -> tuple[For, list[Buffer]]:
             _check_injective(indices, loops, st)
         nbytes = st.buf.dtype.itemsize * max(1, math.prod(shape))
         scope = st.scope or ("local" if nbytes <= LOCAL_BYTES else "global")
+        if scope == "shared" and (stored or nbytes > SHARED_BYTES):
+            why = "it is written there" if stored else f"its tile takes {nbytes} bytes, over {SHARED_BYTES}"
+            raise TccScheduleError(f"cannot cache {st.buf.name} in shared memory at {loop.var.name}: {why}",
+                                   st.span, "cache a smaller tile (at an inner loop) or a tensor only read")
         buf = Buffer(st.name(), st.buf.dtype, shape, scope)
         bufs.append(buf)
         local_idx = tuple(f.var for f in loops)
         mapping[indices] = (buf.name, local_idx)
         if loaded or not stored:
-            order = source_order(loops, indices, st.buf.shape)
+            order = source_major(loops, indices, st.buf.shape) if threads else source_order(loops, indices,
+                                                                                           st.buf.shape)
             before.append(_copy(order, Store(buf.name, local_idx, Load(st.buf.name, indices, st.buf.dtype))))
         if stored:
             after.append(_copy(loops, Store(st.buf.name, indices, Load(buf.name, local_idx, st.buf.dtype))))
     body = _retarget(loop.body, st.buf.name, mapping)
+    if threads:  # the block's threads copy together; barriers before the reads and the next copy
+        before = [cooperative(c, threads, tuple(fresh(st.func, f"{b.name}_{x}") for x in "tsf"))
+                  for c, b in zip(before, bufs)]
+        last = body.stmts[-1] if isinstance(body, Seq) else body
+        return replace(loop, body=seq(*before, Barrier(), body, *(() if isinstance(last, Barrier) else
+                                                                  (Barrier(),)))), bufs
     return replace(loop, body=seq(*before, body, *after)), bufs
+
+
+def _shared_threads(loop: For, st: _State, gpu: str) -> int:
+    """The thread count of the block that shares a ``shared`` cache at ``loop`` (checked)."""
+    if gpu != "block.x":
+        where = "inside a thread loop" if gpu == "thread.x" else "outside any loop bound to blocks"
+        raise TccScheduleError(f"cache({st.buf.name}, {loop.var.name}, shared): loop {loop.var.name} is {where}",
+                               st.span, "bind the kernel's loops first, then cache at a loop between the "
+                                        "block loop and the thread loop")
+    extents = thread_extents(loop.body)
+    if len(extents) != 1:
+        raise TccScheduleError(f"cache({st.buf.name}, {loop.var.name}, shared): loop {loop.var.name} must enclose "
+                               "the block's thread loop", st.span, "bind a loop inside it to threads first")
+    return extents.pop()
 
 
 def _copy(loops: list[For], store: Store) -> Stmt:
@@ -187,6 +218,19 @@ def source_order(loops: list[For], indices: tuple[Expr, ...], shape: tuple[int, 
         return loops
     outer = sorted(loops[:-1], key=lambda f: -strides[f.var.name])
     return [*outer, loops[-1]]
+
+
+def source_major(loops: list[For], indices: tuple[Expr, ...], shape: tuple[int, ...]) -> list[For]:
+    """The copy loops ordered by the source stride each walks, largest outside: a copy shared
+    out among threads in this order reads consecutive elements on consecutive threads."""
+    base = _flat_offset(indices, shape, {})
+    strides = {}
+    for f in loops:
+        moved = _flat_offset(indices, shape, {f.var.name: 1})
+        if base is None or moved is None:
+            return loops
+        strides[f.var.name] = abs(moved - base)
+    return sorted(loops, key=lambda f: -strides[f.var.name])
 
 
 def _flat_offset(indices: tuple[Expr, ...], shape: tuple[int, ...], values: dict[str, int]) -> int | None:

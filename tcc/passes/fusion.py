@@ -63,7 +63,8 @@ def inline_intermediates(op: OpTE) -> OpTE:
         c = next(x for x in computes if x.tensor == name)  # the current version, after earlier inlining
         verdict, reason = _inline_verdict(c, computes, op)
         if verdict:
-            computes = [_inline_into(other, c) for other in computes if other is not c]
+            computes = [_inline_into(other, c) if _reads(other.body, c.tensor) else other
+                        for other in computes if other is not c]
             del tensors[c.tensor]
             notes.append(f"inline {c.tensor}: {reason}")
         else:
@@ -153,6 +154,10 @@ def _cost(e: Expr) -> int:
         elif not isinstance(n, Var) and n.children():
             total += 1
     return total
+
+
+def _reads(e: Expr, tensor: str) -> bool:
+    return any(isinstance(n, Read) and n.tensor == tensor for n in walk(e))
 
 
 def _inline_into(consumer: Compute, producer: Compute) -> Compute:

@@ -16,7 +16,9 @@ from tcc.passes.bounds import check_bounds
 from tcc.passes.fusion import format_fused, fuse
 from tcc.passes.im2col import im2col
 from tcc.passes.lower import lower
+from tcc.passes.schedule import Step, apply_schedule, check_gpu_schedule
 from tcc.passes.specialize import specialize
+from tcc.target import CudaTarget, Target, default_target
 
 AfterPass = Callable[[str, str], None]
 GEMM_K_LOOP = "kk"  # the micro-kernel's k loop in the auto-scheduler's GEMM nest, unrolled by tuning
@@ -46,7 +48,7 @@ class Lowered:
 
     te: OpTE  # specialised and fused TE (its fusion decisions in ``fusion_notes``)
     loops: LoopFunc  # plain loop nests, straight from the TE
-    target: str
+    target: Target  # the machine the schedule sizes its work for
     after_pass: AfterPass | None = None
     steps: tuple = ()  # the user's schedule (tcc.passes.schedule.Step); empty: the auto-scheduler
     tuning: Tuning | None = None  # the tuner's choice for the auto-scheduler (tcc.tune)
@@ -65,7 +67,7 @@ class Lowered:
         return self._scheduled
 
 
-def run_pipeline(op: OpTE, bindings: dict[str, int | float], target: str,
+def run_pipeline(op: OpTE, bindings: dict[str, int | float], target: str | Target,
                  after_pass: AfterPass | None = None, options: dict | None = None, steps: tuple = ()) -> Lowered:
     def report(name: str, text: str) -> None:
         if after_pass is not None:
@@ -82,18 +84,22 @@ def run_pipeline(op: OpTE, bindings: dict[str, int | float], target: str,
     loops = lower(te)
     verify_func(loops)
     report("lower", format_func(loops))
-    return Lowered(te, loops, target, after_pass, steps)
+    return Lowered(te, loops, default_target(target), after_pass, steps)
 
 
-def schedule_for_target(func: LoopFunc, target: str, steps: list | None = None,
+def schedule_for_target(func: LoopFunc, target: str | Target, steps: list | None = None,
                         params: dict | None = None, unroll: int = 1) -> LoopFunc:
     """The user's schedule when there is one, else the target's auto-scheduler (with the tuner's
     GEMM tiles ``params`` by result tensor, and its k-loop unroll factor)."""
-    if target == "cuda":
+    machine = default_target(target)
+    if isinstance(machine, CudaTarget):
         from tcc.codegen_cuda.schedule import schedule_cuda
 
-        return schedule_cuda(func)
-    from tcc.passes.schedule import Step, apply_schedule
+        if steps:  # the nests the user bound are kernels as they are; the others are auto-scheduled
+            scheduled = apply_schedule(func, steps)
+            check_gpu_schedule(func, scheduled, steps)
+            func = scheduled
+        return schedule_cuda(func, machine)
 
     if steps:
         return apply_schedule(func, steps)

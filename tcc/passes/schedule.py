@@ -12,7 +12,8 @@ from dataclasses import dataclass, field, replace
 
 from tcc.errors import Span, TccScheduleError
 from tcc.ir.expr import Cast, Load
-from tcc.ir.loops import For, LoopFunc, verify_func, walk_stmts
+from tcc.ir.loops import Allocate, For, LoopFunc, verify_func, walk_stmts
+from tcc.passes.bind import bind, check_kernels
 from tcc.passes.cache import cache
 from tcc.passes.compute_at import compute_at
 from tcc.passes.fuse import fuse
@@ -46,10 +47,11 @@ USAGE = {
     "unroll": "unroll LOOP [by N]",
     "vectorize": "vectorize LOOP [by N]",
     "parallel": "parallel LOOP",
-    "cache": "cache TENSOR at LOOP [local|global]",
+    "cache": "cache TENSOR at LOOP [local|global|shared]",
     "compute_at": "compute_at TENSOR at LOOP",
     "inline": "inline TENSOR",
     "decompose": "decompose TENSOR",
+    "bind": "bind LOOP block|thread",
 }
 
 
@@ -192,6 +194,36 @@ def _decompose(func: LoopFunc, step: Step) -> LoopFunc:
     return decompose_reduction(func, tensor, step.span)
 
 
+def _bind(func: LoopFunc, step: Step) -> LoopFunc:
+    loop, axis = (str(w) for w in step.words)
+    return bind(func, loop, axis, step.span)
+
+
+def check_gpu_schedule(before: LoopFunc, func: LoopFunc, steps: list[Step]) -> None:
+    """After a CUDA schedule's steps (``before`` -> ``func``): every bound nest is a kernel
+    (errors at the bind step), and no step made a buffer in device memory: one inside a kernel
+    cannot be allocated, one outside would be shared by all its blocks and threads."""
+    check_kernels(func, {str(s.words[0]): s.span for s in steps if s.prim == "bind"})
+    old, top = before.buffers(), _top_level_buffers(func)
+    for buf in func.buffers().values():
+        if buf.scope == "global" and (buf.name not in old or buf.name not in top):
+            step = next((s for s in steps if s.prim in ("cache", "compute_at") and buf.name.startswith(str(
+                s.words[0]))), steps[-1])
+            raise TccScheduleError(f"{buf.name} ({buf.size * buf.dtype.itemsize} bytes) would be in device memory, "
+                                   "shared by every block and thread of the kernel", step.span,
+                                   "cache into local or shared memory, at a loop where the tile is small")
+
+
+def _top_level_buffers(func: LoopFunc) -> set[str]:
+    """The parameters and the buffers allocated outside every loop nest."""
+    names = {p.name for p in func.params}
+    body = func.body
+    while isinstance(body, Allocate):
+        names.add(body.buffer.name)
+        body = body.body
+    return names
+
+
 def contract(func: LoopFunc) -> LoopFunc:
     """Allow ``a * b + c`` to become one fused multiply-add (more accurate, never less)."""
     return replace(func, attrs={**func.attrs, "fp_contract": True})
@@ -199,4 +231,4 @@ def contract(func: LoopFunc) -> LoopFunc:
 
 _HANDLERS = {"split": _split, "tile": _tile, "reorder": _reorder, "fuse": _fuse, "unroll": _unroll,
              "vectorize": _vectorize, "parallel": _parallel, "cache": _cache, "compute_at": _compute_at,
-             "inline": _inline, "decompose": _decompose}
+             "inline": _inline, "decompose": _decompose, "bind": _bind}

@@ -14,7 +14,7 @@ from dataclasses import replace
 from tcc.errors import Span, TccScheduleError
 from tcc.ir.expr import Const, Var, const, iadd, imul
 from tcc.ir.loops import For, LoopFunc, Stmt, seq
-from tcc.passes.loopnest import const_extent, fresh, on_loops, require_loop, subst
+from tcc.passes.loopnest import const_extent, fresh, loop_names, on_loops, require_loop, subst
 
 
 def split(func: LoopFunc, loop: str, factor: int, outer: str | None = None, inner: str | None = None,
@@ -28,6 +28,11 @@ def split(func: LoopFunc, loop: str, factor: int, outer: str | None = None, inne
         if found.kind in ("vector", "unroll"):  # its lanes or copies are one unit: split it first
             raise TccScheduleError(f"loop {loop} is already marked {found.kind}; it cannot be split", span,
                                    f"split (or unroll by a factor) before the step that marks {loop} {found.kind}")
+    taken = (loop_names(func.body) | set(func.buffers()) | {p.name for p in func.params}) - {loop}
+    for name in (outer, inner):
+        if name in taken:
+            raise TccScheduleError(f"split of {loop}: the name {name!r} is already used in {func.name}", span,
+                                   "choose new names for the two loops")
     outer = outer or fresh(func, f"{loop}_o")
     inner = inner or fresh(func, f"{loop}_i")
     if outer == inner:

@@ -6,6 +6,9 @@ the parameter in the op's source and say what to do.
 
 from __future__ import annotations
 
+import functools
+import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,10 +57,18 @@ def bind_cparams(op: OpTE, kwargs: dict[str, Any]) -> dict[str, int | float]:
         default = op.cparams[name]
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
             raise TccArgumentError(f"{op.name}: {name} must be a number, got {value!r}", op.span)
-        if isinstance(default, int) and not float(value).is_integer():
+        if isinstance(default, int) and not _is_integer(value):
             raise TccArgumentError(f"{op.name}: {name} must be an integer, got {value!r}", op.span)
+        if isinstance(default, int) and not -2**63 <= int(value) < 2**63:
+            raise TccArgumentError(f"{op.name}: {name} = {value} does not fit a 64-bit integer", op.span)
         values[name] = int(value) if isinstance(default, int) else float(value)
     return {name: values.get(name, default) for name, default in op.cparams.items()}
+
+
+def _is_integer(value: Any) -> bool:
+    if isinstance(value, (int, np.integer)):
+        return True
+    return bool(np.isfinite(value)) and float(value).is_integer()
 
 
 def bind(op: OpTE, args: tuple[Any, ...], kwargs: dict[str, Any], arrays: dict[str, Any],
@@ -81,6 +92,7 @@ def bind(op: OpTE, args: tuple[Any, ...], kwargs: dict[str, Any], arrays: dict[s
     if known is None:
         bindings = bind_shapes(op, shapes, values)
         known = (bindings, result_shapes(op, bindings))
+        check_sizes(op, bindings)
         if solved is not None:
             if len(solved) >= 256:
                 solved.clear()
@@ -119,6 +131,47 @@ def result_shapes(op: OpTE, bindings: dict[str, int | float]) -> dict[str, tuple
             dims.append(value)
         shapes[r] = tuple(dims)
     return shapes
+
+
+INDEX_LIMIT = 1 << 62  # bytes: element offsets are 64-bit integers in the generated code
+
+
+def check_sizes(op: OpTE, bindings: dict[str, int | float]) -> None:
+    """Refuse, before any work, shapes whose tensors cannot exist: results (and inputs, for
+    ``tcc run``'s random data) larger than the machine's memory, and any tensor, intermediates
+    included, too large for 64-bit offsets."""
+    memory = physical_memory()
+    consts = _consts(bindings)
+    for name, tensor in op.tensors.items():
+        if tensor.kind == "pad":
+            continue
+        dims = [evaluate_int(substitute(d, consts)) for d in tensor.shape]
+        if any(d is None or d < 0 for d in dims):
+            continue  # reported with its location by the shape checks
+        nbytes = math.prod(dims) * tensor.dtype.itemsize
+        what = {"input": "input", "result": "result"}.get(tensor.kind, "intermediate")
+        if nbytes >= INDEX_LIMIT or (memory and tensor.kind != "temp" and nbytes > memory):
+            limit = f"this machine has {_bytes(memory)} of memory" if memory and nbytes < INDEX_LIMIT else \
+                "more than 64-bit offsets can address"
+            raise TccShapeError(f"{what} {name} of {op.name} would be {tensor.dtype}{dims}: {_bytes(nbytes)}, "
+                                f"{limit}", tensor.span, f"use smaller sizes ({_fmt(bindings)})")
+
+
+@functools.cache
+def physical_memory() -> int | None:
+    """Bytes of RAM, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if n < 1024 or unit == "EiB":
+            return f"{n:.3g} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024
+    return f"{n} B"  # pragma: no cover
 
 
 def _consts(bindings: dict[str, int | float]) -> dict[str, Const]:
@@ -169,8 +222,15 @@ def _scalar(op: OpTE, name: str, value: Any) -> int | float | bool:
         ok = isinstance(value, bool)
     elif dtype.is_int:
         ok = isinstance(value, int) and not isinstance(value, bool)
+        info = np.iinfo(dtype.numpy)
+        if ok and not info.min <= value <= info.max:
+            raise TccArgumentError(f"argument {name} of {op.name} is {value}, out of range for {dtype} "
+                                   f"({info.min} to {info.max})", op.span)
     elif ok:
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:
+            raise TccArgumentError(f"argument {name} of {op.name} is too large for {dtype}", op.span) from None
     if not ok:
         raise TccArgumentError(f"argument {name} of {op.name} must be a {dtype} scalar, got {value!r}",
                                op.span)
@@ -186,4 +246,11 @@ def out_list(op: OpTE, out: Any) -> list[Any]:
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
     if len(outs) != len(op.results):
         raise TccArgumentError(f"{op.name} has {len(op.results)} result(s); out= gave {len(outs)}", op.span)
+    for i, a in enumerate(outs):
+        for j in range(i):
+            b = outs[j]
+            if a is not None and (a is b or (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)
+                                             and np.may_share_memory(a, b))):
+                raise TccArgumentError(f"out= arrays for {op.results[j]} and {op.results[i]} of {op.name} overlap",
+                                       op.span, "give each result its own array")
     return outs

@@ -22,19 +22,24 @@ import numpy as np
 from tcc import dtypes
 from tcc.codegen_cpu import jit
 from tcc.codegen_cpu.llvm_ir import build_module, symbol_name
-from tcc.errors import TccArgumentError, TccCompileError, TccRuntimeError
+from tcc.errors import TccArgumentError, TccCompileError, TccRuntimeError, TccTypeError
 from tcc.ir.loops import Buffer, For, LoopFunc, walk_stmts
 from tcc.passes import autoschedule
 from tcc.runtime.binding import as_host_array, out_list
+from tcc.target import CpuTarget
 
 STAGES = ("ast", "te", "fused", "loops", "scheduled", "llvm", "asm")
 _MAGIC = b"TCC-CPU-1\n"
 
 
-def host_key(options: dict[str, Any]) -> str:
+def machine(options: dict[str, Any]) -> CpuTarget:
     """The host as the auto-scheduler sees it: CPU, features, threads and cache sizes."""
-    caches = ",".join(f"L{level}={size}" for level, size in sorted(autoschedule.host_caches().items()))
-    return "/".join((*jit.host(), f"threads={autoschedule.threads()}", caches))
+    triple, cpu, features = jit.host()
+    return CpuTarget(triple, cpu, features, autoschedule.threads(), tuple(sorted(autoschedule.host_caches().items())))
+
+
+def host_key(options: dict[str, Any]) -> str:
+    return machine(options).key()
 
 
 def llvm_ir(func: LoopFunc) -> str:
@@ -118,6 +123,10 @@ def stage_text(func: LoopFunc, stage: str, options: dict[str, Any]) -> str:
 
 def invoke(kernel: CpuKernel, op, bound, out: Any) -> list[Any]:
     """Run ``kernel`` on a bound call; writes into ``out`` when given (checked first)."""
+    for name in op.results:
+        if op.tensors[name].dtype.name == "bf16":  # code generation refuses bf16, unless nothing is computed
+            raise TccTypeError(f"result {name} is bf16, which is supported on target='cuda' only",
+                               op.tensors[name].span, "use f32 or f16 on the CPU")
     targets, views = _check_out(op, bound, out)
     values: dict[str, Any] = dict(bound.scalars)
     inputs = []
@@ -130,7 +139,7 @@ def invoke(kernel: CpuKernel, op, bound, out: Any) -> list[Any]:
         shape, dtype = bound.result_shapes[name], op.tensors[name].dtype.numpy
         direct = (view is not None and view.flags.c_contiguous
                   and not any(np.may_share_memory(view, a) for a in inputs))
-        buf = view if direct else aligned_empty(shape, dtype)
+        buf = view if direct else _allocate(op, name, shape, dtype)
         if view is not None and not direct:
             copies.append((view, buf))
         values[name] = buf
@@ -155,6 +164,14 @@ def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     raw = np.empty(nbytes + ALIGN, np.uint8)
     start = -raw.ctypes.data % ALIGN
     return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def _allocate(op, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    try:
+        return aligned_empty(shape, dtype)
+    except (MemoryError, ValueError) as exc:
+        raise TccRuntimeError(f"cannot allocate result {name} of {op.name}: {dtype.name}{list(shape)} "
+                              f"({exc})", op.tensors[name].span, "use smaller inputs") from None
 
 
 def _check_out(op, bound, out: Any) -> tuple[list[Any], list[np.ndarray | None]]:
@@ -324,7 +341,7 @@ class Plan:
                             return None
                     ptrs[t.slot] = ptr
             status = self.kernel.fn(address)
-        except _Miss:
+        except (_Miss, MemoryError):  # a result that cannot be allocated: the checked path says so
             return None
         finally:
             self.pool.append(buffer)

@@ -29,6 +29,7 @@ from tcc.dtypes import DType
 from tcc.errors import TccArgumentError, TccCompileError, TccRuntimeError
 from tcc.ir.loops import LoopFunc
 from tcc.runtime.binding import as_host_array, out_list
+from tcc.target import CudaTarget
 
 STAGES = ("ast", "te", "loops", "scheduled", "cuda", "ptx")
 _MAGIC = b"TCC-CUBIN-1\n"
@@ -36,11 +37,29 @@ _SYNC = os.environ.get("TCC_CUDA_SYNC", "") not in ("", "0")  # debugging: synch
 
 
 def _arch(options: dict[str, Any]) -> str:
-    return nvrtc.check_arch(options.get("arch", nvrtc.DEFAULT_ARCH))
+    given = options.get("machine")
+    return nvrtc.check_arch(options.get("arch", given.arch if isinstance(given, CudaTarget) else nvrtc.DEFAULT_ARCH))
+
+
+def machine(options: dict[str, Any]) -> CudaTarget:
+    """The GPU an op is scheduled for: the one given (``target=CudaTarget(...)``), else device 0
+    where its architecture is the one compiled for, else that architecture's usual part."""
+    given = options.get("machine")
+    return given if isinstance(given, CudaTarget) else _machine(_arch(options))
+
+
+@functools.cache
+def _machine(arch: str) -> CudaTarget:
+    try:
+        if driver.device_count() > 0 and (found := driver.device_target(0)).arch == arch:
+            return found
+    except TccRuntimeError:
+        pass  # no GPU here: compile for the architecture's usual part
+    return CudaTarget.for_arch(arch)
 
 
 def host_key(options: dict[str, Any]) -> str:
-    return f"{_arch(options)}/nvrtc-{_nvrtc_version()}"
+    return f"{_arch(options)}/nvrtc-{_nvrtc_version()}/{machine(options).key()}"
 
 
 @functools.cache

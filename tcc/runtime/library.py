@@ -14,60 +14,129 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tcc.errors import TccArgumentError, TccError
-from tcc.frontend.ast import Module, OpDef, format_ast
+from tcc.codegen_cuda.nvrtc import check_arch
+from tcc.errors import Source, Span, TccArgumentError, TccError, TccSyntaxError
+from tcc.frontend import ast
+from tcc.frontend.ast import OpDef, format_ast
 from tcc.frontend.parser import parse
 from tcc.frontend.schedules import Schedule, module_schedules, schedule_from_text
 from tcc.frontend.sema import analyze
 from tcc.ir.loops import format_func
 from tcc.ir.te import OpTE, format_op
 from tcc.passes.fusion import format_fused
+from tcc.passes.im2col import CHOICES as CONV_CHOICES
 from tcc.passes.pipeline import Lowered, run_pipeline
 from tcc.passes.specialize import specialize
 from tcc.runtime import cache
 from tcc.runtime.binding import BoundCall, bind, bind_cparams
+from tcc.stack import deep
+from tcc.target import Target, target_kind
 
-TARGETS = ("cpu", "cuda")
 MAX_PLANS = 64  # argument signatures remembered per op
+MAX_SOURCE_BYTES = 64 << 20
+# tcc.compile's options and the targets they fit (machine: a CudaTarget value given as target=)
+OPTIONS = {"conv": ("cpu", "cuda"), "arch": ("cuda",), "machine": ("cuda",)}
+
+
+def check_options(options: dict[str, Any], target: str) -> None:
+    """Every keyword of ``tcc.compile`` beyond target and tune is known and fits the target."""
+    for name in options:
+        if name not in OPTIONS:
+            raise TccArgumentError(f"tcc.compile has no option {name!r}",
+                                   hint=f"options: target, tune, {', '.join(o for o in OPTIONS if o != 'machine')}")
+        if target not in OPTIONS[name]:
+            raise TccArgumentError(f"option {name}= is for target {' or '.join(OPTIONS[name])}, not {target!r}",
+                                   hint=f"drop {name}= or use target={OPTIONS[name][0]!r}")
+    if "conv" in options and options["conv"] not in CONV_CHOICES:
+        raise TccArgumentError(f"unknown convolution lowering {options['conv']!r} (conv=)",
+                               hint=f"use one of {', '.join(CONV_CHOICES)}")
+    if "arch" in options:
+        check_arch(options["arch"])
 
 
 def read_source(source: str | os.PathLike) -> tuple[str, str]:
-    """(text, filename) from source text or a path to a ``.tc`` file."""
-    if isinstance(source, os.PathLike) or (isinstance(source, str) and "\n" not in source
-                                           and (source.endswith(".tc") or os.path.isfile(source))):
-        path = Path(source)
-        try:
-            return path.read_text(), str(path)
-        except OSError as exc:
-            raise TccError(f"cannot read {path}: {exc.strerror}", hint="check the path") from None
-    if not isinstance(source, str):
+    """(text, filename) from source text or a path to a ``.tc`` file.
+
+    A string is a path when it does not look like a program: one line, without a ``{`` (every
+    op has a body) and not starting with ``op`` or ``schedule``. A path that does not exist is
+    reported as such, not parsed as source.
+    """
+    if isinstance(source, bytes | bytearray):
+        raise TccArgumentError("tcc.compile needs source text (str) or a path, got bytes",
+                               hint="decode it first: source.decode('utf-8')")
+    if not isinstance(source, str | os.PathLike):
         raise TccArgumentError(f"tcc.compile needs source text or a path, got {type(source).__name__}")
-    return source, "<string>"
+    if isinstance(source, str) and _looks_like_source(source):
+        return source, "<string>"
+    path = Path(source)
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_SOURCE_BYTES + 1)  # bounded: the path may be /dev/zero or a pipe
+    except FileNotFoundError:
+        raise TccArgumentError(f"file not found: {path}",
+                               hint="check the path (source text must contain an op with a { ... } body)"
+                               ) from None
+    except OSError as exc:
+        raise TccArgumentError(f"cannot read {path}: {exc.strerror or exc}", hint="check the path") from None
+    if len(data) > MAX_SOURCE_BYTES:
+        raise TccArgumentError(f"{path} is larger than {MAX_SOURCE_BYTES >> 20} MiB; it is not tcc source",
+                               hint="check the path")
+    return decode_source(data, str(path)), str(path)
 
 
-def compile(source: str | os.PathLike, target: str = "cpu", tune: bool | int = False,  # noqa: A001
+def _looks_like_source(text: str) -> bool:
+    first = text.split(None, 1)[0] if text.strip() else ""
+    return "\n" in text or "{" in text or not first or first in ("op", "schedule")
+
+
+def decode_source(data: bytes, filename: str) -> str:
+    """UTF-8 text of a source file (a byte-order mark is dropped); a bad byte is a syntax error
+    at its line and column."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        good = data[:exc.start].decode("utf-8-sig")
+        line = good.count("\n") + 1
+        col = len(good) - (good.rfind("\n") + 1) + 1
+        text = good + data[exc.start:].decode("utf-8", errors="replace")
+        raise TccSyntaxError(f"the file is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})",
+                             Span(Source(text, filename), line, col, line, col + 1),
+                             "save the file as UTF-8") from None
+
+
+def compile(source: str | os.PathLike, target: str | Target = "cpu", tune: bool | int = False,  # noqa: A001
             **options: Any) -> Library:
     """Parse and check every op of ``source`` and its ``schedule`` blocks for ``target``; kernels
     are built on first call per shape. ``tune=True`` (or a number of trials) searches the
     auto-scheduler's GEMM tiles on the first call per shape, or reuses the winner from the disk
     cache; an op with a user's schedule is not tuned."""
-    if target not in TARGETS:
-        raise TccArgumentError(f"unknown target {target!r}", hint=f"use one of {', '.join(TARGETS)}")
+    if not isinstance(target, str) and target_kind(target) == "cuda":
+        options["machine"] = target  # schedules size their work from it; part of the cache key
+    elif not isinstance(target, str):
+        raise TccArgumentError("a CpuTarget value is not accepted yet: the CPU auto-scheduler reads the host",
+                               hint="use target='cpu'")
+    target = target_kind(target)
     if not isinstance(tune, bool | int) or tune < 0:
         raise TccArgumentError(f"tune={tune!r}: expected True, False or a number of trials")
     if tune and target != "cpu":
         raise TccArgumentError("tuning is CPU-only for now", hint="drop tune=True for target cuda")
+    check_options(options, target)
     text, filename = read_source(source)
-    module = parse_cached(text, filename)
-    ops = analyze(module, module.span.source if module.span else None)
-    schedules = module_schedules(module, set(ops), target)
+    module, ops, schedules = deep(_check_module, text, filename, target)
     asts = {o.name: o for o in module.ops}
     if target == "cuda":
         options.setdefault("conv", "direct")  # im2col's per-batch GEMM buffers have no GPU schedule yet
     return Library(ops, asts, target, options, schedules, tune)
 
 
-def parse_cached(text: str, filename: str) -> Module:
+def _check_module(text: str, filename: str, target: str
+                  ) -> tuple[ast.Module, dict[str, OpTE], dict[str, Schedule]]:
+    module = parse_cached(text, filename)
+    ops = analyze(module, module.span.source if module.span else None)
+    return module, ops, module_schedules(module, set(ops), target)
+
+
+def parse_cached(text: str, filename: str) -> ast.Module:
     """The AST of a source file, from the disk cache when this compiler parsed the same text before
     (a warm start builds no parser), else parsed and stored."""
     disk = cache.DiskCache(cache.cache_dir())
@@ -76,7 +145,7 @@ def parse_cached(text: str, filename: str) -> Module:
     if stored is not None:
         try:
             module = pickle.loads(stored)
-            if isinstance(module, Module):
+            if isinstance(module, ast.Module):
                 return module
         except Exception:  # noqa: BLE001 - a stale entry (an older AST class) of any kind is a miss
             pass
@@ -215,7 +284,7 @@ class Op:
         lowered = None
         if key is None:
             if self.tune:  # the stored winner may change between processes: key by it
-                lowered = self.lowered(bindings)
+                lowered = deep(self.lowered, bindings)
             key = self._keys[memo] = self.cache_key(bindings, lowered)
         kernel = cache.MEMORY.get(key)
         if kernel is not None:
@@ -228,15 +297,19 @@ class Op:
             except TccError:
                 kernel = None  # a stale or unusable entry: rebuild it below
         if kernel is None:
-            artifact = self._backend.build((lowered or self.lowered(bindings)).scheduled, self.options)
+            artifact = deep(self._build, bindings, lowered)
             disk.put(key, artifact)
             kernel = self._backend.load(self.name, artifact)
         cache.MEMORY.put(key, kernel)
         return kernel
 
+    def _build(self, bindings: dict[str, int | float], lowered: Lowered | None) -> bytes:
+        return self._backend.build((lowered or self.lowered(bindings)).scheduled, self.options)
+
     def lowered(self, bindings: dict[str, int | float],
                 after_pass: Callable[[str, str], None] | None = None) -> Lowered:
-        lowered = run_pipeline(self.te, bindings, self.target, after_pass, self.options, self.user_schedule.steps)
+        lowered = run_pipeline(self.te, bindings, self._backend.machine(self.options), after_pass, self.options,
+                               self.user_schedule.steps)
         if self.tune:
             from tcc.tune import tuning_for
 
@@ -256,7 +329,7 @@ class Op:
 
     @functools.cached_property
     def _te_text(self) -> str:
-        return format_op(self.te)
+        return deep(format_op, self.te)  # the printer recurses as deep as the op's expressions
 
     def base_key(self, lowered: Lowered) -> str:
         """The key of the op's specialisation without its schedule (the tuner stores its winner under it)."""
@@ -280,6 +353,10 @@ class Op:
 
     def stage_text(self, bindings: dict[str, int | float], stage: str,
                    after_pass: Callable[[str, str], None] | None = None) -> str:
+        return deep(self._stage_text, bindings, stage, after_pass)
+
+    def _stage_text(self, bindings: dict[str, int | float], stage: str,
+                    after_pass: Callable[[str, str], None] | None) -> str:
         stages = self._backend.STAGES
         if stage not in stages:
             raise TccArgumentError(f"unknown stage {stage!r} for target {self.target}",

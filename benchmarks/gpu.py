@@ -1,0 +1,284 @@
+"""Step 6's workloads, tcc against PyTorch (cuBLAS, cuDNN, its own kernels) in one process.
+
+Each row times tcc and its anchor alternately (one trial of each, then again: ``--trials``
+rounds), GPU time per call from CUDA events around back-to-back calls queued behind a sleep
+kernel, and reports the medians. Inputs are random (never zeros); every row first checks tcc's
+result against the anchor (relative error in f64). TF32 is off except in the row that says TF32.
+The ratio is tcc throughput over the anchor's (above 1: tcc is faster); for relu(a*b+c) the
+anchor is a device-to-device copy and the ratio compares bytes moved per second.
+
+    python benchmarks/gpu.py                 # every row
+    python benchmarks/gpu.py -k sum -k GEMM  # rows whose label contains one of the words
+    python benchmarks/gpu.py --roofline --png roofline.png  # and each against the machine's ceilings
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+# keep this folder off the path: its cuda.py would shadow `cuda.bindings`
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+import torch  # noqa: E402
+
+import tcc  # noqa: E402
+
+SOURCE = """
+op gemm(A: f32[M, K], B: f32[K, N]) -> C: f32[M, N] {
+    C[i, j] = sum[k](A[i, k] * B[k, j])
+}
+op hgemm(A: f16[M, K], B: f16[K, N]) -> C: f32[M, N] {
+    C[i, j] = sum[k](f32(A[i, k]) * f32(B[k, j]))
+}
+op conv[P = 1](X: f32[N, C, H, W], Wt: f32[F, C, KH, KW], b: f32[F])
+    -> Y: f32[N, F, H + 2*P - KH + 1, W + 2*P - KW + 1] {
+    Xp = pad(X, [0, 0, P, P])
+    Z[n, f, y, x] = sum[c, r, s](Xp[n, c, y + r, x + s] * Wt[f, c, r, s])
+    Y[n, f, y, x] = max(Z[n, f, y, x] + b[f], 0.0)
+}
+op hconv[P = 1](X: f16[N, C, H, W], Wt: f16[F, C, KH, KW], b: f16[F])
+    -> Y: f16[N, F, H + 2*P - KH + 1, W + 2*P - KW + 1] {
+    Xp = pad(X, [0, 0, P, P])
+    Z[n, f, y, x] = sum[c, r, s](f32(Xp[n, c, y + r, x + s]) * f32(Wt[f, c, r, s]))
+    Y[n, f, y, x] = f16(max(Z[n, f, y, x] + f32(b[f]), 0.0))
+}
+op total(X: f32[M, N]) -> Y: f32[1] {
+    Y[z] = sum[i, j](X[i, j])
+}
+op chansum(X: f32[N, C, H, W]) -> Y: f32[C] {
+    Y[c] = sum[n, h, w](X[n, c, h, w])
+}
+op rowsum(X: f32[M, N]) -> Y: f32[M] {
+    Y[i] = sum[j](X[i, j])
+}
+op fma_relu(A: f32[N], B: f32[N], C: f32[N]) -> Y: f32[N] {
+    Y[i] = max(A[i] * B[i] + C[i], 0.0)
+}
+op softmax(X: f32[N, C]) -> Y: f32[N, C] {
+    m[n] = max[c](X[n, c])
+    e[n, c] = exp(X[n, c] - m[n])
+    s[n] = sum[c](e[n, c])
+    Y[n, c] = e[n, c] / s[n]
+}
+op layernorm(X: f32[N, D], g: f32[D], b: f32[D]) -> Y: f32[N, D] {
+    mu[n] = sum[d](X[n, d]) / D
+    var[n] = sum[d]((X[n, d] - mu[n]) ** 2) / D
+    Y[n, d] = (X[n, d] - mu[n]) * rsqrt(var[n] + 1e-5) * g[d] + b[d]
+}
+"""
+
+
+@dataclass
+class Row:
+    label: str
+    ours: Callable[[], torch.Tensor]
+    theirs: Callable[[], torch.Tensor]
+    flops: float  # arithmetic the workload needs (a multiply-add is 2)
+    nbytes: float  # the fewest bytes it must move: each input read once, each output written once
+    unit: str = "TFLOP/s"  # the table's rate: FLOPs or, for "GB/s", bytes per second
+    arith: str = "f32"  # the unit that does the arithmetic: "f32" (FMA pipes) or "f16" (tensor cores)
+    their_bytes: float | None = None  # the anchor's bytes where it does other work (the copy)
+    tf32: bool = False
+
+
+def _gpu_ms(fn: Callable[[], object], reps: int) -> float:
+    """GPU milliseconds per call: the stream sleeps while the host queues ``reps`` calls."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(int(2e6 + reps * 1e5))
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def _reps(fn: Callable[[], object]) -> int:
+    fn()
+    torch.cuda.synchronize()
+    once = _gpu_ms(fn, 1)
+    return max(3, min(200, int(25.0 / max(once, 1e-3))))
+
+
+def _interleaved(a: Callable[[], object], b: Callable[[], object], trials: int) -> tuple[float, float]:
+    """Medians of alternating trials of ``a`` and ``b``."""
+    ra, rb = _reps(a), _reps(b)
+    ta, tb = [], []
+    for _ in range(trials):
+        ta.append(_gpu_ms(a, ra))
+        tb.append(_gpu_ms(b, rb))
+    return statistics.median(ta), statistics.median(tb)
+
+
+def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.double().flatten(), want.double().flatten()
+    return float((got - want).norm() / want.norm().clamp_min(1e-30))
+
+
+def _rows(lib: tcc.Library, only: list[str]) -> list[Row]:
+    dev = "cuda"
+    fn = torch.nn.functional
+    rows: list[Row] = []
+
+    def want(label: str) -> bool:
+        return not only or any(word in label for word in only)
+
+    for n in (4096, 8192):
+        if want(f"f32 GEMM {n}"):
+            a, b = torch.randn(n, n, device=dev), torch.randn(n, n, device=dev)
+            rows.append(Row(f"f32 GEMM {n}", lambda a=a, b=b: lib.gemm(a, b), lambda a=a, b=b: a @ b,
+                            2 * n**3, 12 * n**2))
+    if want("f32 GEMM 4096 vs cuBLAS TF32"):
+        a, b = torch.randn(4096, 4096, device=dev), torch.randn(4096, 4096, device=dev)
+        rows.append(Row("f32 GEMM 4096 vs cuBLAS TF32 (tcc: no TF32)", lambda a=a, b=b: lib.gemm(a, b),
+                        lambda a=a, b=b: a @ b, 2 * 4096**3, 12 * 4096**2, tf32=True))
+    for n in (4096, 8192):
+        if want(f"f16 GEMM {n}"):
+            a, b = torch.randn(n, n, device=dev).half(), torch.randn(n, n, device=dev).half()
+            rows.append(Row(f"f16 GEMM {n} (f32 acc/out)", lambda a=a, b=b: lib.hgemm(a, b),
+                            lambda a=a, b=b: torch.mm(a, b, out_dtype=torch.float32), 2 * n**3, 8 * n**2,
+                            arith="f16"))
+    conv_flops = 2 * 32 * 64 * 56 * 56 * 64 * 9
+    x, w, bias = torch.randn(32, 64, 56, 56, device=dev), torch.randn(64, 64, 3, 3, device=dev) * 0.1, \
+        torch.randn(64, device=dev)
+    conv_elems = 2 * x.numel() + w.numel() + bias.numel()  # X and Y, the weights and the bias
+    if want("f32 conv"):
+        rows.append(Row("f32 conv 3x3 64->64 56x56 b32 +bias+relu", lambda: lib.conv(x, w, bias, P=1),
+                        lambda: torch.relu(fn.conv2d(x, w, bias, padding=1)), conv_flops, 4 * conv_elems))
+    if want("f16 conv"):
+        xh, wh, bh = x.half(), w.half(), bias.half()
+        rows.append(Row("f16 conv 3x3 64->64 56x56 b32 +bias+relu", lambda: lib.hconv(xh, wh, bh, P=1),
+                        lambda: torch.relu(fn.conv2d(xh, wh, bh, padding=1)), conv_flops, 2 * conv_elems,
+                        arith="f16"))
+    big = torch.randn(8192, 8192, device=dev)
+    nbytes, elems = big.numel() * 4, big.numel()
+    if want("full sum"):
+        rows.append(Row("full sum 8192x8192", lambda: lib.total(big), lambda: big.sum().reshape(1), elems, nbytes,
+                        "GB/s"))
+    if want("full sum odd"):
+        odd = torch.randn(7001, 5003, device=dev)
+        rows.append(Row("full sum odd 7001x5003", lambda: lib.total(odd), lambda: odd.sum().reshape(1),
+                        odd.numel(), odd.numel() * 4, "GB/s"))
+    if want("channel sum"):
+        act = torch.randn(32, 64, 112, 112, device=dev)
+        rows.append(Row("channel sum [n,h,w] 32x64x112x112", lambda: lib.chansum(act),
+                        lambda: act.sum(dim=(0, 2, 3)), act.numel(), act.numel() * 4, "GB/s"))
+    if want("row sum"):
+        rows.append(Row("row sum 8192x8192", lambda: lib.rowsum(big), lambda: big.sum(dim=1), elems, nbytes, "GB/s"))
+    if want("relu(a*b+c)"):
+        v = [torch.randn(1 << 26, device=dev) for _ in range(3)]
+        dst = torch.empty_like(v[0])
+        n = v[0].numel()
+        rows.append(Row("relu(a*b+c) 2^26 vs copy BW", lambda: lib.fma_relu(*v), lambda: dst.copy_(v[0]),
+                        3 * n, 16 * n, "GB/s", their_bytes=8 * n))
+    if want("softmax"):
+        rows.append(Row("softmax 8192x8192", lambda: lib.softmax(big), lambda: torch.softmax(big, dim=1),
+                        5 * elems, 2 * nbytes, "GB/s"))  # max, subtract, exp, sum, divide
+    if want("layernorm"):
+        g, b = torch.randn(8192, device=dev), torch.randn(8192, device=dev)
+        rows.append(Row("layernorm 8192x8192", lambda: lib.layernorm(big, g, b),
+                        lambda: fn.layer_norm(big, (8192,), g, b, 1e-5), 8 * elems, 2 * nbytes, "GB/s"))
+    return rows
+
+
+def measure(row: Row, trials: int) -> tuple[tuple[str, ...], float]:
+    """The table's cells for ``row``, and tcc's milliseconds."""
+    torch.backends.cuda.matmul.allow_tf32 = row.tf32
+    torch.backends.cudnn.allow_tf32 = row.tf32
+    err = "-" if row.their_bytes else f"{_rel_err(row.ours(), row.theirs()):.1e}"
+    ours, theirs = _interleaved(row.ours, row.theirs, trials)
+    if row.unit == "TFLOP/s":
+        rate, their_rate = row.flops / ours / 1e9, row.flops / theirs / 1e9
+    else:
+        rate, their_rate = row.nbytes / ours / 1e6, (row.their_bytes or row.nbytes) / theirs / 1e6
+    cells = (row.label, f"{ours:.3f}", f"{theirs:.3f}", f"{rate:.1f}", f"{their_rate:.1f}", row.unit,
+             f"{rate / their_rate:.2f}", err)
+    return cells, ours
+
+
+def peaks() -> dict[str, float]:
+    """The machine's ceilings, measured here: copy bandwidth (bytes read + written per second)
+    and the matrix rates PyTorch reaches on 8192^3 products (f32 FMA pipes, f16 tensor cores)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    src = torch.randn(1 << 28, device="cuda")
+    dst = torch.empty_like(src)
+    a32, b32 = torch.randn(8192, 8192, device="cuda"), torch.randn(8192, 8192, device="cuda")
+    a16, b16 = a32.half(), b32.half()
+    copy = _gpu_ms(lambda: dst.copy_(src), 10)
+    f32 = min(_gpu_ms(lambda: a32 @ b32, 3) for _ in range(2))
+    f16 = min(_gpu_ms(lambda: a16 @ b16, 10) for _ in range(2))
+    return {"mem": 8 * src.numel() / copy * 1e3, "f32": 2 * 8192**3 / f32 * 1e3, "f16": 2 * 8192**3 / f16 * 1e3}
+
+
+def roofline(rows: list[Row], times: list[float], png: str | None) -> None:
+    """FLOPs, bytes, intensity, the floor time from the measured ceilings and the fraction of it
+    that tcc reaches; a log-log plot with a point per workload when ``png`` is given."""
+    peak = peaks()
+    print(f"\nroofline: copy {peak['mem'] / 1e9:.0f} GB/s, f32 {peak['f32'] / 1e12:.1f} TFLOP/s, "
+          f"f16 tensor cores {peak['f16'] / 1e12:.0f} TFLOP/s (measured through PyTorch)")
+    print("| workload | GFLOP | MB | FLOP/byte | floor ms | bound | tcc ms | of floor |")
+    print("|---|---|---|---|---|---|---|---|")
+    points = []
+    for row, ms in zip(rows, times):
+        compute, memory = row.flops / peak[row.arith] * 1e3, row.nbytes / peak["mem"] * 1e3
+        floor = max(compute, memory)
+        bound = f"{row.arith} math" if compute > memory else "memory"
+        print(f"| {row.label} | {row.flops / 1e9:.2f} | {row.nbytes / 1e6:.1f} | {row.flops / row.nbytes:.2f} | "
+              f"{floor:.3f} | {bound} | {ms:.3f} | {floor / ms:.2f} |")
+        points.append((row.label, row.flops / row.nbytes, row.flops / ms * 1e3))
+    if png:
+        _plot(points, peak, png)
+
+
+def _plot(points: list[tuple[str, float, float]], peak: dict[str, float], png: str) -> None:
+    import matplotlib  # only for the plot
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 6))
+    xs = [10 ** (e / 10) for e in range(-20, 41)]
+    for name, style in (("f32", "--"), ("f16", "-")):
+        ax.plot(xs, [min(peak[name], peak["mem"] * x) for x in xs], style, label=f"roof: {name} / copy BW")
+    for label, x, y in points:
+        ax.scatter([x], [y])
+        ax.annotate(label.split(" (")[0], (x, y), fontsize=7, xytext=(4, 2), textcoords="offset points")
+    ax.set(xscale="log", yscale="log", xlabel="FLOP per byte", ylabel="FLOP/s (tcc)", title="tcc on the GPU")
+    ax.legend()
+    fig.savefig(png, dpi=120, bbox_inches="tight")
+    print(f"wrote {png}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("-k", action="append", default=[], help="run rows whose label contains this")
+    parser.add_argument("--trials", type=int, default=7)
+    parser.add_argument("--roofline", action="store_true", help="also print each workload against the roofline")
+    parser.add_argument("--png", default=None, help="with --roofline: write the plot here")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    lib = tcc.compile(SOURCE, target="cuda")
+    header = ("workload", "tcc ms", "torch ms", "tcc", "torch", "unit", "ratio", "rel err")
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header), flush=True)
+    done, times = [], []
+    for row in _rows(lib, args.k):
+        try:
+            cells, ms = measure(row, args.trials)
+            done.append(row)
+            times.append(ms)
+        except tcc.TccError as err:  # one failing kernel does not hide the other rows
+            cells = (row.label, "error", str(err).splitlines()[0])
+        print("| " + " | ".join(cells) + " |", flush=True)
+    if args.roofline:
+        roofline(done, times, args.png)
+
+
+if __name__ == "__main__":
+    main()

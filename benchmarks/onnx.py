@@ -1,0 +1,112 @@
+"""Whole ONNX models: tcc.onnx against onnxruntime (CPU) and PyTorch (CPU; CUDA when present).
+
+    python benchmarks/onnx.py [--models resnet18 encoder] [--batches 1 8] [--repeat 20] [--threads N]
+
+For each model and batch: import + compile time cold (an empty cache directory) and warm (the
+same directory again, as a new process would find it), then run times measured side by side,
+interleaved, as medians, with ratios to onnxruntime. Models come from examples/onnx_models.py
+(random weights, exported with torch.onnx).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+import onnx_models  # noqa: E402
+
+import tcc  # noqa: E402
+from tcc.runtime import cache  # noqa: E402
+
+MODELS = {
+    "resnet18": (lambda: onnx_models.ResNet(), lambda b: (b, 3, 224, 224)),
+    "encoder": (lambda: onnx_models.EncoderBlock(), lambda b: (b, 128, 256)),
+}
+
+
+def interleaved(runs: dict, repeat: int) -> dict[str, float]:
+    """Median seconds of each callable, calls interleaved round-robin."""
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for fn in runs.values():
+        fn()  # warm up
+    for _ in range(repeat):
+        for name, fn in runs.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def bench(name: str, batch: int, repeat: int, threads: int | None) -> None:
+    make, shape = MODELS[name]
+    model = onnx_models.randomized(make())
+    x = torch.randn(shape(batch))
+    data = onnx_models.export(model, x)
+    with tempfile.TemporaryDirectory() as cache_dir:
+        os.environ["TCC_CACHE_DIR"] = cache_dir
+        start = time.perf_counter()
+        compiled = tcc.onnx.load(data)
+        cold = time.perf_counter() - start
+        cache.MEMORY.clear()  # a new process: only the disk cache is warm
+        start = time.perf_counter()
+        compiled = tcc.onnx.load(data)
+        warm = time.perf_counter() - start
+    xn = x.numpy()
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+    runs = {"tcc": lambda: compiled(xn), "onnxruntime": lambda: session.run(None, {"x": xn})}
+    with torch.no_grad():
+        runs["torch-cpu"] = lambda: model(x)
+        if torch.cuda.is_available():
+            gpu_model, xg = model.cuda(), x.cuda()
+            gpu = tcc.onnx.load(data, target="cuda")
+
+            def tcc_cuda():
+                gpu(xg)
+                torch.cuda.synchronize()
+
+            def torch_cuda():
+                gpu_model(xg)
+                torch.cuda.synchronize()
+
+            runs["tcc-cuda"], runs["torch-cuda"] = tcc_cuda, torch_cuda
+        err = float(np.abs(compiled(xn) - runs["onnxruntime"]()[0]).max())
+        medians = interleaved(runs, repeat)
+    anchor = medians["onnxruntime"]
+    print(f"{name} batch {batch}: import+compile cold {cold:.2f} s, warm {warm:.3f} s; max |tcc - ort| {err:.2g}")
+    for run, seconds in medians.items():
+        print(f"  {run:12s} {seconds * 1e3:9.2f} ms  {seconds / anchor:5.2f}x onnxruntime")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 8])
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads for all three (tcc schedules for the CPUs this process may use)")
+    args = parser.parse_args()
+    if args.threads:
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:args.threads])
+        torch.set_num_threads(args.threads)
+    print(f"threads: torch {torch.get_num_threads()}, tcc {len(os.sched_getaffinity(0))}, cpus {os.cpu_count()}, "
+          f"load average {os.getloadavg()[0]:.1f}")
+    for name in args.models:
+        for batch in args.batches:
+            bench(name, batch, args.repeat, args.threads)
+
+
+if __name__ == "__main__":
+    main()

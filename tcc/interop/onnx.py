@@ -1,0 +1,289 @@
+"""ONNX models as one tcc op: ``tcc.onnx.load("model.onnx")`` returns a compiled callable.
+
+The graph becomes tcc source (``model.source``): one ``op`` whose parameters are the graph's
+inputs and weights and whose statements are its nodes, so the fusion pass fuses across nodes
+exactly as it fuses a hand-written op (conv + bias + BatchNorm folded into the weights + relu
+become one kernel; chains of elementwise nodes one loop nest), and every stage prints
+(``model.lower(stage="fused")``). Shapes are static: they come from the model or from
+``input_shapes``. A node tcc cannot import is an ``OnnxImportError`` naming it, raised before
+anything is compiled or run.
+
+``onnx`` is an optional dependency (``pip install onnx``): it is imported only when a model is
+loaded, so ``import tcc`` never needs it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from tcc import cuda as tcc_cuda
+from tcc.errors import TccArgumentError
+from tcc.interop import onnx_nn as nn
+from tcc.interop import onnx_ops as ops
+from tcc.interop.onnx_graph import NUMPY_DTYPES, NeedsValue, Node, OnnxImportError, Program, Value
+from tcc.interop.onnx_ops import ONNX_DTYPES, tcc_dtype
+from tcc.runtime.library import TARGETS, Library, Op
+from tcc.runtime.library import compile as tcc_compile
+
+__all__ = ["HANDLERS", "NeedsValue", "OnnxImportError", "OnnxModel", "load", "translate"]
+
+Handler = Callable[[Program, Node, list], list]
+HANDLERS: dict[str, Handler] = {
+    **{name: ops.unary for name in ops.UNARY},
+    **{name: ops.binary for name in ("Add", "Sub", "Mul", "Div", "Pow", "Equal", "Less", "Greater")},
+    "Sum": ops.variadic_sum, "Where": ops.where, "LeakyRelu": ops.leaky_relu, "Gelu": ops.gelu,
+    "Clip": ops.clip, "Cast": ops.cast, "Identity": ops.identity, "Dropout": ops.dropout,
+    "Constant": ops.constant, "ConstantOfShape": ops.constant_of_shape, "Shape": ops.shape_of,
+    "ReduceSum": ops.reduce, "ReduceMean": ops.reduce, "ReduceMax": ops.reduce,
+    "Softmax": ops.softmax, "LogSoftmax": ops.softmax,
+    "Transpose": ops.transpose, "Reshape": ops.reshape, "Flatten": ops.flatten, "Unsqueeze": ops.unsqueeze,
+    "Squeeze": ops.squeeze, "Slice": ops.slice_, "Split": ops.split, "Gather": ops.gather, "Concat": ops.concat,
+    "MatMul": nn.matmul, "Gemm": nn.gemm, "Conv": nn.conv, "ConvTranspose": nn.conv_transpose,
+    "MaxPool": nn.max_pool, "AveragePool": nn.average_pool, "GlobalAveragePool": nn.global_average_pool,
+    "BatchNormalization": nn.batch_norm, "LayerNormalization": nn.layer_norm,
+}
+
+
+def _onnx():
+    """The ``onnx`` package (optional dependency, imported on first use)."""
+    try:
+        import onnx  # optional dependency: only needed to read models
+    except ImportError:
+        raise TccArgumentError("tcc.onnx needs the onnx package", hint="pip install onnx") from None
+    return onnx
+
+
+# ---------------------------------------------------------------- reading the graph
+
+
+def _read_model(model: Any):
+    onnx = _onnx()
+    if isinstance(model, onnx.ModelProto):
+        return model
+    if isinstance(model, bytes):
+        try:
+            return onnx.load_from_string(model)
+        except Exception as exc:  # protobuf's DecodeError and friends
+            raise TccArgumentError(f"these bytes are not an ONNX model: {exc}") from None
+    if isinstance(model, str | os.PathLike):
+        try:
+            return onnx.load(os.fspath(model))
+        except (OSError, ValueError) as exc:
+            raise TccArgumentError(f"cannot read ONNX model {os.fspath(model)!r}: {exc}") from None
+    raise TccArgumentError(f"tcc.onnx.load takes a path, bytes or an onnx.ModelProto, got {type(model).__name__}")
+
+
+def _attrs(proto) -> dict:
+    """A node's attributes as Python values; tensors become (array, element type)."""
+    onnx = _onnx()
+    attrs = {}
+    for a in proto.attribute:
+        if a.type == onnx.AttributeProto.TENSOR:
+            attrs[a.name] = (onnx.numpy_helper.to_array(a.t), a.t.data_type)
+        elif a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS, onnx.AttributeProto.SPARSE_TENSOR):
+            attrs[a.name] = None  # refused by the handlers that would need them
+        else:
+            value = onnx.helper.get_attribute_value(a)
+            attrs[a.name] = value.decode() if isinstance(value, bytes) else list(value) \
+                if isinstance(value, list | tuple) else value
+    return attrs
+
+
+def _nodes(graph, opset: int) -> list[Node]:
+    nodes = []
+    for proto in graph.node:
+        node = Node(proto.op_type, proto.name, list(proto.input), list(proto.output), _attrs(proto), opset)
+        if proto.domain not in ("", "ai.onnx"):
+            raise node.error(f"operator domain {proto.domain!r} is not supported", hint="tcc imports ai.onnx only")
+        if node.op_type not in HANDLERS:
+            raise node.error("operator not supported by tcc",
+                             hint=f"supported: {', '.join(sorted(HANDLERS))}")
+        if any(v is None for v in node.attrs.values()):
+            bad = [k for k, v in node.attrs.items() if v is None]
+            raise node.error(f"attribute {', '.join(bad)} (a graph or sparse tensor) is not supported")
+        nodes.append(node)
+    return nodes
+
+
+def _fold_batch_norms(nodes: list[Node], weights: dict[str, np.ndarray], outputs: set[str]) -> list[Node]:
+    """Conv followed only by an inference BatchNormalization with constant statistics: the
+    normalisation is folded into the convolution's weights and bias, and the BN node removed."""
+    readers: dict[str, int] = {}
+    for node in nodes:
+        for name in node.inputs:
+            readers[name] = readers.get(name, 0) + 1
+    producer = {node.outputs[0]: node for node in nodes if node.op_type == "Conv"}
+    kept = []
+    for node in nodes:
+        conv = producer.get(node.inputs[0]) if node.op_type == "BatchNormalization" else None
+        params = node.inputs[1:5]
+        if conv is None or readers.get(conv.outputs[0]) != 1 or conv.outputs[0] in outputs \
+                or len([o for o in node.outputs if o]) != 1 or node.attrs.get("training_mode", 0) \
+                or not all(n in weights for n in [*params, *conv.inputs[1:]] if n):
+            kept.append(node)
+            continue
+        scale, bias, mean, var = (weights[n].astype(np.float64) for n in params)
+        w = weights[conv.inputs[1]]
+        b = weights[conv.inputs[2]].astype(np.float64) if len(conv.inputs) > 2 and conv.inputs[2] else 0.0
+        s = scale / np.sqrt(var + node.attrs.get("epsilon", 1e-5))
+        wname, bname = conv.outputs[0] + "_folded_w", conv.outputs[0] + "_folded_b"
+        weights[wname] = (w * s.reshape(-1, *[1] * (w.ndim - 1))).astype(w.dtype)
+        weights[bname] = ((b - mean) * s + bias).astype(w.dtype)
+        conv.inputs = [conv.inputs[0], wname, bname]
+        conv.outputs = [node.outputs[0]]
+        conv.attrs = {**conv.attrs, "folded": node.name or "BatchNormalization"}
+    return kept
+
+
+def _input_shape(vi, given: dict[str, Sequence[int]]) -> tuple[int, ...]:
+    if vi.name in given:
+        return tuple(int(d) for d in given[vi.name])
+    dims = vi.type.tensor_type.shape.dim
+    shape = []
+    for n, d in enumerate(dims):
+        if not d.HasField("dim_value"):
+            raise OnnxImportError(f"input {vi.name!r}: dimension {n} is {d.dim_param or 'unknown'}; tcc compiles "
+                                  "for static shapes",
+                                  hint=f"pass input_shapes={{{vi.name!r}: (...)}} to tcc.onnx.load")
+        shape.append(d.dim_value)
+    return tuple(shape)
+
+
+def translate(model: Any, input_shapes: dict[str, Sequence[int]] | None = None,
+              constants: dict[str, Any] | None = None) -> Program:
+    """The tcc program of an ONNX model (no compilation). ``constants`` fixes graph inputs to
+    values known at import (a Reshape's shape given as an input, say)."""
+    onnx = _onnx()
+    model = _read_model(model)
+    graph = model.graph
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 21)
+    program = Program()
+    env: dict[str, Value | None] = {"": None}
+    weights = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
+    for name, value in (constants or {}).items():
+        weights[name] = np.asarray(value)
+    nodes = _fold_batch_norms(_nodes(graph, opset), weights, {o.name for o in graph.output})
+    for vi in graph.input:
+        if vi.name in weights:
+            continue
+        if not vi.type.HasField("tensor_type"):
+            raise OnnxImportError(f"input {vi.name!r} is not a tensor", hint="tcc imports tensor graphs only")
+        dtype = tcc_dtype(None, vi.type.tensor_type.elem_type, f"input {vi.name!r}")
+        env[vi.name] = program.add_input(vi.name, _input_shape(vi, input_shapes or {}), dtype)
+    for name, array in weights.items():
+        dtype = _numpy_dtype(array, name)
+        env[name] = program.constant(array, dtype, name)
+    for node in nodes:
+        args = []
+        for name in node.inputs:
+            if name not in env:
+                raise node.error(f"input {name!r} is not defined before the node")
+            args.append(env[name])
+        while args and args[-1] is None:
+            args.pop()
+        try:
+            results = HANDLERS[node.op_type](program, node, args)
+        except (KeyError, IndexError, ValueError, TypeError, AttributeError) as exc:
+            # a node the ONNX checker would refuse (a required attribute or input missing)
+            raise node.error(f"malformed node ({type(exc).__name__}: {exc})",
+                             hint="check the model with onnx.checker.check_model") from None
+        if "folded" in node.attrs:
+            program.notes.append(f"{node.where()}: BatchNormalization {node.attrs['folded']} folded into its "
+                                 "weights and bias")
+        for name, value in zip(node.outputs, results):
+            if name:
+                env[name] = value
+    for vi in graph.output:
+        if env.get(vi.name) is None:
+            raise OnnxImportError(f"graph output {vi.name!r} is not computed by any node")
+        program.add_result(vi.name, env[vi.name])
+    return program
+
+
+def _numpy_dtype(array: np.ndarray, name: str) -> str:
+    for dtype, np_dtype in NUMPY_DTYPES.items():
+        if array.dtype == np_dtype:
+            return dtype
+    raise OnnxImportError(f"initializer {name!r} has element type {array.dtype}, which tcc does not have",
+                          hint=f"tcc's types: {', '.join(sorted(set(ONNX_DTYPES.values())))}")
+
+
+# ---------------------------------------------------------------- the compiled model
+
+
+class OnnxModel:
+    """A compiled ONNX model: call it with the graph's inputs (positionally, or by name)."""
+
+    def __init__(self, program: Program, target: str, input_names: list[str], output_names: list[str],
+                 options: dict[str, Any]):
+        self.program = program
+        self.source = program.source()
+        self.target = target
+        self.input_names = input_names
+        self.output_names = output_names
+        self.library: Library = tcc_compile(self.source, target=target, **options)
+        self.op: Op = self.library.model
+        self._weights = [program.weights[name] for name, _, _ in program.params if name in program.weights]
+        self._on_device = target != "cuda"  # CUDA weights are copied over once, on the first call
+        self.compile_seconds = 0.0
+
+    def __repr__(self) -> str:
+        return f"<tcc.onnx model ({', '.join(self.input_names)}) -> ({', '.join(self.output_names)}) on {self.target}>"
+
+    def compile(self, progress: bool | None = None) -> OnnxModel:
+        """Build the kernel now (from the disk cache when it is there); a progress bar appears
+        when this takes more than a second."""
+        start = time.perf_counter()
+        with tqdm(total=1, desc="tcc.onnx: compiling", delay=1.0, disable=progress is False, leave=False) as bar:
+            self.op.kernel({})
+            bar.update(1)
+        self.compile_seconds = time.perf_counter() - start
+        return self
+
+    def __call__(self, *args: Any, out: Any = None, **named: Any) -> Any:
+        """Run on the inputs (NumPy arrays, DLPack or torch tensors); ``out=`` an array (a tuple
+        for several outputs) to write into."""
+        if named:
+            missing = [n for n in self.input_names[len(args):] if n not in named]
+            if missing:
+                raise TccArgumentError(f"missing model input(s) {', '.join(missing)}")
+            args = (*args, *(named[n] for n in self.input_names[len(args):]))
+        if len(args) != len(self.input_names):
+            raise TccArgumentError(f"the model takes {len(self.input_names)} input(s) "
+                                   f"({', '.join(self.input_names)}), got {len(args)}")
+        if not self._on_device:
+            self._weights = [tcc_cuda.to_device(np.ascontiguousarray(w)) for w in self._weights]
+            self._on_device = True
+        return self.op(*args, *self._weights, out=out)
+
+    def lower(self, stage: str = "fused") -> str:
+        """The text of any compilation stage (``te fused loops scheduled llvm asm cuda ptx``)."""
+        return self.op.stage_text({}, stage)
+
+    def notes(self) -> list[str]:
+        """What the import decided (BatchNorm folds, precomputed scales)."""
+        return list(self.program.notes)
+
+
+def load(model: Any, target: str = "cpu", input_shapes: dict[str, Sequence[int]] | None = None,
+         constants: dict[str, Any] | None = None, compile_now: bool = True, progress: bool | None = None,
+         **options: Any) -> OnnxModel:
+    """Import an ONNX model (a path or an ``onnx.ModelProto``) and compile it for ``target``.
+
+    ``input_shapes`` gives the shapes of inputs whose dims the model leaves symbolic;
+    ``constants`` fixes graph inputs to known values. ``options`` go to ``tcc.compile``.
+    """
+    if target not in TARGETS:
+        raise TccArgumentError(f"unknown target {target!r}", hint=f"use one of {', '.join(TARGETS)}")
+    proto = _read_model(model)
+    program = translate(proto, input_shapes, constants)
+    given = set(constants or {}) | {t.name for t in proto.graph.initializer}
+    inputs = [vi.name for vi in proto.graph.input if vi.name not in given]
+    compiled = OnnxModel(program, target, inputs, [vi.name for vi in proto.graph.output], options)
+    return compiled.compile(progress) if compile_now else compiled

@@ -1,0 +1,369 @@
+"""ONNX neural-network operators as tcc statements: matrix products, convolutions, pooling and
+normalisation.
+
+Convolutions are written the way a user writes them in tcc (a ``pad`` view and a ``sum`` over
+the window), so fusion, im2col and the GEMM scheduler treat them exactly as they treat
+``examples/conv2d.tc``; a following bias, BatchNormalization (folded at import) and Relu inline
+into the convolution's statement.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from tcc.interop.onnx_graph import Node, Program, Value, broadcast_read, broadcast_shape, float_literal
+from tcc.interop.onnx_ops import cast_text, is_float, reduce_text, reshape_view
+
+# ---------------------------------------------------------------- matrix products
+
+
+def _sum_cast(text: str, dtype: str) -> str:
+    """A sum of ``dtype`` values; tcc sums small ints (and rounds f16 once) into the wider type."""
+    return text if dtype in ("f32", "f64", "i64") else cast_text(text, dtype)
+
+
+def gemm_operand(p: Program, v: Value, hint: str) -> Value:
+    """``v`` as a GEMM operand: a view whose reads divide or wrap indices (a reshape that merges
+    dims) is copied first, so that the product reads affine indices the GEMM scheduler tiles.
+    (Fusion may still inline the producer of the view into the copy.)"""
+    probe = v.read([f"i{d}" for d in range(v.rank)])
+    if v.tensor is None and v.const is None and ("//" in probe or "%" in probe):
+        return p.tensor_value(p.materialize(v, hint), v.shape, v.dtype)
+    return v
+
+
+def matmul(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
+    a = gemm_operand(p, args[0], node.outputs[0] + "_lhs")
+    b = gemm_operand(p, args[1], node.outputs[0] + "_rhs")
+    a_shape = (1, *a.shape) if a.rank == 1 else a.shape
+    b_shape = (*b.shape, 1) if b.rank == 1 else b.shape
+    if a_shape[-1] != b_shape[-2]:
+        raise node.error(f"inner dimensions differ: {list(a.shape)} @ {list(b.shape)}")
+    batch = broadcast_shape(node, a_shape[:-2], b_shape[:-2])
+    shape = (*batch, a_shape[-2], b_shape[-1])
+    k = a_shape[-1]
+
+    def read(v: Value, vshape: tuple[int, ...], idx: Sequence[str], row: str, col: str) -> str:
+        if v.rank == 1:
+            return v.read([col if v is a else row])
+        nb = len(vshape) - 2
+        batch_idx = [idx[len(batch) - nb + d] if vshape[d] == batch[len(batch) - nb + d] else "0" for d in range(nb)]
+        return v.read([*batch_idx, row, col])
+
+    def body(idx: list[str]) -> str:
+        i, j = idx[-2], idx[-1]
+        return _sum_cast(f"sum[k0: {k}]({read(a, a_shape, idx, i, 'k0')} * {read(b, b_shape, idx, 'k0', j)})",
+                         a.dtype)
+
+    out_shape = shape[:-2] + (() if a.rank == 1 else (shape[-2],)) + (() if b.rank == 1 else (shape[-1],))
+    if out_shape == shape:
+        return [p.emit(node.outputs[0], shape, a.dtype, body)]
+    full = p.emit(node.outputs[0] + "_mm", shape, a.dtype, body)
+    return [reshape_view(p, full, out_shape, node.outputs[0])]
+
+
+def gemm(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
+    a = gemm_operand(p, args[0], node.outputs[0] + "_lhs")
+    b = gemm_operand(p, args[1], node.outputs[0] + "_rhs")
+    c = args[2] if len(args) > 2 else None
+    ta, tb = node.attrs.get("transA", 0), node.attrs.get("transB", 0)
+    alpha, beta = node.attrs.get("alpha", 1.0), node.attrs.get("beta", 1.0)
+    m, k = (a.shape[1], a.shape[0]) if ta else a.shape
+    k2, n = (b.shape[1], b.shape[0]) if tb else b.shape
+    if k != k2:
+        raise node.error(f"inner dimensions differ: {list(a.shape)} and {list(b.shape)} (transA={ta}, transB={tb})")
+
+    def body(idx: list[str]) -> str:
+        i, j = idx
+        lhs = a.read(["k0", i] if ta else [i, "k0"])
+        rhs = b.read([j, "k0"] if tb else ["k0", j])
+        text = _sum_cast(f"sum[k0: {k}]({lhs} * {rhs})", a.dtype)
+        if alpha != 1.0:
+            text = f"{text} * {float_literal(alpha)}"
+        if c is not None and beta != 0.0:
+            bias = broadcast_read(c, idx, (m, n))
+            text = f"{text} + {bias}" if beta == 1.0 else f"{text} + {bias} * {float_literal(beta)}"
+        return text
+
+    return [p.emit(node.outputs[0], (m, n), a.dtype, body)]
+
+
+# ---------------------------------------------------------------- windows
+
+
+def _window(node: Node, spatial: Sequence[int], kernel: Sequence[int], ceil_mode: bool = False
+            ) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
+    """Strides, dilations, low and high pads and output sizes of a window op (auto_pad too)."""
+    nd = len(spatial)
+    strides = list(node.attrs.get("strides", [1] * nd))
+    dilations = list(node.attrs.get("dilations", [1] * nd))
+    pads = list(node.attrs.get("pads", [0] * 2 * nd))
+    auto_pad = node.attrs.get("auto_pad", "NOTSET")
+    lo, hi = pads[:nd], pads[nd:]
+    extent = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        for d in range(nd):
+            out = -(-spatial[d] // strides[d])
+            total = max(0, (out - 1) * strides[d] + extent[d] - spatial[d])
+            small, large = total // 2, total - total // 2
+            lo[d], hi[d] = (small, large) if auto_pad == "SAME_UPPER" else (large, small)
+    elif auto_pad == "VALID":
+        lo, hi = [0] * nd, [0] * nd
+    elif auto_pad != "NOTSET":
+        raise node.error(f"auto_pad={auto_pad!r} is not supported")
+    outs = []
+    for d in range(nd):
+        span = spatial[d] + lo[d] + hi[d] - extent[d]
+        if ceil_mode:
+            out = -(-span // strides[d]) + 1
+            if (out - 1) * strides[d] >= spatial[d] + lo[d]:
+                out -= 1
+        else:
+            out = span // strides[d] + 1
+        outs.append(max(out, 0))
+    return strides, dilations, lo, hi, outs
+
+
+def _tap(out: str, r: str, stride: int, dilation: int) -> str:
+    a = out if stride == 1 else f"{out} * {stride}"
+    b = r if dilation == 1 else f"{r} * {dilation}"
+    return f"{a} + {b}"
+
+
+def _padded(p: Program, x: Value, lo: Sequence[int], hi: Sequence[int], hint: str, fill: str | None = None) -> Value:
+    if not any(lo) and not any(hi):
+        return x
+    return p.pad(x, [0, 0, *lo], [0, 0, *hi], hint, fill)
+
+
+def conv(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
+    x, w = args[0], args[1]
+    bias = args[2] if len(args) > 2 else None
+    group = node.attrs.get("group", 1)
+    nd = x.rank - 2
+    kernel = list(w.shape[2:])
+    if node.attrs.get("kernel_shape", kernel) != kernel:
+        raise node.error(f"kernel_shape {node.attrs['kernel_shape']} differs from the weights' {kernel}")
+    channels, filters = x.shape[1], w.shape[0]
+    if channels != w.shape[1] * group or filters % group:
+        raise node.error(f"{channels} input channels, weights {list(w.shape)} and group={group} do not fit")
+    strides, dilations, lo, hi, outs = _window(node, x.shape[2:], kernel)
+    xp = _padded(p, x, lo, hi, node.outputs[0] + "_in")
+    cg, fg = w.shape[1], filters // group
+    rs = [f"r{d}" for d in range(nd)]
+
+    def body(idx: list[str]) -> str:
+        n, f, ys = idx[0], idx[1], idx[2:]
+        c = "c" if group == 1 else f"{f} // {fg} * {cg} + c" if cg > 1 else f"{f} // {fg}"
+        taps = [_tap(y, r, s, dl) for y, r, s, dl in zip(ys, rs, strides, dilations)]
+        extents = ", ".join([f"c: {cg}"] + [f"{r}: {k}" for r, k in zip(rs, kernel)])
+        text = f"sum[{extents}]({xp.read([n, c, *taps])} * {w.read([f, 'c', *rs])})"
+        text = _sum_cast(text, x.dtype)
+        return f"{text} + {bias.read([f])}" if bias is not None else text
+
+    return [p.emit(node.outputs[0], (x.shape[0], filters, *outs), x.dtype, body)]
+
+
+def conv_transpose(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
+    x, w = args[0], args[1]
+    bias = args[2] if len(args) > 2 else None
+    group = node.attrs.get("group", 1)
+    nd = x.rank - 2
+    kernel = list(w.shape[2:])
+    spatial = x.shape[2:]
+    strides = list(node.attrs.get("strides", [1] * nd))
+    dilations = list(node.attrs.get("dilations", [1] * nd))
+    out_pad = list(node.attrs.get("output_padding", [0] * nd))
+    pads = list(node.attrs.get("pads", [0] * 2 * nd))
+    auto_pad = node.attrs.get("auto_pad", "NOTSET")
+    full = [strides[d] * (spatial[d] - 1) + out_pad[d] + (kernel[d] - 1) * dilations[d] + 1 for d in range(nd)]
+    if "output_shape" in node.attrs or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        shape = list(node.attrs.get("output_shape", [spatial[d] * strides[d] for d in range(nd)]))[-nd:]
+        total = [full[d] - shape[d] for d in range(nd)]
+        upper = auto_pad == "SAME_UPPER"
+        lo = [t // 2 if upper else t - t // 2 for t in total]
+        outs = shape
+    elif auto_pad in ("NOTSET", "VALID"):
+        lo = pads[:nd] if auto_pad == "NOTSET" else [0] * nd
+        hi = pads[nd:] if auto_pad == "NOTSET" else [0] * nd
+        outs = [full[d] - lo[d] - hi[d] for d in range(nd)]
+    else:
+        raise node.error(f"auto_pad={auto_pad!r} is not supported")
+    channels = x.shape[1]
+    cg, fg = channels // group, w.shape[1]
+    # Output position y reads input (y + lo - r*D) / S where that is a whole number in range;
+    # the input is padded so that every such read is in bounds (the pad reads 0).
+    qmin = [(lo[d] - (kernel[d] - 1) * dilations[d]) // strides[d] for d in range(nd)]
+    qmax = [(outs[d] - 1 + lo[d]) // strides[d] for d in range(nd)]
+    pad_lo = [max(0, -q) for q in qmin]
+    pad_hi = [max(0, q - (spatial[d] - 1)) for d, q in enumerate(qmax)]
+    xp = _padded(p, x, pad_lo, pad_hi, node.outputs[0] + "_in")
+    rs = [f"r{d}" for d in range(nd)]
+
+    def body(idx: list[str]) -> str:
+        n, f, ys = idx[0], idx[1], idx[2:]
+        c = "c" if group == 1 else f"{f} // {fg} * {cg} + c"
+        reads, conds = [], []
+        for d, (y, r) in enumerate(zip(ys, rs)):
+            num = f"{y} + {lo[d]}" if lo[d] else y
+            num = f"{num} - {r}" if dilations[d] == 1 else f"{num} - {r} * {dilations[d]}"
+            if strides[d] == 1:
+                reads.append(f"{num} + {pad_lo[d]}" if pad_lo[d] else num)
+            else:
+                reads.append(f"({num}) // {strides[d]} + {pad_lo[d]}" if pad_lo[d] else f"({num}) // {strides[d]}")
+                conds.append(f"({num}) % {strides[d]} == 0")
+        wf = f if group == 1 else f"{f} % {fg}"
+        term = f"{xp.read([n, c, *reads])} * {w.read([c, wf, *rs])}"
+        if conds:
+            term = f"select({' and '.join(conds)}, {term}, {'0.0' if is_float(x.dtype) else '0'})"
+        extents = ", ".join([f"c: {cg}"] + [f"{r}: {k}" for r, k in zip(rs, kernel)])
+        text = _sum_cast(f"sum[{extents}]({term})", x.dtype)
+        return f"{text} + {bias.read([f])}" if bias is not None else text
+
+    return [p.emit(node.outputs[0], (x.shape[0], fg * group, *outs), x.dtype, body)]
+
+
+def _reach(hi: list[int], outs: list[int], strides: list[int], kernel: list[int], dilations: list[int],
+           spatial: Sequence[int], lo: list[int]) -> list[int]:
+    """High pads that keep every window in bounds (ceil_mode windows may overhang the pads)."""
+    return [max(h, (o - 1) * s + (k - 1) * d + 1 - n - low)
+            for h, o, s, k, d, n, low in zip(hi, outs, strides, kernel, dilations, spatial, lo)]
+
+
+def max_pool(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
+    x = args[0]
+    kernel = list(node.attrs["kernel_shape"])
+    strides, dilations, lo, hi, outs = _window(node, x.shape[2:], kernel, bool(node.attrs.get("ceil_mode", 0)))
+    hi = _reach(hi, outs, strides, kernel, dilations, x.shape[2:], lo)
+    low = "(-1e400)" if is_float(x.dtype) else str(np.iinfo(x.dtype.replace("i", "int")).min)
+    xp = _padded(p, x, lo, hi, node.outputs[0] + "_in", low)
+    rs = [f"r{d}" for d in range(len(kernel))]
+
+    def body(idx: list[str]) -> str:
+        taps = [_tap(y, r, s, dl) for y, r, s, dl in zip(idx[2:], rs, strides, dilations)]
+        extents = ", ".join(f"{r}: {k}" for r, k in zip(rs, kernel))
+        return f"max[{extents}]({xp.read([idx[0], idx[1], *taps])})"
+
+    y = p.emit(node.outputs[0], (*x.shape[:2], *outs), x.dtype, body)
+    if len(node.outputs) < 2 or not node.outputs[1]:
+        return [y]
+    column_major = bool(node.attrs.get("storage_order", 0))
+
+    def argmax(idx: list[str]) -> str:
+        """The flat index of the first input element equal to the window's maximum."""
+        taps = [_tap(o, r, s, dl) for o, r, s, dl in zip(idx[2:], rs, strides, dilations)]
+        spatial = x.shape[2:]
+        pos = [f"({t} - {low})" if low else f"({t})" for t, low in zip(taps, lo)]
+        order = list(range(len(pos)))[::-1] if column_major else list(range(len(pos)))
+        flat = f"(i64({idx[0]}) * {x.shape[1]} + {idx[1]})"
+        for d in order:
+            flat = f"({flat} * {spatial[d]} + {pos[d]})"
+        extents = ", ".join(f"{r}: {k}" for r, k in zip(rs, kernel))
+        hit = f"{xp.read([idx[0], idx[1], *taps])} == {y.read(idx)}"
+        return f"min[{extents}](select({hit}, {flat}, i64({2**62})))"
+
+    return [y, p.emit(node.outputs[1], y.shape, "i64", argmax)]
+
+
+def average_pool(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
+    x = args[0]
+    kernel = list(node.attrs["kernel_shape"])
+    spatial = x.shape[2:]
+    strides, dilations, lo, hi, outs = _window(node, spatial, kernel, bool(node.attrs.get("ceil_mode", 0)))
+    ext_hi = _reach(hi, outs, strides, kernel, dilations, spatial, lo)
+    xp = _padded(p, x, lo, ext_hi, node.outputs[0] + "_in")
+    include_pad = bool(node.attrs.get("count_include_pad", 0))
+    divisors = []
+    for d in range(len(kernel)):  # how many taps of each window count, per dimension
+        first, last = (-lo[d], spatial[d] + hi[d]) if include_pad else (0, spatial[d])
+        taps = np.arange(outs[d])[:, None] * strides[d] + np.arange(kernel[d])[None, :] * dilations[d] - lo[d]
+        counts = ((taps >= first) & (taps < last)).sum(axis=1)
+        divisors.append(p.constant(counts.astype(np.float64), x.dtype, node.outputs[0] + f"_count{d}"))
+    rs = [f"r{d}" for d in range(len(kernel))]
+
+    def body(idx: list[str]) -> str:
+        taps = [_tap(y, r, s, dl) for y, r, s, dl in zip(idx[2:], rs, strides, dilations)]
+        extents = ", ".join(f"{r}: {k}" for r, k in zip(rs, kernel))
+        total = _sum_cast(f"sum[{extents}]({xp.read([idx[0], idx[1], *taps])})", x.dtype)
+        return f"{total} / ({' * '.join(v.read([y]) for v, y in zip(divisors, idx[2:]))})"
+
+    return [p.emit(node.outputs[0], (*x.shape[:2], *outs), x.dtype, body)]
+
+
+def global_average_pool(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
+    x = args[0]
+    axes = list(range(2, x.rank))
+    count = math.prod(x.shape[2:])
+    shape = (*x.shape[:2], *([1] * len(axes)))
+    return [p.emit(node.outputs[0], shape, x.dtype,
+                   lambda idx: f"{_sum_cast(reduce_text('sum', x, axes, idx, x.read), x.dtype)} / {count}")]
+
+
+# ---------------------------------------------------------------- normalisation
+
+
+def batch_norm(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
+    x, scale, bias, mean, var = args[:5]
+    if node.attrs.get("training_mode", 0) or len([o for o in node.outputs if o]) > 1:
+        raise node.error("training mode is not supported", hint="export the model in inference mode")
+    eps = node.attrs.get("epsilon", 1e-5)
+
+    def channel(v: Value, idx: Sequence[str]) -> str:
+        return v.read([idx[1]]) if x.rank > 1 else v.read(["0"])
+
+    if all(v.const is not None for v in (scale, bias, mean, var)):
+        s = scale.const.astype(np.float64) / np.sqrt(var.const.astype(np.float64) + eps)
+        t = bias.const.astype(np.float64) - mean.const.astype(np.float64) * s
+        sv = p.constant(s, x.dtype, node.outputs[0] + "_scale")
+        tv = p.constant(t, x.dtype, node.outputs[0] + "_shift")
+        p.notes.append(f"{node.where()}: scale and shift precomputed from constant statistics")
+        return [p.emit(node.outputs[0], x.shape, x.dtype,
+                       lambda idx: f"{x.read(idx)} * {channel(sv, idx)} + {channel(tv, idx)}")]
+
+    def body(idx: list[str]) -> str:
+        return (f"({x.read(idx)} - {channel(mean, idx)}) / sqrt({channel(var, idx)} + {float_literal(eps)}) "
+                f"* {channel(scale, idx)} + {channel(bias, idx)}")
+
+    return [p.emit(node.outputs[0], x.shape, x.dtype, body)]
+
+
+def layer_norm(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
+    x, scale = args[0], args[1]
+    bias = args[2] if len(args) > 2 else None
+    axis = node.attrs.get("axis", -1)
+    axis = axis + x.rank if axis < 0 else axis
+    eps = float_literal(node.attrs.get("epsilon", 1e-5))
+    stash = {1: "f32", 11: "f64"}.get(node.attrs.get("stash_type", 1), "f32")
+    axes = list(range(axis, x.rank))
+    count = math.prod(x.shape[axis:])
+    kept = tuple(n if d < axis else 1 for d, n in enumerate(x.shape))
+    name = node.outputs[0] or "layernorm"
+
+    def xs(idx: Sequence[str]) -> str:
+        return x.read(idx) if x.dtype == stash else f"{stash}({x.read(idx)})"
+
+    mu = p.emit(name + "_mean", kept, stash, lambda idx: f"{reduce_text('sum', x, axes, idx, xs)} / {count}")
+    var = p.emit(name + "_var", kept, stash, lambda idx: reduce_text(
+        "sum", x, axes, idx, lambda full: f"({xs(full)} - {mu.read(idx)}) ** 2") + f" / {count}")
+    inv = p.emit(name + "_inv", kept, stash, lambda idx: f"1.0 / sqrt({var.read(idx)} + {eps})")
+    tail = x.shape[axis:]
+
+    def affine(v: Value, idx: Sequence[str]) -> str:
+        return broadcast_read(v, idx[axis:], tail) if v.rank <= len(tail) else broadcast_read(v, idx, x.shape)
+
+    def body(idx: list[str]) -> str:
+        kept_idx = [i if d < axis else "0" for d, i in enumerate(idx)]
+        norm = f"({xs(idx)} - {mu.read(kept_idx)}) * {inv.read(kept_idx)}"
+        norm = norm if x.dtype == stash else f"{x.dtype}({norm})"
+        text = f"{norm} * {affine(scale, idx)}"
+        return f"{text} + {affine(bias, idx)}" if bias is not None else text
+
+    outputs = [p.emit(name, x.shape, x.dtype, body)]
+    if len(node.outputs) > 1 and node.outputs[1]:
+        outputs.append(mu)
+    if len(node.outputs) > 2 and node.outputs[2]:
+        outputs.append(inv)
+    return outputs

@@ -1,0 +1,205 @@
+"""tcc ops as PyTorch operators: ``tcc.torch.op(lib.conv2d)`` or ``tcc.torch.library("ops.tc")``.
+
+Each op becomes ``torch.ops.<namespace>.<name>``, defined with ``torch.library`` (schema: the
+tensor and scalar parameters positionally, compile-time parameters as keyword-only ints or
+floats with their defaults), with
+
+- CPU and CUDA kernels that run the tcc op on the tensors' memory: inputs are read in place
+  (NumPy views of CPU tensors, device pointers of CUDA tensors), results are allocated by
+  PyTorch (``torch.empty``) and written through ``out=``; CUDA work goes on PyTorch's current
+  stream (tcc's CUDA runtime reads it from the torch tensors it is given);
+- a fake (meta) kernel: result shapes from the op's result-shape expressions, so that
+  ``torch.compile`` traces through the op without a graph break;
+- autograd: the backward calls one derived gradient op per float input (``tcc.grad(op, [X])``),
+  each itself a ``torch.ops`` operator with a fake kernel, run only for the inputs whose
+  gradient autograd asks for. Double backward is not supported.
+
+This module imports PyTorch; ``import tcc`` does not import it (``tcc.torch`` loads it on first use).
+"""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+from typing import Any
+
+import torch  # the optional dependency this module exists for
+
+from tcc import dtypes
+from tcc.errors import TccArgumentError, TccError
+from tcc.runtime.autodiff import grad as derive_grad
+from tcc.runtime.binding import bind_cparams, bind_shapes, result_shapes
+from tcc.runtime.library import Library, Op
+from tcc.runtime.library import compile as tcc_compile
+
+_TORCH_DTYPES = {dtypes.f16: torch.float16, dtypes.bf16: torch.bfloat16, dtypes.f32: torch.float32,
+                 dtypes.f64: torch.float64, dtypes.i8: torch.int8, dtypes.i32: torch.int32,
+                 dtypes.i64: torch.int64, dtypes.boolean: torch.bool}
+_LIBRARIES: dict[str, torch.library.Library] = {}  # namespace -> its fragment (kept alive: it owns the ops)
+_REGISTERED: dict[tuple[str, int], TorchOp] = {}  # (namespace, id of the tcc op) -> its torch op
+
+
+class TorchOp:
+    """A tcc op registered as ``torch.ops.<namespace>.<name>``; call it like the tcc op."""
+
+    def __init__(self, op: Op, namespace: str, name: str):
+        self.op = op
+        self.te = op.te
+        self.namespace, self.name = namespace, name
+        self.qualname = f"{namespace}::{name}"
+        self._cuda_op: Op | None = None
+        self._tensors = [p in op.te.tensors for p in op.te.params]
+        self._dtypes = [_TORCH_DTYPES[op.te.tensors[r].dtype] for r in op.te.results]
+        self._shapes: dict[tuple, list[tuple[int, ...]]] = {}  # input shapes + parameters -> result shapes
+        self.grads: dict[str, TorchOp | TccError] = {}
+        lib = _LIBRARIES.setdefault(namespace, torch.library.Library(namespace, "FRAGMENT"))
+        lib.define(f"{name}{self.schema()}")
+        lib.impl(name, self._run_cpu, "CPU")
+        lib.impl(name, self._run_cuda, "CUDA")
+        torch.library.register_fake(self.qualname, self._fake, lib=lib)
+        self.overload = getattr(getattr(torch.ops, namespace), name).default
+
+    def __repr__(self) -> str:
+        return f"<tcc.torch op {self.qualname}>"
+
+    def __call__(self, *args: Any, **cparams: Any) -> Any:
+        return self.overload(*args, **cparams)
+
+    def schema(self) -> str:
+        """``(Tensor X, float a, *, int S=1) -> Tensor`` from the op's parameters and results."""
+        te = self.te
+        params = [f"Tensor {p}" if p in te.tensors else f"{_scalar_type(te.scalars[p].dtype)} {p}"
+                  for p in te.params]
+        if te.cparams:
+            params.append("*")
+            params += [f"{'float' if isinstance(v, float) else 'int'} {k}={v!r}" for k, v in te.cparams.items()]
+        results = ", ".join("Tensor" for _ in te.results)
+        return f"({', '.join(params)}) -> {results if len(te.results) == 1 else f'({results})'}"
+
+    # ------------------------------------------------------------ kernels
+    def result_shapes(self, args: tuple[Any, ...], cparams: dict[str, Any]) -> list[tuple[int, ...]]:
+        """Result shapes for these inputs (memoised: a pure function of shapes and parameters)."""
+        shapes = tuple(tuple(int(d) for d in a.shape) for a, is_t in zip(args, self._tensors) if is_t)
+        key = (shapes, tuple(cparams.items()))
+        known = self._shapes.get(key)
+        if known is None:
+            te = self.te
+            named = dict(zip([p for p in te.params if p in te.tensors], shapes))
+            bindings = bind_shapes(te, named, bind_cparams(te, cparams))
+            found = result_shapes(te, bindings)
+            known = self._shapes[key] = [found[r] for r in te.results]
+        return known
+
+    def _empty(self, args: tuple[Any, ...], cparams: dict[str, Any], device: torch.device) -> list[torch.Tensor]:
+        return [torch.empty(shape, dtype=dt, device=device)
+                for shape, dt in zip(self.result_shapes(args, cparams), self._dtypes)]
+
+    def _device(self, args: tuple[Any, ...]) -> torch.device:
+        return next((a.device for a, is_t in zip(args, self._tensors) if is_t), torch.device("cpu"))
+
+    def _fake(self, *args: Any, **cparams: Any) -> Any:
+        return _one(self._empty(args, cparams, self._device(args)))
+
+    def _run_cpu(self, *args: Any, **cparams: Any) -> Any:
+        outs = self._empty(args, cparams, torch.device("cpu"))
+        try:
+            arrays = [a.detach().numpy() if is_t else a for a, is_t in zip(args, self._tensors)]
+        except TypeError as exc:  # e.g. bfloat16, which NumPy (and tcc's CPU target) lacks
+            raise TccArgumentError(f"{self.name}: a CPU tensor tcc cannot read ({exc})",
+                                   hint="use float16/32/64 or integer tensors on the CPU") from None
+        self.op(*arrays, out=outs[0].numpy() if len(outs) == 1 else [o.numpy() for o in outs], **cparams)
+        return _one(outs)
+
+    def _run_cuda(self, *args: Any, **cparams: Any) -> Any:
+        outs = self._empty(args, cparams, self._device(args))
+        self.cuda_op(*args, out=outs, **cparams)  # in place, on torch's current stream
+        return _one(outs)
+
+    @property
+    def cuda_op(self) -> Op:
+        """The same op compiled for target ``cuda`` (from the op's source, on first use)."""
+        if self._cuda_op is None:
+            source = self.te.source
+            self._cuda_op = tcc_compile(source.text, target="cuda")[self.op.name]
+        return self._cuda_op
+
+    # ------------------------------------------------------------ autograd
+    def enable_grad(self) -> None:
+        """Register the backward: one derived gradient op per float tensor input."""
+        te = self.te
+        for p in te.inputs:
+            if te.tensors[p].dtype.is_float:
+                try:
+                    grad_op = derive_grad(self.op, [p], name=f"{self.op.name}_grad_{p}")
+                    self.grads[p] = register(grad_op, self.namespace)
+                except TccError as exc:
+                    self.grads[p] = exc  # raised if autograd ever asks for this gradient
+        torch.library.register_autograd(self.qualname, self._backward, setup_context=self._setup,
+                                        lib=_LIBRARIES[self.namespace])
+
+    def _setup(self, ctx: Any, inputs: tuple[Any, ...], output: Any,
+               keyword_only_inputs: dict[str, Any] | None = None) -> None:
+        ctx.scalars = [None if is_t else a for a, is_t in zip(inputs, self._tensors)]
+        ctx.cparams = dict(keyword_only_inputs or {})
+        ctx.save_for_backward(*(a for a, is_t in zip(inputs, self._tensors) if is_t))
+
+    def _backward(self, ctx: Any, *upstream: Any) -> tuple[Any, ...]:
+        saved = iter(ctx.saved_tensors)
+        args = [next(saved) if is_t else s for s, is_t in zip(ctx.scalars, self._tensors)]
+        outs = self._empty(tuple(args), ctx.cparams, self._device(tuple(args)))
+        upstream = [torch.zeros_like(o) if g is None else g for g, o in zip(upstream, outs)]
+        grads: list[Any] = []
+        for i, p in enumerate(self.te.params):
+            if not (self._tensors[i] and ctx.needs_input_grad[i] and p in self.grads):
+                grads.append(None)
+                continue
+            op = self.grads[p]
+            if isinstance(op, TccError):
+                raise op
+            grads.append(op(*args, *upstream, **ctx.cparams))
+        return tuple(grads)
+
+
+def register(op: Op, namespace: str = "tcc", name: str | None = None, autograd: bool = False) -> TorchOp:
+    """``op`` as ``torch.ops.<namespace>.<name>`` (registered once per op and namespace)."""
+    known = _REGISTERED.get((namespace, id(op)))
+    if known is not None:
+        return known
+    base = name or op.name
+    name, n = base, 1
+    while _defined(namespace, name):
+        n += 1
+        name = f"{base}_{n}"
+    made = _REGISTERED[(namespace, id(op))] = TorchOp(op, namespace, name)
+    if autograd:
+        made.enable_grad()
+    return made
+
+
+def op(tcc_op: Op, namespace: str = "tcc", name: str | None = None) -> TorchOp:
+    """A tcc op as a PyTorch operator with autograd (see the module's docstring)."""
+    if not isinstance(tcc_op, Op):
+        raise TccArgumentError(f"tcc.torch.op takes a tcc op (lib.NAME), got {type(tcc_op).__name__}",
+                               hint="compile first: lib = tcc.compile(source); tcc.torch.op(lib.NAME)")
+    return register(tcc_op, namespace, name, autograd=True)
+
+
+def library(source: str | os.PathLike | Library, namespace: str = "tcc", **options: Any) -> SimpleNamespace:
+    """Every op of a ``.tc`` file, source text or compiled library, as PyTorch operators."""
+    lib = source if isinstance(source, Library) else tcc_compile(source, **options)
+    return SimpleNamespace(**{o.name: op(o, namespace) for o in lib})
+
+
+def _defined(namespace: str, name: str) -> bool:
+    return hasattr(getattr(torch.ops, namespace), name)
+
+
+def _scalar_type(dt: dtypes.DType) -> str:
+    return "float" if dt.is_float else "bool" if dt.is_bool else "int"
+
+
+def _one(outs: list[torch.Tensor]) -> Any:
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+__all__ = ["TorchOp", "library", "op", "register"]

@@ -1,0 +1,91 @@
+"""The machine a kernel is compiled for, as one value passed down the pipeline.
+
+Schedules size their work from it (a CUDA grid that fills ``sms`` multiprocessors, tiles that
+fit the shared memory) instead of host look-ups and constants scattered through passes and
+codegen, and its :meth:`key` is part of every cache key, so a kernel scheduled for one machine
+is not reused on another. The runtime builds it: read from the device or the host where there
+is one (``tcc.runtime.cuda.machine``, ``tcc.runtime.cpu.machine``), else the defaults of the
+architecture asked for; a user may also give one, ``tcc.compile(src, target=CudaTarget(...))``.
+The strings ``"cpu"`` and ``"cuda"`` still name the default of each kind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import ClassVar
+
+from tcc.errors import TccArgumentError
+
+
+def _key(value: object) -> str:
+    return ",".join(f"{f.name}={getattr(value, f.name)}" for f in fields(value))  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class CpuTarget:
+    """A CPU: LLVM's triple, CPU name and features, the threads to use and data cache bytes by level."""
+
+    triple: str = ""
+    isa: str = "generic"
+    features: str = ""
+    cores: int = 1
+    caches: tuple[tuple[int, int], ...] = ((1, 32 << 10), (2, 1 << 20), (3, 8 << 20))
+    kind: ClassVar[str] = "cpu"
+
+    def key(self) -> str:
+        return f"cpu:{_key(self)}"
+
+
+@dataclass(frozen=True)
+class CudaTarget:
+    """An NVIDIA GPU: its architecture and the resources schedules size their work from."""
+
+    arch: str = "sm_90"
+    sms: int = 132  # multiprocessors
+    shared_per_block: int = 48 << 10  # static shared memory a block may use
+    shared_per_block_optin: int = 227 << 10  # dynamic, after cuFuncSetAttribute
+    shared_per_sm: int = 228 << 10
+    registers_per_sm: int = 65536
+    max_threads_per_block: int = 1024
+    l2_bytes: int = 50 << 20
+    kind: ClassVar[str] = "cuda"
+
+    def key(self) -> str:
+        return f"cuda:{_key(self)}"
+
+    @classmethod
+    def for_arch(cls, arch: str) -> CudaTarget:
+        """The usual data-centre part of an architecture, for compiling where no GPU is read."""
+        base = _CUDA_PARTS.get(arch) or _CUDA_PARTS.get(arch.rstrip("a")) or cls()
+        return replace(base, arch=arch)
+
+
+# the data-centre parts (V100, T4, A100, A10, L4, H100): multiprocessors, shared memory, L2
+_CUDA_PARTS = {
+    "sm_70": CudaTarget("sm_70", 80, 48 << 10, 96 << 10, 96 << 10, 65536, 1024, 6 << 20),
+    "sm_75": CudaTarget("sm_75", 40, 48 << 10, 64 << 10, 64 << 10, 65536, 1024, 4 << 20),
+    "sm_80": CudaTarget("sm_80", 108, 48 << 10, 163 << 10, 164 << 10, 65536, 1024, 40 << 20),
+    "sm_86": CudaTarget("sm_86", 72, 48 << 10, 99 << 10, 100 << 10, 65536, 1024, 6 << 20),
+    "sm_89": CudaTarget("sm_89", 58, 48 << 10, 99 << 10, 100 << 10, 65536, 1024, 48 << 20),
+    "sm_90": CudaTarget(),
+}
+
+Target = CpuTarget | CudaTarget
+KINDS = ("cpu", "cuda")
+
+
+def target_kind(target: str | Target) -> str:
+    """``"cpu"`` or ``"cuda"`` for a target string or value (anything else is an argument error)."""
+    if isinstance(target, (CpuTarget, CudaTarget)):
+        return target.kind
+    if isinstance(target, str) and target in KINDS:
+        return target
+    raise TccArgumentError(f"unknown target {target!r}",
+                           hint="use 'cpu', 'cuda', or a tcc.target.CpuTarget / CudaTarget value")
+
+
+def default_target(target: str | Target) -> Target:
+    """The value itself, or the default of the kind a string names (no device or host read)."""
+    if isinstance(target, (CpuTarget, CudaTarget)):
+        return target
+    return CudaTarget() if target_kind(target) == "cuda" else CpuTarget()

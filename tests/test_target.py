@@ -1,0 +1,86 @@
+"""The target value (tcc/target.py): schedules size their work from it, it is part of the cache
+key, strings still name the default targets; on a GPU it is read from the device."""
+
+import numpy as np
+import pytest
+
+import tcc
+from tcc.errors import TccArgumentError, TccError
+from tcc.ir.loops import For, walk_stmts
+from tcc.target import CpuTarget, CudaTarget, default_target, target_kind
+from tcc.testing import assert_matches, random_args, reference_results
+
+SOURCE = """
+op total(X: f32[M, N]) -> Y: f32[1] {
+    Y[z] = sum[i, j](X[i, j])
+}
+"""
+
+
+def _grids(op, bindings) -> list[int]:
+    func = op.lowered(bindings).scheduled
+    return [s.extent.value for s in walk_stmts(func.body) if isinstance(s, For) and s.kind == "block.x"]
+
+
+def test_strings_name_the_default_targets():
+    assert target_kind("cuda") == "cuda" and isinstance(default_target("cpu"), CpuTarget)
+    assert default_target("cuda") == CudaTarget() and CudaTarget().sms == 132
+    with pytest.raises(TccArgumentError, match="unknown target 'tpu'"):
+        tcc.compile(SOURCE, target="tpu")
+    with pytest.raises(TccArgumentError, match="CpuTarget"):
+        tcc.compile(SOURCE, target=CpuTarget())
+
+
+def test_architecture_defaults():
+    a100 = CudaTarget.for_arch("sm_80")
+    assert a100.sms == 108 and a100.arch == "sm_80" and a100.shared_per_block_optin == 163 << 10
+    assert CudaTarget.for_arch("sm_90a").sms == 132 and CudaTarget.for_arch("sm_90a").arch == "sm_90a"
+    assert CudaTarget.for_arch("sm_120").arch == "sm_120"  # an unknown part: the defaults
+
+
+def test_the_grid_follows_the_multiprocessors():
+    pytest.importorskip("cuda.bindings.nvrtc")
+    small = tcc.compile(SOURCE, target=CudaTarget(sms=16)).total
+    big = tcc.compile(SOURCE, target=CudaTarget(sms=264)).total
+    bindings = dict(M=8192, N=8192)
+    assert _grids(small, bindings) == [16 * 8, 1] and _grids(big, bindings) == [264 * 8, 1]
+    assert small.cache_key(small.lowered(bindings)) != big.cache_key(big.lowered(bindings))
+    assert "sm_90" in small.stage_text(bindings, "ptx").split(".target")[1][:10]
+
+
+def test_the_architecture_of_a_given_target_is_compiled_for():
+    pytest.importorskip("cuda.bindings.nvrtc")
+    op = tcc.compile(SOURCE, target=CudaTarget.for_arch("sm_80")).total
+    assert ".target sm_80" in op.stage_text(dict(M=7, N=33), "ptx")
+
+
+def _gpu() -> None:
+    try:
+        if not tcc.cuda.is_available():
+            pytest.skip("no CUDA GPU")
+    except TccError:
+        pytest.skip("no CUDA GPU")
+
+
+@pytest.mark.cuda
+def test_the_device_is_read():
+    _gpu()
+    from tcc.codegen_cuda import driver
+    from tcc.runtime import cuda as rt
+
+    found = rt.machine({"arch": driver.context(0).arch})
+    assert found.arch == driver.context(0).arch and found.sms >= 1 and found.shared_per_block >= 48 << 10
+    assert found.shared_per_block_optin >= found.shared_per_block and found.l2_bytes > 0
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("sms", [1, 7, 132])
+def test_any_target_gives_the_right_answer(sms, rng):
+    _gpu()
+    op = tcc.compile(SOURCE, target=CudaTarget(sms=sms)).total
+    for case in (dict(M=1000, N=1000), dict(M=33, N=7001)):
+        args = random_args(op.te, case, rng)
+        (expected,) = reference_results(op.te, args, case)
+        out = np.full(1, np.nan, np.float32)
+        op(*args, out=out)
+        assert_matches(out, expected, op.te.tensors["Y"].dtype)

@@ -1,0 +1,166 @@
+"""``tcc.torch``: tcc ops as PyTorch operators, in eager mode, under torch.compile (no graph
+break) and autograd (gradcheck in float64, derived backward ops), with no copies in or out."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tcc
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+OPS = """
+op axpy2(a: f64, X: f64[N], Y: f64[N]) -> (Z: f64[N], W: f64[N]) {
+    Z[i] = a * X[i] + Y[i]
+    W[i] = tanh(X[i]) * Y[i]
+}
+op shifted(X: f64[N]) -> Y: f64[N] {
+    Y[i] = X[i * i % N]
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def ops64():
+    """The examples in float64, as torch operators (registered once per test session)."""
+    text = "".join((EXAMPLES / f"{n}.tc").read_text() for n in ("conv2d", "softmax", "layernorm", "maxpool2d",
+                                                                "matmul"))
+    return tcc.torch.library(text.replace("f32", "f64") + OPS, namespace="tcc_test64")
+
+
+def test_import_tcc_does_not_import_torch():
+    code = "import sys, tcc; assert 'torch' not in sys.modules; tcc.torch; assert 'torch' in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parent.parent)
+
+
+def test_eager_forward_matches_torch(rng):
+    ops = tcc.torch.library(EXAMPLES / "conv2d.tc", namespace="tcc_test_eager")
+    x = torch.randn(2, 3, 11, 7)
+    w = torch.randn(5, 3, 3, 2)
+    b = torch.randn(5)
+    for s, p, d in [(1, 0, 1), (2, 1, 1), (1, 2, 2)]:
+        got = ops.conv2d(x, w, b, S=s, P=p, D=d)
+        torch.testing.assert_close(got, F.conv2d(x, w, b, stride=s, padding=p, dilation=d), rtol=1e-4, atol=1e-4)
+    assert torch.ops.tcc_test_eager.conv2d(x, w, b).shape == (2, 5, 9, 6)
+
+
+def test_several_results_and_scalars(ops64):
+    x, y = torch.randn(33, dtype=torch.float64), torch.randn(33, dtype=torch.float64)
+    z, w = ops64.axpy2(0.5, x, y)
+    torch.testing.assert_close(z, 0.5 * x + y)
+    torch.testing.assert_close(w, torch.tanh(x) * y)
+
+
+@pytest.mark.parametrize("name,shapes,cparams", [
+    ("conv2d", [(2, 3, 7, 6), (4, 3, 3, 2), (4,)], dict(S=2, P=1)),
+    ("conv2d", [(1, 2, 6, 7), (3, 2, 2, 3), (3,)], dict(D=2, P=2)),
+    ("softmax", [(3, 7)], {}), ("layernorm", [(3, 7), (7,), (7,)], {}),
+    ("maxpool2d", [(1, 2, 7, 5)], dict(K=3, S=2)), ("matmul", [(5, 3), (3, 7)], {}),
+    ("axpy2", [(), (9,), (9,)], {}),
+])
+def test_gradcheck_float64(ops64, name, shapes, cparams):
+    args = [torch.randn(s, dtype=torch.float64, requires_grad=True) if s else 0.7 for s in shapes]
+    fn = getattr(ops64, name)
+    assert torch.autograd.gradcheck(lambda *a: fn(*a, **cparams), tuple(args))
+
+
+def test_backward_runs_only_the_gradients_asked_for(ops64):
+    x = torch.randn(1, 2, 6, 6, dtype=torch.float64)
+    w = torch.randn(3, 2, 3, 3, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(3, dtype=torch.float64)
+    ops64.conv2d(x, w, b, P=1).square().sum().backward()
+    xr, wr = x.clone(), w.detach().clone().requires_grad_()
+    F.conv2d(xr, wr, b, padding=1).square().sum().backward()
+    torch.testing.assert_close(w.grad, wr.grad)
+    assert x.grad is None and b.grad is None
+
+
+def test_underivable_op_fails_only_in_backward(ops64):
+    x = torch.randn(7, dtype=torch.float64, requires_grad=True)
+    y = ops64.shifted(x)
+    torch.testing.assert_close(y, x.detach()[(torch.arange(7) ** 2) % 7])
+    with pytest.raises(tcc.TccError, match="not affine"):
+        y.sum().backward()
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_torch_compile_fullgraph(ops64, backend):
+    """No graph break (fullgraph=True raises on one); forward and backward as in eager mode."""
+    torch._dynamo.reset()
+
+    def model(x, w, b, g, beta):
+        y = torch.relu(ops64.conv2d(x, w, b, P=1))
+        z = ops64.layernorm(y.flatten(1), g, beta)
+        return ops64.softmax(z).square().sum()
+
+    x = torch.randn(2, 2, 5, 5, dtype=torch.float64)
+    w = torch.randn(3, 2, 3, 3, dtype=torch.float64, requires_grad=True)
+    b, g, beta = (torch.randn(n, dtype=torch.float64, requires_grad=True) for n in (3, 75, 75))
+    compiled = torch.compile(model, fullgraph=True, backend=backend)
+    loss = compiled(x, w, b, g, beta)
+    grads = torch.autograd.grad(loss, (w, b, g, beta))
+    eager = model(x, w, b, g, beta)
+    torch.testing.assert_close(loss, eager)
+    for got, want in zip(grads, torch.autograd.grad(eager, (w, b, g, beta))):
+        torch.testing.assert_close(got, want)
+
+
+def test_cpu_tensors_are_not_copied(ops64, monkeypatch):
+    """The kernel reads the inputs' memory and writes the result that PyTorch allocated and returns."""
+    from tcc.runtime import cpu
+
+    seen = {}
+    real = cpu.CpuKernel.__call__
+
+    def spy(kernel, values):
+        seen.update({k: v.ctypes.data for k, v in values.items() if isinstance(v, np.ndarray)})
+        return real(kernel, values)
+
+    monkeypatch.setattr(cpu.CpuKernel, "__call__", spy)
+    a = torch.randn(5, 3, dtype=torch.float64)
+    b = torch.randn(3, 7, dtype=torch.float64)
+    c = ops64.matmul(a, b)
+    assert seen == {"A": a.data_ptr(), "B": b.data_ptr(), "C": c.data_ptr()}
+    torch.testing.assert_close(c, a @ b)
+
+
+def test_strided_inputs(ops64):
+    """A strided input is read through a contiguous copy (tcc's rule); the result is still fresh."""
+    a = torch.randn(3, 5, dtype=torch.float64).t()
+    b = torch.randn(3, 7, dtype=torch.float64)
+    torch.testing.assert_close(ops64.matmul(a, b), a @ b)
+
+
+@pytest.mark.cuda
+def test_cuda_in_place_on_the_current_stream():
+    if not torch.cuda.is_available() or not tcc.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    ops = tcc.torch.library(EXAMPLES / "conv2d.tc", namespace="tcc_test_cuda")
+    x = torch.randn(2, 3, 17, 13, device="cuda", requires_grad=True)
+    w = torch.randn(4, 3, 3, 3, device="cuda", requires_grad=True)
+    b = torch.randn(4, device="cuda", requires_grad=True)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        y = ops.conv2d(x, w, b, S=2, P=1)
+        y.square().sum().backward()
+    stream.synchronize()
+    xr, wr, br = (t.detach().clone().requires_grad_() for t in (x, w, b))
+    yr = F.conv2d(xr, wr, br, stride=2, padding=1)
+    yr.square().sum().backward()
+    torch.testing.assert_close(y, yr, rtol=1e-4, atol=1e-4)
+    for got, want in ((x.grad, xr.grad), (w.grad, wr.grad), (b.grad, br.grad)):
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+
+
+def test_bad_arguments_are_tcc_errors(ops64):
+    with pytest.raises(tcc.TccError, match="must be f64"):
+        ops64.matmul(torch.randn(3, 4), torch.randn(4, 5))
+    with pytest.raises(tcc.TccError, match="cannot read"):
+        ops64.matmul(torch.randn(3, 4, dtype=torch.bfloat16), torch.randn(4, 5, dtype=torch.float64))
+    with pytest.raises(tcc.TccError, match="symbol K"):
+        ops64.matmul(torch.randn(3, 4, dtype=torch.float64), torch.randn(5, 5, dtype=torch.float64))
