@@ -140,11 +140,12 @@ class Level:
 
 
 FULL = Level(3, 3)
-# For a kernel whose loops tcc already vectorised and unrolled: what LLVM's O3 adds (its own
-# vectoriser, more unrolling) found nothing more, and the code generator's O3 scheduling neither.
-# Measured on matmul 256, conv2d 3x3 64->64 56x56, softmax, layernorm, maxpool, bias_relu and axpy:
-# the same run time (min of 25, within 2%), 25-30% less compile time on matmul and conv2d.
-VECTORIZED = Level(1, 2)
+# For a kernel whose loops tcc already vectorised and unrolled: the code generator's O3 found
+# nothing more than its O2 (matmul 256, conv2d 3x3 64->64 56x56, softmax, layernorm, maxpool,
+# bias_relu, axpy: the same run time, min of 25, within 2%) and takes longer. The IR pipeline
+# stays at O3: at O1 and O2 a ResNet-style ONNX model's logits moved by 1% (tests/test_onnx.py),
+# which points at undefined behaviour in some generated IR that O3 happens to keep as meant.
+VECTORIZED = Level(3, 2)
 
 
 def optimize(ir_text: str, level: Level = FULL) -> llvm.ModuleRef:

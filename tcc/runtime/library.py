@@ -30,6 +30,7 @@ from tcc.passes.specialize import specialize
 from tcc.runtime import cache
 from tcc.runtime.binding import BoundCall, bind, bind_cparams
 from tcc.stack import deep
+from tcc.target import KINDS as TARGETS  # noqa: F401 - tcc.interop.onnx checks targets against it
 from tcc.target import Target, target_kind
 
 MAX_PLANS = 64  # argument signatures remembered per op
