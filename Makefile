@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench fuzz clean
+.PHONY: demo test lint bench fuzz tables clean
 N ?= 5000
 TARGET ?= cpu
 
@@ -33,9 +33,13 @@ fuzz: $(STAMP)
 	PYTHONPATH=tests $(BIN)/python -m fuzz -n $(N) --target $(TARGET) --schedules 1
 
 bench: $(STAMP)
+	$(BIN)/python benchmarks/latency.py
 	$(BIN)/python benchmarks/compile_time.py
 	$(BIN)/python benchmarks/cpu.py
 	$(BIN)/python benchmarks/conv.py
+
+tables: $(STAMP)
+	$(BIN)/python -c "from tcc.frontend.parser import write_tables; write_tables()"
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -166,7 +166,7 @@ def _timer(op: Op, lowered: Lowered) -> Callable[[Tuning], float | None]:
     def measure(tuning: Tuning) -> float | None:
         candidate = replace(lowered, tuning=tuning, after_pass=None, _scheduled=None)
         try:
-            kernel = backend.load(lowered.loops, backend.build(candidate.scheduled, op.options))
+            kernel = backend.load(op.name, backend.build(candidate.scheduled, op.options))
         except TccError:
             return None  # e.g. an unroll the nest does not allow
         backend.invoke(kernel, op.te, bound, None)  # warm-up: caches, page faults, thread team

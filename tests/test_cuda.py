@@ -1,6 +1,10 @@
 """The CUDA backend without a GPU: every example goes through scheduling, CUDA C and NVRTC to
 cubin; compile errors, bad artifacts and bad calls are clean TccErrors. (Runs in CI.)"""
 
+import importlib.metadata
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +53,7 @@ def test_example_compiles_to_cubin(name, case):
     args, cparams = _fake_args(op, case)
     lowered = op.lowered(op.bindings_for(tuple(args), cparams))
     artifact = rt.build(lowered.scheduled, {"arch": "sm_90"})
-    kernel = rt.load(lowered.scheduled, artifact)  # parses; loading a module waits for a GPU
+    kernel = rt.load(name, artifact)  # parses; loading a module waits for a GPU
     assert kernel.meta["arch"] == "sm_90" and kernel.cubin.startswith(b"\x7fELF")
     assert kernel.meta["kernels"], "every example launches at least one kernel"
     for k in kernel.meta["kernels"]:
@@ -137,7 +141,7 @@ def test_corrupt_artifact_is_a_tcc_error():
     art = rt.build(func, {})
     for bad in (b"", b"junk", art[:40], art[:-len(art) // 2].replace(b"\x7fELF", b"XXXX")):
         with pytest.raises(TccError):
-            rt.load(func, bad)
+            rt.load("axpy", bad)
 
 
 def test_cache_key_holds_the_arch():
@@ -247,6 +251,19 @@ def test_aligned_variants_compile_with_their_fallbacks():
         assert [k["aligned"] for k in meta["kernels"]] == ([True, False] if fast else [False])
         assert ("cp.async.cg.shared.global" in ptx and "ldmatrix" in ptx) == fast
         assert "ld.local" not in ptx and "st.local" not in ptx
+
+
+def test_cache_key_does_not_load_nvrtc():
+    """A warm start reads NVRTC's version from its package, not by loading NVRTC's bindings."""
+    try:
+        importlib.metadata.version("nvidia-cuda-nvrtc")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("NVRTC not installed by pip: its version comes from NVRTC itself")
+    script = ("import sys; from tcc.runtime import cuda; key = cuda.host_key({'arch': 'sm_90'}); "
+              "assert 'nvrtc-pip-' in key, key; assert 'cuda.bindings.nvrtc' not in sys.modules; print('ok')")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(EXAMPLES.parent)})
+    assert out.stdout.strip() == "ok", out.stderr
 
 
 def test_negated_negative_constants_compile():

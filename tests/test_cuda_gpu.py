@@ -397,3 +397,20 @@ def test_tensor_core_kernel_aligned_and_misaligned(offset):
         hmm(av, bv, out=out)
         torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-4)
         torch.testing.assert_close(hmm(av, bv).double(), want, rtol=1e-5, atol=1e-4)
+
+
+def test_the_pool_keeps_freed_intermediates_across_synchronisations(rng):
+    """An op with intermediates, called and synchronised in a loop, reuses the pool's memory."""
+    from cuda.bindings import driver as d
+
+    from tcc.codegen_cuda import driver
+
+    torch = _torch()
+    lib = tcc.compile(EXAMPLES / "softmax.tc", target="cuda")
+    x = torch.randn(7, 2000, device="cuda")
+    for _ in range(3):
+        torch.testing.assert_close(lib.softmax(x), torch.softmax(x, dim=1))
+        torch.cuda.synchronize()
+    ctx = driver.context(x.device.index)
+    attr = d.CUmemPool_attribute.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD
+    assert int(driver.check(d.cuMemPoolGetAttribute(ctx.pool, attr), "threshold")) == driver.POOL_RELEASE_THRESHOLD

@@ -108,7 +108,7 @@ def test_compute_at_moves_the_producer_into_the_consumer_loop(rng):
     text = format_func(out)
     assert text.count("for i2 in 0..5") == 1 and "for i in" not in text
     assert "T[] = A[i2] * f32(2.0)" in text and "allocate T: f32[] in local" in text
-    kernel = cpu.load(out, cpu.build(out))
+    kernel = cpu.load(out.name, cpu.build(out))
     x = rng.standard_normal(5).astype(np.float32)
     y = np.full((5, 3), np.nan, np.float32)
     kernel({"A": x, "B": y})

@@ -52,7 +52,7 @@ def test_tune_stores_its_winner_and_reuses_it(fresh_cache, monkeypatch, rng):
     np.testing.assert_allclose(again(a, b), a @ b, rtol=1e-4, atol=1e-4)
     # the tuned kernel is keyed apart from the untuned one
     plain = tcc.compile(MATMUL).matmul
-    assert again.cache_key(again.lowered(BINDINGS)) != plain.cache_key(plain.lowered(BINDINGS))
+    assert again.cache_key(BINDINGS, again.lowered(BINDINGS)) != plain.cache_key(BINDINGS)
 
 
 def test_cli_tune_then_a_second_process_uses_the_winner(fresh_cache, capsys):

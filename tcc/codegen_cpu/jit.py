@@ -12,6 +12,7 @@ import ctypes.util
 import functools
 import os
 import threading
+from dataclasses import dataclass
 
 import llvmlite.binding as llvm
 
@@ -35,7 +36,8 @@ def load_thread_runtime() -> bool:
     """
     _init()
     with _passive_wait():
-        for name in ("libgomp.so.1", ctypes.util.find_library("gomp")):
+        for find in (lambda: "libgomp.so.1", lambda: ctypes.util.find_library("gomp")):  # the search runs ldconfig
+            name = find()
             if not name:
                 continue
             try:
@@ -115,44 +117,64 @@ def host() -> tuple[str, str, str]:
     return llvm.get_process_triple(), llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
 
 
-def new_target_machine() -> llvm.TargetMachine:
+def new_target_machine(opt: int = 3) -> llvm.TargetMachine:
     triple, cpu, features = host()
     target = llvm.Target.from_triple(triple)
-    return target.create_target_machine(cpu=cpu, features=features, opt=3, reloc="pic",
+    return target.create_target_machine(cpu=cpu, features=features, opt=opt, reloc="pic",
                                         codemodel="jitdefault")
 
 
 @functools.cache
-def target_machine() -> llvm.TargetMachine:
-    """The shared machine for optimising and emitting code (engines get their own: they own it)."""
-    return new_target_machine()
+def target_machine(opt: int = 3) -> llvm.TargetMachine:
+    """The shared machine for optimising and emitting code at an optimisation level (engines get
+    their own: they own it)."""
+    return new_target_machine(opt)
 
 
-def optimize(ir_text: str) -> llvm.ModuleRef:
-    """Parse, verify and run LLVM's O3 pipeline on a module."""
+@dataclass(frozen=True)
+class Level:
+    """How hard LLVM works on a module: its IR pipeline (-O) and its code generator's level."""
+
+    passes: int
+    codegen: int
+
+
+FULL = Level(3, 3)
+# For a kernel whose loops tcc already vectorised and unrolled: the code generator's O3 found
+# nothing more than its O2 (matmul 256, conv2d 3x3 64->64 56x56, softmax, layernorm, maxpool,
+# bias_relu, axpy: the same run time, min of 25, within 2%) and takes longer. The IR pipeline
+# stays at O3: at O1 and O2 a ResNet-style ONNX model's logits moved by 1% (tests/test_onnx.py),
+# which points at undefined behaviour in some generated IR that O3 happens to keep as meant.
+VECTORIZED = Level(3, 2)
+
+
+def optimize(ir_text: str, level: Level = FULL) -> llvm.ModuleRef:
+    """Parse, verify and run LLVM's pipeline at ``level`` on a module. Modules live in LLVM's global
+    context, which is not thread-safe (llvmlite releases the GIL in LLVM): one thread at a time."""
     _init()
-    try:
-        mod = llvm.parse_assembly(ir_text)
-        mod.verify()
-    except RuntimeError as exc:
-        raise TccCompileError(f"internal error: generated LLVM IR is invalid: {exc}") from None
-    tm = target_machine()
-    mod.triple = tm.triple
-    mod.data_layout = str(tm.target_data)
-    pto = llvm.create_pipeline_tuning_options(speed_level=3)
-    pb = llvm.create_pass_builder(tm, pto)
-    pb.getModulePassManager().run(mod, pb)
-    return mod
-
-
-def emit_object(mod: llvm.ModuleRef) -> bytes:
     with _LOCK:
-        return target_machine().emit_object(mod)
+        try:
+            mod = llvm.parse_assembly(ir_text)
+            mod.verify()
+        except RuntimeError as exc:
+            raise TccCompileError(f"internal error: generated LLVM IR is invalid: {exc}") from None
+        tm = target_machine(level.codegen)
+        mod.triple = tm.triple
+        mod.data_layout = str(tm.target_data)
+        pto = llvm.create_pipeline_tuning_options(speed_level=level.passes)
+        pb = llvm.create_pass_builder(tm, pto)
+        pb.getModulePassManager().run(mod, pb)
+        return mod
 
 
-def emit_assembly(mod: llvm.ModuleRef) -> str:
+def emit_object(mod: llvm.ModuleRef, level: Level = FULL) -> bytes:
     with _LOCK:
-        return target_machine().emit_assembly(mod)
+        return target_machine(level.codegen).emit_object(mod)
+
+
+def emit_assembly(mod: llvm.ModuleRef, level: Level = FULL) -> str:
+    with _LOCK:
+        return target_machine(level.codegen).emit_assembly(mod)
 
 
 class LoadedObject:

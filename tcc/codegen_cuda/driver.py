@@ -102,6 +102,13 @@ def device_count() -> int:
     return check(api().cuDeviceGetCount(), "cuDeviceGetCount")
 
 
+# Intermediates come from cuMemAllocAsync on the device's default pool. By default the pool gives
+# freed memory back at every synchronisation, so a caller that synchronises after each call paid
+# a fresh allocation per intermediate per call (138 us against 27 us without intermediates, H100);
+# the pool keeps up to this much freed memory for the next call instead.
+POOL_RELEASE_THRESHOLD = 1 << 30
+
+
 class Context:
     """The primary context of one device."""
 
@@ -116,6 +123,9 @@ class Context:
         minor = check(d.cuDeviceGetAttribute(
             d.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.device), "cuDeviceGetAttribute")
         self.arch = f"sm_{major}{minor}"
+        self.pool = check(d.cuDeviceGetDefaultMemPool(self.device), f"the memory pool of cuda:{ordinal}")
+        check(d.cuMemPoolSetAttribute(self.pool, d.CUmemPool_attribute.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                                      d.cuuint64_t(POOL_RELEASE_THRESHOLD)), f"the memory pool of cuda:{ordinal}")
 
     def activate(self) -> None:
         """Make this context current on the calling thread (a no-op when it already is)."""

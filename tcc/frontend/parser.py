@@ -1,7 +1,8 @@
 """Parse tcc source text into an AST (:mod:`tcc.frontend.ast`) with source spans.
 
-The grammar lives in ``grammar.lark``; lark builds an LALR(1) parser from it once per process
-(cached on disk by lark, so a warm start does not pay for table construction). Newlines end
+The grammar lives in ``grammar.lark``; its LALR(1) tables ship beside it in ``grammar.tables``
+(rebuilt by ``make tables``), so no process builds them; where they do not match
+(another lark), lark builds them once and keeps them in the user cache. Newlines end
 statements only inside an op body and outside brackets; :class:`_StatementNewlines` drops the
 others before the parser sees them, the way Python's tokenizer joins bracketed lines.
 """
@@ -21,6 +22,7 @@ from tcc.errors import Source, Span, TccSyntaxError
 from tcc.frontend import ast
 
 _GRAMMAR = Path(__file__).with_name("grammar.lark")
+_TABLES = Path(__file__).with_name("grammar.tables")  # the LALR tables, built by write_tables()
 _STARTS = ("start", "steps")  # a whole file; the steps of a schedule given from Python
 _OPEN = {"(": ")", "[": "]"}
 _PRETTY = {"LPAR": "'('", "RPAR": "')'", "LSQB": "'['", "RSQB": "']'", "LBRACE": "'{'",
@@ -57,7 +59,11 @@ class _StatementNewlines:
 
 @functools.cache
 def _parser() -> lark.Lark:
-    """The LALR parser; its tables are cached on disk by lark (keyed by the grammar's hash)."""
+    """The LALR parser: from the tables shipped beside the grammar when they were built from this
+    grammar by this lark, else built (once per process) and kept in the user cache by lark."""
+    shipped = _shipped_parser()
+    if shipped is not None:
+        return shipped
     from tcc.runtime.cache import cache_dir
 
     root = cache_dir()
@@ -65,12 +71,41 @@ def _parser() -> lark.Lark:
     if root is not None:
         try:
             root.mkdir(parents=True, exist_ok=True)
-            digest = hashlib.sha256(_GRAMMAR.read_bytes() + repr(_STARTS).encode()).hexdigest()[:16]
-            cache = str(root / f"grammar-{lark.__version__}-{digest}.lark-cache")
+            cache = str(root / f"grammar-{lark.__version__}-{_grammar_digest()}.lark-cache")
         except OSError:
             cache = False
+    return _build_parser(cache)
+
+
+def _build_parser(cache: bool | str = False) -> lark.Lark:
     return lark.Lark(_GRAMMAR.read_text(), parser="lalr", propagate_positions=True,
                      postlex=_StatementNewlines(), maybe_placeholders=True, cache=cache, start=list(_STARTS))
+
+
+def _grammar_digest() -> str:
+    """What the parser's tables depend on: the grammar, its start symbols and lark's version."""
+    text = _GRAMMAR.read_bytes() + repr(_STARTS).encode() + lark.__version__.encode()
+    return hashlib.sha256(text).hexdigest()[:16]
+
+
+def _shipped_parser() -> lark.Lark | None:
+    """The parser from ``_TABLES`` (``Lark.save``'s format after a line with the grammar's digest),
+    or None when they are missing or were built from another grammar or lark."""
+    try:
+        with _TABLES.open("rb") as f:
+            if f.readline().decode(errors="replace").strip() != _grammar_digest():
+                return None
+            return lark.Lark.load(f)
+    except Exception:  # noqa: BLE001 - unreadable tables of any kind only cost building the parser
+        return None
+
+
+def write_tables(path: Path = _TABLES) -> None:
+    """Build the parser and ship its tables (``make tables`` after changing the grammar;
+    ``tests/test_parser_tables.py`` checks that they are current)."""
+    with path.open("wb") as f:
+        f.write(_grammar_digest().encode() + b"\n")
+        _build_parser().save(f)
 
 
 def parse(text: str, filename: str = "<string>") -> ast.Module:
@@ -245,3 +280,4 @@ for _op, _rule in [("add", "add"), ("sub", "sub"), ("mul", "mul"), ("div", "div"
                    ("le", "le"), ("gt", "gt"), ("ge", "ge"), ("eq", "eq"), ("ne", "ne"),
                    ("and", "and_op"), ("or", "or_op")]:
     setattr(_ToAst, _rule, v_args(meta=True, inline=True)(_binary(_op)))
+

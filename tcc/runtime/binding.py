@@ -234,6 +234,8 @@ def _scalar(op: OpTE, name: str, value: Any) -> int | float | bool:
     if not ok:
         raise TccArgumentError(f"argument {name} of {op.name} must be a {dtype} scalar, got {value!r}",
                                op.span)
+    if dtype.is_int and not np.iinfo(dtype.numpy).min <= value <= np.iinfo(dtype.numpy).max:
+        raise TccArgumentError(f"argument {name} of {op.name} is {value}, out of the range of {dtype}", op.span)
     return value
 
 

@@ -9,12 +9,14 @@ checksum, so a corrupt or truncated one is treated as a miss and recompiled.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import os
 import tempfile
 import threading
+import warnings
 from pathlib import Path
 
 _MAGIC = b"TCC-CACHE-1\n"
@@ -31,16 +33,41 @@ def cache_dir() -> Path | None:
 
 @functools.cache
 def compiler_fingerprint() -> str:
-    """The compiler's version and a hash of its own source: any change to tcc is a new key."""
+    """The compiler's version and a hash of its own source: any change to tcc is a new key.
+
+    Hashing the source costs a few milliseconds, so the hash is kept in the disk cache under the
+    files' sizes and modification times (as Python keeps bytecode) and recomputed when one changes.
+    """
     from tcc import __version__
 
-    h = hashlib.sha256(__version__.encode())
     root = Path(__file__).resolve().parent.parent
-    for path in sorted(root.rglob("*")):
-        if path.suffix in (".py", ".lark") and "__pycache__" not in path.parts:
-            h.update(path.relative_to(root).as_posix().encode())
-            h.update(path.read_bytes())
-    return f"{__version__}+{h.hexdigest()[:16]}"
+    files = sorted(_sources(str(root), ""))
+    stamp = make_key(__version__, *(f"{relative}:{size}:{mtime}" for relative, size, mtime in files))
+    disk = DiskCache(cache_dir())
+    known = disk.get(stamp, ".fingerprint")
+    if known is not None:
+        return known.decode(errors="replace")
+    h = hashlib.sha256(__version__.encode())
+    for relative, _, _ in files:
+        h.update(relative.encode())
+        with open(os.path.join(root, relative), "rb") as f:
+            h.update(f.read())
+    fingerprint = f"{__version__}+{h.hexdigest()[:16]}"
+    disk.put(stamp, fingerprint.encode(), ".fingerprint")
+    return fingerprint
+
+
+def _sources(directory: str, prefix: str) -> list[tuple[str, int, int]]:
+    """(path relative to the package with ``/``, size, mtime in ns) of the compiler's source files."""
+    found = []
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if entry.is_dir() and entry.name != "__pycache__":
+                found += _sources(entry.path, f"{prefix}{entry.name}/")
+            elif entry.name.endswith((".py", ".lark", ".tables")):
+                info = entry.stat()
+                found.append((prefix + entry.name, info.st_size, info.st_mtime_ns))
+    return found
 
 
 def make_key(*parts: str) -> str:
@@ -92,14 +119,31 @@ class DiskCache:
         if self.root is None:
             return
         path = self._path(key, suffix)
+        tmp = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
             with os.fdopen(fd, "wb") as f:
                 f.write(_MAGIC + hashlib.sha256(payload).digest() + payload)
             os.replace(tmp, path)
-        except OSError:
-            pass  # a read-only or full cache directory only costs a recompile next time
+        except OSError as exc:  # a read-only or full cache directory only costs a recompile next time
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            _warn_once(self.root, exc)
+
+
+_warned: set[Path] = set()  # cache directories already reported unwritable
+
+
+def _warn_once(root: Path, exc: OSError) -> None:
+    """Say once per process and directory that entries cannot be written, and why."""
+    if root in _warned:
+        return
+    _warned.add(root)
+    warnings.warn(f"tcc: cannot write to the compile cache {root} ({exc.strerror or exc}); kernels will "
+                  "be compiled again in each process (set TCC_CACHE_DIR to a writable directory, or to "
+                  "'' to turn the disk cache off)", RuntimeWarning, stacklevel=3)
 
 
 class MemoryCache:

@@ -1,21 +1,35 @@
-"""The CPU target: build object code for a scheduled loop function, load it, call it."""
+"""The CPU target: build object code for a scheduled loop function, load it, call it.
+
+The artifact the cache stores is self-describing (the kernel's symbol and parameter layout in a
+small header, then the object code), so a warm start loads it without running any pass. A
+checked call leaves a :class:`Plan` behind; a repeat call with the same argument signature runs
+it: a few attribute reads, one foreign call.
+"""
 
 from __future__ import annotations
 
 import ctypes
+import json
 import math
-from typing import Any
+import struct
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from tcc import dtypes
 from tcc.codegen_cpu import jit
 from tcc.codegen_cpu.llvm_ir import build_module, symbol_name
-from tcc.errors import TccRuntimeError, TccTypeError
-from tcc.ir.loops import Buffer, LoopFunc
+from tcc.errors import TccArgumentError, TccCompileError, TccRuntimeError, TccTypeError
+from tcc.ir.loops import Buffer, For, LoopFunc, walk_stmts
 from tcc.passes import autoschedule
+from tcc.runtime.binding import as_host_array, out_list
 from tcc.target import CpuTarget
 
 STAGES = ("ast", "te", "fused", "loops", "scheduled", "llvm", "asm")
+_MAGIC = b"TCC-CPU-1\n"
 
 
 def machine(options: dict[str, Any]) -> CpuTarget:
@@ -33,23 +47,49 @@ def llvm_ir(func: LoopFunc) -> str:
 
 
 def build(func: LoopFunc, options: dict[str, Any] | None = None) -> bytes:
-    """Optimised object code for ``func``: the artifact the cache stores."""
-    return jit.emit_object(jit.optimize(llvm_ir(func)))
+    """The artifact the cache stores: the kernel's symbol and parameters, then optimised object code."""
+    params = [[p.name, isinstance(p, Buffer), p.dtype.name] for p in func.params]
+    header = json.dumps({"symbol": symbol_name(func), "params": params}).encode()
+    level = llvm_level(func)
+    obj = jit.emit_object(jit.optimize(llvm_ir(func), level), level)
+    return _MAGIC + struct.pack("<I", len(header)) + header + obj
+
+
+def llvm_level(func: LoopFunc) -> jit.Level:
+    """LLVM's full effort, or less where tcc's schedule already vectorised the loops."""
+    vectorized = any(isinstance(s, For) and s.kind == "vector" for s in walk_stmts(func.body))
+    return jit.VECTORIZED if vectorized else jit.FULL
+
+
+def _parse(artifact: bytes) -> tuple[dict[str, Any], bytes]:
+    """(header, object code) of an artifact; TccCompileError when it is not one of ours."""
+    try:
+        if not artifact.startswith(_MAGIC):
+            raise ValueError("bad magic")
+        (size,) = struct.unpack_from("<I", artifact, len(_MAGIC))
+        start = len(_MAGIC) + 4
+        meta = json.loads(artifact[start:start + size])
+        params = [(str(n), bool(b), dtypes.ALL[d]) for n, b, d in meta["params"]]
+        return {"symbol": str(meta["symbol"]), "params": params}, artifact[start + size:]
+    except (ValueError, KeyError, TypeError, struct.error) as exc:
+        raise TccCompileError(f"unusable cached CPU kernel ({exc})") from None
 
 
 def assembly(func: LoopFunc) -> str:
-    return jit.emit_assembly(jit.optimize(llvm_ir(func)))
+    level = llvm_level(func)
+    return jit.emit_assembly(jit.optimize(llvm_ir(func), level), level)
 
 
 class CpuKernel:
     """A loaded kernel and the layout of its argument array."""
 
-    def __init__(self, func: LoopFunc, artifact: bytes):
-        self.name = func.name
-        self.params = [(p.name, isinstance(p, Buffer)) for p in func.params]
-        self._dtypes = {p.name: p.dtype for p in func.params}
-        self._object = jit.LoadedObject(artifact)
-        self._fn = self._object.function(symbol_name(func))
+    def __init__(self, name: str, artifact: bytes):
+        meta, obj = _parse(artifact)
+        self.name = name
+        self.params = [(n, is_buffer) for n, is_buffer, _ in meta["params"]]
+        self.dtypes = {n: dt for n, _, dt in meta["params"]}
+        self._object = jit.LoadedObject(obj)
+        self.fn = self._object.function(meta["symbol"])
 
     def __call__(self, values: dict[str, Any]) -> None:
         """Run on ``values``: C-contiguous arrays for buffers, Python numbers for scalars."""
@@ -58,36 +98,36 @@ class CpuKernel:
         for i, (name, is_buffer) in enumerate(self.params):
             value = values[name]
             if not is_buffer:
-                value = np.array(value, dtype=self._dtypes[name].numpy)
+                value = np.array(value, dtype=self.dtypes[name].numpy)
                 keep.append(value)
             ptrs[i] = value.ctypes.data
-        status = self._fn(ptrs)
-        if status != 0:
-            raise TccRuntimeError(f"op {self.name}: out of memory for an intermediate tensor",
-                                  hint="use smaller inputs")
+        if self.fn(ptrs) != 0:
+            raise_out_of_memory(self.name)
+
+
+def raise_out_of_memory(name: str) -> None:
+    raise TccRuntimeError(f"op {name}: out of memory for an intermediate tensor", hint="use smaller inputs")
 
 
 def as_array(value: Any, what: str) -> np.ndarray:
-    from tcc.runtime.binding import as_host_array
-
     return as_host_array(value, what)
 
 
-def load(func: LoopFunc, artifact: bytes) -> CpuKernel:
-    return CpuKernel(func, artifact)
+def load(name: str, artifact: bytes) -> CpuKernel:
+    return CpuKernel(name, artifact)
 
 
 def stage_text(func: LoopFunc, stage: str, options: dict[str, Any]) -> str:
     return llvm_ir(func) if stage == "llvm" else assembly(func)
 
 
-def invoke(kernel: CpuKernel, op, bound, out: Any) -> list[np.ndarray]:
+def invoke(kernel: CpuKernel, op, bound, out: Any) -> list[Any]:
     """Run ``kernel`` on a bound call; writes into ``out`` when given (checked first)."""
     for name in op.results:
         if op.tensors[name].dtype.name == "bf16":  # code generation refuses bf16, unless nothing is computed
             raise TccTypeError(f"result {name} is bf16, which is supported on target='cuda' only",
                                op.tensors[name].span, "use f32 or f16 on the CPU")
-    outs = _check_out(op, bound, out)
+    targets, views = _check_out(op, bound, out)
     values: dict[str, Any] = dict(bound.scalars)
     inputs = []
     for name, arr in bound.arrays.items():
@@ -95,18 +135,18 @@ def invoke(kernel: CpuKernel, op, bound, out: Any) -> list[np.ndarray]:
         values[name] = contiguous
         inputs.append(contiguous)
     results, copies = [], []
-    for name, target in zip(op.results, outs):
+    for name, target, view in zip(op.results, targets, views):
         shape, dtype = bound.result_shapes[name], op.tensors[name].dtype.numpy
-        direct = (target is not None and target.flags.c_contiguous and target.flags.writeable
-                  and not any(np.may_share_memory(target, a) for a in inputs))
-        buf = target if direct else _allocate(op, name, shape, dtype)
-        if target is not None and not direct:
-            copies.append((target, buf))
+        direct = (view is not None and view.flags.c_contiguous
+                  and not any(np.may_share_memory(view, a) for a in inputs))
+        buf = view if direct else _allocate(op, name, shape, dtype)
+        if view is not None and not direct:
+            copies.append((view, buf))
         values[name] = buf
         results.append(target if target is not None else buf)
     kernel(values)
-    for target, buf in copies:
-        np.copyto(target, buf)
+    for view, buf in copies:
+        np.copyto(view, buf)
     return results
 
 
@@ -134,20 +174,243 @@ def _allocate(op, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndar
                               f"({exc})", op.tensors[name].span, "use smaller inputs") from None
 
 
-def _check_out(op, bound, out: Any) -> list[np.ndarray | None]:
-    from tcc.errors import TccArgumentError
-    from tcc.runtime.binding import out_list
-
-    outs = out_list(op, out)
+def _check_out(op, bound, out: Any) -> tuple[list[Any], list[np.ndarray | None]]:
+    """The caller's ``out=`` objects and NumPy views of them (a CPU tensor is viewed, not copied)."""
+    targets = out_list(op, out)
     if out is None:
-        return outs
-    for name, target in zip(op.results, outs):
+        return targets, targets
+    views = []
+    for name, target in zip(op.results, targets):
         want_shape, want = bound.result_shapes[name], op.tensors[name].dtype
-        if not isinstance(target, np.ndarray):
-            raise TccArgumentError(f"out= for {name} must be a NumPy array on target='cpu'", op.span)
-        if target.shape != want_shape or target.dtype != want.numpy:
+        if isinstance(target, np.ndarray):
+            view = target
+        elif _is_torch_tensor(target):
+            view = as_host_array(target, f"out= for {name}")
+        else:
+            raise TccArgumentError(f"out= for {name} must be a NumPy array or a CPU tensor on target='cpu', "
+                                   f"got {type(target).__name__}", op.tensors[name].span)
+        if view.shape != want_shape or view.dtype != want.numpy:
             raise TccArgumentError(f"out= for {name} must be {want}{list(want_shape)}, got "
-                                   f"{target.dtype}{list(target.shape)}", op.tensors[name].span)
-        if not target.flags.writeable:
+                                   f"{view.dtype}{list(view.shape)}", op.tensors[name].span)
+        if not view.flags.writeable:
             raise TccArgumentError(f"out= for {name} is read-only", op.tensors[name].span)
-    return outs
+        views.append(view)
+    return targets, views
+
+
+def _is_torch_tensor(value: Any) -> bool:
+    torch = sys.modules.get("torch")  # only a program that imported torch can pass a tensor
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+# ---------------------------------------------------------------- the repeat-call fast path
+
+_DATA = object.__basicsize__  # offset of ``data`` in NumPy's PyArrayObject: right after the object header
+_read_pointer = ctypes.c_void_p.from_address
+_SCALAR_CELLS = {"f32": ctypes.c_float, "f64": ctypes.c_double, "i32": ctypes.c_int32, "i64": ctypes.c_int64,
+                 "i8": ctypes.c_int8, "bool": ctypes.c_bool}
+_INT_RANGES = {"i32": (-(1 << 31), (1 << 31) - 1), "i64": (-(1 << 63), (1 << 63) - 1), "i8": (-128, 127)}
+MAX_PLANS = 8  # argument signatures remembered per op
+
+
+def _pointer_offset_holds() -> bool:
+    """Whether an ndarray's data pointer sits at ``_DATA`` (CPython's layout); else no fast path."""
+    probe = np.arange(3, dtype=np.float32)
+    return _read_pointer(id(probe) + _DATA).value == probe.__array_interface__["data"][0]
+
+
+_FAST_POINTERS = _pointer_offset_holds()
+
+
+class _Miss(Exception):
+    """A call whose signature differs from a plan's."""
+
+
+class _Tensor(NamedTuple):
+    """What a plan expects of one array argument (or ``out=`` target) and where its pointer goes.
+    A tuple: its fields read as fast as a tuple's items."""
+
+    slot: int  # in the kernel's argument array
+    pos: int  # in the call's arguments (or ``out=``)
+    numpy: bool  # an np.ndarray, exactly; else a CPU torch.Tensor
+    dtype: Any  # compared by identity
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]  # bytes for NumPy, elements for torch
+    nbytes: int
+
+
+def _pointer(t: _Tensor, a: Any) -> int:
+    """The data pointer of ``a`` after checking that it matches ``t``; raises _Miss otherwise. The
+    plan reads a NumPy array's pointer inline; this is the general case."""
+    if t.numpy:
+        if type(a) is not np.ndarray or a.dtype is not t.dtype or a.shape != t.shape or a.strides != t.strides:
+            raise _Miss
+        return _read_pointer(id(a) + _DATA).value or 0
+    torch = sys.modules["torch"]
+    if (type(a) is not torch.Tensor or a.dtype is not t.dtype or a.shape != t.shape or a.stride() != t.strides
+            or not a.is_cpu or a.requires_grad):
+        raise _Miss
+    return a.data_ptr()
+
+
+def _tensor(slot: int, pos: int, a: Any) -> _Tensor | None:
+    if type(a) is np.ndarray and a.flags.c_contiguous:
+        return _Tensor(slot, pos, True, a.dtype, a.shape, a.strides, a.nbytes)
+    torch = sys.modules.get("torch")
+    if torch is not None and type(a) is torch.Tensor and a.is_contiguous():
+        return _Tensor(slot, pos, False, a.dtype, tuple(a.shape), a.stride(), a.numel() * a.element_size())
+    return None
+
+
+@dataclass
+class Plan:
+    """What a repeat call with the same argument signature needs: no binding, no checks redone.
+
+    Made only after a call with that signature passed every check, for C-contiguous NumPy arrays
+    and CPU tensors (others take the checked path, which copies a strided input). It checks its
+    own signature as it reads pointers, then makes one foreign call. Argument arrays are pooled,
+    so that threads calling the same op never share one.
+    """
+
+    kernel: CpuKernel
+    nargs: int
+    cparams: dict[str, Any]
+    inputs: list[_Tensor]
+    scalars: list[tuple[int, type, Any, tuple[int, int] | None]]  # (position, Python type, cell type, int range)
+    slots: list[int]  # of the scalars
+    outs: list[_Tensor] | None  # None: the call allocates its results
+    results: list[tuple[int, tuple[int, ...], np.dtype, int]]  # (slot, shape, dtype, bytes)
+    pool: list[tuple[Any, list[Any], int]] = field(default_factory=list)  # (argument array, scalar cells, address)
+
+    def new_buffer(self) -> tuple[Any, list[tuple[int, type, tuple[int, int] | None, Any]], int]:
+        """An argument array and its scalar cells (each cell's address already in its slot)."""
+        ptrs = (ctypes.c_void_p * len(self.kernel.params))()
+        cells = []
+        for slot, (pos, kind, cell_type, bounds) in zip(self.slots, self.scalars):
+            cell = cell_type()
+            ptrs[slot] = ctypes.addressof(cell)
+            cells.append((pos, kind, bounds, cell))
+        return ptrs, cells, ctypes.addressof(ptrs)  # an address passes faster than the array
+
+    def run(self, args: tuple[Any, ...], cparams: dict[str, Any], out: Any) -> list[Any] | None:
+        """The results, or None when this call's signature differs from the plan's, ``out=``
+        overlaps an input, or an integer scalar is out of range (the checked path handles those)."""
+        if len(args) != self.nargs or (out is None) != (self.outs is None):
+            return None
+        if (cparams or self.cparams) and not _same(cparams, self.cparams):
+            return None
+        try:
+            buffer = self.pool.pop()
+        except IndexError:  # none free: the first call, or other threads hold them all
+            buffer = self.new_buffer()
+        ptrs, cells, address = buffer
+        try:
+            for pos, kind, bounds, cell in cells:
+                value = args[pos]
+                if type(value) is not kind or (bounds is not None and not bounds[0] <= value <= bounds[1]):
+                    return None
+                cell.value = value
+            for t in self.inputs:
+                a = args[t.pos]
+                if (t.numpy and type(a) is np.ndarray and a.dtype is t.dtype and a.shape == t.shape
+                        and a.strides == t.strides):
+                    ptrs[t.slot] = _read_pointer(id(a) + _DATA).value
+                else:
+                    ptrs[t.slot] = _pointer(t, a)
+            if out is None:
+                results = []
+                for slot, shape, dtype, nbytes in self.results:
+                    r = np.empty(shape, dtype) if nbytes < ALIGN_FROM else aligned_empty(shape, dtype)
+                    ptrs[slot] = _read_pointer(id(r) + _DATA).value
+                    results.append(r)
+            else:
+                results = [out] if type(out) is not tuple and type(out) is not list else list(out)
+                if len(results) != len(self.outs):
+                    return None
+                for t, r in zip(self.outs, results):
+                    if (t.numpy and type(r) is np.ndarray and r.dtype is t.dtype and r.shape == t.shape
+                            and r.strides == t.strides):
+                        ptr = _read_pointer(id(r) + _DATA).value or 0
+                        if not r.flags.writeable:
+                            return None
+                    else:
+                        ptr = _pointer(t, r)
+                    for i in self.inputs:  # an input overlapping the result: the checked path copies
+                        start = ptrs[i.slot] or 0
+                        if start < ptr + t.nbytes and ptr < start + i.nbytes:
+                            return None
+                    ptrs[t.slot] = ptr
+            status = self.kernel.fn(address)
+        except (_Miss, MemoryError):  # a result that cannot be allocated: the checked path says so
+            return None
+        finally:
+            self.pool.append(buffer)
+        if status != 0:
+            raise_out_of_memory(self.kernel.name)
+        return results
+
+
+def _same(cparams: dict[str, Any], planned: dict[str, Any]) -> bool:
+    """Whether a call's compile-time parameters are the plan's, in value and type."""
+    if not cparams:
+        return not planned
+    return cparams.keys() == planned.keys() and all(
+        type(v) is type(planned[k]) and v == planned[k] for k, v in cparams.items())
+
+
+class Plans:
+    """The plans of one op, newest first; a call runs the first that matches."""
+
+    def __init__(self) -> None:
+        self.plans: list[Plan] = []
+        # run(args, cparams, out) -> results or None: the only plan's own run when there is one
+        # (a Python call less per call), else the search below
+        self.run: Callable[[tuple[Any, ...], dict[str, Any], Any], list[Any] | None] = self._first_match
+
+    def __bool__(self) -> bool:
+        return bool(self.plans)
+
+    def _first_match(self, args: tuple[Any, ...], cparams: dict[str, Any], out: Any) -> list[Any] | None:
+        plans = self.plans
+        for plan in plans:
+            results = plan.run(args, cparams, out)
+            if results is not None:
+                if plan is not plans[0]:  # most recently used first: a loop's calls match at once
+                    self.plans = [plan, *(p for p in plans if p is not plan)]
+                return results
+        return None
+
+    def learn(self, kernel: CpuKernel, op, bound, args: tuple[Any, ...], cparams: dict[str, Any], out: Any) -> None:
+        """Remember a plan for calls like this checked one, where one can be made."""
+        plan = make_plan(kernel, op, bound, args, cparams, out)
+        if plan is not None:
+            self.plans = [plan, *self.plans[:MAX_PLANS - 1]]  # replaced whole: threads may be reading it
+            self.run = plan.run if len(self.plans) == 1 else self._first_match
+
+
+def make_plan(kernel: CpuKernel, op, bound, args: tuple[Any, ...], cparams: dict[str, Any],
+              out: Any) -> Plan | None:
+    """The plan for calls like this checked one (None when it has no fast path)."""
+    if not _FAST_POINTERS:
+        return None
+    kinds = {n: op.scalars[n].dtype.name for n in bound.scalars}
+    if any(kind not in _SCALAR_CELLS for kind in kinds.values()):
+        return None
+    slot = {name: i for i, (name, _) in enumerate(kernel.params)}
+    position = {name: i for i, name in enumerate(op.params)}
+    inputs = [_tensor(slot[n], position[n], args[position[n]]) for n in bound.arrays]
+    outs = None
+    if out is not None:
+        targets = list(out) if type(out) in (tuple, list) else [out]
+        outs = [_tensor(slot[r], i, o) for i, (r, o) in enumerate(zip(op.results, targets))]
+        if None in outs:
+            return None
+    if None in inputs:
+        return None
+    scalars = [(position[n], type(args[position[n]]), _SCALAR_CELLS[kind], _INT_RANGES.get(kind))
+               for n, kind in kinds.items()]
+    results = []
+    for name in op.results:
+        shape, dtype = bound.result_shapes[name], op.tensors[name].dtype.numpy
+        results.append((slot[name], shape, dtype, math.prod(shape) * dtype.itemsize))
+    return Plan(kernel, len(args), dict(cparams), inputs, scalars, [slot[n] for n in kinds], outs, results)

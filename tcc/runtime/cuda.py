@@ -11,6 +11,7 @@ default stream; nothing synchronises unless host arrays are involved.
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import json
 import math
 import os
@@ -58,7 +59,17 @@ def _machine(arch: str) -> CudaTarget:
 
 
 def host_key(options: dict[str, Any]) -> str:
-    return f"{_arch(options)}/nvrtc-{nvrtc.version()}/{machine(options).key()}"
+    return f"{_arch(options)}/nvrtc-{_nvrtc_version()}/{machine(options).key()}"
+
+
+@functools.cache
+def _nvrtc_version() -> str:
+    """NVRTC's version for the cache key: from the metadata of the package that installed it, where
+    pip did (loading NVRTC's bindings to ask it costs ~70 ms of a warm start), else from NVRTC."""
+    try:
+        return "pip-" + importlib.metadata.version("nvidia-cuda-nvrtc")
+    except importlib.metadata.PackageNotFoundError:
+        return nvrtc.version()
 
 
 def cuda_source(func: LoopFunc) -> str:
@@ -100,8 +111,8 @@ def _parse(artifact: bytes) -> tuple[dict[str, Any], bytes]:
 class CudaKernel:
     """The kernels of one op specialisation; modules are loaded per device on first use."""
 
-    def __init__(self, func: LoopFunc, artifact: bytes):
-        self.name = func.name
+    def __init__(self, name: str, artifact: bytes):
+        self.name = name
         self.meta, self.cubin = _parse(artifact)
         self.temps: list[tuple[str, int]] = [(n, int(b)) for n, b in self.meta["temps"]]
         self._launchers: dict[int, list[driver.Launcher]] = {}
@@ -132,8 +143,8 @@ def _pair(launchers: list[driver.Launcher], aligned: list[bool]) -> list[driver.
     return out
 
 
-def load(func: LoopFunc, artifact: bytes) -> CudaKernel:
-    return CudaKernel(func, artifact)
+def load(name: str, artifact: bytes) -> CudaKernel:
+    return CudaKernel(name, artifact)
 
 
 # ---------------------------------------------------------------- device tensors

@@ -7,7 +7,9 @@ it. ``op.lower(...)`` returns the text of any stage for the same arguments.
 
 from __future__ import annotations
 
+import functools
 import os
+import pickle
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ from tcc.passes.specialize import specialize
 from tcc.runtime import cache
 from tcc.runtime.binding import BoundCall, bind, bind_cparams
 from tcc.stack import deep
+from tcc.target import KINDS as TARGETS  # noqa: F401 - tcc.interop.onnx checks targets against it
 from tcc.target import Target, target_kind
 
 MAX_PLANS = 64  # argument signatures remembered per op
@@ -129,9 +132,27 @@ def compile(source: str | os.PathLike, target: str | Target = "cpu", tune: bool 
 
 def _check_module(text: str, filename: str, target: str
                   ) -> tuple[ast.Module, dict[str, OpTE], dict[str, Schedule]]:
-    module = parse(text, filename)
+    module = parse_cached(text, filename)
     ops = analyze(module, module.span.source if module.span else None)
     return module, ops, module_schedules(module, set(ops), target)
+
+
+def parse_cached(text: str, filename: str) -> ast.Module:
+    """The AST of a source file, from the disk cache when this compiler parsed the same text before
+    (a warm start builds no parser), else parsed and stored."""
+    disk = cache.DiskCache(cache.cache_dir())
+    key = cache.make_key(cache.compiler_fingerprint(), "ast", filename, text)
+    stored = disk.get(key, ".ast")
+    if stored is not None:
+        try:
+            module = pickle.loads(stored)
+            if isinstance(module, ast.Module):
+                return module
+        except Exception:  # noqa: BLE001 - a stale entry (an older AST class) of any kind is a miss
+            pass
+    module = parse(text, filename)
+    disk.put(key, pickle.dumps(module), ".ast")
+    return module
 
 
 def target_module(target: str):
@@ -144,6 +165,33 @@ def target_module(target: str):
     return cpu
 
 
+class SignaturePlans:
+    """A backend's plans by argument signature (its ``signature``, ``make_plan`` and ``run_plan``):
+    a repeat call with the signature of a checked one skips binding and checks."""
+
+    def __init__(self, backend: Any, op: OpTE):
+        self._backend = backend
+        self._op = op
+        self._signature = getattr(backend, "signature", None)
+        self._plans: dict[tuple, Any] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._plans)
+
+    def run(self, args: tuple[Any, ...], cparams: dict[str, Any], out: Any) -> list[Any] | None:
+        sig = self._signature(args, cparams, out) if self._signature is not None else None
+        plan = self._plans.get(sig) if sig is not None else None
+        return self._backend.run_plan(plan, self._op, args, out) if plan else None
+
+    def learn(self, kernel: Any, op: OpTE, bound: BoundCall, args: tuple[Any, ...], cparams: dict[str, Any],
+              out: Any) -> None:
+        sig = self._signature(args, cparams, out) if self._signature is not None else None
+        if sig is not None and sig not in self._plans:
+            if len(self._plans) >= MAX_PLANS:
+                self._plans.clear()
+            self._plans[sig] = self._backend.make_plan(kernel, op, bound) or False
+
+
 class Library:
     """The ops of one source file, as attributes: ``lib.matmul(A, B)``."""
 
@@ -153,6 +201,9 @@ class Library:
         self.options = dict(options)
         self._ops = {name: Op(te, asts[name], target, self.options, (schedules or {}).get(name), tune)
                      for name, te in ops.items()}
+        for name, op in self._ops.items():  # plain attributes: ``lib.axpy`` in a loop costs no __getattr__
+            if name not in self.__dict__ and not hasattr(type(self), name):
+                self.__dict__[name] = op
 
     def __getattr__(self, name: str) -> Op:
         ops = self.__dict__.get("_ops", {})
@@ -190,8 +241,8 @@ class Op:
         self._backend = target_module(target)
         self._keys: dict[tuple, str] = {}  # bindings -> cache key, so repeat calls skip the pipeline
         self._solved: dict[tuple, tuple[dict, dict]] = {}  # shapes + parameters -> symbols, result shapes
-        self._plans: dict[tuple, Any] = {}  # argument signature -> the backend's plan for a checked call
-        self._signature = getattr(self._backend, "signature", None)  # backends with a fast path
+        plans = getattr(self._backend, "Plans", None)  # the backend's own repeat-call fast path, if any
+        self._plans = plans() if plans is not None else SignaturePlans(self._backend, te)
 
     def __repr__(self) -> str:
         return f"<tcc op {self.name} ({self.target})>"
@@ -207,17 +258,12 @@ class Op:
 
     # ------------------------------------------------------------ calling
     def __call__(self, *args: Any, out: Any = None, **cparams: Any) -> Any:
-        sig = self._signature(args, cparams, out) if self._signature is not None else None
-        plan = self._plans.get(sig) if sig is not None else None
-        results = self._backend.run_plan(plan, self.te, args, out) if plan else None
+        results = self._plans.run(args, cparams, out)
         if results is None:
             bound = self._bind(args, cparams)
             kernel = self.kernel(bound.bindings)
             results = self._backend.invoke(kernel, self.te, bound, out)
-            if sig is not None and plan is None:
-                if len(self._plans) >= MAX_PLANS:
-                    self._plans.clear()
-                self._plans[sig] = self._backend.make_plan(kernel, self.te, bound) or False
+            self._plans.learn(kernel, self.te, bound, args, cparams, out)
         return results[0] if len(results) == 1 else tuple(results)
 
     def _bind(self, args: tuple[Any, ...], cparams: dict[str, Any]) -> BoundCall:
@@ -232,17 +278,15 @@ class Op:
         return bind(te, args, cparams, arrays, self._solved)
 
     def kernel(self, bindings: dict[str, int | float]) -> Any:
-        """The loaded kernel for these bindings, from the caches or freshly built."""
+        """The loaded kernel for these bindings: from memory, else from the disk cache by a key that
+        the call itself knows (a warm start runs no pass), else freshly built."""
         memo = tuple(sorted(bindings.items()))
-        known = self._keys.get(memo)  # a repeat call skips the pipeline: its key is known
-        if known is not None and (kernel := cache.MEMORY.get(known)) is not None:
-            return kernel
-        return deep(self._build, bindings, memo)
-
-    def _build(self, bindings: dict[str, int | float], memo: tuple) -> Any:
-        lowered = self.lowered(bindings)
-        key = self.cache_key(lowered)
-        self._keys[memo] = key
+        key = self._keys.get(memo)
+        lowered = None
+        if key is None:
+            if self.tune:  # the stored winner may change between processes: key by it
+                lowered = deep(self.lowered, bindings)
+            key = self._keys[memo] = self.cache_key(bindings, lowered)
         kernel = cache.MEMORY.get(key)
         if kernel is not None:
             return kernel
@@ -250,15 +294,18 @@ class Op:
         artifact = disk.get(key)
         if artifact is not None:
             try:
-                kernel = self._backend.load(lowered.loops, artifact)
+                kernel = self._backend.load(self.name, artifact)
             except TccError:
-                kernel = None  # an unusable entry: rebuild it below
+                kernel = None  # a stale or unusable entry: rebuild it below
         if kernel is None:
-            artifact = self._backend.build(lowered.scheduled, self.options)
+            artifact = deep(self._build, bindings, lowered)
             disk.put(key, artifact)
-            kernel = self._backend.load(lowered.loops, artifact)
+            kernel = self._backend.load(self.name, artifact)
         cache.MEMORY.put(key, kernel)
         return kernel
+
+    def _build(self, bindings: dict[str, int | float], lowered: Lowered | None) -> bytes:
+        return self._backend.build((lowered or self.lowered(bindings)).scheduled, self.options)
 
     def lowered(self, bindings: dict[str, int | float],
                 after_pass: Callable[[str, str], None] | None = None) -> Lowered:
@@ -270,10 +317,20 @@ class Op:
             lowered.tuning = tuning_for(self, lowered)
         return lowered
 
-    def cache_key(self, lowered: Lowered) -> str:
-        """The kernel's key: everything that changes its code, the user's schedule and tuning included."""
-        return cache.make_key(self.base_key(lowered), f"schedule={self.user_schedule}",
-                              f"tuning={lowered.tuning or ''}")
+    def cache_key(self, bindings: dict[str, int | float], lowered: Lowered | None = None) -> str:
+        """The kernel's key, from what a call knows: the compiler, target, host and options, the op's
+        checked TE (its source up to spelling), shapes and parameters, the user's schedule, and
+        (given ``lowered``) the tuner's choice. Inputs are made C-contiguous before a kernel runs,
+        so strides are not part of it."""
+        options = ",".join(f"{k}={v}" for k, v in sorted(self.options.items()))
+        tuning = f"tuning={lowered.tuning or ''}" if lowered is not None else "untuned"
+        return cache.make_key(cache.compiler_fingerprint(), self.target, self._backend.host_key(self.options),
+                              options, self._te_text, repr(sorted(bindings.items())),
+                              f"schedule={self.user_schedule}", tuning)
+
+    @functools.cached_property
+    def _te_text(self) -> str:
+        return deep(format_op, self.te)  # the printer recurses as deep as the op's expressions
 
     def base_key(self, lowered: Lowered) -> str:
         """The key of the op's specialisation without its schedule (the tuner stores its winner under it)."""

@@ -1,0 +1,133 @@
+"""The CPU repeat-call fast path: a plan per argument signature, right answers whatever changes."""
+
+import numpy as np
+import pytest
+
+import tcc
+from tcc.errors import TccArgumentError
+from tcc.runtime import library
+
+AXPY = "op axpy(a: f32, X: f32[N], Y: f32[N]) -> Z: f32[N] { Z[i] = a * X[i] + Y[i] }"
+MATMUL = "op matmul(A: f32[M, K], B: f32[K, N]) -> C: f32[M, N] { C[i, j] = sum[k](A[i, k] * B[k, j]) }"
+SCALE = "op scale[S = 1](X: f32[N], k: i32) -> Y: f32[N] { Y[i] = X[i] * f32(S * k) }"
+
+
+def data(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+@pytest.fixture
+def checked_calls(monkeypatch):
+    """How many calls took the checked path (binding and checking every argument)."""
+    calls = []
+    real = library.Op._bind
+
+    def bind(self, args, cparams):
+        calls.append(1)
+        return real(self, args, cparams)
+
+    monkeypatch.setattr(library.Op, "_bind", bind)
+    return calls
+
+
+@pytest.mark.parametrize("n", [1, 7, 256])
+def test_repeat_calls_take_the_plan_and_stay_right(rng, checked_calls, n):
+    op = tcc.compile(AXPY).axpy
+    for _ in range(4):
+        x, y = data(rng, n), data(rng, n)
+        a = float(rng.standard_normal())
+        np.testing.assert_allclose(op(a, x, y), a * x + y, rtol=1e-6, atol=1e-6)
+    assert len(checked_calls) == 1
+    out = np.full(n, np.nan, np.float32)
+    for _ in range(3):
+        x, y = data(rng, n), data(rng, n)
+        assert op(2.0, x, y, out=out) is out
+        np.testing.assert_allclose(out, 2 * x + y, rtol=1e-6, atol=1e-6)
+    assert len(checked_calls) == 2
+
+
+def test_changed_strides_shape_and_out_take_the_checked_path(rng, checked_calls):
+    op = tcc.compile(MATMUL).matmul
+    a, b = data(rng, 7, 33), data(rng, 33, 5)
+    np.testing.assert_allclose(op(a, b), a @ b, rtol=1e-4, atol=1e-4)
+    wide = data(rng, 7, 66)
+    strided = wide[:, ::2]  # the same shape and dtype, not contiguous
+    np.testing.assert_allclose(op(strided, b), strided @ b, rtol=1e-4, atol=1e-4)
+    transposed = np.asfortranarray(a)
+    np.testing.assert_allclose(op(transposed, b), a @ b, rtol=1e-4, atol=1e-4)
+    a2, b2 = data(rng, 3, 33), data(rng, 33, 5)
+    np.testing.assert_allclose(op(a2, b2), a2 @ b2, rtol=1e-4, atol=1e-4)
+    out = np.full((7, 5), np.nan, np.float32)
+    op(a, b, out=out)
+    np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)
+    other = np.full((7, 5), np.nan, np.float32)
+    op(a, b, out=other)  # a different out= array, same signature: the plan
+    np.testing.assert_allclose(other, a @ b, rtol=1e-4, atol=1e-4)
+    strided_out = np.full((7, 10), np.nan, np.float32)[:, ::2]
+    op(a, b, out=strided_out)
+    np.testing.assert_allclose(strided_out, a @ b, rtol=1e-4, atol=1e-4)
+    assert len(checked_calls) == 6
+
+
+def test_out_overlapping_an_input_is_right(rng):
+    op = tcc.compile(MATMUL).matmul
+    a = data(rng, 8, 8)
+    b = data(rng, 8, 8)
+    expected = a @ b
+    out = np.empty((8, 8), np.float32)
+    op(a, b, out=out)  # leaves a plan for out= calls of this signature
+    op(a, b, out=a)  # the result overwrites an input it still reads
+    np.testing.assert_allclose(a, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_argument_errors_after_a_plan_are_still_tcc_errors(rng):
+    op = tcc.compile(AXPY).axpy
+    x = data(rng, 9)
+    op(1.0, x, x)
+    op(1.0, x, x, out=np.empty(9, np.float32))
+    with pytest.raises(TccArgumentError, match="argument Y of axpy must be f32"):
+        op(1.0, x, x.astype(np.float64))
+    with pytest.raises(TccArgumentError, match="argument a of axpy must be a f32 scalar"):
+        op("1", x, x)
+    read_only = np.empty(9, np.float32)
+    read_only.flags.writeable = False
+    with pytest.raises(TccArgumentError, match="read-only"):
+        op(1.0, x, x, out=read_only)
+    with pytest.raises(TccArgumentError, match="out= for Z must be f32"):
+        op(1.0, x, x, out=np.empty(9, np.float64))
+    with pytest.raises(TccArgumentError, match="takes 3 argument"):
+        op(1.0, x)
+
+
+def test_integer_scalars_and_parameters(rng, checked_calls):
+    op = tcc.compile(SCALE).scale
+    x = data(rng, 33)
+    np.testing.assert_allclose(op(x, 3), x * 3)
+    np.testing.assert_allclose(op(x, -5), x * -5)
+    np.testing.assert_allclose(op(x, 3, S=2), x * 6)
+    np.testing.assert_allclose(op(x, 4, S=2), x * 8)
+    assert len(checked_calls) == 2
+    with pytest.raises(TccArgumentError, match="must be a i32 scalar"):
+        op(x, 2.5, S=2)
+    with pytest.raises(TccArgumentError, match="S must be a number"):
+        op(x, 2, S=True)
+    with pytest.raises(tcc.TccError):
+        op(x, 1 << 40, S=2)  # out of i32's range: never wrapped silently
+
+
+def test_torch_cpu_tensors_with_and_without_out(rng, checked_calls):
+    torch = pytest.importorskip("torch")
+    op = tcc.compile(AXPY).axpy
+    for n in (1, 7, 256):
+        x, y = torch.from_numpy(data(rng, n)), torch.from_numpy(data(rng, n))
+        for _ in range(2):
+            np.testing.assert_allclose(np.asarray(op(1.5, x, y)), (1.5 * x + y).numpy(), rtol=1e-6, atol=1e-6)
+            out = torch.full((n,), float("nan"))
+            assert op(1.5, x, y, out=out) is out
+            np.testing.assert_allclose(out.numpy(), (1.5 * x + y).numpy(), rtol=1e-6, atol=1e-6)
+    assert len(checked_calls) == 6  # once per shape and per out= or not
+    x = torch.from_numpy(data(rng, 14))
+    strided = x[::2]
+    np.testing.assert_allclose(np.asarray(op(1.0, strided, strided)), (2 * strided).numpy(), rtol=1e-6)
+    with pytest.raises(TccArgumentError):
+        op(1.0, x[:7].double(), x[:7])
