@@ -6,6 +6,7 @@ import pytest
 from helpers import check_op
 
 import tcc
+from tcc.testing import random_args, reference_results
 
 
 def test_f64_to_f16_stores_round_like_numpy(rng):
@@ -205,3 +206,24 @@ def test_fresh_loop_names_never_shadow_the_ops_own_index_names(rng):
         Y[u, u_1] = exp(X[u, u_1] - m[u])
     }"""
     check_op(src, "f", dict(N=7, C=33), rng)
+
+
+def test_reorder_does_not_distribute_two_statements_that_share_a_split_name(rng):
+    """After cache(X, n) the loop n holds the copy nest and the compute nest, both with loops f_o
+    (from one split of f); reorder took them for the main part and tail of a split and moved the
+    copy for every n before the compute: the cached tile was overwritten (fuzzer seed 22602)."""
+    src = """op fz0[S = 1, P = 0, D = 1](X: f32[N, C, H, W], Wt: f32[C, KH, KW]) -> Y: f32[N, C, (H + 2*P - D*(KH - 1) - 1) // S + 1, (W + 2*P - D*(KW - 1) - 1) // S + 1] {
+        Xp = pad(X, [0, 0, P, P])
+        Y[n, f, y, x] = sum[r, s](Xp[n, f, y*S + r*D, x*S + s*D] * Wt[f, r, s])
+    }"""  # noqa: E501
+    b = dict(N=2, C=8, H=12, W=12, KH=1, KW=1, S=1, P=2, D=2)
+    op = tcc.compile(src).fz0
+    args = random_args(op.te, b, rng)
+    want = reference_results(op.te, args, b)[0]
+    for steps in ("cache(X, n); tile(f, n, 2, 4)", "tile(f, n, 3, 4)", "cache(X, n)"):
+        try:
+            got = op.schedule(steps)(*args, S=1, P=2, D=2)
+        except tcc.TccError as exc:  # the copy and compute nests are no perfect nest: refused
+            assert type(exc).__name__ == "TccScheduleError" and steps.startswith("cache(X, n); tile"), exc
+            continue
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=steps)

@@ -194,6 +194,12 @@ def allocated(s: Stmt) -> set[str]:
 
 
 def is_seq_of_copies(s: Stmt) -> bool:
-    """A Seq of loops that share one name: the main part and the tail of a split."""
-    return (isinstance(s, Seq) and all(isinstance(c, For) for c in s.stmts)
-            and len({c.var.name for c in s.stmts}) == 1)
+    """The main part and the tail of a split: two loops of one name, the tail running once, both
+    storing to the same tensors. (Two statements whose loops got one name from one split, such
+    as a cached copy and the nest that reads it, are not copies: permuting them as one nest
+    would reorder them.)"""
+    if not (isinstance(s, Seq) and len(s.stmts) == 2 and all(isinstance(c, For) for c in s.stmts)):
+        return False
+    main, tail = s.stmts
+    return (main.var.name == tail.var.name and isinstance(tail.extent, Const) and tail.extent.value == 1
+            and {st.buffer for st in stores(main)} == {st.buffer for st in stores(tail)})
