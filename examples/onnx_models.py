@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import math
+import warnings
 
 import numpy as np
 import torch
@@ -68,8 +69,9 @@ class EncoderBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
-        q, k, v = self.qkv(x).reshape(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        attn = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d // self.heads), dim=-1)
+        head = self.proj.in_features // self.heads
+        q, k, v = self.qkv(x).reshape(b, t, 3, self.heads, head).permute(2, 0, 3, 1, 4).unbind(0)
+        attn = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(head), dim=-1)
         y = (attn @ v).transpose(1, 2).reshape(b, t, d)
         x = self.norm1(x + self.proj(y))
         return self.norm2(x + self.fc2(nn.functional.gelu(self.fc1(x))))
@@ -94,7 +96,10 @@ def randomized(model: nn.Module, seed: int = 0) -> nn.Module:
 def export(model: nn.Module, x: torch.Tensor) -> bytes:
     """The model as ONNX bytes (TorchScript exporter: works offline, no onnxscript needed)."""
     buffer = io.BytesIO()
-    torch.onnx.export(model, (x,), buffer, dynamo=False, input_names=["x"], output_names=["y"], opset_version=17)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # the legacy exporter's notice, on purpose
+        torch.onnx.export(model, (x,), buffer, dynamo=False, input_names=["x"], output_names=["y"],
+                          opset_version=17)
     return buffer.getvalue()
 
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 
 import tcc
-from tcc.errors import TccArgumentError, TccError
+from tcc.errors import TccArgumentError, TccError, TccRuntimeError
 from tcc.interop.onnx_check import run_against_onnxruntime
 from tcc.runtime.binding import bind_cparams, bind_shapes, check_sizes
 from tcc.runtime.library import Library, Op
@@ -128,7 +128,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     op = _select_op(args)
     bindings = _bindings(op, args, need_all=True)
     rng = np.random.default_rng(args.seed)
-    inputs = random_args(op.te, bindings, rng)
+    try:
+        inputs = random_args(op.te, bindings, rng)
+    except (MemoryError, ValueError) as exc:  # sizes check_sizes could not judge (memory unknown)
+        raise TccRuntimeError(f"cannot make random inputs of these sizes ({exc})", hint="use smaller sizes") from None
     cparams = {k: v for k, v in bindings.items() if k in op.te.cparams}
     start = time.perf_counter()
     results = op(*inputs, **cparams)
@@ -165,15 +168,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     if args.target != "cpu":
         raise TccArgumentError("tuning is CPU-only for now", hint="drop --target cuda")
+    trials = args.trials if args.trials is not None else DEFAULT_TRIALS
+    if trials < 1:
+        raise TccArgumentError(f"--trials {trials}: needs at least 1")
     op = _select_op(args)
     bindings = _bindings(op, args, need_all=True)
     lowered = op.lowered(bindings)
     if not tunable(lowered):
         print(f"{op.name} [{_fmt(bindings)}]: no matrix multiply or convolution large enough to tune")
         return 0
-    trials = args.trials if args.trials is not None else DEFAULT_TRIALS
-    if trials < 1:
-        raise TccArgumentError(f"--trials {trials}: needs at least 1")
     result = search(op, lowered, trials, progress=sys.stderr.isatty())
     print(f"{op.name} [{_fmt(bindings)}]: {len(result.timings)} candidates")
     for tuning, seconds in result.timings:
@@ -229,6 +232,8 @@ def _bindings(op: Op, args: argparse.Namespace, need_all: bool) -> dict[str, int
     values: dict[str, int | float] = dict(te.cparams)
     for item in args.defines:
         name, value = _split(item, "-D", "NAME=VALUE")
+        if sum(d.partition("=")[0].strip() == name for d in args.defines) > 1:
+            raise TccArgumentError(f"-D {name} is given more than once")
         if name not in te.symbols and name not in te.cparams:
             known = ", ".join([*te.symbols, *te.cparams]) or "none"
             raise TccArgumentError(f"-D {name}: {op.name} has no symbol or parameter {name!r}",
@@ -243,6 +248,8 @@ def _bindings(op: Op, args: argparse.Namespace, need_all: bool) -> dict[str, int
     shapes = {}
     for item in args.shape:
         name, value = _split(item, "--shape", "TENSOR=64x32")
+        if name in shapes:
+            raise TccArgumentError(f"--shape {name} is given more than once")
         if name not in te.inputs:
             raise TccArgumentError(f"--shape {name}: {op.name} has no input tensor {name!r}",
                                    hint=f"inputs: {', '.join(te.inputs)}")

@@ -39,6 +39,9 @@ SCHEDULED = [
     (ROWSUM, "rowsum", "split(n, 32, no, ni); bind(no, block); bind(ni, thread); unroll(c, 8)",
      [dict(N=7, C=33), dict(N=1, C=1000), dict(N=100, C=7)]),
     (ROWSUM, "rowsum", "bind(n, block)", [dict(N=7, C=33)]),  # one thread per block
+    # decompose leaves the reduction loops perfectly nested in the output loops: they stay serial
+    (MATMUL, "matmul", "decompose(C)", [dict(M=7, K=33, N=5), dict(M=64, K=70, N=64)]),
+    (MATMUL, "matmul", "decompose(C); reorder(i, k, j)", [dict(M=7, K=33, N=5)]),
     # local buffers with no parallel loop to stop at float to the function: each goes into its nest
     (MATMUL, "matmul", "cache(A, k); cache(B, k)", [dict(M=7, K=33, N=5), dict(M=64, K=70, N=64)]),
 ]
@@ -64,6 +67,13 @@ def test_a_schedule_block_in_the_file():
     op = tcc.compile(src, target="cuda").axpy
     assert _kinds(op, dict(N=128)) == ["block.x", "thread.x"]
     assert tcc.compile(src, target="cpu").axpy.user_schedule.steps == ()  # the cpu ignores a cuda block
+
+
+def test_reduction_loops_of_a_decomposed_nest_stay_in_the_thread():
+    """A fuzzer find: the flat schedule shared ``for k`` of ``C[i, j] = C[i, j] + ...`` among threads."""
+    text = _op(MATMUL, "matmul", "decompose(C)").stage_text(dict(M=7, K=33, N=5), "scheduled")
+    update = text.split("block.x")[-1]
+    assert "for k in 0..33:" in update and "gid1 // 5" in update  # threads over (i, j); k serial
 
 
 def test_unbound_nests_are_auto_scheduled():

@@ -121,7 +121,10 @@ def _directional(op, args: list, full: dict, upstream: list, i: int, v: np.ndarr
     return (loss(1) - loss(-1)) / (2 * h)
 
 
-@pytest.mark.parametrize("name,bindings", CASES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(CASES)])
+FD_CASES = CASES + [("conv2d", dict(N=1, C=2, H=3, W=5, F=2, KH=3, KW=3, S=2, D=2))]  # an empty output
+
+
+@pytest.mark.parametrize("name,bindings", FD_CASES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(FD_CASES)])
 def test_gradient_matches_finite_differences(name, bindings, rng):
     """<dX, v> == d/dh sum(<R(X + h v), dR>) at h = 0, central differences in float64, for every input."""
     op = tcc.compile(_source(name, "f64"))[name]

@@ -167,6 +167,18 @@ def test_bad_run_options_are_clean_errors(capsys, argv, needle):
     assert code == 1 and needle in err and "Traceback" not in err and not out
 
 
+@pytest.mark.parametrize("argv,needle", [
+    (["run", "--shape", "A=3x3", "--shape", "A=4x4", "-D", "N=2"], "--shape A is given more than once"),
+    (["run", "-D", "N=2", "-D", "N=3", "-D", "M=1", "-D", "K=1"], "-D N is given more than once"),
+    (["run", "--shape", "A=100000000x250000000", "-D", "N=2"], "this machine has"),
+    (["lower", "-D", "M=3", "-D", "N=4", "-D", "K=99999999999999999999", "--stage", "llvm"], "64-bit offsets"),
+    (["tune", "-D", "M=3", "-D", "N=4", "-D", "K=5", "--trials", "-3"], "--trials -3: needs at least 1"),
+])
+def test_bad_sizes_and_repeated_options_are_clean_errors(capsys, argv, needle):
+    code, _, err = run_cli(capsys, argv[0], str(ROOT / "examples" / "matmul.tc"), *argv[1:])
+    assert code == 1 and needle in err and "Traceback" not in err
+
+
 def test_cli_errors_have_no_traceback_in_a_real_process(tmp_path):
     bad = tmp_path / "bad.tc"
     bad.write_bytes(b"\xff\xfe op")
@@ -418,3 +430,9 @@ def test_a_bf16_result_on_the_cpu_is_a_type_error_even_when_nothing_is_computed(
     x, w, b = np.ones((1, 1, 3, 3), np.float32), np.ones((1, 1, 2, 2), np.float32), np.ones(1, np.float32)
     with pytest.raises(TccTypeError, match="result Y is bf16, which is supported on target='cuda' only"):
         op(x, w, b)
+
+
+def test_a_file_that_is_not_onnx_is_a_clean_cli_error(capsys):
+    pytest.importorskip("onnx")
+    code, _, err = run_cli(capsys, "onnx", str(ROOT / "examples" / "matmul.tc"), "--run")
+    assert code == 1 and "cannot read ONNX model" in err and "Traceback" not in err

@@ -336,3 +336,22 @@ def test_cuda_code_generates_without_a_gpu(rng):
     model = nets.randomized(nets.EncoderBlock(dim=32, heads=4, hidden=65))
     data = nets.export(model, torch.from_numpy(rng.standard_normal([2, 7, 32]).astype(np.float32)))
     assert "__global__" in tcc.onnx.load(data, target="cuda", compile_now=False).lower("cuda")
+
+
+@pytest.mark.parametrize("bad", [123, "/nonexistent/model.onnx", "/dev/zero", __file__])
+def test_what_is_not_a_model_is_an_argument_error(bad):
+    with pytest.raises(tcc.TccError, match="tcc.onnx.load takes|cannot read ONNX model"):
+        tcc.onnx.load(bad)
+
+
+def test_float16_and_int_graphs(rng):
+    f16, i32 = TensorProto.FLOAT16, TensorProto.INT32
+    nodes = [helper.make_node("MatMul", ["a", "b"], ["m"]), helper.make_node("Relu", ["m"], ["r"]),
+             helper.make_node("Softmax", ["r"], ["y"]),
+             helper.make_node("Div", ["p", "q"], ["d"]), helper.make_node("ReduceSum", ["d"], ["s"], keepdims=0)]
+    model = make_model(nodes, [("a", f16, [7, 33]), ("b", f16, [33, 5]), ("p", i32, [3, 9]), ("q", i32, [3, 9])],
+                       [("y", f16, [7, 5]), ("s", i32, [])], opset=12)
+    q = rng.integers(1, 5, [3, 9]).astype(np.int32) * rng.choice([-1, 1], [3, 9]).astype(np.int32)
+    feeds = {"a": rng.standard_normal([7, 33]).astype(np.float16), "b": rng.standard_normal([33, 5]).astype(np.float16),
+             "p": rng.integers(-20, 20, [3, 9]).astype(np.int32), "q": q}
+    check_against_ort(model, rng, feeds, rtol=1e-2, atol=1e-3)  # Div on ints rounds toward zero, as in ONNX

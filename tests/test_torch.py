@@ -165,3 +165,16 @@ def test_bad_arguments_are_tcc_errors(ops64):
         ops64.matmul(torch.randn(3, 4, dtype=torch.bfloat16), torch.randn(4, 5, dtype=torch.float64))
     with pytest.raises(tcc.TccError, match="symbol K"):
         ops64.matmul(torch.randn(3, 4, dtype=torch.float64), torch.randn(5, 5, dtype=torch.float64))
+
+
+def test_expanded_and_sliced_upstream_gradients(ops64):
+    """Autograd's upstream gradients may be broadcast (stride 0) or partly zero: both are read right."""
+    a = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+    ops64.matmul(a, b).sum().backward()
+    torch.testing.assert_close(a.grad, torch.ones(3, 5, dtype=torch.float64) @ b.detach().T)
+    a.grad = None
+    ops64.matmul(a, b)[:, 1:3].sum().backward()
+    mask = torch.zeros(3, 5, dtype=torch.float64)
+    mask[:, 1:3] = 1
+    torch.testing.assert_close(a.grad, mask @ b.detach().T)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from tcc import dtypes
 from tcc.codegen_cuda import split_reduction
 from tcc.errors import TccCompileError, TccScheduleError
-from tcc.ir.expr import Binary, Const, Expr, Load, Var, walk
+from tcc.ir.expr import Binary, Const, Expr, Load, Var, free_vars, walk
 from tcc.ir.loops import (
     Allocate,
     Barrier,
@@ -174,6 +174,26 @@ def _split_axes(nest: Stmt) -> _Nest:
     return _Nest(axes, nest)
 
 
+def _spatial_axes(nest: Stmt) -> _Nest:
+    """The perfectly nested loops whose iterations write disjoint elements, outermost first: the
+    ones threads may share. A user's ``decompose`` leaves reduction loops perfectly nested inside
+    the output loops (``Y[i] = Y[i] + ...`` under ``for i, k``); those stay serial in a thread."""
+    axes = []
+    while isinstance(nest, For) and nest.kind == "serial" and _disjoint(nest):
+        axes.append(nest)
+        nest = nest.body
+    return _Nest(axes, nest)
+
+
+def _disjoint(loop: For) -> bool:
+    """Whether every store inside ``loop`` to a buffer made outside it indexes with its variable."""
+    if _extent(loop) == 1:
+        return True
+    inner = {t.buffer.name for t in walk_stmts(loop.body) if isinstance(t, Allocate)}
+    return all(any(loop.var.name in free_vars(i) for i in t.indices)
+               for t in walk_stmts(loop.body) if isinstance(t, Store) and t.buffer not in inner)
+
+
 def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]], temps: list,
                    target: CudaTarget) -> Stmt | None:
     """The kernels of one nest; global intermediates they need are appended to ``temps``."""
@@ -183,7 +203,7 @@ def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]]
                               "loop nest (from the im2col lowering)", hint="use conv='direct' on target='cuda'")
     if isinstance(stmt, For) and stmt.kind == "block.x":
         return stmt  # bound by the user's schedule (checked by tcc.passes.bind.check_kernels)
-    nest = _split_axes(stmt)
+    nest = _spatial_axes(stmt)
     total = math.prod(nest.extents)
     if total == 0:
         return None  # nothing to compute: no launch
@@ -312,8 +332,8 @@ def _row_work(body: Stmt) -> int | None:
                 shared += s.buffer.size * s.buffer.dtype.itemsize
         elif isinstance(s, For):
             nest = _split_axes(s)
-            if not nest.axes or (_reduction_loop(s) is None and _accumulates(s)):
-                return None  # threads striding over it would race on the row's accumulator
+            if not nest.axes or (_reduction_loop(s) is None and len(_spatial_axes(s).axes) < len(nest.axes)):
+                return None  # threads striding over it would race on what its iterations share
             longest = max(longest, math.prod(nest.extents))
         elif not isinstance(s, Store):
             return None
@@ -356,13 +376,6 @@ def _row_body(s: Stmt, threads: int, names: _Names) -> Stmt:
         looped = _block_strided(s, threads, names, f"{red[0]}:{red[1]}" if red else None)
         return looped if red else seq(looped, Barrier())
     return s
-
-
-def _accumulates(loop: Stmt) -> bool:
-    """Whether ``loop`` writes a per-row scalar made outside it (an accumulator)."""
-    inner = {t.buffer.name for t in walk_stmts(loop) if isinstance(t, Allocate)}
-    return any(isinstance(t, Store) and t.buffer not in inner and all(isinstance(i, Const) for i in t.indices)
-               for t in walk_stmts(loop))
 
 
 def _reduction_loop(s: Stmt) -> tuple[str, str] | None:

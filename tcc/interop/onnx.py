@@ -26,10 +26,12 @@ from tcc import cuda as tcc_cuda
 from tcc.errors import TccArgumentError
 from tcc.interop import onnx_nn as nn
 from tcc.interop import onnx_ops as ops
+from tcc.interop import onnx_shapes as shapes
 from tcc.interop.onnx_graph import NUMPY_DTYPES, NeedsValue, Node, OnnxImportError, Program, Value
 from tcc.interop.onnx_ops import ONNX_DTYPES, tcc_dtype
-from tcc.runtime.library import TARGETS, Library, Op
+from tcc.runtime.library import Library, Op
 from tcc.runtime.library import compile as tcc_compile
+from tcc.target import Target, target_kind
 
 __all__ = ["HANDLERS", "NeedsValue", "OnnxImportError", "OnnxModel", "load", "translate"]
 
@@ -42,8 +44,9 @@ HANDLERS: dict[str, Handler] = {
     "Constant": ops.constant, "ConstantOfShape": ops.constant_of_shape, "Shape": ops.shape_of,
     "ReduceSum": ops.reduce, "ReduceMean": ops.reduce, "ReduceMax": ops.reduce,
     "Softmax": ops.softmax, "LogSoftmax": ops.softmax,
-    "Transpose": ops.transpose, "Reshape": ops.reshape, "Flatten": ops.flatten, "Unsqueeze": ops.unsqueeze,
-    "Squeeze": ops.squeeze, "Slice": ops.slice_, "Split": ops.split, "Gather": ops.gather, "Concat": ops.concat,
+    "Transpose": shapes.transpose, "Reshape": shapes.reshape, "Flatten": shapes.flatten,
+    "Unsqueeze": shapes.unsqueeze, "Squeeze": shapes.squeeze, "Slice": shapes.slice_, "Split": shapes.split,
+    "Gather": shapes.gather, "Concat": shapes.concat,
     "MatMul": nn.matmul, "Gemm": nn.gemm, "Conv": nn.conv, "ConvTranspose": nn.conv_transpose,
     "MaxPool": nn.max_pool, "AveragePool": nn.average_pool, "GlobalAveragePool": nn.global_average_pool,
     "BatchNormalization": nn.batch_norm, "LayerNormalization": nn.layer_norm,
@@ -72,10 +75,13 @@ def _read_model(model: Any):
         except Exception as exc:  # protobuf's DecodeError and friends
             raise TccArgumentError(f"these bytes are not an ONNX model: {exc}") from None
     if isinstance(model, str | os.PathLike):
+        path = os.fspath(model)
+        if not os.path.isfile(path):  # a directory or a device (/dev/zero) is refused before reading
+            raise TccArgumentError(f"cannot read ONNX model {path!r}: not a file", hint="check the path")
         try:
-            return onnx.load(os.fspath(model))
-        except (OSError, ValueError) as exc:
-            raise TccArgumentError(f"cannot read ONNX model {os.fspath(model)!r}: {exc}") from None
+            return onnx.load(path)
+        except Exception as exc:  # OSError, protobuf's DecodeError, onnx's external-data errors
+            raise TccArgumentError(f"cannot read ONNX model {path!r}: {exc}") from None
     raise TccArgumentError(f"tcc.onnx.load takes a path, bytes or an onnx.ModelProto, got {type(model).__name__}")
 
 
@@ -220,17 +226,17 @@ def _numpy_dtype(array: np.ndarray, name: str) -> str:
 class OnnxModel:
     """A compiled ONNX model: call it with the graph's inputs (positionally, or by name)."""
 
-    def __init__(self, program: Program, target: str, input_names: list[str], output_names: list[str],
+    def __init__(self, program: Program, target: str | Target, input_names: list[str], output_names: list[str],
                  options: dict[str, Any]):
         self.program = program
         self.source = program.source()
-        self.target = target
+        self.target = target_kind(target)  # "cpu" or "cuda"; a tcc.target value goes on to tcc.compile
         self.input_names = input_names
         self.output_names = output_names
         self.library: Library = tcc_compile(self.source, target=target, **options)
         self.op: Op = self.library.model
         self._weights = [program.weights[name] for name, _, _ in program.params if name in program.weights]
-        self._on_device = target != "cuda"  # CUDA weights are copied over once, on the first call
+        self._on_device = self.target != "cuda"  # CUDA weights are copied over once, on the first call
         self.compile_seconds = 0.0
 
     def __repr__(self) -> str:
@@ -271,7 +277,7 @@ class OnnxModel:
         return list(self.program.notes)
 
 
-def load(model: Any, target: str = "cpu", input_shapes: dict[str, Sequence[int]] | None = None,
+def load(model: Any, target: str | Target = "cpu", input_shapes: dict[str, Sequence[int]] | None = None,
          constants: dict[str, Any] | None = None, compile_now: bool = True, progress: bool | None = None,
          **options: Any) -> OnnxModel:
     """Import an ONNX model (a path or an ``onnx.ModelProto``) and compile it for ``target``.
@@ -279,8 +285,6 @@ def load(model: Any, target: str = "cpu", input_shapes: dict[str, Sequence[int]]
     ``input_shapes`` gives the shapes of inputs whose dims the model leaves symbolic;
     ``constants`` fixes graph inputs to known values. ``options`` go to ``tcc.compile``.
     """
-    if target not in TARGETS:
-        raise TccArgumentError(f"unknown target {target!r}", hint=f"use one of {', '.join(TARGETS)}")
     proto = _read_model(model)
     program = translate(proto, input_shapes, constants)
     given = set(constants or {}) | {t.name for t in proto.graph.initializer}

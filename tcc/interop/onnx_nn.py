@@ -15,7 +15,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from tcc.interop.onnx_graph import Node, Program, Value, broadcast_read, broadcast_shape, float_literal
-from tcc.interop.onnx_ops import cast_text, is_float, reduce_text, reshape_view
+from tcc.interop.onnx_ops import cast_text, is_float, reduce_text
+from tcc.interop.onnx_shapes import reshape_view
 
 # ---------------------------------------------------------------- matrix products
 

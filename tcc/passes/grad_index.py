@@ -253,8 +253,7 @@ def _dilated_padded(adjoint: Adjoint, window: dict[str, _Solve], lo: tuple[Expr,
     source = adjoint.name
     if not all(_one(c) for c in strides):
         source = emit.fresh(f"{adjoint.name}d")
-        axes = tuple(IterVar(Var(emit.fresh("u")), iadd(imul(c, isub(n, _i(1))), _i(1)) if not _one(c) else n)
-                     for c, n in zip(strides, adjoint.shape))
+        axes = tuple(IterVar(Var(emit.fresh("u")), _dilated(n, c)) for c, n in zip(strides, adjoint.shape))
         conds = [_cmp("eq", Binary("mod", ax.var, c, dtypes.i64), _i(0)) for ax, c in zip(axes, strides)
                  if not _one(c)]
         cond = conds[0]
@@ -270,6 +269,13 @@ def _dilated_padded(adjoint: Adjoint, window: dict[str, _Solve], lo: tuple[Expr,
         emit.add_pad(name, source, lo, hi)
     emit.memo[key] = name
     return name
+
+
+def _dilated(size: Expr, stride: Expr) -> Expr:
+    """``size`` elements with ``stride - 1`` zeros between neighbours (none when ``size`` is 0)."""
+    if _one(stride):
+        return size
+    return imax(iadd(imul(stride, isub(size, _i(1))), _i(1)), _i(0))
 
 
 def _guarded_form(forms: list[Linear], solves: list[_Solve], trivial: set[str], value: Expr,

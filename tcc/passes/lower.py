@@ -13,7 +13,7 @@ from dataclasses import fields, replace
 
 from tcc import dtypes
 from tcc.dtypes import DType
-from tcc.ir.expr import Binary, Const, Expr, Load, Read, Reduce, Select, Var, cast, substitute
+from tcc.ir.expr import Binary, Const, Expr, Load, Read, Reduce, Select, Var, cast, substitute, walk
 from tcc.ir.loops import Allocate, Buffer, For, LoopFunc, Stmt, Store, map_stmt, seq
 from tcc.ir.te import Compute, OpTE, Pad
 
@@ -46,6 +46,15 @@ def combine(op: str, acc: Expr, value: Expr) -> Expr:
     return Binary(binop, acc, value, acc.dtype)
 
 
+def _index_names(op: OpTE) -> set[str]:
+    """Every index variable the op's statements and reductions use."""
+    names = set()
+    for c in op.computes:
+        names |= {ax.var.name for ax in c.axes}
+        names |= {ax.var.name for n in walk(c.body) if isinstance(n, Reduce) for ax in n.axes}
+    return names
+
+
 def _drop_empty_loops(body: Stmt) -> Stmt:
     """Loops that run zero times (a zero-size dim) go: what they would store touches no element,
     and passes and code generators need not reason about tensors without elements."""
@@ -56,7 +65,7 @@ def _drop_empty_loops(body: Stmt) -> Stmt:
 class _Lowering:
     def __init__(self, op: OpTE):
         self.op = op
-        self.taken = set(op.tensors) | set(op.scalars)
+        self.taken = set(op.tensors) | set(op.scalars) | _index_names(op)  # fresh names never shadow
         self.counter = 0
         self.rows: dict[str, tuple[int, Buffer]] = {}  # per-row intermediates of fusion groups
 

@@ -100,7 +100,7 @@ def _run_case(prog: Program, op, bindings: dict[str, int], data_seed: int) -> tu
         return "internal", _describe(exc)
     got = got if isinstance(got, tuple) else (got,)
     if op.target == "cuda":
-        got = tuple(g.float().cpu().numpy() if g.dtype.is_floating_point else g.cpu().numpy() for g in got)
+        got = tuple((g.float() if str(g.dtype) == "torch.bfloat16" else g).cpu().numpy() for g in got)
     spec = specialize(op.te, full)
     for r, g, e in zip(op.te.results, got, expected):
         problem = _compare(np.asarray(g), e, tolerance(spec, r))

@@ -367,8 +367,8 @@ class _Context:
         if a.kind == "bool":
             return Value(f"i32({a.text})", "int", True, 1.0)
         op = self.rnd.choice(["//", "%"])
-        if a.kind == "float":
-            return Value(f"({a.text} {op} 0.5)", "float", True, a.mag * 2 + 1)
+        if a.kind == "float":  # x // 0.5 is exact; x % 0.5 is not (-1e-4 % 0.5 rounds to 0.5 in f16)
+            return Value(f"({a.text} {op} 0.5)", "float", op == "//", a.mag * 2 + 1)
         d = self.rnd.choice(["3", "-2", "7"]) if self.rnd.random() < 0.7 else self.exact_int_text()
         return Value(f"({a.text} {op} {d})", "int", True, a.mag)
 

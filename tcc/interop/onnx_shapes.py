@@ -1,0 +1,265 @@
+"""ONNX shape operators as views: Transpose, Reshape, Flatten, Unsqueeze, Squeeze, Slice, Split
+and Gather with constant indices become index expressions over their input (no statement, no
+copy); Concat and Gather with run-time indices are one statement each. On values known at import
+they fold with NumPy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from tcc.interop.onnx_graph import NUMPY_DTYPES, Node, Program, Value, view
+from tcc.interop.onnx_ops import axes_of, cast_text, const_of, norm_axis, zero
+
+
+def transpose(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
+    x = args[0]
+    perm = list(node.attrs.get("perm", range(x.rank - 1, -1, -1)))
+    if sorted(perm) != list(range(x.rank)):
+        raise node.error(f"perm {perm} is not a permutation of the {x.rank} axes")
+    if x.const is not None:
+        return [p.constant(np.transpose(x.const, perm), x.dtype, node.outputs[0])]
+    inverse = [perm.index(d) for d in range(x.rank)]
+    return [view(x, [x.shape[d] for d in perm], lambda idx: x.read([idx[inverse[d]] for d in range(x.rank)]))]
+
+
+def reshape_view(p: Program, x: Value, shape: Sequence[int], hint: str) -> Value:
+    """``x`` with a new shape of the same size: an index expression per dimension group."""
+    shape = tuple(int(d) for d in shape)
+    if x.const is not None or math.prod(shape) == 0:
+        array = x.const if x.const is not None else np.zeros(x.shape, NUMPY_DTYPES[x.dtype])
+        return p.constant(array.reshape(shape), x.dtype, hint)
+    if shape == x.shape:
+        return x
+    groups = _reshape_groups(x.shape, shape)
+
+    def read(idx: Sequence[str]) -> str:
+        src: list[str] = []
+        for ins, outs in groups:
+            terms, stride = [], 1
+            for d in reversed(outs):
+                if shape[d] != 1 and idx[d] != "0":
+                    terms.append(idx[d] if stride == 1 else f"{idx[d]} * {stride}")
+                stride *= shape[d]
+            flat = " + ".join(reversed(terms)) or "0"
+            stride, outer = math.prod(x.shape[d] for d in ins), 1
+            for d in ins:
+                stride //= x.shape[d]
+                text = flat if stride == 1 else f"({flat}) // {stride}"
+                if outer > 1:  # the flat index runs past this dim only when a larger one sits outside it
+                    text = f"({text}) % {x.shape[d]}"
+                src.append(text if x.shape[d] != 1 else "0")
+                outer *= x.shape[d]
+        return x.read(src)
+
+    return view(x, shape, read)
+
+
+def _reshape_groups(src: Sequence[int], dst: Sequence[int]) -> list[tuple[list[int], list[int]]]:
+    """Runs of source and result dims with equal products (size-1 dims join a neighbour)."""
+    groups: list[tuple[list[int], list[int]]] = []
+    i = j = 0
+    while i < len(src) or j < len(dst):
+        ins, outs = [], []
+        a = b = 1
+        while True:
+            if (a <= b or j >= len(dst)) and i < len(src):
+                a *= src[i]
+                ins.append(i)
+                i += 1
+            elif j < len(dst):
+                b *= dst[j]
+                outs.append(j)
+                j += 1
+            if a == b and (i >= len(src) or src[i] != 1 or not ins) and (j >= len(dst) or dst[j] != 1 or not outs) \
+                    and ins and outs:
+                break
+            if i >= len(src) and j >= len(dst):
+                break
+        groups.append((ins, outs))
+    return groups
+
+
+def reshape(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
+    x = args[0]
+    if node.opset < 5:
+        target = list(node.attrs["shape"])
+    else:
+        target = [int(d) for d in const_of(node, args[1], "shape").reshape(-1)]
+    allowzero = node.attrs.get("allowzero", 0)
+    shape = [x.shape[d] if n == 0 and not allowzero else n for d, n in enumerate(target)]
+    if shape.count(-1) > 1:
+        raise node.error(f"shape {target} has more than one -1")
+    if -1 in shape:
+        known = math.prod(n for n in shape if n != -1)
+        shape[shape.index(-1)] = x.size // known if known else 0
+    if math.prod(shape) != x.size:
+        raise node.error(f"cannot reshape {list(x.shape)} to {target}")
+    return [reshape_view(p, x, shape, node.outputs[0])]
+
+
+def flatten(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
+    x = args[0]
+    axis = node.attrs.get("axis", 1)
+    axis = axis + x.rank if axis < 0 else axis
+    return [reshape_view(p, x, (math.prod(x.shape[:axis]), math.prod(x.shape[axis:])), node.outputs[0])]
+
+
+def unsqueeze(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
+    x = args[0]
+    rank = x.rank + len(node.attrs.get("axes", ())) if "axes" in node.attrs else \
+        x.rank + const_of(node, args[1], "axes").size
+    axes = axes_of(node, args, 1, rank) or []
+    shape, it = [], iter(x.shape)
+    for d in range(rank):
+        shape.append(1 if d in axes else next(it))
+    return [reshape_view(p, x, shape, node.outputs[0])]
+
+
+def squeeze(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
+    x = args[0]
+    axes = axes_of(node, args, 1, x.rank)
+    if axes is None:
+        axes = [d for d, n in enumerate(x.shape) if n == 1]
+    if any(x.shape[a] != 1 for a in axes):
+        raise node.error(f"cannot squeeze axes {axes} of shape {list(x.shape)}")
+    return [reshape_view(p, x, [n for d, n in enumerate(x.shape) if d not in axes], node.outputs[0])]
+
+
+def slice_(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
+    x = args[0]
+    if node.opset < 10:
+        starts, ends = node.attrs["starts"], node.attrs["ends"]
+        axes, steps = node.attrs.get("axes"), None
+    else:
+        starts = const_of(node, args[1], "starts").reshape(-1).tolist()
+        ends = const_of(node, args[2], "ends").reshape(-1).tolist()
+        axes = const_of(node, args[3], "axes").reshape(-1).tolist() if len(args) > 3 and args[3] is not None else None
+        steps = const_of(node, args[4], "steps").reshape(-1).tolist() if len(args) > 4 and args[4] is not None \
+            else None
+    axes = [norm_axis(node, int(a), x.rank) for a in (axes if axes is not None else range(len(starts)))]
+    steps = steps or [1] * len(axes)
+    first = [0] * x.rank
+    step = [1] * x.rank
+    shape = list(x.shape)
+    for a, s, e, k in zip(axes, starts, ends, steps):
+        n = x.shape[a]
+        if k == 0:
+            raise node.error("a slice step is 0")
+        s, e = int(s), int(e)
+        s, e = s + n if s < 0 else s, e + n if e < 0 else e
+        if k > 0:
+            s, e = min(max(s, 0), n), min(max(e, 0), n)
+            shape[a] = max(0, -(-(e - s) // k))
+        else:
+            s, e = min(max(s, -1), n - 1), min(max(e, -1), n - 1)
+            shape[a] = max(0, -(-(s - e) // -k))
+        first[a], step[a] = s, k
+    if x.const is not None:
+        index = tuple(slice(first[d], first[d] + step[d] * shape[d] if first[d] + step[d] * shape[d] >= 0 else None,
+                            step[d]) for d in range(x.rank))
+        return [p.constant(x.const[index].reshape(shape), x.dtype, node.outputs[0])]
+
+    def read(idx: Sequence[str]) -> str:
+        return x.read([_affine(first[d], step[d], idx[d]) if x.shape[d] != 1 else "0" for d in range(x.rank)])
+
+    return [view(x, shape, read)]
+
+
+def _affine(start: int, step: int, var: str) -> str:
+    term = var if step == 1 else f"{var} * {step}" if step > 0 else f"-{var}" if step == -1 else f"-{var} * {-step}"
+    if start == 0:
+        return term
+    return f"{start} + {term}" if step < 0 else f"{var} + {start}" if step == 1 else f"{start} + {term}"
+
+
+def gather(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
+    x, indices = args[0], args[1]
+    axis = norm_axis(node, node.attrs.get("axis", 0), x.rank)
+    n = x.shape[axis]
+    shape = x.shape[:axis] + indices.shape + x.shape[axis + 1:]
+    k = indices.rank
+    if indices.const is not None:
+        flat = indices.const.reshape(-1).astype(np.int64)
+        if np.any((flat < -n) | (flat >= n)):
+            raise node.error(f"indices out of range for axis {axis} of size {n}")
+        flat = np.where(flat < 0, flat + n, flat)
+        if x.const is not None:
+            return [p.constant(np.take(x.const, flat.reshape(indices.shape), axis=axis), x.dtype, node.outputs[0])]
+        if flat.size == 1 or k == 1 and flat.size > 1 and len(set(np.diff(flat).tolist())) == 1:
+            start, step = int(flat[0]), int(flat[1] - flat[0]) if flat.size > 1 else 0
+
+            def read(idx: Sequence[str]) -> str:
+                pos = str(start) if k == 0 or step == 0 else _affine(start, step, idx[axis])
+                return x.read([*idx[:axis], pos, *idx[axis + k:]])
+
+            return [view(x, shape, read)]
+
+    def body(idx: list[str]) -> str:
+        i = indices.read(idx[axis:axis + k])
+        picked = x.read([*idx[:axis], "k0", *idx[axis + k:]])
+        text = f"sum[k0: {n}](select(select({i} < 0, {i} + {n}, {i}) == k0, {picked}, {zero(x.dtype)}))"
+        return text if x.dtype in ("f32", "f64", "i64") else cast_text(text, x.dtype)
+
+    if x.dtype == "bool":
+        raise node.error("Gather of booleans with indices known only at run time is not supported")
+    return [p.emit(node.outputs[0], shape, x.dtype, body)]
+
+
+def concat(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
+    parts = [a for a in args if a is not None]
+    axis = norm_axis(node, node.attrs["axis"], parts[0].rank)
+    if all(a.const is not None for a in parts):
+        return [p.constant(np.concatenate([a.const for a in parts], axis=axis), parts[0].dtype, node.outputs[0])]
+    total = sum(a.shape[axis] for a in parts)
+    shape = list(parts[0].shape)
+    shape[axis] = total
+    live = [a for a in parts if a.shape[axis] > 0]
+    if len(live) == 1:
+        return [live[0]]
+    padded, offsets, offset = [], [], 0
+    for a in live:
+        lo = [0] * a.rank
+        hi = [0] * a.rank
+        lo[axis], hi[axis] = offset, total - offset - a.shape[axis]
+        padded.append(p.pad(a, lo, hi, node.outputs[0] + "_part"))
+        offset += a.shape[axis]
+        offsets.append(offset)
+
+    def body(idx: list[str]) -> str:
+        text = padded[-1].read(idx)
+        for a, end in zip(reversed(padded[:-1]), reversed(offsets[:-1])):
+            text = f"select({idx[axis]} < {end}, {a.read(idx)}, {text})"
+        return text
+
+    return [p.emit(node.outputs[0], shape, parts[0].dtype, body)]
+
+
+def split(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
+    """Split along an axis: each output a view (a slice) of the input."""
+    x = args[0]
+    axis = norm_axis(node, node.attrs.get("axis", 0), x.rank)
+    n, count = x.shape[axis], len(node.outputs)
+    if "split" in node.attrs:
+        sizes = list(node.attrs["split"])
+    elif len(args) > 1 and args[1] is not None:
+        sizes = const_of(node, args[1], "split").reshape(-1).tolist()
+    else:
+        chunk = -(-n // node.attrs.get("num_outputs", count))
+        sizes = [min(chunk, n - k * chunk) for k in range(count)]
+    if sum(sizes) != n or len(sizes) != count:
+        raise node.error(f"split sizes {sizes} do not cover axis {axis} of size {n} in {count} outputs")
+    outputs, start = [], 0
+    for size in sizes:
+        shape = list(x.shape)
+        shape[axis] = int(size)
+        if x.const is not None:
+            outputs.append(p.constant(np.take(x.const, range(start, start + size), axis=axis), x.dtype, "split"))
+        else:
+            outputs.append(view(x, shape, lambda idx, s=start: x.read(
+                [_affine(s, 1, i) if d == axis else i for d, i in enumerate(idx)])))
+        start += int(size)
+    return outputs
