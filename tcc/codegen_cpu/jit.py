@@ -56,7 +56,8 @@ def load_soft_float_runtime() -> None:
     """Load libgcc's conversion routines (``__truncdfhf2``: f64 -> f16, and the f16 helpers on
     hosts without F16C). x86 has no instruction for them, so LLVM emits calls; an engine that
     cannot resolve a call jumps to address 0. A host without libgcc_s cannot run f16 kernels."""
-    for name in ("libgcc_s.so.1", ctypes.util.find_library("gcc_s")):
+    for find in (lambda: "libgcc_s.so.1", lambda: ctypes.util.find_library("gcc_s")):  # the search runs ldconfig
+        name = find()
         if not name:
             continue
         try:

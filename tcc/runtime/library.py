@@ -319,7 +319,7 @@ class Op:
 
     def cache_key(self, bindings: dict[str, int | float], lowered: Lowered | None = None) -> str:
         """The kernel's key, from what a call knows: the compiler, target, host and options, the op's
-        checked TE (its source up to spelling), shapes and parameters, the user's schedule, and
+        source, shapes and parameters, the user's schedule, and
         (given ``lowered``) the tuner's choice. Inputs are made C-contiguous before a kernel runs,
         so strides are not part of it."""
         options = ",".join(f"{k}={v}" for k, v in sorted(self.options.items()))
@@ -330,7 +330,12 @@ class Op:
 
     @functools.cached_property
     def _te_text(self) -> str:
-        return deep(format_op, self.te)  # the printer recurses as deep as the op's expressions
+        """What the op's checked TE is a pure function of: its name and its file's text. (Printing
+        the TE instead would recurse as deep as its expressions: a deep-stack thread per warm start.)"""
+        span = self.ast.span
+        if span is not None:
+            return f"{self.name}\0{span.source.text}"
+        return deep(format_op, self.te)
 
     def base_key(self, lowered: Lowered) -> str:
         """The key of the op's specialisation without its schedule (the tuner stores its winner under it)."""
