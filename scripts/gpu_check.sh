@@ -45,7 +45,7 @@ PY
 "$PY" -m pytest -q -rs -p no:cacheprovider --junitxml="$LOGS/junit.xml" tests 2>&1 | tee "$LOGS/pytest.log"
 status=${PIPESTATUS[0]}
 
-"$PY" benchmarks/cuda.py 2>&1 | tee "$LOGS/bench.log"
+"$PY" benchmarks/cuda_kernels.py 2>&1 | tee "$LOGS/bench.log"
 bench=${PIPESTATUS[0]}
 echo "gpu_check: pytest exit $status, benchmark exit $bench"
 exit $(( status != 0 ? status : bench ))

@@ -2,7 +2,7 @@
 time of a tcc call against a bare cuLaunchKernel), and kernels against PyTorch as ratios of GPU
 time (CUDA events around back-to-back calls queued behind a sleep kernel). Needs a GPU and PyTorch.
 
-    python benchmarks/cuda.py            # prints a table; targets: cold <= 300 ms, warm <= 5 ms,
+    python benchmarks/cuda_kernels.py            # prints a table; targets: cold <= 300 ms, warm <= 5 ms,
                                          # per-call overhead <= 20 us
 """
 
