@@ -443,7 +443,7 @@ def _template(rnd: random.Random, name: str, bf16: bool) -> tuple[str, dict[str,
         return src, {"N": size(), "C": size()}
     S, P, D = rnd.choice([1, 1, 2, 3]), rnd.choice([0, 1, 2]), rnd.choice([1, 1, 2])
     k = rnd.choice([1, 3, 5])
-    h = rnd.choice([k * D + 3, 7, 12, 16, 33])
+    h = max(rnd.choice([k * D + 3, 7, 12, 16, 33]), D * (k - 1) + 1)  # at least one output row
     cp = "[S = 1, P = 0, D = 1]"
     e = epilogue.format(c="f")
     if kind == "conv1d":
@@ -466,7 +466,8 @@ def _template(rnd: random.Random, name: str, bf16: bool) -> tuple[str, dict[str,
         src = (f"op {name}{cps}(X: {dt}[N, C, H, W], {wdecl}{{bias}}) -> Y: {out}[N, {fdim}, {sh}, {sw}] {{\n"
                f"    Xp = pad(X, [0, 0, P, P])\n    Y[n, f, y, x] = {{body}}\n}}")
         c = rnd.choice([1, 3, 8])
-        binds = {"N": rnd.choice([1, 2]), "C": c, "H": h, "W": rnd.choice([h, k * D + 1, 9]), "KH": k, "KW": k}
+        w = max(rnd.choice([h, k * D + 1, 9]), D * (k - 1) + 1)  # at least one output column
+        binds = {"N": rnd.choice([1, 2]), "C": c, "H": h, "W": w, "KH": k, "KW": k}
         if kind == "conv2d":
             binds["F"] = rnd.choice([1, 4, 16])
         if kind == "grouped":
