@@ -37,6 +37,11 @@ SOURCES = {
                  " mu[n] = sum[d](X[n, d]) / D\n var[n] = sum[d]((X[n, d] - mu[n]) ** 2) / D\n"
                  " Y[n, d] = (X[n, d] - mu[n]) * rsqrt(var[n] + 1e-5) * g[d] + b[d]\n}",
     "fma_relu": "op fma_relu(A: f32[N], B: f32[N], C: f32[N]) -> Y: f32[N] { Y[i] = max(A[i] * B[i] + C[i], 0.0) }",
+    "gemm_bias": "op gemm_bias(X: f32[T, D], W: f32[D, H], b: f32[H]) -> Y: f32[T, H] "
+                 "{ Y[t, j] = sum[k](X[t, k] * W[k, j]) + b[j] }",
+    "mlp_gelu": "op mlp_gelu(X: f32[T, D], W: f32[D, H], b: f32[H]) -> Y: f32[T, H] {\n"
+                " h[t, j] = sum[k](X[t, k] * W[k, j]) + b[j]\n"
+                " Y[t, j] = h[t, j] * 0.5 * (1.0 + erf(h[t, j] * 0.7071067811865476))\n}",
     "maxpool": "op maxpool(X: f32[N, C, H, W]) -> Y: f32[N, C, (H - 3) // 2 + 1, (W - 3) // 2 + 1] "
                "{ Y[n, c, y, x] = max[r: 3, s: 3](X[n, c, y*2 + r, x*2 + s]) }",
 }
@@ -48,7 +53,10 @@ WORKLOADS = [("matmul 256", "matmul", [(256, 256), (256, 256)]),
              ("softmax 4096x1024", "softmax", [(4096, 1024)]),
              ("layernorm 4096x1024", "layernorm", [(4096, 1024), (1024,), (1024,)]),
              ("relu(a*b+c) 2^24", "fma_relu", [(1 << 24,)] * 3),
-             ("maxpool 3x3/2 8x64x112x112", "maxpool", [(8, 64, 112, 112)])]
+             ("maxpool 3x3/2 8x64x112x112", "maxpool", [(8, 64, 112, 112)]),
+             # a transformer MLP's first layer (benchmarks/onnx.py's encoder): the GEMM alone, then with GELU
+             ("x@w+b 128x256x1024", "gemm_bias", [(128, 256), (256, 1024), (1024,)]),
+             ("gelu(x@w+b) 128x256x1024", "mlp_gelu", [(128, 256), (256, 1024), (1024,)])]
 
 
 def anchor_fn(anchor: str, op: str, args):
@@ -63,11 +71,14 @@ def anchor_fn(anchor: str, op: str, args):
                "softmax": lambda: torch.softmax(t[0], 1),
                "layernorm": lambda: torch.nn.functional.layer_norm(t[0], (t[0].shape[1],), t[1], t[2]),
                "fma_relu": lambda: torch.relu(t[0] * t[1] + t[2]),
-               "maxpool": lambda: torch.nn.functional.max_pool2d(t[0], 3, 2)}
+               "maxpool": lambda: torch.nn.functional.max_pool2d(t[0], 3, 2),
+               "gemm_bias": lambda: t[0] @ t[1] + t[2],
+               "mlp_gelu": lambda: torch.nn.functional.gelu(t[0] @ t[1] + t[2])}
         return fns[op]
     fns = {"matmul": lambda: args[0] @ args[1], "bmm": lambda: np.matmul(args[0], args[1]),
            "softmax": lambda: _np_softmax(args[0]), "layernorm": lambda: _np_layernorm(*args),
-           "fma_relu": lambda: np.maximum(args[0] * args[1] + args[2], 0)}
+           "fma_relu": lambda: np.maximum(args[0] * args[1] + args[2], 0),
+           "gemm_bias": lambda: args[0] @ args[1] + args[2], "mlp_gelu": lambda: _np_gelu(args[0] @ args[1] + args[2])}
     return fns.get(op)
 
 
@@ -76,6 +87,13 @@ def _np_softmax(x):
 
     e = np.exp(x - x.max(1, keepdims=True))
     return e / e.sum(1, keepdims=True)
+
+
+def _np_gelu(h):
+    """NumPy has no erf: GELU's tanh form, one transcendental per element like the exact one."""
+    import numpy as np
+
+    return h * 0.5 * (1.0 + np.tanh(0.7978845608028654 * (h + 0.044715 * h * h * h)))
 
 
 def _np_layernorm(x, g, b):

@@ -93,3 +93,53 @@ def test_several_k_blocks_apply_the_epilogue_in_the_last(k, rng):
 
 def test_conv_with_several_k_blocks(rng):
     check_op(CONV, "conv_bias_relu", dict(N=2, C=129, H=9, W=7, F=13), rng)  # K = 1161: 4 blocks + a tail
+
+
+GELU = """
+op gelu_mm(X: f32[T, D], W: f32[D, H], b: f32[H]) -> Y: f32[T, H] {
+    h[t, j] = sum[k](X[t, k] * W[k, j]) + b[j]
+    Y[t, j] = h[t, j] * 0.5 * (1.0 + erf(h[t, j] * 0.7071067811865476))
+}
+"""
+
+GELU_BOTH = """
+op gelu_both(X: f32[T, D], W: f32[D, H], b: f32[H]) -> (h: f32[T, H], Y: f32[T, H]) {
+    h[t, j] = sum[k](X[t, k] * W[k, j]) + b[j]
+    Y[t, j] = h[t, j] * 0.5 * (1.0 + erf(h[t, j] * 0.7071067811865476))
+}
+"""
+
+MIRRORED = """
+op mirrored(A: f32[M, K], B: f32[K, N]) -> C: f32[M, N] {
+    T[i, j] = sum[k](A[i, k] * B[k, j])
+    C[i, j] = T[i, j] * T[i, N - 1 - j]
+}
+"""
+
+
+def test_epilogue_reading_the_result_twice_folds_into_the_tile_store(rng):
+    """GELU reads ``h = X @ W + b`` twice at the same element: ``+ b`` and GELU both go into the
+    tile's store, and neither ``h_acc`` nor ``h`` is allocated."""
+    op = tcc.compile(GELU).gelu_mm
+    z = np.zeros
+    text = op.lower(z((40, 64), np.float32), z((64, 96), np.float32), z(96, np.float32), stage="scheduled")
+    assert "allocate h:" not in text and "allocate h_acc:" not in text and "_post" not in text
+    assert "Y[" in text and "erf((h_acc_c1[ii, jj] + b[" in text
+    for t, d, h in [(40, 64, 96), (1, 7, 33), (33, 1, 7), (64, 300, 256)]:
+        check_op(GELU, "gelu_mm", {"T": t, "D": d, "H": h}, rng)
+
+
+@pytest.mark.parametrize("t, d, h", [(7, 33, 45), (40, 64, 96), (20, 1024 + 256, 70)])
+def test_gelu_epilogue_of_a_result_or_with_k_blocks(t, d, h, rng):
+    """``h`` a result too (the chain stops at it), or several k blocks (only the first fold)."""
+    check_op(GELU_BOTH, "gelu_both", {"T": t, "D": d, "H": h}, rng)
+    check_op(GELU, "gelu_mm", {"T": t, "D": d, "H": h}, rng)
+
+
+@pytest.mark.parametrize("m, k, n", [(7, 33, 45), (64, 64, 64)])
+def test_two_reads_at_different_elements_stay_apart(m, k, n, rng):
+    op = tcc.compile(MIRRORED).mirrored
+    z = np.zeros
+    text = op.lower(z((m, k), np.float32), z((k, n), np.float32), stage="scheduled")
+    assert "allocate T:" in text
+    check_op(MIRRORED, "mirrored", {"M": m, "K": k, "N": n}, rng)

@@ -152,3 +152,46 @@ def test_reads_through_a_pad_of_a_group_tensor_keep_their_neighbours(rng):
         "Tp[m, x] + Tp[m, x + 1] + Tp[m, x + 2]", "Tp[m, x] + Tp[m + 1, x] + Tp[m + 2, x]")
     assert "group" not in fused(rows, "blur", N=4, C=6).split("fusion:")[1]
     check_op(rows, "blur", dict(N=4, C=6), rng)
+
+
+MLP = """
+op mlp(X: f32[T, D], W: f32[D, H], b: f32[H]) -> Y: f32[T, H] {
+    fc1[t, j] = sum[k](X[t, k] * W[k, j]) + b[j]
+    Y[t, j] = fc1[t, j] * 0.5 * (1.0 + erf(fc1[t, j] * 0.7071067811865476))
+}
+"""
+
+ATTENTION = """
+op attention(Q: f32[N, D], K: f32[M, D]) -> Y: f32[N, M] {
+    S[i, j] = sum[d](Q[i, d] * K[j, d])
+    m[i] = max[j](S[i, j])
+    e[i, j] = exp(S[i, j] - m[i])
+    s[i] = sum[j](e[i, j])
+    Y[i, j] = e[i, j] / s[i]
+}
+"""
+
+
+def test_gemm_read_twice_keeps_its_own_loops():
+    """GELU reads X @ W + b twice, so it is kept; grouping the two at ``t, j`` would leave the GEMM
+    one dot product per element, which the GEMM scheduler cannot tile."""
+    text = fused(MLP, "mlp", T=128, D=256, H=1024).split("fusion:")[1]
+    assert "keep fc1: a reduction read at 2 places" in text and "group" not in text
+    assert "group [fc1, Y] share 2 outer loop(s)" in fused(MLP, "mlp", T=7, D=5, H=9)  # too small to tile
+
+
+def test_softmax_of_a_gemm_groups_the_rows_only():
+    """Attention's scores are a GEMM: the softmax rows group among themselves, not with it."""
+    text = fused(ATTENTION, "attention", N=64, D=32, M=128).split("fusion:")[1]
+    assert "group [m, e, s, Y] share 1 outer loop(s)" in text and "S," not in text
+
+
+@pytest.mark.parametrize("t, d, h", [(1, 1, 1), (1, 7, 33), (33, 7, 1), (7, 33, 33), (33, 100, 65),
+                                     (64, 64, 64), (40, 300, 256), (20, 1024 + 77, 70)])
+def test_mlp_matches_reference(t, d, h, rng):
+    check_op(MLP, "mlp", {"T": t, "D": d, "H": h}, rng)
+
+
+@pytest.mark.parametrize("n, d, m", [(1, 1, 1), (7, 33, 1), (1, 7, 33), (33, 7, 33), (64, 32, 128)])
+def test_attention_matches_reference(n, d, m, rng):
+    check_op(ATTENTION, "attention", {"N": n, "D": d, "M": m}, rng)

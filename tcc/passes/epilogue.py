@@ -29,13 +29,29 @@ def store_epilogue(func: LoopFunc, target: str) -> LoopFunc:
 
     With several k blocks each tile is written back once per block: the write-back of the last
     block applies the epilogue and writes the result (``if ko == last``), the others keep
-    accumulating into ``target``, and the separate pass over ``target`` goes."""
+    accumulating into ``target``, and the separate pass over ``target`` goes.
+
+    With one k block the result of the epilogue is itself written once per element, from the
+    tile: an elementwise nest that reads it back next (``gelu(X @ W + b)``: fusion keeps
+    ``X @ W + b`` apart since GELU reads it twice) folds in the same way, and so on."""
+    func, out, once = _store_epilogue(func, target)
+    while once and out not in {p.name for p in func.params}:
+        try:
+            func, out, once = _store_epilogue(func, out)
+        except TccScheduleError:
+            break
+    return func
+
+
+def _store_epilogue(func: LoopFunc, target: str) -> tuple[LoopFunc, str, bool]:
+    """One fold: the new function, the epilogue's result, and whether the write-backs store
+    each of its elements once (one k block)."""
     if target in {p.name for p in func.params}:
         raise TccScheduleError(f"{target} is a result of {func.name}: there is no epilogue to fold")
     producers, epilogue = _neighbours(func.body, target)
     producer = Seq(tuple(producers))
     loops, out = _perfect_nest(epilogue)
-    read = _single_read(func.body, producer, target)
+    read = _single_read(func.body, producer, epilogue, target)
     names = [f.var.name for f in loops]
     extents = {f.var.name: int(f.extent.value) for f in loops}  # type: ignore[attr-defined]
     written = {st.buffer for st in stores(func.body)}
@@ -85,14 +101,20 @@ def store_epilogue(func: LoopFunc, target: str) -> LoopFunc:
     body = map_stmt(func.body, lambda s: folded.get(s) if s in folded else Seq(()) if s == epilogue else None)
     if k_block is None:
         body = map_stmt(body, lambda s: s.body if isinstance(s, Allocate) and s.buffer.name == target else None)
-    return replace(func, body=body)
+    return replace(func, body=body), out.buffer, k_block is None
 
 
 def _write_backs(producer: Stmt, target: str) -> list[Stmt]:
     """The outermost loop nests (or bare stores) that copy a register tile back into ``target``
     (not the nest that zeroes it first)."""
     return outermost_nests(producer, lambda s: isinstance(s, Store) and s.buffer == target
-                           and isinstance(s.value, Load))
+                           and _from_registers(s, target))
+
+
+def _from_registers(s: Store, target: str) -> bool:
+    """A write-back: a tile's value (a load, or an epilogue folded into it earlier), neither a
+    constant (zeroing) nor an update that reads ``target`` itself (accumulation in memory)."""
+    return not isinstance(s.value, Const) and all(ld.buffer != target for ld in loads(s))
 
 
 def _neighbours(body: Stmt, target: str) -> tuple[list[Stmt], For]:
@@ -119,14 +141,17 @@ def _perfect_nest(s: For) -> tuple[list[For], Store]:
     return loops, n
 
 
-def _single_read(body: Stmt, producer: Stmt, target: str) -> Load:
-    """The epilogue's one read of ``target`` (the GEMM's own reads, its tiles' loads, aside)."""
+def _single_read(body: Stmt, producer: Stmt, epilogue: Stmt, target: str) -> Load:
+    """The epilogue's read of ``target`` (the GEMM's own reads, its tiles' loads, aside): one
+    read, or several of the same element (``h * erf(h)``: GELU), all replaced by the tile; no
+    other statement may read ``target``."""
     inside = [ld for ld in loads(producer) if ld.buffer == target]
     found = [ld for ld in loads(body) if ld.buffer == target]
-    if len(found) - len(inside) != 1:
-        raise TccScheduleError(f"{target} is read {len(found) - len(inside)} times after its GEMM; "
-                               "an epilogue reads it once")
-    return next(ld for ld in found if ld not in inside)
+    mine = [ld for ld in loads(epilogue) if ld.buffer == target]
+    if not mine or len(found) - len(inside) != len(mine) or any(ld != mine[0] for ld in mine):
+        raise TccScheduleError(f"{target} is read {len(found) - len(inside)} times after its GEMM; an epilogue "
+                               "reads it only in its own nest, one element per output element")
+    return mine[0]
 
 
 def _mentions(s: Stmt, name: str) -> bool:
@@ -141,7 +166,7 @@ def _k_block_loop(producer: Stmt, target: str) -> tuple[Var, int] | None:
 
     def visit(s: Stmt, chain: tuple[For, ...]) -> None:
         if isinstance(s, Store) and s.buffer == target and not isinstance(s.value, Const):  # (zeroing)
-            if not isinstance(s.value, Load):
+            if not _from_registers(s, target):
                 raise TccScheduleError(f"{target} is accumulated in memory, not written from registers")
             used = set().union(*(free_vars(i) for i in s.indices))
             found.update((f.var.name, int(f.extent.value)) for f in chain  # type: ignore[attr-defined]

@@ -17,11 +17,13 @@ Two decisions, both printed by the ``fused`` stage with the reason for each:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from tcc.ir.expr import Call, Expr, IterVar, Read, Reduce, Var, substitute, transform, walk
+from tcc.ir.expr import Binary, Call, Cast, Expr, IterVar, Read, Reduce, Var, substitute, transform, walk
 from tcc.ir.te import Compute, OpTE, format_op
+from tcc.passes.autoschedule import GEMM_MIN_FLOPS
 
 EXPENSIVE = {"exp": 8, "log": 8, "sqrt": 4, "rsqrt": 4, "sin": 8, "cos": 8, "tanh": 10, "sigmoid": 10,
              "erf": 10}
@@ -222,9 +224,10 @@ def _shared_depth(group: list[Compute], depth: int, c: Compute, op: OpTE) -> int
     """How many leading loops ``c`` can share with ``group`` (0: it cannot join). A statement that
     would make a group holding a reduction share fewer loops stays out: im2col's patches and
     GEMM for one block of output rows share ``n, y_block``, and the epilogue reading the GEMM at
-    ``y // R`` joining them at ``n`` would make whole images' patches again."""
+    ``y // R`` joining them at ``n`` would make whole images' patches again. A group never shares
+    a GEMM's row or column loop (see :func:`_gemm_batch_depth`)."""
     first = group[0]
-    k = min(depth, len(c.axes))
+    k = min(depth, len(c.axes), *(_gemm_batch_depth(m) for m in (*group, c)))
     while k > 0:
         same_extents = all(first.axes[i].extent == c.axes[i].extent for i in range(k))
         if same_extents and _row_local(group, c, k, op):
@@ -233,6 +236,44 @@ def _shared_depth(group: list[Compute], depth: int, c: Compute, op: OpTE) -> int
             return k
         k -= 1
     return 0
+
+
+def _gemm_batch_depth(c: Compute) -> int:
+    """How many leading loops of ``c`` a group may share: for a contraction the CPU GEMM
+    scheduler tiles (``sum[k](A[..] * B[..])`` with rows ``i`` and columns ``j``, and at least
+    ``GEMM_MIN_FLOPS`` of work), its leading batch loops only; for anything else, all of them.
+
+    Sharing the row or the column loop would leave the GEMM one row (or one element) per group
+    iteration, its reduction a dot product the tiles cannot reach: ``gelu(X @ W + b)`` reads
+    the GEMM twice (so it is not inlined), and grouping the two at ``t, j`` ran the GEMM element
+    by element, 4x slower than tiled. The same analysis as ``autoschedule._contraction``: ``j``
+    is the last loop, ``B`` the operand whose last index moves with it, ``i`` a loop that only
+    ``A`` reads."""
+    sums = [n for n in walk(c.body) if isinstance(n, Reduce)]
+    if len(sums) != 1 or sums[0].op != "sum" or not isinstance(sums[0].body, Binary) or sums[0].body.op != "mul":
+        return len(c.axes)
+    a, b = (_strip_casts(x) for x in (sums[0].body.a, sums[0].body.b))
+    if not (isinstance(a, Read) and isinstance(b, Read) and a.indices and b.indices):
+        return len(c.axes)
+    j = c.axes[-1].var.name
+    if j not in _vars(b.indices[-1]) or any(j in _vars(x) for x in a.indices):
+        a, b = b, a
+    if j not in _vars(b.indices[-1]) or any(j in _vars(x) for x in a.indices):
+        return len(c.axes)
+    a_vars = set().union(*(_vars(x) for x in a.indices))
+    b_vars = set().union(*(_vars(x) for x in b.indices))
+    rows = [i for i, ax in enumerate(c.axes[:-1]) if ax.var.name in a_vars and ax.var.name not in b_vars]
+    extents = [getattr(ax.extent, "value", None) for ax in (*c.axes, *sums[0].axes)]
+    if not rows or not all(isinstance(e, int) for e in extents) \
+            or 2 * math.prod(extents) < GEMM_MIN_FLOPS:  # type: ignore[arg-type]
+        return len(c.axes)
+    return rows[-1]
+
+
+def _strip_casts(e: Expr) -> Expr:
+    while isinstance(e, Cast):
+        e = e.a
+    return e
 
 
 def _row_local(group: list[Compute], c: Compute, k: int, op: OpTE) -> bool:
