@@ -54,7 +54,7 @@ WORKLOADS = [("matmul 256", "matmul", [(256, 256), (256, 256)]),
              ("layernorm 4096x1024", "layernorm", [(4096, 1024), (1024,), (1024,)]),
              ("relu(a*b+c) 2^24", "fma_relu", [(1 << 24,)] * 3),
              ("maxpool 3x3/2 8x64x112x112", "maxpool", [(8, 64, 112, 112)]),
-             # a transformer MLP's first layer (benchmarks/onnx.py's encoder): the GEMM alone, then with GELU
+             # a transformer MLP's first layer (benchmarks/onnx_networks.py's encoder): the GEMM alone, then with GELU
              ("x@w+b 128x256x1024", "gemm_bias", [(128, 256), (256, 1024), (1024,)]),
              ("gelu(x@w+b) 128x256x1024", "mlp_gelu", [(128, 256), (256, 1024), (1024,)])]
 

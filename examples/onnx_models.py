@@ -1,5 +1,5 @@
 """Two PyTorch models exported to ONNX and run through tcc.onnx: a ResNet-18-style CNN and a
-transformer encoder block, with random weights (the tests and benchmarks/onnx.py use them too).
+transformer encoder block, with random weights (the tests and benchmarks/onnx_networks.py use them too).
 
     python examples/onnx_models.py          # exports both, compiles them with tcc, checks against PyTorch
 """

@@ -1,6 +1,6 @@
 """Whole ONNX models: tcc.onnx against onnxruntime (CPU) and PyTorch (CPU; CUDA when present).
 
-    python benchmarks/onnx.py [--models resnet18 encoder] [--batches 1 8] [--repeat 20] [--threads N]
+    python benchmarks/onnx_networks.py [--models resnet18 encoder] [--batches 1 8] [--repeat 20] [--threads N]
 
 For each model and batch: import + compile time cold (an empty cache directory) and warm (the
 same directory again, as a new process would find it), then run times measured side by side,
