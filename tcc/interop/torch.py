@@ -4,15 +4,16 @@ Each op becomes ``torch.ops.<namespace>.<name>``, defined with ``torch.library``
 tensor and scalar parameters positionally, compile-time parameters as keyword-only ints or
 floats with their defaults), with
 
-- CPU and CUDA kernels that run the tcc op on the tensors' memory: inputs are read in place
-  (NumPy views of CPU tensors, device pointers of CUDA tensors), results are allocated by
-  PyTorch (``torch.empty``) and written through ``out=``; CUDA work goes on PyTorch's current
-  stream (tcc's CUDA runtime reads it from the torch tensors it is given);
+- CPU and CUDA kernels that run the tcc op on the tensors' memory: the torch tensors go to the
+  tcc op as they are (inputs read in place, results allocated by PyTorch with ``torch.empty`` and
+  written through ``out=``; a repeat CPU call with the same shapes takes the op's cached plan);
+  CUDA work goes on PyTorch's current stream (tcc's CUDA runtime reads it from the tensors);
 - a fake (meta) kernel: result shapes from the op's result-shape expressions, so that
   ``torch.compile`` traces through the op without a graph break;
 - autograd: the backward calls one derived gradient op per float input (``tcc.grad(op, [X])``),
   each itself a ``torch.ops`` operator with a fake kernel, run only for the inputs whose
-  gradient autograd asks for. Double backward is not supported.
+  gradient autograd asks for. A call that records no graph goes straight to the kernel.
+  Double backward is not supported.
 
 This module imports PyTorch; ``import tcc`` does not import it (``tcc.torch`` loads it on first use).
 """
@@ -37,7 +38,9 @@ _TORCH_DTYPES = {dtypes.f16: torch.float16, dtypes.bf16: torch.bfloat16, dtypes.
                  dtypes.i64: torch.int64, dtypes.boolean: torch.bool}
 _LIBRARIES: dict[str, torch.library.Library] = {}  # namespace -> its fragment (kept alive: it owns the ops)
 _REGISTERED: dict[tuple[str, int], TorchOp] = {}  # (namespace, id of the tcc op) -> its torch op
-_any_requires_grad = torch._C._any_requires_grad  # what torch's own autograd wrapper asks
+_any_requires_grad = torch._C._any_requires_grad  # what torch's own autograd kernel asks
+_grad_enabled = torch._C.is_grad_enabled
+_AFTER_AUTOGRAD = torch._C._after_autograd_keyset  # the dispatch keys below autograd
 
 
 class TorchOp:
@@ -155,8 +158,18 @@ class TorchOp:
                     self.grads[p] = register(grad_op, self.namespace)
                 except TccError as exc:
                     self.grads[p] = exc  # raised if autograd ever asks for this gradient
-        torch.library.register_autograd(self.qualname, self._backward, setup_context=self._setup,
-                                        lib=_LIBRARIES[self.namespace])
+        info = torch._library.autograd.Info(self._backward, self._setup)
+        self._graph_impl = torch._library.autograd.make_autograd_impl(self.overload, info)
+        self._redispatch = self.overload._handle.redispatch_boxed
+        _LIBRARIES[self.namespace].impl(self.name, self._autograd, "Autograd", with_keyset=True)
+
+    def _autograd(self, keyset: Any, *args: Any, **cparams: Any) -> Any:
+        """The Autograd kernel: what ``torch.library.register_autograd`` registers (``_graph_impl``)
+        when a graph is recorded, else straight to the CPU or CUDA kernel. torch's own kernel costs
+        ~4 us more a call there (a dataclass, a context manager, two Python frames) to do nothing."""
+        if _grad_enabled() and _any_requires_grad(*args):
+            return self._graph_impl(keyset, *args, **cparams)
+        return self._redispatch(keyset & _AFTER_AUTOGRAD, *args, **cparams)
 
     def _setup(self, ctx: Any, inputs: tuple[Any, ...], output: Any,
                keyword_only_inputs: dict[str, Any] | None = None) -> None:
