@@ -123,6 +123,8 @@ def test_torch_compile_fullgraph(ops64, backend):
     torch.testing.assert_close(loss, eager)
     for got, want in zip(grads, torch.autograd.grad(eager, (w, b, g, beta))):
         torch.testing.assert_close(got, want)
+    with torch.no_grad():  # a graph without autograd: the ops' no-graph path, traced
+        torch.testing.assert_close(compiled(x, w, b, g, beta), eager)
 
 
 def test_cpu_tensors_are_not_copied(ops64, monkeypatch):

@@ -82,12 +82,6 @@ class TorchOp:
         return f"({', '.join(params)}) -> {results if len(te.results) == 1 else f'({results})'}"
 
     # ------------------------------------------------------------ kernels
-    def result_shapes(self, args: tuple[Any, ...], cparams: dict[str, Any]) -> list[tuple[int, ...]]:
-        """Result shapes for these inputs (memoised: a pure function of shapes and parameters).
-        The fake kernel's shapes may be symbolic: ``int`` makes them concrete, as tcc needs."""
-        shapes = tuple(tuple(int(d) for d in args[i].shape) for i in self._positions)
-        return [shape for shape, _ in self._results(shapes, cparams)]
-
     def _results(self, shapes: tuple[tuple[int, ...], ...], cparams: dict[str, Any]) -> list[tuple[Any, Any]]:
         """(shape, torch dtype) of each result for these input shapes, evaluated once per signature:
         the shape expressions cost tens of microseconds, a dictionary look-up well under one."""
@@ -101,6 +95,8 @@ class TorchOp:
         return known
 
     def _empty(self, args: tuple[Any, ...], cparams: dict[str, Any], device: torch.device) -> list[torch.Tensor]:
+        """The results, allocated. The fake kernel's shapes may be symbolic: ``int`` makes them
+        concrete, as tcc needs."""
         return [torch.empty(shape, dtype=dt, device=device) for shape, dt in self._results(
             tuple(tuple(int(d) for d in args[i].shape) for i in self._positions), cparams)]
 
