@@ -80,6 +80,21 @@ def test_backward_runs_only_the_gradients_asked_for(ops64):
     assert x.grad is None and b.grad is None
 
 
+def test_no_graph_without_grad(ops64):
+    """Calls that record no graph (no input needs a gradient, or grad mode is off) skip autograd;
+    the same inputs, once one needs a gradient, record it."""
+    a = torch.randn(4, 3, dtype=torch.float64)
+    b = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    assert not ops64.matmul(a, b.detach()).requires_grad
+    with torch.no_grad():
+        c = ops64.matmul(a, b)
+    assert not c.requires_grad and c.grad_fn is None
+    c = ops64.matmul(a, b)
+    assert c.requires_grad and c.grad_fn is not None
+    c.sum().backward()
+    torch.testing.assert_close(b.grad, a.sum(0)[:, None].expand(3, 5))
+
+
 def test_underivable_op_fails_only_in_backward(ops64):
     x = torch.randn(7, dtype=torch.float64, requires_grad=True)
     y = ops64.shifted(x)
@@ -108,6 +123,8 @@ def test_torch_compile_fullgraph(ops64, backend):
     torch.testing.assert_close(loss, eager)
     for got, want in zip(grads, torch.autograd.grad(eager, (w, b, g, beta))):
         torch.testing.assert_close(got, want)
+    with torch.no_grad():  # a graph without autograd: the ops' no-graph path, traced
+        torch.testing.assert_close(compiled(x, w, b, g, beta), eager)
 
 
 def test_cpu_tensors_are_not_copied(ops64, monkeypatch):

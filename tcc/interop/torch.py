@@ -4,15 +4,16 @@ Each op becomes ``torch.ops.<namespace>.<name>``, defined with ``torch.library``
 tensor and scalar parameters positionally, compile-time parameters as keyword-only ints or
 floats with their defaults), with
 
-- CPU and CUDA kernels that run the tcc op on the tensors' memory: inputs are read in place
-  (NumPy views of CPU tensors, device pointers of CUDA tensors), results are allocated by
-  PyTorch (``torch.empty``) and written through ``out=``; CUDA work goes on PyTorch's current
-  stream (tcc's CUDA runtime reads it from the torch tensors it is given);
+- CPU and CUDA kernels that run the tcc op on the tensors' memory: the torch tensors go to the
+  tcc op as they are (inputs read in place, results allocated by PyTorch with ``torch.empty`` and
+  written through ``out=``; a repeat CPU call with the same shapes takes the op's cached plan);
+  CUDA work goes on PyTorch's current stream (tcc's CUDA runtime reads it from the tensors);
 - a fake (meta) kernel: result shapes from the op's result-shape expressions, so that
   ``torch.compile`` traces through the op without a graph break;
 - autograd: the backward calls one derived gradient op per float input (``tcc.grad(op, [X])``),
   each itself a ``torch.ops`` operator with a fake kernel, run only for the inputs whose
-  gradient autograd asks for. Double backward is not supported.
+  gradient autograd asks for. A call that records no graph goes straight to the kernel.
+  Double backward is not supported.
 
 This module imports PyTorch; ``import tcc`` does not import it (``tcc.torch`` loads it on first use).
 """
@@ -37,6 +38,9 @@ _TORCH_DTYPES = {dtypes.f16: torch.float16, dtypes.bf16: torch.bfloat16, dtypes.
                  dtypes.i64: torch.int64, dtypes.boolean: torch.bool}
 _LIBRARIES: dict[str, torch.library.Library] = {}  # namespace -> its fragment (kept alive: it owns the ops)
 _REGISTERED: dict[tuple[str, int], TorchOp] = {}  # (namespace, id of the tcc op) -> its torch op
+_any_requires_grad = torch._C._any_requires_grad  # what torch's own autograd kernel asks
+_grad_enabled = torch._C.is_grad_enabled
+_AFTER_AUTOGRAD = torch._C._after_autograd_keyset  # the dispatch keys below autograd
 
 
 class TorchOp:
@@ -49,8 +53,9 @@ class TorchOp:
         self.qualname = f"{namespace}::{name}"
         self._cuda_op: Op | None = None
         self._tensors = [p in op.te.tensors for p in op.te.params]
+        self._positions = [i for i, is_t in enumerate(self._tensors) if is_t]  # of the tensor arguments
         self._dtypes = [_TORCH_DTYPES[op.te.tensors[r].dtype] for r in op.te.results]
-        self._shapes: dict[tuple, list[tuple[int, ...]]] = {}  # input shapes + parameters -> result shapes
+        self._shapes: dict[tuple, list[tuple[Any, Any]]] = {}  # input shapes + parameters -> results
         self.grads: dict[str, TorchOp | TccError] = {}
         lib = _LIBRARIES.setdefault(namespace, torch.library.Library(namespace, "FRAGMENT"))
         lib.define(f"{name}{self.schema()}")
@@ -77,38 +82,53 @@ class TorchOp:
         return f"({', '.join(params)}) -> {results if len(te.results) == 1 else f'({results})'}"
 
     # ------------------------------------------------------------ kernels
-    def result_shapes(self, args: tuple[Any, ...], cparams: dict[str, Any]) -> list[tuple[int, ...]]:
-        """Result shapes for these inputs (memoised: a pure function of shapes and parameters)."""
-        shapes = tuple(tuple(int(d) for d in a.shape) for a, is_t in zip(args, self._tensors) if is_t)
-        key = (shapes, tuple(cparams.items()))
+    def _results(self, shapes: tuple[tuple[int, ...], ...], cparams: dict[str, Any]) -> list[tuple[Any, Any]]:
+        """(shape, torch dtype) of each result for these input shapes, evaluated once per signature:
+        the shape expressions cost tens of microseconds, a dictionary look-up well under one."""
+        key = (shapes, tuple(cparams.items())) if cparams else shapes
         known = self._shapes.get(key)
         if known is None:
             te = self.te
             named = dict(zip([p for p in te.params if p in te.tensors], shapes))
-            bindings = bind_shapes(te, named, bind_cparams(te, cparams))
-            found = result_shapes(te, bindings)
-            known = self._shapes[key] = [found[r] for r in te.results]
+            found = result_shapes(te, bind_shapes(te, named, bind_cparams(te, cparams)))
+            known = self._shapes[key] = [(found[r], dt) for r, dt in zip(te.results, self._dtypes)]
         return known
 
     def _empty(self, args: tuple[Any, ...], cparams: dict[str, Any], device: torch.device) -> list[torch.Tensor]:
-        return [torch.empty(shape, dtype=dt, device=device)
-                for shape, dt in zip(self.result_shapes(args, cparams), self._dtypes)]
+        """The results, allocated. The fake kernel's shapes may be symbolic: ``int`` makes them
+        concrete, as tcc needs."""
+        return [torch.empty(shape, dtype=dt, device=device) for shape, dt in self._results(
+            tuple(tuple(int(d) for d in args[i].shape) for i in self._positions), cparams)]
 
     def _device(self, args: tuple[Any, ...]) -> torch.device:
-        return next((a.device for a, is_t in zip(args, self._tensors) if is_t), torch.device("cpu"))
+        return args[self._positions[0]].device if self._positions else torch.device("cpu")
 
     def _fake(self, *args: Any, **cparams: Any) -> Any:
         return _one(self._empty(args, cparams, self._device(args)))
 
     def _run_cpu(self, *args: Any, **cparams: Any) -> Any:
-        outs = self._empty(args, cparams, torch.device("cpu"))
+        """Torch tensors go straight to the tcc op: its plan (``tcc/runtime/cpu.py``) reads their
+        pointers on a repeat call. Concrete shapes are ``torch.Size``, tuples already: no conversion."""
+        outs = [torch.empty(shape, dtype=dt) for shape, dt in
+                self._results(tuple([args[i].shape for i in self._positions]), cparams)]
+        if _any_requires_grad(*args):  # the forward of a graph: tcc reads the data, not the graph
+            args = tuple(a.detach() if is_t else a for a, is_t in zip(args, self._tensors))
         try:
-            arrays = [a.detach().numpy() if is_t else a for a, is_t in zip(args, self._tensors)]
-        except TypeError as exc:  # e.g. bfloat16, which NumPy (and tcc's CPU target) lacks
-            raise TccArgumentError(f"{self.name}: a CPU tensor tcc cannot read ({exc})",
-                                   hint="use float16/32/64 or integer tensors on the CPU") from None
-        self.op(*arrays, out=outs[0].numpy() if len(outs) == 1 else [o.numpy() for o in outs], **cparams)
+            self.op(*args, out=outs[0] if len(outs) == 1 else outs, **cparams)
+        except TccArgumentError:
+            self._check_readable(args)
+            raise
         return _one(outs)
+
+    def _check_readable(self, args: tuple[Any, ...]) -> None:
+        """Raise the clearer error for a CPU tensor NumPy cannot view (so tcc cannot read it)."""
+        for a, is_t in zip(args, self._tensors):
+            try:
+                if is_t:
+                    a.numpy()
+            except TypeError as exc:  # e.g. bfloat16, which NumPy (and tcc's CPU target) lacks
+                raise TccArgumentError(f"{self.name}: a CPU tensor tcc cannot read ({exc})",
+                                       hint="use float16/32/64 or integer tensors on the CPU") from None
 
     def _run_cuda(self, *args: Any, **cparams: Any) -> Any:
         outs = self._empty(args, cparams, self._device(args))
@@ -134,8 +154,18 @@ class TorchOp:
                     self.grads[p] = register(grad_op, self.namespace)
                 except TccError as exc:
                     self.grads[p] = exc  # raised if autograd ever asks for this gradient
-        torch.library.register_autograd(self.qualname, self._backward, setup_context=self._setup,
-                                        lib=_LIBRARIES[self.namespace])
+        info = torch._library.autograd.Info(self._backward, self._setup)
+        self._graph_impl = torch._library.autograd.make_autograd_impl(self.overload, info)
+        self._redispatch = self.overload._handle.redispatch_boxed
+        _LIBRARIES[self.namespace].impl(self.name, self._autograd, "Autograd", with_keyset=True)
+
+    def _autograd(self, keyset: Any, *args: Any, **cparams: Any) -> Any:
+        """The Autograd kernel: what ``torch.library.register_autograd`` registers (``_graph_impl``)
+        when a graph is recorded, else straight to the CPU or CUDA kernel. torch's own kernel costs
+        ~4 us more a call there (a dataclass, a context manager, two Python frames) to do nothing."""
+        if _grad_enabled() and _any_requires_grad(*args):
+            return self._graph_impl(keyset, *args, **cparams)
+        return self._redispatch(keyset & _AFTER_AUTOGRAD, *args, **cparams)
 
     def _setup(self, ctx: Any, inputs: tuple[Any, ...], output: Any,
                keyword_only_inputs: dict[str, Any] | None = None) -> None:

@@ -233,6 +233,7 @@ class _Tensor(NamedTuple):
     slot: int  # in the kernel's argument array
     pos: int  # in the call's arguments (or ``out=``)
     numpy: bool  # an np.ndarray, exactly; else a CPU torch.Tensor
+    kind: type  # np.ndarray or torch.Tensor (so that torch is not looked up a call)
     dtype: Any  # compared by identity
     shape: tuple[int, ...]
     strides: tuple[int, ...]  # bytes for NumPy, elements for torch
@@ -241,13 +242,12 @@ class _Tensor(NamedTuple):
 
 def _pointer(t: _Tensor, a: Any) -> int:
     """The data pointer of ``a`` after checking that it matches ``t``; raises _Miss otherwise. The
-    plan reads a NumPy array's pointer inline; this is the general case."""
+    plan reads an array's or a tensor's pointer inline; this is the general case (it raises)."""
     if t.numpy:
         if type(a) is not np.ndarray or a.dtype is not t.dtype or a.shape != t.shape or a.strides != t.strides:
             raise _Miss
         return _read_pointer(id(a) + _DATA).value or 0
-    torch = sys.modules["torch"]
-    if (type(a) is not torch.Tensor or a.dtype is not t.dtype or a.shape != t.shape or a.stride() != t.strides
+    if (type(a) is not t.kind or a.dtype is not t.dtype or a.shape != t.shape or a.stride() != t.strides
             or not a.is_cpu or a.requires_grad):
         raise _Miss
     return a.data_ptr()
@@ -255,10 +255,11 @@ def _pointer(t: _Tensor, a: Any) -> int:
 
 def _tensor(slot: int, pos: int, a: Any) -> _Tensor | None:
     if type(a) is np.ndarray and a.flags.c_contiguous:
-        return _Tensor(slot, pos, True, a.dtype, a.shape, a.strides, a.nbytes)
+        return _Tensor(slot, pos, True, np.ndarray, a.dtype, a.shape, a.strides, a.nbytes)
     torch = sys.modules.get("torch")
     if torch is not None and type(a) is torch.Tensor and a.is_contiguous():
-        return _Tensor(slot, pos, False, a.dtype, tuple(a.shape), a.stride(), a.numel() * a.element_size())
+        nbytes = a.numel() * a.element_size()
+        return _Tensor(slot, pos, False, torch.Tensor, a.dtype, tuple(a.shape), a.stride(), nbytes)
     return None
 
 
@@ -315,6 +316,9 @@ class Plan:
                 if (t.numpy and type(a) is np.ndarray and a.dtype is t.dtype and a.shape == t.shape
                         and a.strides == t.strides):
                     ptrs[t.slot] = _read_pointer(id(a) + _DATA).value
+                elif (type(a) is t.kind and not t.numpy and a.dtype is t.dtype and a.shape == t.shape
+                      and a.stride() == t.strides and a.is_cpu and not a.requires_grad):  # a torch.Tensor
+                    ptrs[t.slot] = a.data_ptr()
                 else:
                     ptrs[t.slot] = _pointer(t, a)
             if out is None:
@@ -333,6 +337,9 @@ class Plan:
                         ptr = _read_pointer(id(r) + _DATA).value or 0
                         if not r.flags.writeable:
                             return None
+                    elif (type(r) is t.kind and not t.numpy and r.dtype is t.dtype and r.shape == t.shape
+                          and r.stride() == t.strides and r.is_cpu and not r.requires_grad):  # a torch.Tensor
+                        ptr = r.data_ptr()
                     else:
                         ptr = _pointer(t, r)
                     for i in self.inputs:  # an input overlapping the result: the checked path copies
