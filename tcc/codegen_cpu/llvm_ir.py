@@ -403,8 +403,11 @@ class _FunctionBuilder:
             self._stmt(s.body)
 
     # ------------------------------------------------------------ memory
-    def _element(self, buf: Buffer, base: ir.Value, indices: tuple[Expr, ...], lane0: bool = False) -> ir.Value:
-        """Address of an element; with ``lane0`` the vector index counts as its current lane."""
+    def _element(self, buf: Buffer, base: ir.Value, indices: tuple[Expr, ...], lane0: bool = False,
+                 inbounds: bool = True) -> ir.Value:
+        """Address of an element; with ``lane0`` the vector index counts as its current lane.
+        ``inbounds=False`` for a masked access, whose first lane may lie outside the buffer (a
+        padded patch row starts before its image): an inbounds address there is poison."""
         saved, self.lane0 = self.lane0, lane0 or self.lane0
         try:
             b = self.builder
@@ -418,7 +421,7 @@ class _FunctionBuilder:
                 stride *= dim
             if flat is None:
                 flat = ir.Constant(I64, 0)
-            return b.gep(base, [flat], inbounds=True, source_etype=memory_type(buf.dtype))
+            return b.gep(base, [flat], inbounds=inbounds, source_etype=memory_type(buf.dtype))
         finally:
             self.lane0 = saved
 
@@ -554,7 +557,7 @@ class _FunctionBuilder:
         mask, other = self._unify(self._expr(e.cond), self._expr(e.b))
         mask = self._splat(mask, lanes)
         other = self._splat(other, lanes)
-        ptr = self._element(buf, base, indices, lane0=True)
+        ptr = self._element(buf, base, indices, lane0=True, inbounds=False)
         align = ir.Constant(I32, buf.dtype.itemsize)
         if stride == 1:
             fn = self._declare(f"llvm.masked.load.{_type_suffix(vty)}.p0",
