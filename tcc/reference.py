@@ -190,7 +190,7 @@ class _Statement:
             a = self._eval(e.a)
             return np.logical_not(a) if e.op == "not" else _wrap(np.negative(a), e.dtype)
         if isinstance(e, Call):
-            return np.asarray(_MATH[e.fn](self._eval(e.args[0]))).astype(wide(e.dtype))
+            return _wrap(np.asarray(_MATH[e.fn](self._eval(e.args[0]))), e.dtype)  # abs(i8 -128) is -128
         if isinstance(e, Cast):
             a = np.asarray(self._eval(e.a))
             if e.dtype.is_int and a.dtype.kind == "f":

@@ -239,3 +239,23 @@ def test_padded_patch_rows_of_small_images(n, c, h, rng):
         Y[n, f, y, x] = sum[c, r, s](Xp[n, c, y + r, x + s] * Wt[f, c, r, s]) + b[f]
     }"""
     check_op(src, "c", dict(N=n, C=c, H=h, W=h, F=c), rng)
+
+
+def test_integer_abs_wraps_like_the_kernel(rng):
+    """abs(i8 -128) is -128 in i8 arithmetic; the reference left math results unwrapped (seed 41600)."""
+    x = np.array([[8, -3, 2, 127], [-128, 5, 9, -9]], np.int8)
+    check_op("op f(X: i8[N, M]) -> Y: i8[N, M] { Y[i, j] = min(X[i, j] % 5, abs(X[i, j] * 16)) }", "f",
+             dict(N=2, M=4), rng, args=[x])
+
+
+def test_inline_refuses_a_decomposed_reduction(rng):
+    """After decompose, T4 has an init and an update nest: inline took the init nest as its
+    definition and left the update storing to a buffer it had removed (seed 41386)."""
+    src = """op f(X: f32[N, M]) -> Y: f32[N] {
+        T4[i] = sum[k](X[i, k])
+        Y[i] = T4[i] * 2.0 + T4[N - 1 - i]
+    }"""
+    op = tcc.compile(src).f
+    with pytest.raises(tcc.TccError) as err:
+        op.schedule("decompose(T4); inline(T4)")(rng.standard_normal((7, 33)).astype(np.float32))
+    assert type(err.value).__name__ == "TccScheduleError"

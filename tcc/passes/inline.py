@@ -23,6 +23,9 @@ def inline(func: LoopFunc, tensor: str, span: Span | None = None) -> LoopFunc:
         raise TccScheduleError(f"{tensor} is not defined by a plain elementwise statement; it cannot be inlined",
                                span, "reductions stay materialised; use compute_at to fuse them")
     loops, store = nest
+    if len([st for st in stores(func.body) if st.buffer == tensor]) > 1:
+        raise TccScheduleError(f"{tensor} is written by more than one statement (a decomposed reduction?); "
+                               "it cannot be inlined", span)
     names = [f.var.name for f in loops]
 
     def expand(ld) -> Expr | None:

@@ -299,8 +299,8 @@ class _Context:
         """Wrap a float value that could leave the range where f16/f32 and f64 agree."""
         if v.kind == "float" and v.mag > 200:
             return Value(f"tanh({v.text} * 0.01)", "float", False, 1.0)
-        if v.kind == "int" and v.mag > 1e6:
-            return Value(f"({v.text} % 1000)", "int", v.exact, 1000.0)
+        if v.kind == "int" and v.mag > 1e6:  # (100: the literal must fit an i8 operand)
+            return Value(f"({v.text} % 100)", "int", v.exact, 100.0)
         return v
 
     def math(self, depth: int) -> Value:
