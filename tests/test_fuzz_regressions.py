@@ -259,3 +259,16 @@ def test_inline_refuses_a_decomposed_reduction(rng):
     with pytest.raises(tcc.TccError) as err:
         op.schedule("decompose(T4); inline(T4)")(rng.standard_normal((7, 33)).astype(np.float32))
     assert type(err.value).__name__ == "TccScheduleError"
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not tcc.cuda.is_available(), reason="needs an NVIDIA GPU")
+def test_cuda_row_of_one_element_is_shared_by_the_block(rng):
+    """A one-element row written by one thread stayed in that thread's registers; the others
+    read their own, unset copy (CUDA fuzz seed 2991)."""
+    src = """op f(X2: i8[K, N], X3: f32[M, 3]) -> Y1: f32[N, K] {
+        T5: f32[N, M]
+        T5[i, j] = max(min(X3[M - 1 - j, 0], X2[(i + 1) % (K), i]), ((X2[j % (K), j % (N)] % 5) // 7))
+        Y1[i, j] = T5[i, 0] + f32(j)
+    }"""
+    check_op(src, "f", dict(K=64, M=1, N=16), rng, target="cuda")

@@ -48,6 +48,7 @@ from tcc.ir.loops import (
     walk_stmts,
 )
 from tcc.passes.bind import top_level_nests
+from tcc.passes.loopnest import stores
 from tcc.passes.simplify import evaluate_int
 from tcc.target import CudaTarget
 
@@ -367,7 +368,8 @@ def _row_body(s: Stmt, threads: int, names: _Names) -> Stmt:
     """Loops become block-strided (reductions combined across the block); per-row arrays go
     to shared memory, with a barrier after each loop that writes one."""
     if isinstance(s, Allocate):
-        buf = s.buffer if s.buffer.size <= 1 else replace(s.buffer, scope="shared")
+        per_thread = s.buffer.size <= 1 and _each_thread_computes(s.buffer.name, s.body)
+        buf = s.buffer if per_thread else replace(s.buffer, scope="shared")
         return Allocate(buf, _row_body(s.body, threads, names))
     if isinstance(s, Seq):
         return seq(*(_row_body(c, threads, names) for c in s.stmts))
@@ -376,6 +378,18 @@ def _row_body(s: Stmt, threads: int, names: _Names) -> Stmt:
         looped = _block_strided(s, threads, names, f"{red[0]}:{red[1]}" if red else None)
         return looped if red else seq(looped, Barrier())
     return s
+
+
+def _each_thread_computes(name: str, body: Stmt) -> bool:
+    """Whether every thread holds a one-element buffer's value itself: it is stored outside
+    loops, or as the accumulator of a block-wide reduction. Stored in any other loop, one
+    thread writes it for all (a row of one element: fuzzer seed 2991 on CUDA read it unset)."""
+    for f in walk_stmts(body):
+        if isinstance(f, For) and any(st.buffer == name for st in stores(f)):
+            red = _reduction_loop(f)
+            if not (red and red[0] == name):
+                return False
+    return True
 
 
 def _reduction_loop(s: Stmt) -> tuple[str, str] | None:
