@@ -10,19 +10,15 @@ from __future__ import annotations
 
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-# this file is named cuda.py: keep its folder off the path so that `cuda.bindings` resolves
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+import torch
 
-import torch  # noqa: E402
-
-import tcc  # noqa: E402
-from tcc.codegen_cuda import driver  # noqa: E402
-from tcc.runtime import cache  # noqa: E402
+import tcc
+from tcc.codegen_cuda import driver
+from tcc.runtime import cache
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -102,7 +98,7 @@ def call_overhead() -> list[tuple[str, str]]:
             ("overhead of a tcc call over a bare launch", f"{(ours - bare) * 1e6:8.1f} us")]
 
 
-def _gpu_ms(fn, reps: int) -> float:
+def gpu_ms(fn, reps: int) -> float:
     """Milliseconds per call of ``fn`` on the GPU alone: the stream first sleeps while the host
     queues ``reps`` back-to-back calls, and CUDA events bracket the calls, so host time between
     launches is not counted."""
@@ -120,9 +116,9 @@ def _time_gpu(fn, trials: int = 7) -> float:
     """Median over trials of :func:`_gpu_ms`, after a warm-up; enough calls for ~20 ms a trial."""
     fn()
     torch.cuda.synchronize()
-    once = _gpu_ms(fn, 1)
+    once = gpu_ms(fn, 1)
     reps = max(3, min(200, int(20.0 / max(once, 1e-3))))
-    return statistics.median(_gpu_ms(fn, reps) for _ in range(trials))
+    return statistics.median(gpu_ms(fn, reps) for _ in range(trials))
 
 
 def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:

@@ -16,17 +16,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
-# keep this folder off the path: its cuda.py would shadow `cuda.bindings`
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+import torch
+from cuda_kernels import gpu_ms  # this folder's timing helper: CUDA events around queued calls
 
-import torch  # noqa: E402
-
-import tcc  # noqa: E402
+import tcc
 
 SOURCE = """
 op gemm(A: f32[M, K], B: f32[K, N]) -> C: f32[M, N] {
@@ -86,22 +82,10 @@ class Row:
     tf32: bool = False
 
 
-def _gpu_ms(fn: Callable[[], object], reps: int) -> float:
-    """GPU milliseconds per call: the stream sleeps while the host queues ``reps`` calls."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(int(2e6 + reps * 1e5))
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / reps
-
-
 def _reps(fn: Callable[[], object]) -> int:
     fn()
     torch.cuda.synchronize()
-    once = _gpu_ms(fn, 1)
+    once = gpu_ms(fn, 1)
     return max(3, min(200, int(25.0 / max(once, 1e-3))))
 
 
@@ -110,8 +94,8 @@ def _interleaved(a: Callable[[], object], b: Callable[[], object], trials: int) 
     ra, rb = _reps(a), _reps(b)
     ta, tb = [], []
     for _ in range(trials):
-        ta.append(_gpu_ms(a, ra))
-        tb.append(_gpu_ms(b, rb))
+        ta.append(gpu_ms(a, ra))
+        tb.append(gpu_ms(b, rb))
     return statistics.median(ta), statistics.median(tb)
 
 
@@ -209,9 +193,9 @@ def peaks() -> dict[str, float]:
     dst = torch.empty_like(src)
     a32, b32 = torch.randn(8192, 8192, device="cuda"), torch.randn(8192, 8192, device="cuda")
     a16, b16 = a32.half(), b32.half()
-    copy = _gpu_ms(lambda: dst.copy_(src), 10)
-    f32 = min(_gpu_ms(lambda: a32 @ b32, 3) for _ in range(2))
-    f16 = min(_gpu_ms(lambda: a16 @ b16, 10) for _ in range(2))
+    copy = gpu_ms(lambda: dst.copy_(src), 10)
+    f32 = min(gpu_ms(lambda: a32 @ b32, 3) for _ in range(2))
+    f16 = min(gpu_ms(lambda: a16 @ b16, 10) for _ in range(2))
     return {"mem": 8 * src.numel() / copy * 1e3, "f32": 2 * 8192**3 / f32 * 1e3, "f16": 2 * 8192**3 / f16 * 1e3}
 
 

@@ -9,6 +9,17 @@ os.environ.setdefault("TCC_CACHE_DIR", tempfile.mkdtemp(prefix="tcc-test-cache-"
 
 
 @pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    """An empty disk cache in ``tmp_path`` and an empty memory cache, for this test only."""
+    from tcc.runtime import cache
+
+    monkeypatch.setenv("TCC_CACHE_DIR", str(tmp_path))
+    cache.MEMORY.clear()
+    yield tmp_path
+    cache.MEMORY.clear()
+
+
+@pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng()
 

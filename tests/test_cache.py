@@ -15,14 +15,6 @@ ROOT = Path(__file__).resolve().parent.parent
 SRC = "op axpy(a: f32, X: f32[N], Y: f32[N]) -> Z: f32[N] { Z[i] = a * X[i] + Y[i] }"
 
 
-@pytest.fixture
-def fresh_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("TCC_CACHE_DIR", str(tmp_path))
-    cache.MEMORY.clear()
-    yield tmp_path
-    cache.MEMORY.clear()
-
-
 def entries(root: Path) -> list[Path]:
     return sorted(root.glob("*/*.bin"))
 

@@ -33,14 +33,6 @@ CASES = [
 ]
 
 
-@pytest.fixture
-def fresh_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("TCC_CACHE_DIR", str(tmp_path))
-    cache.MEMORY.clear()
-    yield tmp_path
-    cache.MEMORY.clear()
-
-
 def run_case(name: str, bindings: dict, seed: int, calls: int = 3) -> None:
     """Compile the example ``name`` and check ``calls`` calls on fresh random inputs."""
     rng = np.random.default_rng(seed)

@@ -207,14 +207,8 @@ def source_order(loops: list[For], indices: tuple[Expr, ...], shape: tuple[int, 
     orders like ``k``."""
     if len(loops) < 3 or loops[-1].kind == "unroll":
         return loops
-    base = _flat_offset(indices, shape, {})
-    strides = {}
-    for f in loops:
-        moved = _flat_offset(indices, shape, {f.var.name: 1})
-        if base is None or moved is None:
-            return loops
-        strides[f.var.name] = abs(moved - base)
-    if strides[loops[-1].var.name] != 1:
+    strides = _source_strides(loops, indices, shape)
+    if strides is None or strides[loops[-1].var.name] != 1:
         return loops
     outer = sorted(loops[:-1], key=lambda f: -strides[f.var.name])
     return [*outer, loops[-1]]
@@ -223,14 +217,20 @@ def source_order(loops: list[For], indices: tuple[Expr, ...], shape: tuple[int, 
 def source_major(loops: list[For], indices: tuple[Expr, ...], shape: tuple[int, ...]) -> list[For]:
     """The copy loops ordered by the source stride each walks, largest outside: a copy shared
     out among threads in this order reads consecutive elements on consecutive threads."""
+    strides = _source_strides(loops, indices, shape)
+    return loops if strides is None else sorted(loops, key=lambda f: -strides[f.var.name])
+
+
+def _source_strides(loops: list[For], indices: tuple[Expr, ...], shape: tuple[int, ...]) -> dict[str, int] | None:
+    """How far one step of each loop moves the flat source offset; None where it is not constant."""
     base = _flat_offset(indices, shape, {})
     strides = {}
     for f in loops:
         moved = _flat_offset(indices, shape, {f.var.name: 1})
         if base is None or moved is None:
-            return loops
+            return None
         strides[f.var.name] = abs(moved - base)
-    return sorted(loops, key=lambda f: -strides[f.var.name])
+    return strides
 
 
 def _flat_offset(indices: tuple[Expr, ...], shape: tuple[int, ...], values: dict[str, int]) -> int | None:

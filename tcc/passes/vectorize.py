@@ -17,8 +17,22 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tcc.errors import Span, TccScheduleError
-from tcc.ir.expr import Binary, Expr, Load, Var, const, free_vars, iadd, walk
-from tcc.ir.loops import Allocate, Buffer, For, If, Let, LoopFunc, Seq, Stmt, Store, map_stmt, seq, walk_stmts
+from tcc.ir.expr import Binary, Expr, Load, Var, const, free_vars, iadd, transform, walk
+from tcc.ir.loops import (
+    Allocate,
+    Buffer,
+    For,
+    If,
+    Let,
+    LoopFunc,
+    Seq,
+    Stmt,
+    Store,
+    map_stmt,
+    seq,
+    stmt_exprs,
+    walk_stmts,
+)
 from tcc.passes.loopnest import (
     allocated,
     const_extent,
@@ -71,8 +85,6 @@ def _privatize(body: Stmt, var: str, lanes: int) -> Stmt:
     v = Var(var)
 
     def widen_load(e: Expr) -> Expr:
-        from tcc.ir.expr import transform
-
         return transform(e, lambda n: Load(n.buffer, (*n.indices, v), n.dtype)
                          if isinstance(n, Load) and n.buffer in names else None)
 
@@ -106,9 +118,7 @@ def _rfactor(func: LoopFunc, loop: str, acc: str, lanes: int, span: Span | None)
 
     def rewrite_loop(f: For) -> Stmt:
         def to_vec(e: Expr) -> Expr:
-            from tcc.ir.expr import transform
-
-            return transform(e, lambda n: Load(accv.name, (v,), n.dtype)
+                return transform(e, lambda n: Load(accv.name, (v,), n.dtype)
                              if isinstance(n, Load) and n.buffer == acc else None)
 
         def node(n: Stmt) -> Stmt | None:
@@ -199,8 +209,6 @@ def _check(f: For, span: Span | None) -> None:
                                        span, "vectorize a loop whose variable indexes the result")
             written.setdefault(n.buffer, set()).add(n.indices)
     for n in walk_stmts(f.body):
-        from tcc.ir.loops import stmt_exprs
-
         for e in stmt_exprs(n):
             for ld in walk(e):
                 if isinstance(ld, Load) and ld.buffer in written and ld.indices not in written[ld.buffer]:

@@ -14,10 +14,12 @@ import functools
 import hashlib
 import json
 import os
+import struct
 import tempfile
 import threading
 import warnings
 from pathlib import Path
+from typing import Any
 
 _MAGIC = b"TCC-CACHE-1\n"
 
@@ -167,3 +169,22 @@ class MemoryCache:
 
 
 MEMORY = MemoryCache()
+
+
+def pack_artifact(magic: bytes, meta: Any, payload: bytes) -> bytes:
+    """A backend's cache entry: its magic line, a JSON header (length, then text), then the
+    payload (object code, a cubin), so that a warm start needs no IR to load it."""
+    header = json.dumps(meta).encode()
+    return magic + struct.pack("<I", len(header)) + header + payload
+
+
+def unpack_artifact(magic: bytes, artifact: bytes) -> tuple[Any, bytes]:
+    """(header, payload) of ``pack_artifact``'s bytes; ValueError when they are not such an entry."""
+    if not artifact.startswith(magic):
+        raise ValueError("bad magic")
+    try:
+        (size,) = struct.unpack_from("<I", artifact, len(magic))
+    except struct.error as exc:
+        raise ValueError(str(exc)) from None
+    start = len(magic) + 4
+    return json.loads(artifact[start:start + size]), artifact[start + size:]

@@ -9,9 +9,7 @@ it: a few attribute reads, one foreign call.
 from __future__ import annotations
 
 import ctypes
-import json
 import math
-import struct
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +24,7 @@ from tcc.errors import TccArgumentError, TccCompileError, TccRuntimeError, TccTy
 from tcc.ir.loops import Buffer, For, LoopFunc, walk_stmts
 from tcc.passes import autoschedule
 from tcc.runtime.binding import as_host_array, out_list
+from tcc.runtime.cache import pack_artifact, unpack_artifact
 from tcc.target import CpuTarget
 
 STAGES = ("ast", "te", "fused", "loops", "scheduled", "llvm", "asm")
@@ -49,10 +48,9 @@ def llvm_ir(func: LoopFunc) -> str:
 def build(func: LoopFunc, options: dict[str, Any] | None = None) -> bytes:
     """The artifact the cache stores: the kernel's symbol and parameters, then optimised object code."""
     params = [[p.name, isinstance(p, Buffer), p.dtype.name] for p in func.params]
-    header = json.dumps({"symbol": symbol_name(func), "params": params}).encode()
     level = llvm_level(func)
     obj = jit.emit_object(jit.optimize(llvm_ir(func), level), level)
-    return _MAGIC + struct.pack("<I", len(header)) + header + obj
+    return pack_artifact(_MAGIC, {"symbol": symbol_name(func), "params": params}, obj)
 
 
 def llvm_level(func: LoopFunc) -> jit.Level:
@@ -64,14 +62,10 @@ def llvm_level(func: LoopFunc) -> jit.Level:
 def _parse(artifact: bytes) -> tuple[dict[str, Any], bytes]:
     """(header, object code) of an artifact; TccCompileError when it is not one of ours."""
     try:
-        if not artifact.startswith(_MAGIC):
-            raise ValueError("bad magic")
-        (size,) = struct.unpack_from("<I", artifact, len(_MAGIC))
-        start = len(_MAGIC) + 4
-        meta = json.loads(artifact[start:start + size])
+        meta, obj = unpack_artifact(_MAGIC, artifact)
         params = [(str(n), bool(b), dtypes.ALL[d]) for n, b, d in meta["params"]]
-        return {"symbol": str(meta["symbol"]), "params": params}, artifact[start + size:]
-    except (ValueError, KeyError, TypeError, struct.error) as exc:
+        return {"symbol": str(meta["symbol"]), "params": params}, obj
+    except (ValueError, KeyError, TypeError) as exc:
         raise TccCompileError(f"unusable cached CPU kernel ({exc})") from None
 
 

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
-import json
 import math
 import os
-import struct
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +27,7 @@ from tcc.dtypes import DType
 from tcc.errors import TccArgumentError, TccCompileError, TccRuntimeError
 from tcc.ir.loops import LoopFunc
 from tcc.runtime.binding import as_host_array, out_list
+from tcc.runtime.cache import pack_artifact, unpack_artifact
 from tcc.target import CudaTarget
 
 STAGES = ("ast", "te", "loops", "scheduled", "cuda", "ptx")
@@ -89,22 +88,16 @@ def build(func: LoopFunc, options: dict[str, Any] | None = None) -> bytes:
     meta = {"arch": arch, "temps": program.temps,
             "kernels": [{"name": k.name, "grid": k.grid, "block": k.block, "params": k.params,
                          "aligned": k.aligned} for k in program.kernels]}
-    header = json.dumps(meta).encode()
-    return _MAGIC + struct.pack("<I", len(header)) + header + cubin
+    return pack_artifact(_MAGIC, meta, cubin)
 
 
 def _parse(artifact: bytes) -> tuple[dict[str, Any], bytes]:
     try:
-        if not artifact.startswith(_MAGIC):
-            raise ValueError("bad magic")
-        (size,) = struct.unpack_from("<I", artifact, len(_MAGIC))
-        start = len(_MAGIC) + 4
-        meta = json.loads(artifact[start:start + size])
-        cubin = artifact[start + size:]
+        meta, cubin = unpack_artifact(_MAGIC, artifact)
         if not cubin.startswith(b"\x7fELF"):
             raise ValueError("no cubin")
         return meta, cubin
-    except (ValueError, struct.error, UnicodeDecodeError) as exc:
+    except ValueError as exc:  # (UnicodeDecodeError and json's errors are ValueErrors)
         raise TccCompileError(f"unusable CUDA artifact ({exc})") from None
 
 

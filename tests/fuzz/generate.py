@@ -72,7 +72,6 @@ class Program:
     seed: int
     source: str
     cases: list[OpCase] = field(default_factory=list)
-    float16: bool = False  # uses f16/bf16 anywhere (looser error bound)
 
 
 class _OpBuilder:
@@ -85,7 +84,6 @@ class _OpBuilder:
         self.scalars: list[tuple[str, str]] = []
         self.lines: list[str] = []
         self.params: dict[str, int] = {}
-        self.reads: dict[str, int] = {}
         self.bf16 = bf16
         self.counter = 0
 
@@ -251,7 +249,6 @@ class _Context:
                 break
         else:  # only empty tensors that no variable here walks: a literal instead
             return Value("1.5", "float", True, 1.5)
-        self.op.reads[t.name] = self.op.reads.get(t.name, 0) + 1
         kind = "bool" if t.dtype == "bool" else ("float" if t.dtype[0] in "fb" else "int")
         return Value(f"{t.name}[{', '.join(idx)}]", kind, t.exact, t.mag)
 
@@ -487,13 +484,11 @@ def generate(seed: int, bf16: bool = False) -> Program:
         sizes[rnd.choice(SYMBOLS)] = 0
     ops: list[str] = []
     cases: list[OpCase] = []
-    float16 = False
     for n in range(rnd.choice([1, 1, 1, 2, 3])):
         if rnd.random() < 0.2:
             text, binds = _template(rnd, f"fz{n}", bf16)
             ops.append(text)
             cases.append(OpCase(f"fz{n}", binds))
-            float16 = float16 or "f16" in text
             continue
         b = _OpBuilder(rnd, f"fz{n}", sizes, bf16)
         b.add_inputs()
@@ -504,8 +499,7 @@ def generate(seed: int, bf16: bool = False) -> Program:
         results = [b.add_statement(result=f"Y{r}") for r in range(rnd.choice([1, 1, 2]))]
         ops.append(_format_op(b, results))
         cases.append(OpCase(b.name, {**{s: sizes[s] for s in b.syms}, **b.params}))
-        float16 = float16 or "f16" in ops[-1]
-    return Program(seed, "\n\n".join(ops) + "\n", cases, float16)
+    return Program(seed, "\n\n".join(ops) + "\n", cases)
 
 
 def _format_op(b: _OpBuilder, results: list[Tensor]) -> str:
