@@ -23,6 +23,8 @@ import torch
 from cuda_kernels import gpu_ms  # this folder's timing helper: CUDA events around queued calls
 
 import tcc
+from tcc import roofline as tcc_roofline
+from tcc.runtime import cuda as cuda_backend
 
 SOURCE = """
 op gemm(A: f32[M, K], B: f32[K, N]) -> C: f32[M, N] {
@@ -185,57 +187,17 @@ def measure(row: Row, trials: int) -> tuple[tuple[str, ...], float]:
     return cells, ours
 
 
-def peaks() -> dict[str, float]:
-    """The machine's ceilings, measured here: copy bandwidth (bytes read + written per second)
-    and the matrix rates PyTorch reaches on 8192^3 products (f32 FMA pipes, f16 tensor cores)."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    src = torch.randn(1 << 28, device="cuda")
-    dst = torch.empty_like(src)
-    a32, b32 = torch.randn(8192, 8192, device="cuda"), torch.randn(8192, 8192, device="cuda")
-    a16, b16 = a32.half(), b32.half()
-    copy = gpu_ms(lambda: dst.copy_(src), 10)
-    f32 = min(gpu_ms(lambda: a32 @ b32, 3) for _ in range(2))
-    f16 = min(gpu_ms(lambda: a16 @ b16, 10) for _ in range(2))
-    return {"mem": 8 * src.numel() / copy * 1e3, "f32": 2 * 8192**3 / f32 * 1e3, "f16": 2 * 8192**3 / f16 * 1e3}
-
-
 def roofline(rows: list[Row], times: list[float], png: str | None) -> None:
-    """FLOPs, bytes, intensity, the floor time from the measured ceilings and the fraction of it
-    that tcc reaches; a log-log plot with a point per workload when ``png`` is given."""
-    peak = peaks()
-    print(f"\nroofline: copy {peak['mem'] / 1e9:.0f} GB/s, f32 {peak['f32'] / 1e12:.1f} TFLOP/s, "
-          f"f16 tensor cores {peak['f16'] / 1e12:.0f} TFLOP/s (measured through PyTorch)")
-    print("| workload | GFLOP | MB | FLOP/byte | floor ms | bound | tcc ms | of floor |")
-    print("|---|---|---|---|---|---|---|---|")
-    points = []
-    for row, ms in zip(rows, times):
-        compute, memory = row.flops / peak[row.arith] * 1e3, row.nbytes / peak["mem"] * 1e3
-        floor = max(compute, memory)
-        bound = f"{row.arith} math" if compute > memory else "memory"
-        print(f"| {row.label} | {row.flops / 1e9:.2f} | {row.nbytes / 1e6:.1f} | {row.flops / row.nbytes:.2f} | "
-              f"{floor:.3f} | {bound} | {ms:.3f} | {floor / ms:.2f} |")
-        points.append((row.label, row.flops / row.nbytes, row.flops / ms * 1e3))
+    """FLOPs, bytes, intensity, the floor time from the machine's measured ceilings and the
+    fraction of it that tcc reaches (tcc.roofline, as ``tcc bench --roofline``); a log-log plot
+    with a point per workload when ``png`` is given."""
+    peak = tcc_roofline.peaks(cuda_backend.machine({}), cuda_backend.host_key({}))
+    points = [tcc_roofline.place(row.label, tcc_roofline.Cost(int(row.flops), int(row.nbytes), row.arith), ms / 1e3,
+                                 peak) for row, ms in zip(rows, times)]
+    print("\n" + tcc_roofline.report(points, peak))
     if png:
-        _plot(points, peak, png)
-
-
-def _plot(points: list[tuple[str, float, float]], peak: dict[str, float], png: str) -> None:
-    import matplotlib  # only for the plot
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(9, 6))
-    xs = [10 ** (e / 10) for e in range(-20, 41)]
-    for name, style in (("f32", "--"), ("f16", "-")):
-        ax.plot(xs, [min(peak[name], peak["mem"] * x) for x in xs], style, label=f"roof: {name} / copy BW")
-    for label, x, y in points:
-        ax.scatter([x], [y])
-        ax.annotate(label.split(" (")[0], (x, y), fontsize=7, xytext=(4, 2), textcoords="offset points")
-    ax.set(xscale="log", yscale="log", xlabel="FLOP per byte", ylabel="FLOP/s (tcc)", title="tcc on the GPU")
-    ax.legend()
-    fig.savefig(png, dpi=120, bbox_inches="tight")
-    print(f"wrote {png}")
+        tcc_roofline.plot(points, peak, png, "tcc on the GPU")
+        print(f"wrote {png}")
 
 
 def main() -> None:

@@ -3,7 +3,8 @@
     tcc check FILE
     tcc lower FILE --op NAME --stage STAGE [-D SYM=VALUE ...] [--shape T=64x32 ...]
     tcc run FILE --op NAME [-D ...] [--shape ...] [--check] [--repeat N]
-    tcc tune FILE --op NAME [-D ...] [--shape ...] [--trials N]
+    tcc tune FILE --op NAME [-D ...] [--shape ...] [--trials N] [--target cuda]
+    tcc bench FILE [--op NAME ...] [-D ...] [--shape ...] [--target cuda] [--roofline [--png PATH]]
     tcc onnx MODEL.onnx [--stage fused] [--run [--check]] [--shape INPUT=1x3x224x224]
 
 ``lower`` and ``run`` take ``--schedule "split(i, 32); ..."`` (replacing the file's schedule).
@@ -22,11 +23,15 @@ from collections.abc import Sequence
 import numpy as np
 
 import tcc
+from tcc import roofline
 from tcc.compiler import Library, Op
 from tcc.errors import TccArgumentError, TccError, TccRuntimeError
 from tcc.interop.onnx_check import run_against_onnxruntime
+from tcc.passes.te.specialize import specialize
 from tcc.runtime.binding import bind_cparams, bind_shapes, check_sizes
 from tcc.stack import deep
+from tcc.testing import max_relative_error, random_args, reference_results, tolerance
+from tcc.tune import DEFAULT_TRIALS, search, store_tuning, tunable
 
 ALL_STAGES = ("ast", "te", "fused", "loops", "scheduled", "llvm", "asm", "cuda", "ptx")
 
@@ -65,10 +70,21 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=None, help="random seed for the inputs")
     run.set_defaults(func=cmd_run)
 
-    tune = sub.add_parser("tune", help="search GEMM tile sizes for an op and store the winner in the cache")
+    tune = sub.add_parser("tune", help="search the auto-scheduler's tile sizes (CUDA: also pipeline depth and "
+                                       "block size) for an op and store the winner in the cache")
     _op_arguments(tune, schedule=False)
     tune.add_argument("--trials", type=int, default=None, help="candidates to time (default 12)")
     tune.set_defaults(func=cmd_tune)
+
+    bench = sub.add_parser("bench", help="time ops on random inputs; with --roofline, against the machine's peaks")
+    _op_arguments(bench, schedule=False, one_op=False)
+    bench.add_argument("--op", action="append", default=None, dest="ops",
+                       help="an op to time (repeatable; default: every op of the file)")
+    bench.add_argument("--repeat", type=int, default=20, help="timed runs per op (median reported)")
+    bench.add_argument("--roofline", action="store_true",
+                       help="FLOPs, bytes, intensity, the floor time at the measured peaks and the fraction reached")
+    bench.add_argument("--png", default="roofline.png", help="with --roofline: the plot, a point per op")
+    bench.set_defaults(func=cmd_bench)
 
     onnx = sub.add_parser("onnx", help="import an ONNX model: print a stage, or run it against onnxruntime")
     onnx.add_argument("model", help="an .onnx file")
@@ -83,9 +99,10 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _op_arguments(p: argparse.ArgumentParser, schedule: bool = True) -> None:
+def _op_arguments(p: argparse.ArgumentParser, schedule: bool = True, one_op: bool = True) -> None:
     p.add_argument("file")
-    p.add_argument("--op", help="the op (may be omitted when the file has one)")
+    if one_op:
+        p.add_argument("--op", help="the op (may be omitted when the file has one)")
     p.add_argument("-D", dest="defines", action="append", default=[], metavar="NAME=VALUE",
                    help="a shape symbol or compile-time parameter")
     p.add_argument("--shape", action="append", default=[], metavar="TENSOR=64x32",
@@ -118,9 +135,6 @@ def cmd_lower(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from tcc.passes.te.specialize import specialize
-    from tcc.testing import max_relative_error, random_args, reference_results, tolerance
-
     if args.repeat < 1:
         raise TccArgumentError(f"--repeat {args.repeat}: needs at least 1 timed run")
     if args.seed is not None and args.seed < 0:
@@ -164,10 +178,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from tcc.tune import DEFAULT_TRIALS, search, store_tuning, tunable
-
-    if args.target != "cpu":
-        raise TccArgumentError("tuning is CPU-only for now", hint="drop --target cuda")
     trials = args.trials if args.trials is not None else DEFAULT_TRIALS
     if trials < 1:
         raise TccArgumentError(f"--trials {trials}: needs at least 1")
@@ -175,7 +185,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     bindings = _bindings(op, args, need_all=True)
     lowered = op.lowered(bindings)
     if not tunable(lowered):
-        print(f"{op.name} [{_fmt(bindings)}]: no matrix multiply or convolution large enough to tune")
+        print(f"{op.name} [{_fmt(bindings)}]: nothing to tune (on the CPU: no matrix multiply or convolution "
+              "large enough)")
         return 0
     result = search(op, lowered, trials, progress=sys.stderr.isatty())
     print(f"{op.name} [{_fmt(bindings)}]: {len(result.timings)} candidates")
@@ -186,6 +197,59 @@ def cmd_tune(args: argparse.Namespace) -> int:
           f"({result.default_time / result.best_time:.2f}x the default's speed); stored in the cache, "
           f"used by tcc.compile(..., tune=True)")
     return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """``tcc bench FILE``: each op's median time on random inputs (device arrays on CUDA, each run
+    synchronised), then, with ``--roofline``, each against the machine's ceilings and a plot."""
+    if args.repeat < 1:
+        raise TccArgumentError(f"--repeat {args.repeat}: needs at least 1 timed run")
+    lib = _library(args)
+    names = args.ops or list(lib.ops)
+    unknown = [n for n in names if n not in lib.ops]
+    if unknown:
+        raise TccArgumentError(f"no op {unknown[0]!r} in {args.file}", hint=f"ops: {', '.join(lib.ops) or 'none'}")
+    points = []
+    peak = None
+    for name in names:
+        op = lib.ops[name]
+        bindings = _bindings(op, _known_to(op, args), need_all=True)
+        seconds = _median_time(op, bindings, args.repeat)
+        print(f"{name} [{_fmt(bindings)}] on {args.target}: median of {args.repeat} runs {seconds * 1e3:.4g} ms")
+        if args.roofline:
+            lowered = op.lowered(bindings)
+            peak = peak or roofline.peaks(lowered.target, op.cache_key({}))
+            points.append(roofline.place(name, roofline.cost(lowered.te, lowered.target), seconds, peak))
+    if args.roofline and peak is not None:
+        print(roofline.report(points, peak))
+        roofline.plot(points, peak, args.png, f"{args.file} on {args.target}")
+        print(f"wrote {args.png}")
+    return 0
+
+
+def _median_time(op: Op, bindings: dict[str, int | float], repeat: int) -> float:
+    inputs = random_args(op.te, bindings, np.random.default_rng(0))
+    on_gpu = op.target == "cuda"
+    if on_gpu:
+        inputs = [tcc.cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in inputs]
+    cparams = {k: v for k, v in bindings.items() if k in op.te.cparams}
+    out = op(*inputs, **cparams)  # compiles; its results are the outputs of the timed runs
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        op(*inputs, out=out, **cparams)
+        if on_gpu:
+            tcc.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _known_to(op: Op, args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with only the ``-D`` and ``--shape`` items that name something of ``op`` (one
+    command line sizes several ops)."""
+    names = {*op.te.symbols, *op.te.cparams}
+    return argparse.Namespace(**{**vars(args), "defines": [d for d in args.defines if _split(d, "-D", "")[0] in names],
+                                 "shape": [s for s in args.shape if _split(s, "--shape", "")[0] in op.te.inputs]})
 
 
 def cmd_onnx(args: argparse.Namespace) -> int:
@@ -208,11 +272,15 @@ def cmd_onnx(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------- helpers
 
-def _select_op(args: argparse.Namespace) -> Op:
+def _library(args: argparse.Namespace) -> Library:
     if args.arch is not None and args.target != "cuda":
         raise TccArgumentError(f"--arch {args.arch} is for --target cuda", hint="drop --arch on the CPU")
     options = {"arch": args.arch} if args.arch else {}
-    lib: Library = tcc.compile(args.file, target=args.target, **options)
+    return tcc.compile(args.file, target=args.target, **options)
+
+
+def _select_op(args: argparse.Namespace) -> Op:
+    lib = _library(args)
     ops = lib.ops
     if args.op is None:
         if len(ops) != 1:

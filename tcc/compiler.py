@@ -23,20 +23,22 @@ from tcc.frontend.schedules import Schedule, module_schedules, schedule_from_tex
 from tcc.frontend.sema import analyze
 from tcc.ir.loops import format_func
 from tcc.ir.te import OpTE, format_op
-from tcc.passes.pipeline import Lowered, run_pipeline
+from tcc.passes.pipeline import Lowered, lower_op
 from tcc.passes.te.fusion import format_fused
 from tcc.passes.te.im2col import CHOICES as CONV_CHOICES
 from tcc.passes.te.specialize import specialize
+from tcc.passes.trace import Trace
 from tcc.runtime import cache
 from tcc.runtime.binding import BoundCall, bind, bind_cparams
 from tcc.stack import deep
 from tcc.target import KINDS as TARGETS  # noqa: F401 - tcc.interop.onnx checks targets against it
 from tcc.target import Target, target_kind
+from tcc.tune import tuning_for
 
 MAX_PLANS = 64  # argument signatures remembered per op
 MAX_SOURCE_BYTES = 64 << 20
 # tcc.compile's options and the targets they fit (machine: a CudaTarget value given as target=)
-OPTIONS = {"conv": ("cpu", "cuda"), "arch": ("cuda",), "machine": ("cuda",)}
+OPTIONS = {"conv": ("cpu", "cuda"), "arch": ("cuda",), "machine": ("cpu", "cuda")}
 
 
 def check_options(options: dict[str, Any], target: str) -> None:
@@ -109,18 +111,14 @@ def compile(source: str | os.PathLike, target: str | Target = "cpu", tune: bool 
             **options: Any) -> Library:
     """Parse and check every op of ``source`` and its ``schedule`` blocks for ``target``; kernels
     are built on first call per shape. ``tune=True`` (or a number of trials) searches the
-    auto-scheduler's GEMM tiles on the first call per shape, or reuses the winner from the disk
-    cache; an op with a user's schedule is not tuned."""
-    if not isinstance(target, str) and target_kind(target) == "cuda":
+    auto-scheduler's knobs (CPU: GEMM tiles; CUDA: GEMM tile, pipeline depth, block size) on the
+    first call per shape, or reuses the winner from the disk cache; an op with a user's schedule
+    is not tuned."""
+    if not isinstance(target, str):
         options["machine"] = target  # schedules size their work from it; part of the cache key
-    elif not isinstance(target, str):
-        raise TccArgumentError("a CpuTarget value is not accepted yet: the CPU auto-scheduler reads the host",
-                               hint="use target='cpu'")
     target = target_kind(target)
     if not isinstance(tune, bool | int) or tune < 0:
         raise TccArgumentError(f"tune={tune!r}: expected True, False or a number of trials")
-    if tune and target != "cpu":
-        raise TccArgumentError("tuning is CPU-only for now", hint="drop tune=True for target cuda")
     check_options(options, target)
     text, filename = read_source(source)
     module, ops, schedules = deep(_check_module, text, filename, target)
@@ -156,6 +154,8 @@ def parse_cached(text: str, filename: str) -> ast.Module:
 
 
 def target_module(target: str):
+    """The backend of a target kind. Each is imported on first use, not by ``import tcc``: the CPU
+    backend loads LLVM (llvmlite), the CUDA one the driver bindings, and a process needs only its own."""
     if target == "cuda":
         from tcc.runtime import cuda
 
@@ -309,11 +309,9 @@ class Op:
 
     def lowered(self, bindings: dict[str, int | float],
                 after_pass: Callable[[str, str], None] | None = None) -> Lowered:
-        lowered = run_pipeline(self.te, bindings, self._backend.machine(self.options), after_pass, self.options,
-                               self.user_schedule.steps)
+        lowered = lower_op(self.te, bindings, self._backend.machine(self.options), self.options.get("conv", "auto"),
+                           Trace(after_pass), self.user_schedule.steps)
         if self.tune:
-            from tcc.tune import tuning_for
-
             lowered.tuning = tuning_for(self, lowered)
         return lowered
 

@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 
 from tcc import dtypes
+from tcc.codegen_cuda import driver
 from tcc.dtypes import DType
-from tcc.errors import TccArgumentError
+from tcc.errors import TccArgumentError, TccError
 
 __all__ = ["Array", "allocated_bytes", "device_count", "is_available", "synchronize", "to_device"]
 
@@ -30,8 +31,6 @@ class Array:
 
     def __init__(self, shape: tuple[int, ...], dtype: DType | str | np.dtype, device: int = 0, *,
                  stream: int = 0):
-        from tcc.codegen_cuda import driver
-
         self.shape = tuple(int(d) for d in shape)
         self.tcc_dtype = _as_dtype(dtype)
         self.device = device
@@ -44,8 +43,6 @@ class Array:
         ptr = getattr(self, "ptr", None)
         if ptr is None:
             return
-        from tcc.codegen_cuda import driver
-
         try:
             driver.context(self.device).activate()
             driver.free(ptr, self.nbytes, self._stream)
@@ -81,8 +78,6 @@ class Array:
         return out
 
     def _copy_to_host(self, out: np.ndarray) -> None:
-        from tcc.codegen_cuda import driver
-
         driver.context(self.device).activate()
         driver.copy_dtoh(out.ctypes.data, self.ptr, self.nbytes, self._stream, "Array.to_numpy")
         driver.synchronize(self._stream, "Array.to_numpy")
@@ -122,8 +117,6 @@ def _as_dtype(dtype: DType | str | np.dtype) -> DType:
 
 def to_device(array: Any, device: int = 0) -> Array:
     """A device copy of a host array."""
-    from tcc.codegen_cuda import driver
-
     host = np.ascontiguousarray(array)
     out = Array(host.shape, host.dtype, device)
     driver.copy_htod(out.ptr, host.ctypes.data, out.nbytes, 0, "tcc.cuda.to_device")
@@ -133,8 +126,6 @@ def to_device(array: Any, device: int = 0) -> Array:
 
 def is_available() -> bool:
     """Whether a CUDA GPU and driver are usable here."""
-    from tcc.codegen_cuda import driver
-    from tcc.errors import TccError
 
     try:
         return driver.device_count() > 0
@@ -143,23 +134,17 @@ def is_available() -> bool:
 
 
 def device_count() -> int:
-    from tcc.codegen_cuda import driver
-
     return driver.device_count()
 
 
 def synchronize(device: int = 0) -> None:
     """Wait for all of tcc's work on the legacy default stream of ``device``."""
-    from tcc.codegen_cuda import driver
-
     driver.context(device).activate()
     driver.synchronize(0, "tcc.cuda.synchronize")
 
 
 def allocated_bytes() -> int:
     """Device memory tcc holds now (arrays, call temporaries)."""
-    from tcc.codegen_cuda import driver
-
     return driver.live_bytes()
 
 

@@ -11,6 +11,8 @@ The strings ``"cpu"`` and ``"cuda"`` still name the default of each kind.
 
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import dataclass, fields, replace
 from typing import ClassVar
 
@@ -34,6 +36,22 @@ class CpuTarget:
 
     def key(self) -> str:
         return f"cpu:{_key(self)}"
+
+    @classmethod
+    def of_host(cls, triple: str, isa: str, features: str) -> CpuTarget:
+        """This machine: LLVM's view of its CPU (from the code generator) plus the cores this
+        process may run on and the data cache sizes."""
+        return cls(triple, isa, features, host_cores(), tuple(sorted(host_caches().items())))
+
+    def cache_bytes(self, level: int) -> int:
+        """The data cache of ``level`` (1, 2, 3), in bytes."""
+        return dict(self.caches)[level]
+
+    @property
+    def avx512(self) -> bool:
+        """AVX-512F and DQ (``vrangeps``, ``vscalefps``, non-temporal 64-byte stores)."""
+        flags = self.features.split(",")
+        return "+avx512f" in flags and "+avx512dq" in flags
 
 
 @dataclass(frozen=True)
@@ -69,6 +87,44 @@ _CUDA_PARTS = {
     "sm_89": CudaTarget("sm_89", 58, 48 << 10, 99 << 10, 100 << 10, 65536, 1024, 48 << 20),
     "sm_90": CudaTarget(),
 }
+
+def host_cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+@functools.cache
+def host_caches() -> dict[int, int]:
+    """Data cache sizes in bytes by level, from /sys (defaults where it is unreadable)."""
+    return read_caches("/sys/devices/system/cpu/cpu0/cache")
+
+
+def read_caches(root: str) -> dict[int, int]:
+    """Data cache sizes from a sysfs cache directory (``index*/{type,level,size}``)."""
+    sizes = dict(CpuTarget.caches)
+    try:
+        entries = sorted(e for e in os.listdir(root) if e.startswith("index"))  # not "uevent"
+    except OSError:
+        return sizes
+    for entry in entries:
+        path = os.path.join(root, entry)
+        try:
+            with open(os.path.join(path, "type")) as f:
+                if f.read().strip() == "Instruction":
+                    continue
+            with open(os.path.join(path, "level")) as f:
+                level = int(f.read())
+            with open(os.path.join(path, "size")) as f:
+                text = f.read().strip()
+        except (OSError, ValueError):
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        try:
+            sizes[level] = int(text.rstrip("KMG")) * scale
+        except ValueError:
+            continue
+    return sizes
+
 
 Target = CpuTarget | CudaTarget
 KINDS = ("cpu", "cuda")

@@ -1,9 +1,15 @@
-"""Autotuning, opt-in: a small search over the CPU auto-scheduler's GEMM tiles and k-loop unroll.
+"""Autotuning, opt-in: a small search over the knobs of the target's auto-scheduler.
 
-The heuristics of :func:`tcc.passes.autoschedule_cpu.schedule.gemm_params` are good on the hosts they were
-measured on; the tuner checks them on this host. It walks a few stages (register tile, k block,
-cache blocks, unroll), each trying a handful of values around the best so far, timing every
-candidate on random inputs (the median of a few runs), so it stays small: about a dozen builds.
+The auto-schedulers' heuristics are good on the machines they were measured on; the tuner checks
+them on this one. It walks a few stages, each trying a handful of values around the best so far
+and timing every candidate on random inputs (the median of a few runs), so it stays small: about
+a dozen builds, with a progress bar.
+
+* CPU (:func:`tcc.passes.autoschedule_cpu.gemm.gemm_params`): register tile, k block, cache
+  blocks, then the micro-kernel's k-loop unroll.
+* CUDA (:class:`tcc.passes.autoschedule_cuda.schedule.CudaTuning`): the FMA GEMM's tile, then its
+  pipeline depth, then the warps of the flat and row kernels.
+
 The winner is stored as a JSON entry in the disk cache under the op's specialisation key, so
 later processes (``tcc.compile(..., tune=True)``) use it at once.
 """
@@ -18,17 +24,24 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tcc.errors import TccError
-from tcc.passes.autoschedule_cpu.schedule import GEMM_MIN_FLOPS, contractions, gemm_params
-from tcc.passes.pipeline import Lowered, Tuning
+from tcc import cuda
+from tcc.errors import TccError, TccRuntimeError
+from tcc.passes.autoschedule_cpu.gemm import contractions, gemm_params
+from tcc.passes.autoschedule_cuda.gemm import SEARCH_TILES, fits
+from tcc.passes.autoschedule_cuda.schedule import CudaTuning
+from tcc.passes.pipeline import Lowered, Tuning, schedule
+from tcc.passes.te.fusion import GEMM_MIN_FLOPS
+from tcc.passes.trace import Trace
 from tcc.runtime import cache
+from tcc.target import CudaTarget
 
 if TYPE_CHECKING:
     from tcc.compiler import Op
 
 DEFAULT_TRIALS = 12
 RUNS = 5  # timed runs per candidate; the median is kept
-TUNE_KEY = "tune-v1"
+TUNE_KEY = "tune-v2"
+WARPS = (4, 8, 2, 16)  # block sizes of the CUDA flat and row kernels to try, in warps
 
 
 @dataclass
@@ -52,13 +65,18 @@ def stored_tuning(op: Op, lowered: Lowered) -> Tuning | None:
         return None
     try:
         tiles = {str(t): {str(k): int(v) for k, v in p.items()} for t, p in entry["tiles"].items()}
-        return Tuning(tiles, int(entry["unroll"]))
+        gpu = entry.get("cuda")
+        knobs = None if gpu is None else CudaTuning(tuple(int(v) for v in gpu["tile"]) if gpu["tile"] else None,
+                                                    int(gpu["stages"]), int(gpu["warps"]))
+        return Tuning(tiles, int(entry["unroll"]), knobs)
     except (KeyError, TypeError, ValueError, AttributeError):
         return None  # a malformed entry is a miss
 
 
 def store_tuning(op: Op, lowered: Lowered, result: TuneResult) -> None:
+    gpu = result.best.cuda
     entry = {"tiles": result.best.tiles, "unroll": result.best.unroll,
+             "cuda": None if gpu is None else {"tile": gpu.tile, "stages": gpu.stages, "warps": gpu.warps},
              "best_s": result.best_time, "default_s": result.default_time}
     cache.DiskCache(cache.cache_dir()).put_json(tuning_key(op, lowered), entry)
 
@@ -76,33 +94,45 @@ def tuning_for(op: Op, lowered: Lowered) -> Tuning | None:
 
 
 def tunable(lowered: Lowered) -> bool:
+    """CPU: a contraction large enough for the GEMM schedule; CUDA: any kernel (block sizes)."""
+    if isinstance(lowered.target, CudaTarget):
+        return bool(kernel_kinds(lowered))
     return any(info["flops"] >= GEMM_MIN_FLOPS for info in contractions(lowered.loops).values())
+
+
+def kernel_kinds(lowered: Lowered) -> set[str]:
+    """Which of the CUDA auto-scheduler's kernels the op gets (``gemm``, ``flat``, ``row``, ...),
+    from the trace of its default schedule."""
+    kinds: set[str] = set()
+    schedule(lowered.loops, lowered.target, lowered.steps, Tuning(),
+             Trace(lambda name, _text: kinds.add(name.split(":")[0])))
+    return kinds - {"empty", "bound by the user"}
 
 
 # ---------------------------------------------------------------- the search
 
 def search(op: Op, lowered: Lowered, trials: int = DEFAULT_TRIALS, progress: bool = True) -> TuneResult:
     """Time up to ``trials`` candidates stage by stage, keeping the fastest (the default first)."""
-    from tqdm import tqdm
+    from tqdm import tqdm  # imported when tuning, not by every ``import tcc``
 
-    infos = [i for i in contractions(lowered.loops).values() if i["flops"] >= GEMM_MIN_FLOPS]
-    largest = max(infos, key=lambda i: i["flops"])
-    base = gemm_params(largest["m"], largest["n"], largest["k"], largest["itemsize"])
+    if isinstance(lowered.target, CudaTarget) and not cuda.is_available():
+        raise TccRuntimeError(f"tuning {op.name} for cuda times its candidates on a GPU, and there is none here",
+                              op.te.span, "tune on the machine that runs the op: the winner is kept in the disk "
+                                          "cache (TCC_CACHE_DIR) for later processes")
+    best, stages, make = _space(lowered)
     measure = _timer(op, lowered)
     timings: list[tuple[Tuning, float]] = []
-    best: dict[str, int] = {**base, "unroll": 1}
     best_time = float("inf")
     tried: set[tuple] = set()
-    bar = tqdm(total=max(1, trials), desc=f"tuning {op.name}", unit="build", disable=not progress,
-               leave=False)
+    bar = tqdm(total=max(1, trials), desc=f"tuning {op.name}", unit="build", disable=not progress, leave=False)
     with bar:
-        for stage in STAGES:
+        for stage in stages:
             for candidate in stage(best):
                 ident = tuple(sorted(candidate.items()))
                 if ident in tried or len(tried) >= trials:
                     continue
                 tried.add(ident)
-                tuning = _tuning(candidate, infos)
+                tuning = make(candidate)
                 seconds = measure(tuning)
                 bar.update(1)
                 if seconds is None:
@@ -116,7 +146,34 @@ def search(op: Op, lowered: Lowered, trials: int = DEFAULT_TRIALS, progress: boo
     if not timings:
         raise TccError(f"tuning {op.name}: no candidate schedule could be built", op.te.span,
                        "compile without tune=True")
-    return TuneResult(_tuning(best, infos), best_time, timings[0][1], timings)
+    return TuneResult(make(best), best_time, timings[0][1], timings)
+
+
+Stage = Callable[[dict[str, int]], Iterator[dict[str, int]]]
+
+
+def _space(lowered: Lowered) -> tuple[dict[str, int], tuple[Stage, ...], Callable[[dict[str, int]], Tuning]]:
+    """(the default candidate, the stages that vary it, candidate -> Tuning) for the op's target."""
+    if isinstance(lowered.target, CudaTarget):
+        default = CudaTuning()
+        stages: tuple[Stage, ...] = (_cuda_tiles, _cuda_stages) if "gemm" in kernel_kinds(lowered) else ()
+        return {"bm": 0, "bn": 0, "bk": 0, "stages": default.stages, "warps": default.warps}, \
+            (*stages, _cuda_warps), _cuda_tuning
+    infos = [i for i in contractions(lowered.loops).values() if i["flops"] >= GEMM_MIN_FLOPS]
+    largest = max(infos, key=lambda i: i["flops"])
+    base = gemm_params(largest["m"], largest["n"], largest["k"], largest["itemsize"], lowered.target)
+    return {**base, "unroll": 1}, CPU_STAGES, lambda candidate: _tuning(candidate, infos)
+
+
+def candidates(lowered: Lowered, trials: int = DEFAULT_TRIALS) -> list[Tuning]:
+    """Every candidate a search would try if each were no faster than the default (the search
+    space, default first, at most ``trials``): what the tests build without timing."""
+    best, stages, make = _space(lowered)
+    seen: dict[tuple, Tuning] = {}
+    for stage in stages:
+        for candidate in stage(best):
+            seen.setdefault(tuple(sorted(candidate.items())), make(candidate))
+    return list(seen.values())[:trials]
 
 
 def _tuning(candidate: dict[str, int], infos: list[dict]) -> Tuning:
@@ -149,31 +206,60 @@ def _unrolls(best: dict[str, int]) -> Iterator[dict[str, int]]:
         yield {**best, "unroll": u}
 
 
-STAGES: tuple[Callable[[dict[str, int]], Iterator[dict[str, int]]], ...] = (
-    _register_tiles, _k_blocks, _cache_blocks, _unrolls)
+CPU_STAGES: tuple[Stage, ...] = (_register_tiles, _k_blocks, _cache_blocks, _unrolls)
+
+
+def _cuda_tiles(best: dict[str, int]) -> Iterator[dict[str, int]]:
+    yield best
+    for bm, bn, bk in SEARCH_TILES:
+        if fits((bm, bn, bk)):
+            yield {**best, "bm": bm, "bn": bn, "bk": bk}
+
+
+def _cuda_stages(best: dict[str, int]) -> Iterator[dict[str, int]]:
+    yield {**best, "stages": 3 - best["stages"]}  # the other of single- and double-buffered
+
+
+def _cuda_warps(best: dict[str, int]) -> Iterator[dict[str, int]]:
+    for warps in WARPS:
+        yield {**best, "warps": warps}
+
+
+def _cuda_tuning(candidate: dict[str, int]) -> Tuning:
+    tile = (candidate["bm"], candidate["bn"], candidate["bk"]) if candidate["bm"] else None
+    return Tuning(cuda=CudaTuning(tile, candidate["stages"], candidate["warps"]))
 
 
 def _timer(op: Op, lowered: Lowered) -> Callable[[Tuning], float | None]:
-    """Build a candidate, run it on fixed random inputs, return the median time (None: no build)."""
-    from tcc.testing import random_args
+    """Build a candidate, run it on fixed random inputs, return the median time (None: no build).
+    On CUDA the inputs live on the device and each run ends with a synchronisation."""
+    from tcc.testing import random_args  # imported when tuning, not by every ``import tcc``
 
+    on_gpu = isinstance(lowered.target, CudaTarget)
     bindings = dict(lowered.te.bindings)
     args = random_args(op.te, bindings, np.random.default_rng(0))
+    if on_gpu:
+        args = [cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in args]
     cparams = {k: v for k, v in bindings.items() if k in op.te.cparams}
     bound = op._bind(tuple(args), cparams)
     backend = op._backend
 
+    def run(kernel) -> None:
+        backend.invoke(kernel, op.te, bound, None)
+        if on_gpu:
+            cuda.synchronize()
+
     def measure(tuning: Tuning) -> float | None:
-        candidate = replace(lowered, tuning=tuning, after_pass=None, _scheduled=None)
+        candidate = replace(lowered, tuning=tuning, trace=Trace(), _scheduled=None)
         try:
             kernel = backend.load(op.name, backend.build(candidate.scheduled, op.options))
         except TccError:
             return None  # e.g. an unroll the nest does not allow
-        backend.invoke(kernel, op.te, bound, None)  # warm-up: caches, page faults, thread team
+        run(kernel)  # warm-up: caches, page faults, thread team, module load
         times = []
         for _ in range(RUNS):
             start = time.perf_counter()
-            backend.invoke(kernel, op.te, bound, None)
+            run(kernel)
             times.append(time.perf_counter() - start)
         return statistics.median(times)
 

@@ -7,7 +7,7 @@ import pytest
 from helpers import check_op
 
 import tcc
-from tcc.passes.autoschedule_cpu import schedule as autoschedule
+from tcc import target
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SRC = (EXAMPLES / "conv2d_relu.tc").read_text()
@@ -38,16 +38,16 @@ def test_nested_conv_gemm_is_scheduled():
     pack = text.index("Xp_patches_c1[jr, (kk_row_row * 3 + kk_row_col) * 3 + kk_col, jj] = select(")
     assert text.rindex("for kk_col in 0..3:", 0, pack) < text.rindex("for kk_row_row in 0..5:", 0, pack)
     parallel = [line.strip() for line in text.splitlines() if "# parallel" in line]
-    if autoschedule.threads() > 2:  # fewer images than threads: the statements inside fork
+    if target.host_cores() > 2:  # fewer images than threads: the statements inside fork
         assert parallel and not any(line.startswith("for n") for line in parallel)
-    elif autoschedule.threads() == 2:  # one image per thread: one fork per call, the GEMM serial
+    elif target.host_cores() == 2:  # one image per thread: one fork per call, the GEMM serial
         assert parallel == ["for n_1 in 0..2:  # parallel"]
 
 
 def test_batch_loop_runs_images_on_threads(rng, monkeypatch):
     """With at least one image per thread the batch loop is the one parallel loop: each thread
     gathers patches into, and multiplies from, its own buffers (allocated inside the loop)."""
-    monkeypatch.setattr(autoschedule, "threads", lambda: 2)
+    monkeypatch.setattr(target, "host_cores", lambda: 2)
     shapes = dict(N=3, C=5, H=17, W=13, F=19, KH=3, KW=3)
     check_op(SRC, "conv2d_relu", shapes, rng)
     op = tcc.compile(SRC, conv="im2col").conv2d_relu
@@ -104,7 +104,7 @@ op dw(X: f32[N, C, H, W], Wt: f32[C, 3, 3], b: f32[C]) -> Y: f32[N, C, H, W] {
 
 def test_batch_of_one_parallel_over_images_and_channels(rng, monkeypatch):
     """A batch of one gives one parallel iteration: n and c are fused into the parallel loop."""
-    monkeypatch.setattr(autoschedule, "threads", lambda: 2)
+    monkeypatch.setattr(target, "host_cores", lambda: 2)
     shapes = dict(N=1, C=9, H=67, W=45)
     check_op(DEPTHWISE, "dw", shapes, rng)
     op = tcc.compile(DEPTHWISE).dw
@@ -131,8 +131,8 @@ def test_cache_sizes_are_read_from_sysfs(tmp_path):
         (tmp_path / name).mkdir()
         for field, value in (("type", kind), ("level", str(level)), ("size", size)):
             (tmp_path / name / field).write_text(value + "\n")
-    assert autoschedule.read_caches(str(tmp_path)) == {1: 48 << 10, 2: 2 << 20, 3: 300 << 20}
-    assert autoschedule.read_caches(str(tmp_path / "missing")) == {1: 32 << 10, 2: 1 << 20, 3: 8 << 20}
+    assert target.read_caches(str(tmp_path)) == {1: 48 << 10, 2: 2 << 20, 3: 300 << 20}
+    assert target.read_caches(str(tmp_path / "missing")) == {1: 32 << 10, 2: 1 << 20, 3: 8 << 20}
 
 
 DEPTHWISE = """

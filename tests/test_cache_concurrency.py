@@ -228,7 +228,7 @@ def test_a_warm_start_parses_and_lowers_nothing_yet_prints_every_stage(fresh_cac
 
     with monkeypatch.context() as m:
         m.setattr(parser, "_parser", refuse)
-        m.setattr(compiler, "run_pipeline", refuse)
+        m.setattr(compiler, "lower_op", refuse)
         m.setattr(cpu, "build", refuse)
         op = tcc.compile(path).conv2d
         np.testing.assert_array_equal(op(x, w, b, P=1), expected)

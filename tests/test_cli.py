@@ -34,7 +34,7 @@ def test_lower_with_shapes_and_print_after_all(capsys):
     code, out, _ = run(capsys, "lower", str(EXAMPLES / "conv2d.tc"), "--shape", "X=1x3x8x8", "--shape",
                        "Wt=4x3x3x3", "-D", "P=1", "--stage", "loops", "--print-after-all")
     assert code == 0
-    for name in ("specialize", "bounds", "lower", "schedule"):
+    for name in ("specialize", "bounds", "inline", "im2col", "group", "lower", "streaming stores"):
         assert f";; ---- after {name} ----" in out
     assert "Y: f32[1, 4, 8, 8]" in out
 

@@ -20,8 +20,8 @@ SOFTMAX = """op softmax(X: f32[N, C]) -> Y: f32[N, C] {
 
 def _run(src, name, bindings, rng, steps=None, monkeypatch=None):
     if steps is not None:
-        original = pipeline.schedule_for_target
-        monkeypatch.setattr(pipeline, "schedule_for_target", lambda f, t, *a, **k: original(f, t, steps))
+        original = pipeline.schedule
+        monkeypatch.setattr(pipeline, "schedule", lambda f, t, *a, **k: original(f, t, tuple(steps)))
     op = tcc.compile(src)[name]
     args = random_args(op.te, bindings, rng)
     expected = reference_results(op.te, args, bindings)

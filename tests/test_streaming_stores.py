@@ -1,17 +1,19 @@
-"""Large write-only results take non-temporal stores where aligned (codegen_cpu/llvm_ir.py)."""
+"""Large write-only results take non-temporal stores where aligned: the CPU schedule marks them
+(passes/autoschedule_cpu/streaming.py), codegen_cpu/llvm_ir.py emits them."""
 
 import numpy as np
 import pytest
 
 import tcc
-from tcc.codegen_cpu.llvm_ir import _avx512, stream_bytes
-from tcc.runtime.cpu import aligned_empty
+from tcc.passes.autoschedule_cpu.streaming import stream_bytes
+from tcc.runtime.cpu import aligned_empty, machine
 
 SRC = "op fma_relu(A: f32[N], B: f32[N], C: f32[N]) -> Y: f32[N] { Y[i] = max(A[i] * B[i] + C[i], 0.0) }"
-BIG = stream_bytes() // 4 + 7  # elements: past the threshold (4 L2s of the tests' host model), with a tail
+AVX512 = machine({}).avx512
+BIG = stream_bytes(machine({})) // 4 + 7  # elements: past the threshold (4 L2s of the tests' host model), with a tail
 
 
-@pytest.mark.skipif(not _avx512(), reason="non-temporal stores are emitted on AVX-512 hosts")
+@pytest.mark.skipif(not AVX512, reason="non-temporal stores are emitted on AVX-512 hosts")
 def test_only_large_results_stream():
     op = tcc.compile(SRC).fma_relu
     small = np.ones(1000, np.float32)
@@ -19,6 +21,7 @@ def test_only_large_results_stream():
     big = np.ones(BIG, np.float32)
     text = op.lower(big, big, big, stage="llvm")
     assert "!nontemporal" in text and "llvm.x86.sse.sfence" in text
+    assert "streamed: Y" in op.lower(big, big, big, stage="scheduled")  # the schedule's decision, in the loop IR
 
 
 @pytest.mark.parametrize("offset", [0, 1])  # out= on a cache line, and one element past it (plain stores)

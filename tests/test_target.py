@@ -27,8 +27,31 @@ def test_strings_name_the_default_targets():
     assert default_target("cuda") == CudaTarget() and CudaTarget().sms == 132
     with pytest.raises(TccArgumentError, match="unknown target 'tpu'"):
         tcc.compile(SOURCE, target="tpu")
-    with pytest.raises(TccArgumentError, match="CpuTarget"):
-        tcc.compile(SOURCE, target=CpuTarget())
+
+
+MATMUL = "op mm(A: f32[M, K], B: f32[K, N]) -> C: f32[M, N] { C[i, j] = sum[k](A[i, k] * B[k, j]) }"
+
+
+@pytest.mark.parametrize("cores", [1, 3])
+def test_a_cpu_target_value_sizes_the_schedule(cores, rng):
+    """The CPU auto-scheduler splits work over the target's cores and tiles for its caches,
+    whatever this host has; the target's key separates the kernels."""
+    target = CpuTarget(cores=cores, caches=((1, 48 << 10), (2, 2 << 20), (3, 32 << 20)))
+    op = tcc.compile(MATMUL, target=target).mm
+    bindings = dict(M=97, K=33, N=65)
+    args = random_args(op.te, bindings, rng)
+    out = np.full((97, 65), np.nan, np.float32)
+    op(*args, out=out)
+    assert_matches(out, reference_results(op.te, args, bindings)[0], op.te.tensors["C"].dtype, "C")
+    kinds = {s.kind for s in walk_stmts(op.lowered(bindings).scheduled.body) if isinstance(s, For)}
+    assert ("parallel" in kinds) == (cores > 1)
+    assert op.cache_key(bindings) != tcc.compile(MATMUL).mm.cache_key(bindings)
+
+
+def test_a_cpu_target_may_not_ask_for_features_this_cpu_lacks():
+    op = tcc.compile(MATMUL, target=CpuTarget(features="+no-such-feature")).mm
+    with pytest.raises(TccArgumentError, match="not on this CPU"):
+        op.lower(np.ones((4, 4), np.float32), np.ones((4, 4), np.float32), stage="scheduled")
 
 
 def test_architecture_defaults():

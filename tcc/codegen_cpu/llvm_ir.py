@@ -22,11 +22,13 @@ from llvmlite import ir
 from llvmlite.ir import instructions as ir_instructions
 
 from tcc import dtypes
+from tcc.codegen_cpu.jit import load_thread_runtime
 from tcc.dtypes import DType
 from tcc.errors import TccCompileError
 from tcc.ir.expr import Binary, Call, Cast, Const, Expr, Load, Select, Unary, Var
 from tcc.ir.loops import Allocate, Barrier, Buffer, For, If, Let, LoopFunc, Seq, Stmt, Store
-from tcc.passes.loops.loopnest import flat_coeff, loads
+from tcc.passes.loops.loopnest import flat_coeff
+from tcc.target import CpuTarget
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()
@@ -37,7 +39,6 @@ _ICMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 _LIBM = {"tanh", "erf"}
 MAX_SPREAD_STRIDE = 4  # lanes this far apart load as one wider masked load and a shuffle
 CHUNKS_PER_THREAD = 4  # grabs per thread of a parallel loop: balance against preempted threads
-STREAM_L2S = 4  # results of at least this many L2s are stored around the cache (non-temporal)
 CACHE_LINE = 64
 _INTRINSIC = {"exp", "log", "sqrt", "sin", "cos", "floor", "ceil", "abs"}
 
@@ -57,13 +58,12 @@ def memory_type(dtype: DType) -> ir.Type:
     return I8 if dtype.is_bool else value_type(dtype)
 
 
-def build_module(func: LoopFunc, triple: str = "", data_layout: str = "") -> ir.Module:
+def build_module(func: LoopFunc, target: CpuTarget) -> ir.Module:
+    """The kernel as an LLVM module; ``target``'s features choose its intrinsics (AVX-512)."""
     module = ir.Module(name=func.name)
-    if triple:
-        module.triple = triple
-    if data_layout:
-        module.data_layout = data_layout
-    _FunctionBuilder(module, func).build()
+    if target.triple:
+        module.triple = target.triple
+    _FunctionBuilder(module, func, target).build()
     return module
 
 
@@ -86,9 +86,10 @@ def symbol_name(func: LoopFunc) -> str:
 class _FunctionBuilder:
     """Emits one kernel; parallel loop bodies become outlined functions run by libgomp."""
 
-    def __init__(self, module: ir.Module, func: LoopFunc):
+    def __init__(self, module: ir.Module, func: LoopFunc, target: CpuTarget):
         self.module = module
         self.func = func
+        self.avx512 = target.avx512
         self.contract = bool(func.attrs.get("fp_contract"))
         fnty = ir.FunctionType(I32, [PTR])
         self.fn = ir.Function(module, fnty, symbol_name(func))
@@ -101,7 +102,7 @@ class _FunctionBuilder:
         self.vec: tuple[str, int] | None = None  # (var, lanes) inside a vector loop
         self.lane0 = False  # evaluate the vector var as its first lane (address computations)
         self.outlined = 0
-        self.streamed = _streamed_outputs(func)
+        self.streamed = set(func.attrs.get("streamed", ()))  # marked by the schedule
 
     # ------------------------------------------------------------ structure
     def build(self) -> None:
@@ -690,7 +691,7 @@ class _FunctionBuilder:
                 x, k = bound
                 keep = b.fcmp_unordered(">" if op == "max" else "<", x, k)
                 return b.select(keep, x, k)
-            if _avx512() and isinstance(a.type, ir.VectorType) and str(a.type.element) == "float":
+            if self.avx512 and isinstance(a.type, ir.VectorType) and str(a.type.element) == "float":
                 return self._range(a, c, op)
             return b.call(self._intrinsic("maximum" if op == "max" else "minimum", a.type, 2), [a, c])
         if op == "pow":
@@ -848,7 +849,7 @@ class _FunctionBuilder:
         b = self.builder
         ty = x.type
         f = lambda v: _const(ty, v)  # noqa: E731
-        scalef = _avx512()
+        scalef = self.avx512
         # clamp with selects that keep NaN (x86 max/min would drop it)
         xc = b.select(b.fcmp_ordered("<", x, f(-104.0)), f(-104.0), x)
         xc = b.select(b.fcmp_ordered(">", xc, f(89.0)), f(89.0), xc)
@@ -933,24 +934,6 @@ class _FunctionBuilder:
         return parts[0] if count == 16 else b.shuffle_vector(parts[0], parts[0], _lanes(range(count)))
 
 
-def stream_bytes() -> int:
-    """Results at least this large take non-temporal stores: ``STREAM_L2S`` times L2 (8 MiB on
-    the development host, where a 4096x1024 softmax and layernorm got 5-15% faster that way)."""
-    from tcc.passes.autoschedule_cpu.schedule import host_caches
-
-    return STREAM_L2S * host_caches()[2]
-
-
-def _streamed_outputs(func: LoopFunc) -> set[str]:
-    """Results the kernel only writes and that are too large to stay in cache, on x86 hosts
-    with AVX-512: their unit-stride vector stores bypass the cache."""
-    if not _avx512():
-        return set()
-    read = {ld.buffer for ld in loads(func.body)}
-    return {p.name for p in func.params if isinstance(p, Buffer) and p.name not in read
-            and p.size * p.dtype.itemsize >= stream_bytes()}
-
-
 def _against_constant(lhs: Expr | None, rhs: Expr, a: ir.Value, c: ir.Value) -> tuple[ir.Value, ir.Value] | None:
     """(x, k) for ``max``/``min`` of a value and a non-NaN constant, else None: ``x > k ? x : k``
     with an unordered compare (so a NaN ``x`` comes through, and ``max(-0.0, 0.0)`` is ``0.0``)
@@ -970,15 +953,6 @@ def _spreads(stride: int | None, lanes: int) -> bool:
 def _lanes(indices: range | list[int]) -> ir.Constant:
     """A shufflevector mask."""
     return ir.Constant(ir.VectorType(I32, len(indices)), list(indices))
-
-
-@functools.cache
-def _avx512() -> bool:
-    """Whether the host (every kernel's target: see jit.host) has AVX-512F and DQ (vrangeps)."""
-    from tcc.codegen_cpu.jit import host
-
-    features = host()[2].split(",")
-    return "+avx512f" in features and "+avx512dq" in features
 
 
 def _peel_allocates(s: Stmt) -> tuple[Stmt, list[Buffer]]:
@@ -1045,6 +1019,4 @@ def _const_extent(s: For) -> int:
 @functools.cache
 def threads_available() -> bool:
     """Whether libgomp (the thread team parallel loops run on) could be loaded into the process."""
-    from tcc.codegen_cpu.jit import load_thread_runtime
-
     return load_thread_runtime()

@@ -20,6 +20,7 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 
 from tcc.errors import Source, Span, TccSyntaxError
 from tcc.frontend import ast
+from tcc.paths import cache_dir
 
 _GRAMMAR = Path(__file__).with_name("grammar.lark")
 _TABLES = Path(__file__).with_name("grammar.tables")  # the LALR tables, built by write_tables()
@@ -64,8 +65,6 @@ def _parser() -> lark.Lark:
     shipped = _shipped_parser()
     if shipped is not None:
         return shipped
-    from tcc.runtime.cache import cache_dir
-
     root = cache_dir()
     cache: bool | str = False
     if root is not None:

@@ -177,6 +177,8 @@ def format_func(f: LoopFunc) -> str:
         else:
             params.append(f"{p.name}: {p.dtype}")
     lines = [f"func {f.name}({', '.join(params)}) {{"]
+    if f.attrs.get("streamed"):  # results stored around the cache (non-temporal), the schedule's choice
+        lines.append(f"    # streamed: {', '.join(f.attrs['streamed'])}")  # type: ignore[arg-type]
     _format_stmt(f.body, 1, lines)
     lines.append("}")
     return "\n".join(lines)

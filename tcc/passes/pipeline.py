@@ -1,38 +1,49 @@
-"""The pipeline of each target: named stages, each a pure pass over an IR value.
+"""The pipeline: every pass in order, one line each (Halide's ``src/Lower.cpp`` is the model).
 
-``run_pipeline`` takes a checked TE op and concrete bindings to a scheduled loop function,
-calling ``after_pass(name, text)`` after each pass so that ``--print-after-all`` and
-``lower(stage=...)`` show exactly what the compiler did.
+Two halves. :func:`lower_op` is the same for every target: a checked TE op and concrete
+bindings down to plain loop nests. :func:`schedule` is the target's: the user's schedule steps,
+then the target's auto-scheduler (CPU: tiles, packing, vectors, threads; CUDA: kernels bound
+to blocks and threads). Every pass reports through one :class:`~tcc.passes.trace.Trace`, so
+``--print-after-all`` shows the IR after each, ``(unchanged)`` where a pass changed nothing, and
+the auto-schedulers report each of their steps the same way.
+
+Scheduling runs on first use (:attr:`Lowered.scheduled`): a warm start finds the kernel in the
+disk cache and never needs it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tcc.ir.loops import LoopFunc, format_func, verify_func
-from tcc.ir.te import OpTE, format_op, verify_op
+from tcc.ir.loops import LoopFunc, verify_func
+from tcc.ir.te import OpTE, verify_op
+from tcc.passes.autoschedule_cpu.schedule import autoschedule
+from tcc.passes.autoschedule_cuda.schedule import CudaTuning, schedule_cuda
 from tcc.passes.loops.schedule import Step, apply_schedule, check_gpu_schedule
 from tcc.passes.te.bounds import check_bounds
-from tcc.passes.te.fusion import format_fused, fuse
+from tcc.passes.te.fusion import group_statements, inline_intermediates
 from tcc.passes.te.im2col import im2col
 from tcc.passes.te.lower import lower
 from tcc.passes.te.specialize import specialize
-from tcc.target import CudaTarget, Target, default_target
+from tcc.passes.trace import SILENT, Trace
+from tcc.target import CudaTarget, Target
 
-AfterPass = Callable[[str, str], None]
-GEMM_K_LOOP = "kk"  # the micro-kernel's k loop in the auto-scheduler's GEMM nest, unrolled by tuning
+GEMM_K_LOOP = "kk"  # the micro-kernel's k loop in the CPU auto-scheduler's GEMM nest, unrolled by tuning
 
 
 @dataclass(frozen=True)
 class Tuning:
-    """What the tuner may change in the CPU auto-schedule: GEMM tiles by result tensor
-    (``gemm_params`` keys) and an unroll factor for the micro-kernel's k loop."""
+    """What the tuner may change in an auto-schedule. CPU: GEMM tiles by result tensor
+    (``gemm_params`` keys) and an unroll factor for the micro-kernel's k loop; CUDA: the GEMM
+    tile, pipeline depth and block size of :class:`CudaTuning`."""
 
     tiles: dict[str, dict[str, int]] = field(default_factory=dict)
     unroll: int = 1
+    cuda: CudaTuning | None = None
 
     def __str__(self) -> str:
+        if self.cuda is not None:
+            return str(self.cuda)
         tiles = "; ".join(f"{t}: " + " ".join(f"{k}={v}" for k, v in sorted(p.items()))
                           for t, p in sorted(self.tiles.items()))
         return f"{tiles}; unroll={self.unroll}"
@@ -40,17 +51,14 @@ class Tuning:
 
 @dataclass
 class Lowered:
-    """What the pipeline produced for one specialisation; the schedule runs on first use.
-
-    A warm start (the kernel is in the disk cache) never needs the scheduled loops, so they are
-    built only when code is generated or a stage after ``loops`` is printed.
-    """
+    """What the target-independent half produced for one specialisation; the schedule runs on
+    first use of :attr:`scheduled`."""
 
     te: OpTE  # specialised and fused TE (its fusion decisions in ``fusion_notes``)
     loops: LoopFunc  # plain loop nests, straight from the TE
     target: Target  # the machine the schedule sizes its work for
-    after_pass: AfterPass | None = None
-    steps: tuple = ()  # the user's schedule (tcc.passes.loops.schedule.Step); empty: the auto-scheduler
+    trace: Trace = SILENT
+    steps: tuple[Step, ...] = ()  # the user's schedule; empty: the auto-scheduler alone
     tuning: Tuning | None = None  # the tuner's choice for the auto-scheduler (tcc.tune)
     _scheduled: LoopFunc | None = field(default=None, repr=False)
 
@@ -58,52 +66,39 @@ class Lowered:
     def scheduled(self) -> LoopFunc:
         """The loops after the target's schedule."""
         if self._scheduled is None:
-            tuning = self.tuning or Tuning()
-            scheduled = schedule_for_target(self.loops, self.target, list(self.steps), tuning.tiles, tuning.unroll)
-            verify_func(scheduled)
-            if self.after_pass is not None:
-                self.after_pass("schedule", format_func(scheduled))
-            self._scheduled = scheduled
+            self._scheduled = schedule(self.loops, self.target, self.steps, self.tuning or Tuning(), self.trace)
         return self._scheduled
 
 
-def run_pipeline(op: OpTE, bindings: dict[str, int | float], target: str | Target,
-                 after_pass: AfterPass | None = None, options: dict | None = None, steps: tuple = ()) -> Lowered:
-    def report(name: str, text: str) -> None:
-        if after_pass is not None:
-            after_pass(name, text)
-
-    te = specialize(op, bindings)
+def lower_op(op: OpTE, bindings: dict[str, int | float], target: Target, conv: str = "auto",
+             trace: Trace = SILENT, steps: tuple[Step, ...] = ()) -> Lowered:
+    """The passes every target shares: a checked TE op down to loop nests for ``bindings``."""
+    te = trace("specialize", specialize(op, bindings))
     verify_op(te)
-    report("specialize", format_op(te))
     check_bounds(te)
-    report("bounds", "all reads proved in bounds")
-    conv = (options or {}).get("conv", "auto")
-    te = fuse(te, before_grouping=lambda t: im2col(t, conv))
-    report("fusion", format_fused(te))
-    loops = lower(te)
+    trace.note("bounds", "all reads proved in bounds")
+    te = trace("inline", inline_intermediates(te))
+    te = trace("im2col", im2col(te, conv))
+    te = trace("group", group_statements(te))
+    loops = trace("lower", lower(te))
     verify_func(loops)
-    report("lower", format_func(loops))
-    return Lowered(te, loops, default_target(target), after_pass, steps)
+    return Lowered(te, loops, target, trace, steps)
 
 
-def schedule_for_target(func: LoopFunc, target: str | Target, steps: list | None = None,
-                        params: dict | None = None, unroll: int = 1) -> LoopFunc:
-    """The user's schedule when there is one, else the target's auto-scheduler (with the tuner's
-    GEMM tiles ``params`` by result tensor, and its k-loop unroll factor)."""
-    machine = default_target(target)
-    if isinstance(machine, CudaTarget):
-        from tcc.passes.autoschedule_cuda.schedule import schedule_cuda
+def schedule(func: LoopFunc, target: Target, steps: tuple[Step, ...] = (), tuning: Tuning = Tuning(),
+             trace: Trace = SILENT) -> LoopFunc:
+    """The target's half: the user's steps (each a loop primitive), then the auto-scheduler of
+    ``target`` (on the CPU only where the user wrote no schedule; on CUDA for every nest the
+    user did not bind to blocks)."""
+    scheduled = apply_schedule(func, list(steps), trace)
+    if isinstance(target, CudaTarget):
+        if steps:
+            check_gpu_schedule(func, scheduled, list(steps))
+        scheduled = schedule_cuda(scheduled, target, tuning.cuda or CudaTuning(), trace)
+    elif not steps:
+        scheduled = autoschedule(scheduled, target, tuning.tiles, trace)
+        if tuning.unroll > 1:
+            scheduled = apply_schedule(scheduled, [Step("unroll", (GEMM_K_LOOP, "by", tuning.unroll))], trace)
+    verify_func(scheduled)
+    return scheduled
 
-        if steps:  # the nests the user bound are kernels as they are; the others are auto-scheduled
-            scheduled = apply_schedule(func, steps)
-            check_gpu_schedule(func, scheduled, steps)
-            func = scheduled
-        return schedule_cuda(func, machine)
-
-    if steps:
-        return apply_schedule(func, steps)
-    from tcc.passes.autoschedule_cpu.schedule import autoschedule
-
-    func = autoschedule(func, params)
-    return apply_schedule(func, [Step("unroll", (GEMM_K_LOOP, "by", unroll))]) if unroll > 1 else func

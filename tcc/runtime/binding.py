@@ -16,7 +16,7 @@ import numpy as np
 
 from tcc import dtypes
 from tcc.errors import TccArgumentError, TccShapeError
-from tcc.ir.expr import Const, substitute
+from tcc.ir.expr import Const, Var, substitute
 from tcc.ir.te import OpTE
 from tcc.passes.simplify import evaluate_int
 
@@ -183,8 +183,6 @@ def _fmt(bindings: dict[str, int | float]) -> str:
 
 
 def _bind_dim(op: OpTE, name: str, dim: int, expr, size: int, bindings: dict, where: dict) -> None:
-    from tcc.ir.expr import Var
-
     if isinstance(expr, Var) and expr.name in op.symbols and expr.name not in bindings:
         bindings[expr.name] = size
         where[expr.name] = (name, dim)

@@ -21,16 +21,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from tcc.paths import cache_dir
+
 _MAGIC = b"TCC-CACHE-1\n"
-
-
-def cache_dir() -> Path | None:
-    """``$TCC_CACHE_DIR``, else the user's cache directory; ``TCC_CACHE_DIR=""`` disables it."""
-    configured = os.environ.get("TCC_CACHE_DIR")
-    if configured is not None:
-        return Path(configured) if configured else None
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "tcc"
 
 
 @functools.cache

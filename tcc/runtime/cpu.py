@@ -22,7 +22,6 @@ from tcc.codegen_cpu import jit
 from tcc.codegen_cpu.llvm_ir import build_module, symbol_name
 from tcc.errors import TccArgumentError, TccCompileError, TccRuntimeError, TccTypeError
 from tcc.ir.loops import Buffer, For, LoopFunc, walk_stmts
-from tcc.passes.autoschedule_cpu import schedule as autoschedule
 from tcc.runtime.binding import as_host_array, out_list
 from tcc.runtime.cache import pack_artifact, unpack_artifact
 from tcc.target import CpuTarget
@@ -32,24 +31,32 @@ _MAGIC = b"TCC-CPU-1\n"
 
 
 def machine(options: dict[str, Any]) -> CpuTarget:
-    """The host as the auto-scheduler sees it: CPU, features, threads and cache sizes."""
-    triple, cpu, features = jit.host()
-    return CpuTarget(triple, cpu, features, autoschedule.threads(), tuple(sorted(autoschedule.host_caches().items())))
+    """The machine to compile for: the CpuTarget given to tcc.compile, else this host (its CPU and
+    features, the cores this process may use, its cache sizes). Kernels run here, so a given
+    target may not ask for features this CPU lacks."""
+    given = options.get("machine")
+    if given is None:
+        return CpuTarget.of_host(*jit.host())
+    missing = set(given.features.split(",")) - set(jit.host()[2].split(",")) - {""}
+    if missing:
+        raise TccArgumentError(f"CpuTarget features {', '.join(sorted(missing))} are not on this CPU",
+                               hint="kernels run on this machine: drop those features (or give none)")
+    return given
 
 
 def host_key(options: dict[str, Any]) -> str:
     return machine(options).key()
 
 
-def llvm_ir(func: LoopFunc) -> str:
-    return str(build_module(func))
+def llvm_ir(func: LoopFunc, target: CpuTarget) -> str:
+    return str(build_module(func, target))
 
 
 def build(func: LoopFunc, options: dict[str, Any] | None = None) -> bytes:
     """The artifact the cache stores: the kernel's symbol and parameters, then optimised object code."""
     params = [[p.name, isinstance(p, Buffer), p.dtype.name] for p in func.params]
     level = llvm_level(func)
-    obj = jit.emit_object(jit.optimize(llvm_ir(func), level), level)
+    obj = jit.emit_object(jit.optimize(llvm_ir(func, machine(options or {})), level), level)
     return pack_artifact(_MAGIC, {"symbol": symbol_name(func), "params": params}, obj)
 
 
@@ -69,9 +76,9 @@ def _parse(artifact: bytes) -> tuple[dict[str, Any], bytes]:
         raise TccCompileError(f"unusable cached CPU kernel ({exc})") from None
 
 
-def assembly(func: LoopFunc) -> str:
+def assembly(func: LoopFunc, target: CpuTarget) -> str:
     level = llvm_level(func)
-    return jit.emit_assembly(jit.optimize(llvm_ir(func), level), level)
+    return jit.emit_assembly(jit.optimize(llvm_ir(func, target), level), level)
 
 
 class CpuKernel:
@@ -112,7 +119,8 @@ def load(name: str, artifact: bytes) -> CpuKernel:
 
 
 def stage_text(func: LoopFunc, stage: str, options: dict[str, Any]) -> str:
-    return llvm_ir(func) if stage == "llvm" else assembly(func)
+    target = machine(options)
+    return llvm_ir(func, target) if stage == "llvm" else assembly(func, target)
 
 
 def invoke(kernel: CpuKernel, op, bound, out: Any) -> list[Any]:

@@ -30,7 +30,7 @@ from tcc.runtime.binding import as_host_array, out_list
 from tcc.runtime.cache import pack_artifact, unpack_artifact
 from tcc.target import CudaTarget
 
-STAGES = ("ast", "te", "loops", "scheduled", "cuda", "ptx")
+STAGES = ("ast", "te", "fused", "loops", "scheduled", "cuda", "ptx")
 _MAGIC = b"TCC-CUBIN-1\n"
 _SYNC = os.environ.get("TCC_CUDA_SYNC", "") not in ("", "0")  # debugging: synchronise after every call
 
@@ -415,8 +415,6 @@ def _new_device_tensor(shape: tuple[int, ...], dt: DType, kind: str, device: int
 
         with cupy.cuda.Device(device):
             return cupy.empty(shape, dt.numpy)
-    from tcc.cuda import Array
-
     return Array(shape, dt, device, stream=stream)
 
 

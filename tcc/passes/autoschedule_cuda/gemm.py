@@ -37,6 +37,9 @@ SMS = CudaTarget().sms  # the default target's multiprocessors, where none is gi
 # (BM, BN, BK): the largest tile that still gives a full grid is chosen; TM = BM / 16, TN = BN / 16
 TILES = ((128, 128, 16), (128, 64, 16), (64, 128, 16), (64, 64, 16), (32, 32, 8))
 MIN_K = 4  # shorter reductions stay one thread per output
+# the tiles the tuner may try besides TILES: every side a multiple of SIDE * RUN or SIDE, and each
+# operand's BK x tile slice a whole number of loads per thread
+SEARCH_TILES = (*TILES, (128, 128, 8), (64, 64, 32), (128, 32, 16), (32, 128, 16), (64, 32, 16), (32, 64, 16))
 
 
 @dataclass
@@ -104,6 +107,13 @@ def _reads(e: Expr, acc: Buffer) -> bool:
     return any(isinstance(n, Load) and n.buffer == acc.name for n in walk(e))
 
 
+def fits(tile: tuple[int, int, int]) -> bool:
+    """Whether the kernel can be built with ``tile``: each thread owns whole rows and columns of
+    the register tile, and the fills give every thread the same number of elements."""
+    bm, bn, bk = tile
+    return bm % SIDE == 0 and bn % SIDE == 0 and bk * bm % THREADS == 0 and bk * bn % THREADS == 0
+
+
 def choose_tile(m: int, n: int, batch: int, tiles: tuple[tuple[int, int, int], ...] = TILES,
                 sms: int = SMS) -> tuple[int, int, int]:
     """The largest (BM, BN, BK) of ``tiles`` that fits the problem and still fills the ``sms``
@@ -128,12 +138,15 @@ class Builder:
     # on double-buffered f32 kernels in session 2; 96 compiles of these ran clean.
     double_buffered = True
 
-    def __init__(self, c: Contraction, fresh, decompose, sms: int = SMS):
+    def __init__(self, c: Contraction, fresh, decompose, sms: int = SMS, tile: tuple[int, int, int] | None = None,
+                 stages: int | None = None):
         self.c = c
         self.fresh = fresh
         self.decompose = self._narrow(decompose) if self.narrow else decompose
         self.m, self.n, self.k = c.size(c.m_axes), c.size(c.n_axes), c.size(c.k_axes)
-        self.bm, self.bn, self.bk = choose_tile(self.m, self.n, c.size(c.batch_axes), self.tiles, sms)
+        self.bm, self.bn, self.bk = tile or choose_tile(self.m, self.n, c.size(c.batch_axes), self.tiles, sms)
+        if stages is not None:  # the tuner's pipeline depth (else the class's)
+            self.double_buffered = stages > 1
         self.tm, self.tn = self.bm // SIDE, self.bn // SIDE
         names = [fresh(s).name for s in ("xs", "ys", "acct", "xr", "yr", "xst", "yst")]
         self.k_inner = False  # shared tiles are [slot][BK][tile]
@@ -345,23 +358,3 @@ def _div(a: Expr, k: int) -> Expr:
 
 def _mod(a: Expr, k: int) -> Expr:
     return Binary("mod", a, Const(k, I64), I64)
-
-
-def schedule(axes: list[For], body: Stmt, fresh, decompose, shapes: dict[str, tuple[int, ...]],
-             sms: int = SMS) -> Stmt | None:
-    """The tiled kernel for a contraction nest, or None when the nest is not one; ``shapes``
-    gives each buffer's shape, ``sms`` the chip's multiprocessors. Two kernels where an aligned
-    variant exists (it comes first)."""
-    c = match(axes, body)
-    if c is None:
-        return None
-    from tcc.passes.autoschedule_cuda import tensorcore  # it builds on this module's Builder
-
-    values = tensorcore.operands(c)
-    if values is None:
-        return Builder(c, fresh, decompose, sms).kernel()
-    staged = tensorcore.Builder(c, fresh, decompose, values, None, sms).kernel()
-    fast = tensorcore.fast_layout(c, values, shapes)
-    if fast is None:
-        return staged
-    return seq(tensorcore.Builder(c, fresh, decompose, values, fast, sms).kernel(), staged)

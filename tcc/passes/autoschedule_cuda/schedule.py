@@ -46,10 +46,11 @@ from tcc.ir.loops import (
     stmt_exprs,
     walk_stmts,
 )
-from tcc.passes.autoschedule_cuda import split_reduction
+from tcc.passes.autoschedule_cuda import gemm, split_reduction, tensorcore
 from tcc.passes.loops.bind import top_level_nests
 from tcc.passes.loops.loopnest import stores
 from tcc.passes.simplify import evaluate_int
+from tcc.passes.trace import SILENT, Trace
 from tcc.target import CudaTarget
 
 I64 = dtypes.i64
@@ -61,18 +62,47 @@ ROW_MIN_REDUCTION = 64
 ROW_RATIO = 16
 
 
-def schedule_cuda(func: LoopFunc, target: CudaTarget | None = None) -> LoopFunc:
-    """Bind every statement nest of ``func`` to a grid of blocks and threads, sized for ``target``."""
-    target = target or CudaTarget()
+@dataclass(frozen=True)
+class CudaTuning:
+    """The knobs of this auto-scheduler that the tuner (tcc.tune) searches: the FMA GEMM's tile
+    ``(BM, BN, BK)`` (None: :func:`gemm.choose_tile`'s pick for the grid), its pipeline depth
+    (``stages``: 2 overlaps the next k-step's loads with this one's products, 1 does not), and
+    the warps of a block in the flat and row kernels."""
+
+    tile: tuple[int, int, int] | None = None
+    stages: int = 2
+    warps: int = FLAT_THREADS // 32
+
+    def __str__(self) -> str:
+        tile = "auto" if self.tile is None else "x".join(map(str, self.tile))
+        return f"tile={tile} stages={self.stages} warps={self.warps}"
+
+
+def schedule_cuda(func: LoopFunc, target: CudaTarget, tuning: CudaTuning = CudaTuning(),
+                  trace: Trace = SILENT) -> LoopFunc:
+    """Bind every statement nest of ``func`` to a grid of blocks and threads, sized for ``target``;
+    the trace shows the function after each nest becomes its kernels."""
     temps, private, body = _peel_allocates(func.body)
     body = _sink_private(body, private)
     names = _Names(func)
     shapes = {name: buf.shape for name, buf in func.buffers().items()}
-    kernels = [k for nest in _nests(body) if (k := _schedule_nest(nest, names, shapes, temps, target)) is not None]
-    new_body: Stmt = seq(*kernels) if kernels else Seq(())
+    nests = _nests(body)
+    kernels: list[Stmt] = []
+    for i, nest in enumerate(nests):
+        kernel, how = _schedule_nest(nest, names, shapes, temps, target, tuning)
+        if kernel is not None:
+            kernels.append(kernel)
+        written = sorted({s.buffer for s in stores(nest)} & ({p.name for p in func.params} | {b.name for b in temps}))
+        trace(f"{how}: {', '.join(written)}", _function(func, temps, [*kernels, *nests[i + 1:]]))
+    return _function(func, temps, kernels)
+
+
+def _function(func: LoopFunc, temps: list[Buffer], stmts: list[Stmt]) -> LoopFunc:
+    """``func`` with ``stmts`` as its body, inside the allocations of the global ``temps``."""
+    body: Stmt = seq(*stmts) if stmts else Seq(())
     for buf in reversed(temps):
-        new_body = Allocate(buf, new_body)
-    return LoopFunc(func.name, list(func.params), new_body, {**func.attrs, "target": "cuda"})
+        body = Allocate(buf, body)
+    return LoopFunc(func.name, list(func.params), body, dict(func.attrs))
 
 
 def _peel_allocates(s: Stmt) -> tuple[list[Buffer], list[Buffer], Stmt]:
@@ -196,33 +226,49 @@ def _disjoint(loop: For) -> bool:
 
 
 def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]], temps: list,
-                   target: CudaTarget) -> Stmt | None:
-    """The kernels of one nest; global intermediates they need are appended to ``temps``."""
+                   target: CudaTarget, tuning: CudaTuning) -> tuple[Stmt | None, str]:
+    """The kernels of one nest and which schedule made them; global intermediates they need are
+    appended to ``temps``."""
     inner = next((s for s in walk_stmts(stmt) if isinstance(s, Allocate) and s.buffer.scope == "global"), None)
     if inner is not None:
         raise TccCompileError(f"the CUDA backend cannot schedule {inner.buffer.name}, a global buffer made inside a "
                               "loop nest (from the im2col lowering)", hint="use conv='direct' on target='cuda'")
     if isinstance(stmt, For) and stmt.kind == "block.x":
-        return stmt  # bound by the user's schedule (checked by tcc.passes.loops.bind.check_kernels)
+        return stmt, "bound by the user"  # (checked by tcc.passes.loops.bind.check_kernels)
     nest = _spatial_axes(stmt)
     total = math.prod(nest.extents)
     if total == 0:
-        return None  # nothing to compute: no launch
-    from tcc.passes.autoschedule_cuda import gemm  # it builds on this module's index helpers
-
-    tiled = gemm.schedule(nest.axes, nest.body, names.fresh, _decompose, shapes, target.sms)
-    if tiled is not None:
-        return tiled
+        return None, "empty: no launch"
+    contraction = gemm.match(nest.axes, nest.body)
+    if contraction is not None:
+        return _contraction_kernels(contraction, names, shapes, target, tuning)
     reduction = split_reduction.match(nest.body)
     if reduction is not None:
         split = split_reduction.schedule(nest.axes, nest.extents, reduction, target.sms, names.fresh, _decompose)
         if split is not None:
             temps.append(split[0])
-            return split[1]
+            return split[1], "split reduction"
+    threads = 32 * tuning.warps
     work = _row_work(nest.body)
     if work is not None and work >= ROW_MIN_REDUCTION and work * ROW_RATIO >= total:
-        return _row_schedule(nest, names)
-    return _flat_schedule(nest, names)
+        return _row_schedule(nest, names, min(threads, MAX_ROW_THREADS)), "row"
+    return _flat_schedule(nest, names, threads), "flat"
+
+
+def _contraction_kernels(c: gemm.Contraction, names: _Names, shapes: dict[str, tuple[int, ...]],
+                         target: CudaTarget, tuning: CudaTuning) -> tuple[Stmt, str]:
+    """A contraction's tiled kernel: on tensor cores where its operands are 16-bit floats widened
+    to f32 (two kernels where an aligned copy-engine variant exists: it comes first), else on FMA
+    with the tuner's tile and pipeline depth."""
+    values = tensorcore.operands(c)
+    if values is None:
+        return gemm.Builder(c, names.fresh, _decompose, target.sms, tuning.tile, tuning.stages).kernel(), "gemm"
+    staged = tensorcore.Builder(c, names.fresh, _decompose, values, None, target.sms).kernel()
+    fast = tensorcore.fast_layout(c, values, shapes)
+    if fast is None:
+        return staged, "tensor-core gemm"
+    fast_kernel = tensorcore.Builder(c, names.fresh, _decompose, values, fast, target.sms).kernel()
+    return seq(fast_kernel, staged), "tensor-core gemm"
 
 
 # ---------------------------------------------------------------- index arithmetic
@@ -273,19 +319,19 @@ VECTOR = 4  # elements per thread in the aligned flat kernel
 VECTOR_MIN = 1024  # fewer elements: the one-element kernel alone
 
 
-def _flat_schedule(nest: _Nest, names: _Names) -> Stmt:
-    plain = _flat_kernel(nest, names)
+def _flat_schedule(nest: _Nest, names: _Names, cap: int) -> Stmt:
+    plain = _flat_kernel(nest, names, cap)
     extents = nest.extents
     if not extents or extents[-1] % VECTOR or math.prod(extents) < VECTOR_MIN:
         return plain
-    return seq(_flat_vector_kernel(nest, names), plain)
+    return seq(_flat_vector_kernel(nest, names, cap), plain)
 
 
-def _flat_vector_kernel(nest: _Nest, names: _Names) -> Stmt:
+def _flat_vector_kernel(nest: _Nest, names: _Names, cap: int) -> Stmt:
     """``VECTOR`` consecutive elements of the innermost axis per thread, pointers assumed aligned."""
     extents = [*nest.extents[:-1], nest.extents[-1] // VECTOR]
     total = math.prod(extents)
-    threads = _block_size(total, FLAT_THREADS)
+    threads = _block_size(total, cap)
     span = nest.axes[0].span
     blocks = _grid(total, threads, span)
     bx, tx, gid, quad, lane = (names.fresh(s) for s in ("bx", "tx", "gid", "quad", "vl"))
@@ -298,10 +344,10 @@ def _flat_vector_kernel(nest: _Nest, names: _Names) -> Stmt:
                "block.x", annotations=(("aligned", True),), span=span)
 
 
-def _flat_kernel(nest: _Nest, names: _Names) -> Stmt:
+def _flat_kernel(nest: _Nest, names: _Names, cap: int) -> Stmt:
     extents = nest.extents
     total = math.prod(extents)
-    threads = _block_size(total, FLAT_THREADS)
+    threads = _block_size(total, cap)
     blocks = _grid(total, threads, nest.axes[0].span if nest.axes else None)
     bx, tx, gid = names.fresh("bx"), names.fresh("tx"), names.fresh("gid")
     body = _decompose(nest.axes, extents, gid, nest.body)
@@ -353,10 +399,10 @@ def _row_items(body: Stmt) -> list[Stmt]:
     return out
 
 
-def _row_schedule(nest: _Nest, names: _Names) -> Stmt:
+def _row_schedule(nest: _Nest, names: _Names, cap: int) -> Stmt:
     extents = nest.extents
     total = math.prod(extents)
-    threads = _block_size(_row_work(nest.body) or 1, MAX_ROW_THREADS)
+    threads = _block_size(_row_work(nest.body) or 1, cap)
     span = nest.axes[0].span if nest.axes else None
     _grid(total, 1, span)
     bx = names.fresh("bx")

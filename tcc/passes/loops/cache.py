@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from tcc import dtypes
 from tcc.errors import Span, TccScheduleError
-from tcc.ir.expr import Const, Expr, Load, free_vars, substitute, transform
+from tcc.ir.expr import Const, Expr, Load, free_vars, substitute, transform, walk
 from tcc.ir.loops import (
     Allocate,
     Barrier,
@@ -130,8 +130,6 @@ def _sites(s: Stmt, name: str, chain: tuple[For, ...], out: dict) -> None:
 
 
 def _loads(e: Expr, name: str) -> list[Load]:
-    from tcc.ir.expr import walk
-
     return [n for n in walk(e) if isinstance(n, Load) and n.buffer == name]
 
 

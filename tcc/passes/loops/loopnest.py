@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from tcc.errors import Span, TccScheduleError
 from tcc.ir.expr import Binary, Const, Expr, Load, Var, free_vars, substitute, transform, walk
-from tcc.ir.loops import Allocate, For, If, Let, LoopFunc, Seq, Stmt, Store, map_stmt, walk_stmts
+from tcc.ir.loops import Allocate, For, If, Let, LoopFunc, Seq, Stmt, Store, map_stmt, stmt_exprs, walk_stmts
 
 
 def linear_coeff(e: Expr, var: str) -> int | None:
@@ -184,8 +184,6 @@ def loads(s: Stmt) -> list[Load]:
 
 
 def _exprs(n: Stmt) -> tuple[Expr, ...]:
-    from tcc.ir.loops import stmt_exprs
-
     return stmt_exprs(n)
 
 

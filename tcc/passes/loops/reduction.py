@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tcc.errors import Span, TccScheduleError
-from tcc.ir.expr import Expr, Load, Var, free_vars, transform
+from tcc.ir.expr import Expr, Load, Var, const, free_vars, transform
 from tcc.ir.loops import Allocate, Buffer, For, LoopFunc, Seq, Stmt, Store, map_stmt, seq, walk_stmts
-from tcc.passes.loops.loopnest import linear_coeff, subst
+from tcc.passes.loops.loopnest import linear_coeff, stores, subst
 
 
 def decompose_reduction(func: LoopFunc, tensor: str, span: Span | None = None) -> LoopFunc:
@@ -31,8 +31,6 @@ def decompose_reduction(func: LoopFunc, tensor: str, span: Span | None = None) -
 
 
 def _stores_to(s: For, tensor: str) -> bool:
-    from tcc.passes.loops.loopnest import stores
-
     return any(st.buffer == tensor for st in stores(s))
 
 
@@ -80,8 +78,6 @@ def _decompose(nest: For, out: Buffer, span: Span | None) -> Stmt | None:
 
 
 def _zero() -> Expr:
-    from tcc.ir.expr import const
-
     return const(0)
 
 

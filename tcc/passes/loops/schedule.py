@@ -25,6 +25,7 @@ from tcc.passes.loops.reorder import reorder
 from tcc.passes.loops.split import split
 from tcc.passes.loops.unroll import unroll
 from tcc.passes.loops.vectorize import vectorize
+from tcc.passes.trace import SILENT, Trace
 
 
 @dataclass(frozen=True)
@@ -55,9 +56,10 @@ USAGE = {
 }
 
 
-def apply_schedule(func: LoopFunc, steps: list[Step]) -> LoopFunc:
+def apply_schedule(func: LoopFunc, steps: list[Step], trace: Trace = SILENT) -> LoopFunc:
+    """``func`` after each step in turn (each reported through ``trace``)."""
     for step in steps:
-        func = apply_step(func, step)
+        func = trace(str(step), apply_step(func, step))
     verify_func(func)
     return func
 

@@ -18,15 +18,14 @@ Two decisions, both printed by the ``fused`` stage with the reason for each:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from tcc.ir.expr import Binary, Call, Cast, Expr, IterVar, Read, Reduce, Var, substitute, transform, walk
 from tcc.ir.te import Compute, OpTE, format_op
-from tcc.passes.autoschedule_cpu.schedule import GEMM_MIN_FLOPS
 
 EXPENSIVE = {"exp": 8, "log": 8, "sqrt": 4, "rsqrt": 4, "sin": 8, "cos": 8, "tanh": 10, "sigmoid": 10,
              "erf": 10}
+GEMM_MIN_FLOPS = 1 << 16  # contractions this large get the auto-schedulers' GEMM schedules
 CHEAP_RECOMPUTE = 4  # extra node evaluations we accept to avoid materialising a tensor
 
 
@@ -43,15 +42,9 @@ class FusionGroup:
         return f"group [{', '.join(self.tensors)}] share {self.shared} outer loop(s){inner}"
 
 
-def fuse(op: OpTE, before_grouping: Callable[[OpTE], OpTE] | None = None) -> OpTE:
-    """Inline what is free to inline, then group statements that share their outer loops.
-
-    ``before_grouping`` runs between the two (the im2col rewrite: it needs epilogues already
-    inlined, and its patch buffer grouped with the GEMM that reads it).
-    """
-    op = inline_intermediates(op)
-    if before_grouping is not None:
-        op = before_grouping(op)
+def group_statements(op: OpTE) -> OpTE:
+    """Group consecutive statements that share their outer loops (see the module docstring). It
+    runs after inlining and im2col: those make the epilogues and the patch buffers it groups."""
     groups = _groups(op)
     return replace(op, groups=groups, fusion_notes=[*op.fusion_notes, *(g.describe() for g in groups)])
 
