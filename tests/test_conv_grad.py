@@ -72,3 +72,14 @@ def test_weight_gradient_is_one_gemm_over_channels_and_window(case, rng):
     fused = op.lower(x, w, np.ones((case["N"], case["F"], oy, ox), np.float32), stage="fused", **cparams)
     assert "into columns r, s, c" in fused
     assert ("summed after" in fused) == (oy * ox >= 256)
+
+
+def test_unit_stride_data_gradient_pads_dy_itself(rng):
+    """With S = 1, dY "dilated" by the stride is a copy of dY: fusion drops it and the pad reads dY,
+    so the data gradient is the forward's patches and GEMM; the values still match the reference."""
+    case = dict(N=2, C=3, H=9, W=7, F=5, KH=3, KW=2, P=1)
+    check_op(SRC, "conv2d_grad_x", case, rng)
+    op = tcc.compile(SRC).conv2d_grad_x
+    x, w, dy = np.ones((2, 3, 9, 7), np.float32), np.ones((5, 3, 3, 2), np.float32), np.ones((2, 5, 9, 8), np.float32)
+    assert "alias dYd: a copy of dY" in op.lower(x, w, dy, P=1, stage="fused")
+    assert "alias" not in op.lower(x, w, np.ones((2, 5, 5, 4), np.float32), S=2, P=1, stage="fused")
