@@ -348,20 +348,23 @@ def _mod(a: Expr, k: int) -> Expr:
 
 
 def schedule(axes: list[For], body: Stmt, fresh, decompose, shapes: dict[str, tuple[int, ...]],
-             sms: int = SMS) -> Stmt | None:
+             target: CudaTarget | None = None) -> Stmt | None:
     """The tiled kernel for a contraction nest, or None when the nest is not one; ``shapes``
-    gives each buffer's shape, ``sms`` the chip's multiprocessors. Two kernels where an aligned
-    variant exists (it comes first)."""
+    gives each buffer's shape, ``target`` the chip. Two kernels where an aligned variant exists
+    (it comes first)."""
+    target = target or CudaTarget()
     c = match(axes, body)
     if c is None:
         return None
-    from tcc.codegen_cuda import tensorcore  # it builds on this module's Builder
+    from tcc.codegen_cuda import tensorcore, warpgroup  # they build on this module's Builder
 
     values = tensorcore.operands(c)
     if values is None:
-        return Builder(c, fresh, decompose, sms).kernel()
-    staged = tensorcore.Builder(c, fresh, decompose, values, None, sms).kernel()
+        return Builder(c, fresh, decompose, target.sms).kernel()
+    staged = tensorcore.Builder(c, fresh, decompose, values, None, target.sms).kernel()
     fast = tensorcore.fast_layout(c, values, shapes)
     if fast is None:
         return staged
-    return seq(tensorcore.Builder(c, fresh, decompose, values, fast, sms).kernel(), staged)
+    if warpgroup.fits(c, target.arch):
+        return seq(warpgroup.Builder(c, fresh, decompose, values, fast, target.sms).kernel(), staged)
+    return seq(tensorcore.Builder(c, fresh, decompose, values, fast, target.sms).kernel(), staged)

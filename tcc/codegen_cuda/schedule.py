@@ -210,7 +210,7 @@ def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]]
         return None  # nothing to compute: no launch
     from tcc.codegen_cuda import gemm  # it builds on this module's index helpers
 
-    tiled = gemm.schedule(nest.axes, nest.body, names.fresh, _decompose, shapes, target.sms)
+    tiled = gemm.schedule(nest.axes, nest.body, names.fresh, _decompose, shapes, target)
     if tiled is not None:
         return tiled
     reduction = split_reduction.match(nest.body)
