@@ -36,7 +36,7 @@ from tcc.passes.tensorize import tensorize
 I64 = dtypes.i64
 F32 = dtypes.f32
 BK = 32
-KPAD = 8  # halves added to each shared row
+KPAD = 8  # halves added to each shared row (16 bytes: the fragment loads stay conflict-free)
 WARPS_M, WARPS_N = 2, 4  # the 8 warps of a block, as a grid over its tile
 TILES = ((128, 128, BK), (128, 64, BK), (64, 128, BK), (64, 64, BK))
 CHUNK = 8  # halves per 16-byte copy
@@ -97,6 +97,14 @@ def operands(c: gemm.Contraction) -> tuple[Expr, Expr] | None:
     return (x, y) if x is not None and y is not None and x.dtype == y.dtype else None
 
 
+def tf32_operands(c: gemm.Contraction) -> tuple[Expr, Expr] | None:
+    """The f32 factors of ``c``, for TF32 tensor cores (which the caller opted into: they round
+    each operand to 10 mantissa bits before multiplying)."""
+    if c.acc.dtype != F32 or c.add.b.dtype != F32 or c.x.dtype != F32 or c.y.dtype != F32:
+        return None
+    return c.x, c.y
+
+
 def _widened(e: Expr) -> Expr | None:
     if isinstance(e, Cast) and e.dtype == F32 and e.a.dtype.name in ("f16", "bf16"):
         return e.a
@@ -113,14 +121,15 @@ class Builder(gemm.Builder):
         super().__init__(c, fresh, decompose, sms)
         self.xv, self.yv = values
         self.fast = fast
-        half = self.xv.dtype
+        half = self.xv.dtype  # f16 or bf16; f32 for TF32
+        pad = 16 // half.itemsize
         self.wm, self.wn = self.bm // WARPS_M, self.bn // WARPS_N
         self.k_inner = True  # shared tiles are [slot][tile][BK + KPAD] (but [slot][BK][BN + KPAD] for a
         # copy-engine y read along N)
-        self.xs = Buffer(self.xs.name, half, (2, self.bm, self.bk + KPAD), "shared")
+        self.xs = Buffer(self.xs.name, half, (2, self.bm, self.bk + pad), "shared")
         y_rows = fast is not None and not fast.k_fast
-        self.ys = Buffer(self.ys.name, half, (2, self.bk, self.bn + KPAD) if y_rows else
-                         (2, self.bn, self.bk + KPAD), "shared")
+        self.ys = Buffer(self.ys.name, half, (2, self.bk, self.bn + pad) if y_rows else
+                         (2, self.bn, self.bk + pad), "shared")
         self.xst = Buffer(self.xst.name, half, self.xst.shape, "local")
         self.yst = Buffer(self.yst.name, half, self.yst.shape, "local")
         self.acct = Buffer(self.acct.name, F32, (self.wm, self.wn), "local")
@@ -200,14 +209,17 @@ class Builder(gemm.Builder):
         wr, wc = self._warp_origin(ty)
         i, j, k = self.fresh("wi"), self.fresh("wj"), self.fresh("wk")
         half = self.xs.dtype
-        x = Cast(Load(self.xs.name, (slot, gemm._add(wr, i), k), half), F32)
+        x: Expr = Load(self.xs.name, (slot, gemm._add(wr, i), k), half)
         ys_index = (slot, k, gemm._add(wc, j)) if self.ys.shape[1] == self.bk and self.fast is not None \
             and not self.fast.k_fast else (slot, gemm._add(wc, j), k)
-        y = Cast(Load(self.ys.name, ys_index, half), F32)
+        y: Expr = Load(self.ys.name, ys_index, half)
+        if half != F32:  # 16-bit operands widened; f32 ones are rounded to TF32 by the instruction
+            x, y = Cast(x, F32), Cast(y, F32)
         acc = Load(self.acct.name, (i, j), F32)
         update = Store(self.acct.name, (i, j), Binary("add", acc, Binary("mul", x, y, F32), F32))
+        what = "mma.sync.tf32" if half == F32 else "mma.sync"
         return For(i, Const(self.wm, I64), For(j, Const(self.wn, I64), For(k, Const(self.bk, I64), update)),
-                   annotations=(("tensorize", "mma.sync"), ("lane", tx)))
+                   annotations=(("tensorize", what), ("lane", tx)))
 
     def _warp_origin(self, ty: Var) -> tuple[Expr, Expr]:
         return (gemm._mul(gemm._div(ty, WARPS_N), self.wm), gemm._mul(gemm._mod(ty, WARPS_N), self.wn))

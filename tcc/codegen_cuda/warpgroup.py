@@ -53,6 +53,7 @@ class Builder(tensorcore.Builder):
     """The copy-engine tensor-core kernel on warpgroups (``wgmma``)."""
 
     tiles = TILES
+    group_rows = 8
 
     def __init__(self, c: gemm.Contraction, fresh, decompose, values: tuple[Expr, Expr],
                  fast: tensorcore.FastLayout, sms: int = gemm.SMS):
