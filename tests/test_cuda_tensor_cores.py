@@ -11,7 +11,7 @@ from tcc import dtypes
 from tcc.errors import TccArgumentError, TccError, TccScheduleError
 from tcc.ir.expr import Binary, Cast, Const, Load, Var
 from tcc.ir.loops import Allocate, Buffer, For, LoopFunc, Store, format_func
-from tcc.passes.tensorize import tensorize
+from tcc.passes.loops.tensorize import tensorize
 from tcc.testing import assert_matches, random_args, reference_results
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
