@@ -109,6 +109,8 @@ def _op_arguments(p: argparse.ArgumentParser, schedule: bool = True, one_op: boo
                    help="the shape of an input tensor")
     p.add_argument("--target", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--arch", default=None, help="CUDA architecture, e.g. sm_90 (target cuda)")
+    p.add_argument("--tf32", action="store_true",
+                   help="f32 contractions on TF32 tensor cores: faster, operands rounded to 10 bits (target cuda)")
     if schedule:
         p.add_argument("--schedule", default=None, metavar="STEPS",
                        help='the op\'s schedule, e.g. "split(i, 32, io, ii); vectorize(ii)" (replaces the file\'s)')
@@ -275,7 +277,11 @@ def cmd_onnx(args: argparse.Namespace) -> int:
 def _library(args: argparse.Namespace) -> Library:
     if args.arch is not None and args.target != "cuda":
         raise TccArgumentError(f"--arch {args.arch} is for --target cuda", hint="drop --arch on the CPU")
-    options = {"arch": args.arch} if args.arch else {}
+    if args.tf32 and args.target != "cuda":
+        raise TccArgumentError("--tf32 is for --target cuda", hint="drop --tf32 on the CPU")
+    options: dict[str, object] = {"arch": args.arch} if args.arch else {}
+    if args.tf32:
+        options["tf32"] = True
     return tcc.compile(args.file, target=args.target, **options)
 
 

@@ -37,8 +37,8 @@ from tcc.tune import tuning_for
 
 MAX_PLANS = 64  # argument signatures remembered per op
 MAX_SOURCE_BYTES = 64 << 20
-# tcc.compile's options and the targets they fit (machine: a CudaTarget value given as target=)
-OPTIONS = {"conv": ("cpu", "cuda"), "arch": ("cuda",), "machine": ("cpu", "cuda")}
+# tcc.compile's options and the targets they fit (machine: a Target value given as target=)
+OPTIONS = {"conv": ("cpu", "cuda"), "arch": ("cuda",), "machine": ("cpu", "cuda"), "tf32": ("cuda",)}
 
 
 def check_options(options: dict[str, Any], target: str) -> None:
@@ -55,6 +55,9 @@ def check_options(options: dict[str, Any], target: str) -> None:
                                hint=f"use one of {', '.join(CONV_CHOICES)}")
     if "arch" in options:
         check_arch(options["arch"])
+    if "tf32" in options and not isinstance(options["tf32"], bool):
+        raise TccArgumentError(f"tf32= must be True or False, not {options['tf32']!r}",
+                               hint="tf32=True lets f32 contractions round their operands to TF32 on tensor cores")
 
 
 def read_source(source: str | os.PathLike) -> tuple[str, str]:
@@ -310,7 +313,7 @@ class Op:
     def lowered(self, bindings: dict[str, int | float],
                 after_pass: Callable[[str, str], None] | None = None) -> Lowered:
         lowered = lower_op(self.te, bindings, self._backend.machine(self.options), self.options.get("conv", "auto"),
-                           Trace(after_pass), self.user_schedule.steps)
+                           Trace(after_pass), self.user_schedule.steps, bool(self.options.get("tf32")))
         if self.tune:
             lowered.tuning = tuning_for(self, lowered)
         return lowered

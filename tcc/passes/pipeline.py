@@ -60,18 +60,20 @@ class Lowered:
     trace: Trace = SILENT
     steps: tuple[Step, ...] = ()  # the user's schedule; empty: the auto-scheduler alone
     tuning: Tuning | None = None  # the tuner's choice for the auto-scheduler (tcc.tune)
+    tf32: bool = False  # f32 contractions may round their operands to TF32 (tensor cores; opted in)
     _scheduled: LoopFunc | None = field(default=None, repr=False)
 
     @property
     def scheduled(self) -> LoopFunc:
         """The loops after the target's schedule."""
         if self._scheduled is None:
-            self._scheduled = schedule(self.loops, self.target, self.steps, self.tuning or Tuning(), self.trace)
+            self._scheduled = schedule(self.loops, self.target, self.steps, self.tuning or Tuning(), self.trace,
+                                       self.tf32)
         return self._scheduled
 
 
 def lower_op(op: OpTE, bindings: dict[str, int | float], target: Target, conv: str = "auto",
-             trace: Trace = SILENT, steps: tuple[Step, ...] = ()) -> Lowered:
+             trace: Trace = SILENT, steps: tuple[Step, ...] = (), tf32: bool = False) -> Lowered:
     """The passes every target shares: a checked TE op down to loop nests for ``bindings``."""
     te = trace("specialize", specialize(op, bindings))
     verify_op(te)
@@ -82,23 +84,22 @@ def lower_op(op: OpTE, bindings: dict[str, int | float], target: Target, conv: s
     te = trace("group", group_statements(te))
     loops = trace("lower", lower(te))
     verify_func(loops)
-    return Lowered(te, loops, target, trace, steps)
+    return Lowered(te, loops, target, trace, steps, tf32=tf32)
 
 
 def schedule(func: LoopFunc, target: Target, steps: tuple[Step, ...] = (), tuning: Tuning = Tuning(),
-             trace: Trace = SILENT) -> LoopFunc:
+             trace: Trace = SILENT, tf32: bool = False) -> LoopFunc:
     """The target's half: the user's steps (each a loop primitive), then the auto-scheduler of
     ``target`` (on the CPU only where the user wrote no schedule; on CUDA for every nest the
-    user did not bind to blocks)."""
+    user did not bind to blocks, f32 contractions on TF32 tensor cores when ``tf32``)."""
     scheduled = apply_schedule(func, list(steps), trace)
     if isinstance(target, CudaTarget):
         if steps:
             check_gpu_schedule(func, scheduled, list(steps))
-        scheduled = schedule_cuda(scheduled, target, tuning.cuda or CudaTuning(), trace)
+        scheduled = schedule_cuda(scheduled, target, tuning.cuda or CudaTuning(), trace, tf32)
     elif not steps:
         scheduled = autoschedule(scheduled, target, tuning.tiles, trace)
         if tuning.unroll > 1:
             scheduled = apply_schedule(scheduled, [Step("unroll", (GEMM_K_LOOP, "by", tuning.unroll))], trace)
     verify_func(scheduled)
     return scheduled
-

@@ -131,6 +131,7 @@ class Builder:
     """Builds the kernel of one contraction; ``fresh`` names new variables."""
 
     tiles = TILES
+    group_rows = 1  # tile rows per band of the grid's order (see ``kernel``)
     narrow = True  # tile-to-tensor index digits in 32-bit arithmetic where they fit
     # the next k-step's loads in flight during this step's products (measured on an H100 with
     # BK = 16: f32 GEMM 8192 0.76 -> 0.81 of cuBLAS; 3x3 conv 0.79 -> 0.85 of cuDNN once the
@@ -172,7 +173,13 @@ class Builder:
         span = c.final.span
         inner: Stmt = For(tid, Const(THREADS, I64), body, "thread.x", span=span)
         tile = _mod(bx, tiles_m * tiles_n)
-        inner = Let(tm0, _mul(_div(tile, tiles_n), self.bm), Let(tn0, _mul(_mod(tile, tiles_n), self.bn), inner))
+        group = self.group_rows if tiles_m % self.group_rows == 0 else 1
+        if group > 1:  # bands of ``group`` tile rows, column by column: a wave of blocks shares operand panels in L2
+            band, within = _div(tile, group * tiles_n), _mod(tile, group * tiles_n)
+            row, col = _add(_mul(band, group), _mod(within, group)), _div(within, group)
+        else:
+            row, col = _div(tile, tiles_n), _mod(tile, tiles_n)
+        inner = Let(tm0, _mul(row, self.bm), Let(tn0, _mul(col, self.bn), inner))
         if c.batch_axes:
             inner = self.decompose(c.batch_axes, [_const(f) for f in c.batch_axes],
                                    _div(bx, tiles_m * tiles_n), inner)

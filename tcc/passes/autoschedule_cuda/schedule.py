@@ -46,7 +46,7 @@ from tcc.ir.loops import (
     stmt_exprs,
     walk_stmts,
 )
-from tcc.passes.autoschedule_cuda import gemm, split_reduction, tensorcore
+from tcc.passes.autoschedule_cuda import gemm, split_reduction, tensorcore, warpgroup
 from tcc.passes.loops.bind import top_level_nests
 from tcc.passes.loops.loopnest import stores
 from tcc.passes.simplify import evaluate_int
@@ -79,9 +79,10 @@ class CudaTuning:
 
 
 def schedule_cuda(func: LoopFunc, target: CudaTarget, tuning: CudaTuning = CudaTuning(),
-                  trace: Trace = SILENT) -> LoopFunc:
-    """Bind every statement nest of ``func`` to a grid of blocks and threads, sized for ``target``;
-    the trace shows the function after each nest becomes its kernels."""
+                  trace: Trace = SILENT, tf32: bool = False) -> LoopFunc:
+    """Bind every statement nest of ``func`` to a grid of blocks and threads, sized for ``target``
+    (``tf32``: f32 contractions may run on tensor cores, rounding their operands to TF32); the
+    trace shows the function after each nest becomes its kernels."""
     temps, private, body = _peel_allocates(func.body)
     body = _sink_private(body, private)
     names = _Names(func)
@@ -89,7 +90,7 @@ def schedule_cuda(func: LoopFunc, target: CudaTarget, tuning: CudaTuning = CudaT
     nests = _nests(body)
     kernels: list[Stmt] = []
     for i, nest in enumerate(nests):
-        kernel, how = _schedule_nest(nest, names, shapes, temps, target, tuning)
+        kernel, how = _schedule_nest(nest, names, shapes, temps, target, tuning, tf32)
         if kernel is not None:
             kernels.append(kernel)
         written = sorted({s.buffer for s in stores(nest)} & ({p.name for p in func.params} | {b.name for b in temps}))
@@ -226,7 +227,7 @@ def _disjoint(loop: For) -> bool:
 
 
 def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]], temps: list,
-                   target: CudaTarget, tuning: CudaTuning) -> tuple[Stmt | None, str]:
+                   target: CudaTarget, tuning: CudaTuning, tf32: bool) -> tuple[Stmt | None, str]:
     """The kernels of one nest and which schedule made them; global intermediates they need are
     appended to ``temps``."""
     inner = next((s for s in walk_stmts(stmt) if isinstance(s, Allocate) and s.buffer.scope == "global"), None)
@@ -241,7 +242,7 @@ def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]]
         return None, "empty: no launch"
     contraction = gemm.match(nest.axes, nest.body)
     if contraction is not None:
-        return _contraction_kernels(contraction, names, shapes, target, tuning)
+        return _contraction_kernels(contraction, names, shapes, target, tuning, tf32)
     reduction = split_reduction.match(nest.body)
     if reduction is not None:
         split = split_reduction.schedule(nest.axes, nest.extents, reduction, target.sms, names.fresh, _decompose)
@@ -256,10 +257,13 @@ def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]]
 
 
 def _contraction_kernels(c: gemm.Contraction, names: _Names, shapes: dict[str, tuple[int, ...]],
-                         target: CudaTarget, tuning: CudaTuning) -> tuple[Stmt, str]:
+                         target: CudaTarget, tuning: CudaTuning, tf32: bool) -> tuple[Stmt, str]:
     """A contraction's tiled kernel: on tensor cores where its operands are 16-bit floats widened
-    to f32 (two kernels where an aligned copy-engine variant exists: it comes first), else on FMA
-    with the tuner's tile and pipeline depth."""
+    to f32, or f32 with ``tf32`` (two kernels where an aligned copy-engine variant exists: it comes
+    first, on warpgroup MMA where the architecture has it), else on FMA with the tuner's tile and
+    pipeline depth."""
+    if tf32 and (f32 := tensorcore.tf32_operands(c)) is not None:
+        return tensorcore.Builder(c, names.fresh, _decompose, f32, None, target.sms).kernel(), "tf32 tensor-core gemm"
     values = tensorcore.operands(c)
     if values is None:
         return gemm.Builder(c, names.fresh, _decompose, target.sms, tuning.tile, tuning.stages).kernel(), "gemm"
@@ -267,6 +271,9 @@ def _contraction_kernels(c: gemm.Contraction, names: _Names, shapes: dict[str, t
     fast = tensorcore.fast_layout(c, values, shapes)
     if fast is None:
         return staged, "tensor-core gemm"
+    if warpgroup.fits(c, target.arch):
+        fast_kernel = warpgroup.Builder(c, names.fresh, _decompose, values, fast, target.sms).kernel()
+        return seq(fast_kernel, staged), "warpgroup gemm"
     fast_kernel = tensorcore.Builder(c, names.fresh, _decompose, values, fast, target.sms).kernel()
     return seq(fast_kernel, staged), "tensor-core gemm"
 
