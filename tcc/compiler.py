@@ -33,7 +33,6 @@ from tcc.runtime.binding import BoundCall, bind, bind_cparams
 from tcc.stack import deep
 from tcc.target import KINDS as TARGETS  # noqa: F401 - tcc.interop.onnx checks targets against it
 from tcc.target import Target, target_kind
-from tcc.tune import tuning_for
 
 MAX_PLANS = 64  # argument signatures remembered per op
 MAX_SOURCE_BYTES = 64 << 20
@@ -315,6 +314,8 @@ class Op:
         lowered = lower_op(self.te, bindings, self._backend.machine(self.options), self.options.get("conv", "auto"),
                            Trace(after_pass), self.user_schedule.steps, bool(self.options.get("tf32")))
         if self.tune:
+            from tcc.tune import tuning_for  # imported when an op is tuned, not by every warm start
+
             lowered.tuning = tuning_for(self, lowered)
         return lowered
 

@@ -1,4 +1,4 @@
-"""f32 lanes divided by one value are computed through an f64 reciprocal (codegen_cpu/llvm_ir.py):
+"""f32 lanes divided by one value are computed through an f64 reciprocal (codegen_cpu/llvm_math.py):
 bit for bit NumPy's (IEEE) quotients, special values included."""
 
 import numpy as np

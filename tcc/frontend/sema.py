@@ -8,67 +8,23 @@ concrete sizes is :mod:`tcc.passes.te.specialize`'s job.
 
 from __future__ import annotations
 
-import difflib
-from dataclasses import dataclass, field, replace
-
-import numpy as np
+from dataclasses import replace
 
 from tcc import dtypes
 from tcc.dtypes import DType
 from tcc.errors import Source, Span, TccNameError, TccShapeError, TccSyntaxError, TccTypeError
 from tcc.frontend import ast
+from tcc.frontend.ranges import RangeCheck, RangeSource, affine_extent, ast_children, index_add
+from tcc.frontend.sema_expr import HALF, ExprAnalyzer, Typed, check_literal, not_reserved, suggest
 from tcc.ir.expr import (
-    ARITH_OPS,
-    COMPARE_OPS,
-    MATH_FUNCS,
-    REDUCE_OPS,
-    Binary,
-    Call,
-    Cast,
     Const,
     Expr,
     IterVar,
-    Read,
     Reduce,
-    Select,
-    Unary,
     Var,
     cast,
-    walk,
 )
 from tcc.ir.te import Compute, OpTE, Pad, Scalar, Tensor
-
-
-@dataclass(frozen=True)
-class RangeSource:
-    """Where an index variable's range was inferred from: dim ``dim`` of ``tensor``."""
-
-    tensor: str
-    dim: int
-    extent: Expr
-    span: Span | None = field(default=None, compare=False)
-
-
-@dataclass(frozen=True)
-class RangeCheck:
-    """Several tensors give an index its range; specialisation checks they agree."""
-
-    var: str
-    where: str  # "T" for T's statement, used in the message
-    sources: tuple[RangeSource, ...]
-
-
-@dataclass
-class Typed:
-    """An expression with its weak kind ('b', 'i', 'f') if it is a weak (literal-like) value."""
-
-    expr: Expr
-    weak: str | None = None
-    span: Span | None = None  # a literal's, for range errors
-
-    @property
-    def dtype(self) -> DType:
-        return self.expr.dtype
 
 
 def analyze(module: ast.Module, source: Source) -> dict[str, OpTE]:
@@ -82,18 +38,13 @@ def analyze(module: ast.Module, source: Source) -> dict[str, OpTE]:
     return ops
 
 
-def _suggest(name: str, candidates: object) -> str | None:
-    close = difflib.get_close_matches(name, list(candidates), n=1)
-    return f"did you mean {close[0]!r}?" if close else None
-
-
 def _dtype(name: str, span: Span | None) -> DType:
     if name not in dtypes.ALL:
         raise TccTypeError(f"unknown dtype {name!r}", span, f"use one of {', '.join(dtypes.ALL)}")
     return dtypes.ALL[name]
 
 
-class _OpAnalyzer:
+class _OpAnalyzer(ExprAnalyzer):
     def __init__(self, op_def: ast.OpDef, source: Source):
         self.op_def = op_def
         self.source = source
@@ -135,7 +86,7 @@ class _OpAnalyzer:
         return set(self.cparams) | set(self.symbols) | set(self.tensors) | set(self.scalars) | set(self.declared)
 
     def _claim(self, name: str, span: Span | None) -> None:
-        _not_reserved(name, span)
+        not_reserved(name, span)
         if name in self._taken():
             raise TccNameError(f"{name!r} is already defined in op {self.op_def.name!r}", span,
                                "choose another name")
@@ -206,7 +157,7 @@ class _OpAnalyzer:
         if p.value is not None:
             typed = self._expr(p.value, {}, what="a pad value", shape_only=True)
             value = self._convert(typed, src.dtype, p.value.span, "pad value")
-        shape = tuple(_add(_add(d, a), b) for d, a, b in zip(src.shape, lo, hi))
+        shape = tuple(index_add(index_add(d, a), b) for d, a, b in zip(src.shape, lo, hi))
         self.tensors[p.name] = Tensor(p.name, src.dtype, shape, "pad", p.span)
         self.pads[p.name] = Pad(p.name, p.source, tuple(lo), tuple(hi), value)
         self.defined.add(p.name)
@@ -219,7 +170,7 @@ class _OpAnalyzer:
                                "statements run in order: define a tensor before reading it")
         if name in self.scalars:
             raise TccNameError(f"{name!r} is a scalar, not a tensor", span, f"use it as {name}, without indices")
-        raise TccNameError(f"unknown tensor {name!r}", span, _suggest(name, self.tensors))
+        raise TccNameError(f"unknown tensor {name!r}", span, suggest(name, self.tensors))
 
     def _assign(self, a: ast.Assign) -> None:
         name = a.target
@@ -230,13 +181,13 @@ class _OpAnalyzer:
                                "write the new values into a new tensor")
         if name in self.scalars or name in self.cparams or name in self.symbols:
             raise TccNameError(f"{name!r} is not a tensor and cannot be assigned", a.span)
-        _not_reserved(name, a.span)
+        not_reserved(name, a.span)
         axes_names = []
         for idx in a.indices:
             if not isinstance(idx, ast.Name):
                 raise TccSyntaxError("left-hand indices must be plain index variables", idx.span,
                                      f"write {name}[i, ...] = ... and use the expression on the right")
-            _not_reserved(idx.id, idx.span)
+            not_reserved(idx.id, idx.span)
             if idx.id in axes_names:
                 raise TccNameError(f"index {idx.id!r} appears twice on the left", idx.span,
                                    "use distinct index variables")
@@ -276,9 +227,9 @@ class _OpAnalyzer:
         if value.weak == "f" and not dtype.is_float:
             raise TccTypeError(f"{what} is a float but must be stored as {dtype}", span,
                                f"convert explicitly: {dtype}(...)")
-        _check_literal(value, dtype, span)
+        check_literal(value, dtype, span)
         expr = value.expr
-        if isinstance(expr, Reduce) and expr.dtype in _HALF and dtype.is_float and dtype.bits >= 32:
+        if isinstance(expr, Reduce) and expr.dtype in HALF and dtype.is_float and dtype.bits >= 32:
             expr = replace(expr, dtype=dtypes.f32)  # a half reduction stored wider: its f32 sum rounds once
         return cast(expr, dtype)
 
@@ -287,7 +238,7 @@ class _OpAnalyzer:
                      typed: Expr | None = None) -> Expr:
         sources = self._alone_uses(var, body)
         if not sources and typed is not None:
-            extent = _affine_extent(var, typed, self.tensors)
+            extent = affine_extent(var, typed, self.tensors)
             if extent is not None:
                 return extent
         if not sources:
@@ -313,337 +264,13 @@ class _OpAnalyzer:
             for dim, idx in enumerate(node.indices):
                 if isinstance(idx, ast.Name) and idx.id == var and dim < len(tensor.shape):
                     out.append(RangeSource(node.tensor, dim, tensor.shape[dim], idx.span))
-        for child in _ast_children(node):
+        for child in ast_children(node):
             out.extend(self._alone_uses(var, child))
         return out
 
     # ------------------------------------------------------------ expressions
-    def _expr(self, node: ast.Node, env: dict[str, Var], what: str, shape_only: bool = False) -> Typed:
-        method = getattr(self, f"_e_{type(node).__name__}")
-        return method(node, env, what, shape_only)
-
-    def _e_Num(self, n: ast.Num, env, what, shape_only) -> Typed:
-        if n.is_float:
-            return Typed(Const(float(n.value), dtypes.f64), "f", n.span)
-        typed = Typed(Const(int(n.value), dtypes.i64), "i", n.span)
-        _check_literal(typed, dtypes.i64, n.span)
-        return typed
-
-    def _e_Name(self, n: ast.Name, env, what, shape_only) -> Typed:
-        if n.id in env:
-            return Typed(env[n.id], "i")
-        if n.id in self.symbols:
-            return Typed(Var(n.id, dtypes.i64), "i")
-        if n.id in self.cparams:
-            is_float = isinstance(self.cparams[n.id], float)
-            return Typed(Var(n.id, dtypes.f64 if is_float else dtypes.i64), "f" if is_float else "i")
-        if shape_only:
-            if n.id in self.tensors or n.id in self.scalars:
-                raise TccNameError(f"{what} may use only shape symbols, compile-time parameters and "
-                                   f"integers, not {n.id!r}", n.span)
-            raise TccNameError(f"unknown name {n.id!r} in {what}", n.span,
-                               _suggest(n.id, self.symbols + list(self.cparams))
-                               or "shape symbols are bound by input tensors' dims")
-        if n.id in self.scalars:
-            return Typed(Var(n.id, self.scalars[n.id].dtype))
-        if n.id in self.tensors or n.id in self.declared:
-            raise TccNameError(f"{n.id!r} is a tensor: read an element with {n.id}[...]", n.span)
-        raise TccNameError(f"unknown name {n.id!r}", n.span,
-                           _suggest(n.id, list(env) + self.symbols + list(self.cparams) + list(self.scalars)))
-
-    def _e_Access(self, n: ast.Access, env, what, shape_only) -> Typed:
-        if shape_only:
-            raise TccNameError(f"{what} cannot read tensor {n.tensor!r}", n.span)
-        tensor = self._readable(n.tensor, n.span)
-        if len(n.indices) != len(tensor.shape):
-            raise TccShapeError(f"{n.tensor} has rank {len(tensor.shape)} but is indexed with "
-                                f"{len(n.indices)} indices", n.span)
-        indices = []
-        for idx in n.indices:
-            t = self._expr(idx, env, "an index")
-            if not t.dtype.is_int:
-                raise TccTypeError(f"an index must be an integer expression, not {t.dtype}", idx.span,
-                                   "index with index variables, symbols and integers (cast with i64(...))")
-            indices.append(cast(t.expr, dtypes.i64))
-        return Typed(Read(n.tensor, tuple(indices), tensor.dtype, n.span))
-
-    def _e_UnaryOp(self, n: ast.UnaryOp, env, what, shape_only) -> Typed:
-        a = self._expr(n.a, env, what, shape_only)
-        if n.op == "not":
-            self._require_bool(a, n.a.span, "not")
-            return Typed(Unary("not", a.expr, dtypes.boolean))
-        if a.dtype.is_bool:
-            raise TccTypeError("cannot negate a bool", n.span, "use `not` for logical negation")
-        if isinstance(a.expr, Const):
-            return Typed(Const(-a.expr.value, a.dtype), a.weak, n.span)
-        return Typed(Unary("neg", a.expr, a.dtype), a.weak)
-
-    def _require_bool(self, t: Typed, span: Span | None, op: str) -> None:
-        if not t.dtype.is_bool:
-            raise TccTypeError(f"`{op}` needs a bool operand, got {t.dtype}", span,
-                               "compare first, e.g. x > 0")
-
-    def _unify(self, a: Typed, b: Typed, span: Span | None) -> tuple[DType, str | None]:
-        if a.weak and b.weak:
-            kind = "f" if "f" in (a.weak, b.weak) else "i" if "i" in (a.weak, b.weak) else "b"
-            return dtypes.weak_default(kind), kind
-        if a.weak:
-            return dtypes.promote_weak(b.dtype, a.weak), None
-        if b.weak:
-            return dtypes.promote_weak(a.dtype, b.weak), None
-        return dtypes.promote(a.dtype, b.dtype), None
-
-    def _e_BinOp(self, n: ast.BinOp, env, what, shape_only) -> Typed:
-        a = self._expr(n.a, env, what, shape_only)
-        b = self._expr(n.b, env, what, shape_only)
-        return self._binary(n.op, a, b, n.span)
-
-    def _binary(self, op: str, a: Typed, b: Typed, span: Span | None) -> Typed:
-        if op in ("and", "or"):
-            self._require_bool(a, span, op)
-            self._require_bool(b, span, op)
-            return Typed(Binary(op, a.expr, b.expr, dtypes.boolean, span))
-        if op in COMPARE_OPS:  # as NumPy 2: an integer compares exactly with any Python integer
-            a, b = _widen_for_literal(a, b), _widen_for_literal(b, a)
-        dtype, weak = self._unify(a, b, span)
-        _check_literal(a, dtype, span)
-        _check_literal(b, dtype, span)
-        if op in ARITH_OPS and dtype.is_bool:
-            raise TccTypeError(f"arithmetic `{op}` on bool values", span, "convert first, e.g. i32(x)")
-        if op == "div" and not dtype.is_float:
-            dtype = dtypes.f64
-            weak = "f" if weak else None
-        if op == "pow" and isinstance(b.expr, Const) and b.weak and not dtype.is_float and b.expr.value < 0:
-            raise TccTypeError("integers to negative integer powers are not allowed", span,
-                               "use a float base, e.g. 2.0 ** -1")
-        lhs, rhs = cast(a.expr, dtype), cast(b.expr, dtype)
-        if op in COMPARE_OPS:
-            return Typed(Binary(op, lhs, rhs, dtypes.boolean, span))
-        return Typed(Binary(op, lhs, rhs, dtype, span), weak)
-
-    def _e_CallExpr(self, n: ast.CallExpr, env, what, shape_only) -> Typed:
-        args = [self._expr(x, env, what, shape_only) for x in n.args]
-        fn = n.fn
-        if fn in dtypes.ALL:
-            self._arity(n, 1)
-            _check_literal(args[0], dtypes.ALL[fn], n.span)
-            return Typed(cast(args[0].expr, dtypes.ALL[fn]))
-        if fn in ("max", "min", "pow"):
-            self._arity(n, 2)
-            return self._binary(fn, args[0], args[1], n.span)
-        if fn == "select":
-            self._arity(n, 3)
-            self._require_bool(args[0], n.args[0].span, "select")
-            dtype, weak = self._unify(args[1], args[2], n.span)
-            _check_literal(args[1], dtype, n.span)
-            _check_literal(args[2], dtype, n.span)
-            return Typed(Select(args[0].expr, cast(args[1].expr, dtype), cast(args[2].expr, dtype), dtype), weak)
-        if fn in MATH_FUNCS:
-            self._arity(n, 1)
-            a = args[0]
-            if a.dtype.is_bool:
-                raise TccTypeError(f"{fn} of a bool", n.span, "convert first, e.g. f32(x)")
-            keeps_int = fn in ("abs", "floor", "ceil")
-            dtype = a.dtype if (a.dtype.is_float or keeps_int) else dtypes.f64
-            weak = a.weak if (a.dtype.is_float or keeps_int) else ("f" if a.weak else None)
-            return Typed(Call(fn, (cast(a.expr, dtype),), dtype), weak)
-        if fn in REDUCE_OPS:
-            raise TccSyntaxError(f"{fn} is a reduction and needs its indices", n.span,
-                                 f"write {fn}[k](expr), or max(a, b) / min(a, b) for two values")
-        known = list(dtypes.ALL) + ["max", "min", "pow", "select", *MATH_FUNCS]
-        raise TccNameError(f"unknown function {fn!r}", n.span, _suggest(fn, known))
-
-    def _arity(self, n: ast.CallExpr, count: int) -> None:
-        if len(n.args) != count:
-            raise TccTypeError(f"{n.fn} takes {count} argument{'s' if count > 1 else ''}, got {len(n.args)}",
-                               n.span)
-
-    def _e_ReduceExpr(self, n: ast.ReduceExpr, env, what, shape_only) -> Typed:
-        if shape_only:
-            raise TccSyntaxError(f"{what} cannot contain a reduction", n.span)
-        inner = dict(env)
-        axes_vars = []
-        for ax in n.axes:
-            _not_reserved(ax.name, ax.span)
-            if ax.name in inner or ax.name in self._taken():
-                raise TccNameError(f"reduction index {ax.name!r} is already in use", ax.span,
-                                   "choose another index name")
-            inner[ax.name] = Var(ax.name, dtypes.i64)
-            axes_vars.append(ax)
-        body = self._expr(n.body, inner, what)
-        axes = []
-        for ax in axes_vars:
-            if ax.extent is not None:
-                extent = self._dim(ax.extent, f"the extent of {ax.name}")
-            else:
-                extent = self._infer_range(ax.name, n.body, f"{n.op}[{ax.name}]", ax.span)
-            axes.append(IterVar(inner[ax.name], extent))
-        operand = body.dtype if body.weak is None else dtypes.weak_default(body.weak)
-        if operand.is_bool and n.op in ("sum", "prod"):
-            raise TccTypeError(f"{n.op} of bool values", n.span, "convert first, e.g. i32(x > 0)")
-        result = operand
-        if n.op in ("sum", "prod") and operand.is_int and operand.bits < 64:
-            result = dtypes.i64  # NumPy sums small integers in the platform integer
-        half = operand in (dtypes.f16, dtypes.bf16)
-        acc = dtypes.f32 if half else result
-        expr = in_f32(body.expr) if half else body.expr
-        return Typed(Reduce(n.op, tuple(axes), cast(expr, acc), result, acc, n.span))
-
-
-_HALF = (dtypes.f16, dtypes.bf16)
-
-
-def in_f32(e: Expr) -> Expr:
-    """The body of a reduction over f16/bf16 values with every half-precision operation done in
-    f32 (DSL.md's rule, and what tensor cores do: a product of two f16 values is not rounded to
-    f16). Leaves are widened; an explicit cast to a half type still rounds, then widens."""
-    if isinstance(e, Binary):
-        return replace(e, a=in_f32(e.a), b=in_f32(e.b), dtype=_widened(e.dtype))
-    if isinstance(e, Unary):
-        return replace(e, a=in_f32(e.a), dtype=_widened(e.dtype))
-    if isinstance(e, Call):
-        return replace(e, args=tuple(in_f32(a) for a in e.args), dtype=_widened(e.dtype))
-    if isinstance(e, Select):
-        return replace(e, cond=in_f32(e.cond), a=in_f32(e.a), b=in_f32(e.b), dtype=_widened(e.dtype))
-    if isinstance(e, Reduce):
-        return replace(e, body=in_f32(e.body), dtype=_widened(e.dtype))
-    if isinstance(e, Cast) and e.a.dtype in _HALF and e.dtype not in _HALF:
-        return replace(e, a=in_f32(e.a))
-    return cast(e, dtypes.f32) if e.dtype in _HALF else e
-
-
-def _widened(dtype: DType) -> DType:
-    return dtypes.f32 if dtype in _HALF else dtype
-
-
-RESERVED = ("inf", "nan")  # float literals; the lexer reads them as names only where no value can stand
-
-
-def _not_reserved(name: str, span: Span | None) -> None:
-    if name in RESERVED:
-        raise TccNameError(f"{name!r} is a float literal and cannot name a tensor, index or parameter", span,
-                           "choose another name")
-
-
-def _check_literal(value: Typed, dtype: DType, span: Span | None) -> None:
-    """An integer literal must fit the integer type it becomes, as in NumPy 2 (which raises
-    ``OverflowError`` for ``np.int8(1) + 300``) rather than wrap."""
-    if not (isinstance(value.expr, Const) and value.weak == "i" and dtype.is_int):
-        return
-    info = np.iinfo(dtype.numpy)
-    if not info.min <= value.expr.value <= info.max:
-        raise TccTypeError(f"the integer {value.expr.value} is out of range for {dtype} "
-                           f"({info.min} to {info.max})", value.span or span,
-                           "use a wider type, e.g. i64(x), or a float literal" if dtype != dtypes.i64 else
-                           "use a float literal, e.g. 1e20")
-
-
-def _widen_for_literal(a: Typed, other: Typed) -> Typed:
-    """``a`` widened to i64 when ``other`` is an integer literal out of ``a``'s range (only
-    comparisons do this: NumPy 2 compares such values exactly)."""
-    if not (a.weak is None and a.dtype.is_int and isinstance(other.expr, Const) and other.weak == "i"):
-        return a
-    info = np.iinfo(a.dtype.numpy)
-    if info.min <= other.expr.value <= info.max:
-        return a
-    return Typed(cast(a.expr, dtypes.i64), None, a.span)
-
-
-def _add(a: Expr, b: Expr) -> Expr:
-    if isinstance(b, Const) and b.value == 0:
-        return a
-    if isinstance(a, Const) and isinstance(b, Const):
-        return Const(a.value + b.value, dtypes.i64)
-    return Binary("add", a, b, dtypes.i64)
-
-
-def _ast_children(node: ast.Node) -> list[ast.Node]:
-    out: list[ast.Node] = []
-    for value in vars(node).values():
-        if isinstance(value, ast.Node):
-            out.append(value)
-        elif isinstance(value, list):
-            out.extend(v for v in value if isinstance(v, ast.Node))
-    return out
 
 
 # ---------------------------------------------------------------- affine range inference
 
-def _affine_extent(var: str, body: Expr, tensors: dict[str, Tensor]) -> Expr | None:
-    """The largest range of ``var`` that keeps every read ``T[c*var + rest]`` in bounds.
 
-    Used when ``var`` is never an index on its own, as in ``Z[n, f, y, x] = sum[c, r, s](
-    Xp[n, c, y*S + r, x*S + s] * ...)``: ``y*S + r <= dim - 1`` for every ``r`` gives
-    ``y < (dim - max(r)) // S + 1``. Several reads give the minimum. The bounds proof
-    re-checks the result for the concrete shapes.
-    """
-    extents = {ax.var.name: ax.extent for n in walk(body) if isinstance(n, Reduce) for ax in n.axes}
-    found: list[Expr] = []
-    for read in (n for n in walk(body) if isinstance(n, Read)):
-        for dim, idx in enumerate(read.indices):
-            form = _linear(idx, extents.keys() | {var})
-            if form is None or var not in form:
-                continue
-            coef = form.pop(var)
-            if (isinstance(coef, Const) and coef.value <= 0) or any(v not in extents for v in form if v):
-                continue
-            top = _sub(tensors[read.tensor].shape[dim], Const(1, dtypes.i64))
-            for v, c in form.items():  # subtract the largest value of the rest of the index
-                if isinstance(c, Const) and c.value < 0:
-                    break
-                top = _sub(top, c if v is None else _mul(c, _sub(extents[v], Const(1, dtypes.i64))))
-            else:
-                found.append(_add(Binary("floordiv", top, coef, dtypes.i64), Const(1, dtypes.i64)))
-    if not found:
-        return None
-    out = found[0]
-    for other in found[1:]:
-        if other != out:
-            out = Binary("min", out, other, dtypes.i64)
-    return out
-
-
-def _linear(e: Expr, index_vars: set[str]) -> dict[str | None, Expr] | None:
-    """``e`` as {index var: coefficient, None: constant part}, or None if not affine."""
-    if isinstance(e, Var):
-        return {e.name: Const(1, dtypes.i64)} if e.name in index_vars else {None: e}
-    if isinstance(e, Const):
-        return {None: e}
-    if isinstance(e, Unary) and e.op == "neg":
-        inner = _linear(e.a, index_vars)
-        return None if inner is None else {k: _mul(Const(-1, dtypes.i64), v) for k, v in inner.items()}
-    if isinstance(e, Binary) and e.op in ("add", "sub"):
-        a, b = _linear(e.a, index_vars), _linear(e.b, index_vars)
-        if a is None or b is None:
-            return None
-        for k, v in b.items():
-            v = v if e.op == "add" else _mul(Const(-1, dtypes.i64), v)
-            a[k] = _add(a[k], v) if k in a else v
-        return a
-    if isinstance(e, Binary) and e.op == "mul":
-        a, b = _linear(e.a, index_vars), _linear(e.b, index_vars)
-        if a is None or b is None:
-            return None
-        if list(a) == [None]:
-            return {k: _mul(a[None], v) for k, v in b.items()}
-        if list(b) == [None]:
-            return {k: _mul(v, b[None]) for k, v in a.items()}
-    return None
-
-
-def _sub(a: Expr, b: Expr) -> Expr:
-    if isinstance(b, Const) and b.value == 0:
-        return a
-    if isinstance(a, Const) and isinstance(b, Const):
-        return Const(a.value - b.value, dtypes.i64)
-    return Binary("sub", a, b, dtypes.i64)
-
-
-def _mul(a: Expr, b: Expr) -> Expr:
-    if isinstance(a, Const) and a.value == 1:
-        return b
-    if isinstance(b, Const) and b.value == 1:
-        return a
-    if isinstance(a, Const) and isinstance(b, Const):
-        return Const(a.value * b.value, dtypes.i64)
-    return Binary("mul", a, b, dtypes.i64)

@@ -14,11 +14,10 @@ disk cache and never needs it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from tcc.ir.loops import LoopFunc, verify_func
 from tcc.ir.te import OpTE, verify_op
-from tcc.passes.autoschedule_cpu.schedule import autoschedule
-from tcc.passes.autoschedule_cuda.schedule import CudaTuning, schedule_cuda
 from tcc.passes.loops.schedule import Step, apply_schedule, check_gpu_schedule
 from tcc.passes.te.bounds import check_bounds
 from tcc.passes.te.fusion import group_statements, inline_intermediates
@@ -27,6 +26,9 @@ from tcc.passes.te.lower import lower
 from tcc.passes.te.specialize import specialize
 from tcc.passes.trace import SILENT, Trace
 from tcc.target import CudaTarget, Target
+
+if TYPE_CHECKING:
+    from tcc.passes.autoschedule_cuda.schedule import CudaTuning
 
 GEMM_K_LOOP = "kk"  # the micro-kernel's k loop in the CPU auto-scheduler's GEMM nest, unrolled by tuning
 
@@ -92,6 +94,10 @@ def schedule(func: LoopFunc, target: Target, steps: tuple[Step, ...] = (), tunin
     """The target's half: the user's steps (each a loop primitive), then the auto-scheduler of
     ``target`` (on the CPU only where the user wrote no schedule; on CUDA for every nest the
     user did not bind to blocks, f32 contractions on TF32 tensor cores when ``tf32``)."""
+    # imported when a schedule runs: a warm start (its kernels in the disk cache) never schedules
+    from tcc.passes.autoschedule_cpu.schedule import autoschedule
+    from tcc.passes.autoschedule_cuda.schedule import CudaTuning, schedule_cuda
+
     scheduled = apply_schedule(func, list(steps), trace)
     if isinstance(target, CudaTarget):
         if steps:

@@ -1,0 +1,69 @@
+"""LLVM types and constants shared by the CPU code generator's emitters."""
+
+from __future__ import annotations
+
+import hashlib
+
+from llvmlite import ir
+
+from tcc.dtypes import DType
+from tcc.errors import TccCompileError
+
+I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
+PTR = ir.PointerType()
+FLOAT_TYPES = {"f16": ir.HalfType(), "f32": ir.FloatType(), "f64": ir.DoubleType()}
+INT_TYPES = {"i8": I8, "i32": I32, "i64": I64}
+ICMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+
+
+def value_type(dtype: DType) -> ir.Type:
+    """The LLVM type of a value in registers."""
+    if dtype.name == "bf16":
+        raise TccCompileError("bf16 is supported on target='cuda' only",
+                              hint="use f32 or f16 on the CPU")
+    if dtype.is_bool:
+        return I1
+    return FLOAT_TYPES.get(dtype.name) or INT_TYPES[dtype.name]
+
+
+def memory_type(dtype: DType) -> ir.Type:
+    """The LLVM type of an element in memory (bools are bytes, as in NumPy)."""
+    return I8 if dtype.is_bool else value_type(dtype)
+
+
+MAX_LOCAL_NAME = 64  # LLVM truncates local names at 1,024 characters, so long ones would collide
+
+
+def local_name(name: str) -> str:
+    """A user-derived name for an LLVM local value or block: itself when short, else a prefix
+    and a hash of the whole (names stay readable and distinct; llvmlite numbers any repeats)."""
+    if len(name) <= MAX_LOCAL_NAME:
+        return name
+    digest = hashlib.blake2b(name.encode(), digest_size=6).hexdigest()
+    return f"{name[:MAX_LOCAL_NAME - 13]}.{digest}"
+
+
+def llvm_const(ty: ir.Type, value: int | float) -> ir.Constant:
+    """A constant of a scalar or vector type (splatted)."""
+    if isinstance(ty, ir.VectorType):
+        return ir.Constant(ty, [value] * ty.count)
+    return ir.Constant(ty, value)
+
+
+def like(ty: ir.Type, elem: ir.Type) -> ir.Type:
+    """``elem``, as a vector when ``ty`` is one."""
+    return ir.VectorType(elem, ty.count) if isinstance(ty, ir.VectorType) else elem
+
+
+def lane_mask(indices: range | list[int]) -> ir.Constant:
+    """A shufflevector mask."""
+    return ir.Constant(ir.VectorType(I32, len(indices)), list(indices))
+
+
+def type_suffix(ty: ir.Type) -> str:
+    """The overload suffix of an LLVM intrinsic for ``ty``: ``f32``, ``v8f64``, ``v16i8``, ..."""
+    if isinstance(ty, ir.VectorType):
+        return f"v{ty.count}{type_suffix(ty.element)}"
+    if isinstance(ty, ir.IntType):
+        return f"i{ty.width}"
+    return {"half": "f16", "float": "f32", "double": "f64"}[str(ty)]
