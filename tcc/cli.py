@@ -220,7 +220,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"{name} [{_fmt(bindings)}] on {args.target}: median of {args.repeat} runs {seconds * 1e3:.4g} ms")
         if args.roofline:
             lowered = op.lowered(bindings)
-            peak = peak or roofline.peaks(lowered.target, op.cache_key({}))
+            peak = peak or roofline.peaks(lowered.target, op.machine_key())
             points.append(roofline.place(name, roofline.cost(lowered.te, lowered.target), seconds, peak))
     if args.roofline and peak is not None:
         print(roofline.report(points, peak))

@@ -339,6 +339,11 @@ class Op:
             return f"{self.name}\0{span.source.text}"
         return deep(format_op, self.te)
 
+    def machine_key(self) -> str:
+        """The key of the machine this op compiles for (target, host or device, compiler of the
+        backend): what per-machine measurements, such as the roofline's peaks, are kept under."""
+        return self._backend.host_key(self.options)
+
     def base_key(self, lowered: Lowered) -> str:
         """The key of the op's specialisation without its schedule (the tuner stores its winner under it)."""
         options = ",".join(f"{k}={v}" for k, v in sorted(self.options.items()))

@@ -75,6 +75,10 @@ def test_bench_roofline_on_the_cpu(fresh_cache, tmp_path, capsys, monkeypatch):
     assert 0 < fraction < 10  # measured: positive, and not absurdly above the ceiling
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main(argv) == 0 and len(measured) == 1  # the peaks are measured once per machine, then cached
+    other = tmp_path / "add.tc"
+    other.write_text("op add(X: f32[N], Y: f32[N]) -> Z: f32[N] { Z[i] = X[i] + Y[i] }")
+    assert main(["bench", str(other), "-D", "N=1000", "--repeat", "2", "--roofline", "--png", str(png)]) == 0
+    assert len(measured) == 1  # another file, the same machine
 
 
 def test_bench_argument_errors(tmp_path, capsys):
