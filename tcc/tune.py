@@ -42,6 +42,7 @@ DEFAULT_TRIALS = 12
 RUNS = 5  # timed runs per candidate; the median is kept
 TUNE_KEY = "tune-v2"
 WARPS = (4, 8, 2, 16)  # block sizes of the CUDA flat and row kernels to try, in warps
+CUDA_TILES = 6  # GEMM tiles to try (with the default and the other stage, 12 trials reach every knob)
 
 
 @dataclass
@@ -210,10 +211,12 @@ CPU_STAGES: tuple[Stage, ...] = (_register_tiles, _k_blocks, _cache_blocks, _unr
 
 
 def _cuda_tiles(best: dict[str, int]) -> Iterator[dict[str, int]]:
+    """The default, then the largest tiles first, at most ``CUDA_TILES`` of them: the trials left
+    go to the pipeline depth and the block size."""
     yield best
-    for bm, bn, bk in SEARCH_TILES:
-        if fits((bm, bn, bk)):
-            yield {**best, "bm": bm, "bn": bn, "bk": bk}
+    tiles = sorted((t for t in SEARCH_TILES if fits(t)), key=lambda t: -t[0] * t[1] * t[2])
+    for bm, bn, bk in tiles[:CUDA_TILES]:
+        yield {**best, "bm": bm, "bn": bn, "bk": bk}
 
 
 def _cuda_stages(best: dict[str, int]) -> Iterator[dict[str, int]]:

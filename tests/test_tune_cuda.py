@@ -31,6 +31,8 @@ def test_search_space_of_a_gemm():
     assert all(fits(k.tile) for k in knobs if k.tile is not None)
     assert {k.stages for k in knobs} == {1, 2} and {k.warps for k in knobs} >= {4, 8, 16}
     assert len(tcc.tune.candidates(lowered, trials=5)) == 5
+    default = [t.cuda for t in tcc.tune.candidates(lowered)]  # the default 12 trials reach every knob
+    assert {k.stages for k in default} == {1, 2} and {k.warps for k in default} >= {2, 4, 16}
 
 
 def test_an_elementwise_op_tunes_block_size_only():
@@ -90,7 +92,7 @@ def test_tuned_gemm_on_the_gpu_matches_numpy(fresh_cache, rng):
         pytest.skip("needs a GPU")
     op = tcc.compile(MATMUL, target="cuda", tune=4).matmul
     a, b = rng.standard_normal((67, 33), np.float32), rng.standard_normal((33, 129), np.float32)
-    out = tcc.cuda.to_device(np.full((67, 129), np.nan, np.float32))
-    op(a, b, out=out)
+    out = tcc.cuda.to_device(np.full((67, 129), np.nan, np.float32))  # device inputs and outputs alike
+    op(tcc.cuda.to_device(a), tcc.cuda.to_device(b), out=out)
     np.testing.assert_allclose(out.to_numpy(), a @ b, rtol=1e-4, atol=1e-4)
     assert tcc.tune.stored_tuning(op, tcc.compile(MATMUL, target="cuda").matmul.lowered(BINDINGS)) is not None
