@@ -52,7 +52,7 @@ def fuse(op: OpTE, before_grouping: Callable[[OpTE], OpTE] | None = None) -> OpT
     op = inline_intermediates(op)
     if before_grouping is not None:
         op = before_grouping(op)
-    groups = _groups(op)
+    groups = group_statements(op)
     return replace(op, groups=groups, fusion_notes=[*op.fusion_notes, *(g.describe() for g in groups)])
 
 
@@ -198,7 +198,8 @@ def _fresh_reductions(body: Expr, taken: set[str]) -> Expr:
 
 # ---------------------------------------------------------------- grouping
 
-def _groups(op: OpTE) -> list:
+def group_statements(op: OpTE) -> list[FusionGroup]:
+    """Consecutive statements that share leading loops (see the module docstring), as groups."""
     groups: list[list[Compute]] = []
     shared: list[int] = []
     for c in op.computes:
@@ -225,9 +226,9 @@ def _shared_depth(group: list[Compute], depth: int, c: Compute, op: OpTE) -> int
     would make a group holding a reduction share fewer loops stays out: im2col's patches and
     GEMM for one block of output rows share ``n, y_block``, and the epilogue reading the GEMM at
     ``y // R`` joining them at ``n`` would make whole images' patches again. A group never shares
-    a GEMM's row or column loop (see :func:`_gemm_batch_depth`)."""
+    a GEMM's row or column loop (see :func:`gemm_batch_depth`)."""
     first = group[0]
-    k = min(depth, len(c.axes), *(_gemm_batch_depth(m) for m in (*group, c)))
+    k = min(depth, len(c.axes), *(gemm_batch_depth(m) for m in (*group, c)))
     while k > 0:
         same_extents = all(first.axes[i].extent == c.axes[i].extent for i in range(k))
         if same_extents and _row_local(group, c, k, op):
@@ -238,7 +239,7 @@ def _shared_depth(group: list[Compute], depth: int, c: Compute, op: OpTE) -> int
     return 0
 
 
-def _gemm_batch_depth(c: Compute) -> int:
+def gemm_batch_depth(c: Compute) -> int:
     """How many leading loops of ``c`` a group may share: for a contraction the CPU GEMM
     scheduler tiles (``sum[k](A[..] * B[..])`` with rows ``i`` and columns ``j``, and at least
     ``GEMM_MIN_FLOPS`` of work), its leading batch loops only; for anything else, all of them.
