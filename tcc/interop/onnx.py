@@ -29,9 +29,11 @@ from tcc.interop import onnx_kernels as kernels
 from tcc.interop import onnx_nn as nn
 from tcc.interop import onnx_ops as ops
 from tcc.interop import onnx_shapes as shapes
+from tcc.interop.onnx_build import build
 from tcc.interop.onnx_graph import NUMPY_DTYPES, NeedsValue, Node, OnnxImportError, Program, Value
 from tcc.interop.onnx_kernels import Kernel
 from tcc.interop.onnx_ops import ONNX_DTYPES, tcc_dtype
+from tcc.passes import autoschedule
 from tcc.runtime import cache
 from tcc.runtime.binding import as_host_array
 from tcc.runtime.library import Library, Op, check_options
@@ -40,6 +42,7 @@ from tcc.target import Target, target_kind
 
 __all__ = ["HANDLERS", "NeedsValue", "OnnxImportError", "OnnxModel", "load", "translate"]
 
+PARALLEL_FROM = 6  # distinct kernels from which a cold compile starts worker processes
 Handler = Callable[[Program, Node, list], list]
 HANDLERS: dict[str, Handler] = {
     **{name: ops.unary for name in ops.UNARY},
@@ -245,6 +248,7 @@ class OnnxModel:
         self._compile_target = target
         self._options = options
         check_options(options, self.target)
+        self._fresh = False  # split in this process: its kernels are likely not in the disk cache
         self.kernels: list[Kernel] = self._split()
         self._ops: dict[str, Op] = {}  # by kernel source: the distinct kernels
         self._inputs = [program.inputs[name] for name in input_names]
@@ -278,26 +282,33 @@ class OnnxModel:
             except (KeyError, TypeError, ValueError):
                 pass  # a stale entry: split again
         split = kernels.split(self.program, self.op.te)
+        self._fresh = True
         disk.put_json(key, {"kernels": [k.to_json() for k in split]})
         return split
 
     def _kernel_op(self, source: str) -> Op:
         op = self._ops.get(source)
         if op is None:
-            op = self._ops[source] = tcc_compile(source, target=self._compile_target, **self._options)[
-                kernels.KERNEL_OP]
+            op = self._ops[source] = next(iter(tcc_compile(source, target=self._compile_target, **self._options)))
         return op
 
-    def compile(self, progress: bool | None = None) -> OnnxModel:
+    def compile(self, progress: bool | None = None, jobs: int | None = None) -> OnnxModel:
         """Build every distinct kernel now (from the disk cache when it is there); a progress bar
-        appears when this takes more than a second."""
+        appears when this takes more than a second. A model this machine has not split before
+        builds its kernels in ``jobs`` worker processes (default: one per CPU this process may
+        use, when there are at least ``PARALLEL_FROM`` kernels and a disk cache to pass them through)."""
         start = time.perf_counter()
         distinct = list(dict.fromkeys(k.source for k in self.kernels))
+        jobs = jobs if jobs is not None else autoschedule.threads() if len(distinct) >= PARALLEL_FROM else 1
         with tqdm(total=len(distinct), desc="tcc.onnx: compiling", unit="kernel", delay=1.0,
                   disable=progress is False, leave=False) as bar:
+            if self._fresh and jobs > 1 and self.target == "cpu" and cache.cache_dir() is not None:
+                build(distinct, self._options, jobs, lambda: bar.update(1))
+                bar.reset(len(distinct))  # the parent's own pass: loads from the cache
             for source in distinct:
                 self._kernel_op(source).kernel({})
                 bar.update(1)
+        self._fresh = False
         self._calls = [(self._kernel_op(k.source), k.params, k.results) for k in self.kernels]
         self.compile_seconds = time.perf_counter() - start
         return self
@@ -369,15 +380,16 @@ def _copy_out(outputs: list[Any], out: Any) -> list[Any]:
 
 def load(model: Any, target: str | Target = "cpu", input_shapes: dict[str, Sequence[int]] | None = None,
          constants: dict[str, Any] | None = None, compile_now: bool = True, progress: bool | None = None,
-         **options: Any) -> OnnxModel:
+         jobs: int | None = None, **options: Any) -> OnnxModel:
     """Import an ONNX model (a path or an ``onnx.ModelProto``) and compile it for ``target``.
 
     ``input_shapes`` gives the shapes of inputs whose dims the model leaves symbolic;
-    ``constants`` fixes graph inputs to known values. ``options`` go to ``tcc.compile``.
+    ``constants`` fixes graph inputs to known values. ``jobs`` is how many processes build the
+    kernels (see ``OnnxModel.compile``). ``options`` go to ``tcc.compile``.
     """
     proto = _read_model(model)
     program = translate(proto, input_shapes, constants)
     given = set(constants or {}) | {t.name for t in proto.graph.initializer}
     inputs = [vi.name for vi in proto.graph.input if vi.name not in given]
     compiled = OnnxModel(program, target, inputs, [vi.name for vi in proto.graph.output], options)
-    return compiled.compile(progress) if compile_now else compiled
+    return compiled.compile(progress, jobs) if compile_now else compiled
