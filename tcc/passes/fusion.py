@@ -52,7 +52,7 @@ def fuse(op: OpTE, before_grouping: Callable[[OpTE], OpTE] | None = None) -> OpT
     op = inline_intermediates(op)
     if before_grouping is not None:
         op = before_grouping(op)
-    groups = group_statements(op)
+    groups = _groups(op)
     return replace(op, groups=groups, fusion_notes=[*op.fusion_notes, *(g.describe() for g in groups)])
 
 
@@ -198,8 +198,7 @@ def _fresh_reductions(body: Expr, taken: set[str]) -> Expr:
 
 # ---------------------------------------------------------------- grouping
 
-def group_statements(op: OpTE) -> list[FusionGroup]:
-    """Consecutive statements that share leading loops (see the module docstring), as groups."""
+def _groups(op: OpTE) -> list:
     groups: list[list[Compute]] = []
     shared: list[int] = []
     for c in op.computes:

@@ -3,33 +3,28 @@
 A whole ONNX model is one tcc op; compiled as one function, its compile time grows faster than
 its size (the auto-scheduler walks the whole function once per loop nest it schedules) and
 nothing is shared between the identical layers a network repeats. This analysis cuts the op
-where fusion does not join anything: after fusion's inlining, every statement still in memory
-is the end of a kernel, except where fusion's grouping keeps statements under shared loops for
-a reason other than a shared batch loop. A group that holds a contraction the GEMM scheduler
-tiles shares only the batch loop with its neighbours (``fusion.gemm_batch_depth``): it is split
-into its members, each a kernel; a group of row computations (softmax, layer norm: the reason
-grouping exists) stays one kernel.
+where fusion joins nothing: after fusion's inlining, each contraction the GEMM scheduler tiles
+(a convolution or a matmul with its epilogue inlined) is a kernel, and so is each run of the
+statements between two of them (pooling, softmax, layer norm, elementwise: grouping may still
+put those under shared loops). A contraction shares at most its batch loop with its neighbours
+(``fusion.gemm_batch_depth``), so cutting there loses no fusion but that one loop.
 """
 
 from __future__ import annotations
 
 from tcc.ir.te import OpTE
-from tcc.passes.fusion import gemm_batch_depth, group_statements, inline_intermediates
+from tcc.passes.fusion import gemm_batch_depth, inline_intermediates
 
 
 def partition(op: OpTE) -> list[tuple[str, ...]]:
     """The op's kernels in program order, each the tensors it computes that stay in memory
     after fusion (the statements inlined into them go with them)."""
-    op = inline_intermediates(op)
-    grouped: dict[str, tuple[str, ...]] = {}
-    for group in group_statements(op):
-        members = [c for c in op.computes if c.tensor in group.tensors]
-        if all(gemm_batch_depth(c) == len(c.axes) for c in members):
-            for name in group.tensors:
-                grouped[name] = group.tensors
     kernels: list[tuple[str, ...]] = []
-    for c in op.computes:
-        kernel = grouped.get(c.tensor, (c.tensor,))
-        if not kernels or kernels[-1] != kernel:
-            kernels.append(kernel)
-    return kernels
+    run: list[str] = []
+    for c in inline_intermediates(op).computes:
+        if gemm_batch_depth(c) < len(c.axes):
+            kernels += [tuple(run), (c.tensor,)] if run else [(c.tensor,)]
+            run = []
+        else:
+            run.append(c.tensor)
+    return kernels + [tuple(run)] if run else kernels
