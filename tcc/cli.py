@@ -22,10 +22,10 @@ from collections.abc import Sequence
 import numpy as np
 
 import tcc
+from tcc.compiler import Library, Op
 from tcc.errors import TccArgumentError, TccError, TccRuntimeError
 from tcc.interop.onnx_check import run_against_onnxruntime
 from tcc.runtime.binding import bind_cparams, bind_shapes, check_sizes
-from tcc.runtime.library import Library, Op
 from tcc.stack import deep
 
 ALL_STAGES = ("ast", "te", "fused", "loops", "scheduled", "llvm", "asm", "cuda", "ptx")
@@ -118,7 +118,7 @@ def cmd_lower(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from tcc.passes.specialize import specialize
+    from tcc.passes.te.specialize import specialize
     from tcc.testing import max_relative_error, random_args, reference_results, tolerance
 
     if args.repeat < 1:

@@ -31,7 +31,7 @@ def _a_two_core_host(monkeypatch):
     AVX-512's register tiles (an AVX2 host runs them too, only slower)."""
     from helpers import TWO_CORE_CACHES
 
-    from tcc.passes import autoschedule
+    from tcc.passes.autoschedule_cpu import schedule as autoschedule
 
     monkeypatch.setattr(autoschedule, "threads", lambda: 2)
     monkeypatch.setattr(autoschedule, "host_caches", lambda: dict(TWO_CORE_CACHES))

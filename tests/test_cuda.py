@@ -176,7 +176,7 @@ def test_im2col_on_cuda_is_a_clean_error():
 
 
 def test_contractions_get_the_tiled_schedule():
-    from tcc.codegen_cuda import gemm
+    from tcc.passes.autoschedule_cuda import gemm
 
     lib = tcc.compile(EXAMPLES / "conv2d_relu.tc", target="cuda")
     x, w, b = np.zeros((2, 16, 15, 17), np.float32), np.zeros((24, 16, 3, 3), np.float32), np.zeros(24, np.float32)

@@ -14,8 +14,9 @@ from onnx import TensorProto, helper  # noqa: E402
 from test_onnx import check_against_ort, make_model  # noqa: E402
 
 import tcc  # noqa: E402
+from tcc import compiler  # noqa: E402
 from tcc.interop import onnx_build, onnx_kernels  # noqa: E402
-from tcc.runtime import cache, library  # noqa: E402
+from tcc.runtime import cache  # noqa: E402
 
 F32 = TensorProto.FLOAT
 
@@ -52,7 +53,7 @@ def test_warm_load_runs_no_pass_and_no_split(rng, fresh_cache, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a warm load ran the compiler")
 
-    monkeypatch.setattr(library, "run_pipeline", refuse)
+    monkeypatch.setattr(compiler, "run_pipeline", refuse)
     monkeypatch.setattr(onnx_kernels, "split", refuse)
     np.testing.assert_array_equal(tcc.onnx.load(model)(x), expected)
 
@@ -73,7 +74,7 @@ def test_values_read_by_several_kernels_unread_and_returned(rng, fresh_cache):
     axes = np.array([1], np.int64)
     model = make_model(nodes, [("x", F32, [1, 16, 7, 33])], [("y", F32, [1, 24, 7, 33]), ("m", F32, [1, 24, 1, 1])],
                        {"w": w, "axes": axes}, opset=17)
-    compiled = check_against_ort(model, rng, rtol=1e-4, atol=1e-5)
+    compiled = check_against_ort(model, rng, rtol=1e-4, atol=1e-3)  # results up to ~200 after a cancelling Sub
     assert len(compiled.kernels) == 3  # exp; the conv + relu; the mean, the sum of e and the rest
     assert not any("dead" in name for k in compiled.kernels for name in k.results)
 

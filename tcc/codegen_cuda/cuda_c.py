@@ -1,7 +1,7 @@
 """Scheduled loop IR -> readable CUDA C, one ``__global__`` function per kernel.
 
 A scheduled CUDA function is ``Allocate(global temps) -> Seq(kernel, ...)`` where every
-kernel is a loop bound to ``block.x`` (see :mod:`tcc.codegen_cuda.schedule`). Codegen decides
+kernel is a loop bound to ``block.x`` (see :mod:`tcc.passes.autoschedule_cuda.schedule`). Codegen decides
 nothing: a ``block.x``/``thread.x`` loop becomes ``blockIdx.x``/``threadIdx.x`` and its
 extent the launch shape, a thread loop annotated ``allreduce=ACC:OP`` ends in a block-wide
 combination of the local accumulator ``ACC``, scopes map to registers and ``__shared__``.
@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tcc.codegen_cuda import tensorcore
 from tcc.dtypes import DType
 from tcc.errors import TccCompileError
 from tcc.ir.expr import Binary, Call, Cast, Const, Expr, Load, Select, Unary, Var, walk
 from tcc.ir.loops import Allocate, Barrier, Buffer, For, If, Let, LoopFunc, Seq, Stmt, Store, stmt_exprs, walk_stmts
+from tcc.passes.autoschedule_cuda import tensorcore
 from tcc.passes.simplify import evaluate_int
 
 _VALUE_TYPE = {"f16": "float", "bf16": "float", "f32": "float", "f64": "double", "i8": "signed char",
@@ -165,7 +165,7 @@ def generate(func: LoopFunc) -> CudaProgram:
     for i, kernel in enumerate(stmts):
         if not (isinstance(kernel, For) and kernel.kind == "block.x"):
             raise TccCompileError("internal error: a CUDA kernel must start with a loop bound to block.x",
-                                  hint="schedule the function with tcc.codegen_cuda.schedule.schedule_cuda")
+                                  hint="schedule the function with tcc.passes.autoschedule_cuda.schedule.schedule_cuda")
         used = _pair_used(stmts, i)
         info, text = _Kernel(f"tcc_{func.name}_k{i}", kernel, buffers, scalars, used).emit()
         kernels.append(info)

@@ -24,6 +24,8 @@ import numpy as np
 from tqdm import tqdm
 
 from tcc import cuda as tcc_cuda
+from tcc.compiler import Library, Op, check_options
+from tcc.compiler import compile as tcc_compile
 from tcc.errors import TccArgumentError
 from tcc.interop import onnx_kernels as kernels
 from tcc.interop import onnx_nn as nn
@@ -33,11 +35,9 @@ from tcc.interop.onnx_build import build
 from tcc.interop.onnx_graph import NUMPY_DTYPES, NeedsValue, Node, OnnxImportError, Program, Value
 from tcc.interop.onnx_kernels import Kernel
 from tcc.interop.onnx_ops import ONNX_DTYPES, tcc_dtype
-from tcc.passes import autoschedule
+from tcc.passes.autoschedule_cpu import schedule as autoschedule
 from tcc.runtime import cache
 from tcc.runtime.binding import as_host_array
-from tcc.runtime.library import Library, Op, check_options
-from tcc.runtime.library import compile as tcc_compile
 from tcc.target import Target, target_kind
 
 __all__ = ["HANDLERS", "NeedsValue", "OnnxImportError", "OnnxModel", "load", "translate"]

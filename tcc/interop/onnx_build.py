@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tcc.runtime.library import compile as tcc_compile
+from tcc.compiler import compile as tcc_compile
 
 
 def build(sources: list[str], options: dict[str, Any], jobs: int, done: Callable[[], None]) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from tcc.interop.onnx_graph import Program, Statement
 from tcc.ir.te import OpTE
-from tcc.passes.partition import partition
+from tcc.passes.te.partition import partition
 
 KERNEL_OP = "kernel"  # every kernel's op name: part of its source, so of its cache key
 

@@ -27,11 +27,11 @@ from typing import Any
 import torch  # the optional dependency this module exists for
 
 from tcc import dtypes
+from tcc.autodiff import grad as derive_grad
+from tcc.compiler import Library, Op
+from tcc.compiler import compile as tcc_compile
 from tcc.errors import TccArgumentError, TccError
-from tcc.runtime.autodiff import grad as derive_grad
 from tcc.runtime.binding import bind_cparams, bind_shapes, result_shapes
-from tcc.runtime.library import Library, Op
-from tcc.runtime.library import compile as tcc_compile
 
 _TORCH_DTYPES = {dtypes.f16: torch.float16, dtypes.bf16: torch.bfloat16, dtypes.f32: torch.float32,
                  dtypes.f64: torch.float64, dtypes.i8: torch.int8, dtypes.i32: torch.int32,

@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 
 from tcc.ir.loops import LoopFunc, format_func, verify_func
 from tcc.ir.te import OpTE, format_op, verify_op
-from tcc.passes.bounds import check_bounds
-from tcc.passes.fusion import format_fused, fuse
-from tcc.passes.im2col import im2col
-from tcc.passes.lower import lower
-from tcc.passes.schedule import Step, apply_schedule, check_gpu_schedule
-from tcc.passes.specialize import specialize
+from tcc.passes.loops.schedule import Step, apply_schedule, check_gpu_schedule
+from tcc.passes.te.bounds import check_bounds
+from tcc.passes.te.fusion import format_fused, fuse
+from tcc.passes.te.im2col import im2col
+from tcc.passes.te.lower import lower
+from tcc.passes.te.specialize import specialize
 from tcc.target import CudaTarget, Target, default_target
 
 AfterPass = Callable[[str, str], None]
@@ -50,7 +50,7 @@ class Lowered:
     loops: LoopFunc  # plain loop nests, straight from the TE
     target: Target  # the machine the schedule sizes its work for
     after_pass: AfterPass | None = None
-    steps: tuple = ()  # the user's schedule (tcc.passes.schedule.Step); empty: the auto-scheduler
+    steps: tuple = ()  # the user's schedule (tcc.passes.loops.schedule.Step); empty: the auto-scheduler
     tuning: Tuning | None = None  # the tuner's choice for the auto-scheduler (tcc.tune)
     _scheduled: LoopFunc | None = field(default=None, repr=False)
 
@@ -93,7 +93,7 @@ def schedule_for_target(func: LoopFunc, target: str | Target, steps: list | None
     GEMM tiles ``params`` by result tensor, and its k-loop unroll factor)."""
     machine = default_target(target)
     if isinstance(machine, CudaTarget):
-        from tcc.codegen_cuda.schedule import schedule_cuda
+        from tcc.passes.autoschedule_cuda.schedule import schedule_cuda
 
         if steps:  # the nests the user bound are kernels as they are; the others are auto-scheduled
             scheduled = apply_schedule(func, steps)
@@ -103,7 +103,7 @@ def schedule_for_target(func: LoopFunc, target: str | Target, steps: list | None
 
     if steps:
         return apply_schedule(func, steps)
-    from tcc.passes.autoschedule import autoschedule
+    from tcc.passes.autoschedule_cpu.schedule import autoschedule
 
     func = autoschedule(func, params)
     return apply_schedule(func, [Step("unroll", (GEMM_K_LOOP, "by", unroll))]) if unroll > 1 else func
