@@ -4,8 +4,9 @@ The graph becomes tcc source (``model.source``): one ``op`` whose parameters are
 inputs and weights and whose statements are its nodes, so the fusion pass fuses across nodes
 exactly as it fuses a hand-written op (conv + bias + BatchNorm folded into the weights + relu
 become one kernel; chains of elementwise nodes one loop nest), and every stage prints
-(``model.lower(stage="fused")``). Shapes are static: they come from the model or from
-``input_shapes``. A node tcc cannot import is an ``OnnxImportError`` naming it, raised before
+(``model.lower(stage="fused")``). On the CPU the op then runs as the kernels
+``onnx_kernels`` cuts it into where fusion joins nothing, each distinct one compiled once.
+Shapes are static: they come from the model or from ``input_shapes``. A node tcc cannot import is an ``OnnxImportError`` naming it, raised before
 anything is compiled or run.
 
 ``onnx`` is an optional dependency (``pip install onnx``): it is imported only when a model is
