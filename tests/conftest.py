@@ -37,3 +37,13 @@ def _a_two_core_host(monkeypatch):
     monkeypatch.setattr(autoschedule, "host_caches", lambda: dict(TWO_CORE_CACHES))
     monkeypatch.setattr(autoschedule, "host_vector_bytes", lambda: 64)  # AVX-512's register tiles
 
+
+
+@pytest.fixture(autouse=True)
+def _onnx_models_compile_in_process(monkeypatch):
+    """tcc.onnx builds a new model's kernels in worker processes, which schedule for the real host,
+    not the pretend one above: their kernels would be keyed apart and built twice. Tests that
+    exercise the workers ask for them with ``jobs=``."""
+    from tcc.interop import onnx
+
+    monkeypatch.setattr(onnx, "PARALLEL_FROM", 1 << 30)

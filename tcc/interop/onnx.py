@@ -6,8 +6,8 @@ exactly as it fuses a hand-written op (conv + bias + BatchNorm folded into the w
 become one kernel; chains of elementwise nodes one loop nest), and every stage prints
 (``model.lower(stage="fused")``). On the CPU the op then runs as the kernels
 ``onnx_kernels`` cuts it into where fusion joins nothing, each distinct one compiled once.
-Shapes are static: they come from the model or from ``input_shapes``. A node tcc cannot import is an ``OnnxImportError`` naming it, raised before
-anything is compiled or run.
+Shapes are static: they come from the model or from ``input_shapes``. A node tcc cannot
+import is an ``OnnxImportError`` naming it, raised before anything is compiled or run.
 
 ``onnx`` is an optional dependency (``pip install onnx``): it is imported only when a model is
 loaded, so ``import tcc`` never needs it.
