@@ -43,7 +43,7 @@ from tcc.target import Target, target_kind
 
 __all__ = ["HANDLERS", "NeedsValue", "OnnxImportError", "OnnxModel", "load", "translate"]
 
-PARALLEL_AFTER_S = 3.0  # seconds of compiling left (estimated) from which worker processes help (~1 s to start)
+PARALLEL_AFTER_S = 4.0  # CPU seconds of compiling left (estimated) from which a worker helps (~1 s to start)
 Handler = Callable[[Program, Node, list], list]
 HANDLERS: dict[str, Handler] = {
     **{name: ops.unary for name in ops.UNARY},
@@ -312,13 +312,13 @@ class OnnxModel:
         """Build the kernels ``todo`` here, from the front; from the point where those left look
         like more than ``PARALLEL_AFTER_S`` of work, with workers taking from the back."""
         parallel = jobs > 1 and self.target == "cpu" and cache.cache_dir() is not None
-        todo, workers, built, start = list(todo), None, 0, time.perf_counter()
+        todo, workers, built, start = list(todo), None, 0, time.process_time()
         try:
             while (source := workers.take() if workers else todo.pop(0) if todo else None) is not None:
                 self._kernel_op(source).kernel({})
                 built += 1
                 done()
-                left = (time.perf_counter() - start) / built * len(todo)
+                left = (time.process_time() - start) / built * len(todo)  # CPU time: what a worker takes over
                 if parallel and workers is None and len(todo) > 1 and left > PARALLEL_AFTER_S:
                     workers = Workers(todo, self._options, jobs - 1, done)
         except BaseException:
