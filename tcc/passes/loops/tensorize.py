@@ -21,6 +21,12 @@ piece), the marked nest becomes fragment loads and ``Mma`` statements, and each 
 operands (f16, bf16: ``m16n8k16``) fragments come from ``ldmatrix`` (``.trans`` where the row is
 the contiguous index); with f32 operands the mark must say ``mma.sync.tf32`` (TF32 rounds them
 to 10 mantissa bits: the caller opted in) and lanes load their fragment elements one by one.
+
+``tensorize=wgmma`` marks a warpgroup's tile (``lane`` its 128 lanes, TM a multiple of 64, TN
+at most 256): the operands must be 128-byte swizzled shared buffers, read through descriptors,
+and the nest becomes ``wgmma.fence``, one ``WarpgroupMma`` per 64 rows and 16 of k, and a
+commit; the schedule places the waits (``WarpgroupSync``) that its pipeline needs. Warp ``w``
+of the warpgroup holds rows ``16 w ..`` of each 64-row fragment.
 """
 
 from __future__ import annotations
