@@ -143,3 +143,13 @@ def test_tf32_gemm_within_tf32_rounding(gpu, m, k, n, rng):
     want = a.astype(np.float64) @ b.astype(np.float64)
     err = np.linalg.norm(out - want) / np.linalg.norm(want)
     assert err < 2e-3, err  # tf32: about 3e-4; f16-rounded operands would give more, wrong ones far more
+
+
+@pytest.mark.cuda
+def test_cli_checks_tf32_runs_with_a_tf32_bound(gpu, capsys):
+    from tcc.cli import main
+
+    code = main(["run", str(EXAMPLES / "matmul.tc"), "-D", "M=130", "-D", "K=257", "-D", "N=129", "--target", "cuda",
+                 "--tf32", "--check", "--seed", "3"])
+    out = capsys.readouterr().out
+    assert code == 0 and "vs reference: ok" in out, out
