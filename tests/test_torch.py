@@ -70,6 +70,18 @@ def test_gradcheck_float64(ops64, name, shapes, cparams):
     assert torch.autograd.gradcheck(lambda *a: fn(*a, **cparams), tuple(args))
 
 
+@pytest.mark.parametrize("name,shapes,cparams", [
+    ("conv2d", [(1, 2, 5, 6), (3, 2, 3, 2), (3,)], dict(S=2, P=1)), ("conv2d", [(2, 1, 5, 5), (2, 1, 3, 3), (2,)], {}),
+    ("softmax", [(3, 7)], {}), ("layernorm", [(3, 7), (7,), (7,)], {}), ("matmul", [(5, 3), (3, 7)], {}),
+])
+def test_gradgradcheck_float64(ops64, name, shapes, cparams):
+    """Double backward: the gradient ops are operators with a backward of their own, derived on
+    first use (a strided conv's data gradient reads dY through ``u // S``: a guarded gather)."""
+    args = [torch.randn(s, dtype=torch.float64, requires_grad=True) for s in shapes]
+    fn = getattr(ops64, name)
+    assert torch.autograd.gradgradcheck(lambda *a: fn(*a, **cparams), tuple(args))
+
+
 def test_backward_runs_only_the_gradients_asked_for(ops64):
     x = torch.randn(1, 2, 6, 6, dtype=torch.float64)
     w = torch.randn(3, 2, 3, 3, dtype=torch.float64, requires_grad=True)

@@ -12,8 +12,8 @@ floats with their defaults), with
   ``torch.compile`` traces through the op without a graph break;
 - autograd: the backward calls one derived gradient op per float input (``tcc.grad(op, [X])``),
   each itself a ``torch.ops`` operator with a fake kernel, run only for the inputs whose
-  gradient autograd asks for (``torch.library.register_autograd``). Double backward is not
-  supported;
+  gradient autograd asks for (``torch.library.register_autograd``); the gradient operators have a
+  backward of their own, derived on first use (double backward);
 - an eager path: ``ops.NAME(...)`` on plain CPU tensors that record no graph, with nothing
   watching torch's dispatcher, runs the CPU kernel without dispatching (``TorchOp.__call__``).
 
@@ -69,6 +69,7 @@ class TorchOp:
         self._shapes: dict[tuple, list[tuple[Any, Any]]] = {}  # input shapes + parameters -> results
         self._direct: dict[tuple, _Direct | None] = {}  # the same -> the eager path's kernel call
         self.grads: dict[str, TorchOp | TccError] = {}
+        self._derived = False
         lib = _LIBRARIES.setdefault(namespace, torch.library.Library(namespace, "FRAGMENT"))
         lib.define(f"{name}{self.schema()}")
         lib.impl(name, self._run_cpu, "CPU")
@@ -182,18 +183,26 @@ class TorchOp:
         return self._cuda_op
 
     # ------------------------------------------------------------ autograd
-    def enable_grad(self) -> None:
-        """Register the backward: one derived gradient op per float tensor input."""
+    def enable_grad(self, lazy: bool = False) -> None:
+        """Register the backward: one derived gradient op per float tensor input, derived now, or
+        with ``lazy`` on the first backward that needs them. Gradient ops get a lazy backward of
+        their own, so a double backward (``create_graph=True``, ``gradgradcheck``) derives the
+        gradients of the gradients when it first runs, and nothing is derived ahead of use."""
+        if not lazy:
+            self._derive_grads()
+        torch.library.register_autograd(self.qualname, self._backward, setup_context=self._setup,
+                                        lib=_LIBRARIES[self.namespace])
+
+    def _derive_grads(self) -> None:
         te = self.te
         for p in te.inputs:
             if te.tensors[p].dtype.is_float:
                 try:
                     grad_op = derive_grad(self.op, [p], name=f"{self.op.name}_grad_{p}")
-                    self.grads[p] = register(grad_op, self.namespace)
+                    self.grads[p] = register(grad_op, self.namespace, autograd=True, lazy=True)
                 except TccError as exc:
                     self.grads[p] = exc  # raised if autograd ever asks for this gradient
-        torch.library.register_autograd(self.qualname, self._backward, setup_context=self._setup,
-                                        lib=_LIBRARIES[self.namespace])
+        self._derived = True
 
     def _setup(self, ctx: Any, inputs: tuple[Any, ...], output: Any,
                keyword_only_inputs: dict[str, Any] | None = None) -> None:
@@ -202,6 +211,8 @@ class TorchOp:
         ctx.save_for_backward(*(a for a, is_t in zip(inputs, self._tensors) if is_t))
 
     def _backward(self, ctx: Any, *upstream: Any) -> tuple[Any, ...]:
+        if not self._derived:
+            self._derive_grads()
         saved = iter(ctx.saved_tensors)
         args = [next(saved) if is_t else s for s, is_t in zip(ctx.scalars, self._tensors)]
         outs = self._empty(tuple(args), ctx.cparams, self._device(tuple(args)))
@@ -273,8 +284,10 @@ def _run_direct(direct: _Direct, args: tuple[Any, ...]) -> list[Any] | None:
     return outs
 
 
-def register(op: Op, namespace: str = "tcc", name: str | None = None, autograd: bool = False) -> TorchOp:
-    """``op`` as ``torch.ops.<namespace>.<name>`` (registered once per op and namespace)."""
+def register(op: Op, namespace: str = "tcc", name: str | None = None, autograd: bool = False,
+             lazy: bool = False) -> TorchOp:
+    """``op`` as ``torch.ops.<namespace>.<name>`` (registered once per op and namespace), with
+    autograd if asked (its gradient ops derived now, or on first use with ``lazy``)."""
     known = _REGISTERED.get((namespace, id(op)))
     if known is not None:
         return known
@@ -285,7 +298,7 @@ def register(op: Op, namespace: str = "tcc", name: str | None = None, autograd: 
         name = f"{base}_{n}"
     made = _REGISTERED[(namespace, id(op))] = TorchOp(op, namespace, name)
     if autograd:
-        made.enable_grad()
+        made.enable_grad(lazy)
     return made
 
 
