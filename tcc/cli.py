@@ -92,6 +92,8 @@ def _op_arguments(p: argparse.ArgumentParser, schedule: bool = True) -> None:
                    help="the shape of an input tensor")
     p.add_argument("--target", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--arch", default=None, help="CUDA architecture, e.g. sm_90 (target cuda)")
+    p.add_argument("--tf32", action="store_true",
+                   help="f32 contractions on TF32 tensor cores: faster, operands rounded to 10 bits (target cuda)")
     if schedule:
         p.add_argument("--schedule", default=None, metavar="STEPS",
                        help='the op\'s schedule, e.g. "split(i, 32, io, ii); vectorize(ii)" (replaces the file\'s)')
@@ -155,7 +157,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         got = got.to_numpy() if hasattr(got, "to_numpy") else np.asarray(got)
         dtype = op.te.tensors[name].dtype
         err = max_relative_error(got, want)
-        bound = tolerance(spec, name)
+        bound = tolerance(spec, name, tf32=bool(op.options.get("tf32")))
         ok = err <= bound if dtype.is_float else bool(np.array_equal(got, want))
         print(f"check {name}: max relative error {err:.3g} (bound {bound:.2g}) vs reference: "
               f"{'ok' if ok else 'MISMATCH'}")
@@ -211,7 +213,11 @@ def cmd_onnx(args: argparse.Namespace) -> int:
 def _select_op(args: argparse.Namespace) -> Op:
     if args.arch is not None and args.target != "cuda":
         raise TccArgumentError(f"--arch {args.arch} is for --target cuda", hint="drop --arch on the CPU")
-    options = {"arch": args.arch} if args.arch else {}
+    if args.tf32 and args.target != "cuda":
+        raise TccArgumentError("--tf32 is for --target cuda", hint="drop --tf32 on the CPU")
+    options: dict[str, object] = {"arch": args.arch} if args.arch else {}
+    if args.tf32:
+        options["tf32"] = True
     lib: Library = tcc.compile(args.file, target=args.target, **options)
     ops = lib.ops
     if args.op is None:

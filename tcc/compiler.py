@@ -36,7 +36,7 @@ from tcc.target import Target, target_kind
 MAX_PLANS = 64  # argument signatures remembered per op
 MAX_SOURCE_BYTES = 64 << 20
 # tcc.compile's options and the targets they fit (machine: a CudaTarget value given as target=)
-OPTIONS = {"conv": ("cpu", "cuda"), "arch": ("cuda",), "machine": ("cuda",)}
+OPTIONS = {"conv": ("cpu", "cuda"), "arch": ("cuda",), "machine": ("cuda",), "tf32": ("cuda",)}
 
 
 def check_options(options: dict[str, Any], target: str) -> None:
@@ -53,6 +53,9 @@ def check_options(options: dict[str, Any], target: str) -> None:
                                hint=f"use one of {', '.join(CONV_CHOICES)}")
     if "arch" in options:
         check_arch(options["arch"])
+    if "tf32" in options and not isinstance(options["tf32"], bool):
+        raise TccArgumentError(f"tf32= must be True or False, not {options['tf32']!r}",
+                               hint="tf32=True lets f32 contractions round their operands to TF32 on tensor cores")
 
 
 def read_source(source: str | os.PathLike) -> tuple[str, str]:

@@ -239,11 +239,17 @@ _CTYPES = {"p": ctypes.c_uint64, "f16": ctypes.c_float, "bf16": ctypes.c_float, 
 class Launcher:
     """One kernel of a loaded module: its function handle and reusable argument storage."""
 
-    def __init__(self, module: Any, name: str, grid: int, block: int, params: list[tuple[str, str]]):
+    def __init__(self, module: Any, name: str, grid: int, block: int, params: list[tuple[str, str]],
+                 shared: int = 0):
         self.name = name
         self.grid = grid
         self.block = block
+        self.shared = shared  # bytes of dynamic shared memory
         self.fn = check(api().cuModuleGetFunction(module, name.encode()), f"finding kernel {name}")
+        if shared > 48 * 1024:  # above the default limit only after opting in
+            attr = api().CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            check(api().cuFuncSetAttribute(self.fn, attr, shared), f"kernel {name}: {shared} bytes of shared memory",
+                  "the GPU has less shared memory than the kernel was scheduled for: pass its CudaTarget")
         self.names = [p for p, _ in params]
         self.pointers = [i for i, (_, code) in enumerate(params) if code == "p"]
         self.slots = [_CTYPES[code]() for _, code in params]
@@ -276,7 +282,8 @@ class Launcher:
         with self.lock:
             for slot, i in zip(self.slots, order):
                 slot.value = values[i]
-            err = self.cu_launch(self.fn_arg, self.grid, 1, 1, self.block, 1, 1, 0, stream, self.argv_ptr, None)
+            err = self.cu_launch(self.fn_arg, self.grid, 1, 1, self.block, 1, 1, self.shared, stream, self.argv_ptr,
+                                 None)
         if err != 0:
             self._fail(err, op)
 

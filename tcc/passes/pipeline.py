@@ -52,6 +52,7 @@ class Lowered:
     after_pass: AfterPass | None = None
     steps: tuple = ()  # the user's schedule (tcc.passes.loops.schedule.Step); empty: the auto-scheduler
     tuning: Tuning | None = None  # the tuner's choice for the auto-scheduler (tcc.tune)
+    tf32: bool = False  # f32 contractions may round their operands to TF32 (tensor cores; opted in)
     _scheduled: LoopFunc | None = field(default=None, repr=False)
 
     @property
@@ -59,7 +60,8 @@ class Lowered:
         """The loops after the target's schedule."""
         if self._scheduled is None:
             tuning = self.tuning or Tuning()
-            scheduled = schedule_for_target(self.loops, self.target, list(self.steps), tuning.tiles, tuning.unroll)
+            scheduled = schedule_for_target(self.loops, self.target, list(self.steps), tuning.tiles, tuning.unroll,
+                                            self.tf32)
             verify_func(scheduled)
             if self.after_pass is not None:
                 self.after_pass("schedule", format_func(scheduled))
@@ -84,13 +86,14 @@ def run_pipeline(op: OpTE, bindings: dict[str, int | float], target: str | Targe
     loops = lower(te)
     verify_func(loops)
     report("lower", format_func(loops))
-    return Lowered(te, loops, default_target(target), after_pass, steps)
+    return Lowered(te, loops, default_target(target), after_pass, steps, tf32=bool((options or {}).get("tf32")))
 
 
 def schedule_for_target(func: LoopFunc, target: str | Target, steps: list | None = None,
-                        params: dict | None = None, unroll: int = 1) -> LoopFunc:
+                        params: dict | None = None, unroll: int = 1, tf32: bool = False) -> LoopFunc:
     """The user's schedule when there is one, else the target's auto-scheduler (with the tuner's
-    GEMM tiles ``params`` by result tensor, and its k-loop unroll factor)."""
+    GEMM tiles ``params`` by result tensor, and its k-loop unroll factor; on CUDA, f32
+    contractions on TF32 tensor cores when ``tf32``)."""
     machine = default_target(target)
     if isinstance(machine, CudaTarget):
         from tcc.passes.autoschedule_cuda.schedule import schedule_cuda
@@ -99,7 +102,7 @@ def schedule_for_target(func: LoopFunc, target: str | Target, steps: list | None
             scheduled = apply_schedule(func, steps)
             check_gpu_schedule(func, scheduled, steps)
             func = scheduled
-        return schedule_cuda(func, machine)
+        return schedule_cuda(func, machine, tf32)
 
     if steps:
         return apply_schedule(func, steps)

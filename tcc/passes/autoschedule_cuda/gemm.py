@@ -121,6 +121,7 @@ class Builder:
     """Builds the kernel of one contraction; ``fresh`` names new variables."""
 
     tiles = TILES
+    group_rows = 1  # tile rows per band of the grid's order (see ``kernel``)
     narrow = True  # tile-to-tensor index digits in 32-bit arithmetic where they fit
     # the next k-step's loads in flight during this step's products (measured on an H100 with
     # BK = 16: f32 GEMM 8192 0.76 -> 0.81 of cuBLAS; 3x3 conv 0.79 -> 0.85 of cuDNN once the
@@ -159,7 +160,13 @@ class Builder:
         span = c.final.span
         inner: Stmt = For(tid, Const(THREADS, I64), body, "thread.x", span=span)
         tile = _mod(bx, tiles_m * tiles_n)
-        inner = Let(tm0, _mul(_div(tile, tiles_n), self.bm), Let(tn0, _mul(_mod(tile, tiles_n), self.bn), inner))
+        group = self.group_rows if tiles_m % self.group_rows == 0 else 1
+        if group > 1:  # bands of ``group`` tile rows, column by column: a wave of blocks shares operand panels in L2
+            band, within = _div(tile, group * tiles_n), _mod(tile, group * tiles_n)
+            row, col = _add(_mul(band, group), _mod(within, group)), _div(within, group)
+        else:
+            row, col = _div(tile, tiles_n), _mod(tile, tiles_n)
+        inner = Let(tm0, _mul(row, self.bm), Let(tn0, _mul(col, self.bn), inner))
         if c.batch_axes:
             inner = self.decompose(c.batch_axes, [_const(f) for f in c.batch_axes],
                                    _div(bx, tiles_m * tiles_n), inner)
@@ -348,20 +355,27 @@ def _mod(a: Expr, k: int) -> Expr:
 
 
 def schedule(axes: list[For], body: Stmt, fresh, decompose, shapes: dict[str, tuple[int, ...]],
-             sms: int = SMS) -> Stmt | None:
+             target: CudaTarget | None = None, tf32: bool = False) -> Stmt | None:
     """The tiled kernel for a contraction nest, or None when the nest is not one; ``shapes``
-    gives each buffer's shape, ``sms`` the chip's multiprocessors. Two kernels where an aligned
-    variant exists (it comes first)."""
+    gives each buffer's shape, ``target`` the chip; ``tf32``: f32 contractions on tensor cores.
+    Two kernels where an aligned variant exists (it comes first)."""
+    target = target or CudaTarget()
     c = match(axes, body)
     if c is None:
         return None
-    from tcc.passes.autoschedule_cuda import tensorcore  # it builds on this module's Builder
+    from tcc.passes.autoschedule_cuda import tensorcore, warpgroup  # they build on this module's Builder
 
+    if tf32 and (f32 := tensorcore.tf32_operands(c)) is not None:
+        if warpgroup.fits(c, target.arch):
+            return warpgroup.StagedBuilder(c, fresh, decompose, f32, target.sms).kernel()
+        return tensorcore.Builder(c, fresh, decompose, f32, None, target.sms).kernel()
     values = tensorcore.operands(c)
     if values is None:
-        return Builder(c, fresh, decompose, sms).kernel()
-    staged = tensorcore.Builder(c, fresh, decompose, values, None, sms).kernel()
+        return Builder(c, fresh, decompose, target.sms).kernel()
+    staged = tensorcore.Builder(c, fresh, decompose, values, None, target.sms).kernel()
     fast = tensorcore.fast_layout(c, values, shapes)
     if fast is None:
         return staged
-    return seq(tensorcore.Builder(c, fresh, decompose, values, fast, sms).kernel(), staged)
+    if warpgroup.fits(c, target.arch):
+        return seq(warpgroup.Builder(c, fresh, decompose, values, fast, target.sms).kernel(), staged)
+    return seq(tensorcore.Builder(c, fresh, decompose, values, fast, target.sms).kernel(), staged)

@@ -61,14 +61,16 @@ ROW_MIN_REDUCTION = 64
 ROW_RATIO = 16
 
 
-def schedule_cuda(func: LoopFunc, target: CudaTarget | None = None) -> LoopFunc:
-    """Bind every statement nest of ``func`` to a grid of blocks and threads, sized for ``target``."""
+def schedule_cuda(func: LoopFunc, target: CudaTarget | None = None, tf32: bool = False) -> LoopFunc:
+    """Bind every statement nest of ``func`` to a grid of blocks and threads, sized for ``target``
+    (``tf32``: f32 contractions may run on tensor cores, rounding their operands to TF32)."""
     target = target or CudaTarget()
     temps, private, body = _peel_allocates(func.body)
     body = _sink_private(body, private)
     names = _Names(func)
     shapes = {name: buf.shape for name, buf in func.buffers().items()}
-    kernels = [k for nest in _nests(body) if (k := _schedule_nest(nest, names, shapes, temps, target)) is not None]
+    kernels = [k for nest in _nests(body) if (k := _schedule_nest(nest, names, shapes, temps, target, tf32))
+               is not None]
     new_body: Stmt = seq(*kernels) if kernels else Seq(())
     for buf in reversed(temps):
         new_body = Allocate(buf, new_body)
@@ -196,7 +198,7 @@ def _disjoint(loop: For) -> bool:
 
 
 def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]], temps: list,
-                   target: CudaTarget) -> Stmt | None:
+                   target: CudaTarget, tf32: bool = False) -> Stmt | None:
     """The kernels of one nest; global intermediates they need are appended to ``temps``."""
     inner = next((s for s in walk_stmts(stmt) if isinstance(s, Allocate) and s.buffer.scope == "global"), None)
     if inner is not None:
@@ -210,7 +212,7 @@ def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]]
         return None  # nothing to compute: no launch
     from tcc.passes.autoschedule_cuda import gemm  # it builds on this module's index helpers
 
-    tiled = gemm.schedule(nest.axes, nest.body, names.fresh, _decompose, shapes, target.sms)
+    tiled = gemm.schedule(nest.axes, nest.body, names.fresh, _decompose, shapes, target, tf32)
     if tiled is not None:
         return tiled
     reduction = split_reduction.match(nest.body)

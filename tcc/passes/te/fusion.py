@@ -61,9 +61,18 @@ def inline_intermediates(op: OpTE) -> OpTE:
     notes: list[str] = list(op.fusion_notes)
     computes = list(op.computes)
     tensors = dict(op.tensors)
+    pads = dict(op.pads)
     for name in [c.tensor for c in op.computes if op.tensors[c.tensor].kind == "temp"]:
         c = next(x for x in computes if x.tensor == name)  # the current version, after earlier inlining
-        verdict, reason = _inline_verdict(c, computes, op)
+        source = _copy_of(c, op)
+        if source is not None and any(p.source == name for p in pads.values()):
+            pads = {n: replace(p, source=source) if p.source == name else p for n, p in pads.items()}
+            computes = [_inline_into(other, c) if _reads(other.body, c.tensor) else other
+                        for other in computes if other is not c]
+            del tensors[c.tensor]
+            notes.append(f"alias {c.tensor}: a copy of {source}, so its pad views read {source}")
+            continue
+        verdict, reason = _inline_verdict(c, computes, replace(op, pads=pads))
         if verdict:
             computes = [_inline_into(other, c) if _reads(other.body, c.tensor) else other
                         for other in computes if other is not c]
@@ -71,7 +80,20 @@ def inline_intermediates(op: OpTE) -> OpTE:
             notes.append(f"inline {c.tensor}: {reason}")
         else:
             notes.append(f"keep {c.tensor}: {reason}")
-    return replace(op, computes=computes, tensors=tensors, fusion_notes=notes)
+    return replace(op, computes=computes, tensors=tensors, pads=pads, fusion_notes=notes)
+
+
+def _copy_of(c: Compute, op: OpTE) -> str | None:
+    """The tensor that ``c`` copies whole (``T[i, j] = A[i, j]``, same shape and dtype), or None:
+    a derived data gradient's dilation of ``dY`` by a stride of 1 (``examples/conv2d_grad.tc``)."""
+    body = c.body
+    if not (isinstance(body, Read) and body.tensor in op.tensors and op.tensors[body.tensor].kind != "pad"):
+        return None
+    own = [ax.var for ax in c.axes]
+    if list(body.indices) != own:
+        return None
+    src, dst = op.tensors[body.tensor], op.tensors[c.tensor]
+    return body.tensor if src.shape == dst.shape and src.dtype == dst.dtype else None
 
 
 def format_fused(op: OpTE) -> str:
