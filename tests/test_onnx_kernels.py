@@ -97,3 +97,10 @@ def test_workers_build_kernels_into_the_disk_cache(rng, fresh_cache, monkeypatch
     monkeypatch.setattr(tcc.onnx, "Workers", lambda *args: started.append(1) or onnx_build.Workers(*args))
     check_against_ort(onnx.load_from_string(data), rng, rtol=1e-4, atol=1e-4, jobs=2)
     assert started
+
+
+def test_scalar_result_of_a_dot_product(rng):
+    """MatMul of two vectors: a result of rank 0 (no loop for the partition to look at)."""
+    model = make_model([helper.make_node("MatMul", ["a", "b"], ["y"])], [("a", F32, [33]), ("b", F32, [33])],
+                       [("y", F32, [])])
+    check_against_ort(model, rng)

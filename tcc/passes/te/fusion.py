@@ -272,7 +272,8 @@ def gemm_batch_depth(c: Compute) -> int:
     is the last loop, ``B`` the operand whose last index moves with it, ``i`` a loop that only
     ``A`` reads."""
     sums = [n for n in walk(c.body) if isinstance(n, Reduce)]
-    if len(sums) != 1 or sums[0].op != "sum" or not isinstance(sums[0].body, Binary) or sums[0].body.op != "mul":
+    if not c.axes or len(sums) != 1 or sums[0].op != "sum" or not isinstance(sums[0].body, Binary) \
+            or sums[0].body.op != "mul":
         return len(c.axes)
     a, b = (_strip_casts(x) for x in (sums[0].body.a, sums[0].body.b))
     if not (isinstance(a, Read) and isinstance(b, Read) and a.indices and b.indices):
