@@ -3,7 +3,8 @@
 Each row times tcc and its anchor alternately (one trial of each, then again: ``--trials``
 rounds), GPU time per call from CUDA events around back-to-back calls queued behind a sleep
 kernel, and reports the medians. Inputs are random (never zeros); every row first checks tcc's
-result against the anchor (relative error in f64). TF32 is off except in the row that says TF32.
+result against the anchor (relative error in f64). TF32 is off except in the rows that say TF32
+(``TF32 GEMM``: tcc compiled with ``tf32=True`` against cuBLAS allowed TF32).
 The ratio is tcc throughput over the anchor's (above 1: tcc is faster); for relu(a*b+c) the
 anchor is a device-to-device copy and the ratio compares bytes moved per second.
 
@@ -29,6 +30,9 @@ op gemm(A: f32[M, K], B: f32[K, N]) -> C: f32[M, N] {
     C[i, j] = sum[k](A[i, k] * B[k, j])
 }
 op hgemm(A: f16[M, K], B: f16[K, N]) -> C: f32[M, N] {
+    C[i, j] = sum[k](f32(A[i, k]) * f32(B[k, j]))
+}
+op bgemm(A: bf16[M, K], B: bf16[K, N]) -> C: f32[M, N] {
     C[i, j] = sum[k](f32(A[i, k]) * f32(B[k, j]))
 }
 op conv[P = 1](X: f32[N, C, H, W], Wt: f32[F, C, KH, KW], b: f32[F])
@@ -104,7 +108,7 @@ def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).norm() / want.norm().clamp_min(1e-30))
 
 
-def _rows(lib: tcc.Library, only: list[str]) -> list[Row]:
+def _rows(lib: tcc.Library, lib_tf32: tcc.Library, only: list[str]) -> list[Row]:
     dev = "cuda"
     fn = torch.nn.functional
     rows: list[Row] = []
@@ -122,9 +126,19 @@ def _rows(lib: tcc.Library, only: list[str]) -> list[Row]:
         rows.append(Row("f32 GEMM 4096 vs cuBLAS TF32 (tcc: no TF32)", lambda a=a, b=b: lib.gemm(a, b),
                         lambda a=a, b=b: a @ b, 2 * 4096**3, 12 * 4096**2, tf32=True))
     for n in (4096, 8192):
+        if want(f"TF32 GEMM {n}"):
+            a, b = torch.randn(n, n, device=dev), torch.randn(n, n, device=dev)
+            rows.append(Row(f"TF32 GEMM {n} (both TF32)", lambda a=a, b=b: lib_tf32.gemm(a, b),
+                            lambda a=a, b=b: a @ b, 2 * n**3, 12 * n**2, arith="f16", tf32=True))
+    for n in (4096, 8192):
         if want(f"f16 GEMM {n}"):
             a, b = torch.randn(n, n, device=dev).half(), torch.randn(n, n, device=dev).half()
             rows.append(Row(f"f16 GEMM {n} (f32 acc/out)", lambda a=a, b=b: lib.hgemm(a, b),
+                            lambda a=a, b=b: torch.mm(a, b, out_dtype=torch.float32), 2 * n**3, 8 * n**2,
+                            arith="f16"))
+        if want(f"bf16 GEMM {n}"):
+            a, b = torch.randn(n, n, device=dev).bfloat16(), torch.randn(n, n, device=dev).bfloat16()
+            rows.append(Row(f"bf16 GEMM {n} (f32 acc/out)", lambda a=a, b=b: lib.bgemm(a, b),
                             lambda a=a, b=b: torch.mm(a, b, out_dtype=torch.float32), 2 * n**3, 8 * n**2,
                             arith="f16"))
     conv_flops = 2 * 32 * 64 * 56 * 56 * 64 * 9
@@ -247,12 +261,13 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     lib = tcc.compile(SOURCE, target="cuda")
+    lib_tf32 = tcc.compile(SOURCE, target="cuda", tf32=True)
     header = ("workload", "tcc ms", "torch ms", "tcc", "torch", "unit", "ratio", "rel err")
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header), flush=True)
     done, times = [], []
-    for row in _rows(lib, args.k):
+    for row in _rows(lib, lib_tf32, args.k):
         try:
             cells, ms = measure(row, args.trials)
             done.append(row)

@@ -1,9 +1,10 @@
-"""Conv gradients from ``tcc.grad`` side by side with the hand-written ones in
-``examples/conv2d_grad.tc`` and with PyTorch's (2 threads): ratios derived / anchor.
+"""Conv forward and gradients side by side with PyTorch's (2 threads): ratios tcc / torch.
 
-Per layer, the data and the weight gradient separately: tcc.grad(conv2d, ["X"]) and
-tcc.grad(conv2d, ["Wt"]) against conv2d_grad_x / conv2d_grad_w and against
-``torch.ops.aten.convolution_backward`` with one output mask. Timing as in benchmarks/cpu.py:
+Per layer: the forward (``examples/conv2d.tc``), the data gradient and the weight gradient
+derived by ``tcc.grad(conv2d, ["X"])`` / ``["Wt"]``, each against PyTorch's own kernel on the
+same data (``F.conv2d``; ``torch.ops.aten.convolution_backward`` with one output mask), and the
+hand-written ops of ``examples/conv2d_grad.tc`` as a second anchor for the gradients; ``bwd`` is
+data + weight gradient (the issue's target: <= 1.25x PyTorch). Timing as in benchmarks/cpu.py:
 interleaved rounds of warm back-to-back calls, each ratio the median over ``--runs`` rounds of
 the two times in the same round.
 
@@ -35,8 +36,9 @@ QUICK = {"3x3 32->32 28x28 b2": (2, 32, 28, 28, 32, 3, 1, 1)}
 
 
 def sides(layer: tuple, rng: np.random.Generator) -> dict[str, list]:
-    """For "dX" and "dW": [derived, hand-written, torch] callables on the same data."""
+    """For "fwd", "dX" and "dW": [tcc, torch, hand-written (gradients only)] callables on the same data."""
     import torch
+    import torch.nn.functional as F
 
     n, c, h, w, f, k, s, p = layer
     x = rng.standard_normal((n, c, h, w), dtype=np.float32)
@@ -46,17 +48,18 @@ def sides(layer: tuple, rng: np.random.Generator) -> dict[str, list]:
     hand = tcc.compile(EXAMPLES / "conv2d_grad.tc")
     dy = rng.standard_normal(conv(x, wt, b, S=s, P=p).shape, dtype=np.float32)
     gx, gw = tcc.grad(conv, ["X"]), tcc.grad(conv, ["Wt"])
-    tx, tw, tdy = torch.from_numpy(x), torch.from_numpy(wt), torch.from_numpy(dy)
+    tx, tw, tb, tdy = torch.from_numpy(x), torch.from_numpy(wt), torch.from_numpy(b), torch.from_numpy(dy)
 
     def torch_grad(mask):
         return lambda: torch.ops.aten.convolution_backward(tdy, tx, tw, None, [s, s], [p, p], [1, 1], False, [0, 0],
                                                            1, mask)
 
     return {
-        "dX": [lambda: gx(x, wt, b, dy, S=s, P=p), lambda: hand.conv2d_grad_x(x, wt, dy, S=s, P=p),
-               torch_grad([True, False, False])],
-        "dW": [lambda: gw(x, wt, b, dy, S=s, P=p), lambda: hand.conv2d_grad_w(x, wt, dy, S=s, P=p),
-               torch_grad([False, True, False])],
+        "fwd": [lambda: conv(x, wt, b, S=s, P=p), lambda: F.conv2d(tx, tw, tb, stride=s, padding=p)],
+        "dX": [lambda: gx(x, wt, b, dy, S=s, P=p), torch_grad([True, False, False]),
+               lambda: hand.conv2d_grad_x(x, wt, dy, S=s, P=p)],
+        "dW": [lambda: gw(x, wt, b, dy, S=s, P=p), torch_grad([False, True, False]),
+               lambda: hand.conv2d_grad_w(x, wt, dy, S=s, P=p)],
     }
 
 
@@ -70,14 +73,19 @@ def main() -> None:
     torch.set_num_threads(2)
     rng = np.random.default_rng(0)
     print(f"medians of {opts.runs} interleaved runs; PyTorch {torch.__version__} with 2 threads\n")
-    print(f"{'layer':26} {'grad':4} {'derived ms':>10} {'/ hand':>8} {'/ torch':>8}")
+    print(f"{'layer':26} {'pass':4} {'tcc ms':>8} {'torch ms':>8} {'/ torch':>8} {'/ hand':>7}")
     for name, layer in (QUICK if opts.quick else LAYERS).items():
+        ms: dict[str, tuple[float, float]] = {}
         for which, fns in sides(layer, rng).items():
             for fn in fns:
                 fn()  # compile and warm
             rounds = paired_rounds(fns, opts.runs)
-            ms = statistics.median(r[0] for r in rounds) * 1e3
-            print(f"{name:26} {which:4} {ms:10.2f} {ratio(rounds, 0, 1):8.2f} {ratio(rounds, 0, 2):8.2f}", flush=True)
+            ms[which] = tuple(statistics.median(r[i] for r in rounds) * 1e3 for i in (0, 1))
+            hand = f"{ratio(rounds, 0, 2):7.2f}" if len(fns) > 2 else ""
+            print(f"{name:26} {which:4} {ms[which][0]:8.2f} {ms[which][1]:8.2f} {ratio(rounds, 0, 1):8.2f} {hand}",
+                  flush=True)
+        ours, theirs = ms["dX"][0] + ms["dW"][0], ms["dX"][1] + ms["dW"][1]
+        print(f"{name:26} {'bwd':4} {ours:8.2f} {theirs:8.2f} {ours / theirs:8.2f}   (dX + dW, of the medians)")
 
 
 if __name__ == "__main__":

@@ -1,12 +1,24 @@
 """Call overhead of a ``tcc.torch`` operator against a comparable built-in PyTorch op, on tiny
-tensors (256 elements, so that the time is the call, not the work): ratios tcc.torch / anchor.
+tensors (256 elements, so that the time is the call, not the work): ratios side / torch.add.
 
 Sides, timed in interleaved rounds (see benchmarks/cpu.py; each ratio the median over rounds of
-the two times in the same round): ``torch.add`` (the anchor); the tcc op ``C[i] = A[i] + B[i]``
-through ``tcc.torch`` (torch dispatch, autograd check, ``torch.empty`` result, tcc's call); the
-same tcc op called directly on NumPy views with ``out=`` (tcc's own call); and an empty Python
-operator registered the same way (what torch's dispatch to a Python kernel costs by itself).
-With a GPU, the same on CUDA tensors.
+the two times in the same round):
+
+- ``torch.add``: the anchor, a built-in op (C++ dispatch, result allocated by PyTorch).
+- ``tcc.torch``: ``ops.add(a, b)`` for the tcc op ``C[i] = A[i] + B[i]``, the way users call it:
+  on plain CPU tensors that record no graph, ``torch.empty`` for the result and tcc's own call,
+  no torch dispatch (``TorchOp.__call__``).
+- ``torch.ops``: ``torch.ops.NS.add(a, b)``, the same op through torch's dispatcher (what a
+  ``torch.compile`` graph or a call needing autograd pays): its autograd kernel
+  (``torch.library.register_autograd``), then the Python CPU kernel.
+- ``tcc direct``: the tcc op called on NumPy views with ``out=`` (tcc's own call, the floor of
+  the ``tcc.torch`` side); ``tcc direct torch``: the same with the torch tensors themselves.
+- ``Library.impl noop`` / ``custom_op noop``: empty Python operators (``torch.empty_like`` only),
+  registered with ``torch.library.Library.impl`` (a CPU kernel, no autograd) and with
+  ``torch.library.custom_op`` (which adds autograd and more): what torch's dispatch to Python
+  costs by itself.
+
+With a GPU, the dispatcher sides on CUDA tensors as well (the eager path is CPU-only).
 
     python benchmarks/torch_overhead.py [--runs 10]
 """
@@ -30,19 +42,28 @@ ADD = "op add(A: f32[N], B: f32[N]) -> C: f32[N] {\n    C[i] = A[i] + B[i]\n}\n"
 def sides(device: str) -> dict:
     import torch
 
-    ops = tcc.torch.library(ADD, namespace=f"bench_{device}")
+    ns = f"bench_{device}"
+    ops = tcc.torch.library(ADD, namespace=ns)
     lib = torch.library.Library(f"bench_empty_{device}", "FRAGMENT")
     KEEP.append(lib)
     lib.define("noop(Tensor a, Tensor b) -> Tensor")
     lib.impl("noop", lambda a, b: torch.empty_like(a), "CUDA" if device == "cuda" else "CPU")
-    noop = torch.ops.__getattr__(f"bench_empty_{device}").noop.default
+    noop = getattr(torch.ops, f"bench_empty_{device}").noop.default
+
+    custom = torch.library.custom_op(f"bench_custom_{device}::noop", lambda a, b: torch.empty_like(a),
+                                     mutates_args=(), schema="(Tensor a, Tensor b) -> Tensor")
+
+    dispatched = getattr(torch.ops, ns).add
     a, b = torch.randn(256, device=device), torch.randn(256, device=device)
     out = {"torch.add": lambda: torch.add(a, b), "tcc.torch": lambda: ops.add(a, b),
-           "torch python op": lambda: noop(a, b)}
+           "torch.ops": lambda: dispatched(a, b), "Library.impl noop": lambda: noop(a, b),
+           "custom_op noop": lambda: custom(a, b)}
     if device == "cpu":
-        an, bn, cn = a.numpy(), b.numpy(), torch.empty(256).numpy()
+        c = torch.empty(256)
+        an, bn, cn = a.numpy(), b.numpy(), c.numpy()
         direct = ops.add.op
         out["tcc direct"] = lambda: direct(an, bn, out=cn)
+        out["tcc direct torch"] = lambda: direct(a, b, out=c)
     return out
 
 
@@ -66,7 +87,7 @@ def main() -> None:
         rounds = paired_rounds(list(fns.values()), opts.runs)
         for i, name in enumerate(names):
             us = statistics.median(r[i] for r in rounds) * 1e6
-            print(f"{device:5} {name:16} {us:8.2f} us   / torch.add {ratio(rounds, i, 0):6.2f}")
+            print(f"{device:5} {name:18} {us:8.2f} us   / torch.add {ratio(rounds, i, 0):6.2f}")
 
 
 if __name__ == "__main__":

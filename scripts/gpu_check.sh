@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# On a machine with an NVIDIA GPU: install what tcc needs, run the whole test suite (CUDA tests
-# included) and the CUDA benchmark. Logs go to $OUT (if set) or ./gpu-check-logs.
+# On a machine with an NVIDIA GPU, in one call: install what tcc needs, run the whole test suite
+# (CUDA tests included), then every GPU-side benchmark (Step 6 workloads with the roofline, the
+# latency table, PyTorch call overhead and conv gradients, the ONNX networks). Logs go to $OUT (if
+# set) or ./gpu-check-logs; each benchmark's output to its own log.
 #
-#   bash scripts/gpu_check.sh
+#   bash scripts/gpu_check.sh            # tests, then benchmarks
+#   TESTS=0 bash scripts/gpu_check.sh    # benchmarks only
+#   BENCH=0 bash scripts/gpu_check.sh    # tests only
 #
 # Offline machines: put wheels in .whl/ first (lark, llvmlite, ...; see docs); they are installed
 # into /tmp/tcc-site with --no-deps. Online machines: pip installs tcc[cuda,dev] instead.
@@ -42,10 +46,28 @@ import tcc
 print("tcc.cuda.is_available():", tcc.cuda.is_available())
 PY
 
-"$PY" -m pytest -q -rs -p no:cacheprovider --junitxml="$LOGS/junit.xml" tests 2>&1 | tee "$LOGS/pytest.log"
-status=${PIPESTATUS[0]}
+status=0
+if [ "${TESTS:-1}" != 0 ]; then
+    "$PY" -m pytest -q -rs -p no:cacheprovider --junitxml="$LOGS/junit.xml" tests 2>&1 | tee "$LOGS/pytest.log"
+    status=${PIPESTATUS[0]}
+fi
 
-"$PY" benchmarks/cuda_kernels.py 2>&1 | tee "$LOGS/bench.log"
-bench=${PIPESTATUS[0]}
-echo "gpu_check: pytest exit $status, benchmark exit $bench"
+bench=0
+if [ "${BENCH:-1}" != 0 ]; then
+    run_bench() {  # NAME CMD...: one benchmark, its output in $LOGS/NAME.log, a failure remembered
+        local name=$1; shift
+        echo "==== $name: $*"
+        "$@" 2>&1 | tee "$LOGS/$name.log"
+        [ "${PIPESTATUS[0]}" = 0 ] || bench=1
+    }
+    cd benchmarks
+    run_bench gpu "$PY" gpu.py --trials 5 --roofline --png "$LOGS/roofline.png"
+    run_bench cuda_kernels "$PY" cuda_kernels.py
+    run_bench latency "$PY" latency.py --cuda --runs 3
+    run_bench torch_overhead "$PY" torch_overhead.py --runs 5
+    run_bench grad "$PY" grad.py --runs 5
+    run_bench onnx_networks "$PY" onnx_networks.py --repeat 10
+    cd ..
+fi
+echo "gpu_check: pytest exit $status, benchmarks exit $bench"
 exit $(( status != 0 ? status : bench ))

@@ -3,10 +3,10 @@
 __version__ = "0.1.0"
 
 from tcc import cuda  # noqa: E402  (tcc.cuda.Array; imports no CUDA library until used)
+from tcc.autodiff import grad, grad_source  # noqa: E402
+from tcc.compiler import Library, Op, compile  # noqa: E402
 from tcc.errors import TccError  # noqa: E402
 from tcc.interop import onnx  # noqa: E402  (imports the onnx package only when a model is loaded)
-from tcc.runtime.autodiff import grad, grad_source  # noqa: E402
-from tcc.runtime.library import Library, Op, compile  # noqa: E402
 
 __all__ = ["Library", "Op", "TccError", "__version__", "compile", "cuda", "grad", "grad_source", "onnx"]
 

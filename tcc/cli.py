@@ -22,10 +22,10 @@ from collections.abc import Sequence
 import numpy as np
 
 import tcc
+from tcc.compiler import Library, Op
 from tcc.errors import TccArgumentError, TccError, TccRuntimeError
 from tcc.interop.onnx_check import run_against_onnxruntime
 from tcc.runtime.binding import bind_cparams, bind_shapes, check_sizes
-from tcc.runtime.library import Library, Op
 from tcc.stack import deep
 
 ALL_STAGES = ("ast", "te", "fused", "loops", "scheduled", "llvm", "asm", "cuda", "ptx")
@@ -92,6 +92,8 @@ def _op_arguments(p: argparse.ArgumentParser, schedule: bool = True) -> None:
                    help="the shape of an input tensor")
     p.add_argument("--target", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--arch", default=None, help="CUDA architecture, e.g. sm_90 (target cuda)")
+    p.add_argument("--tf32", action="store_true",
+                   help="f32 contractions on TF32 tensor cores: faster, operands rounded to 10 bits (target cuda)")
     if schedule:
         p.add_argument("--schedule", default=None, metavar="STEPS",
                        help='the op\'s schedule, e.g. "split(i, 32, io, ii); vectorize(ii)" (replaces the file\'s)')
@@ -118,7 +120,7 @@ def cmd_lower(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from tcc.passes.specialize import specialize
+    from tcc.passes.te.specialize import specialize
     from tcc.testing import max_relative_error, random_args, reference_results, tolerance
 
     if args.repeat < 1:
@@ -211,7 +213,11 @@ def cmd_onnx(args: argparse.Namespace) -> int:
 def _select_op(args: argparse.Namespace) -> Op:
     if args.arch is not None and args.target != "cuda":
         raise TccArgumentError(f"--arch {args.arch} is for --target cuda", hint="drop --arch on the CPU")
-    options = {"arch": args.arch} if args.arch else {}
+    if args.tf32 and args.target != "cuda":
+        raise TccArgumentError("--tf32 is for --target cuda", hint="drop --tf32 on the CPU")
+    options: dict[str, object] = {"arch": args.arch} if args.arch else {}
+    if args.tf32:
+        options["tf32"] = True
     lib: Library = tcc.compile(args.file, target=args.target, **options)
     ops = lib.ops
     if args.op is None:

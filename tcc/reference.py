@@ -19,7 +19,7 @@ import numpy as np
 from tcc.dtypes import DType
 from tcc.ir.expr import Binary, Call, Cast, Const, Expr, Read, Reduce, Select, Unary, Var, walk
 from tcc.ir.te import OpTE
-from tcc.passes.bounds import check_bounds
+from tcc.passes.te.bounds import check_bounds
 from tcc.stack import deep
 
 _MATH = {

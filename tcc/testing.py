@@ -11,7 +11,7 @@ from tcc import reference
 from tcc.dtypes import DType
 from tcc.ir.expr import Binary, Call, Cast, Const, Read, Reduce, Select, Unary, walk
 from tcc.ir.te import OpTE
-from tcc.passes.specialize import specialize
+from tcc.passes.te.specialize import specialize
 from tcc.stack import deep
 
 TOLERANCE = {"f16": 2e-2, "bf16": 5e-2, "f32": 2e-4, "f64": 1e-10}

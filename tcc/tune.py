@@ -1,6 +1,6 @@
 """Autotuning, opt-in: a small search over the CPU auto-scheduler's GEMM tiles and k-loop unroll.
 
-The heuristics of :func:`tcc.passes.autoschedule.gemm_params` are good on the hosts they were
+The heuristics of :func:`tcc.passes.autoschedule_cpu.schedule.gemm_params` are good on the hosts they were
 measured on; the tuner checks them on this host. It walks a few stages (register tile, k block,
 cache blocks, unroll), each trying a handful of values around the best so far, timing every
 candidate on random inputs (the median of a few runs), so it stays small: about a dozen builds.
@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tcc.errors import TccError
-from tcc.passes.autoschedule import GEMM_MIN_FLOPS, contractions, gemm_params
+from tcc.passes.autoschedule_cpu.schedule import GEMM_MIN_FLOPS, contractions, gemm_params
 from tcc.passes.pipeline import Lowered, Tuning
 from tcc.runtime import cache
 
 if TYPE_CHECKING:
-    from tcc.runtime.library import Op
+    from tcc.compiler import Op
 
 DEFAULT_TRIALS = 12
 RUNS = 5  # timed runs per candidate; the median is kept

@@ -30,7 +30,7 @@ def _a_two_core_host(monkeypatch):
     scheduled loop text hold on the many-core GPU machines too (the code runs on all cores)."""
     from helpers import TWO_CORE_CACHES
 
-    from tcc.passes import autoschedule
+    from tcc.passes.autoschedule_cpu import schedule as autoschedule
 
     monkeypatch.setattr(autoschedule, "threads", lambda: 2)
     monkeypatch.setattr(autoschedule, "host_caches", lambda: dict(TWO_CORE_CACHES))

@@ -10,7 +10,7 @@ from tcc.testing import assert_matches, random_args, reference_results
 # The host model every test schedules for (see conftest.py): CI's 2 cores, default cache sizes.
 TWO_CORE_CACHES = {1: 32 << 10, 2: 1 << 20, 3: 8 << 20}
 # The same for a Python subprocess a test starts: prepend it to the script.
-TWO_CORE_HOST = ("from tcc.passes import autoschedule as _a\n_a.threads = lambda: 2\n"
+TWO_CORE_HOST = ("from tcc.passes.autoschedule_cpu import schedule as _a\n_a.threads = lambda: 2\n"
                  f"_a.host_caches = lambda: {TWO_CORE_CACHES!r}\n")
 
 

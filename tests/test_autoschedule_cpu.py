@@ -7,7 +7,7 @@ import pytest
 from helpers import check_op
 
 import tcc
-from tcc.passes import autoschedule
+from tcc.passes.autoschedule_cpu import schedule as autoschedule
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SRC = (EXAMPLES / "conv2d_relu.tc").read_text()

@@ -14,8 +14,9 @@ import pytest
 from helpers import TWO_CORE_HOST
 
 import tcc
+from tcc import compiler
 from tcc.frontend import parser
-from tcc.runtime import cache, cpu, library
+from tcc.runtime import cache, cpu
 from tcc.testing import assert_matches, random_args, reference_results
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -227,7 +228,7 @@ def test_a_warm_start_parses_and_lowers_nothing_yet_prints_every_stage(fresh_cac
 
     with monkeypatch.context() as m:
         m.setattr(parser, "_parser", refuse)
-        m.setattr(library, "run_pipeline", refuse)
+        m.setattr(compiler, "run_pipeline", refuse)
         m.setattr(cpu, "build", refuse)
         op = tcc.compile(path).conv2d
         np.testing.assert_array_equal(op(x, w, b, P=1), expected)

@@ -13,7 +13,7 @@ import tcc
 from tcc import dtypes
 from tcc.codegen_cpu import jit
 from tcc.ir.expr import Binary, Const, Expr, Var
-from tcc.passes.loopnest import flat_terms
+from tcc.passes.loops.loopnest import flat_terms
 from tcc.runtime import cpu
 from tcc.stack import MAX_IDLE, deep
 

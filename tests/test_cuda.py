@@ -177,7 +177,7 @@ def test_im2col_on_cuda_is_a_clean_error():
 
 
 def test_contractions_get_the_tiled_schedule():
-    from tcc.codegen_cuda import gemm
+    from tcc.passes.autoschedule_cuda import gemm
 
     lib = tcc.compile(EXAMPLES / "conv2d_relu.tc", target="cuda")
     x, w, b = np.zeros((2, 16, 15, 17), np.float32), np.zeros((24, 16, 3, 3), np.float32), np.zeros(24, np.float32)
@@ -218,19 +218,22 @@ def test_the_cuda_runtime_imports_no_code_generator():
 
 
 def test_half_contractions_use_tensor_cores():
+    """16-bit contractions run on the matrix units: wgmma (sm_90a) where the copy-engine layout fits
+    a large problem, with an mma.sync kernel for misaligned pointers; mma.sync alone otherwise."""
     hmm = tcc.compile(EXAMPLES / "hmm.tc", target="cuda").hmm
-    for m, k, n in ((4096, 4096, 4096), (129, 70, 65), (2, 16, 2)):
-        a, b = np.zeros((m, k), np.float16), np.zeros((k, n), np.float16)
-        src = hmm.lower(a, b, stage="cuda")
-        assert "tcc_mma_tile<" in src and nvrtc.compile_cubin(src, "sm_90").startswith(b"\x7fELF")
-        assert nvrtc.compile_ptx(src, "sm_90").count("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") >= 2
+    for (m, k, n), wgmma in (((4096, 4096, 4096), True), ((129, 70, 65), False), ((2, 16, 2), False)):
+        sizes = dict(M=m, K=k, N=n)
+        meta, ptx = _meta(hmm, sizes)
+        assert ("wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16" in ptx) == wgmma
+        assert ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") >= 2
+        assert [k["shared"] > 48 * 1024 for k in meta["kernels"]] == ([True, False] if wgmma else [False])
     bf = tcc.compile("op g(A: bf16[M, K], B: bf16[K, N]) -> C: f32[M, N] "
                      "{ C[i, j] = sum[k](f32(A[i, k]) * f32(B[k, j])) }", target="cuda").g
     ptx = bf.stage_text(dict(M=64, K=48, N=80), "ptx")
     assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx and "ld.local" not in ptx
     mm = tcc.compile(EXAMPLES / "matmul.tc", target="cuda").matmul
     src = mm.lower(np.zeros((256, 64), np.float32), np.zeros((64, 128), np.float32), stage="cuda")
-    assert "tcc_mma_tile" not in src  # f32 stays on the FMA path
+    assert "mma.sync" not in src  # f32 stays on the FMA path
 
 
 def test_tiled_gemms_keep_their_registers():

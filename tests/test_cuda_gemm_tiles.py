@@ -1,4 +1,4 @@
-"""The f32 tiled GEMM's register tiles (tcc/codegen_cuda/gemm.py): runs of 4 rows and columns
+"""The f32 tiled GEMM's register tiles (tcc/passes/autoschedule_cuda/gemm.py): runs of 4 rows and columns
 read from shared memory 16 bytes at a time; the largest tiles at odd sizes on the GPU."""
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Reductions with few outputs split across blocks (tcc/codegen_cuda/split_reduction.py): the
+"""Reductions with few outputs split across blocks (tcc/passes/autoschedule_cuda/split_reduction.py): the
 schedule's shape and NVRTC without a GPU (CI), and agreement with the reference on the GPU."""
 
 import numpy as np

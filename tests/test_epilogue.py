@@ -1,4 +1,4 @@
-"""An epilogue folded into a one-k-block GEMM's register-tile stores (passes/epilogue.py)."""
+"""An epilogue folded into a one-k-block GEMM's register-tile stores (passes/autoschedule_cpu/epilogue.py)."""
 
 import numpy as np
 import pytest

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 import tcc
+from tcc import compiler
 from tcc.errors import TccArgumentError
-from tcc.runtime import library
 
 AXPY = "op axpy(a: f32, X: f32[N], Y: f32[N]) -> Z: f32[N] { Z[i] = a * X[i] + Y[i] }"
 MATMUL = "op matmul(A: f32[M, K], B: f32[K, N]) -> C: f32[M, N] { C[i, j] = sum[k](A[i, k] * B[k, j]) }"
@@ -20,13 +20,13 @@ def data(rng, *shape):
 def checked_calls(monkeypatch):
     """How many calls took the checked path (binding and checking every argument)."""
     calls = []
-    real = library.Op._bind
+    real = compiler.Op._bind
 
     def bind(self, args, cparams):
         calls.append(1)
         return real(self, args, cparams)
 
-    monkeypatch.setattr(library.Op, "_bind", bind)
+    monkeypatch.setattr(compiler.Op, "_bind", bind)
     return calls
 
 

@@ -162,7 +162,7 @@ def test_half_reductions_evaluate_their_body_in_f32(rng):
 
 
 def test_check_tolerance_follows_dtypes_and_reduction_length():
-    from tcc.passes.specialize import specialize
+    from tcc.passes.te.specialize import specialize
     from tcc.testing import tolerance
 
     src = """op f(A: f16[M, K], B: f16[K, N], X: f32[M]) -> (C: f16[M, N], D: f32[M, N], E: f32[M]) {

@@ -1,4 +1,4 @@
-"""Gathering im2col's patches straight into the GEMM's packed panels (passes/pack_gather.py)."""
+"""Gathering im2col's patches straight into the GEMM's packed panels (passes/autoschedule_cpu/pack_gather.py)."""
 
 import numpy as np
 import pytest
@@ -7,7 +7,7 @@ from helpers import check_op
 import tcc
 from tcc import dtypes
 from tcc.ir.expr import Binary, Const, Var
-from tcc.passes.loopnest import flat_coeff
+from tcc.passes.loops.loopnest import flat_coeff
 
 I64 = dtypes.i64
 

@@ -1,5 +1,5 @@
 """im2col's row blocks: a strided conv with large patches makes and multiplies them a few output
-rows at a time (passes/im2col.py), under a loop the threads share, its epilogue in the tile store."""
+rows at a time (passes/te/im2col.py), under a loop the threads share, its epilogue in the tile store."""
 
 import numpy as np
 import pytest

@@ -6,7 +6,7 @@ import pytest
 import tcc
 from tcc.errors import TccScheduleError
 from tcc.passes import pipeline
-from tcc.passes.schedule import Step
+from tcc.passes.loops.schedule import Step
 from tcc.testing import assert_matches, random_args, reference_results
 
 MATMUL = "op matmul(A: f32[M, K], B: f32[K, N]) -> C: f32[M, N] { C[i, j] = sum[k](A[i, k] * B[k, j]) }"
@@ -94,7 +94,7 @@ def test_compute_at_moves_the_producer_into_the_consumer_loop(rng):
     from tcc import dtypes
     from tcc.ir.expr import Binary, Const, Load, Var
     from tcc.ir.loops import Allocate, Buffer, For, LoopFunc, Seq, Store, format_func
-    from tcc.passes.compute_at import compute_at
+    from tcc.passes.loops.compute_at import compute_at
     from tcc.runtime import cpu
 
     f32, i64 = dtypes.f32, dtypes.i64

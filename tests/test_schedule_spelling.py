@@ -10,7 +10,7 @@ import tcc
 from tcc.cli import main
 from tcc.errors import TccArgumentError, TccScheduleError, TccSyntaxError
 from tcc.ir.loops import format_func
-from tcc.passes.schedule import apply_schedule
+from tcc.passes.loops.schedule import apply_schedule
 
 CONV = """op conv2d[P = 1](X: f32[N, C, H, W], Wt: f32[F, C, KH, KW])
     -> Y: f32[N, F, H + 2*P - KH + 1, W + 2*P - KW + 1] {

@@ -3,6 +3,7 @@ break) and autograd (gradcheck in float64, derived backward ops), with no copies
 
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -195,3 +196,42 @@ def test_expanded_and_sliced_upstream_gradients(ops64):
     mask = torch.zeros(3, 5, dtype=torch.float64)
     mask[:, 1:3] = 1
     torch.testing.assert_close(a.grad, mask @ b.detach().T)
+
+
+def test_eager_calls_go_straight_to_the_kernel_unless_something_watches_the_dispatcher(rng):
+    """A plain CPU call that records no graph skips torch's dispatcher (its cost is the call
+    overhead, benchmarks/torch_overhead.py); a graph, a dispatch mode, vmap, the profiler and
+    tensor subclasses still go through it, with the same values."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    ops = tcc.torch.library(EXAMPLES / "matmul.tc", namespace="tcc_test_fast")
+    matmul = ops.matmul
+    dispatched = []
+    real = matmul.overload
+    matmul.overload = lambda *a, **k: (dispatched.append(1), real(*a, **k))[1]
+    a, b = torch.randn(5, 3), torch.randn(3, 7)
+    torch.testing.assert_close(matmul(a, b), a @ b)
+    assert not dispatched
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Seen() as mode:
+        torch.testing.assert_close(matmul(a, b), a @ b)
+    assert "tcc_test_fast.matmul.default" in mode.ops
+    batched_a, batched_b = torch.randn(4, 5, 3), torch.randn(4, 3, 7)
+    with warnings.catch_warnings():  # torch's warning that a custom op has no batching rule
+        warnings.simplefilter("ignore")
+        torch.testing.assert_close(torch.vmap(matmul)(batched_a, batched_b), batched_a @ batched_b)
+    with torch.profiler.profile() as prof:
+        matmul(a, b)
+    assert any("tcc_test_fast" in e.key for e in prof.key_averages())
+    y = matmul(a.requires_grad_(), b)
+    assert y.grad_fn is not None
+    assert len(dispatched) == 4

@@ -26,7 +26,7 @@ from tcc.dtypes import DType
 from tcc.errors import TccCompileError
 from tcc.ir.expr import Binary, Call, Cast, Const, Expr, Load, Select, Unary, Var
 from tcc.ir.loops import Allocate, Barrier, Buffer, For, If, Let, LoopFunc, Seq, Stmt, Store
-from tcc.passes.loopnest import flat_coeff, flat_terms, loads
+from tcc.passes.loops.loopnest import flat_coeff, flat_terms, loads
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()
@@ -968,7 +968,7 @@ class _FunctionBuilder:
 def stream_bytes() -> int:
     """Results at least this large take non-temporal stores: ``STREAM_L2S`` times L2 (8 MiB on
     the development host, where a 4096x1024 softmax and layernorm got 5-15% faster that way)."""
-    from tcc.passes.autoschedule import host_caches
+    from tcc.passes.autoschedule_cpu.schedule import host_caches
 
     return STREAM_L2S * host_caches()[2]
 

@@ -1,1 +1,1 @@
-"""CUDA backend: GPU scheduling, CUDA C generation and NVRTC compilation."""
+"""CUDA backend: CUDA C generation, NVRTC compilation and the driver-API runtime."""

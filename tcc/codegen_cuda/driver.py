@@ -37,6 +37,7 @@ ATTRIBUTES = {"COMPUTE_CAPABILITY_MAJOR": 75, "COMPUTE_CAPABILITY_MINOR": 76, "M
               "MAX_SHARED_MEMORY_PER_MULTIPROCESSOR": 81, "MAX_REGISTERS_PER_MULTIPROCESSOR": 82,
               "MAX_THREADS_PER_BLOCK": 1, "L2_CACHE_SIZE": 38}
 MEMPOOL_ATTR_RELEASE_THRESHOLD = 4
+FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
 
 _P, _U, _I, _SIZE, _DPTR = ctypes.c_void_p, ctypes.c_uint, ctypes.c_int, ctypes.c_size_t, ctypes.c_uint64
@@ -68,6 +69,7 @@ _SIGNATURES: dict[str, list[Any]] = {
     "cuCtxSynchronize": [],
     "cuModuleLoadData": [_OUT_P, ctypes.c_char_p],
     "cuModuleGetFunction": [_OUT_P, _P, ctypes.c_char_p],
+    "cuFuncSetAttribute": [_P, _I, _I],
     "cuLaunchKernel": [_P, _U, _U, _U, _U, _U, _U, _U, _P, _P, _P],
 }
 
@@ -282,13 +284,19 @@ _CTYPES = {"p": ctypes.c_uint64, "f16": ctypes.c_float, "bf16": ctypes.c_float, 
 class Launcher:
     """One kernel of a loaded module: its function handle and reusable argument storage."""
 
-    def __init__(self, module: int, name: str, grid: int, block: int, params: list[tuple[str, str]]):
+    def __init__(self, module: int, name: str, grid: int, block: int, params: list[tuple[str, str]],
+                 shared: int = 0):
         self.name = name
         self.grid = grid
         self.block = block
+        self.shared = shared  # bytes of dynamic shared memory
         fn = ctypes.c_void_p()
         check(libcuda().cuModuleGetFunction(ctypes.byref(fn), module, name.encode()), f"finding kernel {name}")
         self.fn = fn.value
+        if shared > 48 * 1024:  # above the default limit only after opting in
+            check(libcuda().cuFuncSetAttribute(self.fn, FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared),
+                  f"kernel {name}: {shared} bytes of shared memory",
+                  "the GPU has less shared memory than the kernel was scheduled for: pass its CudaTarget")
         self.names = [p for p, _ in params]
         self.pointers = [i for i, (_, code) in enumerate(params) if code == "p"]
         self.slots = [_CTYPES[code]() for _, code in params]
@@ -320,10 +328,11 @@ class Launcher:
         with self.lock:
             for slot, i in zip(self.slots, order):
                 slot.value = values[i]
-            err = self.cu_launch(self.fn, self.grid, 1, 1, self.block, 1, 1, 0, stream, self.argv_ptr, None)
+            err = self.cu_launch(self.fn, self.grid, 1, 1, self.block, 1, 1, self.shared, stream, self.argv_ptr, None)
             if err in (ERROR_INVALID_CONTEXT, ERROR_INVALID_HANDLE) and context is not None:
                 context.activate()
-                err = self.cu_launch(self.fn, self.grid, 1, 1, self.block, 1, 1, 0, stream, self.argv_ptr, None)
+                err = self.cu_launch(self.fn, self.grid, 1, 1, self.block, 1, 1, self.shared, stream, self.argv_ptr,
+                                     None)
         if err != SUCCESS:
             raise TccRuntimeError(f"op {op}: launching kernel {self.name} ({self.grid} blocks of {self.block} "
                                   f"threads) failed: {error_name(err)}", hint=_hint(err))

@@ -3,7 +3,7 @@
 Each step is a call ``prim(arg, ...)`` whose arguments are loop names (the op's index variables,
 and the names earlier steps created), tensor names, keywords or positive integers. This module
 checks the spelling (primitive, argument count and kinds) and turns each call into the
-:class:`tcc.passes.schedule.Step` that the loop-IR passes apply; whether the named loops and
+:class:`tcc.passes.loops.schedule.Step` that the loop-IR passes apply; whether the named loops and
 tensors exist, and whether a step keeps the result, is checked when the step runs on the loops
 of concrete shapes. ``conv(im2col|direct|auto)`` is not a loop step: it picks the lowering of
 convolutions before loops exist, so it travels beside the steps.
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from tcc.errors import TccScheduleError
 from tcc.frontend import ast
 from tcc.frontend.parser import parse_steps
-from tcc.passes.schedule import Step
+from tcc.passes.loops.schedule import Step
 
 TARGETS = ("cpu", "cuda")
 CONV_CHOICES = ("im2col", "direct", "auto")

@@ -3,7 +3,7 @@
 Resolves names, types every expression with NumPy promotion (inserting casts), infers the
 ranges of index variables and the shapes of intermediates, and reports every mistake as a
 :class:`TccError` at the span that caused it. Shapes stay symbolic here; binding them to
-concrete sizes is :mod:`tcc.passes.specialize`'s job.
+concrete sizes is :mod:`tcc.passes.te.specialize`'s job.
 """
 
 from __future__ import annotations

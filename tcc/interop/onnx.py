@@ -23,14 +23,14 @@ import numpy as np
 from tqdm import tqdm
 
 from tcc import cuda as tcc_cuda
+from tcc.compiler import Library, Op
+from tcc.compiler import compile as tcc_compile
 from tcc.errors import TccArgumentError
 from tcc.interop import onnx_nn as nn
 from tcc.interop import onnx_ops as ops
 from tcc.interop import onnx_shapes as shapes
 from tcc.interop.onnx_graph import NUMPY_DTYPES, NeedsValue, Node, OnnxImportError, Program, Value
 from tcc.interop.onnx_ops import ONNX_DTYPES, tcc_dtype
-from tcc.runtime.library import Library, Op
-from tcc.runtime.library import compile as tcc_compile
 from tcc.target import Target, target_kind
 
 __all__ = ["HANDLERS", "NeedsValue", "OnnxImportError", "OnnxModel", "load", "translate"]

@@ -12,8 +12,10 @@ floats with their defaults), with
   ``torch.compile`` traces through the op without a graph break;
 - autograd: the backward calls one derived gradient op per float input (``tcc.grad(op, [X])``),
   each itself a ``torch.ops`` operator with a fake kernel, run only for the inputs whose
-  gradient autograd asks for. A call that records no graph goes straight to the kernel.
-  Double backward is not supported.
+  gradient autograd asks for (``torch.library.register_autograd``). Double backward is not
+  supported;
+- an eager path: ``ops.NAME(...)`` on plain CPU tensors that record no graph, with nothing
+  watching torch's dispatcher, runs the CPU kernel without dispatching (``TorchOp.__call__``).
 
 This module imports PyTorch; ``import tcc`` does not import it (``tcc.torch`` loads it on first use).
 """
@@ -27,20 +29,28 @@ from typing import Any
 import torch  # the optional dependency this module exists for
 
 from tcc import dtypes
+from tcc.autodiff import grad as derive_grad
+from tcc.compiler import Library, Op
+from tcc.compiler import compile as tcc_compile
 from tcc.errors import TccArgumentError, TccError
-from tcc.runtime.autodiff import grad as derive_grad
 from tcc.runtime.binding import bind_cparams, bind_shapes, result_shapes
-from tcc.runtime.library import Library, Op
-from tcc.runtime.library import compile as tcc_compile
 
 _TORCH_DTYPES = {dtypes.f16: torch.float16, dtypes.bf16: torch.bfloat16, dtypes.f32: torch.float32,
                  dtypes.f64: torch.float64, dtypes.i8: torch.int8, dtypes.i32: torch.int32,
                  dtypes.i64: torch.int64, dtypes.boolean: torch.bool}
 _LIBRARIES: dict[str, torch.library.Library] = {}  # namespace -> its fragment (kept alive: it owns the ops)
 _REGISTERED: dict[tuple[str, int], TorchOp] = {}  # (namespace, id of the tcc op) -> its torch op
-_any_requires_grad = torch._C._any_requires_grad  # what torch's own autograd kernel asks
-_grad_enabled = torch._C.is_grad_enabled
-_AFTER_AUTOGRAD = torch._C._after_autograd_keyset  # the dispatch keys below autograd
+_Tensor = torch.Tensor
+_empty = torch.empty
+# What makes a call need torch's dispatcher rather than the eager path of TorchOp.__call__:
+_compiling = torch.compiler.is_compiling  # dynamo tracing (it folds this to True)
+_has_torch_function = torch.overrides.has_torch_function  # tensor subclasses (fake, functional), function modes
+_jit_tracing = torch.jit.is_tracing
+# no public query for these: torch-dispatch modes (make_fx, FlopCounterMode), functorch transforms (vmap, grad)
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_transforms = torch._C._functorch.peek_interpreter_stack
+_profiler = torch.autograd.profiler  # ._is_profiler_enabled: the profiler records dispatched ops
+_forward_ad = torch.autograd.forward_ad  # ._current_level >= 0 inside dual_level(): tangents need the dispatcher
 
 
 class TorchOp:
@@ -68,7 +78,28 @@ class TorchOp:
         return f"<tcc.torch op {self.qualname}>"
 
     def __call__(self, *args: Any, **cparams: Any) -> Any:
-        return self.overload(*args, **cparams)
+        """Plain CPU tensors that record no graph, with nothing watching the dispatcher (no tracing,
+        compiling, mode, transform or profiler), go straight to the CPU kernel: torch's dispatch to a
+        Python kernel costs more than the kernel's own call (benchmarks/torch_overhead.py). Every
+        other call, and any call of ``torch.ops.<namespace>.<name>``, goes through the dispatcher."""
+        if _compiling() or self._needs_dispatch(args):
+            return self.overload(*args, **cparams)
+        outs = [_empty(shape, dtype=dt) for shape, dt in
+                self._results(tuple([args[i].shape for i in self._positions]), cparams)]
+        try:
+            self.op(*args, out=outs[0] if len(outs) == 1 else outs, **cparams)
+        except TccArgumentError:
+            self._check_readable(args)
+            raise
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _needs_dispatch(self, args: tuple[Any, ...]) -> bool:
+        tensors = [args[i] for i in self._positions]
+        for t in tensors:
+            if type(t) is not _Tensor or t.requires_grad or not t.is_cpu:
+                return True
+        return (_has_torch_function(tensors) or _dispatch_modes() > 0 or _transforms() is not None
+                or _jit_tracing() or _profiler._is_profiler_enabled or _forward_ad._current_level >= 0)
 
     def schema(self) -> str:
         """``(Tensor X, float a, *, int S=1) -> Tensor`` from the op's parameters and results."""
@@ -111,7 +142,7 @@ class TorchOp:
         pointers on a repeat call. Concrete shapes are ``torch.Size``, tuples already: no conversion."""
         outs = [torch.empty(shape, dtype=dt) for shape, dt in
                 self._results(tuple([args[i].shape for i in self._positions]), cparams)]
-        if _any_requires_grad(*args):  # the forward of a graph: tcc reads the data, not the graph
+        if any(is_t and a.requires_grad for a, is_t in zip(args, self._tensors)):  # tcc reads the data, not the graph
             args = tuple(a.detach() if is_t else a for a, is_t in zip(args, self._tensors))
         try:
             self.op(*args, out=outs[0] if len(outs) == 1 else outs, **cparams)
@@ -154,18 +185,8 @@ class TorchOp:
                     self.grads[p] = register(grad_op, self.namespace)
                 except TccError as exc:
                     self.grads[p] = exc  # raised if autograd ever asks for this gradient
-        info = torch._library.autograd.Info(self._backward, self._setup)
-        self._graph_impl = torch._library.autograd.make_autograd_impl(self.overload, info)
-        self._redispatch = self.overload._handle.redispatch_boxed
-        _LIBRARIES[self.namespace].impl(self.name, self._autograd, "Autograd", with_keyset=True)
-
-    def _autograd(self, keyset: Any, *args: Any, **cparams: Any) -> Any:
-        """The Autograd kernel: what ``torch.library.register_autograd`` registers (``_graph_impl``)
-        when a graph is recorded, else straight to the CPU or CUDA kernel. torch's own kernel costs
-        ~4 us more a call there (a dataclass, a context manager, two Python frames) to do nothing."""
-        if _grad_enabled() and _any_requires_grad(*args):
-            return self._graph_impl(keyset, *args, **cparams)
-        return self._redispatch(keyset & _AFTER_AUTOGRAD, *args, **cparams)
+        torch.library.register_autograd(self.qualname, self._backward, setup_context=self._setup,
+                                        lib=_LIBRARIES[self.namespace])
 
     def _setup(self, ctx: Any, inputs: tuple[Any, ...], output: Any,
                keyword_only_inputs: dict[str, Any] | None = None) -> None:

@@ -21,10 +21,16 @@ SCOPES = ("global", "shared", "local")
 
 @dataclass(frozen=True)
 class Buffer:
+    """A tensor. ``swizzle=128`` (shared buffers, for the warpgroup matrix units) lays the last
+    dimension out in atoms of 128 bytes, atom-major over the rows of the second-to-last one, and
+    within each row of an atom exchanges 16-byte chunk ``c`` with ``c ^ (row % 8)``: the layout
+    ``wgmma`` descriptors read without bank conflicts. Indices stay logical."""
+
     name: str
     dtype: DType
     shape: tuple[int, ...]
     scope: str = "global"
+    swizzle: int = 0
 
     @property
     def size(self) -> int:
@@ -103,6 +109,92 @@ class Barrier(Stmt):
     """Block-wide barrier (``__syncthreads()`` on CUDA)."""
 
 
+# ---------------------------------------------------------------- GPU data movement and matrix units
+# Warp-level statements: all 32 lanes of a warp execute each one together (no lane may be branched
+# around it). Operands are element references: a ``Load`` names the first element a lane supplies
+# or receives; a fragment is that many consecutive 32-bit registers of a local buffer.
+
+@dataclass(frozen=True)
+class AsyncCopy(Stmt):
+    """``cp.async``: ``nbytes`` from global ``src`` to shared ``dst``, bypassing registers; zeros
+    instead where ``valid`` is false (edges of the problem), so no lane needs another path."""
+
+    dst: Load
+    src: Load
+    nbytes: int
+    valid: Expr | None = None
+
+
+@dataclass(frozen=True)
+class AsyncCommit(Stmt):
+    """Close the group of the ``AsyncCopy`` statements this thread issued since the last commit."""
+
+
+@dataclass(frozen=True)
+class AsyncWait(Stmt):
+    """Wait until at most ``pending`` of this thread's committed copy groups are still in flight."""
+
+    pending: int
+
+
+@dataclass(frozen=True)
+class MatrixLoad(Stmt):
+    """``ldmatrix``: ``count`` 8x8 tiles of 16-bit values from shared memory into the warp's
+    fragment registers ``dst`` (``count`` per lane); each lane gives the row address ``src`` of
+    row ``lane % 8`` of tile ``lane / 8``. ``trans`` transposes each tile on the way."""
+
+    dst: Load
+    src: Load
+    count: int
+    trans: bool = False
+
+
+@dataclass(frozen=True)
+class Mma(Stmt):
+    """``mma.sync``: the warp's ``m x n`` f32 accumulator fragment ``acc`` (4 registers a lane) +=
+    fragments ``a`` (``m x k``, row) times ``b`` (``k x n``, col), of operand type ``kind``
+    (f16, bf16, or tf32 from f32 registers)."""
+
+    shape: tuple[int, int, int]
+    kind: str
+    acc: Load
+    a: Load
+    b: Load
+
+
+@dataclass(frozen=True)
+class ProxyFence(Stmt):
+    """``fence.proxy.async.shared::cta``: this thread's earlier writes to shared memory become
+    visible to the asynchronous units (the warpgroup matrix units) that read it after a barrier."""
+
+
+@dataclass(frozen=True)
+class WarpgroupMma(Stmt):
+    """``wgmma.mma_async``: the 4 warps of a warpgroup (128 lanes) add the product of a ``m x k``
+    tile of shared ``a`` and a ``k x n`` tile of shared ``b`` (both 128-byte swizzled, named by
+    their first element) to the f32 accumulator fragment ``acc`` (``n / 2`` registers a lane).
+    ``trans_a`` / ``trans_b``: the tile is stored with M (N) contiguous rather than K. It runs
+    asynchronously: see ``WarpgroupSync``."""
+
+    shape: tuple[int, int, int]
+    kind: str
+    acc: Load
+    a: Load
+    b: Load
+    trans_a: bool = False
+    trans_b: bool = False
+
+
+@dataclass(frozen=True)
+class WarpgroupSync(Stmt):
+    """Ordering of ``WarpgroupMma``: ``fence`` before the first one that reads accumulators other
+    statements wrote; ``commit`` closes the group of those issued so far; ``wait`` blocks until at
+    most ``pending`` groups are in flight (their accumulators and shared tiles are then free)."""
+
+    op: str  # fence, commit or wait
+    pending: int = 0
+
+
 @dataclass
 class LoopFunc:
     """A kernel: parameters (buffers for tensors, vars for scalars) and a body."""
@@ -143,6 +235,12 @@ def stmt_exprs(s: Stmt) -> tuple[Expr, ...]:
         return (s.cond,)
     if isinstance(s, Let):
         return (s.value,)
+    if isinstance(s, AsyncCopy):
+        return (s.dst, s.src) if s.valid is None else (s.dst, s.src, s.valid)
+    if isinstance(s, MatrixLoad):
+        return (s.dst, s.src)
+    if isinstance(s, (Mma, WarpgroupMma)):
+        return (s.acc, s.a, s.b)
     return ()
 
 
@@ -197,7 +295,8 @@ def _format_stmt(s: Stmt, depth: int, out: list[str]) -> None:
         out.append(f"{pad}{s.buffer}[{idx}] = {format_expr(s.value)}")
     elif isinstance(s, Allocate):
         b = s.buffer
-        out.append(f"{pad}allocate {b.name}: {b.dtype}[{', '.join(map(str, b.shape))}] in {b.scope}")
+        swizzle = f" swizzle={b.swizzle}B" if b.swizzle else ""
+        out.append(f"{pad}allocate {b.name}: {b.dtype}[{', '.join(map(str, b.shape))}] in {b.scope}{swizzle}")
         _format_stmt(s.body, depth, out)
     elif isinstance(s, If):
         out.append(f"{pad}if {format_expr(s.cond)}:")
@@ -210,6 +309,28 @@ def _format_stmt(s: Stmt, depth: int, out: list[str]) -> None:
         _format_stmt(s.body, depth, out)
     elif isinstance(s, Barrier):
         out.append(f"{pad}barrier")
+    elif isinstance(s, AsyncCopy):
+        when = "" if s.valid is None else f" if {format_expr(s.valid)} else zeros"
+        out.append(f"{pad}cp.async {format_expr(s.dst)} <- {format_expr(s.src)} ({s.nbytes} bytes){when}")
+    elif isinstance(s, AsyncCommit):
+        out.append(f"{pad}cp.async.commit_group")
+    elif isinstance(s, AsyncWait):
+        out.append(f"{pad}cp.async.wait_group {s.pending}")
+    elif isinstance(s, MatrixLoad):
+        trans = ".trans" if s.trans else ""
+        out.append(f"{pad}ldmatrix.x{s.count}{trans} {format_expr(s.dst)} <- {format_expr(s.src)}")
+    elif isinstance(s, Mma):
+        m, n, k = s.shape
+        out.append(f"{pad}mma.sync.m{m}n{n}k{k}.{s.kind} {format_expr(s.acc)} += "
+                   f"{format_expr(s.a)} * {format_expr(s.b)}")
+    elif isinstance(s, WarpgroupMma):
+        m, n, k = s.shape
+        a, b = (f"{format_expr(r)}{'^T' if t else ''}" for r, t in ((s.a, s.trans_a), (s.b, s.trans_b)))
+        out.append(f"{pad}wgmma.m{m}n{n}k{k}.{s.kind} {format_expr(s.acc)} += {a} * {b}")
+    elif isinstance(s, WarpgroupSync):
+        out.append(f"{pad}wgmma.{s.op}" + (f" {s.pending}" if s.op == "wait" else ""))
+    elif isinstance(s, ProxyFence):
+        out.append(f"{pad}fence.proxy.async")
     else:
         raise TypeError(f"cannot print {type(s).__name__}")
 

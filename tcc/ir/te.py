@@ -2,7 +2,7 @@
 
 An :class:`OpTE` is a list of :class:`Compute` statements, each defining every element of
 one tensor as a scalar expression of reads of other tensors. Shapes are expressions over
-shape symbols and compile-time parameters until :func:`tcc.passes.specialize.specialize`
+shape symbols and compile-time parameters until :func:`tcc.passes.te.specialize.specialize`
 binds them, after which every extent is a constant.
 """
 

@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 
 from tcc.ir.loops import LoopFunc, format_func, verify_func
 from tcc.ir.te import OpTE, format_op, verify_op
-from tcc.passes.bounds import check_bounds
-from tcc.passes.fusion import format_fused, fuse
-from tcc.passes.im2col import im2col
-from tcc.passes.lower import lower
-from tcc.passes.schedule import Step, apply_schedule, check_gpu_schedule
-from tcc.passes.specialize import specialize
+from tcc.passes.loops.schedule import Step, apply_schedule, check_gpu_schedule
+from tcc.passes.te.bounds import check_bounds
+from tcc.passes.te.fusion import format_fused, fuse
+from tcc.passes.te.im2col import im2col
+from tcc.passes.te.lower import lower
+from tcc.passes.te.specialize import specialize
 from tcc.target import CudaTarget, Target, default_target
 
 AfterPass = Callable[[str, str], None]
@@ -50,8 +50,9 @@ class Lowered:
     loops: LoopFunc  # plain loop nests, straight from the TE
     target: Target  # the machine the schedule sizes its work for
     after_pass: AfterPass | None = None
-    steps: tuple = ()  # the user's schedule (tcc.passes.schedule.Step); empty: the auto-scheduler
+    steps: tuple = ()  # the user's schedule (tcc.passes.loops.schedule.Step); empty: the auto-scheduler
     tuning: Tuning | None = None  # the tuner's choice for the auto-scheduler (tcc.tune)
+    tf32: bool = False  # f32 contractions may round their operands to TF32 (tensor cores; opted in)
     _scheduled: LoopFunc | None = field(default=None, repr=False)
 
     @property
@@ -59,7 +60,8 @@ class Lowered:
         """The loops after the target's schedule."""
         if self._scheduled is None:
             tuning = self.tuning or Tuning()
-            scheduled = schedule_for_target(self.loops, self.target, list(self.steps), tuning.tiles, tuning.unroll)
+            scheduled = schedule_for_target(self.loops, self.target, list(self.steps), tuning.tiles, tuning.unroll,
+                                            self.tf32)
             verify_func(scheduled)
             if self.after_pass is not None:
                 self.after_pass("schedule", format_func(scheduled))
@@ -84,26 +86,27 @@ def run_pipeline(op: OpTE, bindings: dict[str, int | float], target: str | Targe
     loops = lower(te)
     verify_func(loops)
     report("lower", format_func(loops))
-    return Lowered(te, loops, default_target(target), after_pass, steps)
+    return Lowered(te, loops, default_target(target), after_pass, steps, tf32=bool((options or {}).get("tf32")))
 
 
 def schedule_for_target(func: LoopFunc, target: str | Target, steps: list | None = None,
-                        params: dict | None = None, unroll: int = 1) -> LoopFunc:
+                        params: dict | None = None, unroll: int = 1, tf32: bool = False) -> LoopFunc:
     """The user's schedule when there is one, else the target's auto-scheduler (with the tuner's
-    GEMM tiles ``params`` by result tensor, and its k-loop unroll factor)."""
+    GEMM tiles ``params`` by result tensor, and its k-loop unroll factor; on CUDA, f32
+    contractions on TF32 tensor cores when ``tf32``)."""
     machine = default_target(target)
     if isinstance(machine, CudaTarget):
-        from tcc.codegen_cuda.schedule import schedule_cuda
+        from tcc.passes.autoschedule_cuda.schedule import schedule_cuda
 
         if steps:  # the nests the user bound are kernels as they are; the others are auto-scheduled
             scheduled = apply_schedule(func, steps)
             check_gpu_schedule(func, scheduled, steps)
             func = scheduled
-        return schedule_cuda(func, machine)
+        return schedule_cuda(func, machine, tf32)
 
     if steps:
         return apply_schedule(func, steps)
-    from tcc.passes.autoschedule import autoschedule
+    from tcc.passes.autoschedule_cpu.schedule import autoschedule
 
     func = autoschedule(func, params)
     return apply_schedule(func, [Step("unroll", (GEMM_K_LOOP, "by", unroll))]) if unroll > 1 else func

@@ -62,6 +62,8 @@ def _binary(e: Binary) -> Expr | None:
             return Const(0, e.dtype)
     if e.op == "floordiv" and _is(b, 1):
         return a
+    if e.op == "mod" and _is(b, 1):  # a stride of 1 in a derived gradient: ``u % S == 0``
+        return Const(0, e.dtype)
     return None
 
 

@@ -1,1 +1,1 @@
-"""Argument binding and checks, array interop, the compile cache, and the op objects."""
+"""Argument binding and checks, array interop, per-target build-and-run glue, the compile cache."""

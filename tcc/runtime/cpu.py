@@ -22,7 +22,7 @@ from tcc.codegen_cpu import jit
 from tcc.codegen_cpu.llvm_ir import build_module, symbol_name
 from tcc.errors import TccArgumentError, TccCompileError, TccRuntimeError, TccTypeError
 from tcc.ir.loops import Buffer, For, LoopFunc, walk_stmts
-from tcc.passes import autoschedule
+from tcc.passes.autoschedule_cpu import schedule as autoschedule
 from tcc.runtime.binding import as_host_array, out_list
 from tcc.runtime.cache import pack_artifact, unpack_artifact
 from tcc.target import CpuTarget

@@ -89,18 +89,24 @@ def cuda_source(func: LoopFunc) -> str:
 
 
 def stage_text(func: LoopFunc, stage: str, options: dict[str, Any]) -> str:
-    source = cuda_source(func)
-    return source if stage == "cuda" else nvrtc.compile_ptx(source, _arch(options))
+    program = _cuda_c().generate(func)
+    return program.source if stage == "cuda" else nvrtc.compile_ptx(program.source, _code_arch(program, options))
+
+
+def _code_arch(program: Any, options: dict[str, Any]) -> str:
+    """The architecture to compile for: sm_90a where the program uses its own instructions (wgmma)."""
+    arch = _arch(options)
+    return arch + "a" if program.arch_specific and not arch.endswith("a") else arch
 
 
 def build(func: LoopFunc, options: dict[str, Any] | None = None) -> bytes:
     """The artifact the cache stores: a JSON launch plan, then the cubin."""
     arch = _arch(options or {})
     program = _cuda_c().generate(func)
-    cubin = nvrtc.compile_cubin(program.source, arch)
+    cubin = nvrtc.compile_cubin(program.source, _code_arch(program, options or {}))
     meta = {"arch": arch, "temps": program.temps,
             "kernels": [{"name": k.name, "grid": k.grid, "block": k.block, "params": k.params,
-                         "aligned": k.aligned} for k in program.kernels]}
+                         "aligned": k.aligned, "shared": k.shared} for k in program.kernels]}
     return pack_artifact(_MAGIC, meta, cubin)
 
 
@@ -157,8 +163,8 @@ class CudaKernel:
                 raise TccRuntimeError(f"op {self.name} was compiled for {self.meta['arch']} but cuda:{device} "
                                       f"is {ctx.arch}", hint=f"tcc.compile(..., target='cuda', arch='{ctx.arch}')")
             module = driver.load_module(self.cubin, f"op {self.name}")
-            made = [driver.Launcher(module, k["name"], k["grid"], k["block"], [tuple(p) for p in k["params"]])
-                    for k in self.meta["kernels"]]
+            made = [driver.Launcher(module, k["name"], k["grid"], k["block"], [tuple(p) for p in k["params"]],
+                                    int(k.get("shared", 0))) for k in self.meta["kernels"]]
             found = _pair(made, [bool(k.get("aligned")) for k in self.meta["kernels"]])
             self._launchers[device] = found
         return found

@@ -28,7 +28,7 @@ from tcc.errors import (
     TccTypeError,
 )
 from tcc.ir.loops import For, walk_stmts
-from tcc.passes.specialize import specialize
+from tcc.passes.te.specialize import specialize
 from tcc.testing import max_relative_error, random_args, reference_results, tolerance
 
 FRONTEND_ERRORS = (TccSyntaxError, TccTypeError, TccBoundsError, TccNameError, TccShapeError)

@@ -26,7 +26,7 @@ import numpy as np
 import tcc
 from tcc import cli
 from tcc.ir.expr import Reduce, walk
-from tcc.passes.specialize import specialize
+from tcc.passes.te.specialize import specialize
 from tcc.runtime.binding import check_sizes
 from tcc.testing import random_args
 

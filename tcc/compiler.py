@@ -1,0 +1,359 @@
+"""``tcc.compile``: a library of ops from source, each a callable that specialises on shapes.
+
+Calling an op binds and checks the arguments, finds (or builds) the kernel for these shapes,
+dtypes and parameters in the memory cache, then the disk cache, then the compiler, and runs
+it. ``op.lower(...)`` returns the text of any stage for the same arguments.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import pickle
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tcc.codegen_cuda.nvrtc import check_arch
+from tcc.errors import Source, Span, TccArgumentError, TccError, TccSyntaxError
+from tcc.frontend import ast
+from tcc.frontend.ast import OpDef, format_ast
+from tcc.frontend.parser import parse
+from tcc.frontend.schedules import Schedule, module_schedules, schedule_from_text
+from tcc.frontend.sema import analyze
+from tcc.ir.loops import format_func
+from tcc.ir.te import OpTE, format_op
+from tcc.passes.pipeline import Lowered, run_pipeline
+from tcc.passes.te.fusion import format_fused
+from tcc.passes.te.im2col import CHOICES as CONV_CHOICES
+from tcc.passes.te.specialize import specialize
+from tcc.runtime import cache
+from tcc.runtime.binding import BoundCall, bind, bind_cparams
+from tcc.stack import deep
+from tcc.target import KINDS as TARGETS  # noqa: F401 - tcc.interop.onnx checks targets against it
+from tcc.target import Target, target_kind
+
+MAX_SOURCE_BYTES = 64 << 20
+# tcc.compile's options and the targets they fit (machine: a CudaTarget value given as target=)
+OPTIONS = {"conv": ("cpu", "cuda"), "arch": ("cuda",), "machine": ("cuda",), "tf32": ("cuda",)}
+
+
+def check_options(options: dict[str, Any], target: str) -> None:
+    """Every keyword of ``tcc.compile`` beyond target and tune is known and fits the target."""
+    for name in options:
+        if name not in OPTIONS:
+            raise TccArgumentError(f"tcc.compile has no option {name!r}",
+                                   hint=f"options: target, tune, {', '.join(o for o in OPTIONS if o != 'machine')}")
+        if target not in OPTIONS[name]:
+            raise TccArgumentError(f"option {name}= is for target {' or '.join(OPTIONS[name])}, not {target!r}",
+                                   hint=f"drop {name}= or use target={OPTIONS[name][0]!r}")
+    if "conv" in options and options["conv"] not in CONV_CHOICES:
+        raise TccArgumentError(f"unknown convolution lowering {options['conv']!r} (conv=)",
+                               hint=f"use one of {', '.join(CONV_CHOICES)}")
+    if "arch" in options:
+        check_arch(options["arch"])
+    if "tf32" in options and not isinstance(options["tf32"], bool):
+        raise TccArgumentError(f"tf32= must be True or False, not {options['tf32']!r}",
+                               hint="tf32=True lets f32 contractions round their operands to TF32 on tensor cores")
+
+
+def read_source(source: str | os.PathLike) -> tuple[str, str]:
+    """(text, filename) from source text or a path to a ``.tc`` file.
+
+    A string is a path when it does not look like a program: one line, without a ``{`` (every
+    op has a body) and not starting with ``op`` or ``schedule``. A path that does not exist is
+    reported as such, not parsed as source.
+    """
+    if isinstance(source, bytes | bytearray):
+        raise TccArgumentError("tcc.compile needs source text (str) or a path, got bytes",
+                               hint="decode it first: source.decode('utf-8')")
+    if not isinstance(source, str | os.PathLike):
+        raise TccArgumentError(f"tcc.compile needs source text or a path, got {type(source).__name__}")
+    if isinstance(source, str) and _looks_like_source(source):
+        return source, "<string>"
+    path = Path(source)
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_SOURCE_BYTES + 1)  # bounded: the path may be /dev/zero or a pipe
+    except FileNotFoundError:
+        raise TccArgumentError(f"file not found: {path}",
+                               hint="check the path (source text must contain an op with a { ... } body)"
+                               ) from None
+    except OSError as exc:
+        raise TccArgumentError(f"cannot read {path}: {exc.strerror or exc}", hint="check the path") from None
+    if len(data) > MAX_SOURCE_BYTES:
+        raise TccArgumentError(f"{path} is larger than {MAX_SOURCE_BYTES >> 20} MiB; it is not tcc source",
+                               hint="check the path")
+    return decode_source(data, str(path)), str(path)
+
+
+def _looks_like_source(text: str) -> bool:
+    first = text.split(None, 1)[0] if text.strip() else ""
+    return "\n" in text or "{" in text or not first or first in ("op", "schedule")
+
+
+def decode_source(data: bytes, filename: str) -> str:
+    """UTF-8 text of a source file (a byte-order mark is dropped); a bad byte is a syntax error
+    at its line and column."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        good = data[:exc.start].decode("utf-8-sig")
+        line = good.count("\n") + 1
+        col = len(good) - (good.rfind("\n") + 1) + 1
+        text = good + data[exc.start:].decode("utf-8", errors="replace")
+        raise TccSyntaxError(f"the file is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})",
+                             Span(Source(text, filename), line, col, line, col + 1),
+                             "save the file as UTF-8") from None
+
+
+def compile(source: str | os.PathLike, target: str | Target = "cpu", tune: bool | int = False,  # noqa: A001
+            **options: Any) -> Library:
+    """Parse and check every op of ``source`` and its ``schedule`` blocks for ``target``; kernels
+    are built on first call per shape. ``tune=True`` (or a number of trials) searches the
+    auto-scheduler's GEMM tiles on the first call per shape, or reuses the winner from the disk
+    cache; an op with a user's schedule is not tuned."""
+    if not isinstance(target, str) and target_kind(target) == "cuda":
+        options["machine"] = target  # schedules size their work from it; part of the cache key
+    elif not isinstance(target, str):
+        raise TccArgumentError("a CpuTarget value is not accepted yet: the CPU auto-scheduler reads the host",
+                               hint="use target='cpu'")
+    target = target_kind(target)
+    if not isinstance(tune, bool | int) or tune < 0:
+        raise TccArgumentError(f"tune={tune!r}: expected True, False or a number of trials")
+    if tune and target != "cpu":
+        raise TccArgumentError("tuning is CPU-only for now", hint="drop tune=True for target cuda")
+    check_options(options, target)
+    text, filename = read_source(source)
+    module, ops, schedules = deep(_check_module, text, filename, target)
+    asts = {o.name: o for o in module.ops}
+    if target == "cuda":
+        options.setdefault("conv", "direct")  # im2col's per-batch GEMM buffers have no GPU schedule yet
+    return Library(ops, asts, target, options, schedules, tune)
+
+
+def _check_module(text: str, filename: str, target: str
+                  ) -> tuple[ast.Module, dict[str, OpTE], dict[str, Schedule]]:
+    module = parse_cached(text, filename)
+    ops = analyze(module, module.span.source if module.span else None)
+    return module, ops, module_schedules(module, set(ops), target)
+
+
+def parse_cached(text: str, filename: str) -> ast.Module:
+    """The AST of a source file, from the disk cache when this compiler parsed the same text before
+    (a warm start builds no parser), else parsed and stored."""
+    disk = cache.DiskCache(cache.cache_dir())
+    key = cache.make_key(cache.compiler_fingerprint(), "ast", filename, text)
+    stored = disk.get(key, ".ast")
+    if stored is not None:
+        try:
+            module = pickle.loads(stored)
+            if isinstance(module, ast.Module):
+                return module
+        except Exception:  # noqa: BLE001 - a stale entry (an older AST class) of any kind is a miss
+            pass
+    module = parse(text, filename)
+    disk.put(key, pickle.dumps(module), ".ast")
+    return module
+
+
+def target_module(target: str):
+    if target == "cuda":
+        from tcc.runtime import cuda
+
+        return cuda
+    from tcc.runtime import cpu
+
+    return cpu
+
+
+class Library:
+    """The ops of one source file, as attributes: ``lib.matmul(A, B)``."""
+
+    def __init__(self, ops: dict[str, OpTE], asts: dict[str, OpDef], target: str, options: dict[str, Any],
+                 schedules: dict[str, Schedule] | None = None, tune: bool | int = False):
+        self.target = target
+        self.options = dict(options)
+        self._ops = {name: Op(te, asts[name], target, self.options, (schedules or {}).get(name), tune)
+                     for name, te in ops.items()}
+        for name, op in self._ops.items():  # plain attributes: ``lib.axpy`` in a loop costs no __getattr__
+            if name not in self.__dict__ and not hasattr(type(self), name):
+                self.__dict__[name] = op
+
+    def __getattr__(self, name: str) -> Op:
+        ops = self.__dict__.get("_ops", {})
+        if name in ops:
+            return ops[name]
+        raise AttributeError(f"no op {name!r} in this library (it has: {', '.join(ops) or 'none'})")
+
+    def __getitem__(self, name: str) -> Op:
+        return self.__getattr__(name)
+
+    def __iter__(self):
+        return iter(self._ops.values())
+
+    def __dir__(self) -> list[str]:
+        return [*super().__dir__(), *self._ops]
+
+    @property
+    def ops(self) -> dict[str, Op]:
+        return dict(self._ops)
+
+
+class Op:
+    """One op of a library. Call it on arrays; ``lower`` shows any stage of its compilation."""
+
+    def __init__(self, te: OpTE, ast: OpDef, target: str, options: dict[str, Any],
+                 schedule: Schedule | None = None, tune: bool | int = False):
+        self.te = te
+        self.ast = ast
+        self.name = te.name
+        self.target = target
+        self._library_options = options
+        self.user_schedule = schedule or Schedule()
+        self.options = {**options, "conv": self.user_schedule.conv} if self.user_schedule.conv else options
+        self.tune = tune if not self.user_schedule.steps else False  # a user's schedule leaves nothing to tune
+        self._backend = target_module(target)
+        self._keys: dict[tuple, str] = {}  # bindings -> cache key, so repeat calls skip the pipeline
+        self._solved: dict[tuple, tuple[dict, dict]] = {}  # shapes + parameters -> symbols, result shapes
+        self._plans = self._backend.Plans()  # repeat calls with a checked signature skip binding and checks
+
+    def __repr__(self) -> str:
+        return f"<tcc op {self.name} ({self.target})>"
+
+    def schedule(self, text: str) -> Op:
+        """A new op with this schedule (steps separated by ``;`` or newlines, spelled as in a
+        ``schedule`` block); it replaces any schedule of the file. ``""`` means the auto-scheduler."""
+        if not isinstance(text, str):
+            raise TccArgumentError(f"{self.name}.schedule takes the schedule's text, got {type(text).__name__}",
+                                   hint='e.g. op.schedule("split(i, 32, io, ii); vectorize(ii)")')
+        schedule = schedule_from_text(text, self.target)
+        return Op(self.te, self.ast, self.target, self._library_options, schedule, self.tune)
+
+    # ------------------------------------------------------------ calling
+    def __call__(self, *args: Any, out: Any = None, **cparams: Any) -> Any:
+        results = self._plans.run(args, cparams, out)
+        if results is None:
+            bound = self._bind(args, cparams)
+            kernel = self.kernel(bound.bindings)
+            results = self._backend.invoke(kernel, self.te, bound, out)
+            self._plans.learn(kernel, self.te, bound, args, cparams, out)
+        return results[0] if len(results) == 1 else tuple(results)
+
+    def _bind(self, args: tuple[Any, ...], cparams: dict[str, Any]) -> BoundCall:
+        te = self.te
+        if len(args) != len(te.params):
+            names = ", ".join(te.params)
+            raise TccArgumentError(f"{self.name} takes {len(te.params)} argument(s) ({names}), got {len(args)}",
+                                   te.span, "pass tensors and scalars positionally, compile-time parameters "
+                                            "as keywords")
+        arrays = {name: self._backend.as_array(value, f"argument {name} of {self.name}")
+                  for name, value in zip(te.params, args) if name in te.tensors}
+        return bind(te, args, cparams, arrays, self._solved)
+
+    def kernel(self, bindings: dict[str, int | float]) -> Any:
+        """The loaded kernel for these bindings: from memory, else from the disk cache by a key that
+        the call itself knows (a warm start runs no pass), else freshly built."""
+        memo = tuple(sorted(bindings.items()))
+        key = self._keys.get(memo)
+        lowered = None
+        if key is None:
+            if self.tune:  # the stored winner may change between processes: key by it
+                lowered = deep(self.lowered, bindings)
+            key = self._keys[memo] = self.cache_key(bindings, lowered)
+        kernel = cache.MEMORY.get(key)
+        if kernel is not None:
+            return kernel
+        disk = cache.DiskCache(cache.cache_dir())
+        artifact = disk.get(key)
+        if artifact is not None:
+            try:
+                kernel = self._backend.load(self.name, artifact)
+            except TccError:
+                kernel = None  # a stale or unusable entry: rebuild it below
+        if kernel is None:
+            artifact = deep(self._build, bindings, lowered)
+            disk.put(key, artifact)
+            kernel = self._backend.load(self.name, artifact)
+        cache.MEMORY.put(key, kernel)
+        return kernel
+
+    def _build(self, bindings: dict[str, int | float], lowered: Lowered | None) -> bytes:
+        return self._backend.build((lowered or self.lowered(bindings)).scheduled, self.options)
+
+    def lowered(self, bindings: dict[str, int | float],
+                after_pass: Callable[[str, str], None] | None = None) -> Lowered:
+        lowered = run_pipeline(self.te, bindings, self._backend.machine(self.options), after_pass, self.options,
+                               self.user_schedule.steps)
+        if self.tune:
+            from tcc.tune import tuning_for
+
+            lowered.tuning = tuning_for(self, lowered)
+        return lowered
+
+    def cache_key(self, bindings: dict[str, int | float], lowered: Lowered | None = None) -> str:
+        """The kernel's key, from what a call knows: the compiler, target, host and options, the op's
+        source, shapes and parameters, the user's schedule, and
+        (given ``lowered``) the tuner's choice. Inputs are made C-contiguous before a kernel runs,
+        so strides are not part of it."""
+        options = ",".join(f"{k}={v}" for k, v in sorted(self.options.items()))
+        tuning = f"tuning={lowered.tuning or ''}" if lowered is not None else "untuned"
+        return cache.make_key(cache.compiler_fingerprint(), self.target, self._backend.host_key(self.options),
+                              options, self._te_text, repr(sorted(bindings.items())),
+                              f"schedule={self.user_schedule}", tuning)
+
+    @functools.cached_property
+    def _te_text(self) -> str:
+        """What the op's checked TE is a pure function of: its name and its file's text. (Printing
+        the TE instead would recurse as deep as its expressions: a deep-stack thread per warm start.)"""
+        span = self.ast.span
+        if span is not None:
+            return f"{self.name}\0{span.source.text}"
+        return deep(format_op, self.te)
+
+    def base_key(self, lowered: Lowered) -> str:
+        """The key of the op's specialisation without its schedule (the tuner stores its winner under it)."""
+        options = ",".join(f"{k}={v}" for k, v in sorted(self.options.items()))
+        return cache.make_key(cache.compiler_fingerprint(), self.target, self._backend.host_key(self.options),
+                              options, format_op(lowered.te))
+
+    # ------------------------------------------------------------ inspecting
+    def bindings_for(self, args: tuple[Any, ...], cparams: dict[str, Any]) -> dict[str, int | float]:
+        if not args:
+            return bind_cparams(self.te, cparams)
+        return self._bind(args, cparams).bindings
+
+    def lower(self, *args: Any, stage: str = "loops", **cparams: Any) -> str:
+        """The text of ``stage`` for these arguments (see ``STAGES`` of the target)."""
+        bindings = self.bindings_for(args, cparams)
+        if not args and self.te.symbols and stage not in ("ast", "te"):
+            raise TccArgumentError(f"stage {stage!r} needs the arguments (or shapes) of {self.name}",
+                                   self.te.span, f"call {self.name}.lower(A, B, ..., stage={stage!r})")
+        return self.stage_text(bindings, stage)
+
+    def stage_text(self, bindings: dict[str, int | float], stage: str,
+                   after_pass: Callable[[str, str], None] | None = None) -> str:
+        return deep(self._stage_text, bindings, stage, after_pass)
+
+    def _stage_text(self, bindings: dict[str, int | float], stage: str,
+                    after_pass: Callable[[str, str], None] | None) -> str:
+        stages = self._backend.STAGES
+        if stage not in stages:
+            raise TccArgumentError(f"unknown stage {stage!r} for target {self.target}",
+                                   hint=f"stages: {', '.join(stages)}")
+        if stage == "ast":
+            return format_ast(self.ast)
+        if stage == "te" and not (set(self.te.symbols) <= set(bindings)):
+            return format_op(self.te)
+        lowered = self.lowered(bindings, after_pass)
+        if after_pass is not None:
+            lowered.scheduled  # noqa: B018 - run the schedule so that every pass is printed
+        if stage == "te":
+            return format_op(self.te if not lowered.te.bindings else specialize(self.te, lowered.te.bindings))
+        if stage == "fused":
+            return format_fused(lowered.te)
+        if stage == "loops":
+            return format_func(lowered.loops)
+        if stage == "scheduled":
+            return format_func(lowered.scheduled)
+        return self._backend.stage_text(lowered.scheduled, stage, self.options)

@@ -1,0 +1,1 @@
+"""The CPU auto-scheduler: ``schedule.autoschedule`` and the loop rewrites only it uses."""

@@ -1,0 +1,1 @@
+"""The CUDA auto-scheduler: ``schedule.schedule_cuda`` and the kernel shapes it picks."""

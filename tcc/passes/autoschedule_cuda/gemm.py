@@ -1,0 +1,379 @@
+"""The GPU schedule for contractions: ``C[...] = g(sum[k...](x * y))`` as a tiled GEMM.
+
+A nest qualifies when its body is what ``lower`` gives for one reduction (a local accumulator,
+its initialising store, the reduction loops over ``acc[0] = acc[0] + x * y``, the final store)
+and the output axes split into **M** axes (read by ``x`` only), **N** axes (read by ``y`` only)
+and batch axes (read by both or neither). Matmul, batched matmul and convolution (implicit
+GEMM: output channels x output pixels, reduction over ``c, r, s``) all take this form.
+
+Each block computes a ``BM x BN`` tile of one batch element with 256 threads, each thread a
+``TM x TN`` register tile whose rows and columns come in runs of 4 consecutive ones, the runs
+64 apart (so each run is one 16-byte shared-memory load, conflict-free, and the final stores
+coalesce; single rows strided by 16 where TM or TN is not a multiple of 4). Per step of ``BK``
+along the flattened reduction, the threads fill ``xs[BK][BM+4]`` and ``ys[BK][BN+4]`` in shared
+memory cooperatively (the reduction index fastest where the operand is contiguous along it), with zeros outside the
+problem, then ``__syncthreads()``, then rank-1 updates from registers, then a barrier again.
+The epilogue (bias, relu, casts: whatever the final store computes) runs per register element,
+guarded at the tile edges.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tcc import dtypes
+from tcc.ir.expr import Binary, Const, Expr, Load, Var, cast, free_vars, transform, walk
+from tcc.ir.loops import Allocate, Barrier, Buffer, For, If, Let, Seq, Stmt, Store, seq
+from tcc.target import CudaTarget
+
+I64 = dtypes.i64
+I32 = dtypes.i32
+THREADS = 256
+SIDE = 16  # threads along each side of a tile: THREADS == SIDE * SIDE
+PAD = 4  # floats added to each shared row: the transposed fills then avoid bank conflicts
+RUN = 4  # consecutive tile rows (and columns) a thread owns: one 16-byte shared-memory load
+SMS = CudaTarget().sms  # the default target's multiprocessors, where none is given
+# (BM, BN, BK): the largest tile that still gives a full grid is chosen; TM = BM / 16, TN = BN / 16
+TILES = ((128, 128, 16), (128, 64, 16), (64, 128, 16), (64, 64, 16), (32, 32, 8))
+MIN_K = 4  # shorter reductions stay one thread per output
+
+
+@dataclass
+class Contraction:
+    """A nest recognised as a contraction, by the role of each loop."""
+
+    m_axes: list[For]
+    n_axes: list[For]
+    batch_axes: list[For]
+    k_axes: list[For]
+    acc: Buffer
+    init: Expr
+    add: Binary  # acc[0] + x * y
+    x: Expr
+    y: Expr
+    final: Store
+
+    def size(self, axes: list[For]) -> int:
+        return math.prod(_const(f) for f in axes)
+
+
+def _const(f: For) -> int:
+    return int(f.extent.value) if isinstance(f.extent, Const) else -1
+
+
+def match(axes: list[For], body: Stmt) -> Contraction | None:
+    """The contraction that ``axes`` (the output loops) over ``body`` compute, if any."""
+    if not (isinstance(body, Allocate) and body.buffer.scope == "local" and body.buffer.size == 1
+            and isinstance(body.body, Seq) and len(body.body.stmts) == 3):
+        return None
+    acc = body.buffer
+    init, red, final = body.body.stmts
+    k_axes = []
+    while isinstance(red, For) and red.kind == "serial":
+        k_axes.append(red)
+        red = red.body
+    if not (k_axes and isinstance(init, Store) and init.buffer == acc.name and isinstance(red, Store)
+            and red.buffer == acc.name and isinstance(final, Store) and final.buffer != acc.name):
+        return None
+    add = red.value
+    if not (isinstance(add, Binary) and add.op == "add" and _is_acc(add.a, acc)
+            and isinstance(add.b, Binary) and add.b.op == "mul"):
+        return None
+    x, y = add.b.a, add.b.b
+    if any(_reads(e, acc) for e in (init.value, x, y)) or any(_const(f) < 0 for f in axes + k_axes):
+        return None
+    in_x, in_y = free_vars(x), free_vars(y)
+    m_axes = [f for f in axes if f.var.name in in_x and f.var.name not in in_y]
+    n_axes = [f for f in axes if f.var.name in in_y and f.var.name not in in_x]
+    if axes and axes[-1] in m_axes:  # the innermost output axis becomes N: the stores coalesce
+        m_axes, n_axes, x, y = n_axes, m_axes, y, x
+    batch = [f for f in axes if f not in m_axes and f not in n_axes]
+    c = Contraction(m_axes, n_axes, batch, k_axes, acc, init.value, add, x, y, final)
+    if c.size(m_axes) < 2 or c.size(n_axes) < 2 or c.size(k_axes) < MIN_K:
+        return None  # matrix-vector products and short reductions: one thread per output
+    return c
+
+
+def _is_acc(e: Expr, acc: Buffer) -> bool:
+    return isinstance(e, Load) and e.buffer == acc.name and all(isinstance(i, Const) and i.value == 0
+                                                                for i in e.indices)
+
+
+def _reads(e: Expr, acc: Buffer) -> bool:
+    return any(isinstance(n, Load) and n.buffer == acc.name for n in walk(e))
+
+
+def choose_tile(m: int, n: int, batch: int, tiles: tuple[tuple[int, int, int], ...] = TILES,
+                sms: int = SMS) -> tuple[int, int, int]:
+    """The largest (BM, BN, BK) of ``tiles`` that fits the problem and still fills the ``sms``
+    multiprocessors of the chip (a grid smaller than that leaves it idle)."""
+    fitting = [t for t in tiles if t[0] <= max(m, 32) and t[1] <= max(n, 32)]
+    for tile in fitting:
+        if batch * -(-m // tile[0]) * -(-n // tile[1]) >= sms:
+            return tile
+    return fitting[-1] if fitting else tiles[-1]
+
+
+# ---------------------------------------------------------------- building the kernel
+
+class Builder:
+    """Builds the kernel of one contraction; ``fresh`` names new variables."""
+
+    tiles = TILES
+    group_rows = 1  # tile rows per band of the grid's order (see ``kernel``)
+    narrow = True  # tile-to-tensor index digits in 32-bit arithmetic where they fit
+    # the next k-step's loads in flight during this step's products (measured on an H100 with
+    # BK = 16: f32 GEMM 8192 0.76 -> 0.81 of cuBLAS; 3x3 conv 0.79 -> 0.85 of cuDNN once the
+    # fills' index arithmetic was hoisted, 0.64 -> 0.56 before). NVRTC 13.0 crashed now and then
+    # on double-buffered f32 kernels in session 2; 96 compiles of these ran clean.
+    double_buffered = True
+
+    def __init__(self, c: Contraction, fresh, decompose, sms: int = SMS):
+        self.c = c
+        self.fresh = fresh
+        self.decompose = self._narrow(decompose) if self.narrow else decompose
+        self.m, self.n, self.k = c.size(c.m_axes), c.size(c.n_axes), c.size(c.k_axes)
+        self.bm, self.bn, self.bk = choose_tile(self.m, self.n, c.size(c.batch_axes), self.tiles, sms)
+        self.tm, self.tn = self.bm // SIDE, self.bn // SIDE
+        names = [fresh(s).name for s in ("xs", "ys", "acct", "xr", "yr", "xst", "yst")]
+        self.k_inner = False  # shared tiles are [slot][BK][tile]
+        slots = 2 if self.double_buffered else 1
+        self.xs = Buffer(names[0], c.x.dtype, (slots, self.bk, self.bm + PAD), "shared")
+        self.ys = Buffer(names[1], c.y.dtype, (slots, self.bk, self.bn + PAD), "shared")
+        self.xst = Buffer(names[5], c.x.dtype, (self.bk * self.bm // THREADS,), "local")
+        self.yst = Buffer(names[6], c.y.dtype, (self.bk * self.bn // THREADS,), "local")
+        self.acct = Buffer(names[2], c.acc.dtype, (self.tm, self.tn), "local")
+        self.xr = Buffer(names[3], c.x.dtype, (self.tm,), "local")
+        self.yr = Buffer(names[4], c.y.dtype, (self.tn,), "local")
+
+    def kernel(self) -> Stmt:
+        c = self.c
+        tiles_m, tiles_n = -(-self.m // self.bm), -(-self.n // self.bn)
+        batch = c.size(c.batch_axes)
+        bx, tid, tm0, tn0 = (self.fresh(s) for s in ("bx", "tx", "tm0", "tn0"))
+        ty, tx = self.fresh("ty"), self.fresh("tx")
+        body = self._allocate(seq(self._init(), self._main_loop(tid, ty, tx, tm0, tn0),
+                                  self._epilogue(ty, tx, tm0, tn0)))
+        row, col = self.thread_coords(tid)
+        body = Let(ty, row, Let(tx, col, body))
+        span = c.final.span
+        inner: Stmt = For(tid, Const(THREADS, I64), body, "thread.x", span=span)
+        tile = _mod(bx, tiles_m * tiles_n)
+        group = self.group_rows if tiles_m % self.group_rows == 0 else 1
+        if group > 1:  # bands of ``group`` tile rows, column by column: a wave of blocks shares operand panels in L2
+            band, within = _div(tile, group * tiles_n), _mod(tile, group * tiles_n)
+            row, col = _add(_mul(band, group), _mod(within, group)), _div(within, group)
+        else:
+            row, col = _div(tile, tiles_n), _mod(tile, tiles_n)
+        inner = Let(tm0, _mul(row, self.bm), Let(tn0, _mul(col, self.bn), inner))
+        if c.batch_axes:
+            inner = self.decompose(c.batch_axes, [_const(f) for f in c.batch_axes],
+                                   _div(bx, tiles_m * tiles_n), inner)
+        return For(bx, Const(batch * tiles_m * tiles_n, I64), inner, "block.x", span=span)
+
+    def _narrow(self, decompose):
+        """``decompose`` with the digits of a flat index computed in 32 bits (a 64-bit ``//`` by
+        a constant costs several times a 32-bit one), then widened: the operand reads of an
+        implicit-GEMM convolution take three to five digits per element and k-step."""
+        def narrowed(axes: list[For], extents: list[int], flat: Expr, body: Stmt) -> Stmt:
+            if len(axes) < 2 or math.prod(extents) >= 2**31:
+                return decompose(axes, extents, flat, body)
+            short = Var(self.fresh("n32").name, I32)
+            stride = 1
+            for ax, ext in reversed(list(zip(axes, extents))):
+                digit: Expr = short if stride == 1 else Binary("floordiv", short, Const(stride, I32), I32)
+                if ax is not axes[0]:
+                    digit = Binary("mod", digit, Const(ext, I32), I32)
+                body = Let(ax.var, cast(digit, I64), body)
+                stride *= ext
+            return Let(short, cast(flat, I32), body)
+        return narrowed
+
+    def thread_coords(self, tid: Var) -> tuple[Expr, Expr]:
+        """(ty, tx): the thread's place in the block, as the products and the epilogue use it."""
+        return _div(tid, SIDE), _mod(tid, SIDE)
+
+    def local_buffers(self) -> tuple[Buffer, ...]:
+        """The kernel's shared and register buffers, innermost first."""
+        stages = (self.yst, self.xst) if self.double_buffered else ()
+        return (*stages, self.yr, self.xr, self.acct, self.ys, self.xs)
+
+    def _allocate(self, body: Stmt) -> Stmt:
+        for buf in self.local_buffers():
+            body = Allocate(buf, body)
+        return body
+
+    def _tile_loops(self, body_fn) -> Stmt:
+        a, b = self.fresh("ta"), self.fresh("tb")
+        return For(a, Const(self.tm, I64), For(b, Const(self.tn, I64), body_fn(a, b), "unroll"), "unroll")
+
+    def _init(self) -> Stmt:
+        return self._tile_loops(lambda a, b: Store(self.acct.name, (a, b), self.c.init))
+
+    def _main_loop(self, tid: Var, ty: Var, tx: Var, tm0: Var, tn0: Var) -> Stmt:
+        """Per k-step: fill, barrier, products, barrier; or, ``double_buffered``, while the products of
+        step ``kt`` read one slot of the shared tiles, the next step's operands come from global
+        memory into registers, then go to the other slot, with one barrier per step."""
+        kt = self.fresh("kt")
+        steps = -(-self.k // self.bk)
+        if not self.double_buffered:
+            fill = self.fills(tid, tm0, tn0, _mul(kt, self.bk), Const(0, I64))[0]
+            products = self._products(ty, tx, Const(0, I64))
+            return For(kt, Const(steps, I64), seq(fill, Barrier(), products, Barrier()))
+        first = self.fills(tid, tm0, tn0, Const(0, I64), Const(0, I64))
+        if steps == 1:
+            return seq(*first, Barrier(), self._products(ty, tx, Const(0, I64)))
+        products = self._products(ty, tx, _mod(kt, 2))
+        loads, stores = self.fills(tid, tm0, tn0, _mul(_add(kt, Const(1, I64)), self.bk),
+                                   _mod(_add(kt, Const(1, I64)), 2))
+        more = Binary("lt", _add(kt, Const(1, I64)), Const(steps, I64), dtypes.boolean)
+        step = seq(If(more, loads), products, If(more, stores), Barrier())
+        return seq(*first, Barrier(), For(kt, Const(steps, I64), step))
+
+    def fills(self, tid: Var, tm0: Var, tn0: Var, k0: Expr, slot: Expr) -> tuple[Stmt, Stmt]:
+        """Both operands' tiles of one k-step: (global to registers, registers to shared ``slot``)."""
+        x = self._fill(self.xs, self.xst, self.c.x, self.c.m_axes, self.m, tid, tm0, k0, slot)
+        y = self._fill(self.ys, self.yst, self.c.y, self.c.n_axes, self.n, tid, tn0, k0, slot)
+        return seq(x[0], y[0]), seq(x[1], y[1])
+
+    def _fill(self, buf: Buffer, stage: Buffer, value: Expr, axes: list[For], size: int, tid: Var, base: Var,
+              k0: Expr, slot: Expr) -> tuple[Stmt, Stmt]:
+        """The threads read ``value`` over a ``BK x tile`` slice into their registers ``stage``
+        (zeros outside the problem), then store those to ``buf[slot]``, which is ``[BK][tile]``,
+        or ``[tile][BK]`` with ``k_inner``."""
+        tile = buf.shape[1] if self.k_inner else buf.shape[2] - PAD
+        k_fast = _k_fastest(value, axes, self.c.k_axes)
+        fast_n = self.bk if k_fast else tile
+        steps = self.bk * tile // THREADS
+
+        def indexed(make) -> Stmt:
+            step, lid, kk, ss = self.fresh("ld"), self.fresh("lid"), self.fresh("kk"), self.fresh("ss")
+            fast, slow = (kk, ss) if k_fast else (ss, kk)
+            if THREADS % fast_n == 0:  # lid = step * THREADS + tid, tid < THREADS: the fast digit is
+                # the thread's own, the same at every step and k-tile (its index arithmetic hoists)
+                body = Let(fast, _mod(tid, fast_n), Let(slow, _add(_mul(step, THREADS // fast_n),
+                                                                   _div(tid, fast_n)), make(step, kk, ss)))
+                return For(step, Const(steps, I64), body, "unroll")
+            body = Let(fast, _mod(lid, fast_n), Let(slow, _div(lid, fast_n), make(step, kk, ss)))
+            return For(step, Const(steps, I64), Let(lid, _add(_mul(step, THREADS), tid), body), "unroll")
+
+        def load(step: Var, kk: Var, ss: Var) -> Stmt:
+            gs, gk = self.fresh("gs"), self.fresh("gk")
+            if self.double_buffered:
+                name, where = stage.name, (step,)
+            else:  # straight to shared memory
+                name, where = buf.name, (slot, ss, kk) if self.k_inner else (slot, kk, ss)
+            target = Store(name, where, value)
+            compute = self.decompose(self.c.k_axes, [_const(f) for f in self.c.k_axes], gk,
+                                     self.decompose(axes, [_const(f) for f in axes], gs, target))
+            cond = _in_range([(gs, size, size % tile == 0), (gk, self.k, self.k % self.bk == 0)])
+            guarded = compute if cond is None else If(cond, compute, Store(name, where, Const(0, stage.dtype)))
+            return Let(gs, _add(base, ss), Let(gk, _add(k0, kk), guarded))
+
+        def store(step: Var, kk: Var, ss: Var) -> Stmt:
+            where = (slot, ss, kk) if self.k_inner else (slot, kk, ss)
+            return Store(buf.name, where, Load(stage.name, (step,), stage.dtype))
+        return indexed(load), indexed(store)
+
+    def _products(self, ty: Var, tx: Var, slot: Expr) -> Stmt:
+        kk, a, b = self.fresh("kk"), self.fresh("ra"), self.fresh("rb")
+        load_x = For(a, Const(self.tm, I64), Store(self.xr.name, (a,), Load(self.xs.name, (
+            slot, kk, _owned(ty, a, self.tm)), self.xs.dtype)), "unroll")
+        load_y = For(b, Const(self.tn, I64), Store(self.yr.name, (b,), Load(self.ys.name, (
+            slot, kk, _owned(tx, b, self.tn)), self.ys.dtype)), "unroll")
+        mul = self.c.add.b
+
+        def update(i: Var, j: Var) -> Stmt:
+            prod = Binary("mul", Load(self.xr.name, (i,), self.xr.dtype), Load(self.yr.name, (j,), self.yr.dtype),
+                          mul.dtype)
+            acc = Load(self.acct.name, (i, j), self.acct.dtype)
+            return Store(self.acct.name, (i, j), Binary("add", acc, prod, self.c.add.dtype))
+        return For(kk, Const(self.bk, I64), seq(load_x, load_y, self._tile_loops(update)), "unroll")
+
+    def _epilogue(self, ty: Var, tx: Var, tm0: Var, tn0: Var) -> Stmt:
+        c = self.c
+        gm, gn = self.fresh("gm"), self.fresh("gn")
+
+        def store(a: Var, b: Var) -> Stmt:
+            acc = Load(self.acct.name, (a, b), self.acct.dtype)
+            value = transform(c.final.value, lambda e: acc if _is_acc(e, c.acc) else None)
+            body: Stmt = Store(c.final.buffer, c.final.indices, value, c.final.span)
+            body = self.decompose(c.n_axes, [_const(f) for f in c.n_axes], gn, body)
+            body = self.decompose(c.m_axes, [_const(f) for f in c.m_axes], gm, body)
+            cond = _in_range([(gm, self.m, self.m % self.bm == 0), (gn, self.n, self.n % self.bn == 0)])
+            if cond is not None:
+                body = If(cond, body)
+            return Let(gm, _add(tm0, _owned(ty, a, self.tm)), Let(gn, _add(tn0, _owned(tx, b, self.tn)), body))
+        return self._tile_loops(store)
+
+
+def _owned(t: Var, i: Var, count: int) -> Expr:
+    """The tile row (or column) of a thread's ``i``-th register, for thread coordinate ``t``: runs
+    of ``RUN`` consecutive rows, the runs ``SIDE * RUN`` apart (``i`` is an unrolled loop, so the
+    run's reads of shared memory merge into one 16-byte load); single rows ``SIDE`` apart where
+    ``count`` is not a multiple of ``RUN``."""
+    run = RUN if count % RUN == 0 else 1
+    if run == 1:
+        return _add(t, _mul(i, SIDE))
+    return _add(_add(_mul(_div(i, run), SIDE * run), _mul(t, run)), _mod(i, run))
+
+
+def _k_fastest(value: Expr, axes: list[For], k_axes: list[For]) -> bool:
+    """Whether ``value``'s main read is contiguous along the reduction rather than the tile's axis."""
+    load = next((n for n in walk(value) if isinstance(n, Load)), None)
+    if load is None or not load.indices:
+        return False
+    last = free_vars(load.indices[-1])
+    return axes[-1].var.name not in last and k_axes[-1].var.name in last
+
+
+def _in_range(checks: list[tuple[Var, int, bool]]) -> Expr | None:
+    cond = None
+    for var, size, covered in checks:
+        if covered:
+            continue
+        test = Binary("lt", var, Const(size, I64), dtypes.boolean)
+        cond = test if cond is None else Binary("and", cond, test, dtypes.boolean)
+    return cond
+
+
+def _add(a: Expr, b: Expr) -> Expr:
+    return Binary("add", a, b, I64)
+
+
+def _mul(a: Expr, k: int) -> Expr:
+    return Binary("mul", a, Const(k, I64), I64)
+
+
+def _div(a: Expr, k: int) -> Expr:
+    return Binary("floordiv", a, Const(k, I64), I64)
+
+
+def _mod(a: Expr, k: int) -> Expr:
+    return Binary("mod", a, Const(k, I64), I64)
+
+
+def schedule(axes: list[For], body: Stmt, fresh, decompose, shapes: dict[str, tuple[int, ...]],
+             target: CudaTarget | None = None, tf32: bool = False) -> Stmt | None:
+    """The tiled kernel for a contraction nest, or None when the nest is not one; ``shapes``
+    gives each buffer's shape, ``target`` the chip; ``tf32``: f32 contractions on tensor cores.
+    Two kernels where an aligned variant exists (it comes first)."""
+    target = target or CudaTarget()
+    c = match(axes, body)
+    if c is None:
+        return None
+    from tcc.passes.autoschedule_cuda import tensorcore, warpgroup  # they build on this module's Builder
+
+    if tf32 and (f32 := tensorcore.tf32_operands(c)) is not None:
+        return tensorcore.Builder(c, fresh, decompose, f32, None, target.sms).kernel()
+    values = tensorcore.operands(c)
+    if values is None:
+        return Builder(c, fresh, decompose, target.sms).kernel()
+    staged = tensorcore.Builder(c, fresh, decompose, values, None, target.sms).kernel()
+    fast = tensorcore.fast_layout(c, values, shapes)
+    if fast is None:
+        return staged
+    if warpgroup.fits(c, target.arch):
+        return seq(warpgroup.Builder(c, fresh, decompose, values, fast, target.sms).kernel(), staged)
+    return seq(tensorcore.Builder(c, fresh, decompose, values, fast, target.sms).kernel(), staged)

@@ -1,0 +1,430 @@
+"""The default GPU schedule: every statement nest of a loop function becomes one CUDA kernel.
+
+The lowered function is ``Allocate(global temps) -> Seq(nest, nest, ...)``. Each nest is
+rewritten so that its outermost loop is bound to ``block.x``; the CUDA code generator turns
+every such top-level loop into one kernel, launched in order on one stream, and every global
+intermediate into a device allocation that lives for the call.
+
+Three schedules, chosen per nest:
+
+* **gemm** (:mod:`tcc.passes.autoschedule_cuda.gemm`): contractions (matmul, batched matmul, convolution
+  as an implicit GEMM) as shared-memory tiles and per-thread register tiles.
+* **flat**: the nest's spatial loops are fused into one index, one thread per output
+  element (``block.x`` x ``thread.x``), with a guard where the block size does not divide
+  the element count. Reductions stay serial inside the thread. Where the innermost extent is
+  a multiple of 4, a first kernel gives each thread 4 consecutive elements and assumes
+  16-byte aligned pointers (its loads and stores become 16-byte ones); the launcher runs it
+  when every pointer is aligned, else the one-element kernel after it (annotation ``aligned``).
+* **row**: for nests whose inner loops are long next to the number of outputs (softmax,
+  layernorm rows, fused or not), one block per output row. The row's loops are strided
+  over the block's threads; a reduction loop carries the annotation ``allreduce=ACC:OP``
+  that tells codegen to combine the local accumulator ``ACC`` across the block with the
+  binary operator ``OP`` (warp shuffles, then shared memory); per-row arrays that fusion
+  made local move to shared memory, with a barrier after each loop that writes them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from tcc import dtypes
+from tcc.errors import TccCompileError, TccScheduleError
+from tcc.ir.expr import Binary, Const, Expr, Load, Var, free_vars, walk
+from tcc.ir.loops import (
+    Allocate,
+    Barrier,
+    Buffer,
+    For,
+    If,
+    Let,
+    LoopFunc,
+    Seq,
+    Stmt,
+    Store,
+    seq,
+    stmt_exprs,
+    walk_stmts,
+)
+from tcc.passes.autoschedule_cuda import split_reduction
+from tcc.passes.loops.bind import top_level_nests
+from tcc.passes.loops.loopnest import stores
+from tcc.passes.simplify import evaluate_int
+from tcc.target import CudaTarget
+
+I64 = dtypes.i64
+FLAT_THREADS = 256
+MAX_ROW_THREADS = 256
+MAX_GRID_X = 2**31 - 1
+# a row loop at least this long, and long next to the output count, gets one block per row
+ROW_MIN_REDUCTION = 64
+ROW_RATIO = 16
+
+
+def schedule_cuda(func: LoopFunc, target: CudaTarget | None = None, tf32: bool = False) -> LoopFunc:
+    """Bind every statement nest of ``func`` to a grid of blocks and threads, sized for ``target``
+    (``tf32``: f32 contractions may run on tensor cores, rounding their operands to TF32)."""
+    target = target or CudaTarget()
+    temps, private, body = _peel_allocates(func.body)
+    body = _sink_private(body, private)
+    names = _Names(func)
+    shapes = {name: buf.shape for name, buf in func.buffers().items()}
+    kernels = [k for nest in _nests(body) if (k := _schedule_nest(nest, names, shapes, temps, target, tf32))
+               is not None]
+    new_body: Stmt = seq(*kernels) if kernels else Seq(())
+    for buf in reversed(temps):
+        new_body = Allocate(buf, new_body)
+    return LoopFunc(func.name, list(func.params), new_body, {**func.attrs, "target": "cuda"})
+
+
+def _peel_allocates(s: Stmt) -> tuple[list[Buffer], list[Buffer], Stmt]:
+    """(global buffers, thread-private buffers, the rest) of a function body's allocations."""
+    temps, private = [], []
+    while isinstance(s, Allocate):
+        (temps if s.buffer.scope == "global" else private).append(s.buffer)
+        s = s.body
+    return temps, private, s
+
+
+def _sink_private(body: Stmt, private: list[Buffer]) -> Stmt:
+    """A function-level local buffer (a user's ``cache`` with no parallel loop to stop at) moves
+    into the one nest that uses it, around the smallest statement holding every use: on the GPU
+    each thread of a kernel has its own, so it cannot outlive a kernel."""
+    nests = _nests(body)
+    for buf in private:
+        users = [i for i, n in enumerate(nests) if _uses(n, buf.name)]
+        if len(users) > 1:
+            raise TccScheduleError(f"{buf.name} is used by {len(users)} statement nests; on cuda a local buffer "
+                                   "belongs to the threads of one kernel", hint="cache at a loop inside one nest")
+        if users:
+            nests[users[0]] = _sink(nests[users[0]], buf)
+    return seq(*nests) if nests else body
+
+
+def _uses(s: Stmt, name: str) -> bool:
+    for t in walk_stmts(s):
+        if isinstance(t, Store) and t.buffer == name:
+            return True
+        if any(isinstance(n, Load) and n.buffer == name for e in stmt_exprs(t) for n in walk(e)):
+            return True
+    return False
+
+
+def _sink(s: Stmt, buf: Buffer) -> Stmt:
+    """``Allocate(buf)`` around the smallest part of ``s`` that holds every use of ``buf``."""
+    if isinstance(s, Seq):
+        users = [i for i, c in enumerate(s.stmts) if _uses(c, buf.name)]
+        if len(users) == 1:
+            parts = list(s.stmts)
+            parts[users[0]] = _sink(parts[users[0]], buf)
+            return Seq(tuple(parts))
+    elif isinstance(s, (For, Let, Allocate)) and not _uses_directly(s, buf.name):
+        return replace(s, body=_sink(s.body, buf))
+    return Allocate(buf, s)
+
+
+def _uses_directly(s: Stmt, name: str) -> bool:
+    return any(isinstance(n, Load) and n.buffer == name for e in stmt_exprs(s) for n in walk(e))
+
+
+def _nests(body: Stmt) -> list[Stmt]:
+    return top_level_nests(body)
+
+
+class _Names:
+    """Fresh variable names that clash with nothing in the function."""
+
+    def __init__(self, func: LoopFunc):
+        taken = {p.name for p in func.params} | set(func.buffers())
+        for s in walk_stmts(func.body):
+            if isinstance(s, (For, Let)):
+                taken.add(s.var.name)
+            for e in stmt_exprs(s):
+                taken.update(n.name for n in walk(e) if isinstance(n, Var))
+        self.taken = taken
+
+    def fresh(self, base: str) -> Var:
+        name, i = base, 0
+        while name in self.taken:
+            i += 1
+            name = f"{base}{i}"
+        self.taken.add(name)
+        return Var(name, I64)
+
+
+def _extent(f: For) -> int:
+    value = evaluate_int(f.extent)
+    if value is None:
+        raise TccCompileError(f"internal error: loop {f.var.name} has no constant extent for the GPU", f.span)
+    return value
+
+
+@dataclass
+class _Nest:
+    axes: list[For]  # the perfectly nested spatial loops, outermost first
+    body: Stmt  # what they enclose
+
+    @property
+    def extents(self) -> list[int]:
+        return [_extent(f) for f in self.axes]
+
+
+def _split_axes(nest: Stmt) -> _Nest:
+    axes = []
+    while isinstance(nest, For) and nest.kind == "serial":
+        axes.append(nest)
+        nest = nest.body
+    return _Nest(axes, nest)
+
+
+def _spatial_axes(nest: Stmt) -> _Nest:
+    """The perfectly nested loops whose iterations write disjoint elements, outermost first: the
+    ones threads may share. A user's ``decompose`` leaves reduction loops perfectly nested inside
+    the output loops (``Y[i] = Y[i] + ...`` under ``for i, k``); those stay serial in a thread."""
+    axes = []
+    while isinstance(nest, For) and nest.kind == "serial" and _disjoint(nest):
+        axes.append(nest)
+        nest = nest.body
+    return _Nest(axes, nest)
+
+
+def _disjoint(loop: For) -> bool:
+    """Whether every store inside ``loop`` to a buffer made outside it indexes with its variable."""
+    if _extent(loop) == 1:
+        return True
+    inner = {t.buffer.name for t in walk_stmts(loop.body) if isinstance(t, Allocate)}
+    return all(any(loop.var.name in free_vars(i) for i in t.indices)
+               for t in walk_stmts(loop.body) if isinstance(t, Store) and t.buffer not in inner)
+
+
+def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]], temps: list,
+                   target: CudaTarget, tf32: bool = False) -> Stmt | None:
+    """The kernels of one nest; global intermediates they need are appended to ``temps``."""
+    inner = next((s for s in walk_stmts(stmt) if isinstance(s, Allocate) and s.buffer.scope == "global"), None)
+    if inner is not None:
+        raise TccCompileError(f"the CUDA backend cannot schedule {inner.buffer.name}, a global buffer made inside a "
+                              "loop nest (from the im2col lowering)", hint="use conv='direct' on target='cuda'")
+    if isinstance(stmt, For) and stmt.kind == "block.x":
+        return stmt  # bound by the user's schedule (checked by tcc.passes.loops.bind.check_kernels)
+    nest = _spatial_axes(stmt)
+    total = math.prod(nest.extents)
+    if total == 0:
+        return None  # nothing to compute: no launch
+    from tcc.passes.autoschedule_cuda import gemm  # it builds on this module's index helpers
+
+    tiled = gemm.schedule(nest.axes, nest.body, names.fresh, _decompose, shapes, target, tf32)
+    if tiled is not None:
+        return tiled
+    reduction = split_reduction.match(nest.body)
+    if reduction is not None:
+        split = split_reduction.schedule(nest.axes, nest.extents, reduction, target.sms, names.fresh, _decompose)
+        if split is not None:
+            temps.append(split[0])
+            return split[1]
+    work = _row_work(nest.body)
+    if work is not None and work >= ROW_MIN_REDUCTION and work * ROW_RATIO >= total:
+        return _row_schedule(nest, names)
+    return _flat_schedule(nest, names)
+
+
+# ---------------------------------------------------------------- index arithmetic
+
+def _decompose(axes: list[For], extents: list[int], flat: Expr, body: Stmt) -> Stmt:
+    """``Let`` each axis variable be its digit of the row-major ``flat`` index."""
+    stride = 1
+    for ax, ext in reversed(list(zip(axes, extents))):
+        value: Expr = flat
+        if stride != 1:
+            value = Binary("floordiv", value, Const(stride, I64), I64)
+        if ax is not axes[0]:
+            value = Binary("mod", value, Const(ext, I64), I64)
+        body = Let(ax.var, value, body)
+        stride *= ext
+    return body
+
+
+def _linear(outer: Var, size: int, inner: Var) -> Expr:
+    return Binary("add", Binary("mul", outer, Const(size, I64), I64), inner, I64)
+
+
+def _guarded(index: Var, value: Expr, total: int, covered: int, body: Stmt) -> Stmt:
+    """``let index = value; if index < total: body`` (no test when ``covered == total``)."""
+    inner = body if covered == total else If(Binary("lt", index, Const(total, I64), dtypes.boolean), body)
+    return Let(index, value, inner)
+
+
+def _block_size(n: int, cap: int) -> int:
+    """A power of two of at least one warp, at most ``cap``, not much over ``n``."""
+    size = 32
+    while size < n and size < cap:
+        size *= 2
+    return size
+
+
+def _grid(total: int, threads: int, span) -> int:
+    blocks = -(-total // threads)
+    if blocks > MAX_GRID_X:
+        raise TccCompileError(f"{total} elements need {blocks} blocks, over CUDA's grid limit", span,
+                              "split the op into smaller pieces")
+    return blocks
+
+
+# ---------------------------------------------------------------- flat: one thread per output element
+
+VECTOR = 4  # elements per thread in the aligned flat kernel
+VECTOR_MIN = 1024  # fewer elements: the one-element kernel alone
+
+
+def _flat_schedule(nest: _Nest, names: _Names) -> Stmt:
+    plain = _flat_kernel(nest, names)
+    extents = nest.extents
+    if not extents or extents[-1] % VECTOR or math.prod(extents) < VECTOR_MIN:
+        return plain
+    return seq(_flat_vector_kernel(nest, names), plain)
+
+
+def _flat_vector_kernel(nest: _Nest, names: _Names) -> Stmt:
+    """``VECTOR`` consecutive elements of the innermost axis per thread, pointers assumed aligned."""
+    extents = [*nest.extents[:-1], nest.extents[-1] // VECTOR]
+    total = math.prod(extents)
+    threads = _block_size(total, FLAT_THREADS)
+    span = nest.axes[0].span
+    blocks = _grid(total, threads, span)
+    bx, tx, gid, quad, lane = (names.fresh(s) for s in ("bx", "tx", "gid", "quad", "vl"))
+    last = nest.axes[-1]
+    inner = Let(last.var, _linear(quad, VECTOR, lane), nest.body)
+    body: Stmt = For(lane, Const(VECTOR, I64), inner, "unroll", span=span)
+    body = _decompose([*nest.axes[:-1], replace(last, var=quad)], extents, gid, body)
+    body = _guarded(gid, _linear(bx, threads, tx), total, blocks * threads, body)
+    return For(bx, Const(blocks, I64), For(tx, Const(threads, I64), body, "thread.x", span=span),
+               "block.x", annotations=(("aligned", True),), span=span)
+
+
+def _flat_kernel(nest: _Nest, names: _Names) -> Stmt:
+    extents = nest.extents
+    total = math.prod(extents)
+    threads = _block_size(total, FLAT_THREADS)
+    blocks = _grid(total, threads, nest.axes[0].span if nest.axes else None)
+    bx, tx, gid = names.fresh("bx"), names.fresh("tx"), names.fresh("gid")
+    body = _decompose(nest.axes, extents, gid, nest.body)
+    body = _guarded(gid, _linear(bx, threads, tx), total, blocks * threads, body)
+    span = nest.axes[0].span if nest.axes else None
+    return For(bx, Const(blocks, I64), For(tx, Const(threads, I64), body, "thread.x", span=span),
+               "block.x", span=span)
+
+
+# ---------------------------------------------------------------- row: one block per output element
+
+SHARED_LIMIT = 48 * 1024  # bytes of static shared memory a block may use
+
+
+def _row_work(body: Stmt) -> int | None:
+    """The longest loop a row's threads would share, or None if the body does not fit the row form.
+
+    The row form is what ``lower`` gives for a reduction (local accumulators, an initialising
+    store, the reduction loops, the final store) and, after fusion, a sequence of such pieces
+    and element-wise loops over per-row arrays.
+    """
+    longest = 0
+    shared = 0
+    for s in _row_items(body):
+        if isinstance(s, Allocate):
+            if s.buffer.scope != "local":
+                return None
+            if s.buffer.size > 1:
+                shared += s.buffer.size * s.buffer.dtype.itemsize
+        elif isinstance(s, For):
+            nest = _split_axes(s)
+            if not nest.axes or (_reduction_loop(s) is None and len(_spatial_axes(s).axes) < len(nest.axes)):
+                return None  # threads striding over it would race on what its iterations share
+            longest = max(longest, math.prod(nest.extents))
+        elif not isinstance(s, Store):
+            return None
+    return longest if longest and shared <= SHARED_LIMIT else None
+
+
+def _row_items(body: Stmt) -> list[Stmt]:
+    """The allocations, stores and loops at the top level of a row's body."""
+    out: list[Stmt] = []
+    for s in (body.stmts if isinstance(body, Seq) else (body,)):
+        if isinstance(s, Allocate):
+            out.append(s)
+            out.extend(_row_items(s.body))
+        else:
+            out.append(s)
+    return out
+
+
+def _row_schedule(nest: _Nest, names: _Names) -> Stmt:
+    extents = nest.extents
+    total = math.prod(extents)
+    threads = _block_size(_row_work(nest.body) or 1, MAX_ROW_THREADS)
+    span = nest.axes[0].span if nest.axes else None
+    _grid(total, 1, span)
+    bx = names.fresh("bx")
+    body = _decompose(nest.axes, extents, bx, _row_body(nest.body, threads, names))
+    return For(bx, Const(total, I64), body, "block.x", span=span)
+
+
+def _row_body(s: Stmt, threads: int, names: _Names) -> Stmt:
+    """Loops become block-strided (reductions combined across the block); per-row arrays go
+    to shared memory, with a barrier after each loop that writes one."""
+    if isinstance(s, Allocate):
+        per_thread = s.buffer.size <= 1 and _each_thread_computes(s.buffer.name, s.body)
+        buf = s.buffer if per_thread else replace(s.buffer, scope="shared")
+        return Allocate(buf, _row_body(s.body, threads, names))
+    if isinstance(s, Seq):
+        return seq(*(_row_body(c, threads, names) for c in s.stmts))
+    if isinstance(s, For):
+        red = _reduction_loop(s)
+        looped = _block_strided(s, threads, names, f"{red[0]}:{red[1]}" if red else None)
+        return looped if red else seq(looped, Barrier())
+    return s
+
+
+def _each_thread_computes(name: str, body: Stmt) -> bool:
+    """Whether every thread holds a one-element buffer's value itself: it is stored outside
+    loops, or as the accumulator of a block-wide reduction. Stored in any other loop, one
+    thread writes it for all (a row of one element: fuzzer seed 2991 on CUDA read it unset)."""
+    for f in walk_stmts(body):
+        if isinstance(f, For) and any(st.buffer == name for st in stores(f)):
+            red = _reduction_loop(f)
+            if not (red and red[0] == name):
+                return False
+    return True
+
+
+def _reduction_loop(s: Stmt) -> tuple[str, str] | None:
+    """(accumulator, combining operator) when ``s`` is a loop nest that only reduces into one
+    accumulator ``acc[0] = op(acc[0], value)`` (``value`` may come from an inner reduction into
+    an accumulator of its own, made inside the loop)."""
+    nest = _split_axes(s)
+    inner = {t.buffer.name for t in walk_stmts(nest.body) if isinstance(t, Allocate)}
+    stores = [t for t in walk_stmts(nest.body) if isinstance(t, Store) and t.buffer not in inner]
+    if len(stores) != 1:
+        return None
+    upd = stores[0]
+    value = upd.value
+    if not (isinstance(value, Binary) and value.op in ("add", "mul", "max", "min")
+            and isinstance(value.a, Load) and value.a.buffer == upd.buffer and value.a.indices == upd.indices
+            and all(isinstance(i, Const) and i.value == 0 for i in upd.indices)):
+        return None
+    if any(isinstance(n, Load) and n.buffer == upd.buffer for n in walk(value.b)):
+        return None
+    return upd.buffer, value.op
+
+
+def _block_strided(loop: Stmt, threads: int, names: _Names, allreduce: str | None) -> Stmt:
+    """The block's threads stride over the (flattened) loop nest; a reduction then combines."""
+    red = _split_axes(loop)
+    extents = red.extents
+    length = math.prod(extents)
+    tx, step, rid = names.fresh("tx"), names.fresh("rstep"), names.fresh("rid")
+    steps = -(-length // threads)
+    inner = _decompose(red.axes, extents, rid, red.body)
+    inner = _guarded(rid, _linear(step, threads, tx), length, steps * threads, inner)
+    span = red.axes[0].span
+    body: Stmt = For(step, Const(steps, I64), inner, span=span) if steps > 1 else \
+        Let(step, Const(0, I64), inner)
+    notes = (("allreduce", allreduce),) if allreduce else ()
+    return For(tx, Const(threads, I64), body, "thread.x", annotations=notes, span=span)

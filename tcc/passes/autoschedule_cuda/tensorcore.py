@@ -1,0 +1,245 @@
+"""Tensor-core GEMMs: contractions of f16 or bf16 operands, accumulated in f32.
+
+A contraction qualifies (see :func:`operands`) when both factors are 16-bit floats of one type
+widened to f32 (``sum[k](f32(A[i, k]) * f32(B[k, j]))``): their products are exact in f32, so
+the result is the f32 sum. A sum written over f16 or bf16 tensors (``sum[k](A[i, k] * B[k, j])``)
+rounds every product to 16 bits before adding in f32, which tensor cores cannot reproduce; it
+stays on the FMA path.
+
+The kernel keeps the tiled GEMM's structure (:mod:`tcc.passes.autoschedule_cuda.gemm`): 256 threads fill
+``BM x BK`` and ``BN x BK`` tiles of the 16-bit operands in shared memory (the reduction index
+innermost, zeros outside the problem, so odd sizes need no other path). The products are
+written as plain loops over each warp's ``BM/2 x BN/4`` piece of the tile, marked for
+:mod:`tcc.passes.loops.tensorize`, which turns them into ``ldmatrix`` fragment loads and
+``mma.sync.m16n8k16`` statements of the loop IR and the accumulator and epilogue into the
+lanes' fragments. A row of ``BK + 8`` halves keeps the fragment loads conflict-free.
+
+**The copy-engine kernel.** Where each operand is one tensor read with unit stride along the
+reduction (``A[.., i, k]``) or, for ``y``, along ``N`` (``B[.., k, j]``), with every row 16-byte
+aligned (:func:`fast_layout`), the fills are ``AsyncCopy`` statements (16-byte ``cp.async``
+straight from global to shared memory, zero-filled outside the problem), two stages so the next
+tile's copy overlaps this tile's products. It assumes 16-byte aligned base pointers; the
+launcher checks them and runs the register-staged kernel (scheduled right after it) when they
+are not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from tcc import dtypes
+from tcc.ir.expr import Binary, Cast, Const, Expr, Load, Var, substitute, transform
+from tcc.ir.loops import AsyncCommit, AsyncCopy, AsyncWait, Barrier, Buffer, For, If, Let, Stmt, Store, seq
+from tcc.passes.autoschedule_cuda import gemm
+from tcc.passes.loops.tensorize import tensorize
+
+I64 = dtypes.i64
+F32 = dtypes.f32
+BK = 32
+KPAD = 8  # halves added to each shared row (16 bytes: the fragment loads stay conflict-free)
+WARPS_M, WARPS_N = 2, 4  # the 8 warps of a block, as a grid over its tile
+TILES = ((128, 128, BK), (128, 64, BK), (64, 128, BK), (64, 64, BK))
+CHUNK = 8  # halves per 16-byte copy
+
+
+@dataclass(frozen=True)
+class FastLayout:
+    """How the copy-engine kernel reads its operands: x along the reduction, y along it or along N."""
+
+    k_fast: bool  # y contiguous along k (an [n][k] tile) rather than along n (a [k][n] tile)
+
+
+def fast_layout(c: gemm.Contraction, values: tuple[Expr, Expr],
+                shapes: dict[str, tuple[int, ...]]) -> FastLayout | None:
+    """The copy-engine layout of ``c``'s operands, or None when its loads do not fit it."""
+    if len(c.m_axes) != 1 or len(c.n_axes) != 1 or len(c.k_axes) != 1:
+        return None
+    m, n, k = c.m_axes[0].var, c.n_axes[0].var, c.k_axes[0].var
+    batch = {f.var.name for f in c.batch_axes}
+    x = _strides(values[0], shapes, m, k, batch)
+    y = _strides(values[1], shapes, n, k, batch)
+    size_k, size_n = c.size(c.k_axes), c.size(c.n_axes)
+    if x is None or y is None or x[1] != 1 or size_k % CHUNK:
+        return None
+    k_fast = y[1] == 1
+    if not k_fast and (y[0] != 1 or size_n % CHUNK):
+        return None  # y must be contiguous along k, or along n in whole 16-byte pieces
+    return FastLayout(k_fast)
+
+
+def _strides(value: Expr, shapes: dict[str, tuple[int, ...]], row: Var, k: Var,
+             batch: set[str]) -> tuple[int, int] | None:
+    """(stride of ``row``, stride of ``k``) for a plain read ``T[..]`` indexed by bare loop
+    variables, every stride but 1 a multiple of 8 halves."""
+    if not isinstance(value, Load) or value.buffer not in shapes:
+        return None
+    shape = shapes[value.buffer]
+    names = [i.name if isinstance(i, Var) else None for i in value.indices]
+    if None in names or len(set(names)) != len(names) or len(shape) != len(names):
+        return None
+    strides = [1] * len(shape)
+    for d in range(len(shape) - 2, -1, -1):
+        strides[d] = strides[d + 1] * shape[d + 1]
+    where = {name: s for name, s in zip(names, strides)}
+    if row.name not in where or k.name not in where or any(
+            name not in batch | {row.name, k.name} for name in names):
+        return None
+    if any(s % CHUNK for s in strides if s != 1):
+        return None
+    return where[row.name], where[k.name]
+
+
+def operands(c: gemm.Contraction) -> tuple[Expr, Expr] | None:
+    """The 16-bit values whose products ``c`` sums, when tensor cores can compute it."""
+    if c.acc.dtype != F32 or c.add.b.dtype != F32:
+        return None
+    x, y = _widened(c.x), _widened(c.y)
+    return (x, y) if x is not None and y is not None and x.dtype == y.dtype else None
+
+
+def tf32_operands(c: gemm.Contraction) -> tuple[Expr, Expr] | None:
+    """The f32 factors of ``c``, for TF32 tensor cores (which the caller opted into: they round
+    each operand to 10 mantissa bits before multiplying)."""
+    if c.acc.dtype != F32 or c.add.b.dtype != F32 or c.x.dtype != F32 or c.y.dtype != F32:
+        return None
+    return c.x, c.y
+
+
+def _widened(e: Expr) -> Expr | None:
+    if isinstance(e, Cast) and e.dtype == F32 and e.a.dtype.name in ("f16", "bf16"):
+        return e.a
+    return None
+
+
+class Builder(gemm.Builder):
+    """A :class:`gemm.Builder` whose products run on tensor cores."""
+
+    tiles = TILES
+
+    def __init__(self, c: gemm.Contraction, fresh, decompose, values: tuple[Expr, Expr],
+                 fast: FastLayout | None = None, sms: int = gemm.SMS):
+        super().__init__(c, fresh, decompose, sms)
+        self.xv, self.yv = values
+        self.fast = fast
+        half = self.xv.dtype  # f16 or bf16; f32 for TF32
+        pad = 16 // half.itemsize
+        self.wm, self.wn = self.bm // WARPS_M, self.bn // WARPS_N
+        self.k_inner = True  # shared tiles are [slot][tile][BK + KPAD] (but [slot][BK][BN + KPAD] for a
+        # copy-engine y read along N)
+        self.xs = Buffer(self.xs.name, half, (2, self.bm, self.bk + pad), "shared")
+        y_rows = fast is not None and not fast.k_fast
+        self.ys = Buffer(self.ys.name, half, (2, self.bk, self.bn + pad) if y_rows else
+                         (2, self.bn, self.bk + pad), "shared")
+        self.xst = Buffer(self.xst.name, half, self.xst.shape, "local")
+        self.yst = Buffer(self.yst.name, half, self.yst.shape, "local")
+        self.acct = Buffer(self.acct.name, F32, (self.wm, self.wn), "local")
+
+    def local_buffers(self) -> tuple[Buffer, ...]:
+        if self.fast is not None:  # copies go straight to shared memory
+            return (self.acct, self.ys, self.xs)
+        return (self.yst, self.xst, self.acct, self.ys, self.xs)
+
+    def kernel(self) -> Stmt:
+        k = tensorize(super().kernel(), self.fresh)
+        return k if self.fast is None else replace(k, annotations=(("aligned", True),))
+
+    def _main_loop(self, tid: Var, ty: Var, tx: Var, tm0: Var, tn0: Var) -> Stmt:
+        """With the copy engine: step ``kt`` copies tile ``kt + 1`` into the other slot while the
+        warps multiply tile ``kt`` (each thread waits for its own copies, then a barrier)."""
+        if self.fast is None:
+            return super()._main_loop(tid, ty, tx, tm0, tn0)
+        kt = self.fresh("kt")
+        steps = -(-self.k // self.bk)
+        one = Const(1, I64)
+        nxt = gemm._add(kt, one)
+        more = Binary("lt", nxt, Const(steps, I64), dtypes.boolean)
+        ahead = seq(self._copies(tid, tm0, tn0, gemm._mul(nxt, self.bk), gemm._mod(nxt, 2)), AsyncCommit(),
+                    AsyncWait(1))
+        step = seq(If(more, ahead, AsyncWait(0)), Barrier(), self._products(ty, tx, gemm._mod(kt, 2)), Barrier())
+        zero = Const(0, I64)
+        return seq(self._copies(tid, tm0, tn0, zero, zero), AsyncCommit(), For(kt, Const(steps, I64), step))
+
+    def _copies(self, tid: Var, tm0: Var, tn0: Var, k0: Expr, slot: Expr) -> Stmt:
+        """16-byte copies of both operands' tiles at reduction offset ``k0`` into ``slot``."""
+        c = self.c
+        m, n, k = c.m_axes[0].var, c.n_axes[0].var, c.k_axes[0].var
+        x = self._copy_tile(self.xs, self.xv, m, k, tm0, k0, self.m, tid, slot, k_rows=False)
+        y = self._copy_tile(self.ys, self.yv, n, k, tn0, k0, self.n, tid, slot, k_rows=not self.fast.k_fast)
+        return seq(x, y)
+
+    def _copy_tile(self, buf: Buffer, value: Expr, row: Var, k: Var, base: Var, k0: Expr, size: int, tid: Var,
+                   slot: Expr, k_rows: bool) -> Stmt:
+        """``buf[slot]`` (rows of ``row``, or of ``k`` when ``k_rows``) from ``value``, 8 halves a copy."""
+        rows, width = buf.shape[1], buf.shape[2] - (0 if buf.swizzle else KPAD)
+        per_row = width // CHUNK
+        step, r, col, gr, gk = (self.fresh(s) for s in ("cp", "cr", "cc", "gr", "gk"))
+        chunk = gemm._add(gemm._mul(step, gemm.THREADS), tid)
+        if k_rows:  # rows are k, columns the tile's n
+            where = {k.name: gk, row.name: gr}
+            g_row, g_col = (gk, gemm._add(k0, r)), (gr, gemm._add(base, col))
+        else:
+            where = {row.name: gr, k.name: gk}
+            g_row, g_col = (gr, gemm._add(base, r)), (gk, gemm._add(k0, col))
+        src = substitute(value, where)
+        assert isinstance(src, Load)
+        valid = Binary("and", Binary("lt", gr, Const(size, I64), dtypes.boolean),
+                       Binary("lt", gk, Const(self.k, I64), dtypes.boolean), dtypes.boolean)
+        copy = AsyncCopy(Load(buf.name, (slot, r, col), buf.dtype), src, 16, valid)
+        body = Let(r, gemm._div(chunk, per_row), Let(col, gemm._mul(gemm._mod(chunk, per_row), CHUNK),
+                                                      Let(g_row[0], g_row[1], Let(g_col[0], g_col[1], copy))))
+        return For(step, Const(rows * per_row // gemm.THREADS, I64), body, "unroll")
+
+    def _init(self) -> Stmt:
+        return self._warp_tile(lambda a, b: Store(self.acct.name, (a, b), self.c.init))
+
+    def _warp_tile(self, body_fn) -> Stmt:
+        """``for a in 0..WM: for b in 0..WN``: a nest over the warp's accumulator tile (every lane
+        runs all of it until tensorize shares the elements out)."""
+        a, b = self.fresh("wa"), self.fresh("wb")
+        return For(a, Const(self.wm, I64), For(b, Const(self.wn, I64), body_fn(a, b)))
+
+    def fills(self, tid: Var, tm0: Var, tn0: Var, k0: Expr, slot: Expr) -> tuple[Stmt, Stmt]:
+        x = self._fill(self.xs, self.xst, self.xv, self.c.m_axes, self.m, tid, tm0, k0, slot)
+        y = self._fill(self.ys, self.yst, self.yv, self.c.n_axes, self.n, tid, tn0, k0, slot)
+        return seq(x[0], y[0]), seq(x[1], y[1])
+
+    def _products(self, ty: Var, tx: Var, slot: Expr) -> Stmt:
+        """The warp's piece of the tile product as plain loops, marked for tensorize (``ty``: the
+        warp, ``tx``: its lane)."""
+        wr, wc = self._warp_origin(ty)
+        i, j, k = self.fresh("wi"), self.fresh("wj"), self.fresh("wk")
+        half = self.xs.dtype
+        x: Expr = Load(self.xs.name, (slot, gemm._add(wr, i), k), half)
+        ys_index = (slot, k, gemm._add(wc, j)) if self.ys.shape[1] == self.bk and self.fast is not None \
+            and not self.fast.k_fast else (slot, gemm._add(wc, j), k)
+        y: Expr = Load(self.ys.name, ys_index, half)
+        if half != F32:  # 16-bit operands widened; f32 ones are rounded to TF32 by the instruction
+            x, y = Cast(x, F32), Cast(y, F32)
+        acc = Load(self.acct.name, (i, j), F32)
+        update = Store(self.acct.name, (i, j), Binary("add", acc, Binary("mul", x, y, F32), F32))
+        what = "mma.sync.tf32" if half == F32 else "mma.sync"
+        return For(i, Const(self.wm, I64), For(j, Const(self.wn, I64), For(k, Const(self.bk, I64), update)),
+                   annotations=(("tensorize", what), ("lane", tx)))
+
+    def _warp_origin(self, ty: Var) -> tuple[Expr, Expr]:
+        return (gemm._mul(gemm._div(ty, WARPS_N), self.wm), gemm._mul(gemm._mod(ty, WARPS_N), self.wn))
+
+    def thread_coords(self, tid: Var) -> tuple[Expr, Expr]:
+        return gemm._div(tid, 32), gemm._mod(tid, 32)  # (warp, lane)
+
+    def _epilogue(self, ty: Var, tx: Var, tm0: Var, tn0: Var) -> Stmt:
+        c = self.c
+        gm, gn = self.fresh("gm"), self.fresh("gn")
+        wr, wc = self._warp_origin(ty)
+
+        def store(a: Var, b: Var) -> Stmt:
+            acc = Load(self.acct.name, (a, b), F32)
+            value = transform(c.final.value, lambda x: acc if gemm._is_acc(x, c.acc) else None)
+            body: Stmt = Store(c.final.buffer, c.final.indices, value, c.final.span)
+            body = self.decompose(c.n_axes, [gemm._const(f) for f in c.n_axes], gn, body)
+            body = self.decompose(c.m_axes, [gemm._const(f) for f in c.m_axes], gm, body)
+            cond = gemm._in_range([(gm, self.m, self.m % self.bm == 0), (gn, self.n, self.n % self.bn == 0)])
+            if cond is not None:
+                body = If(cond, body)
+            return Let(gm, gemm._add(tm0, gemm._add(wr, a)), Let(gn, gemm._add(tn0, gemm._add(wc, b)), body))
+        return self._warp_tile(store)

@@ -1,0 +1,98 @@
+"""Hopper GEMMs: the tensor-core contraction of :mod:`.tensorcore` on ``wgmma``.
+
+Where the copy-engine layout fits (:func:`tensorcore.fast_layout`) and the chip is sm_90, a
+block of two warpgroups (256 threads) computes a ``128 x BN`` tile: each warpgroup a ``64 x BN``
+piece, with ``wgmma.m64nBNk16`` reading both operands straight from shared memory. The tiles
+are 128-byte swizzled (``Buffer.swizzle``: the layout the descriptors describe, free of bank
+conflicts), ``BK = 64`` halves deep (one swizzle atom per row), in ``STAGES`` slots filled by
+16-byte ``cp.async`` copies ``STAGES - 2`` k-steps ahead of the products.
+
+Per k-step ``kt``: wait for this thread's copies of tile ``kt``, make them visible to the matrix
+units (``fence.proxy.async``), barrier; then start the copies of tile ``kt + STAGES - 2`` into
+the slot that tile ``kt - 2`` used, issue tile ``kt``'s products and wait until only they are in
+flight. That wait, before the next barrier, is what frees tile ``kt - 1``'s slot... of the step
+after; so two slots are always being read or about to be, and ``STAGES - 2`` are being filled.
+Everything here is loop IR: the copies, fences and waits are statements, and the products are
+the plain warpgroup nest that :mod:`tcc.passes.loops.tensorize` turns into ``WarpgroupMma``.
+"""
+
+from __future__ import annotations
+
+from tcc import dtypes
+from tcc.ir.expr import Binary, Cast, Const, Expr, Load, Var
+from tcc.ir.loops import (
+    AsyncCommit,
+    AsyncWait,
+    Barrier,
+    Buffer,
+    For,
+    If,
+    ProxyFence,
+    Stmt,
+    Store,
+    WarpgroupSync,
+    seq,
+)
+from tcc.passes.autoschedule_cuda import gemm, tensorcore
+
+I64 = dtypes.i64
+F32 = dtypes.f32
+BK = 64  # halves: one 128-byte swizzle atom per row
+STAGES = 4
+TILES = ((128, 256, BK), (128, 128, BK))
+WARPGROUP = 128
+MIN_SIDE = 128  # smaller problems stay on mma.sync (a mostly empty 128-row tile wastes the block)
+
+
+def fits(c: gemm.Contraction, arch: str) -> bool:
+    """Whether the warpgroup kernel suits ``c`` on ``arch`` (the caller has checked the layout)."""
+    return arch.startswith("sm_90") and c.size(c.m_axes) >= MIN_SIDE and c.size(c.n_axes) >= MIN_SIDE
+
+
+class Builder(tensorcore.Builder):
+    """The copy-engine tensor-core kernel on warpgroups (``wgmma``)."""
+
+    tiles = TILES
+    group_rows = 8
+
+    def __init__(self, c: gemm.Contraction, fresh, decompose, values: tuple[Expr, Expr],
+                 fast: tensorcore.FastLayout, sms: int = gemm.SMS):
+        super().__init__(c, fresh, decompose, values, fast, sms)
+        half = self.xv.dtype
+        self.wm, self.wn = WARPGROUP // 2, self.bn  # two warpgroups over the tile's rows
+        self.xs = Buffer(self.xs.name, half, (STAGES, self.bm, BK), "shared", 128)
+        self.ys = Buffer(self.ys.name, half, (STAGES, self.bn, BK) if fast.k_fast else (STAGES, BK, self.bn),
+                         "shared", 128)
+        self.acct = Buffer(self.acct.name, F32, (self.wm, self.wn), "local")
+
+    def thread_coords(self, tid: Var) -> tuple[Expr, Expr]:
+        return gemm._div(tid, WARPGROUP), gemm._mod(tid, WARPGROUP)  # (warpgroup, its lane)
+
+    def _warp_origin(self, ty: Var) -> tuple[Expr, Expr]:
+        return gemm._mul(ty, self.wm), Const(0, I64)
+
+    def _main_loop(self, tid: Var, ty: Var, tx: Var, tm0: Var, tn0: Var) -> Stmt:
+        kt, s = self.fresh("kt"), self.fresh("st")
+        steps = -(-self.k // self.bk)
+        ahead = STAGES - 2
+        first = For(s, Const(ahead, I64), seq(self._copies_if(tid, tm0, tn0, s, steps), AsyncCommit()), "unroll")
+        nxt = gemm._add(kt, Const(ahead, I64))
+        step = seq(AsyncWait(ahead - 1), ProxyFence(), Barrier(), self._copies_if(tid, tm0, tn0, nxt, steps),
+                   AsyncCommit(), self._products(ty, tx, gemm._mod(kt, STAGES)), WarpgroupSync("wait", 1))
+        return seq(first, For(kt, Const(steps, I64), step), WarpgroupSync("wait", 0))
+
+    def _copies_if(self, tid: Var, tm0: Var, tn0: Var, tile: Expr, steps: int) -> Stmt:
+        """The copies of k-step ``tile`` into its slot, when there is such a step."""
+        copies = self._copies(tid, tm0, tn0, gemm._mul(tile, self.bk), gemm._mod(tile, STAGES))
+        return If(Binary("lt", tile, Const(steps, I64), dtypes.boolean), copies)
+
+    def _products(self, ty: Var, tx: Var, slot: Expr) -> Stmt:
+        wr, _ = self._warp_origin(ty)
+        i, j, k = self.fresh("wi"), self.fresh("wj"), self.fresh("wk")
+        half = self.xs.dtype
+        x = Cast(Load(self.xs.name, (slot, gemm._add(wr, i), k), half), F32)
+        y = Cast(Load(self.ys.name, (slot, j, k) if self.fast.k_fast else (slot, k, j), half), F32)
+        acc = Load(self.acct.name, (i, j), F32)
+        update = Store(self.acct.name, (i, j), Binary("add", acc, Binary("mul", x, y, F32), F32))
+        return For(i, Const(self.wm, I64), For(j, Const(self.wn, I64), For(k, Const(self.bk, I64), update)),
+                   annotations=(("tensorize", "wgmma"), ("lane", tx)))

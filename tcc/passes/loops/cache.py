@@ -1,0 +1,271 @@
+"""cache: copy the tile of a tensor that a loop's body touches into a contiguous buffer.
+
+At each loop named ``at``, every distinct access ``X[indices]`` inside gets a buffer with one dim
+per loop (inside ``at``) whose variable the indices use, in nesting order, so the body reads it
+contiguously in the order it runs: caching B of a matmul at the K-block loop gives the packed
+``[jr, kk, jj]`` panel that a register-blocked micro-kernel streams. A tensor that the body also
+writes is copied in before and back after (a register tile of C). Small buffers live on the
+stack (``local``), where LLVM keeps them in registers once the loops over them are unrolled and
+vectorised; large ones on the heap, allocated once per thread outside the loops.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from tcc import dtypes
+from tcc.errors import Span, TccScheduleError
+from tcc.ir.expr import Const, Expr, Load, free_vars, substitute, transform
+from tcc.ir.loops import (
+    Allocate,
+    Barrier,
+    Buffer,
+    For,
+    If,
+    Let,
+    LoopFunc,
+    Seq,
+    Stmt,
+    Store,
+    map_stmt,
+    seq,
+    stmt_exprs,
+    walk_stmts,
+)
+from tcc.passes.loops.bind import cooperative, thread_extents
+from tcc.passes.loops.loopnest import const_extent, fresh, in_vector_loop, linear_coeff, map_exprs, require_loop
+from tcc.passes.simplify import evaluate_int
+
+LOCAL_BYTES = 16 * 1024
+SHARED_BYTES = 48 * 1024  # static shared memory of one CUDA block
+
+
+def cache(func: LoopFunc, tensor: str, at: str, scope: str | None = None, span: Span | None = None) -> LoopFunc:
+    require_loop(func, at, span)
+    if in_vector_loop(func, at):
+        raise TccScheduleError(f"loop {at} is (inside) a vector loop: a copy there would run once per lane", span,
+                               "cache at a loop outside the vector loop")
+    buffers = func.buffers()
+    if tensor not in buffers:
+        raise TccScheduleError(f"op {func.name} has no tensor {tensor!r}", span,
+                               f"its tensors are: {', '.join(sorted(buffers))}")
+    if any(isinstance(n, Allocate) and n.buffer.name == tensor for f in require_loop(func, at, span)
+           for n in walk_stmts(f.body)):
+        raise TccScheduleError(f"{tensor} is allocated inside loop {at}: it has no tile there to copy", span,
+                               f"cache it at a loop inside the scope of {tensor}")
+    if scope not in (None, "local", "global", "shared"):
+        raise TccScheduleError(f"unknown scope {scope!r}", span, "use local, global or (on cuda) shared")
+    state = _State(func, buffers[tensor], scope, span)
+    body, pending = _rewrite(func.body, at, state)
+    return replace(func, body=_wrap(body, pending))
+
+
+class _State:
+    def __init__(self, func: LoopFunc, buf: Buffer, scope: str | None, span: Span | None):
+        self.func = func
+        self.buf = buf
+        self.scope = scope
+        self.span = span
+        self.taken = set(func.buffers())
+        self.count = 0
+
+    def name(self) -> str:
+        while True:
+            self.count += 1
+            name = f"{self.buf.name}_c{self.count}"
+            if name not in self.taken:
+                self.taken.add(name)
+                return name
+
+
+def _wrap(body: Stmt, bufs: list[Buffer]) -> Stmt:
+    for b in reversed(bufs):
+        body = Allocate(b, body)
+    return body
+
+
+def _rewrite(s: Stmt, at: str, st: _State, gpu: str = "") -> tuple[Stmt, list[Buffer]]:
+    """Rewrite loops ``at``; buffers float up to the nearest parallel (or GPU block) loop or the
+    function. ``gpu`` is the innermost enclosing GPU binding ("block.x", "thread.x" or "")."""
+    if isinstance(s, For) and s.var.name == at:
+        new, bufs = _cache_at(s, st, gpu)
+        if new.kind in ("parallel", "block.x"):
+            return replace(new, body=_wrap(new.body, bufs)), []
+        return new, bufs
+    if isinstance(s, For):
+        body, bufs = _rewrite(s.body, at, st, s.kind if s.kind in ("block.x", "thread.x") else gpu)
+        if s.kind in ("parallel", "block.x"):
+            return replace(s, body=_wrap(body, bufs)), []
+        return replace(s, body=body), bufs
+    if isinstance(s, Seq):
+        parts, bufs = [], []
+        for c in s.stmts:
+            p, b = _rewrite(c, at, st, gpu)
+            parts.append(p)
+            bufs += b
+        return seq(*parts), bufs
+    if isinstance(s, (Allocate, Let)):
+        body, bufs = _rewrite(s.body, at, st, gpu)
+        return replace(s, body=body), bufs
+    if isinstance(s, If):
+        then, b1 = _rewrite(s.then, at, st, gpu)
+        other, b2 = (None, []) if s.otherwise is None else _rewrite(s.otherwise, at, st, gpu)
+        return replace(s, then=then, otherwise=other), b1 + b2
+    return s, []
+
+
+def _sites(s: Stmt, name: str, chain: tuple[For, ...], out: dict) -> None:
+    """Accesses of ``name``: indices -> (enclosing loops, loaded?, stored?)."""
+    for e in stmt_exprs(s):
+        for n in _loads(e, name):
+            entry = out.setdefault(n.indices, [chain, False, False])
+            entry[1] = True
+    if isinstance(s, Store) and s.buffer == name:
+        entry = out.setdefault(s.indices, [chain, False, False])
+        entry[2] = True
+    inner = chain + (s,) if isinstance(s, For) else chain
+    for c in s.children():
+        _sites(c, name, inner, out)
+
+
+def _loads(e: Expr, name: str) -> list[Load]:
+    from tcc.ir.expr import walk
+
+    return [n for n in walk(e) if isinstance(n, Load) and n.buffer == name]
+
+
+def _cache_at(loop: For, st: _State, gpu: str) -> tuple[For, list[Buffer]]:
+    threads = _shared_threads(loop, st, gpu) if st.scope == "shared" else 0
+    sites: dict = {}
+    _sites(loop.body, st.buf.name, (), sites)
+    if any(stored for _, _, stored in sites.values()) and len(sites) > 1:
+        raise TccScheduleError(f"{st.buf.name} is written inside loop {loop.var.name} and accessed at "
+                               f"{len(sites)} different places; caching it would change the result", st.span)
+    before, after, mapping, bufs = [], [], {}, []
+    for indices, (chain, loaded, stored) in sites.items():
+        used = set().union(*(free_vars(i) for i in indices)) if indices else set()
+        loops = [f for f in chain if f.var.name in used]
+        shape = tuple(const_extent(f, st.span) for f in loops)
+        if stored:
+            _check_injective(indices, loops, st)
+        nbytes = st.buf.dtype.itemsize * max(1, math.prod(shape))
+        scope = st.scope or ("local" if nbytes <= LOCAL_BYTES else "global")
+        if scope == "shared" and (stored or nbytes > SHARED_BYTES):
+            why = "it is written there" if stored else f"its tile takes {nbytes} bytes, over {SHARED_BYTES}"
+            raise TccScheduleError(f"cannot cache {st.buf.name} in shared memory at {loop.var.name}: {why}",
+                                   st.span, "cache a smaller tile (at an inner loop) or a tensor only read")
+        buf = Buffer(st.name(), st.buf.dtype, shape, scope)
+        bufs.append(buf)
+        local_idx = tuple(f.var for f in loops)
+        mapping[indices] = (buf.name, local_idx)
+        if loaded or not stored:
+            order = source_major(loops, indices, st.buf.shape) if threads else source_order(loops, indices,
+                                                                                           st.buf.shape)
+            before.append(_copy(order, Store(buf.name, local_idx, Load(st.buf.name, indices, st.buf.dtype))))
+        if stored:
+            after.append(_copy(loops, Store(st.buf.name, indices, Load(buf.name, local_idx, st.buf.dtype))))
+    body = _retarget(loop.body, st.buf.name, mapping)
+    if threads:  # the block's threads copy together; barriers before the reads and the next copy
+        before = [cooperative(c, threads, tuple(fresh(st.func, f"{b.name}_{x}") for x in "tsf"))
+                  for c, b in zip(before, bufs)]
+        last = body.stmts[-1] if isinstance(body, Seq) else body
+        return replace(loop, body=seq(*before, Barrier(), body, *(() if isinstance(last, Barrier) else
+                                                                  (Barrier(),)))), bufs
+    return replace(loop, body=seq(*before, body, *after)), bufs
+
+
+def _shared_threads(loop: For, st: _State, gpu: str) -> int:
+    """The thread count of the block that shares a ``shared`` cache at ``loop`` (checked)."""
+    if gpu != "block.x":
+        where = "inside a thread loop" if gpu == "thread.x" else "outside any loop bound to blocks"
+        raise TccScheduleError(f"cache({st.buf.name}, {loop.var.name}, shared): loop {loop.var.name} is {where}",
+                               st.span, "bind the kernel's loops first, then cache at a loop between the "
+                                        "block loop and the thread loop")
+    extents = thread_extents(loop.body)
+    if len(extents) != 1:
+        raise TccScheduleError(f"cache({st.buf.name}, {loop.var.name}, shared): loop {loop.var.name} must enclose "
+                               "the block's thread loop", st.span, "bind a loop inside it to threads first")
+    return extents.pop()
+
+
+def _copy(loops: list[For], store: Store) -> Stmt:
+    """The copy nest mirrors the loops it serves (unrolled stays unrolled, the last vector stays vector)."""
+    body: Stmt = store
+    for pos, f in reversed(list(enumerate(loops))):
+        kind = f.kind if f.kind == "unroll" or (f.kind == "vector" and pos == len(loops) - 1) else "serial"
+        body = For(f.var, f.extent, body, kind=kind, span=f.span)
+    return body
+
+
+def source_order(loops: list[For], indices: tuple[Expr, ...], shape: tuple[int, ...]) -> list[For]:
+    """The copy-in loops ordered to read the source front to back when the innermost loop walks
+    both the source and the buffer with unit stride: a packed panel of B ``[jr, kk, jj]`` is
+    filled row by row of B (``kk`` outside ``jr``), one contiguous run per row, rather than 32
+    floats from each of ``kc`` rows (a new page per row when B is wide) per ``jr``. Strides are
+    measured on the flat source offset, so a patch read through ``k // 9, k // 3 % 3, k % 3``
+    orders like ``k``."""
+    if len(loops) < 3 or loops[-1].kind == "unroll":
+        return loops
+    strides = _source_strides(loops, indices, shape)
+    if strides is None or strides[loops[-1].var.name] != 1:
+        return loops
+    outer = sorted(loops[:-1], key=lambda f: -strides[f.var.name])
+    return [*outer, loops[-1]]
+
+
+def source_major(loops: list[For], indices: tuple[Expr, ...], shape: tuple[int, ...]) -> list[For]:
+    """The copy loops ordered by the source stride each walks, largest outside: a copy shared
+    out among threads in this order reads consecutive elements on consecutive threads."""
+    strides = _source_strides(loops, indices, shape)
+    return loops if strides is None else sorted(loops, key=lambda f: -strides[f.var.name])
+
+
+def _source_strides(loops: list[For], indices: tuple[Expr, ...], shape: tuple[int, ...]) -> dict[str, int] | None:
+    """How far one step of each loop moves the flat source offset; None where it is not constant."""
+    base = _flat_offset(indices, shape, {})
+    strides = {}
+    for f in loops:
+        moved = _flat_offset(indices, shape, {f.var.name: 1})
+        if base is None or moved is None:
+            return None
+        strides[f.var.name] = abs(moved - base)
+    return strides
+
+
+def _flat_offset(indices: tuple[Expr, ...], shape: tuple[int, ...], values: dict[str, int]) -> int | None:
+    """The row-major element offset of ``indices`` with ``values`` for the named loops, 0 for the rest."""
+    total, stride = 0, 1
+    for idx, dim in reversed(list(zip(indices, shape))):
+        env = {v: Const(values.get(v, 0), dtypes.i64) for v in free_vars(idx)}
+        value = evaluate_int(substitute(idx, env))
+        if value is None:
+            return None
+        total += value * stride
+        stride *= dim
+    return total
+
+
+def _retarget(body: Stmt, name: str, mapping: dict) -> Stmt:
+    def expr(e: Expr) -> Expr:
+        return transform(e, lambda n: Load(mapping[n.indices][0], mapping[n.indices][1], n.dtype)
+                         if isinstance(n, Load) and n.buffer == name else None)
+
+    def node(n: Stmt) -> Stmt | None:
+        if isinstance(n, Store) and n.buffer == name:
+            target, idx = mapping[n.indices]
+            return replace(n, buffer=target, indices=idx)
+        return None
+    return map_stmt(map_exprs(body, expr), node)
+
+
+def _check_injective(indices: tuple[Expr, ...], loops: list[For], st: _State) -> None:
+    """Each loop must move the written element (else copying back would lose updates)."""
+    for f in loops:
+        if not any(linear_coeff(i, f.var.name) not in (0, None) for i in indices):
+            raise TccScheduleError(f"{st.buf.name} is written through a non-affine index of {f.var.name}; "
+                                   "caching it could change the result", st.span)
+
+
+
+

@@ -1,0 +1,31 @@
+"""fuse: two perfectly nested loops become one over the product of their extents."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tcc.errors import Span, TccScheduleError
+from tcc.ir.expr import Binary, Var, const
+from tcc.ir.loops import For, LoopFunc, Stmt
+from tcc.passes.loops.loopnest import const_extent, fresh, on_loops, require_loop, subst
+
+
+def fuse(func: LoopFunc, outer: str, inner: str, name: str | None = None, span: Span | None = None) -> LoopFunc:
+    """``for outer: for inner: body`` -> ``for name: body[outer := name // Ei, inner := name % Ei]``."""
+    for loop in require_loop(func, outer, span):
+        if not (isinstance(loop.body, For) and loop.body.var.name == inner):
+            raise TccScheduleError(f"cannot fuse {outer} and {inner}: {inner} is not the only statement "
+                                   f"directly inside {outer}", span, "fuse a loop with the loop right inside it")
+        const_extent(loop, span)
+        const_extent(loop.body, span)
+    fused = name or fresh(func, f"{outer}_{inner}")
+    return on_loops(func, outer, lambda s: _fuse(s, fused))
+
+
+def _fuse(s: For, name: str) -> Stmt:
+    inner: For = s.body  # type: ignore[assignment]
+    n = int(inner.extent.value)  # type: ignore[attr-defined]
+    v = Var(name)
+    body = subst(inner.body, {s.var.name: Binary("floordiv", v, const(n), v.dtype),
+                              inner.var.name: Binary("mod", v, const(n), v.dtype)})
+    return replace(s, var=v, extent=const(int(s.extent.value) * n), body=body)  # type: ignore[attr-defined]

@@ -1,0 +1,63 @@
+"""inline: replace reads of an elementwise intermediate by the expression that defines it.
+
+Trades memory traffic for recomputation; the intermediate's loop nest and buffer disappear.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tcc.errors import Span, TccScheduleError
+from tcc.ir.expr import Expr, substitute
+from tcc.ir.loops import Allocate, For, LoopFunc, Stmt, Store, map_stmt, seq, walk_stmts
+from tcc.passes.loops.loopnest import replace_loads, stores
+
+
+def inline(func: LoopFunc, tensor: str, span: Span | None = None) -> LoopFunc:
+    if tensor not in func.buffers():
+        raise TccScheduleError(f"op {func.name} has no tensor {tensor!r}", span)
+    if any(p.name == tensor for p in func.params):
+        raise TccScheduleError(f"{tensor} is an input or result of {func.name}; only intermediates inline", span)
+    nest = _producer(func.body, tensor)
+    if nest is None:
+        raise TccScheduleError(f"{tensor} is not defined by a plain elementwise statement; it cannot be inlined",
+                               span, "reductions stay materialised; use compute_at to fuse them")
+    loops, store = nest
+    if len([st for st in stores(func.body) if st.buffer == tensor]) > 1:
+        raise TccScheduleError(f"{tensor} is written by more than one statement (a decomposed reduction?); "
+                               "it cannot be inlined", span)
+    names = [f.var.name for f in loops]
+
+    def expand(ld) -> Expr | None:
+        if ld.buffer != tensor:
+            return None
+        return substitute(store.value, dict(zip(names, ld.indices)))
+
+    def drop(s: Stmt) -> Stmt | None:
+        if isinstance(s, Allocate) and s.buffer.name == tensor:
+            return s.body
+        if s == loops[0]:  # the producer's nest, wherever it sits (alone in a body or in a sequence)
+            return seq()
+        return None
+
+    body = map_stmt(func.body, drop)
+    return replace(func, body=replace_loads(body, expand))
+
+
+def _defines(s: For, tensor: str) -> bool:
+    return any(st.buffer == tensor for st in stores(s))
+
+
+def _producer(body: Stmt, tensor: str) -> tuple[list[For], Store] | None:
+    for s in walk_stmts(body):  # outer loops first: a group loop around the nest is skipped
+        if isinstance(s, For) and _defines(s, tensor):
+            loops = []
+            n: Stmt = s
+            while isinstance(n, For):
+                loops.append(n)
+                n = n.body
+            if isinstance(n, Store) and n.indices == tuple(f.var for f in loops):
+                return loops, n
+            if isinstance(n, Store):
+                return None
+    return None

@@ -1,0 +1,56 @@
+"""split: one loop becomes an outer and an inner loop; a remainder becomes a tail copy.
+
+``for v in 0..E`` split by ``f`` gives ``for o in 0..E//f: for i in 0..f: body[v := o*f + i]``
+and, when ``f`` does not divide ``E``, a tail ``for o in 0..1: for i in 0..E%f: body[v := E//f*f + i]``.
+The tail keeps the names of the main part on purpose: every later primitive that names a loop
+applies to both copies, so tails get the same tiling, unrolling and vectorisation as the main
+part (with their own, shorter extents) instead of a slow scalar epilogue.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tcc.errors import Span, TccScheduleError
+from tcc.ir.expr import Const, Var, const, iadd, imul
+from tcc.ir.loops import For, LoopFunc, Stmt, seq
+from tcc.passes.loops.loopnest import const_extent, fresh, loop_names, on_loops, require_loop, subst
+
+
+def split(func: LoopFunc, loop: str, factor: int, outer: str | None = None, inner: str | None = None,
+          span: Span | None = None) -> LoopFunc:
+    """Split every loop named ``loop`` by ``factor`` into ``outer`` x ``inner``."""
+    loops = require_loop(func, loop, span)
+    if not isinstance(factor, int) or factor < 1:
+        raise TccScheduleError(f"split factor of {loop} must be a positive integer, got {factor!r}", span)
+    for found in loops:
+        const_extent(found, span)
+        if found.kind in ("vector", "unroll"):  # its lanes or copies are one unit: split it first
+            raise TccScheduleError(f"loop {loop} is already marked {found.kind}; it cannot be split", span,
+                                   f"split (or unroll by a factor) before the step that marks {loop} {found.kind}")
+    taken = (loop_names(func.body) | set(func.buffers()) | {p.name for p in func.params}) - {loop}
+    for name in (outer, inner):
+        if name in taken:
+            raise TccScheduleError(f"split of {loop}: the name {name!r} is already used in {func.name}", span,
+                                   "choose new names for the two loops")
+    outer = outer or fresh(func, f"{loop}_o")
+    inner = inner or fresh(func, f"{loop}_i")
+    if outer == inner:
+        raise TccScheduleError(f"split of {loop} needs two different names, got {outer!r} twice", span)
+    return on_loops(func, loop, lambda s: split_loop(s, factor, outer, inner))
+
+
+def split_loop(s: For, factor: int, outer: str, inner: str) -> Stmt:
+    extent = int(s.extent.value)  # type: ignore[attr-defined]
+    o, i = Var(outer), Var(inner)
+    parts = []
+    full, rest = divmod(extent, factor)
+    if full:
+        body = subst(s.body, {s.var.name: iadd(imul(o, factor), i)})
+        parts.append(replace(s, var=o, extent=const(full), body=For(i, const(factor), body, span=s.span)))
+    if rest or not parts:
+        body = subst(s.body, {s.var.name: iadd(Const(full * factor, s.var.dtype), i)})
+        kind = "serial" if s.kind == "parallel" else s.kind
+        parts.append(replace(s, var=o, extent=const(1), kind=kind,
+                             body=For(i, const(rest), body, span=s.span)))
+    return seq(*parts)

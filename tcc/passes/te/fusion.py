@@ -1,0 +1,329 @@
+"""Op fusion on the tensor-expression IR: fewer passes over memory, no needless temporaries.
+
+Two decisions, both printed by the ``fused`` stage with the reason for each:
+
+* **Inlining.** An intermediate is substituted into the statements that read it when that
+  recomputes nothing: it is read at one place, outside any reduction that would repeat it
+  (this is how ``conv -> +bias -> relu`` becomes one reduction with an epilogue), or it is
+  elementwise and cheap enough that recomputing it at each read costs less than a round trip
+  through memory. An expensive elementwise intermediate read twice (softmax's ``exp``) is kept.
+* **Grouping.** Consecutive statements that share their leading loops, and read each other's
+  results only at the same leading indices (row reductions: softmax, layernorm), form a group:
+  lowering puts them under one set of outer loops, so each row is read from memory once, and
+  intermediates used only inside the group shrink to one row (a few registers or a stack buffer).
+
+``pad`` views are never materialised (lowering turns their reads into guarded loads).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from tcc.ir.expr import Binary, Call, Cast, Expr, IterVar, Read, Reduce, Var, substitute, transform, walk
+from tcc.ir.te import Compute, OpTE, format_op
+from tcc.passes.autoschedule_cpu.schedule import GEMM_MIN_FLOPS
+
+EXPENSIVE = {"exp": 8, "log": 8, "sqrt": 4, "rsqrt": 4, "sin": 8, "cos": 8, "tanh": 10, "sigmoid": 10,
+             "erf": 10}
+CHEAP_RECOMPUTE = 4  # extra node evaluations we accept to avoid materialising a tensor
+
+
+@dataclass(frozen=True)
+class FusionGroup:
+    """Statements lowered under ``shared`` common outer loops."""
+
+    tensors: tuple[str, ...]
+    shared: int
+    internal: tuple[str, ...]  # intermediates read only inside the group: shrunk to one row
+
+    def describe(self) -> str:
+        inner = f"; {', '.join(self.internal)} kept per outer iteration" if self.internal else ""
+        return f"group [{', '.join(self.tensors)}] share {self.shared} outer loop(s){inner}"
+
+
+def fuse(op: OpTE, before_grouping: Callable[[OpTE], OpTE] | None = None) -> OpTE:
+    """Inline what is free to inline, then group statements that share their outer loops.
+
+    ``before_grouping`` runs between the two (the im2col rewrite: it needs epilogues already
+    inlined, and its patch buffer grouped with the GEMM that reads it).
+    """
+    op = inline_intermediates(op)
+    if before_grouping is not None:
+        op = before_grouping(op)
+    groups = _groups(op)
+    return replace(op, groups=groups, fusion_notes=[*op.fusion_notes, *(g.describe() for g in groups)])
+
+
+def inline_intermediates(op: OpTE) -> OpTE:
+    """Substitute intermediates into their readers where that recomputes nothing (see module doc)."""
+    notes: list[str] = list(op.fusion_notes)
+    computes = list(op.computes)
+    tensors = dict(op.tensors)
+    pads = dict(op.pads)
+    for name in [c.tensor for c in op.computes if op.tensors[c.tensor].kind == "temp"]:
+        c = next(x for x in computes if x.tensor == name)  # the current version, after earlier inlining
+        source = _copy_of(c, op)
+        if source is not None and any(p.source == name for p in pads.values()):
+            pads = {n: replace(p, source=source) if p.source == name else p for n, p in pads.items()}
+            computes = [_inline_into(other, c) if _reads(other.body, c.tensor) else other
+                        for other in computes if other is not c]
+            del tensors[c.tensor]
+            notes.append(f"alias {c.tensor}: a copy of {source}, so its pad views read {source}")
+            continue
+        verdict, reason = _inline_verdict(c, computes, replace(op, pads=pads))
+        if verdict:
+            computes = [_inline_into(other, c) if _reads(other.body, c.tensor) else other
+                        for other in computes if other is not c]
+            del tensors[c.tensor]
+            notes.append(f"inline {c.tensor}: {reason}")
+        else:
+            notes.append(f"keep {c.tensor}: {reason}")
+    return replace(op, computes=computes, tensors=tensors, pads=pads, fusion_notes=notes)
+
+
+def _copy_of(c: Compute, op: OpTE) -> str | None:
+    """The tensor that ``c`` copies whole (``T[i, j] = A[i, j]``, same shape and dtype), or None:
+    a derived data gradient's dilation of ``dY`` by a stride of 1 (``examples/conv2d_grad.tc``)."""
+    body = c.body
+    if not (isinstance(body, Read) and body.tensor in op.tensors and op.tensors[body.tensor].kind != "pad"):
+        return None
+    own = [ax.var for ax in c.axes]
+    if list(body.indices) != own:
+        return None
+    src, dst = op.tensors[body.tensor], op.tensors[c.tensor]
+    return body.tensor if src.shape == dst.shape and src.dtype == dst.dtype else None
+
+
+def format_fused(op: OpTE) -> str:
+    """The TE after fusion, then each decision and group with its reason."""
+    lines = [format_op(op), "fusion:"]
+    lines += [f"    {note}" for note in op.fusion_notes] or ["    nothing to fuse"]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- inlining
+
+def _inline_verdict(c: Compute, computes: list[Compute], op: OpTE) -> tuple[bool, str]:
+    through_pad = [p.name for p in op.pads.values() if p.source == c.tensor]
+    if through_pad:
+        return False, f"read through the pad view {through_pad[0]}, which needs it in memory"
+    sites = [(other, site, repeat) for other in computes if other is not c
+             for site, repeat in _read_sites(Reduce("sum", other.axes, other.body, c.body.dtype, c.body.dtype),
+                                             c.tensor)]
+    if not sites:
+        return False, "never read"
+    if c.tensor in op.results:
+        return False, "a result"
+    repeated = [s for s in sites if s[2] > 1]
+    has_reduce = any(isinstance(n, Reduce) for n in walk(c.body))
+    if repeated and (has_reduce or _cost(c.body) > CHEAP_RECOMPUTE):
+        consumer = repeated[0][0].tensor
+        return False, f"{consumer} reads it under loops that do not index it: inlining would recompute " \
+                      f"each element {repeated[0][2]} times"
+    nested = [s for s in sites if _inside_reduction(s[0].body, s[1])]
+    if has_reduce and nested:
+        return False, f"a reduction read inside a reduction of {nested[0][0].tensor}: kept apart so each stays " \
+                      "a plain loop nest (a GEMM, an im2col candidate)"
+    if len(sites) == 1:
+        what = "reduction" if has_reduce else "elementwise"
+        return True, f"{what}, read once by {sites[0][0].tensor}: fused there with no recomputation"
+    if has_reduce:
+        return False, f"a reduction read at {len(sites)} places: computed once, not {len(sites)} times"
+    cost = _cost(c.body)
+    extra = cost * (len(sites) - 1)
+    if extra <= CHEAP_RECOMPUTE:
+        return True, f"cheap (cost {cost}) and read at {len(sites)} places: recomputing beats a round trip"
+    return False, f"cost {cost} per element read at {len(sites)} places: recomputing would cost {extra} " \
+                  "more than it saves"
+
+
+def _read_sites(e: Expr, tensor: str, repeat: int = 1) -> list[tuple[Read, int]]:
+    """Reads of ``tensor`` in ``e``, each with how often one element is re-read by enclosing loops.
+
+    The consumer's own loops are passed in as an outer pseudo-reduction, so a row value read by
+    every column of a consumer counts as repeated too.
+    """
+    if isinstance(e, Reduce):
+        out = []
+        for read, r in _read_sites(e.body, tensor, 1):
+            used = set().union(*(_vars(i) for i in read.indices)) if read.indices else set()
+            factor = 1
+            for ax in e.axes:
+                if ax.var.name not in used:
+                    factor *= int(ax.extent.value)  # type: ignore[attr-defined]
+            out.append((read, repeat * r * factor))
+        return out
+    if isinstance(e, Read) and e.tensor == tensor:
+        return [(e, repeat)]
+    return [site for child in e.children() for site in _read_sites(child, tensor, repeat)]
+
+
+def _inside_reduction(e: Expr, read: Read, under: bool = False) -> bool:
+    if e is read:
+        return under
+    return any(_inside_reduction(c, read, under or isinstance(e, Reduce)) for c in e.children())
+
+
+def _vars(e: Expr) -> set[str]:
+    return {n.name for n in walk(e) if isinstance(n, Var)}
+
+
+def _cost(e: Expr) -> int:
+    total = 0
+    for n in walk(e):
+        if isinstance(n, Call):
+            total += EXPENSIVE.get(n.fn, 1)
+        elif not isinstance(n, Var) and n.children():
+            total += 1
+    return total
+
+
+def _reads(e: Expr, tensor: str) -> bool:
+    return any(isinstance(n, Read) and n.tensor == tensor for n in walk(e))
+
+
+def _inline_into(consumer: Compute, producer: Compute) -> Compute:
+    taken = {ax.var.name for ax in consumer.axes} | _vars(consumer.body)
+    taken |= {ax.var.name for n in walk(consumer.body) if isinstance(n, Reduce) for ax in n.axes}
+
+    def visit(n: Expr) -> Expr | None:
+        if isinstance(n, Read) and n.tensor == producer.tensor:
+            mapping = {ax.var.name: idx for ax, idx in zip(producer.axes, n.indices)}
+            return _fresh_reductions(substitute(producer.body, mapping), taken)
+        return None
+
+    return replace(consumer, body=transform(consumer.body, visit))
+
+
+def _fresh_reductions(body: Expr, taken: set[str]) -> Expr:
+    """Rename the inlined body's reduction variables so they cannot capture the consumer's."""
+
+    def visit(n: Expr) -> Expr | None:
+        if not isinstance(n, Reduce):
+            return None
+        renames = {}
+        for ax in n.axes:
+            name = ax.var.name
+            while name in taken:
+                name += "_"
+            taken.add(name)
+            renames[ax.var.name] = Var(name, ax.var.dtype)
+        if all(renames[k].name == k for k in renames):
+            return None
+        axes = tuple(IterVar(renames[ax.var.name], ax.extent) for ax in n.axes)
+        return replace(n, axes=axes, body=substitute(n.body, renames))
+
+    return transform(body, visit)
+
+
+# ---------------------------------------------------------------- grouping
+
+def _groups(op: OpTE) -> list:
+    groups: list[list[Compute]] = []
+    shared: list[int] = []
+    for c in op.computes:
+        if groups:
+            k = _shared_depth(groups[-1], shared[-1], c, op)
+            if k > 0:
+                groups[-1].append(c)
+                shared[-1] = k
+                continue
+        groups.append([c])
+        shared.append(len(c.axes))
+    out = []
+    for members, k in zip(groups, shared):
+        if len(members) < 2:
+            continue
+        names = [m.tensor for m in members]
+        internal = tuple(n for n in names if op.tensors[n].kind == "temp" and _only_read_in(op, n, names))
+        out.append(FusionGroup(tuple(names), k, internal))
+    return out
+
+
+def _shared_depth(group: list[Compute], depth: int, c: Compute, op: OpTE) -> int:
+    """How many leading loops ``c`` can share with ``group`` (0: it cannot join). A statement that
+    would make a group holding a reduction share fewer loops stays out: im2col's patches and
+    GEMM for one block of output rows share ``n, y_block``, and the epilogue reading the GEMM at
+    ``y // R`` joining them at ``n`` would make whole images' patches again. A group never shares
+    a GEMM's row or column loop (see :func:`_gemm_batch_depth`)."""
+    first = group[0]
+    k = min(depth, len(c.axes), *(_gemm_batch_depth(m) for m in (*group, c)))
+    while k > 0:
+        same_extents = all(first.axes[i].extent == c.axes[i].extent for i in range(k))
+        if same_extents and _row_local(group, c, k, op):
+            if k < depth and any(isinstance(n, Reduce) for m in group for n in walk(m.body)):
+                return 0
+            return k
+        k -= 1
+    return 0
+
+
+def _gemm_batch_depth(c: Compute) -> int:
+    """How many leading loops of ``c`` a group may share: for a contraction the CPU GEMM
+    scheduler tiles (``sum[k](A[..] * B[..])`` with rows ``i`` and columns ``j``, and at least
+    ``GEMM_MIN_FLOPS`` of work), its leading batch loops only; for anything else, all of them.
+
+    Sharing the row or the column loop would leave the GEMM one row (or one element) per group
+    iteration, its reduction a dot product the tiles cannot reach: ``gelu(X @ W + b)`` reads
+    the GEMM twice (so it is not inlined), and grouping the two at ``t, j`` ran the GEMM element
+    by element, 4x slower than tiled. The same analysis as ``autoschedule._contraction``: ``j``
+    is the last loop, ``B`` the operand whose last index moves with it, ``i`` a loop that only
+    ``A`` reads."""
+    sums = [n for n in walk(c.body) if isinstance(n, Reduce)]
+    if len(sums) != 1 or sums[0].op != "sum" or not isinstance(sums[0].body, Binary) or sums[0].body.op != "mul":
+        return len(c.axes)
+    a, b = (_strip_casts(x) for x in (sums[0].body.a, sums[0].body.b))
+    if not (isinstance(a, Read) and isinstance(b, Read) and a.indices and b.indices):
+        return len(c.axes)
+    j = c.axes[-1].var.name
+    if j not in _vars(b.indices[-1]) or any(j in _vars(x) for x in a.indices):
+        a, b = b, a
+    if j not in _vars(b.indices[-1]) or any(j in _vars(x) for x in a.indices):
+        return len(c.axes)
+    a_vars = set().union(*(_vars(x) for x in a.indices))
+    b_vars = set().union(*(_vars(x) for x in b.indices))
+    rows = [i for i, ax in enumerate(c.axes[:-1]) if ax.var.name in a_vars and ax.var.name not in b_vars]
+    extents = [getattr(ax.extent, "value", None) for ax in (*c.axes, *sums[0].axes)]
+    if not rows or not all(isinstance(e, int) for e in extents) \
+            or 2 * math.prod(extents) < GEMM_MIN_FLOPS:  # type: ignore[arg-type]
+        return len(c.axes)
+    return rows[-1]
+
+
+def _strip_casts(e: Expr) -> Expr:
+    while isinstance(e, Cast):
+        e = e.a
+    return e
+
+
+def _row_local(group: list[Compute], c: Compute, k: int, op: OpTE) -> bool:
+    """Does ``c`` read the group's tensors (directly or through a pad) only at its own first ``k`` indices?"""
+    produced = {m.tensor for m in group}
+    own = [ax.var.name for ax in c.axes[:k]]
+    for read in _reads_of(op, c.body, produced):
+        lead = read.indices[:k]
+        if len(lead) < k or [getattr(i, "name", None) for i in lead] != own:
+            return False
+        pad = op.pads.get(read.tensor)
+        if pad is not None and not all(_zero(w) for w in (*pad.lo[:k], *pad.hi[:k])):
+            return False  # padding a shared dim shifts which iteration's values are read
+    return True
+
+
+def _reads_of(op: OpTE, body: Expr, tensors: set[str]) -> list[Read]:
+    """Reads in ``body`` of ``tensors`` or of pad views of them."""
+    return [n for n in walk(body) if isinstance(n, Read)
+            and (n.tensor in tensors or (n.tensor in op.pads and op.pads[n.tensor].source in tensors))]
+
+
+def _zero(e: Expr) -> bool:
+    return getattr(e, "value", None) == 0
+
+
+def _only_read_in(op: OpTE, tensor: str, names: list[str]) -> bool:
+    for c in op.computes:
+        if c.tensor not in names and _reads_of(op, c.body, {tensor}):
+            return False
+    return True

@@ -1,0 +1,267 @@
+"""Reverse-mode automatic differentiation of the TE IR: the op that computes an op's gradients.
+
+``derive(op, wrt)`` takes a symbolic op ``f(X, ...) -> (Y, ...)`` and returns the op
+``f_grad(X, ..., dY, ...) -> (dX, ...)``: given the upstream gradient of each result, the
+vector-Jacobian product for each input in ``wrt``. The result is ordinary TE, printed as source
+by :func:`tcc.ir.source.format_source`, so it runs through the frontend and the whole pipeline
+like a hand-written op.
+
+1. **Normalise**: every reduction that is part of a larger expression becomes its own
+   intermediate, so a statement is either elementwise or one reduction.
+2. **Sweep** the statements backwards. A tensor's adjoint is complete once every later
+   statement has been seen; it is the sum of what each read of it contributes. A read's
+   contribution is the upstream adjoint times the partial derivative (:mod:`grad_expr`),
+   gathered onto the read tensor's indices (:mod:`grad_index`): a sum over the index variables
+   the read leaves free, so no statement ever scatters.
+3. **Keep** the forward statements the gradients read (they are recomputed), drop the rest.
+
+Reductions: ``sum`` passes the adjoint to each term; ``max``/``min`` pass it to the elements
+equal to the result, split evenly between ties (PyTorch's rule for ``amax``/``amin``; with
+distinct values this is the one arg-max, as in ``max_pool2d``); ``prod`` passes
+``adjoint * result / term`` (undefined where a term is 0). Reads of a ``pad`` view are reads of
+its source where they fall inside it. Indices must be affine in the index variables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import fields, replace
+
+from tcc import dtypes
+from tcc.errors import TccArgumentError
+from tcc.ir.expr import Binary, Cast, Expr, IterVar, Read, Reduce, Var, const, free_vars, walk
+from tcc.ir.te import Compute, OpTE, Pad, Tensor, verify_op
+from tcc.passes.te.grad_expr import fadd, fdiv, fmul, fselect, num, partials
+from tcc.passes.te.grad_index import Adjoint, Emitter, gather, iadd, isub
+from tcc.passes.te.grad_tidy import tidy_op
+
+
+def derive(op: OpTE, wrt: Sequence[str] | None = None, name: str | None = None) -> OpTE:
+    """The gradient op of ``op`` with respect to the tensor inputs ``wrt`` (default: every float one)."""
+    wrt = _check_wrt(op, wrt)
+    return _Derivation(op, wrt, name or f"{op.name}_grad").run()
+
+
+def _check_wrt(op: OpTE, wrt: Sequence[str] | None) -> list[str]:
+    floats = [p for p in op.inputs if op.tensors[p].dtype.is_float]
+    if wrt is None:
+        return floats
+    wrt = [wrt] if isinstance(wrt, str) else list(wrt)
+    for w in wrt:
+        if w not in op.inputs:
+            raise TccArgumentError(f"{op.name} has no tensor input {w!r} to differentiate by", op.span,
+                                   f"its tensor inputs: {', '.join(op.inputs)}")
+        if w not in floats:
+            raise TccArgumentError(f"{w} is {op.tensors[w].dtype}: only float inputs have gradients", op.span)
+    if len(set(wrt)) != len(wrt) or not wrt:
+        raise TccArgumentError(f"wrt= must name distinct inputs of {op.name}, got {wrt}", op.span)
+    return wrt
+
+
+class _Derivation:
+    def __init__(self, op: OpTE, wrt: list[str], name: str):
+        self.op, self.wrt, self.name = op, wrt, name
+        self.taken = _names(op) | {name}
+        self.tensors: dict[str, Tensor] = dict(op.tensors)
+        self.pads: dict[str, Pad] = dict(op.pads)
+        self.forward: list[Compute] = []
+        self.backward: list[Compute] = []
+        self.contribs: dict[str, list[Expr]] = {}
+        self.targets = tuple(Var(self.fresh(f"i{d}")) for d in range(max(len(t.shape) for t in op.tensors.values())))
+        self.emit = Emitter(self.fresh, self._add_temp, self._add_pad)
+
+    def fresh(self, base: str) -> str:
+        name, n = base, 0
+        while name in self.taken:
+            n += 1
+            name = f"{base}{n}"  # not base_n: lowering names its loops so
+        self.taken.add(name)
+        return name
+
+    # ------------------------------------------------------------ the sweep
+    def run(self) -> OpTE:
+        for c in self.op.computes:
+            self.forward.append(replace(c, body=self._hoist(c.body, list(c.axes), c.tensor)))
+        active = self._active()
+        grads = []
+        for r in self.op.results:
+            grad = self.fresh(f"d{r}")
+            grads.append(grad)
+            self.tensors[grad] = Tensor(grad, self.tensors[r].dtype, self.tensors[r].shape, "input")
+            self.contribs[r] = [Read(grad, self._targets(r), self.tensors[r].dtype)]
+        for c in reversed(self.forward):
+            if c.tensor in active and (adj := self._finalize(c.tensor)) is not None:
+                self._differentiate(c, adj, active)
+        results = [self._finalize(x, result=True) for x in self.wrt]
+        return self._build(grads, results)
+
+    def _active(self) -> set[str]:
+        """Float tensors whose values depend on a ``wrt`` input."""
+        active = set(self.wrt)
+        for pad in self.op.pads.values():
+            if pad.source in active:
+                active.add(pad.name)
+        for c in self.forward:
+            reads = {n.tensor for n in walk(c.body) if isinstance(n, Read)}
+            if self.tensors[c.tensor].dtype.is_float and reads & active:
+                active.add(c.tensor)
+                active |= {p.name for p in self.op.pads.values() if p.source == c.tensor}
+        return active
+
+    def _targets(self, tensor: str) -> tuple[Var, ...]:
+        return self.targets[:len(self.tensors[tensor].shape)]
+
+    def _finalize(self, tensor: str, result: bool = False) -> str | None:
+        """The adjoint of ``tensor`` as one tensor (None: it has none), its contributions summed."""
+        parts = self.contribs.pop(tensor, [])
+        t = self.tensors[tensor]
+        axes = self._targets(tensor)
+        if not parts and not result:
+            return None
+        if not result and len(parts) == 1 and isinstance(parts[0], Read) and parts[0].indices == axes \
+                and self.tensors[parts[0].tensor].shape == t.shape:
+            return parts[0].tensor
+        body = parts[0] if parts else num(0)
+        for part in parts[1:]:
+            body = fadd(body, part)
+        name = self.fresh(f"d{tensor}")
+        self._add_temp(name, t.dtype, t.shape, tuple(IterVar(v, d) for v, d in zip(axes, t.shape)), body,
+                       "result" if result else "temp")
+        return name
+
+    def _differentiate(self, c: Compute, adj: str, active: set[str]) -> None:
+        t = self.tensors[c.tensor]
+        axes = tuple(ax.var for ax in c.axes)
+        scope = {ax.var.name: ax.extent for ax in c.axes}
+        upstream = Read(adj, axes, t.dtype)
+        if isinstance(c.body, Reduce):
+            scope.update({ax.var.name: ax.extent for ax in c.body.axes})
+            weight = self._reduce_weight(c, Read(c.tensor, axes, t.dtype))
+            parts = partials(c.body.body, fmul(upstream, weight))
+        else:
+            parts = partials(c.body, upstream, Read(c.tensor, axes, t.dtype))
+        adjoint = Adjoint(adj, t.dtype, tuple(v.name for v in axes), t.shape)
+        for read, value in parts:
+            target, indices = self._through_pads(read)
+            if target in active:
+                contribution = gather(read, indices, self.tensors[target].shape, self._targets(target), value,
+                                      scope, adjoint, self.emit)
+                self.contribs.setdefault(target, []).append(contribution)
+
+    def _reduce_weight(self, c: Compute, value: Read) -> Expr:
+        """d(reduction)/d(term): 1 for sum, the ties' share for max/min, result / term for prod."""
+        red = c.body
+        assert isinstance(red, Reduce)
+        if red.op == "sum":
+            return num(1)
+        if red.op == "prod":
+            return fdiv(value, red.body)
+        term = red.body if red.body.dtype == value.dtype else Cast(red.body, value.dtype)
+        hit = Binary("eq", term, value, dtypes.boolean)
+        ties = self.fresh(f"{c.tensor}_ties")
+        count = replace(red, op="sum", body=fselect(hit, num(1), num(0)), dtype=value.dtype, acc_dtype=value.dtype)
+        self._add_temp(ties, value.dtype, self.tensors[c.tensor].shape, c.axes, count)
+        return fselect(hit, fdiv(num(1), Read(ties, value.indices, value.dtype)), num(0))
+
+    def _through_pads(self, read: Read) -> tuple[str, tuple[Expr, ...]]:
+        """A read of a pad view as a read of its source (where it falls inside the source)."""
+        tensor, indices = read.tensor, read.indices
+        while tensor in self.pads:
+            pad = self.pads[tensor]
+            indices = tuple(isub(i, lo) for i, lo in zip(indices, pad.lo))
+            tensor = pad.source
+        return tensor, indices
+
+    # ------------------------------------------------------------ normalisation
+    def _hoist(self, e: Expr, scope: list[IterVar], owner: str) -> Expr:
+        """``e`` with each reduction below its root moved into an intermediate of its own."""
+        if isinstance(e, Reduce):
+            return replace(e, body=self._lift(e.body, scope + list(e.axes), owner))
+        return self._lift(e, scope, owner)
+
+    def _lift(self, e: Expr, scope: list[IterVar], owner: str) -> Expr:
+        if isinstance(e, Reduce):
+            used = free_vars(e) - {ax.var.name for ax in e.axes}
+            axes = [ax for ax in scope if ax.var.name in used]
+            indices: tuple[Expr, ...] = tuple(ax.var for ax in axes)
+            if not axes:  # a rank-0 value: one element
+                axes = [IterVar(Var(self.fresh("z")), const(1))]
+                indices = (const(0),)
+            name = self.fresh(f"{owner}_{e.op}")
+            body = self._hoist(e, scope, owner)
+            self.tensors[name] = Tensor(name, e.dtype, tuple(ax.extent for ax in axes), "temp")
+            self.forward.append(Compute(name, tuple(axes), body))
+            return Read(name, indices, e.dtype)
+        kids = {id(k): self._lift(k, scope, owner) for k in e.children()}
+        if all(kids[id(k)] is k for k in e.children()):
+            return e
+        return _rebuild(e, kids)
+
+    # ------------------------------------------------------------ output
+    def _add_temp(self, name: str, dtype, shape: tuple[Expr, ...], axes: tuple[IterVar, ...], body: Expr,
+                  kind: str = "temp") -> None:
+        self.tensors[name] = Tensor(name, dtype, shape, kind)
+        self.backward.append(Compute(name, axes, body))
+
+    def _add_pad(self, name: str, source: str, lo: tuple[Expr, ...], hi: tuple[Expr, ...]) -> None:
+        src = self.tensors[source]
+        shape = tuple(iadd(iadd(d, a), b) for d, a, b in zip(src.shape, lo, hi))
+        self.tensors[name] = Tensor(name, src.dtype, shape, "pad")
+        self.pads[name] = Pad(name, source, lo, hi, num(0))
+
+    def _build(self, grads: list[str], results: list[str]) -> OpTE:
+        needed = self._needed()
+        computes = [c for c in self.forward if c.tensor in needed] + self.backward
+        tensors = {}
+        for n, t in self.tensors.items():
+            if n in self.op.inputs or n in grads:
+                tensors[n] = replace(t, kind="input")
+            elif n in needed or any(c.tensor == n for c in self.backward):
+                tensors[n] = replace(t, kind="result" if n in results else ("pad" if n in self.pads else "temp"))
+        pads = {n: p for n, p in self.pads.items() if n in needed}
+        out = OpTE(self.name, dict(self.op.cparams), [*self.op.params, *grads], results, tensors,
+                   dict(self.op.scalars), pads, computes, list(self.op.symbols), self.op.source, self.op.span)
+        out = tidy_op(out, frozenset(_names(out)) - set(self.op.symbols) - set(self.op.cparams))
+        verify_op(out)
+        return out
+
+    def _needed(self) -> set[str]:
+        """The forward tensors and pads the backward statements read, transitively."""
+        defs = {c.tensor: c for c in self.forward}
+        needed: set[str] = set()
+        todo = [n.tensor for c in self.backward for n in walk(c.body) if isinstance(n, Read)]
+        while todo:
+            name = todo.pop()
+            if name in needed:
+                continue
+            needed.add(name)
+            if name in self.pads:
+                todo.append(self.pads[name].source)
+            elif name in defs:
+                todo += [n.tensor for n in walk(defs[name].body) if isinstance(n, Read)]
+        return needed
+
+
+def _rebuild(e: Expr, kids: dict[int, Expr]) -> Expr:
+    """``e`` with its direct children replaced (``kids`` by the id of the old child)."""
+    updates = {}
+    for f in fields(e):
+        value = getattr(e, f.name)
+        if isinstance(value, Expr) and id(value) in kids:
+            updates[f.name] = kids[id(value)]
+        elif isinstance(value, tuple) and value and isinstance(value[0], Expr):
+            updates[f.name] = tuple(kids.get(id(v), v) for v in value)
+    return replace(e, **updates)
+
+
+def _names(op: OpTE) -> set[str]:
+    """Every name the op uses: tensors, scalars, symbols, parameters and index variables."""
+    names = set(op.tensors) | set(op.scalars) | set(op.symbols) | set(op.cparams) | {op.name}
+    for c in op.computes:
+        names |= {ax.var.name for ax in c.axes}
+        for n in walk(c.body):
+            if isinstance(n, Var):
+                names.add(n.name)
+            if isinstance(n, Reduce):
+                names |= {ax.var.name for ax in n.axes}
+    return names
