@@ -151,3 +151,21 @@ def test_masked_row_vectors_are_unrolled(rng):
     assert "for x_o in 0..3:  # unroll" in text
     check_op(DEPTHWISE, "dw", dict(N=1, C=3, H=5, W=100), rng)
     check_op(DEPTHWISE, "dw", dict(N=2, C=5, H=7, W=33), rng)
+
+
+@pytest.mark.parametrize("vector_bytes, tile", [(64, (12, 32)), (32, (6, 16))])
+def test_register_tile_fits_the_host_vectors(vector_bytes, tile, monkeypatch):
+    """Three quarters of the vector registers accumulate: 12 x 32 f32 in AVX-512's 32 zmm
+    registers, 6 x 16 in AVX2's 16 ymm registers (an AVX-512 tile there spills)."""
+    monkeypatch.setattr(autoschedule, "host_vector_bytes", lambda: vector_bytes)
+    p = autoschedule.gemm_params(1000, 1000, 1000)
+    assert (p["mr"], p["nr"]) == tile and p["mc"] % p["mr"] == 0 and p["nc"] % p["nr"] == 0
+
+
+@pytest.mark.parametrize("shapes", [dict(N=1, C=7, H=9, W=9, F=33, KH=3, KW=3),
+                                    dict(N=2, C=13, H=7, W=7, F=64, KH=3, KW=3)])
+def test_avx2_register_tiles_match_reference(shapes, rng, monkeypatch, fresh_cache):
+    """(fresh_cache: the cache key holds the real host, so AVX-512 kernels of other tests would be found.)"""
+    monkeypatch.setattr(autoschedule, "host_vector_bytes", lambda: 32)
+    check_op(SRC, "conv2d_relu", shapes, rng)
+    check_op((EXAMPLES / "matmul.tc").read_text(), "matmul", dict(M=37, K=129, N=33), rng)

@@ -84,15 +84,30 @@ def threads() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+@functools.cache
+def host_vector_bytes() -> int:
+    """The width of the host's vector registers in bytes: 64 with AVX-512F (32 registers), else 32
+    (AVX2: 16 registers), from /proc/cpuinfo (32 where it is unreadable)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return 32
+    return 64 if "avx512f" in flags else 32
+
+
 def gemm_params(m: int, n: int, k: int, itemsize: int = 4) -> dict[str, int]:
-    """Register tile mr x nr (24 of the 32 zmm registers accumulate), kc from L1 (32 lanes x 4
-    bytes x kc <= L1; up to 4 such blocks run as one: matmul 1000 and 1024 ~5% faster),
-    mc x kc block of A in an eighth of L2 and kc x nc panel of B in a quarter (measured on the
-    2 MiB-L2 development host: A in a quarter was 20-25% slower at 2048; B in an eighth 7% slower
-    on a 3x3 conv, in a half 4% slower)."""
+    """Register tile mr x nr (nr two vectors of f32 wide, three quarters of the vector registers
+    accumulate: 12 x 32 of the 32 zmm registers with AVX-512, 6 x 16 of the 16 ymm registers with
+    AVX2, where an AVX-512 tile spilled: a 3x3 conv on 512 channels at 7x7 ran 3x slower), kc
+    from L1 (nr lanes x 4 bytes x kc <= L1; up to 4 such blocks run as one: matmul 1000 and 1024
+    ~5% faster), mc x kc block of A in an eighth of L2 and kc x nc panel of B in a quarter
+    (measured on the 2 MiB-L2 development host: A in a quarter was 20-25% slower at 2048; B in an
+    eighth 7% slower on a 3x3 conv, in a half 4% slower)."""
     caches = host_caches()
-    nr = 32 if itemsize == 4 else 16
-    mr = _register_rows(m)
+    wide = host_vector_bytes() == 64
+    nr = (32 if wide else 16) if itemsize == 4 else (16 if wide else 8)
+    mr = _register_rows(m, (12, 8) if wide else (6, 4))
     kc = max(16, min(256, caches[1] // (nr * itemsize)))
     if k <= ONE_K_BLOCK * kc:  # one k block: no pass to zero C, no reloads of C, the epilogue in the tile store
         kc = k
@@ -101,17 +116,19 @@ def gemm_params(m: int, n: int, k: int, itemsize: int = 4) -> dict[str, int]:
     return {"mr": mr, "nr": nr, "kc": kc, "mc": mc, "nc": nc}
 
 
-def _register_rows(m: int) -> int:
-    """12 rows per register tile (24 accumulators), or 8 where 12 pads a thread's share of the
-    rows by more than 2% and 8 pads them less: 64 output channels are 8 tiles of 8 rather than 5
-    of 12 and a 4-row tail, and 256 rows split over 2 threads become 16 tiles each, which also
-    lets the threads split the rows (see _parallel_axis) instead of each packing all of A."""
+def _register_rows(m: int, choices: tuple[int, int]) -> int:
+    """The full tile's rows (``choices[0]``: 12 with AVX-512), or the smaller choice where the
+    full one pads a thread's share of the rows by more than 2% and the smaller pads them less:
+    64 output channels are 8 tiles of 8 rather than 5 of 12 and a 4-row tail, and 256 rows split
+    over 2 threads become 16 tiles each, which also lets the threads split the rows (see
+    _parallel_axis) instead of each packing all of A."""
     rows = -(-m // threads())
+    full, small = choices
 
     def waste(mr: int) -> float:
         return -(-rows // mr) * mr / rows - 1
 
-    return 8 if waste(12) > 0.02 and waste(8) < waste(12) else 12
+    return small if waste(full) > 0.02 and waste(small) < waste(full) else full
 
 
 def autoschedule(func: LoopFunc, params: dict[str, dict[str, int]] | None = None) -> LoopFunc:

@@ -366,6 +366,8 @@ def schedule(axes: list[For], body: Stmt, fresh, decompose, shapes: dict[str, tu
     from tcc.passes.autoschedule_cuda import tensorcore, warpgroup  # they build on this module's Builder
 
     if tf32 and (f32 := tensorcore.tf32_operands(c)) is not None:
+        if warpgroup.fits(c, target.arch):
+            return warpgroup.StagedBuilder(c, fresh, decompose, f32, target.sms).kernel()
         return tensorcore.Builder(c, fresh, decompose, f32, None, target.sms).kernel()
     values = tensorcore.operands(c)
     if values is None:

@@ -169,11 +169,14 @@ class Builder(gemm.Builder):
 
     def _copy_tile(self, buf: Buffer, value: Expr, row: Var, k: Var, base: Var, k0: Expr, size: int, tid: Var,
                    slot: Expr, k_rows: bool) -> Stmt:
-        """``buf[slot]`` (rows of ``row``, or of ``k`` when ``k_rows``) from ``value``, 8 halves a copy."""
+        """``buf[slot]`` (rows of ``row``, or of ``k`` when ``k_rows``) from ``value``, 8 halves a copy.
+        A thread copies the same columns of rows a fixed stride apart, so per k-step its copies
+        cost an address increment each; edges are tested only where the problem has them."""
         rows, width = buf.shape[1], buf.shape[2] - (0 if buf.swizzle else KPAD)
         per_row = width // CHUNK
+        threads = gemm.THREADS
+        assert threads % per_row == 0, "a tile row wider than the copying threads"
         step, r, col, gr, gk = (self.fresh(s) for s in ("cp", "cr", "cc", "gr", "gk"))
-        chunk = gemm._add(gemm._mul(step, gemm.THREADS), tid)
         if k_rows:  # rows are k, columns the tile's n
             where = {k.name: gk, row.name: gr}
             g_row, g_col = (gk, gemm._add(k0, r)), (gr, gemm._add(base, col))
@@ -182,12 +185,14 @@ class Builder(gemm.Builder):
             g_row, g_col = (gr, gemm._add(base, r)), (gk, gemm._add(k0, col))
         src = substitute(value, where)
         assert isinstance(src, Load)
-        valid = Binary("and", Binary("lt", gr, Const(size, I64), dtypes.boolean),
-                       Binary("lt", gk, Const(self.k, I64), dtypes.boolean), dtypes.boolean)
+        k_extent = rows if k_rows else width
+        valid = gemm._in_range([(gr, size, size % (width if k_rows else rows) == 0),
+                                (gk, self.k, self.k % k_extent == 0)])
         copy = AsyncCopy(Load(buf.name, (slot, r, col), buf.dtype), src, 16, valid)
-        body = Let(r, gemm._div(chunk, per_row), Let(col, gemm._mul(gemm._mod(chunk, per_row), CHUNK),
-                                                      Let(g_row[0], g_row[1], Let(g_col[0], g_col[1], copy))))
-        return For(step, Const(rows * per_row // gemm.THREADS, I64), body, "unroll")
+        body = Let(r, gemm._add(gemm._mul(step, threads // per_row), gemm._div(tid, per_row)),
+                   Let(col, gemm._mul(gemm._mod(tid, per_row), CHUNK),
+                       Let(g_row[0], g_row[1], Let(g_col[0], g_col[1], copy))))
+        return For(step, Const(rows * per_row // threads, I64), body, "unroll")
 
     def _init(self) -> Stmt:
         return self._warp_tile(lambda a, b: Store(self.acct.name, (a, b), self.c.init))

@@ -247,9 +247,9 @@ def _shared_depth(group: list[Compute], depth: int, c: Compute, op: OpTE) -> int
     would make a group holding a reduction share fewer loops stays out: im2col's patches and
     GEMM for one block of output rows share ``n, y_block``, and the epilogue reading the GEMM at
     ``y // R`` joining them at ``n`` would make whole images' patches again. A group never shares
-    a GEMM's row or column loop (see :func:`_gemm_batch_depth`)."""
+    a GEMM's row or column loop (see :func:`gemm_batch_depth`)."""
     first = group[0]
-    k = min(depth, len(c.axes), *(_gemm_batch_depth(m) for m in (*group, c)))
+    k = min(depth, len(c.axes), *(gemm_batch_depth(m) for m in (*group, c)))
     while k > 0:
         same_extents = all(first.axes[i].extent == c.axes[i].extent for i in range(k))
         if same_extents and _row_local(group, c, k, op):
@@ -260,7 +260,7 @@ def _shared_depth(group: list[Compute], depth: int, c: Compute, op: OpTE) -> int
     return 0
 
 
-def _gemm_batch_depth(c: Compute) -> int:
+def gemm_batch_depth(c: Compute) -> int:
     """How many leading loops of ``c`` a group may share: for a contraction the CPU GEMM
     scheduler tiles (``sum[k](A[..] * B[..])`` with rows ``i`` and columns ``j``, and at least
     ``GEMM_MIN_FLOPS`` of work), its leading batch loops only; for anything else, all of them.
