@@ -275,8 +275,8 @@ def gemm_batch_depth(c: Compute) -> int:
     if len(sums) != 1 or sums[0].op != "sum" or not isinstance(sums[0].body, Binary) or sums[0].body.op != "mul":
         return len(c.axes)
     a, b = (_strip_casts(x) for x in (sums[0].body.a, sums[0].body.b))
-    if not (isinstance(a, Read) and isinstance(b, Read) and a.indices and b.indices):
-        return len(c.axes)
+    if not (isinstance(a, Read) and isinstance(b, Read) and a.indices and b.indices and c.axes):
+        return len(c.axes)  # (no axes: a dot product, ONNX's MatMul of two vectors)
     j = c.axes[-1].var.name
     if j not in _vars(b.indices[-1]) or any(j in _vars(x) for x in a.indices):
         a, b = b, a
