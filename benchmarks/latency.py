@@ -12,7 +12,7 @@ Rows (medians):
   without ``out=`` beside torch's ``a*x+y`` on the device and a bare ``cuLaunchKernel``, and an
   op with an intermediate called and synchronised, beside the same work without one.
 
-    python benchmarks/latency.py [--runs 7] [--cuda]
+    python benchmarks/latency.py [--runs 7] [--cuda] [--only start|call] [--no-cpu-starts]
 """
 
 from __future__ import annotations
@@ -216,10 +216,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=7, help="fresh processes per cold/warm figure")
     parser.add_argument("--cuda", action="store_true", help="also the CUDA rows (needs a GPU)")
     parser.add_argument("--only", choices=("start", "call"), help="run one half of the table")
+    parser.add_argument("--no-cpu-starts", action="store_true", help="skip the CPU's cold and warm starts")
     args = parser.parse_args()
     print(f"medians; cold/warm over {args.runs} fresh processes, import excluded\n")
     print("| figure | tcc | anchor |\n|---|---:|---|")
-    if args.only != "call":
+    if args.only != "call" and not args.no_cpu_starts:
         starts(args.runs, "cpu")
     if args.only != "start":
         calls()

@@ -43,7 +43,7 @@ def _a_two_core_host(monkeypatch):
 def _onnx_models_compile_in_process(monkeypatch):
     """tcc.onnx builds a new model's kernels in worker processes, which schedule for the real host,
     not the pretend one above: their kernels would be keyed apart and built twice. Tests that
-    exercise the workers ask for them with ``jobs=``."""
+    exercise the workers start them themselves."""
     from tcc.interop import onnx
 
-    monkeypatch.setattr(onnx, "PARALLEL_FROM", 1 << 30)
+    monkeypatch.setattr(onnx, "PARALLEL_AFTER_S", float("inf"))

@@ -11,7 +11,7 @@ import pytest
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper  # noqa: E402
-from test_onnx import check_against_ort, make_model  # noqa: E402
+from test_onnx import _networks, check_against_ort, make_model  # noqa: E402
 
 import tcc  # noqa: E402
 from tcc import compiler  # noqa: E402
@@ -79,12 +79,21 @@ def test_values_read_by_several_kernels_unread_and_returned(rng, fresh_cache):
     assert not any("dead" in name for k in compiled.kernels for name in k.results)
 
 
-def test_workers_build_kernels_into_the_disk_cache(rng, fresh_cache):
+def test_workers_build_kernels_into_the_disk_cache(rng, fresh_cache, monkeypatch):
     model = tcc.onnx.load(conv_stack(rng, depth=2, size=(5, 33)), compile_now=False)
     sources = list(dict.fromkeys(k.source for k in model.kernels))
+    todo = [*sources, "op kernel(x: f32[3]) -> y: f32[3] { y[i] = nothing[i] }"]
     done = []
-    onnx_build.build([*sources, "op kernel(x: f32[3]) -> y: f32[3] { y[i] = nothing[i] }"], {}, 2,
-                     lambda: done.append(1))
-    assert len(done) == len(sources) + 1  # the bad source is reported done too: the parent raises its error
+    workers = onnx_build.Workers(todo, {}, 2, lambda: done.append(1))
+    workers.join()  # the caller took nothing: the workers build everything
+    assert len(done) == len(sources) + 1  # the bad source is reported done too: the caller raises its error
     assert len(list(fresh_cache.glob("*/*.bin"))) == len(sources)
-    check_against_ort(conv_stack(rng, depth=3, size=(5, 33)), rng, jobs=2)
+    torch = pytest.importorskip("torch")
+    nets = _networks()
+    net = nets.randomized(nets.ResNet(width=8, blocks=(1, 1), classes=11))
+    data = nets.export(net, torch.zeros(1, 3, 33, 35))
+    monkeypatch.setattr(tcc.onnx, "PARALLEL_AFTER_S", 0.0)  # a worker from the first kernel on
+    started = []
+    monkeypatch.setattr(tcc.onnx, "Workers", lambda *args: started.append(1) or onnx_build.Workers(*args))
+    check_against_ort(onnx.load_from_string(data), rng, rtol=1e-4, atol=1e-4, jobs=2)
+    assert started

@@ -32,7 +32,7 @@ from tcc.interop import onnx_kernels as kernels
 from tcc.interop import onnx_nn as nn
 from tcc.interop import onnx_ops as ops
 from tcc.interop import onnx_shapes as shapes
-from tcc.interop.onnx_build import build
+from tcc.interop.onnx_build import Workers
 from tcc.interop.onnx_graph import NUMPY_DTYPES, NeedsValue, Node, OnnxImportError, Program, Value
 from tcc.interop.onnx_kernels import Kernel
 from tcc.interop.onnx_ops import ONNX_DTYPES, tcc_dtype
@@ -43,7 +43,7 @@ from tcc.target import Target, target_kind
 
 __all__ = ["HANDLERS", "NeedsValue", "OnnxImportError", "OnnxModel", "load", "translate"]
 
-PARALLEL_FROM = 6  # distinct kernels from which a cold compile starts worker processes
+PARALLEL_AFTER_S = 4.0  # CPU seconds of compiling left (estimated) from which a worker helps (~1 s to start)
 Handler = Callable[[Program, Node, list], list]
 HANDLERS: dict[str, Handler] = {
     **{name: ops.unary for name in ops.UNARY},
@@ -249,7 +249,6 @@ class OnnxModel:
         self._compile_target = target
         self._options = options
         check_options(options, self.target)
-        self._fresh = False  # split in this process: its kernels are likely not in the disk cache
         self.kernels: list[Kernel] = self._split()
         self._ops: dict[str, Op] = {}  # by kernel source: the distinct kernels
         self._inputs = [program.inputs[name] for name in input_names]
@@ -283,7 +282,6 @@ class OnnxModel:
             except (KeyError, TypeError, ValueError):
                 pass  # a stale entry: split again
         split = kernels.split(self.program, self.op.te)
-        self._fresh = True
         disk.put_json(key, {"kernels": [k.to_json() for k in split]})
         return split
 
@@ -295,24 +293,40 @@ class OnnxModel:
 
     def compile(self, progress: bool | None = None, jobs: int | None = None) -> OnnxModel:
         """Build every distinct kernel now (from the disk cache when it is there); a progress bar
-        appears when this takes more than a second. A model this machine has not split before
-        builds its kernels in ``jobs`` worker processes (default: one per CPU this process may
-        use, when there are at least ``PARALLEL_FROM`` kernels and a disk cache to pass them through)."""
+        appears when this takes more than a second. When the kernels left look like more than
+        ``PARALLEL_AFTER_S`` of work (the time of those built so far, per kernel), ``jobs - 1``
+        worker processes (default: one per CPU this process may use, less this one) build from
+        the other end of the list, through the disk cache."""
         start = time.perf_counter()
         distinct = list(dict.fromkeys(k.source for k in self.kernels))
-        jobs = jobs if jobs is not None else autoschedule.threads() if len(distinct) >= PARALLEL_FROM else 1
         with tqdm(total=len(distinct), desc="tcc.onnx: compiling", unit="kernel", delay=1.0,
                   disable=progress is False, leave=False) as bar:
-            if self._fresh and jobs > 1 and self.target == "cpu" and cache.cache_dir() is not None:
-                build(distinct, self._options, jobs, lambda: bar.update(1))
-                bar.reset(len(distinct))  # the parent's own pass: loads from the cache
-            for source in distinct:
+            self._build(distinct, jobs if jobs is not None else autoschedule.threads(), lambda: bar.update(1))
+            for source in distinct:  # the workers' kernels, from the disk cache (or built here if one failed)
                 self._kernel_op(source).kernel({})
-                bar.update(1)
-        self._fresh = False
         self._calls = [(self._kernel_op(k.source), k.params, k.results) for k in self.kernels]
         self.compile_seconds = time.perf_counter() - start
         return self
+
+    def _build(self, todo: list[str], jobs: int, done: Callable[[], None]) -> None:
+        """Build the kernels ``todo`` here, from the front; from the point where those left look
+        like more than ``PARALLEL_AFTER_S`` of work, with workers taking from the back."""
+        parallel = jobs > 1 and self.target == "cpu" and cache.cache_dir() is not None
+        todo, workers, built, start = list(todo), None, 0, time.process_time()
+        try:
+            while (source := workers.take() if workers else todo.pop(0) if todo else None) is not None:
+                self._kernel_op(source).kernel({})
+                built += 1
+                done()
+                left = (time.process_time() - start) / built * len(todo)  # CPU time: what a worker takes over
+                if parallel and workers is None and len(todo) > 1 and left > PARALLEL_AFTER_S:
+                    workers = Workers(todo, self._options, jobs - 1, done)
+        except BaseException:
+            if workers is not None:
+                workers.join(kill=True)
+            raise
+        if workers is not None:
+            workers.join()
 
     def __call__(self, *args: Any, out: Any = None, **named: Any) -> Any:
         """Run on the inputs (NumPy arrays, DLPack or torch tensors); ``out=`` an array (a tuple
