@@ -276,8 +276,8 @@ def gemm_batch_depth(c: Compute) -> int:
             or sums[0].body.op != "mul":
         return len(c.axes)
     a, b = (_strip_casts(x) for x in (sums[0].body.a, sums[0].body.b))
-    if not (isinstance(a, Read) and isinstance(b, Read) and a.indices and b.indices):
-        return len(c.axes)
+    if not (isinstance(a, Read) and isinstance(b, Read) and a.indices and b.indices and c.axes):
+        return len(c.axes)  # (no axes: a dot product, ONNX's MatMul of two vectors)
     j = c.axes[-1].var.name
     if not any(j in _vars(x) for x in b.indices) or any(j in _vars(x) for x in a.indices):
         a, b = b, a
