@@ -1,5 +1,5 @@
 """What cold compiles skip (issue 12), checked for the answers they give: flat offsets that join a
-row and a column, LLVM's effort per kernel, and deep-stack threads kept between compiles."""
+row and a column, short floor division by constants, and deep-stack threads kept between compiles."""
 
 import multiprocessing
 import sys
@@ -11,10 +11,8 @@ from helpers import check_op
 
 import tcc
 from tcc import dtypes
-from tcc.codegen_cpu import jit
 from tcc.ir.expr import Binary, Const, Expr, Var
 from tcc.passes.loops.loopnest import flat_terms
-from tcc.runtime import cpu
 from tcc.stack import MAX_IDLE, deep
 
 I64 = dtypes.i64
@@ -76,23 +74,6 @@ def test_integer_floor_division_by_constants_matches_numpy(n, rng):
     q, r = op(x)
     np.testing.assert_array_equal(q, x // 7)
     np.testing.assert_array_equal(r, x % 7)
-
-
-def _level(src: str, name: str, shapes: list[tuple[int, ...]]) -> jit.Level:
-    op = tcc.compile(src)[name]
-    args = [np.ones(s, np.float32) for s in shapes]
-    return cpu.llvm_level(op.lowered(op.bindings_for(tuple(args), {})).scheduled)
-
-
-def test_llvm_unrolls_only_what_the_schedule_did_not():
-    """A register-tiled GEMM is unrolled by its schedule: LLVM's unroller is off for it; an
-    elementwise kernel and a pooling window keep it."""
-    gemm = "op mm(A: f32[M, K], B: f32[K, N]) -> C: f32[M, N] { C[i, j] = sum[k](A[i, k] * B[k, j]) }"
-    assert _level(gemm, "mm", [(256, 256), (256, 256)]) == jit.TILED
-    pool = ("op pool(X: f32[N, C, H, W]) -> Y: f32[N, C, (H - 3) // 2 + 1, (W - 3) // 2 + 1] "
-            "{ Y[n, c, y, x] = max[r: 3, s: 3](X[n, c, y*2 + r, x*2 + s]) }")
-    assert _level(pool, "pool", [(2, 16, 56, 56)]).unroll
-    assert _level("op f(X: f32[N]) -> Y: f32[N] { Y[i] = X[i] * 2.0 }", "f", [(1 << 16,)]).unroll
 
 
 def test_deep_stack_threads_are_kept_between_compiles(rng):
