@@ -234,9 +234,9 @@ def _contraction(nest: Stmt) -> dict | None:
     if not (isinstance(a, Load) and isinstance(b, Load)):
         return None
     j = axes[-1].var.name
-    if linear_coeff(b.indices[-1], j) in (0, None) or any(j in free_vars(x) for x in a.indices):
+    if not _moves_with(b, j) or any(j in free_vars(x) for x in a.indices):
         a, b = b, a
-    if linear_coeff(b.indices[-1], j) in (0, None) or any(j in free_vars(x) for x in a.indices):
+    if not _moves_with(b, j) or any(j in free_vars(x) for x in a.indices):
         return None
     a_vars = set().union(*(free_vars(x) for x in a.indices))
     b_vars = set().union(*(free_vars(x) for x in b.indices))
@@ -255,6 +255,12 @@ def _contraction(nest: Stmt) -> dict | None:
             "batch": [f.var.name for f in axes if f.var.name not in (i_axes[-1].var.name, j)],
             "m": m, "n": n, "k": k, "flops": 2 * total * k, "itemsize": a.dtype.itemsize,
             "a": a.buffer, "b": b.buffer, "extents": ext}
+
+
+def _moves_with(b: Load, j: str) -> bool:
+    """Whether B's element moves with the column loop ``j``: in its last index (a plain GEMM) or
+    in another (``Q @ K^T`` reads ``K[j, k]``: packing B transposes it into the kc x nr panels)."""
+    return any(linear_coeff(x, j) not in (0, None) for x in b.indices)
 
 
 def _strip(e: Expr) -> Expr:

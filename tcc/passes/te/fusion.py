@@ -278,9 +278,9 @@ def gemm_batch_depth(c: Compute) -> int:
     if not (isinstance(a, Read) and isinstance(b, Read) and a.indices and b.indices):
         return len(c.axes)
     j = c.axes[-1].var.name
-    if j not in _vars(b.indices[-1]) or any(j in _vars(x) for x in a.indices):
+    if not any(j in _vars(x) for x in b.indices) or any(j in _vars(x) for x in a.indices):
         a, b = b, a
-    if j not in _vars(b.indices[-1]) or any(j in _vars(x) for x in a.indices):
+    if not any(j in _vars(x) for x in b.indices) or any(j in _vars(x) for x in a.indices):
         return len(c.axes)
     a_vars = set().union(*(_vars(x) for x in a.indices))
     b_vars = set().union(*(_vars(x) for x in b.indices))
