@@ -134,12 +134,10 @@ def target_machine(opt: int = 3) -> llvm.TargetMachine:
 
 @dataclass(frozen=True)
 class Level:
-    """How hard LLVM works on a module: its IR pipeline (-O), whether that pipeline unrolls loops,
-    and its code generator's level."""
+    """How hard LLVM works on a module: its IR pipeline (-O) and its code generator's level."""
 
     passes: int
     codegen: int
-    unroll: bool = True
 
 
 FULL = Level(3, 3)
@@ -148,13 +146,10 @@ FULL = Level(3, 3)
 # bias_relu, axpy: the same run time, min of 25, within 2%) and takes longer. The IR pipeline
 # stays at O3: at O1 and O2 a ResNet-style ONNX model's logits moved by 1% (tests/test_onnx.py),
 # which points at undefined behaviour in some generated IR that O3 happens to keep as meant.
+# LLVM's loop unroller stays on even where the schedule unrolled the register tile: without it
+# conv2d 3x3 64->64 56x56 compiled in a fifth of the LLVM time, but ran 6% slower, matmul 256 30%
+# (thread CPU time, interleaved; BENCHMARKS.md, latency).
 VECTORIZED = Level(3, 2)
-# For a register-tiled kernel (a GEMM, a convolution), whose schedule unrolled the tile: LLVM's
-# unroller only copied the other loops, doubling the object code and half of the compile time
-# (conv2d 3x3 64->64 56x56: LLVM 395 -> 156 ms; matmul 256: 146 -> 103 ms) with no kernel faster
-# (benchmarks/cpu.py and benchmarks/conv.py: see BENCHMARKS.md). Kernels without an unrolled loop
-# keep it: a 3x3 max-pool's window ran 1.3x slower without.
-TILED = Level(3, 2, unroll=False)
 
 
 def optimize(ir_text: str, level: Level = FULL) -> llvm.ModuleRef:
@@ -171,7 +166,6 @@ def optimize(ir_text: str, level: Level = FULL) -> llvm.ModuleRef:
         mod.triple = tm.triple
         mod.data_layout = str(tm.target_data)
         pto = llvm.create_pipeline_tuning_options(speed_level=level.passes)
-        pto.loop_unrolling = level.unroll
         pb = llvm.create_pass_builder(tm, pto)
         pb.getModulePassManager().run(mod, pb)
         return mod

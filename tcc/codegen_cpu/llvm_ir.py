@@ -26,7 +26,7 @@ from tcc.dtypes import DType
 from tcc.errors import TccCompileError
 from tcc.ir.expr import Binary, Call, Cast, Const, Expr, Load, Select, Unary, Var
 from tcc.ir.loops import Allocate, Barrier, Buffer, For, If, Let, LoopFunc, Seq, Stmt, Store
-from tcc.passes.loops.loopnest import flat_coeff, flat_terms, loads
+from tcc.passes.loops.loopnest import flat_coeff, loads
 
 I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
 PTR = ir.PointerType()
@@ -410,37 +410,20 @@ class _FunctionBuilder:
         padded patch row starts before its image): an inbounds address there is poison."""
         saved, self.lane0 = self.lane0, lane0 or self.lane0
         try:
-            return self.builder.gep(base, [self._flat_index(buf, indices)], inbounds=inbounds,
-                                    source_etype=memory_type(buf.dtype))
+            b = self.builder
+            flat = None
+            stride = 1
+            for idx, dim in reversed(list(zip(indices, buf.shape))):
+                term = self._scalar(idx)
+                if stride != 1:
+                    term = b.mul(term, ir.Constant(I64, stride), flags=["nsw"])
+                flat = term if flat is None else b.add(flat, term, flags=["nsw"])
+                stride *= dim
+            if flat is None:
+                flat = ir.Constant(I64, 0)
+            return b.gep(base, [flat], inbounds=inbounds, source_etype=memory_type(buf.dtype))
         finally:
             self.lane0 = saved
-
-    def _flat_index(self, buf: Buffer, indices: tuple[Expr, ...]) -> ir.Value:
-        """The row-major offset of ``indices``. Where a row and a column of one flat index meet
-        again (im2col's ``k // 9 * 9 + k // 3 % 3 * 3 + k % 3`` is ``k``) it is summed as
-        multiples of its atoms: that index arithmetic was a third of a convolution's IR, which LLVM
-        took long to fold. Elsewhere index by index, innermost first (LLVM's loop strength
-        reduction took 5x longer on a GEMM's offsets summed atom by atom)."""
-        b = self.builder
-        flat = flat_terms(indices, buf.shape)
-        if flat is not None and flat.recombined:
-            offset = None
-            for atom, coef in flat.atoms.items():
-                term = self._scalar(atom)
-                if coef != 1:
-                    term = b.mul(term, ir.Constant(I64, coef), flags=["nsw"])
-                offset = term if offset is None else b.add(offset, term, flags=["nsw"])
-            if offset is None:
-                return ir.Constant(I64, flat.constant)
-            return b.add(offset, ir.Constant(I64, flat.constant), flags=["nsw"]) if flat.constant else offset
-        offset, stride = None, 1
-        for idx, dim in reversed(list(zip(indices, buf.shape))):
-            term = self._scalar(idx)
-            if stride != 1:
-                term = b.mul(term, ir.Constant(I64, stride), flags=["nsw"])
-            offset = term if offset is None else b.add(offset, term, flags=["nsw"])
-            stride *= dim
-        return offset if offset is not None else ir.Constant(I64, 0)
 
     def _scalar(self, e: Expr) -> ir.Value:
         saved, self.lane0 = self.lane0, True

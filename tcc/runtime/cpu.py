@@ -54,11 +54,9 @@ def build(func: LoopFunc, options: dict[str, Any] | None = None) -> bytes:
 
 
 def llvm_level(func: LoopFunc) -> jit.Level:
-    """LLVM's full effort, or less where tcc's schedule already vectorised (and unrolled) the loops."""
-    kinds = {s.kind for s in walk_stmts(func.body) if isinstance(s, For)}
-    if "vector" not in kinds:
-        return jit.FULL
-    return jit.TILED if "unroll" in kinds else jit.VECTORIZED
+    """LLVM's full effort, or less where tcc's schedule already vectorised the loops."""
+    vectorized = any(isinstance(s, For) and s.kind == "vector" for s in walk_stmts(func.body))
+    return jit.VECTORIZED if vectorized else jit.FULL
 
 
 def _parse(artifact: bytes) -> tuple[dict[str, Any], bytes]:
