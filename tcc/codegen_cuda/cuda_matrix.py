@@ -46,7 +46,7 @@ class MatrixStatements:
         rows, width = buf.shape[-2], buf.shape[-1]
         atom, chunk = buf.swizzle // buf.dtype.itemsize, 16 // buf.dtype.itemsize
         lead = self._flat(Buffer(buf.name, buf.dtype, buf.shape[:-2]), indices[:-2]) if len(indices) > 2 else "0"
-        r, c = (f"({self._expr(i)})" for i in indices[-2:])
+        r, c = (f"(int)({self._expr(i)})" for i in indices[-2:])  # shared offsets fit in 32 bits
         within = f"({c} % {atom})" if width > atom else c
         if swizzled:
             within = f"({within} ^ (({r} & 7) * {chunk}))"
