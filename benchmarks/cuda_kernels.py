@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import torch
+from cuda.bindings import driver as bindings  # cuda-python's own launch, beside ctypes'
 
 import tcc
 from tcc.codegen_cuda import driver
@@ -77,12 +78,11 @@ def call_overhead() -> list[tuple[str, str]]:
     values = {"a": 2.0, "X": x.data_ptr(), "Y": y.data_ptr(), "Z": z.data_ptr()}
     for slot, name in zip(launcher.slots, launcher.names):
         slot.value = values[name]
-    api = driver.api()
     stream = torch.cuda.current_stream().cuda_stream
     argv = launcher.argv_ptr
     t = time.perf_counter()
     for _ in range(n):
-        api.cuLaunchKernel(launcher.fn, launcher.grid, 1, 1, launcher.block, 1, 1, 0, stream, argv, 0)
+        bindings.cuLaunchKernel(launcher.fn, launcher.grid, 1, 1, launcher.block, 1, 1, 0, stream, argv, 0)
     torch.cuda.synchronize()
     bare = (time.perf_counter() - t) / n
     lib_cuda = driver.libcuda()

@@ -12,7 +12,7 @@ Rows (medians):
   without ``out=`` beside torch's ``a*x+y`` on the device and a bare ``cuLaunchKernel``, and an
   op with an intermediate called and synchronised, beside the same work without one.
 
-    python benchmarks/latency.py [--runs 7] [--cuda]
+    python benchmarks/latency.py [--runs 7] [--cuda] [--only start|call] [--no-cpu-starts] [--against DIR]
 """
 
 from __future__ import annotations
@@ -74,31 +74,48 @@ op without_t(X: f32[N]) -> Y: f32[N] { Y[i] = exp(X[i]) + exp(X[N - 1 - i]) }
 """
 
 
-def start(case: tuple, cache_dir: str, target: str) -> dict:
-    """One new process: compile and first call, in ms."""
+def start(case: tuple, cache_dir: str, target: str, root: Path = ROOT) -> dict:
+    """One new process with the checkout ``root``'s tcc (run from ``root``, so that the script's
+    own directory does not shadow it): compile and first call, in ms."""
     name, path, shapes, cparams = case
-    env = {**os.environ, "TCC_CACHE_DIR": cache_dir, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-c", START, name, str(ROOT / path), json.dumps(shapes),
-                          json.dumps(cparams), target], env=env, capture_output=True, text=True, check=True)
+    env = {**os.environ, "TCC_CACHE_DIR": cache_dir, "PYTHONPATH": str(root)}
+    out = subprocess.run([sys.executable, "-c", START, name, str(root / path), json.dumps(shapes),
+                          json.dumps(cparams), target], env=env, capture_output=True, text=True, check=True,
+                         cwd=root)
     return json.loads(out.stdout)
 
 
-def starts(runs: int, target: str) -> None:
+def starts(runs: int, target: str, against: Path | None = None) -> None:
     """Cold and warm starts; the process's CPU time beside the wall-clock time (on a shared machine
-    the wall clock also counts other processes' turns)."""
+    the wall clock also counts other processes' turns). With ``against`` (another checkout), its
+    starts too, process by process in alternating order, in the anchor column."""
+    roots = [ROOT] if against is None else [ROOT, against]
     for (label, case), goal in zip(CASES.items(), ("150", "300")):
-        cold, warm, imported = [], [], set()
-        for _ in range(runs):
-            with tempfile.TemporaryDirectory() as d:
-                cold.append(start(case, d, target))
-                w = start(case, d, target)
-            warm.append(w)
-            imported |= {k for k in ("imported_torch", "imported_nvrtc") if w[k]} if target == "cpu" else set()
+        cold = {r: [] for r in roots}
+        warm = {r: [] for r in roots}
+        imported: set[str] = set()
+        for i in range(runs):
+            for root in roots if i % 2 == 0 else roots[::-1]:
+                with tempfile.TemporaryDirectory() as d:
+                    cold[root].append(start(case, d, target, root))
+                    w = start(case, d, target, root)
+                warm[root].append(w)
+                if root == ROOT and target == "cpu":
+                    imported |= {k for k in ("imported_torch", "imported_nvrtc") if w[k]}
         note = f" (warm imported: {', '.join(sorted(imported))})" if imported else ""
         goals = (goal, "15") if target == "cpu" else ("-", "30")  # the issue's; CUDA's cold start has none
-        for what, runs_, want in (("cold", cold, goals[0]), (f"warm start{note}", warm, goals[1])):
-            wall, cpu = (statistics.median(r[k] for r in runs_) * 1e3 for k in ("start", "cpu"))
-            row(f"{target} {label}, {what}", wall, "ms", f"CPU time {cpu:.1f} ms; goal ≤ {want} ms")
+        for what, by_root, want in (("cold", cold, goals[0]), (f"warm start{note}", warm, goals[1])):
+            wall, cpu = _medians(by_root[ROOT])
+            anchor = f"CPU time {cpu:.1f} ms; goal ≤ {want} ms"
+            if against is not None:
+                other_wall, other_cpu = _medians(by_root[against])
+                anchor += f"; {against.name}: {other_wall:.2f} ms, CPU time {other_cpu:.1f} ms"
+            row(f"{target} {label}, {what}", wall, "ms", anchor)
+
+
+def _medians(runs: list[dict]) -> tuple[float, float]:
+    """Median wall-clock and CPU milliseconds of start() results."""
+    return tuple(statistics.median(r[k] for r in runs) * 1e3 for k in ("start", "cpu"))
 
 
 def per_call(fns: list[Callable[[], object]], rounds: int = 41, batch: int = 2000,
@@ -216,18 +233,20 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=7, help="fresh processes per cold/warm figure")
     parser.add_argument("--cuda", action="store_true", help="also the CUDA rows (needs a GPU)")
     parser.add_argument("--only", choices=("start", "call"), help="run one half of the table")
+    parser.add_argument("--no-cpu-starts", action="store_true", help="skip the CPU's cold and warm starts")
+    parser.add_argument("--against", type=Path, help="another checkout whose starts are timed alternately")
     args = parser.parse_args()
     print(f"medians; cold/warm over {args.runs} fresh processes, import excluded\n")
     print("| figure | tcc | anchor |\n|---|---:|---|")
-    if args.only != "call":
-        starts(args.runs, "cpu")
+    if args.only != "call" and not args.no_cpu_starts:
+        starts(args.runs, "cpu", args.against.resolve() if args.against else None)
     if args.only != "start":
         calls()
     if args.cuda and not _gpu():
         print("no CUDA device: CUDA rows skipped")
     elif args.cuda:
         if args.only != "call":
-            starts(args.runs, "cuda")
+            starts(args.runs, "cuda", args.against.resolve() if args.against else None)
         if args.only != "start":
             cuda_calls()
 

@@ -18,9 +18,16 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-import onnxruntime as ort
-import torch
+# PyTorch's OpenMP threads spin at a barrier after each call (libgomp's default), holding the cores
+# that the next runner in the interleaved loop needs: on 2 cores that made tcc and onnxruntime
+# 10-35x slower after torch ran (the encoder block, batch 1: tcc 171 ms and onnxruntime 46 ms
+# spinning, 4.8 ms and 3.7 ms passive). tcc's own
+# OpenMP threads wait passively; set before torch loads its OpenMP runtime.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np  # noqa: E402
+import onnxruntime as ort  # noqa: E402
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import onnx_models  # noqa: E402
@@ -102,7 +109,7 @@ def main() -> None:
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:args.threads])
         torch.set_num_threads(args.threads)
     print(f"threads: torch {torch.get_num_threads()}, tcc {len(os.sched_getaffinity(0))}, cpus {os.cpu_count()}, "
-          f"load average {os.getloadavg()[0]:.1f}")
+          f"load average {os.getloadavg()[0]:.1f}, OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}")
     for name in args.models:
         for batch in args.batches:
             bench(name, batch, args.repeat, args.threads)

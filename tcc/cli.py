@@ -171,7 +171,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         got = got.to_numpy() if hasattr(got, "to_numpy") else np.asarray(got)
         dtype = op.te.tensors[name].dtype
         err = max_relative_error(got, want)
-        bound = tolerance(spec, name)
+        bound = tolerance(spec, name, tf32=bool(op.options.get("tf32")))
         ok = err <= bound if dtype.is_float else bool(np.array_equal(got, want))
         print(f"check {name}: max relative error {err:.3g} (bound {bound:.2g}) vs reference: "
               f"{'ok' if ok else 'MISMATCH'}")

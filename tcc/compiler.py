@@ -34,7 +34,6 @@ from tcc.stack import deep
 from tcc.target import KINDS as TARGETS  # noqa: F401 - tcc.interop.onnx checks targets against it
 from tcc.target import Target, target_kind
 
-MAX_PLANS = 64  # argument signatures remembered per op
 MAX_SOURCE_BYTES = 64 << 20
 # tcc.compile's options and the targets they fit (machine: a Target value given as target=)
 OPTIONS = {"conv": ("cpu", "cuda"), "arch": ("cuda",), "machine": ("cpu", "cuda"), "tf32": ("cuda",)}
@@ -167,33 +166,6 @@ def target_module(target: str):
     return cpu
 
 
-class SignaturePlans:
-    """A backend's plans by argument signature (its ``signature``, ``make_plan`` and ``run_plan``):
-    a repeat call with the signature of a checked one skips binding and checks."""
-
-    def __init__(self, backend: Any, op: OpTE):
-        self._backend = backend
-        self._op = op
-        self._signature = getattr(backend, "signature", None)
-        self._plans: dict[tuple, Any] = {}
-
-    def __bool__(self) -> bool:
-        return bool(self._plans)
-
-    def run(self, args: tuple[Any, ...], cparams: dict[str, Any], out: Any) -> list[Any] | None:
-        sig = self._signature(args, cparams, out) if self._signature is not None else None
-        plan = self._plans.get(sig) if sig is not None else None
-        return self._backend.run_plan(plan, self._op, args, out) if plan else None
-
-    def learn(self, kernel: Any, op: OpTE, bound: BoundCall, args: tuple[Any, ...], cparams: dict[str, Any],
-              out: Any) -> None:
-        sig = self._signature(args, cparams, out) if self._signature is not None else None
-        if sig is not None and sig not in self._plans:
-            if len(self._plans) >= MAX_PLANS:
-                self._plans.clear()
-            self._plans[sig] = self._backend.make_plan(kernel, op, bound) or False
-
-
 class Library:
     """The ops of one source file, as attributes: ``lib.matmul(A, B)``."""
 
@@ -243,8 +215,7 @@ class Op:
         self._backend = target_module(target)
         self._keys: dict[tuple, str] = {}  # bindings -> cache key, so repeat calls skip the pipeline
         self._solved: dict[tuple, tuple[dict, dict]] = {}  # shapes + parameters -> symbols, result shapes
-        plans = getattr(self._backend, "Plans", None)  # the backend's own repeat-call fast path, if any
-        self._plans = plans() if plans is not None else SignaturePlans(self._backend, te)
+        self._plans = self._backend.Plans()  # repeat calls with a checked signature skip binding and checks
 
     def __repr__(self) -> str:
         return f"<tcc op {self.name} ({self.target})>"

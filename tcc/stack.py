@@ -10,11 +10,13 @@ runs: the limit is then far below what the stack can hold, so deep recursion sta
 ``RecursionError``, which becomes a :class:`TccCompileError` naming the limit, never a crash.
 
 Entry points (``tcc.compile``, a kernel build, ``op.lower``, the reference) wrap their work in
-:func:`deep`; nested calls run inline on the thread they are already on.
+:func:`deep`; nested calls run inline on the thread they are already on. Threads are kept
+between calls (at most :data:`MAX_IDLE` idle), so a compile starts none after the first.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -26,22 +28,25 @@ STACK_BYTES = 1 << 30  # virtual: a thread touches only the pages it uses
 RECURSION_LIMIT = 120_000  # Python frames; ~8 KiB of C stack each at most, well within STACK_BYTES
 
 T = TypeVar("T")
+MAX_IDLE = 2  # deep-stack threads kept waiting for the next compile (a new one costs ~0.5-4 ms)
 
 _local = threading.local()
 _lock = threading.Lock()
-_active = 0  # deep threads running; the raised recursion limit is restored when none is left
+_active = 0  # deep work items running; the raised recursion limit is restored when none is left
 _saved_limit = 0
+_idle: list[_Worker] = []  # threads between work items, newest last
 
 
 def deep(fn: Callable[..., T], *args, **kwargs) -> T:
     """``fn(*args, **kwargs)`` on a deep-stack thread (inline when already on one, or when no
-    thread can be started, e.g. under a tight address-space limit)."""
+    thread can be started, e.g. under a tight address-space limit). The thread stays for the next
+    call: a compile and its first call use two, and starting each cost more than a warm start's
+    other work."""
     if getattr(_local, "deep", False):
         return fn(*args, **kwargs)
     outcome: list = []
 
     def work() -> None:
-        _local.deep = True
         try:
             outcome.append((True, fn(*args, **kwargs)))
         except RecursionError:
@@ -50,15 +55,17 @@ def deep(fn: Callable[..., T], *args, **kwargs) -> T:
                 hint="split the expression into several statements")))
         except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread below
             outcome.append((False, exc))
+
+    done = _submit(work)
+    if done is None:
+        _local.deep = True
+        try:
+            work()
         finally:
             _local.deep = False
-
-    thread = _start(work)
-    if thread is None:
-        work()
     else:
         try:
-            thread.join()
+            done.wait()
         finally:
             _finish()
     ok, value = outcome[0]
@@ -67,26 +74,69 @@ def deep(fn: Callable[..., T], *args, **kwargs) -> T:
     return value
 
 
-def _start(work: Callable[[], None]) -> threading.Thread | None:
-    """A started deep-stack thread running ``work`` (the recursion limit raised), or None."""
+class _Worker:
+    """A deep-stack thread that runs one work item at a time and then waits for the next."""
+
+    def __init__(self) -> None:
+        self._ready = threading.Condition(threading.Lock())
+        self._item: tuple[Callable[[], None], threading.Event] | None = None
+        self.thread = threading.Thread(target=self._loop, name="tcc-compile", daemon=True)
+
+    def give(self, work: Callable[[], None]) -> threading.Event:
+        done = threading.Event()
+        with self._ready:
+            self._item = (work, done)
+            self._ready.notify()
+        return done
+
+    def _loop(self) -> None:
+        _local.deep = True
+        while True:
+            with self._ready:
+                while self._item is None:
+                    self._ready.wait()
+                (work, done), self._item = self._item, None
+            try:
+                work()
+            finally:
+                keep = _release(self)
+                done.set()
+            if not keep:
+                return
+
+
+def _submit(work: Callable[[], None]) -> threading.Event | None:
+    """Start ``work`` on an idle deep-stack thread, or a new one (the recursion limit raised);
+    the event it sets when done, or None when no thread can be started."""
     global _active, _saved_limit
     with _lock:
-        previous = threading.stack_size(STACK_BYTES)
-        try:
-            thread = threading.Thread(target=work, name="tcc-compile", daemon=True)
-            if _active == 0:
-                _saved_limit = sys.getrecursionlimit()
-                sys.setrecursionlimit(max(_saved_limit, RECURSION_LIMIT))
-            _active += 1
-            thread.start()
-        except (RuntimeError, MemoryError):  # "can't start new thread"
-            _active -= 1
-            if _active == 0:
-                sys.setrecursionlimit(_saved_limit)
-            return None
-        finally:
-            threading.stack_size(previous)
-    return thread
+        if _active == 0:
+            _saved_limit = sys.getrecursionlimit()
+            sys.setrecursionlimit(max(_saved_limit, RECURSION_LIMIT))
+        _active += 1
+        worker = _idle.pop() if _idle else None
+    if worker is not None:
+        return worker.give(work)
+    worker = _Worker()
+    done = worker.give(work)
+    previous = threading.stack_size(STACK_BYTES)
+    try:
+        worker.thread.start()
+    except (RuntimeError, MemoryError):  # "can't start new thread"
+        _finish()
+        return None
+    finally:
+        threading.stack_size(previous)
+    return done
+
+
+def _release(worker: _Worker) -> bool:
+    """Return a worker that finished its item to the idle list; False when enough are idle."""
+    with _lock:
+        if len(_idle) >= MAX_IDLE:
+            return False
+        _idle.append(worker)
+        return True
 
 
 def _finish() -> None:
@@ -95,3 +145,14 @@ def _finish() -> None:
         _active -= 1
         if _active == 0:
             sys.setrecursionlimit(_saved_limit)
+
+
+def _forget_workers() -> None:
+    """In a forked child no worker thread exists any more: start afresh."""
+    global _lock, _active
+    _lock = threading.Lock()
+    _active = 0
+    _idle.clear()
+
+
+os.register_at_fork(after_in_child=_forget_workers)

@@ -48,6 +48,11 @@ class CpuTarget:
         return dict(self.caches)[level]
 
     @property
+    def vector_bytes(self) -> int:
+        """The width of the vector registers: 64 with AVX-512F (32 of them), else 32 (AVX2: 16)."""
+        return 64 if "+avx512f" in self.features.split(",") else 32
+
+    @property
     def avx512(self) -> bool:
         """AVX-512F and DQ (``vrangeps``, ``vscalefps``, non-temporal 64-byte stores)."""
         flags = self.features.split(",")

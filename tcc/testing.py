@@ -18,12 +18,17 @@ TOLERANCE = {"f16": 2e-2, "bf16": 5e-2, "f32": 2e-4, "f64": 1e-10}
 UNIT_ROUNDOFF = {"f16": 2.0**-11, "bf16": 2.0**-8, "f32": 2.0**-24, "f64": 2.0**-53}
 
 
-def tolerance(op: OpTE, result: str) -> float:
+TF32_ROUNDOFF = 2.0**-11  # an f32 operand rounded to TF32's 10 mantissa bits
+
+
+def tolerance(op: OpTE, result: str, tf32: bool = False) -> float:
     """The error bound of ``result`` relative to its largest magnitude, from the op itself: a few
     roundings of the least precise type the op stores in, plus the rounding of the least precise
     float type it computes in, growing with the square root of its longest chain of reductions
     (the reference computes in f64). A specialised op gives concrete reduction lengths; otherwise
-    1000 is assumed."""
+    1000 is assumed. ``tf32``: f32 contractions ran on TF32 tensor cores, whose rounding of both
+    factors of every product adds a few TF32 roundings of the result's scale (independent errors
+    grow with the square root of the sum's length, as its magnitude does)."""
     needed = {result}
     for c in reversed(op.computes):  # the statements the result depends on
         if c.tensor in needed:
@@ -50,7 +55,8 @@ def tolerance(op: OpTE, result: str) -> float:
         length = max(length, chain)
     work = max((UNIT_ROUNDOFF[d] for d in dtypes_used if d in UNIT_ROUNDOFF), default=0.0)
     store = max((UNIT_ROUNDOFF[d] for d in stored if d in UNIT_ROUNDOFF), default=0.0)
-    return 4 * store + 16 * work * math.sqrt(length)
+    bound = 4 * store + 16 * work * math.sqrt(length)
+    return bound + 8 * TF32_ROUNDOFF if tf32 and "f32" in dtypes_used else bound
 
 
 def random_array(shape: tuple[int, ...], dtype: DType, rng: np.random.Generator) -> np.ndarray:

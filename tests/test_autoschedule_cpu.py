@@ -8,6 +8,7 @@ from helpers import check_op
 
 import tcc
 from tcc import target
+from tcc.passes.autoschedule_cpu.gemm import gemm_params
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SRC = (EXAMPLES / "conv2d_relu.tc").read_text()
@@ -151,3 +152,37 @@ def test_masked_row_vectors_are_unrolled(rng):
     assert "for x_o in 0..3:  # unroll" in text
     check_op(DEPTHWISE, "dw", dict(N=1, C=3, H=5, W=100), rng)
     check_op(DEPTHWISE, "dw", dict(N=2, C=5, H=7, W=33), rng)
+
+
+@pytest.mark.parametrize("vector_bytes, tile", [(64, (12, 32)), (32, (6, 16))])
+def test_register_tile_fits_the_host_vectors(vector_bytes, tile, monkeypatch):
+    """Three quarters of the vector registers accumulate: 12 x 32 f32 in AVX-512's 32 zmm
+    registers, 6 x 16 in AVX2's 16 ymm registers (an AVX-512 tile there spills)."""
+    monkeypatch.setattr(target.CpuTarget, "vector_bytes", property(lambda self: vector_bytes))
+    p = gemm_params(1000, 1000, 1000, 4, target.CpuTarget(cores=2))
+    assert (p["mr"], p["nr"]) == tile and p["mc"] % p["mr"] == 0 and p["nc"] % p["nr"] == 0
+
+
+@pytest.mark.parametrize("shapes", [dict(N=1, C=7, H=9, W=9, F=33, KH=3, KW=3),
+                                    dict(N=2, C=13, H=7, W=7, F=64, KH=3, KW=3)])
+def test_avx2_register_tiles_match_reference(shapes, rng, monkeypatch, fresh_cache):
+    """(fresh_cache: the cache key holds the real host, so AVX-512 kernels of other tests would be found.)"""
+    monkeypatch.setattr(target.CpuTarget, "vector_bytes", property(lambda self: 32))
+    check_op(SRC, "conv2d_relu", shapes, rng)
+    check_op((EXAMPLES / "matmul.tc").read_text(), "matmul", dict(M=37, K=129, N=33), rng)
+
+
+QK = """op qk(Q: f32[B, M, D], K: f32[B, N, D]) -> S: f32[B, M, N] {
+    S[b, i, j] = sum[d](Q[b, i, d] * K[b, j, d])
+}"""
+
+
+@pytest.mark.parametrize("shapes", [dict(B=2, M=37, N=33, D=29), dict(B=1, M=128, N=128, D=64)])
+def test_transposed_b_is_a_tiled_gemm(shapes, rng):
+    """``Q @ K^T`` (attention's scores) reads B as ``K[j, d]``: a GEMM all the same, B transposed
+    into the packed panels (it ran as plain loops, 5x slower than the tiled GEMM in an encoder)."""
+    check_op(QK, "qk", shapes, rng)
+    op = tcc.compile(QK).qk
+    q, k = (np.zeros((shapes["B"], shapes[n], shapes["D"]), np.float32) for n in ("M", "N"))
+    text = op.lower(q, k, stage="scheduled")
+    assert "K_c1[" in text and "S_c1[ii, jj] = S_c1[ii, jj] + " in text  # B packed, C in registers

@@ -64,6 +64,7 @@ def test_error_exit_with_location(capsys, tmp_path):
     (["lower", MATMUL, "--shape", "A=3xq", "--stage", "te"], "dims must be integers"),
     (["lower", MATMUL, "-D", "M", "--stage", "te"], "expected NAME=VALUE"),
     (["check", "missing.tc"], "file not found: missing.tc"),
+    (["lower", MATMUL, "-D", "M=4", "--stage", "loops", "--tf32"], "--tf32 is for --target cuda"),
 ])
 def test_bad_cli_input(capsys, argv, needle):
     code, _, err = run(capsys, *argv)

@@ -12,7 +12,7 @@ import pytest
 from test_examples import CASES
 
 import tcc
-from tcc.codegen_cuda import cuda_c, nvrtc
+from tcc.codegen_cuda import cuda_c, driver, nvrtc
 from tcc.errors import TccArgumentError, TccCompileError, TccError, TccRuntimeError
 from tcc.ir.loops import For, Seq
 from tcc.runtime import cuda as rt
@@ -20,7 +20,8 @@ from tcc.testing import specialize_inputs
 
 pytest.importorskip("cuda.bindings.nvrtc")
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
 
 
 def _fake_args(op, case):
@@ -191,11 +192,29 @@ def test_contractions_get_the_tiled_schedule():
     assert gemm.choose_tile(1024, 1024, 1) == (64, 64, 16)  # a full grid before large tiles
 
 
-def test_fast_path_signature_needs_cuda_tensors():
-    torch = pytest.importorskip("torch")
-    assert rt.signature((1.0, np.zeros(3)), {}, None) is None
-    assert rt.signature((torch.zeros(3),), {}, None) is None  # CPU tensors take the checked path
-    assert rt.signature((1.0,), {"S": [1]}, None) is None  # unhashable: the checked path explains
+def test_driver_constants_are_cuda_h_values():
+    """The driver is called through ctypes with cuda.h's numbers: they match cuda-python's enums."""
+    d = pytest.importorskip("cuda.bindings.driver")
+    for name, value in driver.ATTRIBUTES.items():
+        assert int(getattr(d.CUdevice_attribute, f"CU_DEVICE_ATTRIBUTE_{name}")) == value, name
+    assert int(d.CUmemPool_attribute.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD) == driver.MEMPOOL_ATTR_RELEASE_THRESHOLD
+    assert int(d.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL) == driver.POINTER_ATTRIBUTE_DEVICE_ORDINAL
+    for name in ("SUCCESS", "ERROR_OUT_OF_MEMORY", "ERROR_INVALID_CONTEXT", "ERROR_INVALID_HANDLE",
+                 "ERROR_ILLEGAL_ADDRESS", "ERROR_CONTEXT_IS_DESTROYED", "ERROR_LAUNCH_FAILED"):
+        assert int(getattr(d.CUresult, f"CUDA_{name}")) == getattr(driver, name), name
+
+
+def test_the_cuda_runtime_imports_no_code_generator():
+    """A warm start loads cubin from the cache: loading the CUDA runtime imports neither the code
+    generators nor NVRTC's or the driver's Python bindings."""
+    code = ("import sys, tcc, tcc.runtime.cuda\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('tcc.codegen_cuda.cuda_c', "
+            "'tcc.codegen_cuda.gemm', 'tcc.codegen_cuda.tensorcore', 'cuda.bindings.nvrtc', "
+            "'cuda.bindings.driver'))))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]"
 
 
 def test_half_contractions_use_tensor_cores():

@@ -400,18 +400,82 @@ def test_tensor_core_kernel_aligned_and_misaligned(offset):
         torch.testing.assert_close(hmm(av, bv).double(), want, rtol=1e-5, atol=1e-4)
 
 
-def test_the_pool_keeps_freed_intermediates_across_synchronisations(rng):
-    """An op with intermediates, called and synchronised in a loop, reuses the pool's memory."""
-    from cuda.bindings import driver as d
+WITH_T = """
+op with_t(X: f32[N]) -> Y: f32[N] {
+    T[i] = exp(X[i])
+    Y[i] = T[i] + T[N - 1 - i]
+}
+"""
 
+
+def test_intermediates_come_from_a_workspace_kept_per_stream(rng):
+    """An op with intermediates, called and synchronised in a loop, allocates them once per stream
+    (each call used to allocate and free them); another stream gets its own, and the answers stay right."""
     from tcc.codegen_cuda import driver
 
     torch = _torch()
-    lib = tcc.compile(EXAMPLES / "softmax.tc", target="cuda")
-    x = torch.randn(7, 2000, device="cuda")
+    op = tcc.compile(WITH_T, target="cuda").with_t
+
+    def want(x):
+        return x.exp() + x.exp().flip(0)
+
+    assert op.kernel({"N": 1001}).temps, "T is kept in device memory between two kernels"
+    x = torch.randn(1001, device="cuda")
+    torch.testing.assert_close(op(x), want(x))
+    torch.cuda.synchronize()
+    held = tcc.cuda.allocated_bytes()
     for _ in range(3):
-        torch.testing.assert_close(lib.softmax(x), torch.softmax(x, dim=1))
+        x = torch.randn(1001, device="cuda")
+        out = torch.full_like(x, float("nan"))
+        op(x, out=out)
+        torch.testing.assert_close(out, want(x))
+        torch.testing.assert_close(op(x), want(x))
         torch.cuda.synchronize()
+    assert tcc.cuda.allocated_bytes() == held
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        y = op(x)
+    s.synchronize()
+    torch.testing.assert_close(y, want(x))
+    assert tcc.cuda.allocated_bytes() > held
     ctx = driver.context(x.device.index)
-    attr = d.CUmemPool_attribute.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD
-    assert int(driver.check(d.cuMemPoolGetAttribute(ctx.pool, attr), "threshold")) == driver.POOL_RELEASE_THRESHOLD
+    assert ctx.pool_attribute(driver.MEMPOOL_ATTR_RELEASE_THRESHOLD) == driver.POOL_RELEASE_THRESHOLD
+
+
+def test_a_planned_call_from_a_new_thread_makes_the_context_current(rng):
+    """The fast path does not ask which context is current: on a thread where none is, the launch is
+    refused, the context made current and the launch repeated."""
+    import threading
+
+    torch = _torch()
+    lib = tcc.compile(EXAMPLES / "axpy.tc", target="cuda")
+    x, y = torch.randn(1000, device="cuda"), torch.randn(1000, device="cuda")
+    z = torch.full_like(x, float("nan"))
+    lib.axpy(2.0, x, y, out=z)  # checked, leaves the plan
+    z.fill_(float("nan"))
+    torch.cuda.synchronize()
+    errors = []
+
+    def call() -> None:
+        try:
+            lib.axpy(2.0, x, y, out=z)
+            torch.cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    worker = threading.Thread(target=call)
+    worker.start()
+    worker.join(timeout=60)
+    assert not errors
+    torch.testing.assert_close(z, 2.0 * x + y)
+
+
+def test_a_planned_call_still_checks_integer_ranges(rng):
+    torch = _torch()
+    op = tcc.compile("op f(n: i32, X: f32[N]) -> Y: f32[N] { Y[i] = X[i] * f32(n) }", target="cuda").f
+    x = torch.randn(33, device="cuda")
+    for n in (3, 5):
+        torch.testing.assert_close(op(n, x), x * n)
+    with pytest.raises(TccError, match="out of"):
+        op(1 << 40, x)
+    torch.testing.assert_close(op(-7, x), x * -7)

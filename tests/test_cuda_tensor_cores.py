@@ -59,7 +59,7 @@ def test_tensorize_turns_a_warp_tile_into_fragments_and_mma():
 @pytest.mark.parametrize("nest,message", [
     (_tile(24, 16, 32), "not made of whole instructions"),
     (_tile(32, 16, 32, "mma.async"), "unknown instruction"),
-    (_tile(32, 16, 32, "mma.sync.tf32"), "f32 operands need the mark"),
+    (_tile(32, 16, 32, "mma.sync.tf32"), "f32 operands need a mark ending .tf32"),
     (_tile(32, 16, 32, "wgmma"), "m64nNk16"),
     (_tile(32, 16, 32, acc_index=(Var("j"), Var("i"))), "not C\\[i, j\\]"),
 ])
@@ -80,10 +80,11 @@ def test_generated_tensor_core_programs_compile():
     nothing spilled to local memory."""
     from tcc.runtime import cuda as rt
 
+    tf32 = tcc.compile(EXAMPLES / "matmul.tc", target="cuda", tf32=True).matmul
     cases = [(tcc.compile(BHMM, target="cuda").bhmm, dict(M=1000, K=256, N=136), "wgmma.mma_async"),
              (tcc.compile(HLIN, target="cuda").hlin, dict(M=300, K=72, N=520), "wgmma.mma_async"),
-             (tcc.compile(EXAMPLES / "matmul.tc", target="cuda", tf32=True).matmul, dict(M=130, K=257, N=129),
-              "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32")]
+             (tf32, dict(M=130, K=257, N=129), "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32"),
+             (tf32, dict(M=70, K=33, N=129), "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32")]
     for op, sizes, instruction in cases:
         ptx = op.stage_text(sizes, "ptx")
         assert instruction in ptx and "ld.local" not in ptx and "st.local" not in ptx
@@ -131,7 +132,7 @@ def test_bf16_gemms_match_float64(gpu, m, k, n, rng):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("m,k,n", [(7, 33, 5), (130, 257, 129), (256, 64, 512), (1, 40, 1000)])
+@pytest.mark.parametrize("m,k,n", [(7, 33, 5), (130, 257, 129), (256, 64, 512), (1, 40, 1000), (70, 33, 129)])
 def test_tf32_gemm_within_tf32_rounding(gpu, m, k, n, rng):
     """TF32 rounds each operand to 10 mantissa bits: the relative error of the product is about
     2^-11 per operand, far above f32's but bounded; it must be opted into."""
@@ -142,3 +143,13 @@ def test_tf32_gemm_within_tf32_rounding(gpu, m, k, n, rng):
     want = a.astype(np.float64) @ b.astype(np.float64)
     err = np.linalg.norm(out - want) / np.linalg.norm(want)
     assert err < 2e-3, err  # tf32: about 3e-4; f16-rounded operands would give more, wrong ones far more
+
+
+@pytest.mark.cuda
+def test_cli_checks_tf32_runs_with_a_tf32_bound(gpu, capsys):
+    from tcc.cli import main
+
+    code = main(["run", str(EXAMPLES / "matmul.tc"), "-D", "M=130", "-D", "K=257", "-D", "N=129", "--target", "cuda",
+                 "--tf32", "--check", "--seed", "3"])
+    out = capsys.readouterr().out
+    assert code == 0 and "vs reference: ok" in out, out

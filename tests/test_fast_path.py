@@ -80,6 +80,26 @@ def test_out_overlapping_an_input_is_right(rng):
     np.testing.assert_allclose(a, expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("shift", [-3, 0, 5])
+def test_out_sharing_part_of_an_input_is_right(rng, checked_calls, shift):
+    """Views of one buffer: ``out=`` starting inside an input, before it, or on it, after a plan for
+    out= calls exists (the plan reads the target first and checks each input against it)."""
+    op = tcc.compile(AXPY).axpy
+    n = 33
+    x = data(rng, n)
+    op(2.0, x, x, out=np.full(n, np.nan, np.float32))  # leaves the plan
+    for _ in range(2):
+        buf = data(rng, 2 * n + 8)
+        y = buf[8:8 + n]
+        out = buf[8 + shift:8 + shift + n]
+        want = 2.0 * x + y
+        assert op(2.0, x, y, out=out) is out
+        np.testing.assert_allclose(out, want, rtol=1e-6)
+    column = np.full((n, 2), np.nan, np.float32)[:, 0]  # strided: the checked path
+    op(2.0, x, x, out=column)
+    np.testing.assert_allclose(column, 3.0 * x, rtol=1e-6)
+
+
 def test_argument_errors_after_a_plan_are_still_tcc_errors(rng):
     op = tcc.compile(AXPY).axpy
     x = data(rng, 9)

@@ -254,6 +254,19 @@ def test_non_affine_index_is_an_error():
         tcc.grad(op)
 
 
+@pytest.mark.parametrize("m,k,d", [(3, 3, 2), (17, 2, 1), (1, 4, 3), (5, 1, 0)])
+def test_floor_division_index(m, k, d, rng):
+    """A read ``X[i // K]`` (nearest upsampling; a dilation in a derived gradient) differentiates
+    as a guarded gather: ``dX[a]`` sums ``dY`` over the ``i`` with ``i // K == a`` that exist."""
+    op = tcc.compile("op up[K = 2, D = 0](X: f32[M]) -> Y: f32[M * K - D] { Y[i] = 2.0 * X[i // K] }").up
+    x = rng.standard_normal(m).astype(np.float32)
+    dy = rng.standard_normal(m * k - d).astype(np.float32)
+    got = tcc.grad(op)(x, dy, out=np.full(x.shape, np.nan, np.float32), K=k, D=d)
+    want = np.zeros_like(x)
+    np.add.at(want, np.arange(m * k - d) // k, 2.0 * dy)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
 GPU_CASES = [("conv2d", dict(N=2, C=3, H=9, W=8, F=4, KH=3, KW=3, S=2, P=1)), ("softmax", dict(N=7, C=33)),
              ("layernorm", dict(N=3, D=17)), ("maxpool2d", dict(N=2, C=3, H=9, W=7, K=3, S=2)),
              ("matmul", dict(M=7, K=5, N=33)), ("dwconv2d", dict(N=1, C=5, H=9, W=8, KH=3, KW=3, S=2, P=1))]

@@ -70,6 +70,18 @@ def test_gradcheck_float64(ops64, name, shapes, cparams):
     assert torch.autograd.gradcheck(lambda *a: fn(*a, **cparams), tuple(args))
 
 
+@pytest.mark.parametrize("name,shapes,cparams", [
+    ("conv2d", [(1, 2, 5, 6), (3, 2, 3, 2), (3,)], dict(S=2, P=1)), ("conv2d", [(2, 1, 5, 5), (2, 1, 3, 3), (2,)], {}),
+    ("softmax", [(3, 7)], {}), ("layernorm", [(3, 7), (7,), (7,)], {}), ("matmul", [(5, 3), (3, 7)], {}),
+])
+def test_gradgradcheck_float64(ops64, name, shapes, cparams):
+    """Double backward: the gradient ops are operators with a backward of their own, derived on
+    first use (a strided conv's data gradient reads dY through ``u // S``: a guarded gather)."""
+    args = [torch.randn(s, dtype=torch.float64, requires_grad=True) for s in shapes]
+    fn = getattr(ops64, name)
+    assert torch.autograd.gradgradcheck(lambda *a: fn(*a, **cparams), tuple(args))
+
+
 def test_backward_runs_only_the_gradients_asked_for(ops64):
     x = torch.randn(1, 2, 6, 6, dtype=torch.float64)
     w = torch.randn(3, 2, 3, 3, dtype=torch.float64, requires_grad=True)
@@ -235,3 +247,22 @@ def test_eager_calls_go_straight_to_the_kernel_unless_something_watches_the_disp
     y = matmul(a.requires_grad_(), b)
     assert y.grad_fn is not None
     assert len(dispatched) == 4
+
+
+def test_eager_repeat_calls_recheck_what_may_change(ops64):
+    """The eager path's repeat call (one per signature: shapes and parameters) still checks each
+    input's dtype and layout: a strided input, another dtype and other parameters take the full
+    path, with the right answer or a TccError."""
+    a, b = torch.randn(6, 4, dtype=torch.float64), torch.randn(4, 5, dtype=torch.float64)
+    for _ in range(2):
+        torch.testing.assert_close(ops64.matmul(a, b), a @ b)
+    strided = torch.randn(4, 6, dtype=torch.float64).t()
+    torch.testing.assert_close(ops64.matmul(strided, b), strided @ b)
+    with pytest.raises(tcc.TccError, match="must be f64"):
+        ops64.matmul(a.float(), b)
+    x, w, bias = (torch.randn(s, dtype=torch.float64) for s in ((1, 2, 9, 9), (3, 2, 3, 3), (3,)))
+    for s in (1, 2, 1, 2):
+        torch.testing.assert_close(ops64.conv2d(x, w, bias, S=s, P=1), F.conv2d(x, w, bias, stride=s, padding=1))
+    z, y = ops64.axpy2(0.25, a[0], a[1])  # runtime scalars and two results
+    torch.testing.assert_close(z, 0.25 * a[0] + a[1])
+    torch.testing.assert_close(y, torch.tanh(a[0]) * a[1])

@@ -146,6 +146,9 @@ FULL = Level(3, 3)
 # bias_relu, axpy: the same run time, min of 25, within 2%) and takes longer. The IR pipeline
 # stays at O3: at O1 and O2 a ResNet-style ONNX model's logits moved by 1% (tests/test_onnx.py),
 # which points at undefined behaviour in some generated IR that O3 happens to keep as meant.
+# LLVM's loop unroller stays on even where the schedule unrolled the register tile: without it
+# conv2d 3x3 64->64 56x56 compiled in a fifth of the LLVM time, but ran 6% slower, matmul 256 30%
+# (thread CPU time, interleaved; BENCHMARKS.md, latency).
 VECTORIZED = Level(3, 2)
 
 

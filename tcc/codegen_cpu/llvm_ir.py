@@ -253,6 +253,8 @@ class _FunctionBuilder(LoopEmitter, MathEmitter):
         if isinstance(value.type, ir.VectorType):
             return value
         vty = ir.VectorType(value.type, lanes)
+        if isinstance(value, ir.Constant) and isinstance(value.constant, int | float):
+            return ir.Constant(vty, [value.constant] * lanes)
         b = self.builder
         one = b.insert_element(ir.Constant(vty, None), value, ir.Constant(I32, 0))
         return b.shuffle_vector(one, ir.Constant(vty, None), ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))

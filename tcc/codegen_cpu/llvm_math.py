@@ -155,6 +155,8 @@ class MathEmitter:
     def _int_divmod(self, op: str, a: ir.Value, c: ir.Value) -> ir.Value:
         """Floor division / modulo; 0 for a zero divisor and no trap for MIN // -1 (as NumPy)."""
         b = self.builder
+        if _positive_constant(c):
+            return self._divmod_by_positive(op, a, c)
         ty = a.type
         zero, one, minus_one = llvm_const(ty, 0), llvm_const(ty, 1), llvm_const(ty, -1)
         bad = b.or_(b.icmp_signed("==", c, zero), b.icmp_signed("==", c, minus_one))
@@ -168,6 +170,17 @@ class MathEmitter:
             return b.select(bad, special, q)
         r = b.select(adjust, b.add(r, c), r)
         return b.select(bad, zero, r)
+
+    def _divmod_by_positive(self, op: str, a: ir.Value, c: ir.Value) -> ir.Value:
+        """Floor division / modulo by a constant above zero (index arithmetic: im2col's ``k // 9``):
+        no zero or -1 divisor to guard, so 5 instructions instead of 16 (LLVM folded the guards
+        too, but its time grows with the IR it is given)."""
+        b = self.builder
+        q, r = b.sdiv(a, c), b.srem(a, c)
+        negative = b.icmp_signed("<", r, llvm_const(a.type, 0))
+        if op == "floordiv":
+            return b.select(negative, b.sub(q, llvm_const(a.type, 1)), q)
+        return b.select(negative, b.add(r, c), r)
 
     def _ipow(self, ty: ir.IntType) -> ir.Function:
         """An integer power helper (square and multiply), emitted once per module and type."""
@@ -328,6 +341,14 @@ class MathEmitter:
             parts = [b.shuffle_vector(a, c, lane_mask(range(2 * a.type.count)))
                      for a, c in zip(parts[::2], parts[1::2])]
         return parts[0] if count == 16 else b.shuffle_vector(parts[0], parts[0], lane_mask(range(count)))
+
+
+def _positive_constant(value: ir.Value) -> bool:
+    """Whether ``value`` is an integer constant above zero (a scalar, or a vector of them)."""
+    if not isinstance(value, ir.Constant):
+        return False
+    lanes = value.constant if isinstance(value.constant, list) else [value]
+    return all(isinstance(v, ir.Constant) and type(v.constant) is int and v.constant > 0 for v in lanes)
 
 
 def _against_constant(lhs: Expr | None, rhs: Expr, a: ir.Value, c: ir.Value) -> tuple[ir.Value, ir.Value] | None:

@@ -77,9 +77,7 @@ TCC_D float tcc_f64_to_f32_odd(double d) {  // round to odd: then one more round
   return ((double)t != d && d == d) ? __uint_as_float(__float_as_uint(t) | 1u) : t;
 }
 TCC_D unsigned tcc_smem(const void* p) {  // a shared-memory address as the matrix and copy units take it
-  unsigned r;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
-  return r;
+  return (unsigned)__cvta_generic_to_shared(p);  // (the compiler folds offsets through it; inline PTX it cannot)
 }
 TCC_D unsigned tcc_tf32(float f) {  // f32 rounded to TF32 (nearest, ties away) for the matrix units
   unsigned r; asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(f)); return r;

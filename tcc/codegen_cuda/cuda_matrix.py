@@ -46,7 +46,7 @@ class MatrixStatements:
         rows, width = buf.shape[-2], buf.shape[-1]
         atom, chunk = buf.swizzle // buf.dtype.itemsize, 16 // buf.dtype.itemsize
         lead = self._flat(Buffer(buf.name, buf.dtype, buf.shape[:-2]), indices[:-2]) if len(indices) > 2 else "0"
-        r, c = (f"({self._expr(i)})" for i in indices[-2:])
+        r, c = (f"(int)({self._expr(i)})" for i in indices[-2:])  # shared offsets fit in 32 bits
         within = f"({c} % {atom})" if width > atom else c
         if swizzled:
             within = f"({within} ^ (({r} & 7) * {chunk}))"
@@ -56,13 +56,20 @@ class MatrixStatements:
     def _address(self, ref: Load) -> str:
         return f"&{c_name(ref.buffer)}[{self._flat(self.buffers[ref.buffer], ref.indices)}]"
 
+    def _shared_address(self, ref: Load) -> str:
+        """The 32-bit shared-memory address of ``ref``: the buffer's, plus the offset in 32 bits
+        (so the compiler computes the offset in 32-bit arithmetic, and hoists the base)."""
+        buf = self.buffers[ref.buffer]
+        return (f"tcc_smem({c_name(buf.name)}) + (unsigned)({self._flat(buf, ref.indices)}) * "
+                f"{buf.dtype.itemsize}u")
+
     def _registers(self, ref: Load, count: int) -> list[str]:
         """The ``count`` consecutive registers of a fragment starting at ``ref``."""
         first = self._flat(self.buffers[ref.buffer], ref.indices)
         return [f"{c_name(ref.buffer)}[{first} + {r}]" for r in range(count)]
 
     def _s_AsyncCopy(self, s: AsyncCopy, depth: int) -> None:
-        dst, src = self._address(s.dst), self._address(s.src)
+        src = self._address(s.src)
         cache = "cg" if s.nbytes == 16 else "ca"
         if s.valid is None:
             size = str(s.nbytes)
@@ -71,7 +78,7 @@ class MatrixStatements:
             src = f"({valid} ? {src} : {c_name(s.src.buffer)})"
             size = f"({valid} ? {s.nbytes} : 0)"
         self._line(depth, f'asm volatile("cp.async.{cache}.shared.global [%0], [%1], {s.nbytes}, %2;" :: '
-                          f'"r"(tcc_smem({dst})), "l"({src}), "r"({size}) : "memory");')
+                          f'"r"({self._shared_address(s.dst)}), "l"({src}), "r"({size}) : "memory");')
 
     def _s_ProxyFence(self, s: ProxyFence, depth: int) -> None:
         self._line(depth, 'asm volatile("fence.proxy.async.shared::cta;" ::: "memory");')
@@ -104,9 +111,10 @@ class MatrixStatements:
         acc = self._registers(s.acc, n // 2)
         slots = ",".join(f"%{i}" for i in range(n // 2))
         da, db = self._descriptor(s.a, s.trans_a), self._descriptor(s.b, s.trans_b)
+        trans = "" if s.kind == "tf32" else f", {int(s.trans_a)}, {int(s.trans_b)}"  # TF32: K-major only
         self._line(depth, f'asm volatile("{{ .reg .pred p; setp.eq.u32 p, 1, 1; wgmma.mma_async.sync.aligned.'
-                          f'm{m}n{n}k{k}.f32.{s.kind}.{s.kind} {{{slots}}}, %{n // 2}, %{n // 2 + 1}, p, 1, 1, '
-                          f'{int(s.trans_a)}, {int(s.trans_b)}; }}"')
+                          f'm{m}n{n}k{k}.f32.{s.kind}.{s.kind} {{{slots}}}, %{n // 2}, %{n // 2 + 1}, p, 1, 1'
+                          f'{trans}; }}"')
         self._line(depth + 1, ": " + ", ".join(f'"+f"({r})' for r in acc))
         self._line(depth + 1, f': "l"({da}), "l"({db}) : "memory");')
 
@@ -122,7 +130,7 @@ class MatrixStatements:
         slots = ",".join(f"%{i}" for i in range(s.count))
         trans = ".trans" if s.trans else ""
         self._line(depth, f'asm volatile("ldmatrix.sync.aligned.m8n8.x{s.count}{trans}.shared.b16 {{{slots}}}, '
-                          f'[%{s.count}];" : {outs} : "r"(tcc_smem({self._address(s.src)})));')
+                          f'[%{s.count}];" : {outs} : "r"({self._shared_address(s.src)}));')
 
     def _s_Mma(self, s: Mma, depth: int) -> None:
         m, n, k = s.shape

@@ -1,9 +1,13 @@
-"""The CUDA driver API through cuda-python: contexts, memory, modules and launches.
+"""The CUDA driver API through ctypes: contexts, memory, modules and launches.
 
 We use each device's **primary** context, the one the CUDA runtime (and so PyTorch and
 CuPy) uses, so our allocations, modules and streams interoperate with theirs. Every driver
-call goes through :func:`check`, which turns a failure into a
+call is checked by :func:`check`, which turns a failure into a
 :class:`~tcc.errors.TccRuntimeError` that says what was being done.
+
+The driver is called through ctypes rather than cuda-python's bindings: importing those cost
+~40-100 ms of every warm start on a GPU, and each of their calls several microseconds to a ctypes
+call's one. The functions are the driver's stable C ABI (``_v2`` where cuda.h maps a name to it).
 """
 
 from __future__ import annotations
@@ -20,75 +24,101 @@ _LOCK = threading.Lock()
 _CONTEXTS: dict[int, Context] = {}
 _LIVE_BYTES = [0]  # device memory tcc holds now (temps, copies of host inputs, Arrays)
 
+# cuda.h's values (tests/test_cuda.py checks them against cuda-python's enums)
+SUCCESS = 0
+ERROR_OUT_OF_MEMORY = 2
+ERROR_INVALID_CONTEXT = 201
+ERROR_INVALID_HANDLE = 400
+ERROR_ILLEGAL_ADDRESS = 700
+ERROR_CONTEXT_IS_DESTROYED = 709
+ERROR_LAUNCH_FAILED = 719
+ATTRIBUTES = {"COMPUTE_CAPABILITY_MAJOR": 75, "COMPUTE_CAPABILITY_MINOR": 76, "MULTIPROCESSOR_COUNT": 16,
+              "MAX_SHARED_MEMORY_PER_BLOCK": 8, "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN": 97,
+              "MAX_SHARED_MEMORY_PER_MULTIPROCESSOR": 81, "MAX_REGISTERS_PER_MULTIPROCESSOR": 82,
+              "MAX_THREADS_PER_BLOCK": 1, "L2_CACHE_SIZE": 38}
+MEMPOOL_ATTR_RELEASE_THRESHOLD = 4
+FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
+
+_P, _U, _I, _SIZE, _DPTR = ctypes.c_void_p, ctypes.c_uint, ctypes.c_int, ctypes.c_size_t, ctypes.c_uint64
+_OUT_P, _OUT_I = ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int)
+# every function tcc calls: its argument types (each returns a CUresult)
+_SIGNATURES: dict[str, list[Any]] = {
+    "cuInit": [_U],
+    "cuGetErrorName": [_I, ctypes.POINTER(ctypes.c_char_p)],
+    "cuGetErrorString": [_I, ctypes.POINTER(ctypes.c_char_p)],
+    "cuDeviceGetCount": [_OUT_I],
+    "cuDeviceGet": [_OUT_I, _I],
+    "cuDeviceGetAttribute": [_OUT_I, _I, _I],
+    "cuDevicePrimaryCtxRetain": [_OUT_P, _I],
+    "cuDeviceGetDefaultMemPool": [_OUT_P, _I],
+    "cuMemPoolSetAttribute": [_P, _I, _P],
+    "cuMemPoolGetAttribute": [_P, _I, _P],
+    "cuCtxGetCurrent": [_OUT_P],
+    "cuCtxSetCurrent": [_P],
+    "cuCtxGetDevice": [_OUT_I],
+    "cuPointerGetAttribute": [_P, _I, _DPTR],
+    "cuMemAllocAsync": [ctypes.POINTER(_DPTR), _SIZE, _P],
+    "cuMemFreeAsync": [_DPTR, _P],
+    "cuMemAlloc_v2": [ctypes.POINTER(_DPTR), _SIZE],
+    "cuMemFree_v2": [_DPTR],
+    "cuMemcpyHtoDAsync_v2": [_DPTR, _P, _SIZE, _P],
+    "cuMemcpyDtoHAsync_v2": [_P, _DPTR, _SIZE, _P],
+    "cuMemcpyDtoDAsync_v2": [_DPTR, _DPTR, _SIZE, _P],
+    "cuStreamSynchronize": [_P],
+    "cuCtxSynchronize": [],
+    "cuModuleLoadData": [_OUT_P, ctypes.c_char_p],
+    "cuModuleGetFunction": [_OUT_P, _P, ctypes.c_char_p],
+    "cuFuncSetAttribute": [_P, _I, _I],
+    "cuLaunchKernel": [_P, _U, _U, _U, _U, _U, _U, _U, _P, _P, _P],
+}
+
 
 @functools.cache
-def api():
-    """``cuda.bindings.driver``, or a clear error when cuda-python is missing."""
+def libcuda() -> Any:
+    """The driver library, its functions typed; a clear error where no driver is installed."""
     try:
-        from cuda.bindings import driver
-    except ImportError as exc:
-        raise TccRuntimeError(f"target='cuda' needs cuda-python ({exc})",
-                              hint='pip install "cuda-bindings>=13.0,<14" (the \'cuda\' extra of tcc)') from None
-    return driver
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        raise TccRuntimeError(f"no CUDA driver on this machine ({exc})",
+                              hint="running on target='cuda' needs an NVIDIA GPU; compiling and "
+                                   "lower(stage='cuda'/'ptx') work without one") from None
+    for name, argtypes in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes = argtypes
+        fn.restype = ctypes.c_int
+    return lib
 
 
-def error_name(err: Any) -> str:
+def error_name(err: int) -> str:
     try:
-        _, name = api().cuGetErrorName(err)
-        _, text = api().cuGetErrorString(err)
-        return f"{name.decode()} ({text.decode()})"
+        name, text = ctypes.c_char_p(), ctypes.c_char_p()
+        lib = libcuda()
+        if lib.cuGetErrorName(err, ctypes.byref(name)) != SUCCESS:
+            return f"CUresult {err}"
+        lib.cuGetErrorString(err, ctypes.byref(text))
+        return f"{name.value.decode()} ({(text.value or b'').decode()})"
     except Exception:  # noqa: BLE001 - naming an error must never raise another
-        return str(err)
+        return f"CUresult {err}"
 
 
-def check(result: tuple, what: str, hint: str | None = None) -> Any:
-    """The value(s) of a driver call's ``(err, *values)``; raises on any error."""
-    err = result[0]
-    if err != api().CUresult.CUDA_SUCCESS:
+def check(err: int, what: str, hint: str | None = None) -> None:
+    """Raise on a driver call's error code."""
+    if err != SUCCESS:
         raise TccRuntimeError(f"{what}: {error_name(err)}", hint=hint or _hint(err))
-    if len(result) == 1:
-        return None
-    return result[1] if len(result) == 2 else result[1:]
 
 
-def _hint(err: Any) -> str | None:
-    r = api().CUresult
-    if err == r.CUDA_ERROR_OUT_OF_MEMORY:
+def _hint(err: int) -> str | None:
+    if err == ERROR_OUT_OF_MEMORY:
         return "free device memory (other tensors, caches) or use smaller inputs"
-    if err in (r.CUDA_ERROR_ILLEGAL_ADDRESS, r.CUDA_ERROR_LAUNCH_FAILED):
+    if err in (ERROR_ILLEGAL_ADDRESS, ERROR_LAUNCH_FAILED):
         return "the CUDA context is now unusable: restart the process; please report this as a tcc bug"
     return None
 
 
 @functools.cache
-def libcuda() -> Any:
-    """The driver library through ctypes, for the two calls of the hot path (None if not loadable).
-
-    A ctypes call costs about a microsecond; cuda-python's wrappers several.
-    """
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return None
-    u, p = ctypes.c_uint, ctypes.c_void_p
-    lib.cuLaunchKernel.argtypes = [p, u, u, u, u, u, u, u, p, p, p]
-    lib.cuLaunchKernel.restype = ctypes.c_int
-    lib.cuCtxGetCurrent.argtypes = [ctypes.POINTER(p)]
-    lib.cuCtxGetCurrent.restype = ctypes.c_int
-    return lib
-
-
-@functools.cache
 def _init() -> None:
-    try:
-        result = api().cuInit(0)
-    except TccRuntimeError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - cuda-python raises its own types when no driver loads
-        raise TccRuntimeError(f"no CUDA driver on this machine ({exc})",
-                              hint="running on target='cuda' needs an NVIDIA GPU; compiling and "
-                                   "lower(stage='cuda'/'ptx') work without one") from None
-    check(result, "cuInit", "no usable NVIDIA GPU here")
+    check(libcuda().cuInit(0), "cuInit", "no usable NVIDIA GPU here")
 
 
 def init() -> None:
@@ -99,13 +129,24 @@ def init() -> None:
 
 def device_count() -> int:
     init()
-    return check(api().cuDeviceGetCount(), "cuDeviceGetCount")
+    count = ctypes.c_int()
+    check(libcuda().cuDeviceGetCount(ctypes.byref(count)), "cuDeviceGetCount")
+    return count.value
 
 
-# Intermediates come from cuMemAllocAsync on the device's default pool. By default the pool gives
-# freed memory back at every synchronisation, so a caller that synchronises after each call paid
-# a fresh allocation per intermediate per call (138 us against 27 us without intermediates, H100);
-# the pool keeps up to this much freed memory for the next call instead.
+def attribute(device: int, name: str) -> int:
+    """A device attribute (``ATTRIBUTES``' names) of a device handle."""
+    value = ctypes.c_int()
+    check(libcuda().cuDeviceGetAttribute(ctypes.byref(value), ATTRIBUTES[name], device),
+          f"reading {name.lower()} of a CUDA device")
+    return value.value
+
+
+# Intermediates of a checked call come from cuMemAllocAsync on the device's default pool (a
+# planned call uses its plan's workspace). By default the pool gives freed memory back at every
+# synchronisation, so a caller that synchronises after each call paid a fresh allocation per
+# intermediate per call (138 us against 27 us without intermediates, H100); the pool keeps up to
+# this much freed memory for the next call instead.
 POOL_RELEASE_THRESHOLD = 1 << 30
 
 
@@ -113,42 +154,43 @@ class Context:
     """The primary context of one device."""
 
     def __init__(self, ordinal: int):
-        d = api()
+        lib = libcuda()
         self.ordinal = ordinal
-        self.device = check(d.cuDeviceGet(ordinal), f"cuDeviceGet({ordinal})")
-        self.handle = check(d.cuDevicePrimaryCtxRetain(self.device), f"retaining the context of cuda:{ordinal}")
-        self.ptr = int(self.handle)
-        major = check(d.cuDeviceGetAttribute(
-            d.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self.device), "cuDeviceGetAttribute")
-        minor = check(d.cuDeviceGetAttribute(
-            d.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.device), "cuDeviceGetAttribute")
-        self.arch = f"sm_{major}{minor}"
-        self.pool = check(d.cuDeviceGetDefaultMemPool(self.device), f"the memory pool of cuda:{ordinal}")
-        check(d.cuMemPoolSetAttribute(self.pool, d.CUmemPool_attribute.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                                      d.cuuint64_t(POOL_RELEASE_THRESHOLD)), f"the memory pool of cuda:{ordinal}")
+        device, handle, pool = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_void_p()
+        check(lib.cuDeviceGet(ctypes.byref(device), ordinal), f"cuDeviceGet({ordinal})")
+        self.device = device.value
+        check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(handle), self.device),
+              f"retaining the context of cuda:{ordinal}")
+        self.ptr = handle.value or 0
+        self.arch = f"sm_{attribute(self.device, 'COMPUTE_CAPABILITY_MAJOR')}" \
+                    f"{attribute(self.device, 'COMPUTE_CAPABILITY_MINOR')}"
+        check(lib.cuDeviceGetDefaultMemPool(ctypes.byref(pool), self.device), f"the memory pool of cuda:{ordinal}")
+        self.pool = pool.value
+        threshold = ctypes.c_uint64(POOL_RELEASE_THRESHOLD)
+        check(lib.cuMemPoolSetAttribute(self.pool, MEMPOOL_ATTR_RELEASE_THRESHOLD, ctypes.byref(threshold)),
+              f"the memory pool of cuda:{ordinal}")
 
     def activate(self) -> None:
         """Make this context current on the calling thread (a no-op when it already is)."""
         lib = libcuda()
-        if lib is not None:
-            current = ctypes.c_void_p()
-            if lib.cuCtxGetCurrent(ctypes.byref(current)) == 0 and (current.value or 0) == self.ptr:
-                return
-        d = api()
-        current = check(d.cuCtxGetCurrent(), "cuCtxGetCurrent")
-        if int(current) != self.ptr:
-            check(d.cuCtxSetCurrent(self.handle), f"making cuda:{self.ordinal} current")
+        current = ctypes.c_void_p()
+        check(lib.cuCtxGetCurrent(ctypes.byref(current)), "cuCtxGetCurrent")
+        if (current.value or 0) != self.ptr:
+            check(lib.cuCtxSetCurrent(self.ptr), f"making cuda:{self.ordinal} current")
+
+    def pool_attribute(self, attr: int) -> int:
+        """A 64-bit attribute of the device's default memory pool."""
+        value = ctypes.c_uint64()
+        check(libcuda().cuMemPoolGetAttribute(self.pool, attr, ctypes.byref(value)), "cuMemPoolGetAttribute")
+        return value.value
 
 
 def device_target(ordinal: int) -> CudaTarget:
     """The resources of device ``ordinal``, read from the driver."""
     ctx = context(ordinal)
-    d = api()
-    attr = d.CUdevice_attribute
 
     def read(name: str) -> int:
-        return int(check(d.cuDeviceGetAttribute(getattr(attr, f"CU_DEVICE_ATTRIBUTE_{name}"), ctx.device),
-                         f"reading {name.lower()} of cuda:{ordinal}"))
+        return attribute(ctx.device, name)
 
     return CudaTarget(ctx.arch, read("MULTIPROCESSOR_COUNT"), read("MAX_SHARED_MEMORY_PER_BLOCK"),
                       read("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"), read("MAX_SHARED_MEMORY_PER_MULTIPROCESSOR"),
@@ -164,27 +206,29 @@ def context(ordinal: int) -> Context:
         if not 0 <= ordinal < count:
             raise TccRuntimeError(f"no device cuda:{ordinal} (this machine has {count})")
         with _LOCK:
-            ctx = _CONTEXTS.setdefault(ordinal, Context(ordinal))
+            ctx = _CONTEXTS.get(ordinal) or _CONTEXTS.setdefault(ordinal, Context(ordinal))
     return ctx
 
 
 def current_device() -> int:
     """The device of the calling thread's current context, else 0."""
     init()
-    d = api()
-    current = check(d.cuCtxGetCurrent(), "cuCtxGetCurrent")
-    if int(current) == 0:
+    lib = libcuda()
+    current, device = ctypes.c_void_p(), ctypes.c_int()
+    check(lib.cuCtxGetCurrent(ctypes.byref(current)), "cuCtxGetCurrent")
+    if not current.value:
         return 0
-    return int(check(d.cuCtxGetDevice(), "cuCtxGetDevice"))
+    check(lib.cuCtxGetDevice(ctypes.byref(device)), "cuCtxGetDevice")
+    return device.value
 
 
 def pointer_device(ptr: int, what: str) -> int:
     """The device ordinal that owns a device pointer."""
     init()
-    d = api()
-    attr = d.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
-    return int(check(d.cuPointerGetAttribute(attr, ptr), f"{what}: not a CUDA device pointer",
-                     "pass a CUDA tensor (PyTorch, CuPy, tcc.cuda.Array) or a host array"))
+    ordinal = ctypes.c_int()
+    check(libcuda().cuPointerGetAttribute(ctypes.byref(ordinal), POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr),
+          f"{what}: not a CUDA device pointer", "pass a CUDA tensor (PyTorch, CuPy, tcc.cuda.Array) or a host array")
+    return ordinal.value
 
 
 # ---------------------------------------------------------------- memory
@@ -192,16 +236,17 @@ def pointer_device(ptr: int, what: str) -> int:
 def alloc(nbytes: int, stream: int, what: str) -> int:
     """Stream-ordered device memory; ``what`` names the tensor in errors."""
     size = max(1, nbytes)
-    err, ptr = api().cuMemAllocAsync(size, stream)
-    if err != api().CUresult.CUDA_SUCCESS:
+    ptr = ctypes.c_uint64()
+    err = libcuda().cuMemAllocAsync(ctypes.byref(ptr), size, stream)
+    if err != SUCCESS:
         raise TccRuntimeError(f"{what}: cannot allocate {nbytes} bytes on the GPU: {error_name(err)}",
                               hint=_hint(err))
     _LIVE_BYTES[0] += size
-    return int(ptr)
+    return ptr.value
 
 
 def free(ptr: int, nbytes: int, stream: int) -> None:
-    api().cuMemFreeAsync(ptr, stream)
+    libcuda().cuMemFreeAsync(ptr, stream)
     _LIVE_BYTES[0] -= max(1, nbytes)
 
 
@@ -212,21 +257,21 @@ def live_bytes() -> int:
 
 def copy_htod(dst: int, src: int, nbytes: int, stream: int, what: str) -> None:
     if nbytes:
-        check(api().cuMemcpyHtoDAsync(dst, src, nbytes, stream), f"{what}: copy to the GPU")
+        check(libcuda().cuMemcpyHtoDAsync_v2(dst, src, nbytes, stream), f"{what}: copy to the GPU")
 
 
 def copy_dtoh(dst: int, src: int, nbytes: int, stream: int, what: str) -> None:
     if nbytes:
-        check(api().cuMemcpyDtoHAsync(dst, src, nbytes, stream), f"{what}: copy from the GPU")
+        check(libcuda().cuMemcpyDtoHAsync_v2(dst, src, nbytes, stream), f"{what}: copy from the GPU")
 
 
 def copy_dtod(dst: int, src: int, nbytes: int, stream: int, what: str) -> None:
     if nbytes:
-        check(api().cuMemcpyDtoDAsync(dst, src, nbytes, stream), f"{what}: device copy")
+        check(libcuda().cuMemcpyDtoDAsync_v2(dst, src, nbytes, stream), f"{what}: device copy")
 
 
 def synchronize(stream: int, what: str) -> None:
-    check(api().cuStreamSynchronize(stream), what)
+    check(libcuda().cuStreamSynchronize(stream), what)
 
 
 # ---------------------------------------------------------------- modules and launches
@@ -239,16 +284,18 @@ _CTYPES = {"p": ctypes.c_uint64, "f16": ctypes.c_float, "bf16": ctypes.c_float, 
 class Launcher:
     """One kernel of a loaded module: its function handle and reusable argument storage."""
 
-    def __init__(self, module: Any, name: str, grid: int, block: int, params: list[tuple[str, str]],
+    def __init__(self, module: int, name: str, grid: int, block: int, params: list[tuple[str, str]],
                  shared: int = 0):
         self.name = name
         self.grid = grid
         self.block = block
         self.shared = shared  # bytes of dynamic shared memory
-        self.fn = check(api().cuModuleGetFunction(module, name.encode()), f"finding kernel {name}")
+        fn = ctypes.c_void_p()
+        check(libcuda().cuModuleGetFunction(ctypes.byref(fn), module, name.encode()), f"finding kernel {name}")
+        self.fn = fn.value
         if shared > 48 * 1024:  # above the default limit only after opting in
-            attr = api().CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-            check(api().cuFuncSetAttribute(self.fn, attr, shared), f"kernel {name}: {shared} bytes of shared memory",
+            check(libcuda().cuFuncSetAttribute(self.fn, FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared),
+                  f"kernel {name}: {shared} bytes of shared memory",
                   "the GPU has less shared memory than the kernel was scheduled for: pass its CudaTarget")
         self.names = [p for p, _ in params]
         self.pointers = [i for i, (_, code) in enumerate(params) if code == "p"]
@@ -257,11 +304,7 @@ class Launcher:
         self.argv_ptr = ctypes.addressof(self.argv)
         self.lock = threading.Lock()
         self.fallback: Launcher | None = None
-        lib = libcuda()
-        if lib is not None:
-            self.cu_launch, self.fn_arg = lib.cuLaunchKernel, int(self.fn)
-        else:
-            self.cu_launch, self.fn_arg = _python_launch, self.fn
+        self.cu_launch = libcuda().cuLaunchKernel
 
     def set_fallback(self, other: Launcher) -> None:
         """Make this an aligned variant: calls whose pointers are not all 16-byte aligned run ``other``
@@ -274,33 +317,49 @@ class Launcher:
         """Launch with each parameter taken from ``values`` by name."""
         self.launch_ordered([values[n] for n in self.names], list(range(len(self.names))), stream, op)
 
-    def launch_ordered(self, values: list[Any], order: list[int], stream: int, op: str) -> None:
-        """Launch with parameter ``i`` taken from ``values[order[i]]`` (the fast path's layout)."""
+    def launch_ordered(self, values: list[Any], order: list[int], stream: int, op: str,
+                       context: Context | None = None) -> None:
+        """Launch with parameter ``i`` taken from ``values[order[i]]`` (the fast path's layout). Given
+        its ``context``, a launch refused for want of it current makes it current and tries again
+        (the fast path does not ask the driver which context is current on every call)."""
         if self.fallback is not None and any(values[order[i]] % 16 for i in self.pointers):
-            self.fallback.launch_ordered(values, order, stream, op)
+            self.fallback.launch_ordered(values, order, stream, op, context)
             return
         with self.lock:
             for slot, i in zip(self.slots, order):
                 slot.value = values[i]
-            err = self.cu_launch(self.fn_arg, self.grid, 1, 1, self.block, 1, 1, self.shared, stream, self.argv_ptr,
-                                 None)
-        if err != 0:
-            self._fail(err, op)
-
-    def _fail(self, err: Any, op: str) -> None:
-        if isinstance(err, int):
-            err = api().CUresult(err)
-        raise TccRuntimeError(f"op {op}: launching kernel {self.name} ({self.grid} blocks of {self.block} "
-                              f"threads) failed: {error_name(err)}", hint=_hint(err))
+            err = self.cu_launch(self.fn, self.grid, 1, 1, self.block, 1, 1, self.shared, stream, self.argv_ptr, None)
+            if err in (ERROR_INVALID_CONTEXT, ERROR_INVALID_HANDLE) and context is not None:
+                context.activate()
+                err = self.cu_launch(self.fn, self.grid, 1, 1, self.block, 1, 1, self.shared, stream, self.argv_ptr,
+                                     None)
+        if err != SUCCESS:
+            raise TccRuntimeError(f"op {op}: launching kernel {self.name} ({self.grid} blocks of {self.block} "
+                                  f"threads) failed: {error_name(err)}", hint=_hint(err))
 
 
-def _python_launch(fn: Any, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shared: int, stream: int,
-                   argv: int, extra: Any) -> Any:
-    """cuLaunchKernel through cuda-python, answering as the ctypes call does (0 on success)."""
-    (err,) = api().cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, shared, stream, argv, 0)
-    return 0 if err == api().CUresult.CUDA_SUCCESS else err
+def load_module(cubin: bytes, what: str) -> int:
+    module = ctypes.c_void_p()
+    check(libcuda().cuModuleLoadData(ctypes.byref(module), cubin), f"{what}: loading the compiled kernels",
+          "the cubin does not fit this GPU: compile with arch= set to its compute capability")
+    return module.value
 
 
-def load_module(cubin: bytes, what: str) -> Any:
-    return check(api().cuModuleLoadData(cubin), f"{what}: loading the compiled kernels",
-                 "the cubin does not fit this GPU: compile with arch= set to its compute capability")
+def alloc_workspace(nbytes: int, what: str) -> int:
+    """Device memory kept across calls (an op's intermediates); synchronous, unlike :func:`alloc`."""
+    size = max(1, nbytes)
+    ptr = ctypes.c_uint64()
+    err = libcuda().cuMemAlloc_v2(ctypes.byref(ptr), size)
+    if err != SUCCESS:
+        raise TccRuntimeError(f"{what}: cannot allocate {nbytes} bytes on the GPU: {error_name(err)}",
+                              hint=_hint(err))
+    _LIVE_BYTES[0] += size
+    return ptr.value
+
+
+def free_workspace(device: int, ptr: int, nbytes: int) -> None:
+    """Free :func:`alloc_workspace` memory once all work queued on its device is done."""
+    context(device).activate()
+    libcuda().cuCtxSynchronize()
+    libcuda().cuMemFree_v2(ptr)
+    _LIVE_BYTES[0] -= max(1, nbytes)

@@ -87,6 +87,27 @@ class Value:
 
 
 @dataclass
+class Statement:
+    """One statement of the op's body: ``text`` defines ``name`` (after ``decl``, the
+    declaration line of an intermediate), or ``name`` is a ``pad`` view of ``pad_of``."""
+
+    name: str
+    text: str
+    decl: str | None = None
+    pad_of: str | None = None
+
+    def lines(self) -> list[str]:
+        return [self.decl, self.text] if self.decl else [self.text]
+
+    def reads(self) -> list[str]:
+        """The names read, in order of first read: the pad's source, or every ``name[`` right of
+        the ``=`` (a superset of the tensors read: the reductions ``sum[``, ``max[`` are in it)."""
+        if self.pad_of is not None:
+            return [self.pad_of]
+        return list(dict.fromkeys(re.findall(r"([A-Za-z_]\w*)\[", self.text.split("=", 1)[1])))
+
+
+@dataclass
 class Program:
     """The tcc op under construction: parameters (with the arrays bound to weights), statements."""
 
@@ -95,7 +116,7 @@ class Program:
     weights: dict[str, np.ndarray] = field(default_factory=dict)  # parameter name -> its array
     inputs: dict[str, str] = field(default_factory=dict)  # graph input name -> parameter name
     results: list[tuple[str, str, tuple[int, ...]]] = field(default_factory=list)
-    lines: list[str] = field(default_factory=list)
+    statements: list[Statement] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what the import decided (folds, views)
     _names: set[str] = field(default_factory=set)
     _statements: int = 0
@@ -150,8 +171,8 @@ class Program:
         """A statement ``T[i0, ...] = body(i0, ...)`` defining a new intermediate."""
         name = self.fresh(hint)
         idx = self.index_names(len(shape))
-        self.lines.append(f"{name}: {dtype}[{', '.join(map(str, shape))}]")
-        self.lines.append(f"{name}[{', '.join(idx)}] = {body(idx)}")
+        decl = f"{name}: {dtype}[{', '.join(map(str, shape))}]"
+        self.statements.append(Statement(name, f"{name}[{', '.join(idx)}] = {body(idx)}", decl))
         return self.tensor_value(name, tuple(shape), dtype)
 
     def materialize(self, value: Value, hint: str) -> str:
@@ -169,7 +190,7 @@ class Program:
         name = self.fresh(hint + "_pad")
         fill_text = f", value={fill}" if fill is not None else ""
         lists = f"[{', '.join(map(str, lo))}], [{', '.join(map(str, hi))}]"
-        self.lines.append(f"{name} = pad({source}, {lists}{fill_text})")
+        self.statements.append(Statement(name, f"{name} = pad({source}, {lists}{fill_text})", pad_of=source))
         shape = tuple(n + a + b for n, a, b in zip(value.shape, lo, hi))
         return Value(shape, value.dtype, lambda idx: f"{name}[{', '.join(idx)}]")
 
@@ -177,7 +198,7 @@ class Program:
         name = self.fresh(onnx_name)
         idx = self.index_names(value.rank)
         self.results.append((name, value.dtype, value.shape))
-        self.lines.append(f"{name}[{', '.join(idx)}] = {value.read(idx)}")
+        self.statements.append(Statement(name, f"{name}[{', '.join(idx)}] = {value.read(idx)}"))
 
     def index_names(self, rank: int) -> list[str]:
         """Each statement's own index names (``i0_7, i1_7``): the CPU auto-scheduler transforms
@@ -193,7 +214,7 @@ class Program:
         params = ",\n    ".join(decl(p) for p in self.params)
         results = ", ".join(decl(r) for r in self.results)
         results = results if len(self.results) == 1 else f"({results})"
-        body = "\n".join("    " + line for line in self.lines)
+        body = "\n".join("    " + line for s in self.statements for line in s.lines())
         return f"op {self.name}(\n    {params}\n) -> {results} {{\n{body}\n}}\n"
 
 

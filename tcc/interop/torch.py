@@ -12,8 +12,8 @@ floats with their defaults), with
   ``torch.compile`` traces through the op without a graph break;
 - autograd: the backward calls one derived gradient op per float input (``tcc.grad(op, [X])``),
   each itself a ``torch.ops`` operator with a fake kernel, run only for the inputs whose
-  gradient autograd asks for (``torch.library.register_autograd``). Double backward is not
-  supported;
+  gradient autograd asks for (``torch.library.register_autograd``); the gradient operators have a
+  backward of their own, derived on first use (double backward);
 - an eager path: ``ops.NAME(...)`` on plain CPU tensors that record no graph, with nothing
   watching torch's dispatcher, runs the CPU kernel without dispatching (``TorchOp.__call__``).
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch  # the optional dependency this module exists for
 
@@ -34,6 +34,7 @@ from tcc.compiler import Library, Op
 from tcc.compiler import compile as tcc_compile
 from tcc.errors import TccArgumentError, TccError
 from tcc.runtime.binding import bind_cparams, bind_shapes, result_shapes
+from tcc.runtime.cpu import raise_out_of_memory
 
 _TORCH_DTYPES = {dtypes.f16: torch.float16, dtypes.bf16: torch.bfloat16, dtypes.f32: torch.float32,
                  dtypes.f64: torch.float64, dtypes.i8: torch.int8, dtypes.i32: torch.int32,
@@ -66,7 +67,9 @@ class TorchOp:
         self._positions = [i for i, is_t in enumerate(self._tensors) if is_t]  # of the tensor arguments
         self._dtypes = [_TORCH_DTYPES[op.te.tensors[r].dtype] for r in op.te.results]
         self._shapes: dict[tuple, list[tuple[Any, Any]]] = {}  # input shapes + parameters -> results
+        self._direct: dict[tuple, _Direct | None] = {}  # the same -> the eager path's kernel call
         self.grads: dict[str, TorchOp | TccError] = {}
+        self._derived = False
         lib = _LIBRARIES.setdefault(namespace, torch.library.Library(namespace, "FRAGMENT"))
         lib.define(f"{name}{self.schema()}")
         lib.impl(name, self._run_cpu, "CPU")
@@ -84,13 +87,18 @@ class TorchOp:
         other call, and any call of ``torch.ops.<namespace>.<name>``, goes through the dispatcher."""
         if _compiling() or self._needs_dispatch(args):
             return self.overload(*args, **cparams)
-        outs = [_empty(shape, dtype=dt) for shape, dt in
-                self._results(tuple([args[i].shape for i in self._positions]), cparams)]
-        try:
-            self.op(*args, out=outs[0] if len(outs) == 1 else outs, **cparams)
-        except TccArgumentError:
-            self._check_readable(args)
-            raise
+        shapes = tuple([args[i].shape for i in self._positions])
+        key = (shapes, tuple(cparams.items())) if cparams else shapes
+        direct = self._direct.get(key)
+        outs = _run_direct(direct, args) if direct is not None else None
+        if outs is None:
+            outs = [_empty(shape, dtype=dt) for shape, dt in self._results(shapes, cparams)]
+            try:
+                self.op(*args, out=outs[0] if len(outs) == 1 else outs, **cparams)
+            except TccArgumentError:
+                self._check_readable(args)
+                raise
+            self._direct[key] = _learn_direct(self.op, args, cparams, outs)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def _needs_dispatch(self, args: tuple[Any, ...]) -> bool:
@@ -175,18 +183,26 @@ class TorchOp:
         return self._cuda_op
 
     # ------------------------------------------------------------ autograd
-    def enable_grad(self) -> None:
-        """Register the backward: one derived gradient op per float tensor input."""
+    def enable_grad(self, lazy: bool = False) -> None:
+        """Register the backward: one derived gradient op per float tensor input, derived now, or
+        with ``lazy`` on the first backward that needs them. Gradient ops get a lazy backward of
+        their own, so a double backward (``create_graph=True``, ``gradgradcheck``) derives the
+        gradients of the gradients when it first runs, and nothing is derived ahead of use."""
+        if not lazy:
+            self._derive_grads()
+        torch.library.register_autograd(self.qualname, self._backward, setup_context=self._setup,
+                                        lib=_LIBRARIES[self.namespace])
+
+    def _derive_grads(self) -> None:
         te = self.te
         for p in te.inputs:
             if te.tensors[p].dtype.is_float:
                 try:
                     grad_op = derive_grad(self.op, [p], name=f"{self.op.name}_grad_{p}")
-                    self.grads[p] = register(grad_op, self.namespace)
+                    self.grads[p] = register(grad_op, self.namespace, autograd=True, lazy=True)
                 except TccError as exc:
                     self.grads[p] = exc  # raised if autograd ever asks for this gradient
-        torch.library.register_autograd(self.qualname, self._backward, setup_context=self._setup,
-                                        lib=_LIBRARIES[self.namespace])
+        self._derived = True
 
     def _setup(self, ctx: Any, inputs: tuple[Any, ...], output: Any,
                keyword_only_inputs: dict[str, Any] | None = None) -> None:
@@ -195,6 +211,8 @@ class TorchOp:
         ctx.save_for_backward(*(a for a, is_t in zip(inputs, self._tensors) if is_t))
 
     def _backward(self, ctx: Any, *upstream: Any) -> tuple[Any, ...]:
+        if not self._derived:
+            self._derive_grads()
         saved = iter(ctx.saved_tensors)
         args = [next(saved) if is_t else s for s, is_t in zip(ctx.scalars, self._tensors)]
         outs = self._empty(tuple(args), ctx.cparams, self._device(tuple(args)))
@@ -211,8 +229,65 @@ class TorchOp:
         return tuple(grads)
 
 
-def register(op: Op, namespace: str = "tcc", name: str | None = None, autograd: bool = False) -> TorchOp:
-    """``op`` as ``torch.ops.<namespace>.<name>`` (registered once per op and namespace)."""
+class _Direct(NamedTuple):
+    """The eager path's call for one signature (input shapes and parameters), taken from the plan
+    that tcc's CPU runtime made for it (``tcc.runtime.cpu.Plan``: the kernel, its argument slots and
+    pooled argument arrays). The eager path has checked what else the plan checks (plain CPU
+    tensors, no gradient), the key the shapes, and results are fresh: what is left per call is
+    each input's dtype and layout, its pointer, the results' allocation and one foreign call."""
+
+    plan: Any
+    inputs: tuple[tuple[int, int, Any], ...]  # (argument position, slot, torch dtype)
+    results: tuple[tuple[int, tuple[int, ...], Any], ...]  # (slot, shape, torch dtype)
+
+
+def _learn_direct(op: Op, args: tuple[Any, ...], cparams: dict[str, Any], outs: list[Any]) -> _Direct | None:
+    """The direct call for a signature that ``op`` just ran through its plan, if it made one (None
+    for ops with runtime scalars, strided inputs, or a backend without plans)."""
+    for plan in getattr(op._plans, "plans", ()):
+        ins, targets = plan.inputs, plan.outs
+        if (plan.scalars or targets is None or plan.nargs != len(args) or plan.cparams != cparams
+                or len(targets) != len(outs)):
+            continue
+        if all(not t.numpy and t.dtype is args[t.pos].dtype and t.shape == tuple(args[t.pos].shape) for t in ins) \
+                and all(t.shape == tuple(o.shape) and t.dtype is o.dtype for t, o in zip(targets, outs)):
+            return _Direct(plan, tuple((t.pos, t.slot, t.dtype) for t in ins),
+                           tuple((t.slot, t.shape, t.dtype) for t in targets))
+    return None
+
+
+def _run_direct(direct: _Direct, args: tuple[Any, ...]) -> list[Any] | None:
+    """The results of ``direct``'s kernel on ``args``; None when an input's dtype or layout differs."""
+    for pos, _, dtype in direct.inputs:
+        a = args[pos]
+        if a.dtype is not dtype or not a.is_contiguous():
+            return None
+    plan = direct.plan
+    try:
+        buffer = plan.pool.pop()
+    except IndexError:  # none free: the first call, or other threads hold them all
+        buffer = plan.new_buffer()
+    ptrs, _, address = buffer
+    try:
+        for pos, slot, _ in direct.inputs:
+            ptrs[slot] = args[pos].data_ptr()
+        outs = []
+        for slot, shape, dtype in direct.results:
+            r = _empty(*shape, dtype=dtype)  # sizes as arguments: parsed faster than a tuple
+            ptrs[slot] = r.data_ptr()
+            outs.append(r)
+        status = plan.kernel.fn(address)
+    finally:
+        plan.pool.append(buffer)
+    if status != 0:
+        raise_out_of_memory(plan.kernel.name)
+    return outs
+
+
+def register(op: Op, namespace: str = "tcc", name: str | None = None, autograd: bool = False,
+             lazy: bool = False) -> TorchOp:
+    """``op`` as ``torch.ops.<namespace>.<name>`` (registered once per op and namespace), with
+    autograd if asked (its gradient ops derived now, or on first use with ``lazy``)."""
     known = _REGISTERED.get((namespace, id(op)))
     if known is not None:
         return known
@@ -223,7 +298,7 @@ def register(op: Op, namespace: str = "tcc", name: str | None = None, autograd: 
         name = f"{base}_{n}"
     made = _REGISTERED[(namespace, id(op))] = TorchOp(op, namespace, name)
     if autograd:
-        made.enable_grad()
+        made.enable_grad(lazy)
     return made
 
 

@@ -215,10 +215,17 @@ _INT_RANGES = {"i32": (-(1 << 31), (1 << 31) - 1), "i64": (-(1 << 63), (1 << 63)
 MAX_PLANS = 8  # argument signatures remembered per op
 
 
+_C_WRITEABLE = 0x401  # NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_WRITEABLE, in ``ndarray.flags.num``
+
+
 def _pointer_offset_holds() -> bool:
-    """Whether an ndarray's data pointer sits at ``_DATA`` (CPython's layout); else no fast path."""
+    """Whether an ndarray's data pointer sits at ``_DATA`` (CPython's layout) and its flags read as
+    one number (a writeable C-contiguous target in one test); else no fast path."""
     probe = np.arange(3, dtype=np.float32)
-    return _read_pointer(id(probe) + _DATA).value == probe.__array_interface__["data"][0]
+    frozen = probe[::2]
+    frozen.flags.writeable = False
+    return (_read_pointer(id(probe) + _DATA).value == probe.__array_interface__["data"][0]
+            and probe.flags.num & _C_WRITEABLE == _C_WRITEABLE and frozen.flags.num & _C_WRITEABLE == 0)
 
 
 _FAST_POINTERS = _pointer_offset_holds()
@@ -295,6 +302,34 @@ class Plan:
             cells.append((pos, kind, bounds, cell))
         return ptrs, cells, ctypes.addressof(ptrs)  # an address passes faster than the array
 
+    def __post_init__(self) -> None:
+        self.one_array_out = self.outs is not None and len(self.outs) == 1 and self.outs[0].numpy
+        self.input_ranges = [(t.slot, t.nbytes) for t in self.inputs]  # for _outs' overlap checks
+
+    def _outs(self, out: Any, ptrs: Any) -> list[Any] | None:
+        """``out=`` targets in general (several, or torch tensors), their pointers set; None on a
+        mismatch or an overlap with an input."""
+        results = [out] if type(out) is not tuple and type(out) is not list else list(out)
+        if len(results) != len(self.outs):
+            return None
+        for t, r in zip(self.outs, results):
+            if (t.numpy and type(r) is np.ndarray and r.dtype is t.dtype and r.shape == t.shape
+                    and r.strides == t.strides):
+                ptr = _read_pointer(id(r) + _DATA).value or 0
+                if not r.flags.writeable:
+                    return None
+            elif (type(r) is t.kind and not t.numpy and r.dtype is t.dtype and r.shape == t.shape
+                  and r.stride() == t.strides and r.is_cpu and not r.requires_grad):  # a torch.Tensor
+                ptr = r.data_ptr()
+            else:
+                ptr = _pointer(t, r)
+            for slot, nbytes in self.input_ranges:
+                start = ptrs[slot] or 0
+                if start < ptr + t.nbytes and ptr < start + nbytes:
+                    return None
+            ptrs[t.slot] = ptr
+        return results
+
     def run(self, args: tuple[Any, ...], cparams: dict[str, Any], out: Any) -> list[Any] | None:
         """The results, or None when this call's signature differs from the plan's, ``out=``
         overlaps an input, or an integer scalar is out of range (the checked path handles those)."""
@@ -313,42 +348,38 @@ class Plan:
                 if type(value) is not kind or (bounds is not None and not bounds[0] <= value <= bounds[1]):
                     return None
                 cell.value = value
+            results, low, high = None, 0, 0  # [low, high): a single NumPy out='s bytes, checked first
+            if type(out) is np.ndarray and self.one_array_out:  # the common out=: inline, no list or loop
+                t = self.outs[0]
+                if out.dtype is not t.dtype or out.shape != t.shape or out.flags.num & _C_WRITEABLE != _C_WRITEABLE:
+                    return None
+                low = _read_pointer(id(out) + _DATA).value or 0
+                high = low + t.nbytes
+                ptrs[t.slot] = low
+                results = [out]
             for t in self.inputs:
                 a = args[t.pos]
                 if (t.numpy and type(a) is np.ndarray and a.dtype is t.dtype and a.shape == t.shape
                         and a.strides == t.strides):
-                    ptrs[t.slot] = _read_pointer(id(a) + _DATA).value
+                    ptr = _read_pointer(id(a) + _DATA).value or 0
                 elif (type(a) is t.kind and not t.numpy and a.dtype is t.dtype and a.shape == t.shape
                       and a.stride() == t.strides and a.is_cpu and not a.requires_grad):  # a torch.Tensor
-                    ptrs[t.slot] = a.data_ptr()
+                    ptr = a.data_ptr()
                 else:
-                    ptrs[t.slot] = _pointer(t, a)
+                    ptr = _pointer(t, a)
+                if ptr < high and low < ptr + t.nbytes:  # overlaps out=: the checked path copies
+                    return None
+                ptrs[t.slot] = ptr
             if out is None:
                 results = []
                 for slot, shape, dtype, nbytes in self.results:
                     r = np.empty(shape, dtype) if nbytes < ALIGN_FROM else aligned_empty(shape, dtype)
                     ptrs[slot] = _read_pointer(id(r) + _DATA).value
                     results.append(r)
-            else:
-                results = [out] if type(out) is not tuple and type(out) is not list else list(out)
-                if len(results) != len(self.outs):
+            elif results is None:
+                results = self._outs(out, ptrs)
+                if results is None:
                     return None
-                for t, r in zip(self.outs, results):
-                    if (t.numpy and type(r) is np.ndarray and r.dtype is t.dtype and r.shape == t.shape
-                            and r.strides == t.strides):
-                        ptr = _read_pointer(id(r) + _DATA).value or 0
-                        if not r.flags.writeable:
-                            return None
-                    elif (type(r) is t.kind and not t.numpy and r.dtype is t.dtype and r.shape == t.shape
-                          and r.stride() == t.strides and r.is_cpu and not r.requires_grad):  # a torch.Tensor
-                        ptr = r.data_ptr()
-                    else:
-                        ptr = _pointer(t, r)
-                    for i in self.inputs:  # an input overlapping the result: the checked path copies
-                        start = ptrs[i.slot] or 0
-                        if start < ptr + t.nbytes and ptr < start + i.nbytes:
-                            return None
-                    ptrs[t.slot] = ptr
             status = self.kernel.fn(address)
         except (_Miss, MemoryError):  # a result that cannot be allocated: the checked path says so
             return None

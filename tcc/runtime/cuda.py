@@ -10,18 +10,23 @@ default stream; nothing synchronises unless host arrays are involved.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import importlib
 import importlib.metadata
 import math
 import os
 import sys
+import threading
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from tcc import dtypes
-from tcc.codegen_cuda import cuda_c, driver, nvrtc
+from tcc.codegen_cuda import driver, nvrtc
 from tcc.cuda import Array
 from tcc.dtypes import DType
 from tcc.errors import TccArgumentError, TccCompileError, TccRuntimeError
@@ -33,6 +38,7 @@ from tcc.target import CudaTarget
 STAGES = ("ast", "te", "fused", "loops", "scheduled", "cuda", "ptx")
 _MAGIC = b"TCC-CUBIN-1\n"
 _SYNC = os.environ.get("TCC_CUDA_SYNC", "") not in ("", "0")  # debugging: synchronise after every call
+_NO_LOCK = contextlib.nullcontext()
 
 
 def _arch(options: dict[str, Any]) -> str:
@@ -71,16 +77,23 @@ def _nvrtc_version() -> str:
         return nvrtc.version()
 
 
+@functools.cache
+def _cuda_c() -> Any:
+    """The CUDA C generator, imported when first needed: a warm start only loads cubin from the
+    cache, and importing the code generators (GPU schedules, tensor cores) was part of its time."""
+    return importlib.import_module("tcc.codegen_cuda.cuda_c")
+
+
 def cuda_source(func: LoopFunc) -> str:
-    return cuda_c.generate(func).source
+    return _cuda_c().generate(func).source
 
 
 def stage_text(func: LoopFunc, stage: str, options: dict[str, Any]) -> str:
-    program = cuda_c.generate(func)
+    program = _cuda_c().generate(func)
     return program.source if stage == "cuda" else nvrtc.compile_ptx(program.source, _code_arch(program, options))
 
 
-def _code_arch(program: cuda_c.CudaProgram, options: dict[str, Any]) -> str:
+def _code_arch(program: Any, options: dict[str, Any]) -> str:
     """The architecture to compile for: sm_90a where the program uses its own instructions (wgmma)."""
     arch = _arch(options)
     return arch + "a" if program.arch_specific and not arch.endswith("a") else arch
@@ -89,7 +102,7 @@ def _code_arch(program: cuda_c.CudaProgram, options: dict[str, Any]) -> str:
 def build(func: LoopFunc, options: dict[str, Any] | None = None) -> bytes:
     """The artifact the cache stores: a JSON launch plan, then the cubin."""
     arch = _arch(options or {})
-    program = cuda_c.generate(func)
+    program = _cuda_c().generate(func)
     cubin = nvrtc.compile_cubin(program.source, _code_arch(program, options or {}))
     meta = {"arch": arch, "temps": program.temps,
             "kernels": [{"name": k.name, "grid": k.grid, "block": k.block, "params": k.params,
@@ -115,6 +128,32 @@ class CudaKernel:
         self.meta, self.cubin = _parse(artifact)
         self.temps: list[tuple[str, int]] = [(n, int(b)) for n, b in self.meta["temps"]]
         self._launchers: dict[int, list[driver.Launcher]] = {}
+        # (device, stream) -> (the temps it was made for, their pointers): intermediates allocated
+        # once, reused by every call on that stream (stream order keeps calls apart)
+        self._workspaces: dict[tuple[int, int], tuple[list[tuple[str, int]], list[int]]] = {}
+        self.lock = threading.Lock()  # held while one call queues its kernels on a shared workspace
+        self._allocating = threading.Lock()
+        weakref.finalize(self, _free_workspaces, self._workspaces)
+
+    def workspace(self, device: int, stream: int, op: str) -> list[int]:
+        """Pointers to this op's intermediates for calls on ``stream``, allocated on first use."""
+        found = self._workspaces.get((device, stream))
+        if found is not None and found[0] == self.temps:
+            return found[1]
+        with self._allocating:
+            driver.context(device).activate()
+            temps, ptrs = list(self.temps), []
+            try:
+                for name, nbytes in temps:
+                    ptrs.append(driver.alloc_workspace(nbytes, f"op {op}: intermediate {name}"))
+            except BaseException:
+                _free_workspaces({(device, stream): (temps[:len(ptrs)], ptrs)})
+                raise
+            old = self._workspaces.get((device, stream))
+            self._workspaces[(device, stream)] = (temps, ptrs)
+        if old is not None:
+            _free_workspaces({(device, stream): old})
+        return ptrs
 
     def launchers(self, device: int) -> list[driver.Launcher]:
         found = self._launchers.get(device)
@@ -129,6 +168,16 @@ class CudaKernel:
             found = _pair(made, [bool(k.get("aligned")) for k in self.meta["kernels"]])
             self._launchers[device] = found
         return found
+
+
+def _free_workspaces(workspaces: dict[tuple[int, int], tuple[list[tuple[str, int]], list[int]]]) -> None:
+    for (device, _), (temps, ptrs) in list(workspaces.items()):
+        for (_, nbytes), ptr in zip(temps, ptrs):
+            try:
+                driver.free_workspace(device, ptr, nbytes)
+            except Exception:  # noqa: BLE001 - at interpreter exit the driver may be gone
+                pass
+    workspaces.clear()
 
 
 def _pair(launchers: list[driver.Launcher], aligned: list[bool]) -> list[driver.Launcher]:
@@ -288,10 +337,11 @@ def _run(call: _Call, kernel: CudaKernel, op, bound, outs: list[Any], kind: str,
         values[name] = made[1]
         finish.append(made[2])
         del made  # only ``results`` may hold a new tensor (see invoke)
-    for name, nbytes in kernel.temps:
-        values[name] = call.alloc(nbytes, f"intermediate {name}")
-    for launcher in kernel.launchers(call.device):
-        launcher.launch(values, call.stream, op.name)
+    launchers = kernel.launchers(call.device)
+    with kernel.lock if kernel.temps else _NO_LOCK:
+        values.update(zip((n for n, _ in kernel.temps), kernel.workspace(call.device, call.stream, op.name)))
+        for launcher in launchers:
+            launcher.launch(values, call.stream, op.name)
     for post in finish:
         if post is not None:
             post()
@@ -451,129 +501,167 @@ def _check_out(op, bound, out: Any, kind: str, device: int) -> list[Any]:
 
 # ---------------------------------------------------------------- the repeat-call fast path
 
+_INT_RANGES = {"i32": (-(1 << 31), (1 << 31) - 1), "i64": (-(1 << 63), (1 << 63) - 1), "i8": (-128, 127)}
+MAX_PLANS = 8  # argument signatures remembered per op
+
+
+class _Tensor(NamedTuple):
+    """What a plan expects of one torch CUDA tensor argument (or ``out=`` target)."""
+
+    pos: int  # in the call's arguments (or ``out=``)
+    dtype: Any  # a torch dtype, compared by identity
+    shape: tuple[int, ...]
+    nbytes: int
+
+
 @dataclass
 class Plan:
     """What a repeat call with the same argument signature needs: no binding, no checks redone.
 
-    Made only after a call with that signature passed every check (so a wrong dtype, shape,
-    device or layout has another signature and takes the checked path). Covers contiguous
-    PyTorch CUDA tensors and Python scalars; the results are new tensors or ``out=`` tensors.
+    Made only after a call with that signature passed every check, for contiguous PyTorch CUDA
+    tensors and Python scalars (others take the checked path). It checks its own signature as
+    it reads pointers, then queues its kernels: no dictionary, no context query (a launch refused
+    for want of the context makes it current and retries), intermediates from the kernel's
+    workspace for the stream.
     """
 
     kernel: CudaKernel
+    context: driver.Context
     device: int
-    tensors: list[int]  # positions of tensor arguments
-    input_bytes: list[int]
+    nargs: int
+    cparams: dict[str, Any]
+    inputs: list[_Tensor]
+    scalars: list[tuple[int, type, tuple[int, int] | None]]  # (position, Python type, int range)
+    outs: list[_Tensor] | None  # None: the call allocates its results
     results: list[tuple[tuple[int, ...], Any]]  # (shape, torch dtype) of each new result
+    tensor: type  # torch.Tensor
     torch_device: Any
-    orders: list[list[int]]  # per kernel: positions of its parameters in the call's value list
-    result_bytes: list[int]
+    stream: Callable[[int], int]  # the device's current raw stream
+    empty: Callable[..., Any]  # torch.empty
+    launches: list[tuple[driver.Launcher, list[int]]]  # and the positions of its parameters in the values
+    op: str
 
-
-def signature(args: tuple[Any, ...], cparams: dict[str, Any], out: Any) -> tuple | None:
-    """A hashable key of everything the checks depend on, or None where only the checked path goes."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return None
-    tensor = torch.Tensor
-    key: list[Any] = []
-    for a in args:
-        if isinstance(a, tensor):
-            if not (a.is_cuda and a.is_contiguous()):
+    def run(self, args: tuple[Any, ...], cparams: dict[str, Any], out: Any) -> list[Any] | None:
+        """The results, or None when this call's signature differs from the plan's, ``out=`` overlaps
+        an input, or an integer scalar is out of range (the checked path handles those)."""
+        if len(args) != self.nargs or (out is None) != (self.outs is None):
+            return None
+        if (cparams or self.cparams) and not _same(cparams, self.cparams):
+            return None
+        device, tensor = self.device, self.tensor
+        values = list(args)
+        for pos, kind, bounds in self.scalars:
+            value = args[pos]
+            if type(value) is not kind or (bounds is not None and not bounds[0] <= value <= bounds[1]):
                 return None
-            key.append((a.dtype, a.shape, a.device))
-        elif type(a) in (float, int, bool):
-            key.append(type(a))
+        for t in self.inputs:
+            a = args[t.pos]
+            if not (isinstance(a, tensor) and a.dtype is t.dtype and a.get_device() == device and a.shape == t.shape
+                    and a.is_contiguous()):
+                return None
+            values[t.pos] = a.data_ptr()
+        if out is None:
+            results = [self.empty(shape, dtype=dt, device=self.torch_device) for shape, dt in self.results]
+            values.extend(r.data_ptr() for r in results)
         else:
-            return None
-    outs = () if out is None else (out if isinstance(out, (tuple, list)) else (out,))
-    for o in outs:
-        if not (isinstance(o, tensor) and o.is_cuda and o.is_contiguous()):
-            return None
-        key.append(("out", o.dtype, o.shape, o.device))
-    if cparams:
-        key.append(tuple((k, type(v), v) for k, v in sorted(cparams.items())))
-    try:
-        hash(key[-1] if key else None)
-    except TypeError:
-        return None  # an unhashable parameter value: the checked path explains what is wrong
-    return tuple(key)
+            results = [out] if type(out) is not tuple and type(out) is not list else list(out)
+            if len(results) != len(self.outs):
+                return None
+            for t, r in zip(self.outs, results):
+                if not (isinstance(r, tensor) and r.dtype is t.dtype and r.get_device() == device
+                        and r.shape == t.shape and r.is_contiguous()):
+                    return None
+                ptr = r.data_ptr()
+                for i in self.inputs:  # an input overlapping the result: the checked path copies
+                    if values[i.pos] < ptr + t.nbytes and ptr < values[i.pos] + i.nbytes:
+                        return None
+                values.append(ptr)
+        stream = self.stream(device)
+        try:
+            if not self.kernel.temps:
+                for launcher, order in self.launches:
+                    launcher.launch_ordered(values, order, stream, self.op, self.context)
+            else:
+                with self.kernel.lock:
+                    values.extend(self.kernel.workspace(device, stream, self.op))
+                    for launcher, order in self.launches:
+                        launcher.launch_ordered(values, order, stream, self.op, self.context)
+        except BaseException:
+            results.clear()  # the traceback must not keep new result tensors alive
+            raise
+        if _SYNC:
+            driver.synchronize(stream, f"op {self.op}: running its kernels")
+        return results
 
 
-def make_plan(kernel: CudaKernel, op, bound) -> Plan | None:
+def _same(cparams: dict[str, Any], planned: dict[str, Any]) -> bool:
+    """Whether a call's compile-time parameters are the plan's, in value and type."""
+    if not cparams:
+        return not planned
+    return cparams.keys() == planned.keys() and all(
+        type(v) is type(planned[k]) and v == planned[k] for k, v in cparams.items())
+
+
+class Plans:
+    """The plans of one op, newest first; a call runs the first that matches."""
+
+    def __init__(self) -> None:
+        self.plans: list[Plan] = []
+        # run(args, cparams, out) -> results or None: the only plan's own run when there is one
+        self.run: Callable[[tuple[Any, ...], dict[str, Any], Any], list[Any] | None] = self._first_match
+
+    def __bool__(self) -> bool:
+        return bool(self.plans)
+
+    def _first_match(self, args: tuple[Any, ...], cparams: dict[str, Any], out: Any) -> list[Any] | None:
+        plans = self.plans
+        for plan in plans:
+            results = plan.run(args, cparams, out)
+            if results is not None:
+                if plan is not plans[0]:  # most recently used first: a loop's calls match at once
+                    self.plans = [plan, *(p for p in plans if p is not plan)]
+                return results
+        return None
+
+    def learn(self, kernel: CudaKernel, op, bound, args: tuple[Any, ...], cparams: dict[str, Any], out: Any) -> None:
+        """Remember a plan for calls like this checked one, where one can be made."""
+        plan = make_plan(kernel, op, bound, args, cparams, out)
+        if plan is not None:
+            self.plans = [plan, *self.plans[:MAX_PLANS - 1]]  # replaced whole: threads may be reading it
+            self.run = plan.run if len(self.plans) == 1 else self._first_match
+
+
+def make_plan(kernel: CudaKernel, op, bound, args: tuple[Any, ...], cparams: dict[str, Any],
+              out: Any) -> Plan | None:
     """The plan for calls like this checked one (None when it has no fast path)."""
-    if any(not isinstance(a, DeviceTensor) or a.kind != "torch" for a in bound.arrays.values()):
+    torch = sys.modules.get("torch")
+    arrays = list(bound.arrays.values())
+    if torch is None or not arrays or any(not isinstance(a, DeviceTensor) or a.kind != "torch"
+                                          or not a.contiguous for a in arrays):
         return None
-    first = next(iter(bound.arrays.values()), None)
-    if first is None:
+    device = arrays[0].device
+    position = {name: i for i, name in enumerate(op.params)}
+    kinds = {n: op.scalars[n].dtype.name for n in bound.scalars}
+    if any(type(args[position[n]]) not in (float, int, bool) for n in kinds):
         return None
-    import torch
-
-    index = {name: i for i, name in enumerate([*op.params, *op.results, *(n for n, _ in kernel.temps)])}
-    inverse = {v: k for k, v in _torch_dtypes().items()}
-    results = [(bound.result_shapes[r], inverse[op.tensors[r].dtype]) for r in op.results]
-    launchers = kernel.launchers(first.device)
-    return Plan(kernel, first.device, [i for i, p in enumerate(op.params) if p in op.tensors],
-                [bound.arrays[p].nbytes for p in op.params if p in op.tensors], results,
-                torch.device("cuda", first.device), [[index[n] for n in launcher.names] for launcher in launchers],
-                [math.prod(s) * op.tensors[r].dtype.itemsize for r, (s, _) in zip(op.results, results)])
-
-
-def run_plan(plan: Plan, op, args: tuple[Any, ...], out: Any) -> list[Any] | None:
-    """Run a planned call; None when ``out=`` overlaps an input (the checked path handles that)."""
-    values = list(args)
-    for i in plan.tensors:
-        values[i] = args[i].data_ptr()
+    inputs = [_Tensor(position[n], a.owner.dtype, tuple(a.shape), a.nbytes) for n, a in bound.arrays.items()]
+    outs = None
     if out is not None:
-        results = list(out) if isinstance(out, (tuple, list)) else [out]
-        ptrs = [r.data_ptr() for r in results]
-        if _plan_overlaps(plan, values, ptrs):
-            return None
-    else:
-        results = [_empty(plan, op, r, shape, dt) for r, (shape, dt) in zip(op.results, plan.results)]
-        ptrs = [r.data_ptr() for r in results]
-    values.extend(ptrs)
-    try:
-        _launch_plan(plan, op, values)
-    except BaseException:
-        results.clear()  # the traceback must not keep new result tensors alive
-        raise
-    return results
-
-
-def _launch_plan(plan: Plan, op, values: list[Any]) -> None:
-    driver.context(plan.device).activate()
-    stream = _raw_stream(plan.device)
-    launchers = plan.kernel.launchers(plan.device)
-    if not plan.kernel.temps:
-        for launcher, order in zip(launchers, plan.orders):
-            launcher.launch_ordered(values, order, stream, op.name)
-    else:
-        with _Call(op.name, plan.device, stream) as call:
-            values.extend(call.alloc(nbytes, f"intermediate {name}") for name, nbytes in plan.kernel.temps)
-            for launcher, order in zip(launchers, plan.orders):
-                launcher.launch_ordered(values, order, stream, op.name)
-    if _SYNC:
-        driver.synchronize(stream, f"op {op.name}: running its kernels")
-
-
-def _empty(plan: Plan, op, name: str, shape: tuple[int, ...], dt: Any) -> Any:
-    import torch
-
-    try:
-        return torch.empty(shape, dtype=dt, device=plan.torch_device)
-    except Exception as exc:  # noqa: BLE001 - PyTorch's out-of-memory error, as on the checked path
-        raise TccRuntimeError(f"op {op.name}: cannot allocate result {name} ({list(shape)}) on "
-                              f"cuda:{plan.device}: {str(exc).splitlines()[0] if str(exc) else exc!r}",
-                              hint="free device memory or use smaller inputs") from None
-
-
-def _plan_overlaps(plan: Plan, values: list[Any], ptrs: list[int]) -> bool:
-    for ptr, size in zip(ptrs, plan.result_bytes):
-        for i, nbytes in zip(plan.tensors, plan.input_bytes):
-            if values[i] < ptr + size and ptr < values[i] + nbytes:
-                return True
-    return False
+        targets = list(out) if type(out) in (tuple, list) else [out]
+        outs = []
+        for i, target in enumerate(targets):
+            view = as_array(target, "out=")
+            if not (isinstance(view, DeviceTensor) and view.kind == "torch" and view.contiguous):
+                return None
+            outs.append(_Tensor(i, target.dtype, tuple(view.shape), view.nbytes))
+    inverse = {v: k for k, v in _torch_dtypes().items()}
+    index = {name: i for i, name in enumerate([*op.params, *op.results, *(n for n, _ in kernel.temps)])}
+    launchers = kernel.launchers(device)
+    return Plan(kernel, driver.context(device), device, len(args), dict(cparams), inputs,
+                [(position[n], type(args[position[n]]), _INT_RANGES.get(kind)) for n, kind in kinds.items()],
+                outs, [(bound.result_shapes[r], inverse[op.tensors[r].dtype]) for r in op.results],
+                torch.Tensor, torch.device("cuda", device), _stream_getter(), torch.empty,
+                [(launcher, [index[n] for n in launcher.names]) for launcher in launchers], op.name)
 
 
 @functools.cache

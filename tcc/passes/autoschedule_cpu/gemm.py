@@ -39,14 +39,17 @@ ONE_K_BLOCK = 4  # reductions up to this many k blocks run as one (a 3x3 conv on
 
 
 def gemm_params(m: int, n: int, k: int, itemsize: int, target: CpuTarget) -> dict[str, int]:
-    """Register tile mr x nr (24 of the 32 zmm registers accumulate), kc from L1 (32 lanes x 4
-    bytes x kc <= L1; up to 4 such blocks run as one: matmul 1000 and 1024 ~5% faster),
-    mc x kc block of A in an eighth of L2 and kc x nc panel of B in a quarter (measured on the
-    2 MiB-L2 development host: A in a quarter was 20-25% slower at 2048; B in an eighth 7% slower
-    on a 3x3 conv, in a half 4% slower)."""
+    """Register tile mr x nr (nr two vectors of f32 wide, three quarters of the vector registers
+    accumulate: 12 x 32 of the 32 zmm registers with AVX-512, 6 x 16 of the 16 ymm registers with
+    AVX2, where an AVX-512 tile spilled: a 3x3 conv on 512 channels at 7x7 ran 3x slower), kc
+    from L1 (nr lanes x 4 bytes x kc <= L1; up to 4 such blocks run as one: matmul 1000 and 1024
+    ~5% faster), mc x kc block of A in an eighth of L2 and kc x nc panel of B in a quarter
+    (measured on the 2 MiB-L2 development host: A in a quarter was 20-25% slower at 2048; B in an
+    eighth 7% slower on a 3x3 conv, in a half 4% slower)."""
     l1, l2 = target.cache_bytes(1), target.cache_bytes(2)
-    nr = 32 if itemsize == 4 else 16
-    mr = _register_rows(m, target.cores)
+    wide = target.vector_bytes == 64
+    nr = (32 if wide else 16) if itemsize == 4 else (16 if wide else 8)
+    mr = _register_rows(m, target.cores, (12, 8) if wide else (6, 4))
     kc = max(16, min(256, l1 // (nr * itemsize)))
     if k <= ONE_K_BLOCK * kc:  # one k block: no pass to zero C, no reloads of C, the epilogue in the tile store
         kc = k
@@ -55,17 +58,19 @@ def gemm_params(m: int, n: int, k: int, itemsize: int, target: CpuTarget) -> dic
     return {"mr": mr, "nr": nr, "kc": kc, "mc": mc, "nc": nc}
 
 
-def _register_rows(m: int, cores: int) -> int:
-    """12 rows per register tile (24 accumulators), or 8 where 12 pads a thread's share of the
-    rows by more than 2% and 8 pads them less: 64 output channels are 8 tiles of 8 rather than 5
-    of 12 and a 4-row tail, and 256 rows split over 2 threads become 16 tiles each, which also
-    lets the threads split the rows (see _parallel_axis) instead of each packing all of A."""
+def _register_rows(m: int, cores: int, choices: tuple[int, int]) -> int:
+    """The full tile's rows (``choices[0]``: 12 with AVX-512), or the smaller choice where the
+    full one pads a thread's share of the rows by more than 2% and the smaller pads them less:
+    64 output channels are 8 tiles of 8 rather than 5 of 12 and a 4-row tail, and 256 rows split
+    over 2 threads become 16 tiles each, which also lets the threads split the rows (see
+    _parallel_axis) instead of each packing all of A."""
     rows = -(-m // cores)
+    full, small = choices
 
     def waste(mr: int) -> float:
         return -(-rows // mr) * mr / rows - 1
 
-    return 8 if waste(12) > 0.02 and waste(8) < waste(12) else 12
+    return small if waste(full) > 0.02 and waste(small) < waste(full) else full
 
 
 # ---------------------------------------------------------------- contractions
@@ -160,9 +165,9 @@ def _contraction(nest: Stmt) -> dict | None:
     if not (isinstance(a, Load) and isinstance(b, Load)):
         return None
     j = axes[-1].var.name
-    if linear_coeff(b.indices[-1], j) in (0, None) or any(j in free_vars(x) for x in a.indices):
+    if not _moves_with(b, j) or any(j in free_vars(x) for x in a.indices):
         a, b = b, a
-    if linear_coeff(b.indices[-1], j) in (0, None) or any(j in free_vars(x) for x in a.indices):
+    if not _moves_with(b, j) or any(j in free_vars(x) for x in a.indices):
         return None
     a_vars = set().union(*(free_vars(x) for x in a.indices))
     b_vars = set().union(*(free_vars(x) for x in b.indices))
@@ -181,6 +186,12 @@ def _contraction(nest: Stmt) -> dict | None:
             "batch": [f.var.name for f in axes if f.var.name not in (i_axes[-1].var.name, j)],
             "m": m, "n": n, "k": k, "flops": 2 * total * k, "itemsize": a.dtype.itemsize,
             "a": a.buffer, "b": b.buffer, "extents": ext}
+
+
+def _moves_with(b: Load, j: str) -> bool:
+    """Whether B's element moves with the column loop ``j``: in its last index (a plain GEMM) or
+    in another (``Q @ K^T`` reads ``K[j, k]``: packing B transposes it into the kc x nr panels)."""
+    return any(linear_coeff(x, j) not in (0, None) for x in b.indices)
 
 
 def _strip(e: Expr) -> Expr:

@@ -146,6 +146,7 @@ class Builder:
         self.decompose = self._narrow(decompose) if self.narrow else decompose
         self.m, self.n, self.k = c.size(c.m_axes), c.size(c.n_axes), c.size(c.k_axes)
         self.bm, self.bn, self.bk = tile or choose_tile(self.m, self.n, c.size(c.batch_axes), self.tiles, sms)
+        self.k_axes = _k_order(c.k_axes, self.bk)
         if stages is not None:  # the tuner's pipeline depth (else the class's)
             self.double_buffered = stages > 1
         self.tm, self.tn = self.bm // SIDE, self.bn // SIDE
@@ -278,8 +279,7 @@ class Builder:
             else:  # straight to shared memory
                 name, where = buf.name, (slot, ss, kk) if self.k_inner else (slot, kk, ss)
             target = Store(name, where, value)
-            compute = self.decompose(self.c.k_axes, [_const(f) for f in self.c.k_axes], gk,
-                                     self.decompose(axes, [_const(f) for f in axes], gs, target))
+            compute = self._k_digits(k0, kk, gk, self.decompose(axes, [_const(f) for f in axes], gs, target))
             cond = _in_range([(gs, size, size % tile == 0), (gk, self.k, self.k % self.bk == 0)])
             guarded = compute if cond is None else If(cond, compute, Store(name, where, Const(0, stage.dtype)))
             return Let(gs, _add(base, ss), Let(gk, _add(k0, kk), guarded))
@@ -288,6 +288,17 @@ class Builder:
             where = (slot, ss, kk) if self.k_inner else (slot, kk, ss)
             return Store(buf.name, where, Load(stage.name, (step,), stage.dtype))
         return indexed(load), indexed(store)
+
+    def _k_digits(self, k0: Expr, kk: Var, gk: Var, body: Stmt) -> Stmt:
+        """``body`` with the reduction axes bound to their digits of ``gk = k0 + kk``. When BK steps
+        divide the innermost axis, a k-step spans one value of the others: those come from the
+        step's start ``k0`` (once per step, shared by all of a thread's elements) and the
+        innermost one is ``k0 % E + kk`` (no division per element)."""
+        extents = [_const(f) for f in self.k_axes]
+        if len(extents) > 1 and extents[-1] % self.bk == 0:
+            inner = Let(self.k_axes[-1].var, _add(_mod(k0, extents[-1]), kk), body)
+            return self.decompose(self.k_axes[:-1], extents[:-1], _div(k0, extents[-1]), inner)
+        return self.decompose(self.k_axes, extents, gk, body)
 
     def _products(self, ty: Var, tx: Var, slot: Expr) -> Stmt:
         kk, a, b = self.fresh("kk"), self.fresh("ra"), self.fresh("rb")
@@ -332,13 +343,25 @@ def _owned(t: Var, i: Var, count: int) -> Expr:
     return _add(_add(_mul(_div(i, run), SIDE * run), _mul(t, run)), _mod(i, run))
 
 
+def _k_order(k_axes: list[For], bk: int) -> list[For]:
+    """The reduction axes in the order a k-step walks them: the longest one whose extent BK divides
+    goes innermost (a convolution's channels rather than its 3-wide window), so that a step spans
+    one value of the others (see ``Builder._k_digits``). The sum is the same; only the order of
+    its additions changes."""
+    fitting = [f for f in k_axes if _const(f) % bk == 0]
+    if len(k_axes) < 2 or not fitting:
+        return list(k_axes)
+    inner = max(fitting, key=_const)
+    return [f for f in k_axes if f is not inner] + [inner]
+
+
 def _k_fastest(value: Expr, axes: list[For], k_axes: list[For]) -> bool:
     """Whether ``value``'s main read is contiguous along the reduction rather than the tile's axis."""
     load = next((n for n in walk(value) if isinstance(n, Load)), None)
     if load is None or not load.indices:
         return False
     last = free_vars(load.indices[-1])
-    return axes[-1].var.name not in last and k_axes[-1].var.name in last
+    return axes[-1].var.name not in last and any(k.var.name in last for k in k_axes)
 
 
 def _in_range(checks: list[tuple[Var, int, bool]]) -> Expr | None:

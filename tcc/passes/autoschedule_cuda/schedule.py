@@ -263,6 +263,9 @@ def _contraction_kernels(c: gemm.Contraction, names: _Names, shapes: dict[str, t
     first, on warpgroup MMA where the architecture has it), else on FMA with the tuner's tile and
     pipeline depth."""
     if tf32 and (f32 := tensorcore.tf32_operands(c)) is not None:
+        if warpgroup.fits(c, target.arch):
+            kernel = warpgroup.StagedBuilder(c, names.fresh, _decompose, f32, target.sms).kernel()
+            return kernel, "tf32 warpgroup gemm"
         return tensorcore.Builder(c, names.fresh, _decompose, f32, None, target.sms).kernel(), "tf32 tensor-core gemm"
     values = tensorcore.operands(c)
     if values is None:

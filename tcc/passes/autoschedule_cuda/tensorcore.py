@@ -25,15 +25,17 @@ are not.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from tcc import dtypes
-from tcc.ir.expr import Binary, Cast, Const, Expr, Load, Var, substitute, transform
+from tcc.ir.expr import Binary, Cast, Const, Expr, Load, Var, cast, substitute, transform
 from tcc.ir.loops import AsyncCommit, AsyncCopy, AsyncWait, Barrier, Buffer, For, If, Let, Stmt, Store, seq
 from tcc.passes.autoschedule_cuda import gemm
 from tcc.passes.loops.tensorize import tensorize
 
 I64 = dtypes.i64
+I32 = dtypes.i32
 F32 = dtypes.f32
 BK = 32
 KPAD = 8  # halves added to each shared row (16 bytes: the fragment loads stay conflict-free)
@@ -47,6 +49,7 @@ class FastLayout:
     """How the copy-engine kernel reads its operands: x along the reduction, y along it or along N."""
 
     k_fast: bool  # y contiguous along k (an [n][k] tile) rather than along n (a [k][n] tile)
+    narrow: bool = False  # both operands have fewer than 2^31 elements: copy indices in 32 bits
 
 
 def fast_layout(c: gemm.Contraction, values: tuple[Expr, Expr],
@@ -64,7 +67,8 @@ def fast_layout(c: gemm.Contraction, values: tuple[Expr, Expr],
     k_fast = y[1] == 1
     if not k_fast and (y[0] != 1 or size_n % CHUNK):
         return None  # y must be contiguous along k, or along n in whole 16-byte pieces
-    return FastLayout(k_fast)
+    narrow = all(math.prod(shapes[v.buffer]) < 2**31 for v in values if isinstance(v, Load))
+    return FastLayout(k_fast, narrow)
 
 
 def _strides(value: Expr, shapes: dict[str, tuple[int, ...]], row: Var, k: Var,
@@ -95,6 +99,12 @@ def operands(c: gemm.Contraction) -> tuple[Expr, Expr] | None:
         return None
     x, y = _widened(c.x), _widened(c.y)
     return (x, y) if x is not None and y is not None and x.dtype == y.dtype else None
+
+
+def _narrowed(e: Expr, dtype) -> Expr:
+    """``a + b`` in ``dtype``: a 64-bit operand is cast, a ``dtype`` one kept."""
+    assert isinstance(e, Binary) and e.op == "add"
+    return Binary("add", cast(e.a, dtype), cast(e.b, dtype), dtype)
 
 
 def tf32_operands(c: gemm.Contraction) -> tuple[Expr, Expr] | None:
@@ -169,11 +179,16 @@ class Builder(gemm.Builder):
 
     def _copy_tile(self, buf: Buffer, value: Expr, row: Var, k: Var, base: Var, k0: Expr, size: int, tid: Var,
                    slot: Expr, k_rows: bool) -> Stmt:
-        """``buf[slot]`` (rows of ``row``, or of ``k`` when ``k_rows``) from ``value``, 8 halves a copy."""
+        """``buf[slot]`` (rows of ``row``, or of ``k`` when ``k_rows``) from ``value``, 8 halves a copy.
+        A thread copies the same columns of rows a fixed stride apart, so per k-step its copies
+        cost an address increment each; edges are tested only where the problem has them."""
         rows, width = buf.shape[1], buf.shape[2] - (0 if buf.swizzle else KPAD)
         per_row = width // CHUNK
-        step, r, col, gr, gk = (self.fresh(s) for s in ("cp", "cr", "cc", "gr", "gk"))
-        chunk = gemm._add(gemm._mul(step, gemm.THREADS), tid)
+        threads = gemm.THREADS
+        assert threads % per_row == 0, "a tile row wider than the copying threads"
+        index = I32 if self.fast is not None and self.fast.narrow else I64  # a 64-bit op costs two
+        step = self.fresh("cp")
+        r, col, gr, gk = (Var(self.fresh(s).name, index) for s in ("cr", "cc", "gr", "gk"))
         if k_rows:  # rows are k, columns the tile's n
             where = {k.name: gk, row.name: gr}
             g_row, g_col = (gk, gemm._add(k0, r)), (gr, gemm._add(base, col))
@@ -182,12 +197,18 @@ class Builder(gemm.Builder):
             g_row, g_col = (gr, gemm._add(base, r)), (gk, gemm._add(k0, col))
         src = substitute(value, where)
         assert isinstance(src, Load)
-        valid = Binary("and", Binary("lt", gr, Const(size, I64), dtypes.boolean),
-                       Binary("lt", gk, Const(self.k, I64), dtypes.boolean), dtypes.boolean)
+        k_extent = rows if k_rows else width
+        valid = None
+        for var, bound, covered in ((gr, size, size % (width if k_rows else rows) == 0),
+                                    (gk, self.k, self.k % k_extent == 0)):
+            if not covered:
+                test = Binary("lt", var, Const(bound, index), dtypes.boolean)
+                valid = test if valid is None else Binary("and", valid, test, dtypes.boolean)
         copy = AsyncCopy(Load(buf.name, (slot, r, col), buf.dtype), src, 16, valid)
-        body = Let(r, gemm._div(chunk, per_row), Let(col, gemm._mul(gemm._mod(chunk, per_row), CHUNK),
-                                                      Let(g_row[0], g_row[1], Let(g_col[0], g_col[1], copy))))
-        return For(step, Const(rows * per_row // gemm.THREADS, I64), body, "unroll")
+        body = Let(r, cast(gemm._add(gemm._mul(step, threads // per_row), gemm._div(tid, per_row)), index),
+                   Let(col, cast(gemm._mul(gemm._mod(tid, per_row), CHUNK), index),
+                       Let(g_row[0], _narrowed(g_row[1], index), Let(g_col[0], _narrowed(g_col[1], index), copy))))
+        return For(step, Const(rows * per_row // threads, I64), body, "unroll")
 
     def _init(self) -> Stmt:
         return self._warp_tile(lambda a, b: Store(self.acct.name, (a, b), self.c.init))

@@ -1,19 +1,21 @@
 """Hopper GEMMs: the tensor-core contraction of :mod:`.tensorcore` on ``wgmma``.
 
-Where the copy-engine layout fits (:func:`tensorcore.fast_layout`) and the chip is sm_90, a
-block of two warpgroups (256 threads) computes a ``128 x BN`` tile: each warpgroup a ``64 x BN``
-piece, with ``wgmma.m64nBNk16`` reading both operands straight from shared memory. The tiles
+Where the copy-engine layout fits (:func:`tensorcore.fast_layout`) and the chip is sm_90, each
+block of two warpgroups (256 threads) computes a ``128 x BN`` tile, each warpgroup a ``64 x BN``
+piece through ``wgmma.m64nBNk16`` reading both operands straight from shared memory. The tiles
 are 128-byte swizzled (``Buffer.swizzle``: the layout the descriptors describe, free of bank
-conflicts), ``BK = 64`` halves deep (one swizzle atom per row), in ``STAGES`` slots filled by
-16-byte ``cp.async`` copies ``STAGES - 2`` k-steps ahead of the products.
+conflicts), ``BK = 64`` halves deep (one swizzle atom per row), in ``STAGES`` slots.
 
-Per k-step ``kt``: wait for this thread's copies of tile ``kt``, make them visible to the matrix
-units (``fence.proxy.async``), barrier; then start the copies of tile ``kt + STAGES - 2`` into
-the slot that tile ``kt - 2`` used, issue tile ``kt``'s products and wait until only they are in
-flight. That wait, before the next barrier, is what frees tile ``kt - 1``'s slot... of the step
-after; so two slots are always being read or about to be, and ``STAGES - 2`` are being filled.
-Everything here is loop IR: the copies, fences and waits are statements, and the products are
-the plain warpgroup nest that :mod:`tcc.passes.loops.tensorize` turns into ``WarpgroupMma``.
+Every thread both copies and multiplies. Per k-step ``kt``: wait for this thread's copies of
+tile ``kt``, make them visible to the matrix units (``fence.proxy.async``), block barrier; copy
+tile ``kt + STAGES - 2`` into the slot tile ``kt - 2`` used (its products finished before the
+barrier: each warpgroup waits until only its latest group is in flight), then issue tile
+``kt``'s products. (A producer warpgroup handing slots over through mbarriers, with
+``setmaxnreg``, measured slower on an H100: 0.41 of cuBLAS against 0.65, and is not kept.)
+
+Everything here is loop IR: the copies, fences, barriers and waits are statements, and the
+products are the plain warpgroup nest that :mod:`tcc.passes.loops.tensorize` turns into
+``WarpgroupMma``.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ BK = 64  # halves: one 128-byte swizzle atom per row
 STAGES = 4
 TILES = ((128, 256, BK), (128, 128, BK))
 WARPGROUP = 128
+SLOTS = 3  # of the register-staged kernel
 MIN_SIDE = 128  # smaller problems stay on mma.sync (a mostly empty 128-row tile wastes the block)
 
 
@@ -77,8 +80,8 @@ class Builder(tensorcore.Builder):
         ahead = STAGES - 2
         first = For(s, Const(ahead, I64), seq(self._copies_if(tid, tm0, tn0, s, steps), AsyncCommit()), "unroll")
         nxt = gemm._add(kt, Const(ahead, I64))
-        step = seq(AsyncWait(ahead - 1), ProxyFence(), Barrier(), self._copies_if(tid, tm0, tn0, nxt, steps),
-                   AsyncCommit(), self._products(ty, tx, gemm._mod(kt, STAGES)), WarpgroupSync("wait", 1))
+        step = seq(AsyncWait(ahead - 1), ProxyFence(), Barrier(), self._products(ty, tx, gemm._mod(kt, STAGES)),
+                   self._copies_if(tid, tm0, tn0, nxt, steps), AsyncCommit(), WarpgroupSync("wait", 1))
         return seq(first, For(kt, Const(steps, I64), step), WarpgroupSync("wait", 0))
 
     def _copies_if(self, tid: Var, tm0: Var, tn0: Var, tile: Expr, steps: int) -> Stmt:
@@ -90,9 +93,45 @@ class Builder(tensorcore.Builder):
         wr, _ = self._warp_origin(ty)
         i, j, k = self.fresh("wi"), self.fresh("wj"), self.fresh("wk")
         half = self.xs.dtype
-        x = Cast(Load(self.xs.name, (slot, gemm._add(wr, i), k), half), F32)
-        y = Cast(Load(self.ys.name, (slot, j, k) if self.fast.k_fast else (slot, k, j), half), F32)
+        x: Expr = Load(self.xs.name, (slot, gemm._add(wr, i), k), half)
+        y: Expr = Load(self.ys.name, (slot, j, k) if self.ys.shape[1] == self.bn else (slot, k, j), half)
+        if half != F32:  # 16-bit operands widened; f32 ones are read as TF32 by the instruction
+            x, y = Cast(x, F32), Cast(y, F32)
         acc = Load(self.acct.name, (i, j), F32)
         update = Store(self.acct.name, (i, j), Binary("add", acc, Binary("mul", x, y, F32), F32))
+        what = "wgmma.tf32" if half == F32 else "wgmma"
         return For(i, Const(self.wm, I64), For(j, Const(self.wn, I64), For(k, Const(self.bk, I64), update)),
-                   annotations=(("tensorize", "wgmma"), ("lane", tx)))
+                   annotations=(("tensorize", what), ("lane", tx)))
+
+
+class StagedBuilder(Builder):
+    """The warpgroup kernel for operands the copy engine cannot read (f32 for TF32, whose
+    descriptors must be K-major: a ``[k][n]`` operand is transposed on its way through
+    registers): the threads load the next k-step's tiles into registers while the matrix units
+    multiply this one, then store them into the other slot of the swizzled tiles."""
+
+    tiles = ((128, 128, 32),)  # f32: 32 elements make the 128-byte atom
+
+    def __init__(self, c: gemm.Contraction, fresh, decompose, values: tuple[Expr, Expr], sms: int = gemm.SMS):
+        tensorcore.Builder.__init__(self, c, fresh, decompose, values, None, sms)
+        dtype = self.xv.dtype
+        self.wm, self.wn = WARPGROUP // 2, self.bn
+        self.xs = Buffer(self.xs.name, dtype, (SLOTS, self.bm, self.bk), "shared", 128)
+        self.ys = Buffer(self.ys.name, dtype, (SLOTS, self.bn, self.bk), "shared", 128)
+        self.acct = Buffer(self.acct.name, F32, (self.wm, self.wn), "local")
+
+    def _main_loop(self, tid: Var, ty: Var, tx: Var, tm0: Var, tn0: Var) -> Stmt:
+        """Three slots: tile ``kt + 1`` goes to the slot tile ``kt - 2`` used (done: each warpgroup
+        waits until only its latest products are in flight, before the barrier), so the products
+        of ``kt`` run on while the threads store."""
+        kt = self.fresh("kt")
+        steps = -(-self.k // self.bk)
+        zero, one = Const(0, I64), Const(1, I64)
+        first = self.fills(tid, tm0, tn0, zero, zero)
+        nxt = gemm._add(kt, one)
+        more = Binary("lt", nxt, Const(steps, I64), dtypes.boolean)
+        loads, stores = self.fills(tid, tm0, tn0, gemm._mul(nxt, self.bk), gemm._mod(nxt, SLOTS))
+        step = seq(If(more, loads), self._products(ty, tx, gemm._mod(kt, SLOTS)), WarpgroupSync("wait", 1),
+                   If(more, stores), ProxyFence(), Barrier())
+        return seq(*first, ProxyFence(), Barrier(), For(kt, Const(steps, I64), step), WarpgroupSync("wait", 0))
+

@@ -21,6 +21,12 @@ piece), the marked nest becomes fragment loads and ``Mma`` statements, and each 
 operands (f16, bf16: ``m16n8k16``) fragments come from ``ldmatrix`` (``.trans`` where the row is
 the contiguous index); with f32 operands the mark must say ``mma.sync.tf32`` (TF32 rounds them
 to 10 mantissa bits: the caller opted in) and lanes load their fragment elements one by one.
+
+``tensorize=wgmma`` marks a warpgroup's tile (``lane`` its 128 lanes, TM a multiple of 64, TN
+at most 256): the operands must be 128-byte swizzled shared buffers, read through descriptors,
+and the nest becomes ``wgmma.fence``, one ``WarpgroupMma`` per 64 rows and 16 of k, and a
+commit; the schedule places the waits (``WarpgroupSync``) that its pipeline needs. Warp ``w``
+of the warpgroup holds rows ``16 w ..`` of each 64-row fragment.
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ from tcc.passes.loops.loopnest import linear_coeff, map_exprs
 I64 = dtypes.i64
 I32 = dtypes.i32
 F32 = dtypes.f32
-INSTRUCTIONS = ("mma.sync", "mma.sync.tf32", "wgmma")
+INSTRUCTIONS = ("mma.sync", "mma.sync.tf32", "wgmma", "wgmma.tf32")
 
 
 @dataclass(frozen=True)
@@ -79,9 +85,13 @@ class _Plan:
     what: str  # the instruction
 
     @property
+    def warpgroup(self) -> bool:
+        return self.what.startswith("wgmma")
+
+    @property
     def rows(self) -> int:
         """Accumulator rows per fragment: one warp's 16, or a warpgroup's 64."""
-        return 64 if self.what == "wgmma" else 16
+        return 64 if self.warpgroup else 16
 
 
 def tensorize(kernel: Stmt, fresh) -> Stmt:
@@ -139,9 +149,9 @@ def _plan(nest: For) -> _Plan:
     acc, x, y = _update(body, i, j, nest.span)
     kind = _kind(x, y, what, nest.span)
     tm, tn, tk = (_extent(f, nest.span) for f in (i, j, k))
-    if what == "wgmma" and (tm % 64 or tn % 8 or tn > 256 or tk % 16 or kind == "tf32"):
-        raise _fail(f"tile {tm} x {tn} x {tk} of {kind} is not made of whole m64nNk16 wgmma (N <= 256)",
-                    nest.span)
+    if str(what).startswith("wgmma") and (tm % 64 or tn % 8 or tn > 256 or tk % _k_step(kind)):
+        raise _fail(f"tile {tm} x {tn} x {tk} of {kind} is not made of whole m64nNk{_k_step(kind)} wgmma "
+                    "(N <= 256)", nest.span)
     if tm % 16 or tn % 16 or tk % _k_step(kind):
         raise _fail(f"tile {tm} x {tn} x {tk} is not made of whole instructions", nest.span)
     return _Plan(acc, tm, tn, lane, kind, str(what))
@@ -183,8 +193,8 @@ def _kind(x: Expr, y: Expr, what: object, span: Span | None) -> str:
     if len(kinds) != 1 or None in kinds:
         raise _fail("operands must both be f16 or both bf16 widened to f32, or both f32", span)
     kind = kinds.pop()
-    if (kind == "tf32") != (what == "mma.sync.tf32"):
-        raise _fail("f32 operands need the mark mma.sync.tf32 (and only they)", span)
+    if (kind == "tf32") != str(what).endswith(".tf32"):
+        raise _fail("f32 operands need a mark ending .tf32, mma.sync.tf32 or wgmma.tf32 (and only they)", span)
     return kind
 
 
@@ -217,7 +227,7 @@ def _products(nest: For, plan: _Plan, shared: dict[str, Buffer], fresh) -> Stmt:
     assert isinstance(body, Store) and isinstance(body.value, Binary) and isinstance(body.value.b, Binary)
     x = _operand(body.value.b.a, i.var, j.var, k.var, shared, nest.span)
     y = _operand(body.value.b.b, j.var, i.var, k.var, shared, nest.span)
-    if plan.what == "wgmma":
+    if plan.warpgroup:
         return _warpgroup_products(nest, plan, x, y, shared, fresh)
     mf, nf, step = plan.tm // 16, plan.tn // 8, _k_step(plan.kind)
     frag = F32 if plan.kind == "tf32" else I32
@@ -249,11 +259,14 @@ def _warpgroup_products(nest: For, plan: _Plan, x: _Operand, y: _Operand, shared
         if buf.swizzle != 128 or (not op.trans and buf.shape[-1] != atom) or (op.trans and buf.shape[-2] % 8):
             raise _fail(f"wgmma reads {buf.name} through a descriptor: it must be 128-byte swizzled with "
                         f"{'8 | rows' if op.trans else f'rows of {atom} elements (one atom)'}", nest.span)
+        if op.trans and plan.kind == "tf32":
+            raise _fail(f"wgmma reads TF32 operands K-major only; {buf.name} is stored [k][row]", nest.span)
     ks, fi = fresh("ks"), fresh("fi")
-    k0, zero = _mul(ks, 16), Const(0, I64)
-    mma = WarpgroupMma((64, plan.tn, 16), plan.kind, Load(plan.acc, (fi, zero, zero), F32),
+    step = _k_step(plan.kind)
+    k0, zero = _mul(ks, step), Const(0, I64)
+    mma = WarpgroupMma((64, plan.tn, step), plan.kind, Load(plan.acc, (fi, zero, zero), F32),
                        x.at(_mul(fi, 64), k0), y.at(zero, k0), x.trans, y.trans)
-    steps = For(ks, Const(_extent(_three_loops(nest)[2], nest.span) // 16, I64),
+    steps = For(ks, Const(_extent(_three_loops(nest)[2], nest.span) // step, I64),
                 For(fi, Const(plan.tm // 64, I64), mma, "unroll"), "unroll", span=nest.span)
     return seq(WarpgroupSync("fence"), steps, WarpgroupSync("commit"))
 
@@ -315,7 +328,7 @@ def _elementwise(outer: For, plans: dict[str, _Plan], fresh) -> Stmt | None:
         return replace(s, indices=frag) if isinstance(s, Store) and s.buffer == plan.acc and s.indices == ab else None
     body = map_stmt(map_exprs(inner.body, lambda x: transform(x, load)), store)
     lane = plan.lane
-    if plan.what == "wgmma":  # warp w of the warpgroup holds rows 16 w .. 16 w + 15
+    if plan.warpgroup:  # warp w of the warpgroup holds rows 16 w .. 16 w + 15
         in_warp = _add(_mul(_div(lane, 32), 16), _add(_div(_mod(lane, 32), 4), _mul(_div(e, 2), 8)))
     else:
         in_warp = _add(_div(lane, 4), _mul(_div(e, 2), 8))

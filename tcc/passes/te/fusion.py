@@ -240,9 +240,9 @@ def _shared_depth(group: list[Compute], depth: int, c: Compute, op: OpTE) -> int
     would make a group holding a reduction share fewer loops stays out: im2col's patches and
     GEMM for one block of output rows share ``n, y_block``, and the epilogue reading the GEMM at
     ``y // R`` joining them at ``n`` would make whole images' patches again. A group never shares
-    a GEMM's row or column loop (see :func:`_gemm_batch_depth`)."""
+    a GEMM's row or column loop (see :func:`gemm_batch_depth`)."""
     first = group[0]
-    k = min(depth, len(c.axes), *(_gemm_batch_depth(m) for m in (*group, c)))
+    k = min(depth, len(c.axes), *(gemm_batch_depth(m) for m in (*group, c)))
     while k > 0:
         same_extents = all(first.axes[i].extent == c.axes[i].extent for i in range(k))
         if same_extents and _row_local(group, c, k, op):
@@ -253,7 +253,7 @@ def _shared_depth(group: list[Compute], depth: int, c: Compute, op: OpTE) -> int
     return 0
 
 
-def _gemm_batch_depth(c: Compute) -> int:
+def gemm_batch_depth(c: Compute) -> int:
     """How many leading loops of ``c`` a group may share: for a contraction the CPU GEMM
     scheduler tiles (``sum[k](A[..] * B[..])`` with rows ``i`` and columns ``j``, and at least
     ``GEMM_MIN_FLOPS`` of work), its leading batch loops only; for anything else, all of them.
@@ -265,15 +265,16 @@ def _gemm_batch_depth(c: Compute) -> int:
     is the last loop, ``B`` the operand whose last index moves with it, ``i`` a loop that only
     ``A`` reads."""
     sums = [n for n in walk(c.body) if isinstance(n, Reduce)]
-    if len(sums) != 1 or sums[0].op != "sum" or not isinstance(sums[0].body, Binary) or sums[0].body.op != "mul":
+    if not c.axes or len(sums) != 1 or sums[0].op != "sum" or not isinstance(sums[0].body, Binary) \
+            or sums[0].body.op != "mul":
         return len(c.axes)
     a, b = (_strip_casts(x) for x in (sums[0].body.a, sums[0].body.b))
-    if not (isinstance(a, Read) and isinstance(b, Read) and a.indices and b.indices):
-        return len(c.axes)
+    if not (isinstance(a, Read) and isinstance(b, Read) and a.indices and b.indices and c.axes):
+        return len(c.axes)  # (no axes: a dot product, ONNX's MatMul of two vectors)
     j = c.axes[-1].var.name
-    if j not in _vars(b.indices[-1]) or any(j in _vars(x) for x in a.indices):
+    if not any(j in _vars(x) for x in b.indices) or any(j in _vars(x) for x in a.indices):
         a, b = b, a
-    if j not in _vars(b.indices[-1]) or any(j in _vars(x) for x in a.indices):
+    if not any(j in _vars(x) for x in b.indices) or any(j in _vars(x) for x in a.indices):
         return len(c.axes)
     a_vars = set().union(*(_vars(x) for x in a.indices))
     b_vars = set().union(*(_vars(x) for x in b.indices))

@@ -113,6 +113,7 @@ def gather(read: Read, indices: tuple[Expr, ...], shape: tuple[Expr, ...], targe
            value: Expr, scope: dict[str, Expr], adjoint: Adjoint, emit: Emitter) -> Expr:
     """``dA[targets]``'s part from one read ``A[indices]`` whose contribution is ``value`` (a
     function of the index variables in ``scope``, name -> extent)."""
+    indices, value, scope = _floordiv_parts(indices, value, scope, emit)
     forms = []
     for d, e in enumerate(indices):
         form = linear(e, set(scope))
@@ -131,6 +132,35 @@ def gather(read: Read, indices: tuple[Expr, ...], shape: tuple[Expr, ...], targe
     if not guards and _windowed(window, value, adjoint, summed):
         return _window_form(solves, trivial, value, scope, summed, shape, targets, adjoint, emit)
     return _guarded_form(forms, solves, trivial, value, scope, summed, targets)
+
+
+def _floordiv_parts(indices: tuple[Expr, ...], value: Expr, scope: dict[str, Expr], emit: Emitter
+                    ) -> tuple[tuple[Expr, ...], Expr, dict[str, Expr]]:
+    """Each index ``v // c`` (``v`` an index variable, ``c`` free of them) as a variable of its own:
+    ``v := c*q + t`` with ``q`` over ``ceil(V / c)`` and ``t`` over ``c``, the value guarded by
+    ``c*q + t < V`` and reading ``v`` clamped. A dilation ``select(u % S == 0, dY[u // S], 0)`` (the
+    data gradient of a strided convolution) then has the affine read ``dY[q]``: its own gradient,
+    for a double backward, is a guarded gather."""
+    for e in indices:
+        if not (isinstance(e, Binary) and e.op == "floordiv" and isinstance(e.a, Var) and e.a.name in scope
+                and not free_vars(e.b) & set(scope)):
+            continue
+        v, c, extent = e.a.name, e.b, scope[e.a.name]
+        q, t = Var(emit.fresh(f"{v}_q")), Var(emit.fresh(f"{v}_t"))
+        whole = iadd(imul(c, q), t)
+        clamped = simplify(Binary("min", whole, isub(extent, _i(1)), dtypes.i64))
+
+        def split(x: Expr, e: Expr = e, q: Var = q, v: str = v, clamped: Expr = clamped) -> Expr:
+            return substitute(transform(x, lambda n: q if n == e else None), {v: clamped})
+
+        indices = tuple(split(i) for i in indices)
+        value = fselect(_cmp("lt", whole, extent), split(value), num(0))
+        quotients = simplify(Binary("floordiv", iadd(extent, isub(c, _i(1))), c, dtypes.i64))
+        names = list(scope)
+        at = names.index(v)
+        scope = {**{k: scope[k] for k in names[:at]}, q.name: quotients, t.name: c,
+                 **{k: scope[k] for k in names[at + 1:]}}
+    return indices, value, scope
 
 
 def _zero(e: Expr) -> bool:

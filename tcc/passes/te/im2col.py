@@ -16,6 +16,11 @@ one per thread): the peak extra memory is ``threads * C*R*S*OY*OX*itemsize`` wha
 Strided windows with more than ``ROW_BLOCK_FROM`` of patches per batch element are gathered and
 multiplied a block of output rows at a time (``_row_block``), each block's patches in L2.
 
+A weight gradient ``sum[n, y, x](dY[n, f, y, x] * Xp[n, c, y + r, x + s])`` is the same rule with
+the roles turned round (its window outputs are the kernel offsets): ``_promote_columns`` makes
+``c`` a GEMM column next to ``r, s`` and ``_partial_axes`` takes ``n`` out of the reduction as a
+batch whose GEMM results are summed after, so it is one ``F x C*R*S`` GEMM per image.
+
 Override with ``tcc.compile(..., conv="im2col" | "direct" | "auto")``.
 """
 

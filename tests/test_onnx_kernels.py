@@ -1,0 +1,106 @@
+"""tcc.onnx on the CPU runs a model as kernels (tcc.interop.onnx_kernels): identical layers share
+one, a warm load runs no pass, and graphs whose values are read by several kernels, left unread
+or returned as well as read still match onnxruntime. Kernels built in worker processes land in
+the disk cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+from onnx import TensorProto, helper  # noqa: E402
+from test_onnx import _networks, check_against_ort, make_model  # noqa: E402
+
+import tcc  # noqa: E402
+from tcc import compiler  # noqa: E402
+from tcc.interop import onnx_build, onnx_kernels  # noqa: E402
+from tcc.runtime import cache  # noqa: E402
+
+F32 = TensorProto.FLOAT
+
+
+def conv_stack(rng, depth: int, channels: int = 8, size: tuple[int, int] = (9, 7)):
+    """``depth`` Conv + Relu layers of one shape (each its own weights), then a Softmax over rows."""
+    nodes, init, x = [], {}, "x"
+    for d in range(depth):
+        init[f"w{d}"] = rng.standard_normal([channels, channels, 3, 3]).astype(np.float32) / 4
+        init[f"b{d}"] = rng.standard_normal([channels]).astype(np.float32)
+        nodes += [helper.make_node("Conv", [x, f"w{d}", f"b{d}"], [f"c{d}"], pads=[1, 1, 1, 1]),
+                  helper.make_node("Relu", [f"c{d}"], [f"r{d}"])]
+        x = f"r{d}"
+    nodes.append(helper.make_node("Softmax", [x], ["y"], axis=3))
+    shape = [2, channels, *size]
+    return make_model(nodes, [("x", F32, shape)], [("y", F32, shape)], init)
+
+
+def test_identical_layers_share_one_kernel(rng, fresh_cache):
+    compiled = check_against_ort(conv_stack(rng, depth=4), rng)
+    sources = [k.source for k in compiled.kernels]
+    # four conv + relu kernels of one code, then the softmax's statements as one more
+    assert len(sources) == 5 and len(set(sources)) == 2, compiled.lower("fused")
+    assert "kernels: 5, 2 distinct" in compiled.lower("fused")
+    assert compiled.lower("scheduled").count("# kernel ") == 2
+
+
+def test_warm_load_runs_no_pass_and_no_split(rng, fresh_cache, monkeypatch):
+    model = conv_stack(rng, depth=2)
+    x = rng.standard_normal([2, 8, 9, 7]).astype(np.float32)
+    expected = tcc.onnx.load(model, jobs=1)(x)
+    cache.MEMORY.clear()  # as a new process finds it: only the disk cache
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a warm load ran the compiler")
+
+    monkeypatch.setattr(compiler, "run_pipeline", refuse)
+    monkeypatch.setattr(onnx_kernels, "split", refuse)
+    np.testing.assert_array_equal(tcc.onnx.load(model)(x), expected)
+
+
+def test_values_read_by_several_kernels_unread_and_returned(rng, fresh_cache):
+    """A value two kernels read, an expensive one read twice, a node nobody reads, an output that
+    later nodes also read, and two outputs written through out=."""
+    w = rng.standard_normal([24, 16, 1, 1]).astype(np.float32)
+    nodes = [helper.make_node("Exp", ["x"], ["e"]),
+             helper.make_node("Conv", ["e", "w"], ["c"]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Tanh", ["c"], ["dead"]),
+             helper.make_node("ReduceMean", ["r"], ["m"], axes=[2, 3], keepdims=1),
+             helper.make_node("Sub", ["r", "m"], ["s"]),
+             helper.make_node("Mul", ["s", "e2"], ["y"]),
+             helper.make_node("ReduceSum", ["e", "axes"], ["e2"], keepdims=1)]
+    nodes = [*nodes[:6], nodes[7], nodes[6]]
+    axes = np.array([1], np.int64)
+    model = make_model(nodes, [("x", F32, [1, 16, 7, 33])], [("y", F32, [1, 24, 7, 33]), ("m", F32, [1, 24, 1, 1])],
+                       {"w": w, "axes": axes}, opset=17)
+    compiled = check_against_ort(model, rng, rtol=1e-4, atol=1e-3)  # results up to ~200 after a cancelling Sub
+    assert len(compiled.kernels) == 3  # exp; the conv + relu; the mean, the sum of e and the rest
+    assert not any("dead" in name for k in compiled.kernels for name in k.results)
+
+
+def test_workers_build_kernels_into_the_disk_cache(rng, fresh_cache, monkeypatch):
+    model = tcc.onnx.load(conv_stack(rng, depth=2, size=(5, 33)), compile_now=False)
+    sources = list(dict.fromkeys(k.source for k in model.kernels))
+    todo = [*sources, "op kernel(x: f32[3]) -> y: f32[3] { y[i] = nothing[i] }"]
+    done = []
+    workers = onnx_build.Workers(todo, {}, 2, lambda: done.append(1))
+    workers.join()  # the caller took nothing: the workers build everything
+    assert len(done) == len(sources) + 1  # the bad source is reported done too: the caller raises its error
+    assert len(list(fresh_cache.glob("*/*.bin"))) == len(sources)
+    torch = pytest.importorskip("torch")
+    nets = _networks()
+    net = nets.randomized(nets.ResNet(width=8, blocks=(1, 1), classes=11))
+    data = nets.export(net, torch.zeros(1, 3, 33, 35))
+    monkeypatch.setattr(tcc.onnx, "PARALLEL_AFTER_S", 0.0)  # a worker from the first kernel on
+    started = []
+    monkeypatch.setattr(tcc.onnx, "Workers", lambda *args: started.append(1) or onnx_build.Workers(*args))
+    check_against_ort(onnx.load_from_string(data), rng, rtol=1e-4, atol=1e-4, jobs=2)
+    assert started
+
+
+def test_scalar_result_of_a_dot_product(rng):
+    """MatMul of two vectors: a result of rank 0 (no loop for the partition to look at)."""
+    model = make_model([helper.make_node("MatMul", ["a", "b"], ["y"])], [("a", F32, [33]), ("b", F32, [33])],
+                       [("y", F32, [])])
+    check_against_ort(model, rng)
