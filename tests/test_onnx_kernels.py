@@ -53,7 +53,7 @@ def test_warm_load_runs_no_pass_and_no_split(rng, fresh_cache, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a warm load ran the compiler")
 
-    monkeypatch.setattr(compiler, "run_pipeline", refuse)
+    monkeypatch.setattr(compiler, "lower_op", refuse)
     monkeypatch.setattr(onnx_kernels, "split", refuse)
     np.testing.assert_array_equal(tcc.onnx.load(model)(x), expected)
 
