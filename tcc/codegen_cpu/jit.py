@@ -144,8 +144,12 @@ FULL = Level(3, 3)
 # For a kernel whose loops tcc already vectorised and unrolled: the code generator's O3 found
 # nothing more than its O2 (matmul 256, conv2d 3x3 64->64 56x56, softmax, layernorm, maxpool,
 # bias_relu, axpy: the same run time, min of 25, within 2%) and takes longer. The IR pipeline
-# stays at O3: at O1 and O2 a ResNet-style ONNX model's logits moved by 1% (tests/test_onnx.py),
-# which points at undefined behaviour in some generated IR that O3 happens to keep as meant.
+# stays at O3: at O1 and O2 a ResNet-style ONNX model's logits moved by 1% (tests/test_onnx.py).
+# Reduced to a 3x3 pad-1 conv 16->16 on a 5x5 image (tests/test_fuzz_regressions.py): with the
+# IR pipeline at O1, -opt-bisect-limit puts the change at the loop unroller's output, which reads
+# as the same program; the same IR is right with the code generator at O0 and wrong (lane 24 of
+# 25-lane vectors: 3 x 8 + 1 on AVX2) with it at O1-O3, so the suspect is x86 instruction
+# selection of odd-width vectors, not tcc's IR.
 # LLVM's loop unroller stays on even where the schedule unrolled the register tile: without it
 # conv2d 3x3 64->64 56x56 compiled in a fifth of the LLVM time, but ran 6% slower, matmul 256 30%
 # (thread CPU time, interleaved; BENCHMARKS.md, latency).
