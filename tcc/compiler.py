@@ -30,6 +30,7 @@ from tcc.passes.te.specialize import specialize
 from tcc.passes.trace import Trace
 from tcc.runtime import cache
 from tcc.runtime.binding import BoundCall, bind, bind_cparams
+from tcc.runtime.plans import Plans
 from tcc.stack import deep
 from tcc.target import KINDS as TARGETS  # noqa: F401 - tcc.interop.onnx checks targets against it
 from tcc.target import Target, target_kind
@@ -215,7 +216,7 @@ class Op:
         self._backend = target_module(target)
         self._keys: dict[tuple, str] = {}  # bindings -> cache key, so repeat calls skip the pipeline
         self._solved: dict[tuple, tuple[dict, dict]] = {}  # shapes + parameters -> symbols, result shapes
-        self._plans = self._backend.Plans()  # repeat calls with a checked signature skip binding and checks
+        self._plans = Plans(self._backend.make_plan)  # repeat calls with a checked signature skip binding and checks
 
     def __repr__(self) -> str:
         return f"<tcc op {self.name} ({self.target})>"

@@ -11,7 +11,6 @@ from __future__ import annotations
 import ctypes
 import math
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -24,6 +23,7 @@ from tcc.errors import TccArgumentError, TccCompileError, TccRuntimeError, TccTy
 from tcc.ir.loops import Buffer, For, LoopFunc, walk_stmts
 from tcc.runtime.binding import as_host_array, out_list
 from tcc.runtime.cache import pack_artifact, unpack_artifact
+from tcc.runtime.plans import same_params
 from tcc.target import CpuTarget
 
 STAGES = ("ast", "te", "fused", "loops", "scheduled", "llvm", "asm")
@@ -212,8 +212,6 @@ _read_pointer = ctypes.c_void_p.from_address
 _SCALAR_CELLS = {"f32": ctypes.c_float, "f64": ctypes.c_double, "i32": ctypes.c_int32, "i64": ctypes.c_int64,
                  "i8": ctypes.c_int8, "bool": ctypes.c_bool}
 _INT_RANGES = {"i32": (-(1 << 31), (1 << 31) - 1), "i64": (-(1 << 63), (1 << 63) - 1), "i8": (-128, 127)}
-MAX_PLANS = 8  # argument signatures remembered per op
-
 
 _C_WRITEABLE = 0x401  # NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_WRITEABLE, in ``ndarray.flags.num``
 
@@ -335,7 +333,7 @@ class Plan:
         overlaps an input, or an integer scalar is out of range (the checked path handles those)."""
         if len(args) != self.nargs or (out is None) != (self.outs is None):
             return None
-        if (cparams or self.cparams) and not _same(cparams, self.cparams):
+        if (cparams or self.cparams) and not same_params(cparams, self.cparams):
             return None
         try:
             buffer = self.pool.pop()
@@ -388,44 +386,6 @@ class Plan:
         if status != 0:
             raise_out_of_memory(self.kernel.name)
         return results
-
-
-def _same(cparams: dict[str, Any], planned: dict[str, Any]) -> bool:
-    """Whether a call's compile-time parameters are the plan's, in value and type."""
-    if not cparams:
-        return not planned
-    return cparams.keys() == planned.keys() and all(
-        type(v) is type(planned[k]) and v == planned[k] for k, v in cparams.items())
-
-
-class Plans:
-    """The plans of one op, newest first; a call runs the first that matches."""
-
-    def __init__(self) -> None:
-        self.plans: list[Plan] = []
-        # run(args, cparams, out) -> results or None: the only plan's own run when there is one
-        # (a Python call less per call), else the search below
-        self.run: Callable[[tuple[Any, ...], dict[str, Any], Any], list[Any] | None] = self._first_match
-
-    def __bool__(self) -> bool:
-        return bool(self.plans)
-
-    def _first_match(self, args: tuple[Any, ...], cparams: dict[str, Any], out: Any) -> list[Any] | None:
-        plans = self.plans
-        for plan in plans:
-            results = plan.run(args, cparams, out)
-            if results is not None:
-                if plan is not plans[0]:  # most recently used first: a loop's calls match at once
-                    self.plans = [plan, *(p for p in plans if p is not plan)]
-                return results
-        return None
-
-    def learn(self, kernel: CpuKernel, op, bound, args: tuple[Any, ...], cparams: dict[str, Any], out: Any) -> None:
-        """Remember a plan for calls like this checked one, where one can be made."""
-        plan = make_plan(kernel, op, bound, args, cparams, out)
-        if plan is not None:
-            self.plans = [plan, *self.plans[:MAX_PLANS - 1]]  # replaced whole: threads may be reading it
-            self.run = plan.run if len(self.plans) == 1 else self._first_match
 
 
 def make_plan(kernel: CpuKernel, op, bound, args: tuple[Any, ...], cparams: dict[str, Any],

@@ -33,6 +33,7 @@ from tcc.errors import TccArgumentError, TccCompileError, TccRuntimeError
 from tcc.ir.loops import LoopFunc
 from tcc.runtime.binding import as_host_array, out_list
 from tcc.runtime.cache import pack_artifact, unpack_artifact
+from tcc.runtime.plans import same_params
 from tcc.target import CudaTarget
 
 STAGES = ("ast", "te", "fused", "loops", "scheduled", "cuda", "ptx")
@@ -502,8 +503,6 @@ def _check_out(op, bound, out: Any, kind: str, device: int) -> list[Any]:
 # ---------------------------------------------------------------- the repeat-call fast path
 
 _INT_RANGES = {"i32": (-(1 << 31), (1 << 31) - 1), "i64": (-(1 << 63), (1 << 63) - 1), "i8": (-128, 127)}
-MAX_PLANS = 8  # argument signatures remembered per op
-
 
 class _Tensor(NamedTuple):
     """What a plan expects of one torch CUDA tensor argument (or ``out=`` target)."""
@@ -546,7 +545,7 @@ class Plan:
         an input, or an integer scalar is out of range (the checked path handles those)."""
         if len(args) != self.nargs or (out is None) != (self.outs is None):
             return None
-        if (cparams or self.cparams) and not _same(cparams, self.cparams):
+        if (cparams or self.cparams) and not same_params(cparams, self.cparams):
             return None
         device, tensor = self.device, self.tensor
         values = list(args)
@@ -592,43 +591,6 @@ class Plan:
         if _SYNC:
             driver.synchronize(stream, f"op {self.op}: running its kernels")
         return results
-
-
-def _same(cparams: dict[str, Any], planned: dict[str, Any]) -> bool:
-    """Whether a call's compile-time parameters are the plan's, in value and type."""
-    if not cparams:
-        return not planned
-    return cparams.keys() == planned.keys() and all(
-        type(v) is type(planned[k]) and v == planned[k] for k, v in cparams.items())
-
-
-class Plans:
-    """The plans of one op, newest first; a call runs the first that matches."""
-
-    def __init__(self) -> None:
-        self.plans: list[Plan] = []
-        # run(args, cparams, out) -> results or None: the only plan's own run when there is one
-        self.run: Callable[[tuple[Any, ...], dict[str, Any], Any], list[Any] | None] = self._first_match
-
-    def __bool__(self) -> bool:
-        return bool(self.plans)
-
-    def _first_match(self, args: tuple[Any, ...], cparams: dict[str, Any], out: Any) -> list[Any] | None:
-        plans = self.plans
-        for plan in plans:
-            results = plan.run(args, cparams, out)
-            if results is not None:
-                if plan is not plans[0]:  # most recently used first: a loop's calls match at once
-                    self.plans = [plan, *(p for p in plans if p is not plan)]
-                return results
-        return None
-
-    def learn(self, kernel: CudaKernel, op, bound, args: tuple[Any, ...], cparams: dict[str, Any], out: Any) -> None:
-        """Remember a plan for calls like this checked one, where one can be made."""
-        plan = make_plan(kernel, op, bound, args, cparams, out)
-        if plan is not None:
-            self.plans = [plan, *self.plans[:MAX_PLANS - 1]]  # replaced whole: threads may be reading it
-            self.run = plan.run if len(self.plans) == 1 else self._first_match
 
 
 def make_plan(kernel: CudaKernel, op, bound, args: tuple[Any, ...], cparams: dict[str, Any],
