@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from tcc import dtypes
 from tcc.ir.expr import Binary, Const, Expr, Load, Var, cast, free_vars, transform, walk
 from tcc.ir.loops import Allocate, Barrier, Buffer, For, If, Let, Seq, Stmt, Store, seq
+from tcc.passes.loops.loopnest import add_index, div_index, mod_index, mul_index
 from tcc.target import CudaTarget
 
 I64 = dtypes.i64
@@ -173,17 +174,17 @@ class Builder:
         body = Let(ty, row, Let(tx, col, body))
         span = c.final.span
         inner: Stmt = For(tid, Const(THREADS, I64), body, "thread.x", span=span)
-        tile = _mod(bx, tiles_m * tiles_n)
+        tile = mod_index(bx, tiles_m * tiles_n)
         group = self.group_rows if tiles_m % self.group_rows == 0 else 1
         if group > 1:  # bands of ``group`` tile rows, column by column: a wave of blocks shares operand panels in L2
-            band, within = _div(tile, group * tiles_n), _mod(tile, group * tiles_n)
-            row, col = _add(_mul(band, group), _mod(within, group)), _div(within, group)
+            band, within = div_index(tile, group * tiles_n), mod_index(tile, group * tiles_n)
+            row, col = add_index(mul_index(band, group), mod_index(within, group)), div_index(within, group)
         else:
-            row, col = _div(tile, tiles_n), _mod(tile, tiles_n)
-        inner = Let(tm0, _mul(row, self.bm), Let(tn0, _mul(col, self.bn), inner))
+            row, col = div_index(tile, tiles_n), mod_index(tile, tiles_n)
+        inner = Let(tm0, mul_index(row, self.bm), Let(tn0, mul_index(col, self.bn), inner))
         if c.batch_axes:
             inner = self.decompose(c.batch_axes, [_const(f) for f in c.batch_axes],
-                                   _div(bx, tiles_m * tiles_n), inner)
+                                   div_index(bx, tiles_m * tiles_n), inner)
         return For(bx, Const(batch * tiles_m * tiles_n, I64), inner, "block.x", span=span)
 
     def _narrow(self, decompose):
@@ -206,7 +207,7 @@ class Builder:
 
     def thread_coords(self, tid: Var) -> tuple[Expr, Expr]:
         """(ty, tx): the thread's place in the block, as the products and the epilogue use it."""
-        return _div(tid, SIDE), _mod(tid, SIDE)
+        return div_index(tid, SIDE), mod_index(tid, SIDE)
 
     def local_buffers(self) -> tuple[Buffer, ...]:
         """The kernel's shared and register buffers, innermost first."""
@@ -232,16 +233,16 @@ class Builder:
         kt = self.fresh("kt")
         steps = -(-self.k // self.bk)
         if not self.double_buffered:
-            fill = self.fills(tid, tm0, tn0, _mul(kt, self.bk), Const(0, I64))[0]
+            fill = self.fills(tid, tm0, tn0, mul_index(kt, self.bk), Const(0, I64))[0]
             products = self._products(ty, tx, Const(0, I64))
             return For(kt, Const(steps, I64), seq(fill, Barrier(), products, Barrier()))
         first = self.fills(tid, tm0, tn0, Const(0, I64), Const(0, I64))
         if steps == 1:
             return seq(*first, Barrier(), self._products(ty, tx, Const(0, I64)))
-        products = self._products(ty, tx, _mod(kt, 2))
-        loads, stores = self.fills(tid, tm0, tn0, _mul(_add(kt, Const(1, I64)), self.bk),
-                                   _mod(_add(kt, Const(1, I64)), 2))
-        more = Binary("lt", _add(kt, Const(1, I64)), Const(steps, I64), dtypes.boolean)
+        products = self._products(ty, tx, mod_index(kt, 2))
+        loads, stores = self.fills(tid, tm0, tn0, mul_index(add_index(kt, Const(1, I64)), self.bk),
+                                   mod_index(add_index(kt, Const(1, I64)), 2))
+        more = Binary("lt", add_index(kt, Const(1, I64)), Const(steps, I64), dtypes.boolean)
         step = seq(If(more, loads), products, If(more, stores), Barrier())
         return seq(*first, Barrier(), For(kt, Const(steps, I64), step))
 
@@ -266,11 +267,11 @@ class Builder:
             fast, slow = (kk, ss) if k_fast else (ss, kk)
             if THREADS % fast_n == 0:  # lid = step * THREADS + tid, tid < THREADS: the fast digit is
                 # the thread's own, the same at every step and k-tile (its index arithmetic hoists)
-                body = Let(fast, _mod(tid, fast_n), Let(slow, _add(_mul(step, THREADS // fast_n),
-                                                                   _div(tid, fast_n)), make(step, kk, ss)))
+                body = Let(fast, mod_index(tid, fast_n), Let(slow, add_index(mul_index(step, THREADS // fast_n),
+                                                                   div_index(tid, fast_n)), make(step, kk, ss)))
                 return For(step, Const(steps, I64), body, "unroll")
-            body = Let(fast, _mod(lid, fast_n), Let(slow, _div(lid, fast_n), make(step, kk, ss)))
-            return For(step, Const(steps, I64), Let(lid, _add(_mul(step, THREADS), tid), body), "unroll")
+            body = Let(fast, mod_index(lid, fast_n), Let(slow, div_index(lid, fast_n), make(step, kk, ss)))
+            return For(step, Const(steps, I64), Let(lid, add_index(mul_index(step, THREADS), tid), body), "unroll")
 
         def load(step: Var, kk: Var, ss: Var) -> Stmt:
             gs, gk = self.fresh("gs"), self.fresh("gk")
@@ -282,7 +283,7 @@ class Builder:
             compute = self._k_digits(k0, kk, gk, self.decompose(axes, [_const(f) for f in axes], gs, target))
             cond = _in_range([(gs, size, size % tile == 0), (gk, self.k, self.k % self.bk == 0)])
             guarded = compute if cond is None else If(cond, compute, Store(name, where, Const(0, stage.dtype)))
-            return Let(gs, _add(base, ss), Let(gk, _add(k0, kk), guarded))
+            return Let(gs, add_index(base, ss), Let(gk, add_index(k0, kk), guarded))
 
         def store(step: Var, kk: Var, ss: Var) -> Stmt:
             where = (slot, ss, kk) if self.k_inner else (slot, kk, ss)
@@ -296,8 +297,8 @@ class Builder:
         innermost one is ``k0 % E + kk`` (no division per element)."""
         extents = [_const(f) for f in self.k_axes]
         if len(extents) > 1 and extents[-1] % self.bk == 0:
-            inner = Let(self.k_axes[-1].var, _add(_mod(k0, extents[-1]), kk), body)
-            return self.decompose(self.k_axes[:-1], extents[:-1], _div(k0, extents[-1]), inner)
+            inner = Let(self.k_axes[-1].var, add_index(mod_index(k0, extents[-1]), kk), body)
+            return self.decompose(self.k_axes[:-1], extents[:-1], div_index(k0, extents[-1]), inner)
         return self.decompose(self.k_axes, extents, gk, body)
 
     def _products(self, ty: Var, tx: Var, slot: Expr) -> Stmt:
@@ -328,7 +329,8 @@ class Builder:
             cond = _in_range([(gm, self.m, self.m % self.bm == 0), (gn, self.n, self.n % self.bn == 0)])
             if cond is not None:
                 body = If(cond, body)
-            return Let(gm, _add(tm0, _owned(ty, a, self.tm)), Let(gn, _add(tn0, _owned(tx, b, self.tn)), body))
+            row, col = add_index(tm0, _owned(ty, a, self.tm)), add_index(tn0, _owned(tx, b, self.tn))
+            return Let(gm, row, Let(gn, col, body))
         return self._tile_loops(store)
 
 
@@ -339,8 +341,8 @@ def _owned(t: Var, i: Var, count: int) -> Expr:
     ``count`` is not a multiple of ``RUN``."""
     run = RUN if count % RUN == 0 else 1
     if run == 1:
-        return _add(t, _mul(i, SIDE))
-    return _add(_add(_mul(_div(i, run), SIDE * run), _mul(t, run)), _mod(i, run))
+        return add_index(t, mul_index(i, SIDE))
+    return add_index(add_index(mul_index(div_index(i, run), SIDE * run), mul_index(t, run)), mod_index(i, run))
 
 
 def _k_order(k_axes: list[For], bk: int) -> list[For]:
@@ -372,19 +374,3 @@ def _in_range(checks: list[tuple[Var, int, bool]]) -> Expr | None:
         test = Binary("lt", var, Const(size, I64), dtypes.boolean)
         cond = test if cond is None else Binary("and", cond, test, dtypes.boolean)
     return cond
-
-
-def _add(a: Expr, b: Expr) -> Expr:
-    return Binary("add", a, b, I64)
-
-
-def _mul(a: Expr, k: int) -> Expr:
-    return Binary("mul", a, Const(k, I64), I64)
-
-
-def _div(a: Expr, k: int) -> Expr:
-    return Binary("floordiv", a, Const(k, I64), I64)
-
-
-def _mod(a: Expr, k: int) -> Expr:
-    return Binary("mod", a, Const(k, I64), I64)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from tcc import dtypes
 from tcc.ir.expr import Binary, Const, Expr, Load, Var, walk
 from tcc.ir.loops import Allocate, Buffer, For, If, Let, Seq, Stmt, Store, seq
+from tcc.passes.loops.loopnest import add_index, div_index, mod_index
 
 I64 = dtypes.i64
 THREADS = 256
@@ -120,7 +121,7 @@ def _partial_kernel(axes: list[For], extents: list[int], red: PureReduction, s: 
     body = _chunk_loops(red, s, chunk, tx, fresh, decompose)
     store = Store(partial.name, (bx,), Load(red.acc.name, (Const(0, I64),), red.acc.dtype))
     inner: Stmt = Allocate(red.acc, seq(_accumulate(red, body, tx, span), store))
-    inner = Let(out, _div(bx, s), Let(chunk, _mod(bx, s), decompose(axes, extents, out, inner)))
+    inner = Let(out, div_index(bx, s), Let(chunk, mod_index(bx, s), decompose(axes, extents, out, inner)))
     return For(bx, Const(math.prod(extents) * s, I64), inner, "block.x", span=span)
 
 
@@ -140,7 +141,7 @@ def _chunk_loops(red: PureReduction, s: int, chunk: Var, tx: Var, fresh: Fresh, 
     strided = _block_strided(row_len, tx, fresh, lambda col: decompose(red.axes[split:], extents[split:], col,
                                                                       red.update))
     body = decompose(red.axes[:split], extents[:split], row, strided)
-    return For(rr, Const(per, I64), _guarded(row, _add(_mul(chunk, per), rr), rows, per * s, body))
+    return For(rr, Const(per, I64), _guarded(row, add_index(_mul(chunk, per), rr), rows, per * s, body))
 
 
 def _block_strided(length: int, tx: Var, fresh: Fresh, body: Callable[[Var], Stmt]) -> Stmt:
@@ -150,10 +151,10 @@ def _block_strided(length: int, tx: Var, fresh: Fresh, body: Callable[[Var], Stm
     st, col, last = fresh("rstep"), fresh("col"), fresh("col")
     parts = []
     if whole:
-        parts.append(For(st, Const(whole, I64), Let(col, _add(_mul(st, THREADS), tx), body(col))))
+        parts.append(For(st, Const(whole, I64), Let(col, add_index(_mul(st, THREADS), tx), body(col))))
     if rest:
         guard = If(Binary("lt", last, Const(length, I64), dtypes.boolean), body(last))
-        parts.append(Let(last, _add(Const(whole * THREADS, I64), tx), guard))
+        parts.append(Let(last, add_index(Const(whole * THREADS, I64), tx), guard))
     return seq(*parts)
 
 
@@ -162,7 +163,7 @@ def _flat_chunk(red: PureReduction, s: int, chunk: Var, tx: Var, fresh: Fresh, d
     steps = -(-length // (s * THREADS))
     st, rid = fresh("rstep"), fresh("rid")
     body = decompose(red.axes, red.extents, rid, red.update)
-    index = _add(_mul(_add(_mul(chunk, steps), st), THREADS), tx)
+    index = add_index(_mul(add_index(_mul(chunk, steps), st), THREADS), tx)
     return For(st, Const(steps, I64), _guarded(rid, index, length, steps * s * THREADS, body))
 
 
@@ -170,11 +171,11 @@ def _combine_kernel(axes: list[For], extents: list[int], red: PureReduction, s: 
                     fresh: Fresh, decompose: Decompose, span) -> Stmt:
     """Block ``bx`` combines output ``bx``'s ``s`` partials, then runs the nest's final stores."""
     bx, tx, st, q = fresh("bx"), fresh("tx"), fresh("cstep"), fresh("q")
-    value = Load(partial.name, (_add(_mul(bx, s), q),), partial.dtype)
+    value = Load(partial.name, (add_index(_mul(bx, s), q),), partial.dtype)
     acc = Load(red.acc.name, (Const(0, I64),), red.acc.dtype)
     update = Store(red.acc.name, (Const(0, I64),), Binary(red.op, acc, value, red.acc.dtype), red.update.span)
     steps = -(-s // THREADS)
-    inner = _guarded(q, _add(_mul(st, THREADS), tx), s, steps * THREADS, update)
+    inner = _guarded(q, add_index(_mul(st, THREADS), tx), s, steps * THREADS, update)
     body: Stmt = For(st, Const(steps, I64), inner) if steps > 1 else Let(st, Const(0, I64), inner)
     kernel = Allocate(red.acc, seq(_accumulate(red, body, tx, span), *red.finals))
     return For(bx, Const(math.prod(extents), I64), decompose(axes, extents, bx, kernel), "block.x", span=span)
@@ -185,17 +186,6 @@ def _guarded(index: Var, value: Expr, total: int, covered: int, body: Stmt) -> S
     return Let(index, value, inner)
 
 
-def _add(a: Expr, b: Expr) -> Expr:
-    return Binary("add", a, b, I64)
-
 
 def _mul(a: Expr, n: int) -> Expr:
     return a if n == 1 else Binary("mul", a, Const(n, I64), I64)
-
-
-def _div(a: Expr, n: int) -> Expr:
-    return Binary("floordiv", a, Const(n, I64), I64)
-
-
-def _mod(a: Expr, n: int) -> Expr:
-    return Binary("mod", a, Const(n, I64), I64)

@@ -32,6 +32,7 @@ from tcc import dtypes
 from tcc.ir.expr import Binary, Cast, Const, Expr, Load, Var, cast, substitute, transform
 from tcc.ir.loops import AsyncCommit, AsyncCopy, AsyncWait, Barrier, Buffer, For, If, Let, Stmt, Store, seq
 from tcc.passes.autoschedule_cuda import gemm
+from tcc.passes.loops.loopnest import add_index, div_index, mod_index, mul_index
 from tcc.passes.loops.tensorize import tensorize
 
 I64 = dtypes.i64
@@ -161,11 +162,11 @@ class Builder(gemm.Builder):
         kt = self.fresh("kt")
         steps = -(-self.k // self.bk)
         one = Const(1, I64)
-        nxt = gemm._add(kt, one)
+        nxt = add_index(kt, one)
         more = Binary("lt", nxt, Const(steps, I64), dtypes.boolean)
-        ahead = seq(self._copies(tid, tm0, tn0, gemm._mul(nxt, self.bk), gemm._mod(nxt, 2)), AsyncCommit(),
+        ahead = seq(self._copies(tid, tm0, tn0, mul_index(nxt, self.bk), mod_index(nxt, 2)), AsyncCommit(),
                     AsyncWait(1))
-        step = seq(If(more, ahead, AsyncWait(0)), Barrier(), self._products(ty, tx, gemm._mod(kt, 2)), Barrier())
+        step = seq(If(more, ahead, AsyncWait(0)), Barrier(), self._products(ty, tx, mod_index(kt, 2)), Barrier())
         zero = Const(0, I64)
         return seq(self._copies(tid, tm0, tn0, zero, zero), AsyncCommit(), For(kt, Const(steps, I64), step))
 
@@ -191,10 +192,10 @@ class Builder(gemm.Builder):
         r, col, gr, gk = (Var(self.fresh(s).name, index) for s in ("cr", "cc", "gr", "gk"))
         if k_rows:  # rows are k, columns the tile's n
             where = {k.name: gk, row.name: gr}
-            g_row, g_col = (gk, gemm._add(k0, r)), (gr, gemm._add(base, col))
+            g_row, g_col = (gk, add_index(k0, r)), (gr, add_index(base, col))
         else:
             where = {row.name: gr, k.name: gk}
-            g_row, g_col = (gr, gemm._add(base, r)), (gk, gemm._add(k0, col))
+            g_row, g_col = (gr, add_index(base, r)), (gk, add_index(k0, col))
         src = substitute(value, where)
         assert isinstance(src, Load)
         k_extent = rows if k_rows else width
@@ -205,8 +206,8 @@ class Builder(gemm.Builder):
                 test = Binary("lt", var, Const(bound, index), dtypes.boolean)
                 valid = test if valid is None else Binary("and", valid, test, dtypes.boolean)
         copy = AsyncCopy(Load(buf.name, (slot, r, col), buf.dtype), src, 16, valid)
-        body = Let(r, cast(gemm._add(gemm._mul(step, threads // per_row), gemm._div(tid, per_row)), index),
-                   Let(col, cast(gemm._mul(gemm._mod(tid, per_row), CHUNK), index),
+        body = Let(r, cast(add_index(mul_index(step, threads // per_row), div_index(tid, per_row)), index),
+                   Let(col, cast(mul_index(mod_index(tid, per_row), CHUNK), index),
                        Let(g_row[0], _narrowed(g_row[1], index), Let(g_col[0], _narrowed(g_col[1], index), copy))))
         return For(step, Const(rows * per_row // threads, I64), body, "unroll")
 
@@ -230,9 +231,9 @@ class Builder(gemm.Builder):
         wr, wc = self._warp_origin(ty)
         i, j, k = self.fresh("wi"), self.fresh("wj"), self.fresh("wk")
         half = self.xs.dtype
-        x: Expr = Load(self.xs.name, (slot, gemm._add(wr, i), k), half)
-        ys_index = (slot, k, gemm._add(wc, j)) if self.ys.shape[1] == self.bk and self.fast is not None \
-            and not self.fast.k_fast else (slot, gemm._add(wc, j), k)
+        x: Expr = Load(self.xs.name, (slot, add_index(wr, i), k), half)
+        ys_index = (slot, k, add_index(wc, j)) if self.ys.shape[1] == self.bk and self.fast is not None \
+            and not self.fast.k_fast else (slot, add_index(wc, j), k)
         y: Expr = Load(self.ys.name, ys_index, half)
         if half != F32:  # 16-bit operands widened; f32 ones are rounded to TF32 by the instruction
             x, y = Cast(x, F32), Cast(y, F32)
@@ -243,10 +244,10 @@ class Builder(gemm.Builder):
                    annotations=(("tensorize", what), ("lane", tx)))
 
     def _warp_origin(self, ty: Var) -> tuple[Expr, Expr]:
-        return (gemm._mul(gemm._div(ty, WARPS_N), self.wm), gemm._mul(gemm._mod(ty, WARPS_N), self.wn))
+        return (mul_index(div_index(ty, WARPS_N), self.wm), mul_index(mod_index(ty, WARPS_N), self.wn))
 
     def thread_coords(self, tid: Var) -> tuple[Expr, Expr]:
-        return gemm._div(tid, 32), gemm._mod(tid, 32)  # (warp, lane)
+        return div_index(tid, 32), mod_index(tid, 32)  # (warp, lane)
 
     def _epilogue(self, ty: Var, tx: Var, tm0: Var, tn0: Var) -> Stmt:
         c = self.c
@@ -262,5 +263,5 @@ class Builder(gemm.Builder):
             cond = gemm._in_range([(gm, self.m, self.m % self.bm == 0), (gn, self.n, self.n % self.bn == 0)])
             if cond is not None:
                 body = If(cond, body)
-            return Let(gm, gemm._add(tm0, gemm._add(wr, a)), Let(gn, gemm._add(tn0, gemm._add(wc, b)), body))
+            return Let(gm, add_index(tm0, add_index(wr, a)), Let(gn, add_index(tn0, add_index(wc, b)), body))
         return self._warp_tile(store)

@@ -36,6 +36,7 @@ from tcc.ir.loops import (
     seq,
 )
 from tcc.passes.autoschedule_cuda import gemm, tensorcore
+from tcc.passes.loops.loopnest import add_index, div_index, mod_index, mul_index
 
 I64 = dtypes.i64
 F32 = dtypes.f32
@@ -69,31 +70,31 @@ class Builder(tensorcore.Builder):
         self.acct = Buffer(self.acct.name, F32, (self.wm, self.wn), "local")
 
     def thread_coords(self, tid: Var) -> tuple[Expr, Expr]:
-        return gemm._div(tid, WARPGROUP), gemm._mod(tid, WARPGROUP)  # (warpgroup, its lane)
+        return div_index(tid, WARPGROUP), mod_index(tid, WARPGROUP)  # (warpgroup, its lane)
 
     def _warp_origin(self, ty: Var) -> tuple[Expr, Expr]:
-        return gemm._mul(ty, self.wm), Const(0, I64)
+        return mul_index(ty, self.wm), Const(0, I64)
 
     def _main_loop(self, tid: Var, ty: Var, tx: Var, tm0: Var, tn0: Var) -> Stmt:
         kt, s = self.fresh("kt"), self.fresh("st")
         steps = -(-self.k // self.bk)
         ahead = STAGES - 2
         first = For(s, Const(ahead, I64), seq(self._copies_if(tid, tm0, tn0, s, steps), AsyncCommit()), "unroll")
-        nxt = gemm._add(kt, Const(ahead, I64))
-        step = seq(AsyncWait(ahead - 1), ProxyFence(), Barrier(), self._products(ty, tx, gemm._mod(kt, STAGES)),
+        nxt = add_index(kt, Const(ahead, I64))
+        step = seq(AsyncWait(ahead - 1), ProxyFence(), Barrier(), self._products(ty, tx, mod_index(kt, STAGES)),
                    self._copies_if(tid, tm0, tn0, nxt, steps), AsyncCommit(), WarpgroupSync("wait", 1))
         return seq(first, For(kt, Const(steps, I64), step), WarpgroupSync("wait", 0))
 
     def _copies_if(self, tid: Var, tm0: Var, tn0: Var, tile: Expr, steps: int) -> Stmt:
         """The copies of k-step ``tile`` into its slot, when there is such a step."""
-        copies = self._copies(tid, tm0, tn0, gemm._mul(tile, self.bk), gemm._mod(tile, STAGES))
+        copies = self._copies(tid, tm0, tn0, mul_index(tile, self.bk), mod_index(tile, STAGES))
         return If(Binary("lt", tile, Const(steps, I64), dtypes.boolean), copies)
 
     def _products(self, ty: Var, tx: Var, slot: Expr) -> Stmt:
         wr, _ = self._warp_origin(ty)
         i, j, k = self.fresh("wi"), self.fresh("wj"), self.fresh("wk")
         half = self.xs.dtype
-        x: Expr = Load(self.xs.name, (slot, gemm._add(wr, i), k), half)
+        x: Expr = Load(self.xs.name, (slot, add_index(wr, i), k), half)
         y: Expr = Load(self.ys.name, (slot, j, k) if self.ys.shape[1] == self.bn else (slot, k, j), half)
         if half != F32:  # 16-bit operands widened; f32 ones are read as TF32 by the instruction
             x, y = Cast(x, F32), Cast(y, F32)
@@ -128,10 +129,9 @@ class StagedBuilder(Builder):
         steps = -(-self.k // self.bk)
         zero, one = Const(0, I64), Const(1, I64)
         first = self.fills(tid, tm0, tn0, zero, zero)
-        nxt = gemm._add(kt, one)
+        nxt = add_index(kt, one)
         more = Binary("lt", nxt, Const(steps, I64), dtypes.boolean)
-        loads, stores = self.fills(tid, tm0, tn0, gemm._mul(nxt, self.bk), gemm._mod(nxt, SLOTS))
-        step = seq(If(more, loads), self._products(ty, tx, gemm._mod(kt, SLOTS)), WarpgroupSync("wait", 1),
+        loads, stores = self.fills(tid, tm0, tn0, mul_index(nxt, self.bk), mod_index(nxt, SLOTS))
+        step = seq(If(more, loads), self._products(ty, tx, mod_index(kt, SLOTS)), WarpgroupSync("wait", 1),
                    If(more, stores), ProxyFence(), Barrier())
         return seq(*first, ProxyFence(), Barrier(), For(kt, Const(steps, I64), step), WarpgroupSync("wait", 0))
-

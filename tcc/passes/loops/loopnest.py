@@ -4,9 +4,28 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from tcc import dtypes
 from tcc.errors import Span, TccScheduleError
 from tcc.ir.expr import Binary, Const, Expr, Load, Var, free_vars, substitute, transform, walk
 from tcc.ir.loops import Allocate, For, If, Let, LoopFunc, Seq, Stmt, Store, map_stmt, stmt_exprs, walk_stmts
+
+
+# Index arithmetic as written: one i64 node each, nothing folded, since the GPU schedule builders
+# (gemm, tensorcore, warpgroup, tensorize, split_reduction) match the shapes they build later.
+def add_index(a: Expr, b: Expr) -> Expr:
+    return Binary("add", a, b, dtypes.i64)
+
+
+def mul_index(a: Expr, k: int) -> Expr:
+    return Binary("mul", a, Const(k, dtypes.i64), dtypes.i64)
+
+
+def div_index(a: Expr, k: int) -> Expr:
+    return Binary("floordiv", a, Const(k, dtypes.i64), dtypes.i64)
+
+
+def mod_index(a: Expr, k: int) -> Expr:
+    return Binary("mod", a, Const(k, dtypes.i64), dtypes.i64)
 
 
 def linear_coeff(e: Expr, var: str) -> int | None:

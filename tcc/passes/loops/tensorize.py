@@ -52,7 +52,7 @@ from tcc.ir.loops import (
     stmt_exprs,
     walk_stmts,
 )
-from tcc.passes.loops.loopnest import linear_coeff, map_exprs
+from tcc.passes.loops.loopnest import add_index, div_index, linear_coeff, map_exprs, mod_index, mul_index
 
 I64 = dtypes.i64
 I32 = dtypes.i32
@@ -234,7 +234,7 @@ def _products(nest: For, plan: _Plan, shared: dict[str, Buffer], fresh) -> Stmt:
     a, b = fresh("afrag"), fresh("bfrag")
     abuf, bbuf = Buffer(a.name, frag, (mf, 4), "local"), Buffer(b.name, frag, (nf, 2), "local")
     ks, fi, fj = fresh("ks"), fresh("fi"), fresh("fj")
-    k0 = _mul(ks, step)
+    k0 = mul_index(ks, step)
     if plan.kind == "tf32":
         loads = seq(_scalar_fragments(x, abuf, fi, mf, k0, plan.lane, fresh("fr"), True),
                     _scalar_fragments(y, bbuf, fj, nf, k0, plan.lane, fresh("fr"), False))
@@ -263,9 +263,9 @@ def _warpgroup_products(nest: For, plan: _Plan, x: _Operand, y: _Operand, shared
             raise _fail(f"wgmma reads TF32 operands K-major only; {buf.name} is stored [k][row]", nest.span)
     ks, fi = fresh("ks"), fresh("fi")
     step = _k_step(plan.kind)
-    k0, zero = _mul(ks, step), Const(0, I64)
+    k0, zero = mul_index(ks, step), Const(0, I64)
     mma = WarpgroupMma((64, plan.tn, step), plan.kind, Load(plan.acc, (fi, zero, zero), F32),
-                       x.at(_mul(fi, 64), k0), y.at(zero, k0), x.trans, y.trans)
+                       x.at(mul_index(fi, 64), k0), y.at(zero, k0), x.trans, y.trans)
     steps = For(ks, Const(_extent(_three_loops(nest)[2], nest.span) // step, I64),
                 For(fi, Const(plan.tm // 64, I64), mma, "unroll"), "unroll", span=nest.span)
     return seq(WarpgroupSync("fence"), steps, WarpgroupSync("commit"))
@@ -276,16 +276,16 @@ def _ldmatrix(op: _Operand, dst: Buffer, f: Var, count: int, k0: Expr, lane: Var
     ``l / 8``. For A the tiles are (rows 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15): the
     a0..a3 registers; for B (n 0-7, k 0-7), (0-7, 8-15), (8-15, 0-7), (8-15, 8-15): b0, b1 of two
     8-column fragments."""
-    q = _div(lane, 8)
-    tile_row, tile_k = (_mod(q, 2), _div(q, 2)) if is_a else (_div(q, 2), _mod(q, 2))
-    row, kk = _mul(tile_row, 8), _mul(tile_k, 8)
+    q = div_index(lane, 8)
+    tile_row, tile_k = (mod_index(q, 2), div_index(q, 2)) if is_a else (div_index(q, 2), mod_index(q, 2))
+    row, kk = mul_index(tile_row, 8), mul_index(tile_k, 8)
     if op.trans:  # stored [k][row]: a lane's address is a k row
-        kk = _add(kk, _mod(lane, 8))
+        kk = add_index(kk, mod_index(lane, 8))
     else:
-        row = _add(row, _mod(lane, 8))
-    src = op.at(_add(_mul(f, 16), row), _add(k0, kk))
+        row = add_index(row, mod_index(lane, 8))
+    src = op.at(add_index(mul_index(f, 16), row), add_index(k0, kk))
     zero = Const(0, I64)
-    first = (f, zero) if is_a else (_mul(f, 2), zero)
+    first = (f, zero) if is_a else (mul_index(f, 2), zero)
     return For(f, Const(count, I64), MatrixLoad(Load(dst.name, first, dst.dtype), src, 4, op.trans), "unroll")
 
 
@@ -293,12 +293,13 @@ def _scalar_fragments(op: _Operand, dst: Buffer, f: Var, count: int, k0: Expr, l
                       is_a: bool) -> Stmt:
     """TF32 fragments element by element: a_r at (row g + 8 (r % 2), k t + 4 (r / 2)), b_r at
     (column g, k t + 4 r), for g = lane / 4, t = lane % 4."""
-    g, t = _div(lane, 4), _mod(lane, 4)
+    g, t = div_index(lane, 4), mod_index(lane, 4)
     if is_a:
-        row, kk, rows, regs = _add(g, _mul(_mod(r, 2), 8)), _add(t, _mul(_div(r, 2), 4)), 16, 4
+        row, kk = add_index(g, mul_index(mod_index(r, 2), 8)), add_index(t, mul_index(div_index(r, 2), 4))
+        rows, regs = 16, 4
     else:
-        row, kk, rows, regs = g, _add(t, _mul(r, 4)), 8, 2
-    store = Store(dst.name, (f, r), op.at(_add(_mul(f, rows), row), _add(k0, kk)))
+        row, kk, rows, regs = g, add_index(t, mul_index(r, 4)), 8, 2
+    store = Store(dst.name, (f, r), op.at(add_index(mul_index(f, rows), row), add_index(k0, kk)))
     return For(f, Const(count, I64), For(r, Const(regs, I64), store, "unroll"), "unroll")
 
 
@@ -329,27 +330,12 @@ def _elementwise(outer: For, plans: dict[str, _Plan], fresh) -> Stmt | None:
     body = map_stmt(map_exprs(inner.body, lambda x: transform(x, load)), store)
     lane = plan.lane
     if plan.warpgroup:  # warp w of the warpgroup holds rows 16 w .. 16 w + 15
-        in_warp = _add(_mul(_div(lane, 32), 16), _add(_div(_mod(lane, 32), 4), _mul(_div(e, 2), 8)))
+        in_warp = add_index(mul_index(div_index(lane, 32), 16),
+                            add_index(div_index(mod_index(lane, 32), 4), mul_index(div_index(e, 2), 8)))
     else:
-        in_warp = _add(_div(lane, 4), _mul(_div(e, 2), 8))
-    row = _add(_mul(fi, plan.rows), in_warp)
-    col = _add(_mul(fj, 8), _add(_mul(_mod(lane, 4), 2), _mod(e, 2)))
+        in_warp = add_index(div_index(lane, 4), mul_index(div_index(e, 2), 8))
+    row = add_index(mul_index(fi, plan.rows), in_warp)
+    col = add_index(mul_index(fj, 8), add_index(mul_index(mod_index(lane, 4), 2), mod_index(e, 2)))
     body = Let(outer.var, row, Let(inner.var, col, body))
     return For(fi, Const(plan.tm // plan.rows, I64), For(fj, Const(plan.tn // 8, I64), For(
         e, Const(4, I64), body, "unroll"), "unroll"), "unroll", span=outer.span)
-
-
-def _add(a: Expr, b: Expr) -> Expr:
-    return Binary("add", a, b, I64)
-
-
-def _mul(a: Expr, k: int) -> Expr:
-    return Binary("mul", a, Const(k, I64), I64)
-
-
-def _div(a: Expr, k: int) -> Expr:
-    return Binary("floordiv", a, Const(k, I64), I64)
-
-
-def _mod(a: Expr, k: int) -> Expr:
-    return Binary("mod", a, Const(k, I64), I64)
