@@ -1,5 +1,6 @@
-"""What cold compiles skip (issue 12), checked for the answers they give: short floor division by
-constants (im2col's index arithmetic) and deep-stack threads kept between compiles."""
+"""What cold compiles skip (issue 12), checked for the answers they give: flat offsets that join a
+row and a column, short floor division by constants (im2col's index arithmetic), LLVM's unroller
+left only the innermost loops, and deep-stack threads kept between compiles."""
 
 import multiprocessing
 import sys
@@ -10,7 +11,51 @@ import pytest
 from helpers import check_op
 
 import tcc
+from tcc import dtypes
+from tcc.codegen_cpu.llvm_loops import _holds_loop
+from tcc.ir.expr import Binary, Const, Expr, Var
+from tcc.ir.loops import For, walk_stmts
+from tcc.passes.loops.loopnest import flat_terms
 from tcc.stack import MAX_IDLE, deep
+
+I64 = dtypes.i64
+
+
+def _c(v: int) -> Const:
+    return Const(v, I64)
+
+
+def _evaluate(e: Expr, env: dict[str, int]) -> int:
+    if isinstance(e, Const):
+        return int(e.value)
+    if isinstance(e, Var):
+        return env[e.name]
+    a, b = _evaluate(e.a, env), _evaluate(e.b, env)
+    return {"add": a + b, "sub": a - b, "mul": a * b, "floordiv": a // b, "mod": a % b}[e.op]
+
+
+def _row_major(indices: tuple[int, ...], shape: tuple[int, ...]) -> int:
+    flat = 0
+    for i, d in zip(indices, shape):
+        flat = flat * d + i
+    return flat
+
+
+def test_flat_offsets_join_rows_and_columns_for_any_integer(rng):
+    """im2col's ``k // 9, k // 3 % 3, k % 3`` into ``[C, 3, 3]`` is ``k``: the joined offset equals
+    the row-major one for every integer, negative ones included (floor semantics)."""
+    f, ko, kk = Var("f", I64), Var("ko", I64), Var("kk", I64)
+    k = Binary("add", Binary("mul", ko, _c(576), I64), Binary("sub", kk, _c(5), I64), I64)
+    third = Binary("floordiv", k, _c(3), I64)
+    indices = (Binary("add", f, _c(1), I64), Binary("floordiv", third, _c(3), I64),
+               Binary("mod", third, _c(3), I64), Binary("mod", k, _c(3), I64))
+    shape = (7, 64, 3, 3)
+    flat = flat_terms(indices, shape)
+    assert flat is not None and flat.recombined
+    for _ in range(200):
+        env = {n: int(v) for n, v in zip(("f", "ko", "kk"), rng.integers(-1000, 1000, 3))}
+        got = sum(c * _evaluate(a, env) for a, c in flat.atoms.items()) + flat.constant
+        assert got == _row_major(tuple(_evaluate(i, env) for i in indices), shape)
 
 
 @pytest.mark.parametrize("n", [1, 7, 33])
@@ -32,6 +77,57 @@ def test_integer_floor_division_by_constants_matches_numpy(n, rng):
     q, r = op(x)
     np.testing.assert_array_equal(q, x // 7)
     np.testing.assert_array_equal(r, x % 7)
+
+
+CONV2D = """op conv2d[P = 0](X: f32[N, C, H, W], Wt: f32[F, C, KH, KW], b: f32[F])
+    -> Y: f32[N, F, H + 2*P - KH + 1, W + 2*P - KW + 1] {
+    Xp = pad(X, [0, 0, P, P])
+    Y[n, f, y, x] = sum[c, r, s](Xp[n, c, y + r, x + s] * Wt[f, c, r, s]) + b[f]
+}"""
+
+
+@pytest.mark.parametrize("n, c, f, hw", [(1, 7, 5, 33), (2, 16, 33, 9), (1, 64, 64, 56)])
+def test_register_tiled_convolutions_match_the_reference(n, c, f, hw, rng):
+    """im2col convolutions (packed weights, gathered patches, register tiles with row and column
+    tails: the loops LLVM's unroller now leaves alone, the offsets summed by atoms) at odd sizes
+    and the benchmark's layer."""
+    check_op(CONV2D, "conv2d", {"N": n, "C": c, "H": hw, "W": hw, "F": f, "KH": 3, "KW": 3, "P": 1}, rng)
+
+
+@pytest.mark.parametrize("m, k, n", [(1, 7, 33), (33, 65, 7), (257, 129, 263)])
+def test_register_tiled_matmuls_match_the_reference(m, k, n, rng):
+    check_op("op mm(A: f32[M, K], B: f32[K, N]) -> C: f32[M, N] { C[i, j] = sum[k](A[i, k] * B[k, j]) }",
+             "mm", {"M": m, "K": k, "N": n}, rng)
+
+
+def _unroll_disabled(llvm_text: str) -> dict[str, bool]:
+    """Per loop (by its LLVM header's name, e.g. ``kk.2``): whether a branch back to its header (the
+    latch) carries ``!llvm.loop`` (its entry branch never does)."""
+    found: dict[str, bool] = {}
+    for line in llvm_text.splitlines():
+        line = line.strip()
+        if line.startswith('br label %"') and '.header"' in line:
+            name = line.split('%"')[1].split('.header"')[0]
+            found[name] = found.get(name, False) or "!llvm.loop" in line
+    return found
+
+
+def test_llvm_unrolls_only_innermost_loops():
+    """Every loop holding another loop tells LLVM not to unroll it; innermost loops (a register
+    tile's reduction, which LLVM unrolls in part) carry no such note. A decision, read from the
+    emitted IR: the answers are checked numerically above."""
+    op = tcc.compile(CONV2D).conv2d
+    args = [np.ones((1, 64, 56, 56), np.float32), np.ones((64, 64, 3, 3), np.float32), np.ones(64, np.float32)]
+    bindings = op.bindings_for(tuple(args), {"P": 1})
+    loops = [s for s in walk_stmts(op.lowered(bindings).scheduled.body)
+             if isinstance(s, For) and s.kind in ("serial", "parallel")]
+    outer = {s.var.name for s in loops if _holds_loop(s.body)}
+    inner = {s.var.name for s in loops if not _holds_loop(s.body)}
+    text = op.lower(*args, P=1, stage="llvm")
+    assert "llvm.loop.unroll.disable" in text
+    disabled = _unroll_disabled(text)
+    assert outer and {n.split(".")[0] for n, off in disabled.items() if off} == outer
+    assert inner and {n.split(".")[0] for n, off in disabled.items() if not off} == inner
 
 
 def test_deep_stack_threads_are_kept_between_compiles(rng):

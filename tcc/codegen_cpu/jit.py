@@ -150,9 +150,9 @@ FULL = Level(3, 3)
 # as the same program; the same IR is right with the code generator at O0 and wrong (lane 24 of
 # 25-lane vectors: 3 x 8 + 1 on AVX2) with it at O1-O3, so the suspect is x86 instruction
 # selection of odd-width vectors, not tcc's IR.
-# LLVM's loop unroller stays on even where the schedule unrolled the register tile: without it
-# conv2d 3x3 64->64 56x56 compiled in a fifth of the LLVM time, but ran 6% slower, matmul 256 30%
-# (thread CPU time, interleaved; BENCHMARKS.md, latency).
+# LLVM's loop unroller stays on for innermost loops only (llvm_loops._holds_loop): off entirely, a
+# register tile's reduction lost its partial unrolling (matmul 256 30% slower); on for every loop,
+# it copied outer loops whole (conv2d 3x3 64->64 56x56: twice the object code and LLVM time).
 VECTORIZED = Level(3, 2)
 
 

@@ -42,7 +42,7 @@ from tcc.dtypes import DType
 from tcc.errors import TccCompileError
 from tcc.ir.expr import Binary, Cast, Const, Expr, Load, Select, Unary, Var
 from tcc.ir.loops import Buffer, LoopFunc, Stmt, Store
-from tcc.passes.loops.loopnest import flat_coeff
+from tcc.passes.loops.loopnest import flat_coeff, flat_terms
 from tcc.target import CpuTarget
 
 MAX_SPREAD_STRIDE = 4  # lanes this far apart load as one wider masked load and a shuffle
@@ -191,20 +191,39 @@ class _FunctionBuilder(LoopEmitter, MathEmitter):
         padded patch row starts before its image): an inbounds address there is poison."""
         saved, self.lane0 = self.lane0, lane0 or self.lane0
         try:
-            b = self.builder
-            flat = None
-            stride = 1
-            for idx, dim in reversed(list(zip(indices, buf.shape))):
-                term = self._scalar(idx)
-                if stride != 1:
-                    term = b.mul(term, ir.Constant(I64, stride), flags=["nsw"])
-                flat = term if flat is None else b.add(flat, term, flags=["nsw"])
-                stride *= dim
-            if flat is None:
-                flat = ir.Constant(I64, 0)
-            return b.gep(base, [flat], inbounds=inbounds, source_etype=memory_type(buf.dtype))
+            return self.builder.gep(base, [self._flat_index(buf, indices)], inbounds=inbounds,
+                                    source_etype=memory_type(buf.dtype))
         finally:
             self.lane0 = saved
+
+    def _flat_index(self, buf: Buffer, indices: tuple[Expr, ...]) -> ir.Value:
+        """The row-major offset of ``indices``. Where a row and a column of one flat index meet
+        again (im2col's ``k // 9 * 9 + k // 3 % 3 * 3 + k % 3`` is ``k``) it is summed as
+        multiples of its atoms: that index arithmetic was a third of a convolution's IR, which LLVM
+        took long to fold (with its unroller on outer loops too, the smaller loops were unrolled
+        further and the object grew: see ``llvm_loops._holds_loop``). Elsewhere index by index,
+        innermost first (LLVM's loop strength reduction took 5x longer on a GEMM's offsets summed
+        atom by atom)."""
+        b = self.builder
+        flat = flat_terms(indices, buf.shape)
+        if flat is not None and flat.recombined:
+            offset = None
+            for atom, coef in flat.atoms.items():
+                term = self._scalar(atom)
+                if coef != 1:
+                    term = b.mul(term, ir.Constant(I64, coef), flags=["nsw"])
+                offset = term if offset is None else b.add(offset, term, flags=["nsw"])
+            if offset is None:
+                return ir.Constant(I64, flat.constant)
+            return b.add(offset, ir.Constant(I64, flat.constant), flags=["nsw"]) if flat.constant else offset
+        offset, stride = None, 1
+        for idx, dim in reversed(list(zip(indices, buf.shape))):
+            term = self._scalar(idx)
+            if stride != 1:
+                term = b.mul(term, ir.Constant(I64, stride), flags=["nsw"])
+            offset = term if offset is None else b.add(offset, term, flags=["nsw"])
+            stride *= dim
+        return offset if offset is not None else ir.Constant(I64, 0)
 
     def _scalar(self, e: Expr) -> ir.Value:
         saved, self.lane0 = self.lane0, True

@@ -67,3 +67,23 @@ def type_suffix(ty: ir.Type) -> str:
     if isinstance(ty, ir.IntType):
         return f"i{ty.width}"
     return {"half": "f16", "float": "f32", "double": "f64"}[str(ty)]
+
+
+class _LoopId(ir.values.MDValue):
+    """A loop's ``!llvm.loop`` node: distinct, its first operand itself (as LLVM requires)."""
+
+    def __init__(self, module: ir.Module, properties: list[ir.values.MDValue]):
+        super().__init__(module, properties, name=str(len(module.metadata)))
+
+    def descr(self, buf: list[str]) -> None:
+        operands = ", ".join(p.get_reference() for p in self.operands)
+        buf += (f"distinct !{{ {self.get_reference()}, {operands} }}", "\n")
+
+    __hash__ = object.__hash__  # one node per loop: not merged with equal ones
+    __eq__ = object.__eq__
+
+
+def loop_metadata(module: ir.Module, *properties: str) -> ir.values.MDValue:
+    """A new loop id holding ``properties`` (e.g. ``llvm.loop.unroll.disable``), for a loop's latch
+    branch."""
+    return _LoopId(module, [module.add_metadata([name]) for name in properties])

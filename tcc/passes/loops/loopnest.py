@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import NamedTuple
 
 from tcc import dtypes
 from tcc.errors import Span, TccScheduleError
@@ -53,7 +54,30 @@ def linear_coeff(e: Expr, var: str) -> int | None:
 
 def flat_coeff(indices: tuple[Expr, ...], shape: tuple[int, ...], var: str) -> int | None:
     """The coefficient of ``var`` in the row-major flat offset of ``indices`` into ``shape``; None
-    when that offset is not affine in ``var``.
+    when that offset is not affine in ``var``."""
+    flat = flat_terms(indices, shape)
+    if flat is None:
+        return None
+    total = 0
+    for atom, coef in flat.atoms.items():
+        if isinstance(atom, Var):
+            total += coef if atom.name == var else 0
+        elif var in free_vars(atom):
+            return None
+    return total
+
+
+class FlatOffset(NamedTuple):
+    """A row-major flat offset: ``sum(coef * atom) + constant``."""
+
+    atoms: dict[Expr, int]
+    constant: int
+    recombined: bool  # whether a row and a column (``E // W``, ``E % W``) were joined into ``E``
+
+
+def flat_terms(indices: tuple[Expr, ...], shape: tuple[int, ...]) -> FlatOffset | None:
+    """The row-major flat offset of ``indices`` into ``shape`` as integer multiples of atoms
+    (variables and non-affine parts) plus a constant; None when an index is not an integer.
 
     Unlike :func:`linear_coeff` on each index alone, a pixel index split into a row and a column
     (``j // W`` times ``W`` plus ``j % W``, as im2col's gather reads its input) recombines into
@@ -65,21 +89,23 @@ def flat_coeff(indices: tuple[Expr, ...], shape: tuple[int, ...], var: str) -> i
         if not _add_terms(idx, stride, terms):
             return None
         stride *= dim
+    recombined = False
     while _pair_divmod(terms):
-        pass
-    total = 0
-    for atom, coef in terms.items():
-        if isinstance(atom, Var):
-            total += coef if atom.name == var else 0
-        elif coef and var in free_vars(atom):
-            return None
-    return total
+        recombined = True
+    constant = terms.pop(_UNIT, 0)
+    return FlatOffset({atom: coef for atom, coef in terms.items() if coef}, constant, recombined)
+
+
+_UNIT = Const(1, dtypes.i64)  # the key under which _add_terms sums constants (a Const is never an atom)
 
 
 def _add_terms(e: Expr, scale: int, terms: dict[Expr, int]) -> bool:
     """Accumulate ``scale * e`` as integer multiples of atoms (variables and non-affine parts)."""
     if isinstance(e, Const):
-        return e.dtype.is_int
+        if not e.dtype.is_int:
+            return False
+        terms[_UNIT] = terms.get(_UNIT, 0) + scale * int(e.value)
+        return True
     if isinstance(e, Binary) and e.op in ("add", "sub"):
         return _add_terms(e.a, scale, terms) and _add_terms(e.b, scale if e.op == "add" else -scale, terms)
     if isinstance(e, Binary) and e.op == "mul":
