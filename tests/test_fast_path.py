@@ -151,3 +151,28 @@ def test_torch_cpu_tensors_with_and_without_out(rng, checked_calls):
     np.testing.assert_allclose(np.asarray(op(1.0, strided, strided)), (2 * strided).numpy(), rtol=1e-6)
     with pytest.raises(TccArgumentError):
         op(1.0, x[:7].double(), x[:7])
+
+
+@pytest.mark.parametrize("n", [1, 7, 33])
+def test_a_torch_out_after_its_plan_is_checked_like_any(rng, n):
+    """Once a torch out= call has a plan, an out= that overlaps an input, is strided, has another
+    dtype or needs grad still gets the right answer or a TccError."""
+    torch = pytest.importorskip("torch")
+    op = tcc.compile(AXPY).axpy
+    x, y = torch.from_numpy(data(rng, n)), torch.from_numpy(data(rng, n))
+    for _ in range(2):  # the second call runs the plan
+        out = torch.full((n,), float("nan"))
+        op(1.5, x, y, out=out)
+    want = (1.5 * x + y).numpy()
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-6, atol=1e-6)
+    inplace = x.clone()
+    assert op(1.5, inplace, y, out=inplace) is inplace
+    np.testing.assert_allclose(inplace.numpy(), want, rtol=1e-6, atol=1e-6)
+    strided = torch.full((2 * n,), float("nan"))[::2]
+    op(1.5, x, y, out=strided)
+    np.testing.assert_allclose(strided.numpy(), want, rtol=1e-6, atol=1e-6)
+    with pytest.raises(TccArgumentError):
+        op(1.5, x, y, out=torch.empty(n, dtype=torch.float64))
+    other = torch.full((n,), float("nan"))
+    op(1.5, x, y, out=other)
+    np.testing.assert_allclose(other.numpy(), want, rtol=1e-6, atol=1e-6)
