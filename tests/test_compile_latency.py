@@ -183,3 +183,19 @@ def test_a_forked_child_compiles():
     child.start()
     child.join(timeout=120)
     assert child.exitcode == 0 and queue.get(timeout=5) == [1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+@pytest.mark.parametrize("n", [7, 33, 256])
+def test_vector_constants_made_once_keep_their_values(n, rng):
+    """Splatted constants are made once per process: 0.0 and -0.0 (equal as Python numbers) stay
+    apart, as do a float and an integer of one value."""
+    op = tcc.compile("""op f(X: f32[N], K: i64[N]) -> (A: f32[N], B: f32[N], C: i64[N]) {
+    A[i] = X[i] * 0.0
+    B[i] = X[i] * -0.0
+    C[i] = K[i] * 2 + 1
+}""").f
+    x = np.abs(rng.standard_normal(n)).astype(np.float32) + 0.5
+    k = rng.integers(-1000, 1000, n)
+    a, b, c = op(x, k)
+    assert not np.signbit(a).any() and np.signbit(b).all()
+    np.testing.assert_array_equal(c, k * 2 + 1)

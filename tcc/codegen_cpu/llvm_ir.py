@@ -30,11 +30,13 @@ from tcc.codegen_cpu.llvm_types import (
     I32,
     I64,
     PTR,
+    int_vector,
     lane_mask,
     like,
     llvm_const,
     local_name,
     memory_type,
+    splat_constant,
     type_suffix,
     value_type,
 )
@@ -271,12 +273,12 @@ class _FunctionBuilder(LoopEmitter, MathEmitter):
     def _splat(self, value: ir.Value, lanes: int) -> ir.Value:
         if isinstance(value.type, ir.VectorType):
             return value
-        vty = ir.VectorType(value.type, lanes)
         if isinstance(value, ir.Constant) and isinstance(value.constant, int | float):
-            return ir.Constant(vty, [value.constant] * lanes)
+            return splat_constant(value.type, lanes, value.constant)
         b = self.builder
-        one = b.insert_element(ir.Constant(vty, None), value, ir.Constant(I32, 0))
-        return b.shuffle_vector(one, ir.Constant(vty, None), ir.Constant(ir.VectorType(I32, lanes), [0] * lanes))
+        zeros = splat_constant(value.type, lanes, None)
+        one = b.insert_element(zeros, value, ir.Constant(I32, 0))
+        return b.shuffle_vector(one, zeros, lane_mask((0,) * lanes))
 
     def _unify(self, *values: ir.Value) -> list[ir.Value]:
         """Broadcast scalars to the vector width when any operand is a vector."""
@@ -299,7 +301,7 @@ class _FunctionBuilder(LoopEmitter, MathEmitter):
         value = self.vars[e.name]
         if self.vec is not None and e.name == self.vec[0] and not self.lane0:
             lanes = self.vec[1]
-            iota = ir.Constant(ir.VectorType(I64, lanes), list(range(lanes)))
+            iota = int_vector(I64, tuple(range(lanes)))
             return self.builder.add(self._splat(value, lanes), iota)
         return value
 

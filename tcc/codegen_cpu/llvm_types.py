@@ -46,8 +46,36 @@ def local_name(name: str) -> str:
 def llvm_const(ty: ir.Type, value: int | float) -> ir.Constant:
     """A constant of a scalar or vector type (splatted)."""
     if isinstance(ty, ir.VectorType):
-        return ir.Constant(ty, [value] * ty.count)
+        return splat_constant(ty.element, ty.count, value)
     return ir.Constant(ty, value)
+
+
+# Vector constants, each made once per process. llvmlite builds a vector constant lane by lane, one
+# Constant object each, and prints it again wherever it is used; an object prints once (its text is
+# cached). A fifth of a convolution's LLVM IR building went into the same few splats and masks.
+_VECTORS: dict[tuple, ir.Constant] = {}
+MAX_VECTORS = 4096
+
+
+def splat_constant(elem: ir.Type, lanes: int, value: int | float | bool | None) -> ir.Constant:
+    """``<lanes x elem>`` with every lane ``value`` (None: zero)."""
+    tag = value.hex() if isinstance(value, float) else value  # -0.0 == 0.0: keep them apart
+    return _vector(elem, lanes, (type(value), tag), lambda: [value] * lanes if value is not None else None)
+
+
+def int_vector(elem: ir.IntType, values: tuple[int, ...]) -> ir.Constant:
+    """An integer vector constant (lane indices, shuffle masks)."""
+    return _vector(elem, len(values), values, lambda: list(values))
+
+
+def _vector(elem: ir.Type, lanes: int, tag: object, values) -> ir.Constant:
+    key = (elem, lanes, tag)
+    found = _VECTORS.get(key)
+    if found is None:
+        if len(_VECTORS) >= MAX_VECTORS:
+            _VECTORS.clear()
+        found = _VECTORS[key] = ir.Constant(ir.VectorType(elem, lanes), values())
+    return found
 
 
 def like(ty: ir.Type, elem: ir.Type) -> ir.Type:
@@ -57,7 +85,7 @@ def like(ty: ir.Type, elem: ir.Type) -> ir.Type:
 
 def lane_mask(indices: range | list[int]) -> ir.Constant:
     """A shufflevector mask."""
-    return ir.Constant(ir.VectorType(I32, len(indices)), list(indices))
+    return int_vector(I32, tuple(indices))
 
 
 def type_suffix(ty: ir.Type) -> str:

@@ -243,24 +243,36 @@ def walk(e: Expr) -> Iterator[Expr]:
 
 def transform(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
     """Rebuild ``e`` bottom-up; ``fn`` returns a replacement for a node or None to keep it."""
+    cls = type(e)
+    if cls is Var or cls is Const:  # the common nodes by hand: schedules transform every index
+        node = e
+    elif cls is Binary:
+        a, b = transform(e.a, fn), transform(e.b, fn)
+        node = e if a is e.a and b is e.b else Binary(e.op, a, b, e.dtype, e.span)
+    else:
+        node = _rebuilt(e, fn)
+    out = fn(node)
+    return node if out is None else out
+
+
+def _rebuilt(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
+    """``e`` with its children transformed (any node class)."""
     updates = {}
-    for f in fields(e):
-        value = getattr(e, f.name)
+    for name in _field_names(type(e)):
+        value = getattr(e, name)
         if isinstance(value, Expr):
             new = transform(value, fn)
             if new is not value:
-                updates[f.name] = new
+                updates[name] = new
         elif isinstance(value, tuple) and value and isinstance(value[0], Expr):
             new_t = tuple(transform(v, fn) for v in value)
             if any(n is not o for n, o in zip(new_t, value)):
-                updates[f.name] = new_t
+                updates[name] = new_t
         elif isinstance(value, tuple) and value and isinstance(value[0], IterVar):
             new_axes = tuple(IterVar(ax.var, transform(ax.extent, fn)) for ax in value)
             if any(n.extent is not o.extent for n, o in zip(new_axes, value)):
-                updates[f.name] = new_axes
-    node = replace(e, **updates) if updates else e
-    out = fn(node)
-    return node if out is None else out
+                updates[name] = new_axes
+    return replace(e, **updates) if updates else e
 
 
 def substitute(e: Expr, mapping: dict[str, Expr]) -> Expr:

@@ -220,9 +220,13 @@ def seq(*stmts: Stmt) -> Stmt:
 
 
 def walk_stmts(s: Stmt) -> Iterator[Stmt]:
-    yield s
-    for c in s.children():
-        yield from walk_stmts(c)
+    """Every statement of ``s``, parents first, children in order. An explicit stack: nested
+    generators passed each statement up through every level above it (schedules walk often)."""
+    stack = [s]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(reversed(node.children()))
 
 
 def stmt_exprs(s: Stmt) -> tuple[Expr, ...]:
