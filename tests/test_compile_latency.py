@@ -199,3 +199,16 @@ def test_vector_constants_made_once_keep_their_values(n, rng):
     a, b, c = op(x, k)
     assert not np.signbit(a).any() and np.signbit(b).all()
     np.testing.assert_array_equal(c, k * 2 + 1)
+
+
+@pytest.mark.parametrize("n", [1, 7, 33])
+def test_index_arithmetic_folded_while_emitting_wraps_like_numpy(n, rng):
+    """Unrolled loops make their index a constant, and the code generator folds the integer
+    arithmetic on constants (i32 wrapping at 32 bits), adds of 0 and products by 0 and 1."""
+    src = """op f(K: i32[N], X: f32[N, 3]) -> Y: f32[N, 3] {
+    Y[i, j] = f64(K[i] * 1 + i32(j) * 1073741824 * 2 + i32(j) * 0 - 0) * f64(X[i, j * 1 + 0])
+}
+schedule f cpu { unroll(j) }"""
+    k = rng.integers(-1000, 1000, n).astype(np.int32)
+    x = rng.standard_normal((n, 3)).astype(np.float32)
+    check_op(src, "f", {"N": n}, rng, args=[k, x])

@@ -49,6 +49,7 @@ from tcc.target import CpuTarget
 
 MAX_SPREAD_STRIDE = 4  # lanes this far apart load as one wider masked load and a shuffle
 CACHE_LINE = 64
+NSW = ("nsw",)  # index arithmetic does not wrap
 
 
 def build_module(func: LoopFunc, target: CpuTarget) -> ir.Module:
@@ -206,24 +207,19 @@ class _FunctionBuilder(LoopEmitter, MathEmitter):
         further and the object grew: see ``llvm_loops._holds_loop``). Elsewhere index by index,
         innermost first (LLVM's loop strength reduction took 5x longer on a GEMM's offsets summed
         atom by atom)."""
-        b = self.builder
         flat = flat_terms(indices, buf.shape)
         if flat is not None and flat.recombined:
             offset = None
             for atom, coef in flat.atoms.items():
-                term = self._scalar(atom)
-                if coef != 1:
-                    term = b.mul(term, ir.Constant(I64, coef), flags=["nsw"])
-                offset = term if offset is None else b.add(offset, term, flags=["nsw"])
+                term = self._imul(self._scalar(atom), ir.Constant(I64, coef), NSW)
+                offset = term if offset is None else self._iadd(offset, term, NSW)
             if offset is None:
                 return ir.Constant(I64, flat.constant)
-            return b.add(offset, ir.Constant(I64, flat.constant), flags=["nsw"]) if flat.constant else offset
+            return self._iadd(offset, ir.Constant(I64, flat.constant), NSW)
         offset, stride = None, 1
         for idx, dim in reversed(list(zip(indices, buf.shape))):
-            term = self._scalar(idx)
-            if stride != 1:
-                term = b.mul(term, ir.Constant(I64, stride), flags=["nsw"])
-            offset = term if offset is None else b.add(offset, term, flags=["nsw"])
+            term = self._imul(self._scalar(idx), ir.Constant(I64, stride), NSW)
+            offset = term if offset is None else self._iadd(offset, term, NSW)
             stride *= dim
         return offset if offset is not None else ir.Constant(I64, 0)
 
