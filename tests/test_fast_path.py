@@ -176,3 +176,20 @@ def test_a_torch_out_after_its_plan_is_checked_like_any(rng, n):
     other = torch.full((n,), float("nan"))
     op(1.5, x, y, out=other)
     np.testing.assert_allclose(other.numpy(), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("n", [7, 33])
+def test_a_transposed_torch_tensor_of_the_same_shape_misses_the_plan(rng, checked_calls, n):
+    """A square tensor and its transpose share dtype and shape; the plan checks contiguity, so the
+    transpose takes the checked path (which copies it) and the product is right."""
+    torch = pytest.importorskip("torch")
+    op = tcc.compile(MATMUL).matmul
+    a, b = torch.from_numpy(data(rng, n, n)), torch.from_numpy(data(rng, n, n))
+    for _ in range(2):
+        np.testing.assert_allclose(np.asarray(op(a, b)), (a @ b).numpy(), rtol=1e-4, atol=1e-4)
+    assert len(checked_calls) == 1
+    out = torch.full((n, n), float("nan"))
+    op(a.t(), b, out=out)
+    np.testing.assert_allclose(out.numpy(), (a.t() @ b).numpy(), rtol=1e-4, atol=1e-4)
+    op(a, b, out=out.t())  # a transposed out= too
+    np.testing.assert_allclose(out.t().numpy(), (a @ b).numpy(), rtol=1e-4, atol=1e-4)

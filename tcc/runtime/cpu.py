@@ -247,7 +247,7 @@ class _Tensor(NamedTuple):
     kind: type  # np.ndarray or torch.Tensor (so that torch is not looked up a call)
     dtype: Any  # compared by identity
     shape: tuple[int, ...]
-    strides: tuple[int, ...]  # bytes for NumPy, elements for torch
+    strides: tuple[int, ...]  # bytes, compared for NumPy; a torch tensor is checked for contiguity
     nbytes: int
 
 
@@ -258,7 +258,7 @@ def _pointer(t: _Tensor, a: Any) -> int:
         if type(a) is not np.ndarray or a.dtype is not t.dtype or a.shape != t.shape or a.strides != t.strides:
             raise _Miss
         return _WORDS[(id(a) + _DATA) >> 3]
-    if (type(a) is not t.kind or a.dtype is not t.dtype or a.shape != t.shape or a.stride() != t.strides
+    if (type(a) is not t.kind or a.dtype is not t.dtype or a.shape != t.shape or not a.is_contiguous()
             or not a.is_cpu or a.requires_grad):
         raise _Miss
     return a.data_ptr()
@@ -321,7 +321,7 @@ class Plan:
                 if not r.flags.writeable:
                     return None
             elif (type(r) is t.kind and not t.numpy and r.dtype is t.dtype and r.shape == t.shape
-                  and r.stride() == t.strides and r.is_cpu and not r.requires_grad):  # a torch.Tensor
+                  and r.is_contiguous() and r.is_cpu and not r.requires_grad):  # a torch.Tensor
                 ptr = r.data_ptr()
             else:
                 ptr = _pointer(t, r)
@@ -359,7 +359,7 @@ class Plan:
                         return None
                     low = _WORDS[(id(out) + _DATA) >> 3]
                 else:  # a torch.Tensor
-                    if (out.dtype is not t.dtype or out.shape != t.shape or out.stride() != t.strides
+                    if (out.dtype is not t.dtype or out.shape != t.shape or not out.is_contiguous()
                             or not out.is_cpu or out.requires_grad):
                         return None
                     low = out.data_ptr()
@@ -372,7 +372,7 @@ class Plan:
                         and a.strides == t.strides):
                     ptr = _WORDS[(id(a) + _DATA) >> 3]
                 elif (type(a) is t.kind and not t.numpy and a.dtype is t.dtype and a.shape == t.shape
-                      and a.stride() == t.strides and a.is_cpu and not a.requires_grad):  # a torch.Tensor
+                      and a.is_contiguous() and a.is_cpu and not a.requires_grad):  # a torch.Tensor
                     ptr = a.data_ptr()
                 else:
                     ptr = _pointer(t, a)
