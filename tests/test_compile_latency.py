@@ -3,12 +3,14 @@ row and a column, short floor division by constants (im2col's index arithmetic),
 left only the innermost loops, and deep-stack threads kept between compiles."""
 
 import multiprocessing
+import os
+import subprocess
 import sys
 import threading
 
 import numpy as np
 import pytest
-from helpers import check_op
+from helpers import TWO_CORE_HOST, check_op
 
 import tcc
 from tcc import dtypes
@@ -212,3 +214,21 @@ schedule f cpu { unroll(j) }"""
     k = rng.integers(-1000, 1000, n).astype(np.int32)
     x = rng.standard_normal((n, 3)).astype(np.float32)
     check_op(src, "f", {"N": n}, rng, args=[k, x])
+
+
+def test_a_cpu_compile_does_not_load_the_cuda_scheduler(tmp_path):
+    """A CPU op compiled from an empty cache runs the CPU auto-scheduler only; the CUDA one (11 ms
+    of imports) stays unloaded. The answer is checked too."""
+    script = TWO_CORE_HOST + """
+import sys
+import numpy as np
+import tcc
+x = np.arange(33, dtype=np.float32)
+y = tcc.compile("op f(X: f32[N]) -> Y: f32[N] { Y[i] = X[i] * 2.0 + 1.0 }").f(x)
+assert np.array_equal(y, x * 2 + 1)
+print(sorted(m for m in sys.modules if m.startswith("tcc.passes.autoschedule")))
+"""
+    env = {**os.environ, "TCC_CACHE_DIR": str(tmp_path), "PYTHONPATH": os.path.dirname(os.path.dirname(tcc.__file__))}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    loaded = out.stdout.strip()
+    assert "autoschedule_cpu.schedule" in loaded and "autoschedule_cuda" not in loaded
