@@ -4,6 +4,7 @@ left only the innermost loops, and deep-stack threads kept between compiles."""
 
 import multiprocessing
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -14,7 +15,7 @@ from helpers import TWO_CORE_HOST, check_op
 
 import tcc
 from tcc import dtypes
-from tcc.codegen_cpu.llvm_loops import _holds_loop
+from tcc.codegen_cpu.llvm_loops import _holds_loop, _runs_once
 from tcc.ir.expr import Binary, Const, Expr, Var
 from tcc.ir.loops import For, walk_stmts
 from tcc.passes.loops.loopnest import flat_terms
@@ -103,28 +104,28 @@ def test_register_tiled_matmuls_match_the_reference(m, k, n, rng):
 
 
 def _unroll_disabled(llvm_text: str) -> dict[str, bool]:
-    """Per loop (by its LLVM header's name, e.g. ``kk.2``): whether a branch back to its header (the
-    latch) carries ``!llvm.loop`` (its entry branch never does)."""
+    """Per loop (by its LLVM header's name, ``kk.header`` or a repeat ``kk.header.2``): whether a
+    branch back to its header (the latch) carries ``!llvm.loop`` (its entry branch never does)."""
     found: dict[str, bool] = {}
     for line in llvm_text.splitlines():
-        line = line.strip()
-        if line.startswith('br label %"') and '.header"' in line:
-            name = line.split('%"')[1].split('.header"')[0]
-            found[name] = found.get(name, False) or "!llvm.loop" in line
+        m = re.match(r'\s*br label %"(\w+)\.header(\.\d+)?"', line)
+        if m:
+            found[m.group(1) + (m.group(2) or "")] = found.get(m.group(1) + (m.group(2) or ""), False) \
+                or "!llvm.loop" in line
     return found
 
 
 def test_llvm_unrolls_only_innermost_loops():
     """Every loop holding another loop tells LLVM not to unroll it; innermost loops (a register
-    tile's reduction, which LLVM unrolls in part) carry no such note. A decision, read from the
-    emitted IR: the answers are checked numerically above."""
+    tile's reduction, which LLVM unrolls in part) and loops of one iteration carry no such note.
+    A decision, read from the emitted IR: the answers are checked numerically above."""
     op = tcc.compile(CONV2D).conv2d
     args = [np.ones((1, 64, 56, 56), np.float32), np.ones((64, 64, 3, 3), np.float32), np.ones(64, np.float32)]
     bindings = op.bindings_for(tuple(args), {"P": 1})
     loops = [s for s in walk_stmts(op.lowered(bindings).scheduled.body)
              if isinstance(s, For) and s.kind in ("serial", "parallel")]
-    outer = {s.var.name for s in loops if _holds_loop(s.body)}
-    inner = {s.var.name for s in loops if not _holds_loop(s.body)}
+    outer = {s.var.name for s in loops if _holds_loop(s.body) and not _runs_once(s)}
+    inner = {s.var.name for s in loops if not _holds_loop(s.body) or _runs_once(s)}
     text = op.lower(*args, P=1, stage="llvm")
     assert "llvm.loop.unroll.disable" in text
     disabled = _unroll_disabled(text)
