@@ -89,6 +89,15 @@ def test_1x1_stays_direct_under_auto():
     assert "direct Y: a 1x1 window" in text
 
 
+@pytest.mark.parametrize("shapes", [dict(N=2, C=16, H=28, W=28, F=33), dict(N=1, C=7, H=15, W=9, F=5)])
+def test_strided_1x1_gathers_its_pixels_under_auto(shapes, rng):
+    """A 1x1 window of stride 2 (ResNet's downsample) reads every other pixel: its patches make
+    one GEMM over all output pixels, not one per output row."""
+    full = dict(KH=1, KW=1, S=2, P=0, D=1, **shapes)
+    text = check((EXAMPLES / "conv2d.tc").read_text(), "conv2d", full, "auto", rng)
+    assert "im2col Y: patches of" in text
+
+
 @pytest.mark.parametrize("conv", LOWERINGS)
 def test_conv2d_relu_epilogue(conv, rng):
     src = (EXAMPLES / "conv2d_relu.tc").read_text()
