@@ -78,6 +78,7 @@ def _rewrite(c: Compute, op: OpTE, tensors: dict[str, Tensor], mode: str, notes:
             return None
         patch, gemm, read = _build(plan, window, n, c, tensors)
         new.extend([patch, gemm])
+        tensors.update({patch[1].name: patch[1], gemm[1].name: gemm[1]})  # a second convolution of c takes others
         return read
 
     body = transform(c.body, visit)
