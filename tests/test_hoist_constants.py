@@ -3,6 +3,7 @@
 prepare function whose buffers the runtime keeps per set of constant arrays."""
 
 import gc
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -139,3 +140,9 @@ def test_only_fills_of_constants_read_after_them_are_hoisted():
     assert hoist_constants(_func(_fill("P", "X"), reader), frozenset({"W"})).attrs == {}  # X is data
     assert hoist_constants(_func(_fill("P", "W"), reader), frozenset()).attrs == {}
     assert hoist_constants(_func(_fill("P", "W"), reader, read_first=True), frozenset({"W"})).attrs == {}
+    fill = _fill("P", "W")  # ... * a: a runtime scalar of each call, no constant
+    store = fill.body.body  # type: ignore[attr-defined]
+    scaled = replace(fill, body=replace(fill.body, body=replace(store, value=Binary("mul", store.value, Var("a", F32),
+                                                                                    F32))))
+    assert hoist_constants(_func(scaled, reader), frozenset({"W"})).attrs == {}
+

@@ -113,7 +113,8 @@ def _candidates(s: Stmt, chain: tuple[For, ...], consts: set[str], accesses: dic
         if buf is not None and _read_only_after(s.stmts, pos, buf.name, accesses[buf.name]):
             used = free_vars(_store(item).value)
             context = tuple(f for f in chain if f.var.name in used)
-            if all(_const(f) for f in context):
+            loops = {f.var.name for f in (*chain, *nest_loops(item)[0])}
+            if used <= loops and all(_const(f) for f in context):  # (a runtime scalar is no constant)
                 found.append((item, buf, context))
                 continue
         found += _candidates(item, chain, consts, accesses, allocated)
