@@ -49,7 +49,7 @@ def gemm_params(m: int, n: int, k: int, itemsize: int, target: CpuTarget) -> dic
     l1, l2 = target.cache_bytes(1), target.cache_bytes(2)
     wide = target.vector_bytes == 64
     nr = (32 if wide else 16) if itemsize == 4 else (16 if wide else 8)
-    mr = _register_rows(m, target.cores, (12, 8) if wide else (6, 4), 0.02 if wide else 0.15)
+    mr = _register_rows(m, target.cores, (12, 8) if wide else (6, 4))
     kc = max(16, min(256, l1 // (nr * itemsize)))
     if k <= ONE_K_BLOCK * kc:  # one k block: no pass to zero C, no reloads of C, the epilogue in the tile store
         kc = k
@@ -58,22 +58,19 @@ def gemm_params(m: int, n: int, k: int, itemsize: int, target: CpuTarget) -> dic
     return {"mr": mr, "nr": nr, "kc": kc, "mc": mc, "nc": nc}
 
 
-def _register_rows(m: int, cores: int, choices: tuple[int, int], tolerance: float) -> int:
+def _register_rows(m: int, cores: int, choices: tuple[int, int]) -> int:
     """The full tile's rows (``choices[0]``: 12 with AVX-512), or the smaller choice where the
-    full one pads a thread's share of the rows by more than ``tolerance`` and the smaller pads
-    them less. With AVX-512 (2%): 64 output channels are 8 tiles of 8 rather than 5 of 12 and a
-    4-row tail, and 256 rows split over 2 threads become 16 tiles each, which also lets the
-    threads split the rows (see _parallel_axis) instead of each packing all of A. With AVX2
-    (15%) the small tile, 4 x 16, holds 8 accumulators: too few to cover the FMA latency on two
-    pipes, so it ran slower than 6 x 16 even with the padding (3x3 convs of ResNet-18 at batch
-    8: 128 channels 13% slower, 256 channels 5%)."""
+    full one pads a thread's share of the rows by more than 2% and the smaller pads them less:
+    64 output channels are 8 tiles of 8 rather than 5 of 12 and a 4-row tail, and 256 rows split
+    over 2 threads become 16 tiles each, which also lets the threads split the rows (see
+    _parallel_axis) instead of each packing all of A."""
     rows = -(-m // cores)
     full, small = choices
 
     def waste(mr: int) -> float:
         return -(-rows // mr) * mr / rows - 1
 
-    return small if waste(full) > tolerance and waste(small) < waste(full) else full
+    return small if waste(full) > 0.02 and waste(small) < waste(full) else full
 
 
 # ---------------------------------------------------------------- contractions
