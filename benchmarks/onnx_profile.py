@@ -15,6 +15,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -56,12 +57,15 @@ def ort_profile(data: bytes, x: np.ndarray, repeat: int, threads: int | None) ->
     """(node description, median seconds) per node, from onnxruntime's profiler."""
     options = ort.SessionOptions()
     options.enable_profiling = True
+    options.profile_file_prefix = str(Path(tempfile.mkdtemp()) / "ort")  # not into the working directory
     if threads:
         options.intra_op_num_threads = threads
     session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
     for _ in range(repeat + 1):
         session.run(None, {"x": x})
-    events = json.loads(Path(session.end_profiling()).read_text())
+    path = Path(session.end_profiling())
+    events = json.loads(path.read_text())
+    path.unlink()
     per_node: dict[str, list[float]] = {}
     kinds: dict[str, str] = {}
     for e in events:
