@@ -205,15 +205,3 @@ def test_two_convolutions_of_one_statement_get_their_own_patches(conv, rng):
     """Both reductions of one statement become GEMMs, each with its own patch and result buffers."""
     text = check(TWO_CONVS, "two", dict(N=1, C=3, H=9, W=11, F=5), conv, rng)
     assert text.count("im2col Y: patches of") == 2
-
-
-@pytest.mark.parametrize("shapes", [dict(N=3, C=16, H=7, W=7, F=33), dict(N=2, C=5, H=5, W=9, F=7),
-                                    dict(N=4, C=8, H=14, W=14, F=16, S=2, P=1)])
-def test_small_images_fold_the_batch_into_the_gemm_columns(shapes, rng):
-    """Below 64 output pixels an image's GEMM has few columns (7x7: 3 register tiles and a tail
-    of 1): the batch joins them, one GEMM over every image's pixels."""
-    full = dict(KH=3, KW=3, S=1, P=1, D=1) | shapes
-    text = check((EXAMPLES / "conv2d.tc").read_text(), "conv2d", full, "auto", rng)
-    assert "into columns n, y, x" in text
-    one = check((EXAMPLES / "conv2d.tc").read_text(), "conv2d", full | dict(N=1), "auto", rng)
-    assert "into columns y, x;" in one

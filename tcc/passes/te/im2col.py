@@ -38,7 +38,6 @@ MAX_PATCH_BYTES = 32 * 1024 * 1024
 ROW_BLOCK_FROM = 2 * 1024 * 1024  # strided patches of one batch element above this are blocked by rows
 ROW_BLOCK_BYTES = 512 * 1024  # ... into blocks of at most this (a quarter of a 2 MiB L2)
 VECTOR = 32  # columns of the GEMM's register tile: blocks of whole tiles are preferred
-FOLD_BATCH_BELOW = 64  # a forward convolution's batch joins its GEMM's columns below this many pixels
 PARTIAL_MIN_K = 256  # a GEMM reduction at least this long (one L1 block) may leave the batch to partial sums
 I64 = dtypes.i64
 CHOICES = ("auto", "im2col", "direct")
@@ -152,22 +151,11 @@ def _promote_columns(plan: _Plan, c: Compute, b_vars: set[str]) -> bool:
     output axes are fewer than a register tile's columns. A weight gradient
     ``dW[f, c, r, s] = sum[n, y, x](dY[n, f, y, x] * Xp[n, c, y + r, x + s])`` has the 3x3 kernel
     offsets as its window outputs: with ``c`` as a batch axis it would be C GEMMs of 9 columns (8.8x
-    PyTorch's time on a 64-channel layer); with ``c, r, s`` as columns it is one GEMM of 576.
-    A forward convolution's batch (the result's leading axes) joins the columns in front, when
-    an image has fewer than ``FOLD_BATCH_BELOW`` output pixels: a 7x7 image is 3 register tiles
-    of 16 columns and a tail of 1, 8 of them one GEMM of 392 columns (512 channels at batch 8:
-    12% faster, though the patches are then written out: lanes that cross images are no longer
-    one contiguous load, see pack_gather)."""
+    PyTorch's time on a 64-channel layer); with ``c, r, s`` as columns it is one GEMM of 576."""
     promoted = {ax.var.name for ax in plan.outer if ax.var.name not in b_vars}
-    if not promoted:
+    if _size(plan.spatial) >= VECTOR or not promoted:
         return False
-    leading = {ax.var.name for ax in c.axes[:len(promoted)]} == promoted
-    if leading and VECTOR <= _size(plan.spatial) < FOLD_BATCH_BELOW and _size(plan.outer) > 1:
-        plan.spatial = [ax for ax in c.axes if ax.var.name in promoted] + plan.spatial
-    elif _size(plan.spatial) < VECTOR:
-        plan.spatial += [ax for ax in c.axes if ax.var.name in promoted]
-    else:
-        return False
+    plan.spatial += [ax for ax in c.axes if ax.var.name in promoted]
     plan.outer = [ax for ax in plan.outer if ax.var.name not in promoted]
     return True
 
