@@ -37,7 +37,8 @@ from tcc.target import Target, target_kind
 
 MAX_SOURCE_BYTES = 64 << 20
 # tcc.compile's options and the targets they fit (machine: a Target value given as target=)
-OPTIONS = {"conv": ("cpu", "cuda"), "arch": ("cuda",), "machine": ("cpu", "cuda"), "tf32": ("cuda",)}
+OPTIONS = {"conv": ("cpu", "cuda"), "arch": ("cuda",), "machine": ("cpu", "cuda"), "tf32": ("cuda",),
+           "constant_params": ("cpu",)}
 
 
 def check_options(options: dict[str, Any], target: str) -> None:
@@ -54,6 +55,10 @@ def check_options(options: dict[str, Any], target: str) -> None:
                                hint=f"use one of {', '.join(CONV_CHOICES)}")
     if "arch" in options:
         check_arch(options["arch"])
+    if "constant_params" in options and (isinstance(options["constant_params"], str) or not all(
+            isinstance(n, str) for n in options["constant_params"])):
+        raise TccArgumentError(f"constant_params= must be a list of parameter names, not "
+                               f"{options['constant_params']!r}", hint="e.g. constant_params=['W', 'b']")
     if "tf32" in options and not isinstance(options["tf32"], bool):
         raise TccArgumentError(f"tf32= must be True or False, not {options['tf32']!r}",
                                hint="tf32=True lets f32 contractions round their operands to TF32 on tensor cores")
@@ -124,10 +129,24 @@ def compile(source: str | os.PathLike, target: str | Target = "cpu", tune: bool 
     check_options(options, target)
     text, filename = read_source(source)
     module, ops, schedules = deep(_check_module, text, filename, target)
+    if "constant_params" in options:
+        options["constant_params"] = _constant_params(options["constant_params"], ops)
     asts = {o.name: o for o in module.ops}
     if target == "cuda":
         options.setdefault("conv", "direct")  # im2col's per-batch GEMM buffers have no GPU schedule yet
     return Library(ops, asts, target, options, schedules, tune)
+
+
+def _constant_params(names: Any, ops: dict[str, OpTE]) -> tuple[str, ...]:
+    """The names of ``constant_params=``, sorted (they are part of the cache key), each a tensor
+    parameter of some op: the runtime may assume their values stay the same between calls
+    with the same array, so work on them alone (weight packing) is done once."""
+    tensors = {p for op in ops.values() for p in op.inputs if p in op.tensors}
+    unknown = sorted(set(names) - tensors)
+    if unknown:
+        raise TccArgumentError(f"constant_params= names {', '.join(unknown)}, which no op takes as a tensor",
+                               hint=f"tensor parameters: {', '.join(sorted(tensors)) or 'none'}")
+    return tuple(sorted(set(names)))
 
 
 def _check_module(text: str, filename: str, target: str
@@ -284,7 +303,8 @@ class Op:
     def lowered(self, bindings: dict[str, int | float],
                 after_pass: Callable[[str, str], None] | None = None) -> Lowered:
         lowered = lower_op(self.te, bindings, self._backend.machine(self.options), self.options.get("conv", "auto"),
-                           Trace(after_pass), self.user_schedule.steps, bool(self.options.get("tf32")))
+                           Trace(after_pass), self.user_schedule.steps, bool(self.options.get("tf32")),
+                           frozenset(self.options.get("constant_params", ())))
         if self.tune:
             from tcc.tune import tuning_for  # imported when an op is tuned, not by every warm start
 

@@ -186,3 +186,22 @@ def test_transposed_b_is_a_tiled_gemm(shapes, rng):
     q, k = (np.zeros((shapes["B"], shapes[n], shapes["D"]), np.float32) for n in ("M", "N"))
     text = op.lower(q, k, stage="scheduled")
     assert "K_c1[" in text and "S_c1[ii, jj] = S_c1[ii, jj] + " in text  # B packed, C in registers
+
+
+MAXPOOL = """
+op pool(X: f32[N, C, H, W]) -> Y: f32[N, C, (H - 1) // 2 + 1, (W - 1) // 2 + 1] {
+    Xp = pad(X, [0, 0, 1, 1], [0, 0, 1, 1], value=-1e400)
+    Y[n, c, y, x] = max[r: 3, s: 3](Xp[n, c, y * 2 + r, x * 2 + s])
+}
+"""
+
+
+def test_masked_window_taps_are_unrolled(rng):
+    """A 3x3 window read through a pad inside a vector loop is unrolled (its masks then hoist out
+    of the row loop); the results still match the reference at odd and round sizes."""
+    op = tcc.compile(MAXPOOL).pool
+    z = np.zeros((1, 4, 112, 112), np.float32)
+    text = op.lower(z, stage="scheduled")
+    assert "for r in 0..3:  # unroll" in text and "for s in 0..3:  # unroll" in text
+    for shapes in (dict(N=1, C=4, H=112, W=112), dict(N=2, C=3, H=33, W=7), dict(N=1, C=1, H=1, W=65)):
+        check_op(MAXPOOL, "pool", shapes, rng)

@@ -89,6 +89,15 @@ def test_1x1_stays_direct_under_auto():
     assert "direct Y: a 1x1 window" in text
 
 
+@pytest.mark.parametrize("shapes", [dict(N=2, C=16, H=28, W=28, F=33), dict(N=1, C=7, H=15, W=9, F=5)])
+def test_strided_1x1_gathers_its_pixels_under_auto(shapes, rng):
+    """A 1x1 window of stride 2 (ResNet's downsample) reads every other pixel: its patches make
+    one GEMM over all output pixels, not one per output row."""
+    full = dict(KH=1, KW=1, S=2, P=0, D=1, **shapes)
+    text = check((EXAMPLES / "conv2d.tc").read_text(), "conv2d", full, "auto", rng)
+    assert "im2col Y: patches of" in text
+
+
 @pytest.mark.parametrize("conv", LOWERINGS)
 def test_conv2d_relu_epilogue(conv, rng):
     src = (EXAMPLES / "conv2d_relu.tc").read_text()
@@ -180,3 +189,19 @@ def test_variants_match_torch(conv, rng):
     close(lib.depthwise(x, w, S=2), F.conv2d(torch.tensor(x), torch.tensor(w)[:, None], stride=2, padding=1, groups=5))
     x, w = arr(1, 4, 6, 5), arr(6, 2, 3, 3)
     close(lib.grouped(x, w), F.conv2d(torch.tensor(x), torch.tensor(w), padding=1, groups=2))
+
+
+TWO_CONVS = """
+op two(X: f32[N, C, H, W], A: f32[F, C, 3, 3], B: f32[F, C, 1, 1]) -> Y: f32[N, F, H // 2, W // 2] {
+    Xp = pad(X, [0, 0, 1, 1])
+    Y[n, f, y, x] = (sum[c, r, s](Xp[n, c, y*2 + r, x*2 + s] * A[f, c, r, s])
+                     + sum[c, r: 1, s: 1](X[n, c, y*2 + r, x*2 + s] * B[f, c, r, s]))
+}
+"""
+
+
+@pytest.mark.parametrize("conv", ["auto", "im2col"])
+def test_two_convolutions_of_one_statement_get_their_own_patches(conv, rng):
+    """Both reductions of one statement become GEMMs, each with its own patch and result buffers."""
+    text = check(TWO_CONVS, "two", dict(N=1, C=3, H=9, W=11, F=5), conv, rng)
+    assert text.count("im2col Y: patches of") == 2

@@ -195,3 +195,24 @@ def test_mlp_matches_reference(t, d, h, rng):
 @pytest.mark.parametrize("n, d, m", [(1, 1, 1), (7, 33, 1), (1, 7, 33), (33, 7, 33), (64, 32, 128)])
 def test_attention_matches_reference(n, d, m, rng):
     check_op(ATTENTION, "attention", {"N": n, "D": d, "M": m}, rng)
+
+
+RESIDUAL = """
+op block(X: f32[N, C, H, W], W3: f32[F, F, 3, 3], Wd: f32[F, C, 1, 1], Y1: f32[N, F, H // 2, W // 2])
+    -> Y: f32[N, F, H // 2, W // 2] {
+    Yp = pad(Y1, [0, 0, 1, 1])
+    A[n, f, y, x] = sum[c, r, s](Yp[n, c, y + r, x + s] * W3[f, c, r, s])
+    D[n, f, y, x] = sum[c](X[n, c, y * 2, x * 2] * Wd[f, c, 0, 0])
+    Y[n, f, y, x] = max(A[n, f, y, x] + D[n, f, y, x], 0.0)
+}
+"""
+
+
+def test_two_contractions_into_one_epilogue_stay_two_gemms(rng):
+    """A ResNet block's conv and its 1x1 downsample both feed the residual sum: the first inlines
+    into it, the second stays a statement of its own (a GEMM, not a dot product per element)."""
+    text = fused(RESIDUAL, "block", N=1, C=16, H=28, W=28, F=32)
+    assert "inline A: reduction, read once by" in text
+    assert "keep D: a contraction read by" in text
+    check_op(RESIDUAL, "block", dict(N=2, C=16, H=28, W=28, F=32), rng)
+    check_op(RESIDUAL, "block", dict(N=1, C=7, H=15, W=9, F=33), rng)

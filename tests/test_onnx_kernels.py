@@ -42,6 +42,9 @@ def test_identical_layers_share_one_kernel(rng, fresh_cache):
     assert len(sources) == 5 and len(set(sources)) == 2, compiled.lower("fused")
     assert "kernels: 5, 2 distinct" in compiled.lower("fused")
     assert compiled.lower("scheduled").count("# kernel ") == 2
+    # the weights' GEMM panels are packed once, at load: one set per layer, kept with the shared kernel
+    conv = compiled._calls[0][0].kernel({})
+    assert conv.prepared is not None and len(conv.prepared._made) == 4
 
 
 def test_warm_load_runs_no_pass_and_no_split(rng, fresh_cache, monkeypatch):
@@ -82,7 +85,7 @@ def test_values_read_by_several_kernels_unread_and_returned(rng, fresh_cache):
 def test_workers_build_kernels_into_the_disk_cache(rng, fresh_cache, monkeypatch):
     model = tcc.onnx.load(conv_stack(rng, depth=2, size=(5, 33)), compile_now=False)
     sources = list(dict.fromkeys(k.source for k in model.kernels))
-    todo = [*sources, "op kernel(x: f32[3]) -> y: f32[3] { y[i] = nothing[i] }"]
+    todo = [*((s, ()) for s in sources), ("op kernel(x: f32[3]) -> y: f32[3] { y[i] = nothing[i] }", ())]
     done = []
     workers = onnx_build.Workers(todo, {}, 2, lambda: done.append(1))
     workers.join()  # the caller took nothing: the workers build everything

@@ -56,6 +56,9 @@ def build_module(func: LoopFunc, target: CpuTarget) -> ir.Module:
     """The kernel as an LLVM module; ``target``'s features choose its intrinsics (AVX-512)."""
     module = ir.Module(name=func.name)  # the JIT sets the triple and data layout of its target machine
     _FunctionBuilder(module, func, target).build()
+    prepare = func.attrs.get("prepare")
+    if isinstance(prepare, LoopFunc):  # work on constant parameters, run once before the kernel
+        _FunctionBuilder(module, prepare, target).build()
     return module
 
 

@@ -249,7 +249,7 @@ class OnnxModel:
         self._options = options
         check_options(options, self.target)
         self.kernels: list[Kernel] = self._split()
-        self._ops: dict[str, Op] = {}  # by kernel source: the distinct kernels
+        self._ops: dict[tuple[str, tuple[str, ...]], Op] = {}  # by source and constants: the distinct kernels
         self._inputs = [program.inputs[name] for name in input_names]
         self._weights = dict(program.weights)
         self._results = tuple(name for name, _, _ in program.results)
@@ -284,10 +284,20 @@ class OnnxModel:
         disk.put_json(key, {"kernels": [k.to_json() for k in split]})
         return split
 
-    def _kernel_op(self, source: str) -> Op:
-        op = self._ops.get(source)
+    def _constants(self, k: Kernel) -> tuple[str, ...]:
+        """The kernel's parameters that are weights (constant_params of tcc.compile on the CPU:
+        their packing is done once, not per call), by their names in its source."""
+        if self.target != "cpu":
+            return ()
+        return tuple(f"x{n}" for n, name in enumerate(k.params) if name in self._weights)
+
+    def _kernel_op(self, distinct: tuple[str, tuple[str, ...]]) -> Op:
+        """The op of a kernel's source compiled with these constant parameters."""
+        op = self._ops.get(distinct)
         if op is None:
-            op = self._ops[source] = next(iter(tcc_compile(source, target=self._compile_target, **self._options)))
+            source, constants = distinct
+            options = {**self._options, "constant_params": constants} if constants else self._options
+            op = self._ops[distinct] = next(iter(tcc_compile(source, target=self._compile_target, **options)))
         return op
 
     def compile(self, progress: bool | None = None, jobs: int | None = None) -> OnnxModel:
@@ -297,24 +307,34 @@ class OnnxModel:
         worker processes (default: one per CPU this process may use, less this one) build from
         the other end of the list, through the disk cache."""
         start = time.perf_counter()
-        distinct = list(dict.fromkeys(k.source for k in self.kernels))
+        distinct = list(dict.fromkeys((k.source, self._constants(k)) for k in self.kernels))
         with tqdm(total=len(distinct), desc="tcc.onnx: compiling", unit="kernel", delay=1.0,
                   disable=progress is False, leave=False) as bar:
             self._build(distinct, jobs if jobs is not None else host_cores(), lambda: bar.update(1))
-            for source in distinct:  # the workers' kernels, from the disk cache (or built here if one failed)
-                self._kernel_op(source).kernel({})
-        self._calls = [(self._kernel_op(k.source), k.params, k.results) for k in self.kernels]
+            for item in distinct:  # the workers' kernels, from the disk cache (or built here if one failed)
+                self._kernel_op(item).kernel({})
+        self._calls = [(self._kernel_op((k.source, self._constants(k))), k.params, k.results) for k in self.kernels]
+        self._prepare()
         self.compile_seconds = time.perf_counter() - start
         return self
 
-    def _build(self, todo: list[str], jobs: int, done: Callable[[], None]) -> None:
+    def _prepare(self) -> None:
+        """Run each kernel's prepare function on its weights now (packed GEMM panels), once per
+        layer, rather than on the first call."""
+        for op, params, _ in self._calls:
+            prepared = getattr(op.kernel({}), "prepared", None)
+            if prepared is not None:
+                weights = [self._weights[params[int(n[1:])]] for n in prepared.sources]
+                prepared.arrays(tuple(weights), [np.ascontiguousarray(w).ctypes.data for w in weights])
+
+    def _build(self, todo: list[tuple[str, tuple[str, ...]]], jobs: int, done: Callable[[], None]) -> None:
         """Build the kernels ``todo`` here, from the front; from the point where those left look
         like more than ``PARALLEL_AFTER_S`` of work, with workers taking from the back."""
         parallel = jobs > 1 and self.target == "cpu" and cache.cache_dir() is not None
         todo, workers, built, start = list(todo), None, 0, time.process_time()
         try:
-            while (source := workers.take() if workers else todo.pop(0) if todo else None) is not None:
-                self._kernel_op(source).kernel({})
+            while (item := workers.take() if workers else todo.pop(0) if todo else None) is not None:
+                self._kernel_op(item).kernel({})
                 built += 1
                 done()
                 left = (time.process_time() - start) / built * len(todo)  # CPU time: what a worker takes over
@@ -361,9 +381,9 @@ class OnnxModel:
             return self.op.stage_text({}, stage)
         if stage == "fused":
             return self.op.stage_text({}, stage) + "\n" + self._describe_kernels()
-        distinct = list(dict.fromkeys(k.source for k in self.kernels))
-        return "\n".join(f"# kernel {n + 1} of {len(distinct)}\n" + self._kernel_op(source).stage_text({}, stage)
-                         for n, source in enumerate(distinct))
+        distinct = list(dict.fromkeys((k.source, self._constants(k)) for k in self.kernels))
+        return "\n".join(f"# kernel {n + 1} of {len(distinct)}\n" + self._kernel_op(item).stage_text({}, stage)
+                         for n, item in enumerate(distinct))
 
     def _describe_kernels(self) -> str:
         first: dict[str, int] = {}

@@ -24,12 +24,15 @@ from typing import Any
 
 from tcc.compiler import compile as tcc_compile
 
+Item = tuple[str, tuple[str, ...]]  # a kernel: its source and its constant parameters
+
 
 class Workers:
-    """``jobs`` worker processes taking CPU kernel sources from the back of ``todo`` (shared with
-    the caller, who takes from the front through :meth:`take`); ``done()`` after each they build."""
+    """``jobs`` worker processes taking CPU kernels (source, constant parameters) from the back of
+    ``todo`` (shared with the caller, who takes from the front through :meth:`take`); ``done()``
+    after each they build."""
 
-    def __init__(self, todo: list[str], options: dict[str, Any], jobs: int, done: Callable[[], None]):
+    def __init__(self, todo: list[Item], options: dict[str, Any], jobs: int, done: Callable[[], None]):
         self._todo = todo
         self._lock = threading.Lock()
         self._done = done
@@ -43,12 +46,12 @@ class Workers:
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
 
-    def take(self) -> str | None:
+    def take(self) -> Item | None:
         """The caller's next kernel (None: none left)."""
         with self._lock:
             return self._todo.pop(0) if self._todo else None
 
-    def _take_last(self) -> str | None:
+    def _take_last(self) -> Item | None:
         with self._lock:
             return self._todo.pop() if self._todo else None
 
@@ -68,9 +71,9 @@ class Workers:
 
     def _next(self, proc: subprocess.Popen) -> None:
         """The worker's next kernel, or the end of its input."""
-        source = self._take_last()
-        if source is not None:
-            _send(proc, {"source": source})
+        item = self._take_last()
+        if item is not None:
+            _send(proc, {"source": item[0], "constants": list(item[1])})
         elif proc.stdin and not proc.stdin.closed:
             proc.stdin.close()
 
@@ -95,11 +98,14 @@ def _send(proc: subprocess.Popen, message: Any) -> None:
 
 
 def main() -> None:
-    """A worker: the options on the first line, then one kernel source a line; ``done`` after each."""
+    """A worker: the options on the first line, then one kernel (source and constant parameters)
+    a line; ``done`` after each."""
     options = json.loads(sys.stdin.readline())["options"]
     for line in sys.stdin:
         try:
-            next(iter(tcc_compile(json.loads(line)["source"], target="cpu", **options))).kernel({})
+            kernel = json.loads(line)
+            constants = {"constant_params": kernel["constants"]} if kernel["constants"] else {}
+            next(iter(tcc_compile(kernel["source"], target="cpu", **options, **constants))).kernel({})
         except Exception:  # noqa: BLE001, S110 - the caller compiles it again and reports the error
             pass
         print("done", flush=True)

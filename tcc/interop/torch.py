@@ -246,8 +246,8 @@ def _learn_direct(op: Op, args: tuple[Any, ...], cparams: dict[str, Any], outs: 
     for ops with runtime scalars, strided inputs, or a backend without plans)."""
     for plan in getattr(op._plans, "plans", ()):
         ins, targets = plan.inputs, plan.outs
-        if (plan.scalars or targets is None or plan.nargs != len(args) or plan.cparams != cparams
-                or len(targets) != len(outs)):
+        if (plan.scalars or getattr(plan, "constants", None) is not None or targets is None
+                or plan.nargs != len(args) or plan.cparams != cparams or len(targets) != len(outs)):
             continue
         if all(not t.numpy and t.dtype is args[t.pos].dtype and t.shape == tuple(args[t.pos].shape) for t in ins) \
                 and all(t.shape == tuple(o.shape) and t.dtype is o.dtype for t, o in zip(targets, outs)):

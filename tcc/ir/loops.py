@@ -283,6 +283,9 @@ def format_func(f: LoopFunc) -> str:
         lines.append(f"    # streamed: {', '.join(f.attrs['streamed'])}")  # type: ignore[arg-type]
     _format_stmt(f.body, 1, lines)
     lines.append("}")
+    prepare = f.attrs.get("prepare")
+    if isinstance(prepare, LoopFunc):  # work on constant parameters, hoisted out of the kernel
+        lines += ["# run once per set of constant parameters, before the kernel:", format_func(prepare)]
     return "\n".join(lines)
 
 

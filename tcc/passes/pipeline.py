@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from tcc.ir.loops import LoopFunc, verify_func
 from tcc.ir.te import OpTE, verify_op
+from tcc.passes.loops.hoist_constants import hoist_constants
 from tcc.passes.loops.schedule import Step, apply_schedule, check_gpu_schedule
 from tcc.passes.te.bounds import check_bounds
 from tcc.passes.te.fusion import group_statements, inline_intermediates
@@ -63,6 +64,7 @@ class Lowered:
     steps: tuple[Step, ...] = ()  # the user's schedule; empty: the auto-scheduler alone
     tuning: Tuning | None = None  # the tuner's choice for the auto-scheduler (tcc.tune)
     tf32: bool = False  # f32 contractions may round their operands to TF32 (tensor cores; opted in)
+    constants: frozenset[str] = frozenset()  # parameters whose values stay the same between calls
     _scheduled: LoopFunc | None = field(default=None, repr=False)
 
     @property
@@ -70,12 +72,13 @@ class Lowered:
         """The loops after the target's schedule."""
         if self._scheduled is None:
             self._scheduled = schedule(self.loops, self.target, self.steps, self.tuning or Tuning(), self.trace,
-                                       self.tf32)
+                                       self.tf32, self.constants)
         return self._scheduled
 
 
 def lower_op(op: OpTE, bindings: dict[str, int | float], target: Target, conv: str = "auto",
-             trace: Trace = SILENT, steps: tuple[Step, ...] = (), tf32: bool = False) -> Lowered:
+             trace: Trace = SILENT, steps: tuple[Step, ...] = (), tf32: bool = False,
+             constants: frozenset[str] = frozenset()) -> Lowered:
     """The passes every target shares: a checked TE op down to loop nests for ``bindings``."""
     te = trace("specialize", specialize(op, bindings))
     verify_op(te)
@@ -86,14 +89,16 @@ def lower_op(op: OpTE, bindings: dict[str, int | float], target: Target, conv: s
     te = trace("group", group_statements(te))
     loops = trace("lower", lower(te))
     verify_func(loops)
-    return Lowered(te, loops, target, trace, steps, tf32=tf32)
+    return Lowered(te, loops, target, trace, steps, tf32=tf32, constants=constants)
 
 
 def schedule(func: LoopFunc, target: Target, steps: tuple[Step, ...] = (), tuning: Tuning = Tuning(),
-             trace: Trace = SILENT, tf32: bool = False) -> LoopFunc:
+             trace: Trace = SILENT, tf32: bool = False, constants: frozenset[str] = frozenset()) -> LoopFunc:
     """The target's half: the user's steps (each a loop primitive), then the auto-scheduler of
     ``target`` (on the CPU only where the user wrote no schedule; on CUDA for every nest the
-    user did not bind to blocks, f32 contractions on TF32 tensor cores when ``tf32``)."""
+    user did not bind to blocks, f32 contractions on TF32 tensor cores when ``tf32``); on the
+    CPU, work on the parameters ``constants`` alone (weight packing) then moves into a prepare
+    function run once per set of their values."""
     # imported when a schedule runs, each target's own: a warm start (its kernels in the disk cache)
     # never schedules, and a CPU compile does not load the CUDA scheduler (11 ms)
     scheduled = apply_schedule(func, list(steps), trace)
@@ -109,5 +114,7 @@ def schedule(func: LoopFunc, target: Target, steps: tuple[Step, ...] = (), tunin
         scheduled = autoschedule(scheduled, target, tuning.tiles, trace)
         if tuning.unroll > 1:
             scheduled = apply_schedule(scheduled, [Step("unroll", (GEMM_K_LOOP, "by", tuning.unroll))], trace)
+    if not isinstance(target, CudaTarget) and constants:
+        scheduled = trace("hoist constants", hoist_constants(scheduled, constants))
     verify_func(scheduled)
     return scheduled

@@ -29,6 +29,7 @@ class BoundCall:
     arrays: dict[str, Any]
     scalars: dict[str, int | float | bool]
     result_shapes: dict[str, tuple[int, ...]]
+    args: tuple[Any, ...] = ()  # the call's own arguments (constant parameters are known by identity)
 
 
 def as_host_array(value: Any, what: str) -> np.ndarray:
@@ -98,7 +99,7 @@ def bind(op: OpTE, args: tuple[Any, ...], kwargs: dict[str, Any], arrays: dict[s
                 solved.clear()
             solved[key] = known
     bindings, outs = known
-    return BoundCall(dict(bindings), arrays, scalars, outs)
+    return BoundCall(dict(bindings), arrays, scalars, outs, tuple(args))
 
 
 def bind_shapes(op: OpTE, shapes: dict[str, tuple[int, ...]], values: dict[str, int | float]

@@ -24,6 +24,7 @@ from tcc.ir.loops import Buffer, For, LoopFunc, walk_stmts
 from tcc.runtime.binding import as_host_array, out_list
 from tcc.runtime.cache import pack_artifact, unpack_artifact
 from tcc.runtime.plans import same_params
+from tcc.runtime.prepared import Prepared
 from tcc.target import CpuTarget
 
 STAGES = ("ast", "te", "fused", "loops", "scheduled", "llvm", "asm")
@@ -57,7 +58,13 @@ def build(func: LoopFunc, options: dict[str, Any] | None = None) -> bytes:
     params = [[p.name, isinstance(p, Buffer), p.dtype.name] for p in func.params]
     level = llvm_level(func)
     obj = jit.emit_object(jit.optimize(llvm_ir(func, machine(options or {})), level), level)
-    return pack_artifact(_MAGIC, {"symbol": symbol_name(func), "params": params}, obj)
+    meta: dict[str, Any] = {"symbol": symbol_name(func), "params": params}
+    prepare = func.attrs.get("prepare")
+    if isinstance(prepare, LoopFunc):  # work on constant parameters, hoisted out of the kernel
+        count = int(prepare.attrs["sources"])  # type: ignore[call-overload]
+        meta["prepare"] = {"symbol": symbol_name(prepare), "sources": [p.name for p in prepare.params[:count]],
+                           "buffers": [[p.name, p.dtype.name, list(p.shape)] for p in prepare.params[count:]]}
+    return pack_artifact(_MAGIC, meta, obj)
 
 
 def llvm_level(func: LoopFunc) -> jit.Level:
@@ -71,7 +78,12 @@ def _parse(artifact: bytes) -> tuple[dict[str, Any], bytes]:
     try:
         meta, obj = unpack_artifact(_MAGIC, artifact)
         params = [(str(n), bool(b), dtypes.ALL[d]) for n, b, d in meta["params"]]
-        return {"symbol": str(meta["symbol"]), "params": params}, obj
+        prepare = meta.get("prepare")
+        if prepare is not None:
+            prepare = {"symbol": str(prepare["symbol"]), "sources": [str(n) for n in prepare["sources"]],
+                       "buffers": [(str(n), dtypes.ALL[d].numpy, tuple(int(x) for x in shape))
+                                   for n, d, shape in prepare["buffers"]]}
+        return {"symbol": str(meta["symbol"]), "params": params, "prepare": prepare}, obj
     except (ValueError, KeyError, TypeError) as exc:
         raise TccCompileError(f"unusable cached CPU kernel ({exc})") from None
 
@@ -91,6 +103,16 @@ class CpuKernel:
         self.dtypes = {n: dt for n, _, dt in meta["params"]}
         self._object = jit.LoadedObject(obj)
         self.fn = self._object.function(meta["symbol"])
+        prepare = meta["prepare"]
+        self.prepared = None if prepare is None else Prepared(
+            self._object.function(prepare["symbol"]), prepare["sources"], prepare["buffers"])
+
+    def prepare(self, values: dict[str, Any], objects: tuple[Any, ...]) -> None:
+        """Add the prepared buffers to ``values`` (made now from its constant parameters, unless
+        made before for ``objects``: the caller's arguments for them)."""
+        if self.prepared is not None:
+            made = self.prepared.arrays(objects, [values[n].ctypes.data for n in self.prepared.sources])
+            values.update(zip(self.prepared.names, made))
 
     def __call__(self, values: dict[str, Any]) -> None:
         """Run on ``values``: C-contiguous arrays for buffers, Python numbers for scalars."""
@@ -136,6 +158,9 @@ def invoke(kernel: CpuKernel, op, bound, out: Any) -> list[Any]:
         contiguous = np.ascontiguousarray(arr)
         values[name] = contiguous
         inputs.append(contiguous)
+    if kernel.prepared is not None:
+        position = {name: i for i, name in enumerate(op.params)}
+        kernel.prepare(values, tuple(bound.args[position[n]] for n in kernel.prepared.sources))
     results, copies = [], []
     for name, target, view in zip(op.results, targets, views):
         shape, dtype = bound.result_shapes[name], op.tensors[name].dtype.numpy
@@ -292,6 +317,8 @@ class Plan:
     slots: list[int]  # of the scalars
     outs: list[_Tensor] | None  # None: the call allocates its results
     results: list[tuple[int, tuple[int, ...], np.dtype, int]]  # (slot, shape, dtype, bytes)
+    constants: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None = None
+    # (positions of the constant arguments, their slots, the prepared buffers' slots): see run
     pool: list[tuple[Any, list[Any], int]] = field(default_factory=list)  # (argument array, scalar cells, address)
 
     def new_buffer(self) -> tuple[Any, list[tuple[int, type, tuple[int, int] | None, Any]], int]:
@@ -379,6 +406,15 @@ class Plan:
                 if ptr < high and low < ptr + t.nbytes:  # overlaps out=: the checked path copies
                     return None
                 ptrs[t.slot] = ptr
+            if self.constants is not None:
+                positions, sources, slots = self.constants
+                objects = tuple([args[p] for p in positions])
+                pointers = self.kernel.prepared.pointers(objects)  # type: ignore[union-attr]
+                if pointers is None:  # new constant arguments: their buffers are made now, once
+                    made = self.kernel.prepared.arrays(objects, [ptrs[s] for s in sources])  # type: ignore[union-attr]
+                    pointers = [a.ctypes.data for a in made]
+                for slot, pointer in zip(slots, pointers):
+                    ptrs[slot] = pointer
             if out is None:
                 results = []
                 for slot, shape, dtype, nbytes in self.results:
@@ -424,4 +460,10 @@ def make_plan(kernel: CpuKernel, op, bound, args: tuple[Any, ...], cparams: dict
     for name in op.results:
         shape, dtype = bound.result_shapes[name], op.tensors[name].dtype.numpy
         results.append((slot[name], shape, dtype, math.prod(shape) * dtype.itemsize))
-    return Plan(kernel, len(args), dict(cparams), inputs, scalars, [slot[n] for n in kinds], outs, results)
+    constants = None
+    if kernel.prepared is not None:
+        sources = kernel.prepared.sources
+        constants = (tuple(position[n] for n in sources), tuple(slot[n] for n in sources),
+                     tuple(slot[n] for n in kernel.prepared.names))
+    return Plan(kernel, len(args), dict(cparams), inputs, scalars, [slot[n] for n in kinds], outs, results,
+                constants)

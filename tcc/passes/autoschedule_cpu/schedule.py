@@ -18,7 +18,7 @@ from dataclasses import replace
 
 from tcc.errors import TccScheduleError
 from tcc.ir.expr import Select, walk
-from tcc.ir.loops import For, LoopFunc, Stmt, Store, stmt_exprs, walk_stmts
+from tcc.ir.loops import For, LoopFunc, Stmt, Store, map_stmt, stmt_exprs, walk_stmts
 from tcc.passes.autoschedule_cpu.gemm import (
     PARALLEL_MIN_WORK,
     contractions,
@@ -99,6 +99,7 @@ def vectorize_and_parallelize(func: LoopFunc, target: CpuTarget, trace: Trace = 
         except TccScheduleError:
             continue
     func = trace("unroll masked rows", unroll_masked_rows(func))
+    func = trace("unroll masked windows", unroll_masked_windows(func))
     if target.cores > 1:
         func = _parallelize_items(func, func.body, target.cores, trace)
     return func
@@ -119,6 +120,28 @@ def unroll_masked_rows(func: LoopFunc) -> LoopFunc:
             func = on_loops(func, f.var.name,
                             lambda s, body=f.body: replace(s, kind="unroll") if s.body == body else None)
     return func
+
+
+MASKED_WINDOW_UNROLL = 3
+
+
+def unroll_masked_windows(func: LoopFunc) -> LoopFunc:
+    """Unroll the small window loops (``r0, r1`` of a 3x3 pooling window or depthwise conv) inside
+    a vector loop whose body reads through a pad: each unrolled tap's padding mask then depends
+    on the loops outside the window only, and LLVM hoists it out of the row loop; kept as loops,
+    the 32-lane masks were recomputed per tap and output row in 64-bit vector compares (a 3x3
+    stride-2 max pool at 112x112 ran 1.85 ms unrolled 0.41, onnxruntime 0.30)."""
+    def small_window(f: Stmt) -> bool:
+        return isinstance(f, For) and f.kind == "serial" and 1 < int(getattr(f.extent, "value", 0)) <= \
+            MASKED_WINDOW_UNROLL and any(isinstance(n, Select) for st in walk_stmts(f.body)
+                                         for e in stmt_exprs(st) for n in walk(e))
+
+    def unroll_inside(n: Stmt) -> Stmt | None:
+        if not (isinstance(n, For) and n.kind == "vector" and any(small_window(f) for f in walk_stmts(n.body))):
+            return None
+        return map_stmt(n, lambda f: replace(f, kind="unroll") if small_window(f) else None)
+
+    return replace(func, body=map_stmt(func.body, unroll_inside))
 
 
 def _parallelize_items(func: LoopFunc, body: Stmt, cores: int, trace: Trace) -> LoopFunc:

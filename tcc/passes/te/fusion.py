@@ -119,6 +119,10 @@ def _inline_verdict(c: Compute, computes: list[Compute], op: OpTE) -> tuple[bool
     if has_reduce and nested:
         return False, f"a reduction read inside a reduction of {nested[0][0].tensor}: kept apart so each stays " \
                       "a plain loop nest (a GEMM, an im2col candidate)"
+    if len(sites) == 1 and gemm_batch_depth(c) < len(c.axes) \
+            and any(isinstance(n, Reduce) for n in walk(sites[0][0].body)):
+        return False, f"a contraction read by {sites[0][0].tensor}, which has a reduction of its own: kept apart " \
+                      "so that each is a GEMM (inlined, it was an epilogue's dot product per element)"
     if len(sites) == 1:
         what = "reduction" if has_reduce else "elementwise"
         return True, f"{what}, read once by {sites[0][0].tensor}: fused there with no recomputation"

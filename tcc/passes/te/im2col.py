@@ -78,6 +78,7 @@ def _rewrite(c: Compute, op: OpTE, tensors: dict[str, Tensor], mode: str, notes:
             return None
         patch, gemm, read = _build(plan, window, n, c, tensors)
         new.extend([patch, gemm])
+        tensors.update({patch[1].name: patch[1], gemm[1].name: gemm[1]})  # a second convolution of c takes others
         return read
 
     body = transform(c.body, visit)
@@ -113,7 +114,7 @@ def _plan(window: Read, other: Read, r: Reduce, c: Compute, mode: str) -> _Plan:
     per_outer = window.dtype.itemsize * _size(plan.reduce) * _size(plan.spatial)
     partials = r.acc_dtype.itemsize * _size(plan.outer + plan.partial + plan.weights + plan.spatial)
     window_axes = [ax for ax in plan.reduce if ax.var.name in in_window]
-    if mode == "auto" and _size(window_axes) == 1:
+    if mode == "auto" and _size(window_axes) == 1 and not _strided(window, plan.spatial):
         plan.why = "a 1x1 window: the input is already the GEMM's operand, patches would only copy it"
     elif mode == "auto" and shared:
         plan.why = (f"{', '.join(shared)} indexes both the input and the weights (depthwise or grouped): the "
@@ -304,6 +305,14 @@ def _strip(e: Expr) -> Expr:
     while isinstance(e, Cast):
         e = e.a
     return e
+
+
+def _strided(window: Read, spatial: list[IterVar]) -> bool:
+    """Whether an output index steps the input by more than one (a 1x1 convolution of stride 2,
+    ResNet's downsample: its input is no GEMM operand, only every other pixel of each row is,
+    and without patches the GEMM had one output row's 14 columns)."""
+    names = {ax.var.name for ax in spatial}
+    return any(linear_coeff(i, v) not in (0, 1, None) for i in window.indices for v in names)
 
 
 def _is_window(index: Expr, out_vars: set[str], red_vars: set[str]) -> bool:
