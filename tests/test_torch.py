@@ -311,3 +311,19 @@ def test_eager_results_are_fresh_and_keep_their_dtype(ops64):
     assert third.dtype == torch.float32
     for y in (first, second, third):
         torch.testing.assert_close(y, torch.softmax(x, 1))
+
+
+def test_gradient_of_a_scalar_is_a_one_element_tensor():
+    """A runtime scalar is a Python number (autograd cannot track one): a tensor given for it is a
+    TccError saying so; a one-element tensor parameter read at [0] has its gradient derived."""
+    ops = tcc.torch.library("op axpy_s(a: f64, X: f64[N]) -> Z: f64[N] {\n    Z[i] = a * X[i]\n}\n"
+                            "op axpy_t(a: f64[1], X: f64[N], Y: f64[N]) -> Z: f64[N] {\n"
+                            "    Z[i] = a[0] * X[i] + Y[i]\n}\n", namespace="tcc_test_scalar_grad")
+    x = torch.randn(7, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(tcc.TccError, match=r"(?s)runtime scalar.*f64\[1\]"):
+        ops.axpy_s(torch.tensor(0.5, dtype=torch.float64, requires_grad=True), x)
+    a = torch.randn(1, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(7, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(ops.axpy_t, (a, x, y))
+    ops.axpy_t(a, x, y).square().sum().backward()
+    torch.testing.assert_close(a.grad, (2 * (a.detach() * x.detach() + y.detach()) * x.detach()).sum().reshape(1))

@@ -185,8 +185,15 @@ class TorchOp:
         return _one(self._no_graph(args, cparams))
 
     def _check_readable(self, args: tuple[Any, ...]) -> None:
-        """Raise the clearer error for a CPU tensor NumPy cannot view (so tcc cannot read it)."""
-        for a, is_t in zip(args, self._tensors):
+        """Raise the clearer error for a CPU tensor NumPy cannot view (so tcc cannot read it), and
+        for a tensor given for a runtime scalar: the schema's ``float`` is a Python number, which
+        autograd cannot track (torch's dispatcher would take the value and drop the gradient)."""
+        for p, a, is_t in zip(self.te.params, args, self._tensors):
+            if not is_t and isinstance(a, _Tensor):
+                raise TccArgumentError(
+                    f"{self.name}: argument {p} is a runtime scalar, a Python number, got a tensor",
+                    self.te.span, f"pass {p}.item(); for a gradient with respect to it, declare it as "
+                    f"a one-element tensor ({p}: {self.te.scalars[p].dtype}[1]) and read {p}[0]")
             try:
                 if is_t:
                     a.numpy()
