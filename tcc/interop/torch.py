@@ -113,7 +113,7 @@ class TorchOp:
                 return self.overload(*args, **cparams)
             graph = graph or t.requires_grad
         if graph and _grad_enabled():
-            return _Graph.apply(self, cparams, *args) if self._autograd else self.overload(*args, **cparams)
+            return _record(self, cparams, *args) if self._autograd else self.overload(*args, **cparams)
         return _one(self._no_graph(args, cparams))
 
     def _no_graph(self, args: tuple[Any, ...], cparams: dict[str, Any]) -> list[torch.Tensor]:
@@ -296,6 +296,12 @@ class _Graph(torch.autograd.Function):
     def backward(ctx: Any, *upstream: Any) -> tuple[Any, ...]:
         op: TorchOp = ctx.op
         return (None, None, *op._gradients(ctx, ctx.needs_input_grad[2:], upstream))
+
+
+# autograd.Function.apply without its Python wrapper, which only binds default arguments (the
+# Function has none) and unwraps functorch's tensors (the eager path runs with no transform
+# active): about a fifth of a call that records a graph (benchmarks/torch_overhead.py)
+_record = super(torch.autograd.Function, _Graph).apply  # bound to _Graph
 
 
 class _Direct:
