@@ -1,7 +1,8 @@
 """tcc/passes/te/phases.py: the data gradient of a strided convolution reads dY dilated by the
 stride; after specialisation it becomes one stride-1 convolution of dY per phase (no product with
 an inserted zero) and an interleave. Values against PyTorch's autograd at odd sizes, strides 2
-and 3, a 1x1 window (phases that no tap reads), 1-D, 2-D, 3-D and depthwise."""
+and 3, a 1x1 window (phases that no tap reads), 1-D, 2-D, 3-D, depthwise and a stride along one
+axis only."""
 
 import numpy as np
 import pytest
@@ -26,6 +27,11 @@ op conv3d[S = 1, P = 0](X: f32[N, C, T, H, W], Wt: f32[F, C, KT, KH, KW])
     Xp = pad(X, [0, 0, P, P, P])
     Y[n, f, z, y, x] = sum[c, q, r, s](Xp[n, c, z*S + q, y*S + r, x*S + s] * Wt[f, c, q, r, s])
 }
+op conv_h[S = 1, P = 0](X: f32[N, C, H, W], Wt: f32[F, C, KH, KW])
+    -> Y: f32[N, F, (H + 2*P - KH) // S + 1, W + 2*P - KW + 1] {
+    Xp = pad(X, [0, 0, P, P])
+    Y[n, f, y, x] = sum[c, r, s](Xp[n, c, y*S + r, x + s] * Wt[f, c, r, s])
+}
 op dwconv2d[S = 1, P = 0](X: f32[N, C, H, W], Wt: f32[C, KH, KW])
     -> Y: f32[N, C, (H + 2*P - KH) // S + 1, (W + 2*P - KW) // S + 1] {
     Xp = pad(X, [0, 0, P, P])
@@ -36,10 +42,13 @@ op dwconv2d[S = 1, P = 0](X: f32[N, C, H, W], Wt: f32[C, KH, KW])
 CASES = [("conv2d", (2, 3, 9, 8), (4, 3, 3, 3), 2, 1), ("conv2d", (1, 2, 33, 17), (3, 2, 3, 2), 3, 0),
          ("conv2d", (2, 5, 8, 7), (3, 5, 1, 1), 2, 0), ("conv2d", (1, 3, 11, 10), (2, 3, 5, 5), 2, 2),
          ("conv2d", (1, 1, 1, 1), (1, 1, 1, 1), 2, 0), ("conv1d", (2, 3, 13), (4, 3, 4), 2, 1),
-         ("conv3d", (1, 2, 5, 6, 7), (3, 2, 2, 3, 2), 2, 1), ("dwconv2d", (2, 4, 9, 8), (4, 3, 3), 2, 1)]
+         ("conv3d", (1, 2, 5, 6, 7), (3, 2, 2, 3, 2), 2, 1), ("dwconv2d", (2, 4, 9, 8), (4, 3, 3), 2, 1),
+         ("conv_h", (2, 3, 10, 7), (4, 3, 3, 2), 2, 1)]  # strided along H only, padded along both
 
 
 def _torch(name, x, w, s, p):
+    if name == "conv_h":
+        return F.conv2d(x, w, stride=(s, 1), padding=p)
     if name == "dwconv2d":
         return F.conv2d(x, w[:, None], stride=s, padding=p, groups=x.shape[1])
     return {"conv1d": F.conv1d, "conv2d": F.conv2d, "conv3d": F.conv3d}[name](x, w, stride=s, padding=p)

@@ -17,8 +17,8 @@ products are the same, in the same order per tap, without the zeros.
 
 It applies where the dilated tensor (through at most one zero pad) is read once, by a statement
 that is one ``sum`` whose read of it has, in each dilated dim, an output index plus a reduction
-index plus a constant (coefficients 1), where every dilated dim is padded only along the
-dilated axes; anything else is left as it is.
+index plus a constant (coefficients 1); the other dims are read as they are, through the same
+pad. Anything else is left as it is.
 """
 
 from __future__ import annotations
@@ -92,7 +92,8 @@ def _consumer(op: OpTE, dilated: _Dilated) -> tuple[Compute, str, list[_Dim]] | 
     dims of that read, when it has the form this pass handles."""
     name = dilated.compute.tensor
     views = [p for p in op.pads.values() if p.source == name]
-    if len(views) > 1 or any(_reads(c.body, name) for c in op.computes) or name in op.results:
+    if (len(views) > 1 or any(_reads(c.body, name) for c in op.computes) or name in op.results
+            or (views and not _is_zero(views[0].value))):
         return None
     view = views[0].name if views else name
     lo = [evaluate_int(x) for x in views[0].lo] if views else [0] * len(dilated.compute.axes)
@@ -109,9 +110,7 @@ def _consumer(op: OpTE, dilated: _Dilated) -> tuple[Compute, str, list[_Dim]] | 
     dims: list[_Dim] = []
     for d, e in enumerate(reads[0].indices):
         if d not in dilated.strides:
-            if views and (lo[d] != 0 or evaluate_int(views[0].hi[d]) != 0):
-                return None
-            continue
+            continue  # read as it is: the phases' source pads keep the view's pad along it
         form = linear(simplify(e), outs | reds)
         if form is None:
             return None
@@ -135,6 +134,9 @@ def _rewrite(op: OpTE, dilated: _Dilated, consumer: Compute, view: str, dims: li
     computes: list[Compute] = []
     phases: list[tuple[tuple[int, ...], str, dict[str, int]]] = []  # (t per dim, tensor, q extents)
     taken = set(op.tensors) | {ax.var.name for ax in (*consumer.axes, *reduce.axes)}
+    view_pad, rank = op.pads.get(view), len(source.shape)
+    kept_lo = [evaluate_int(x) for x in view_pad.lo] if view_pad else [0] * rank  # the undilated dims'
+    kept_hi = [evaluate_int(x) for x in view_pad.hi] if view_pad else [0] * rank
 
     def fresh(base: str) -> str:
         name, n = base, 1
@@ -152,7 +154,7 @@ def _rewrite(op: OpTE, dilated: _Dilated, consumer: Compute, view: str, dims: li
         qs: dict[str, Var] = {}  # output index -> its phase's q
         index = list(_read_of(reduce.body, view).indices)
         red_axes = {ax.var.name: ax for ax in reduce.axes}
-        lo, hi = [0] * len(source.shape), [0] * len(source.shape)
+        lo, hi = list(kept_lo), list(kept_hi)
         for d, t in zip(dims, ts):
             r0 = -(t + d.offset) % d.stride
             taps = max(-(-(extent[d.red] - r0) // d.stride), 0)
