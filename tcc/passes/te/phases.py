@@ -55,7 +55,8 @@ class _Dim:
 
 def split_phases(op: OpTE) -> OpTE:
     """``op`` with each convolution over a dilated tensor split into phase convolutions."""
-    for dilated in [d for d in map(lambda c: _dilation(op, c), op.computes) if d is not None]:
+    dilations = [_dilation(op, c) for c in op.computes]
+    for dilated in (d for d in dilations if d is not None):  # their computes survive each rewrite
         found = _consumer(op, dilated)
         if found is not None:
             op = _rewrite(op, dilated, *found)
