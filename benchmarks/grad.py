@@ -8,7 +8,7 @@ data + weight gradient (the issue's target: <= 1.25x PyTorch). Timing as in benc
 interleaved rounds of warm back-to-back calls, each ratio the median over ``--runs`` rounds of
 the two times in the same round.
 
-    python benchmarks/grad.py [--runs 10] [--quick]
+    python benchmarks/grad.py [--runs 10] [--quick] [--layer 3x3/2]
 """
 
 from __future__ import annotations
@@ -69,12 +69,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--quick", action="store_true", help="one small layer, for a smoke test")
+    parser.add_argument("--layer", default="", help="only the layers whose name contains this")
     opts = parser.parse_args()
     torch.set_num_threads(2)
     rng = np.random.default_rng(0)
     print(f"medians of {opts.runs} interleaved runs; PyTorch {torch.__version__} with 2 threads\n")
     print(f"{'layer':26} {'pass':4} {'tcc ms':>8} {'torch ms':>8} {'/ torch':>8} {'/ hand':>7}")
-    for name, layer in (QUICK if opts.quick else LAYERS).items():
+    layers = {k: v for k, v in (QUICK if opts.quick else LAYERS).items() if opts.layer in k}
+    for name, layer in layers.items():
         ms: dict[str, tuple[float, float]] = {}
         for which, fns in sides(layer, rng).items():
             for fn in fns:

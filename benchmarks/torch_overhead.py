@@ -9,8 +9,11 @@ the two times in the same round):
   on plain CPU tensors that record no graph, ``torch.empty`` for the result and tcc's own call,
   no torch dispatch (``TorchOp.__call__``).
 - ``torch.ops``: ``torch.ops.NS.add(a, b)``, the same op through torch's dispatcher (what a
-  ``torch.compile`` graph or a call needing autograd pays): its autograd kernel
-  (``torch.library.register_autograd``), then the Python CPU kernel.
+  ``torch.compile`` graph pays, and what an eager call that records a graph paid before it took
+  the eager path's ``autograd.Function``): its autograd kernel (``torch.library.register_autograd``),
+  then the Python CPU kernel.
+- ``... grad`` sides: the same calls with ``a`` requiring a gradient (a graph recorded; its ratio
+  against ``torch.add grad``, the built-in op recording its graph).
 - ``tcc direct``: the tcc op called on NumPy views with ``out=`` (tcc's own call, the floor of
   the ``tcc.torch`` side); ``tcc direct torch``: the same with the torch tensors themselves.
 - ``Library.impl noop`` / ``custom_op noop``: empty Python operators (``torch.empty_like`` only),
@@ -55,9 +58,11 @@ def sides(device: str) -> dict:
 
     dispatched = getattr(torch.ops, ns).add
     a, b = torch.randn(256, device=device), torch.randn(256, device=device)
+    g = a.clone().requires_grad_()
     out = {"torch.add": lambda: torch.add(a, b), "tcc.torch": lambda: ops.add(a, b),
            "torch.ops": lambda: dispatched(a, b), "Library.impl noop": lambda: noop(a, b),
-           "custom_op noop": lambda: custom(a, b)}
+           "custom_op noop": lambda: custom(a, b), "torch.add grad": lambda: torch.add(g, b),
+           "tcc.torch grad": lambda: ops.add(g, b), "torch.ops grad": lambda: dispatched(g, b)}
     if device == "cpu":
         c = torch.empty(256)
         an, bn, cn = a.numpy(), b.numpy(), c.numpy()
@@ -87,7 +92,8 @@ def main() -> None:
         rounds = paired_rounds(list(fns.values()), opts.runs)
         for i, name in enumerate(names):
             us = statistics.median(r[i] for r in rounds) * 1e6
-            print(f"{device:5} {name:18} {us:8.2f} us   / torch.add {ratio(rounds, i, 0):6.2f}")
+            anchor = "torch.add grad" if name.endswith(" grad") else "torch.add"
+            print(f"{device:5} {name:18} {us:8.2f} us   / {anchor:14} {ratio(rounds, i, names.index(anchor)):6.2f}")
 
 
 if __name__ == "__main__":

@@ -193,6 +193,8 @@ def test_bad_arguments_are_tcc_errors(ops64):
         ops64.matmul(torch.randn(3, 4), torch.randn(4, 5))
     with pytest.raises(tcc.TccError, match="cannot read"):
         ops64.matmul(torch.randn(3, 4, dtype=torch.bfloat16), torch.randn(4, 5, dtype=torch.float64))
+    with pytest.raises(tcc.TccError, match="takes 2 argument"):
+        ops64.matmul(torch.randn(3, 4, dtype=torch.float64))
     with pytest.raises(tcc.TccError, match="symbol K"):
         ops64.matmul(torch.randn(3, 4, dtype=torch.float64), torch.randn(5, 5, dtype=torch.float64))
 
@@ -211,9 +213,9 @@ def test_expanded_and_sliced_upstream_gradients(ops64):
 
 
 def test_eager_calls_go_straight_to_the_kernel_unless_something_watches_the_dispatcher(rng):
-    """A plain CPU call that records no graph skips torch's dispatcher (its cost is the call
-    overhead, benchmarks/torch_overhead.py); a graph, a dispatch mode, vmap, the profiler and
-    tensor subclasses still go through it, with the same values."""
+    """A plain CPU call skips torch's dispatcher (its cost is the call overhead,
+    benchmarks/torch_overhead.py), also when it records a graph; a dispatch mode, vmap, the
+    profiler and tensor subclasses still go through it, with the same values."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     ops = tcc.torch.library(EXAMPLES / "matmul.tc", namespace="tcc_test_fast")
@@ -244,9 +246,16 @@ def test_eager_calls_go_straight_to_the_kernel_unless_something_watches_the_disp
     with torch.profiler.profile() as prof:
         matmul(a, b)
     assert any("tcc_test_fast" in e.key for e in prof.key_averages())
-    y = matmul(a.requires_grad_(), b)
-    assert y.grad_fn is not None
-    assert len(dispatched) == 4
+    assert len(dispatched) == 3
+    y = matmul(a.requires_grad_(), b)  # a graph, recorded by the eager path's autograd.Function
+    assert y.grad_fn is not None and len(dispatched) == 3
+    y.sum().backward()
+    torch.testing.assert_close(a.grad, torch.ones(5, 7) @ b.T)
+    with torch.no_grad():  # a parameter under no_grad: plain, no graph, no dispatch
+        w = torch.nn.Parameter(torch.randn(3, 7))
+        for _ in range(2):
+            torch.testing.assert_close(matmul(a, w), a.detach() @ w.detach())
+    assert len(dispatched) == 3
 
 
 def test_eager_repeat_calls_recheck_what_may_change(ops64):
@@ -266,3 +275,55 @@ def test_eager_repeat_calls_recheck_what_may_change(ops64):
     z, y = ops64.axpy2(0.25, a[0], a[1])  # runtime scalars and two results
     torch.testing.assert_close(z, 0.25 * a[0] + a[1])
     torch.testing.assert_close(y, torch.tanh(a[0]) * a[1])
+
+
+def test_eager_repeat_calls_with_scalars_and_integer_results(ops64):
+    """The repeat call sets runtime scalars per call (a changed value is used, a value of another
+    type takes the checked path); integer results of a call that records a graph are not
+    differentiable, the float ones are."""
+    x, y = torch.randn(7, dtype=torch.float64), torch.randn(7, dtype=torch.float64)
+    for a in (0.5, -1.25, 3, 2.0):
+        z, _ = ops64.axpy2(a, x, y)
+        torch.testing.assert_close(z, a * x + y)
+    ops = tcc.torch.library("op sign2(X: f64[N]) -> (Y: f64[N], K: i64[N]) {\n"
+                            "    Y[i] = X[i] * X[i]\n    K[i] = i64(X[i] > 0.0)\n}\n", namespace="tcc_test_ints")
+    x = torch.randn(33, dtype=torch.float64, requires_grad=True)
+    for _ in range(2):
+        y, k = ops.sign2(x)
+        assert y.requires_grad and not k.requires_grad and k.dtype == torch.int64
+        torch.testing.assert_close(k, (x.detach() > 0).long())
+        (g,) = torch.autograd.grad(y.sum(), x)
+        torch.testing.assert_close(g, 2 * x.detach())
+
+
+def test_eager_results_are_fresh_and_keep_their_dtype(ops64):
+    """Each repeat call allocates its own results, in the op's dtype whatever torch's default."""
+    ops = tcc.torch.library(EXAMPLES / "softmax.tc", namespace="tcc_test_fresh")
+    x = torch.randn(5, 33)
+    first, second = ops.softmax(x), ops.softmax(x)
+    assert first.data_ptr() != second.data_ptr()
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        third = ops.softmax(x)
+    finally:
+        torch.set_default_dtype(before)
+    assert third.dtype == torch.float32
+    for y in (first, second, third):
+        torch.testing.assert_close(y, torch.softmax(x, 1))
+
+
+def test_gradient_of_a_scalar_is_a_one_element_tensor():
+    """A runtime scalar is a Python number (autograd cannot track one): a tensor given for it is a
+    TccError saying so; a one-element tensor parameter read at [0] has its gradient derived."""
+    ops = tcc.torch.library("op axpy_s(a: f64, X: f64[N]) -> Z: f64[N] {\n    Z[i] = a * X[i]\n}\n"
+                            "op axpy_t(a: f64[1], X: f64[N], Y: f64[N]) -> Z: f64[N] {\n"
+                            "    Z[i] = a[0] * X[i] + Y[i]\n}\n", namespace="tcc_test_scalar_grad")
+    x = torch.randn(7, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(tcc.TccError, match=r"(?s)runtime scalar.*f64\[1\]"):
+        ops.axpy_s(torch.tensor(0.5, dtype=torch.float64, requires_grad=True), x)
+    a = torch.randn(1, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(7, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(ops.axpy_t, (a, x, y))
+    ops.axpy_t(a, x, y).square().sum().backward()
+    torch.testing.assert_close(a.grad, (2 * (a.detach() * x.detach() + y.detach()) * x.detach()).sum().reshape(1))

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 from types import SimpleNamespace
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch  # the optional dependency this module exists for
 
@@ -35,18 +35,22 @@ from tcc.compiler import compile as tcc_compile
 from tcc.errors import TccArgumentError, TccError
 from tcc.runtime.binding import bind_cparams, bind_shapes, result_shapes
 from tcc.runtime.cpu import raise_out_of_memory
+from tcc.runtime.plans import same_params
 
 _TORCH_DTYPES = {dtypes.f16: torch.float16, dtypes.bf16: torch.bfloat16, dtypes.f32: torch.float32,
                  dtypes.f64: torch.float64, dtypes.i8: torch.int8, dtypes.i32: torch.int32,
                  dtypes.i64: torch.int64, dtypes.boolean: torch.bool}
 _LIBRARIES: dict[str, torch.library.Library] = {}  # namespace -> its fragment (kept alive: it owns the ops)
 _REGISTERED: dict[tuple[str, int], TorchOp] = {}  # (namespace, id of the tcc op) -> its torch op
-_Tensor = torch.Tensor
+_Tensor, _Parameter = torch.Tensor, torch.nn.Parameter  # the tensor types the eager path takes (exactly)
 _empty = torch.empty
+_default_dtype = torch.get_default_dtype
+_grad_enabled = torch.is_grad_enabled
+MAX_SIGNATURES = 64  # eager-path calls remembered per op (input shapes and parameters)
 # What makes a call need torch's dispatcher rather than the eager path of TorchOp.__call__:
 _compiling = torch.compiler.is_compiling  # dynamo tracing (it folds this to True)
-_has_torch_function = torch.overrides.has_torch_function  # tensor subclasses (fake, functional), function modes
-_jit_tracing = torch.jit.is_tracing
+_function_mode = torch._C._is_torch_function_mode_enabled  # torch-function modes (set_default_device, ...)
+_jit_tracing = torch._C._is_tracing  # torch.jit.is_tracing without its Python wrapper
 # no public query for these: torch-dispatch modes (make_fx, FlopCounterMode), functorch transforms (vmap, grad)
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 _transforms = torch._C._functorch.peek_interpreter_stack
@@ -66,10 +70,15 @@ class TorchOp:
         self._tensors = [p in op.te.tensors for p in op.te.params]
         self._positions = [i for i, is_t in enumerate(self._tensors) if is_t]  # of the tensor arguments
         self._dtypes = [_TORCH_DTYPES[op.te.tensors[r].dtype] for r in op.te.results]
+        self._int_results = any(not dt.is_floating_point for dt in self._dtypes)
+        self._scalars = not all(self._tensors)  # runtime scalar parameters
+        self._no_scalars = [None] * len(self._tensors)  # ctx.scalars of an op without them
         self._shapes: dict[tuple, list[tuple[Any, Any]]] = {}  # input shapes + parameters -> results
-        self._direct: dict[tuple, _Direct | None] = {}  # the same -> the eager path's kernel call
+        self._direct: dict[tuple, _Direct] = {}  # the same -> the eager path's kernel call
+        self._last: _Direct | None = None  # the most recent one, tried first
         self.grads: dict[str, TorchOp | TccError] = {}
         self._derived = False
+        self._autograd = False  # a backward registered (enable_grad): eager calls may record a graph
         lib = _LIBRARIES.setdefault(namespace, torch.library.Library(namespace, "FRAGMENT"))
         lib.define(f"{name}{self.schema()}")
         lib.impl(name, self._run_cpu, "CPU")
@@ -81,33 +90,56 @@ class TorchOp:
         return f"<tcc.torch op {self.qualname}>"
 
     def __call__(self, *args: Any, **cparams: Any) -> Any:
-        """Plain CPU tensors that record no graph, with nothing watching the dispatcher (no tracing,
-        compiling, mode, transform or profiler), go straight to the CPU kernel: torch's dispatch to a
-        Python kernel costs more than the kernel's own call (benchmarks/torch_overhead.py). Every
-        other call, and any call of ``torch.ops.<namespace>.<name>``, goes through the dispatcher."""
-        if _compiling() or self._needs_dispatch(args):
+        """The eager path: CPU tensors (plain or parameters) with nothing watching torch's dispatcher
+        (no compiling, tracing, mode, transform, profiler or forward AD) skip it, since its dispatch
+        to a Python kernel costs more than the kernel's own call (benchmarks/torch_overhead.py): a
+        call that records no graph goes straight to the kernel, one that does through ``_Graph``.
+        Every other call, and any call of ``torch.ops.<namespace>.<name>``, goes through the
+        dispatcher. A repeat of the last signature costs its ``_Direct.run``."""
+        if (_compiling() or _function_mode() or _dispatch_modes() or _transforms() is not None or _jit_tracing()
+                or _profiler._is_profiler_enabled or _forward_ad._current_level >= 0):
             return self.overload(*args, **cparams)
+        last = self._last
+        if last is not None:
+            outs = last.run(args, cparams)
+            if outs is not None:
+                return outs[0] if len(outs) == 1 else tuple(outs)
+        if len(args) != len(self._tensors):
+            self.op(*args, **cparams)  # raises the tcc op's error (how many arguments, which)
+        graph = False
+        for i in self._positions:
+            t = args[i]
+            if (type(t) is not _Tensor and type(t) is not _Parameter) or not t.is_cpu:
+                return self.overload(*args, **cparams)
+            graph = graph or t.requires_grad
+        if graph and _grad_enabled():
+            return _record(self, cparams, *args) if self._autograd else self.overload(*args, **cparams)
+        return _one(self._no_graph(args, cparams))
+
+    def _no_graph(self, args: tuple[Any, ...], cparams: dict[str, Any]) -> list[torch.Tensor]:
+        """The results of the CPU kernel on plain CPU tensors, recording no graph: the signature's
+        ``_Direct`` call when it has one (then also the next call's first try), else the tcc op's
+        checked call, which leaves a ``_Direct`` for the next."""
         shapes = tuple([args[i].shape for i in self._positions])
         key = (shapes, tuple(cparams.items())) if cparams else shapes
         direct = self._direct.get(key)
-        outs = _run_direct(direct, args) if direct is not None else None
+        outs = direct.run(args, cparams) if direct is not None else None
         if outs is None:
             outs = [_empty(shape, dtype=dt) for shape, dt in self._results(shapes, cparams)]
+            if any(is_t and a.requires_grad for a, is_t in zip(args, self._tensors)):  # tcc reads data, not graphs
+                args = tuple(a.detach() if is_t else a for a, is_t in zip(args, self._tensors))
             try:
                 self.op(*args, out=outs[0] if len(outs) == 1 else outs, **cparams)
             except TccArgumentError:
                 self._check_readable(args)
                 raise
-            self._direct[key] = _learn_direct(self.op, args, cparams, outs)
-        return outs[0] if len(outs) == 1 else tuple(outs)
-
-    def _needs_dispatch(self, args: tuple[Any, ...]) -> bool:
-        tensors = [args[i] for i in self._positions]
-        for t in tensors:
-            if type(t) is not _Tensor or t.requires_grad or not t.is_cpu:
-                return True
-        return (_has_torch_function(tensors) or _dispatch_modes() > 0 or _transforms() is not None
-                or _jit_tracing() or _profiler._is_profiler_enabled or _forward_ad._current_level >= 0)
+            direct = _learn_direct(self.op, args, cparams, outs)
+            if direct is not None:
+                if len(self._direct) >= MAX_SIGNATURES:
+                    self._direct.clear()
+                self._direct[key] = direct
+        self._last = direct
+        return outs
 
     def schema(self) -> str:
         """``(Tensor X, float a, *, int S=1) -> Tensor`` from the op's parameters and results."""
@@ -146,22 +178,22 @@ class TorchOp:
         return _one(self._empty(args, cparams, self._device(args)))
 
     def _run_cpu(self, *args: Any, **cparams: Any) -> Any:
-        """Torch tensors go straight to the tcc op: its plan (``tcc/runtime/cpu.py``) reads their
-        pointers on a repeat call. Concrete shapes are ``torch.Size``, tuples already: no conversion."""
-        outs = [torch.empty(shape, dtype=dt) for shape, dt in
-                self._results(tuple([args[i].shape for i in self._positions]), cparams)]
-        if any(is_t and a.requires_grad for a, is_t in zip(args, self._tensors)):  # tcc reads the data, not the graph
+        """Torch's CPU kernel: the eager path's, below autograd (whose inputs may still ask for a
+        gradient: tcc reads their data, not the graph)."""
+        if any(is_t and a.requires_grad for a, is_t in zip(args, self._tensors)):
             args = tuple(a.detach() if is_t else a for a, is_t in zip(args, self._tensors))
-        try:
-            self.op(*args, out=outs[0] if len(outs) == 1 else outs, **cparams)
-        except TccArgumentError:
-            self._check_readable(args)
-            raise
-        return _one(outs)
+        return _one(self._no_graph(args, cparams))
 
     def _check_readable(self, args: tuple[Any, ...]) -> None:
-        """Raise the clearer error for a CPU tensor NumPy cannot view (so tcc cannot read it)."""
-        for a, is_t in zip(args, self._tensors):
+        """Raise the clearer error for a CPU tensor NumPy cannot view (so tcc cannot read it), and
+        for a tensor given for a runtime scalar: the schema's ``float`` is a Python number, which
+        autograd cannot track (torch's dispatcher would take the value and drop the gradient)."""
+        for p, a, is_t in zip(self.te.params, args, self._tensors):
+            if not is_t and isinstance(a, _Tensor):
+                raise TccArgumentError(
+                    f"{self.name}: argument {p} is a runtime scalar, a Python number, got a tensor",
+                    self.te.span, f"pass {p}.item(); for a gradient with respect to it, declare it as "
+                    f"a one-element tensor ({p}: {self.te.scalars[p].dtype}[1]) and read {p}[0]")
             try:
                 if is_t:
                     a.numpy()
@@ -192,6 +224,7 @@ class TorchOp:
             self._derive_grads()
         torch.library.register_autograd(self.qualname, self._backward, setup_context=self._setup,
                                         lib=_LIBRARIES[self.namespace])
+        self._autograd = True
 
     def _derive_grads(self) -> None:
         te = self.te
@@ -206,11 +239,22 @@ class TorchOp:
 
     def _setup(self, ctx: Any, inputs: tuple[Any, ...], output: Any,
                keyword_only_inputs: dict[str, Any] | None = None) -> None:
-        ctx.scalars = [None if is_t else a for a, is_t in zip(inputs, self._tensors)]
+        ctx.scalars = self._scalars_of(inputs)
         ctx.cparams = dict(keyword_only_inputs or {})
         ctx.save_for_backward(*(a for a, is_t in zip(inputs, self._tensors) if is_t))
 
+    def _scalars_of(self, args: tuple[Any, ...]) -> list[Any]:
+        """The runtime scalars among ``args``, None in place of each tensor (kept by autograd)."""
+        if not self._scalars:
+            return self._no_scalars
+        return [None if is_t else a for a, is_t in zip(args, self._tensors)]
+
     def _backward(self, ctx: Any, *upstream: Any) -> tuple[Any, ...]:
+        return self._gradients(ctx, ctx.needs_input_grad, upstream)
+
+    def _gradients(self, ctx: Any, needs: tuple[bool, ...], upstream: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The gradient of each parameter whose gradient autograd asks for (``needs``), else None,
+        from what ``_setup`` (or ``_Graph.forward``) saved in ``ctx``."""
         if not self._derived:
             self._derive_grads()
         saved = iter(ctx.saved_tensors)
@@ -219,7 +263,7 @@ class TorchOp:
         upstream = [torch.zeros_like(o) if g is None else g for g, o in zip(upstream, outs)]
         grads: list[Any] = []
         for i, p in enumerate(self.te.params):
-            if not (self._tensors[i] and ctx.needs_input_grad[i] and p in self.grads):
+            if not (self._tensors[i] and needs[i] and p in self.grads):
                 grads.append(None)
                 continue
             op = self.grads[p]
@@ -229,59 +273,103 @@ class TorchOp:
         return tuple(grads)
 
 
-class _Direct(NamedTuple):
-    """The eager path's call for one signature (input shapes and parameters), taken from the plan
-    that tcc's CPU runtime made for it (``tcc.runtime.cpu.Plan``: the kernel, its argument slots and
-    pooled argument arrays). The eager path has checked what else the plan checks (plain CPU
-    tensors, no gradient), the key the shapes, and results are fresh: what is left per call is
-    each input's dtype and layout, its pointer, the results' allocation and one foreign call."""
+class _Graph(torch.autograd.Function):
+    """The eager path's call that records a graph: the same backward as the one registered with
+    ``torch.library.register_autograd`` (``TorchOp._gradients``), without the dispatcher's autograd
+    kernel, which costs about three times this Function's ``apply`` (benchmarks/torch_overhead.py).
+    Only eager calls come here: torch.compile, modes and transforms see the registered operator."""
 
-    plan: Any
-    inputs: tuple[tuple[int, int, Any], ...]  # (argument position, slot, torch dtype)
-    results: tuple[tuple[int, tuple[int, ...], Any], ...]  # (slot, shape, torch dtype)
+    @staticmethod
+    def forward(ctx: Any, op: TorchOp, cparams: dict[str, Any], *args: Any) -> Any:
+        ctx.op, ctx.cparams = op, cparams
+        ctx.scalars = op._scalars_of(args)
+        ctx.save_for_backward(*[args[i] for i in op._positions])
+        last = op._last  # grad mode is off in here: plain calls
+        outs = last.run(args, cparams) if last is not None else None
+        if outs is None:
+            outs = op._no_graph(args, cparams)
+        if op._int_results:
+            ctx.mark_non_differentiable(*(o for o in outs if not o.is_floating_point()))
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    @staticmethod
+    def backward(ctx: Any, *upstream: Any) -> tuple[Any, ...]:
+        op: TorchOp = ctx.op
+        return (None, None, *op._gradients(ctx, ctx.needs_input_grad[2:], upstream))
+
+
+# autograd.Function.apply without its Python wrapper, which only binds default arguments (the
+# Function has none) and unwraps functorch's tensors (the eager path runs with no transform
+# active): about a fifth of a call that records a graph (benchmarks/torch_overhead.py)
+_record = super(torch.autograd.Function, _Graph).apply  # bound to _Graph
+
+
+class _Direct:
+    """The eager path's call for one signature (input shapes and parameters), taken from the plan
+    that tcc's CPU runtime made for it (``tcc.runtime.cpu.Plan``: the kernel, its argument slots,
+    scalar cells and pooled argument arrays). Per call: each input's type, dtype, shape, layout,
+    device and gradient flag, its pointer, each scalar's type (and range), the results' allocation
+    and one foreign call; nothing else is looked up (benchmarks/torch_overhead.py)."""
+
+    __slots__ = ("plan", "nargs", "cparams", "inputs", "results")
+
+    def __init__(self, plan: Any, inputs: tuple[tuple[int, int, Any, Any], ...],
+                 results: tuple[tuple[int, tuple[int, ...], Any], ...]):
+        self.plan = plan
+        self.nargs, self.cparams = plan.nargs, plan.cparams
+        self.inputs = inputs  # (argument position, slot, torch dtype, torch.Size)
+        self.results = results  # (slot, shape, torch dtype)
+
+    def run(self, args: tuple[Any, ...], cparams: dict[str, Any]) -> list[Any] | None:
+        """The results, or None when this call differs from the signature (or needs a graph)."""
+        if len(args) != self.nargs or ((cparams or self.cparams) and not same_params(cparams, self.cparams)):
+            return None
+        plan = self.plan
+        try:
+            buffer = plan.pool.pop()
+        except IndexError:  # none free: the first call, or other threads hold them all
+            buffer = plan.new_buffer()
+        ptrs, cells, address = buffer
+        try:
+            for pos, slot, dtype, shape in self.inputs:
+                a = args[pos]
+                if ((type(a) is not _Tensor and type(a) is not _Parameter) or a.dtype is not dtype
+                        or a.shape != shape or not a.is_cpu or not a.is_contiguous()
+                        or (a.requires_grad and _grad_enabled())):
+                    return None
+                ptrs[slot] = a.data_ptr()
+            for pos, kind, bounds, cell in cells:
+                value = args[pos]
+                if type(value) is not kind or (bounds is not None and not bounds[0] <= value <= bounds[1]):
+                    return None
+                cell.value = value
+            outs = []
+            default = _default_dtype()
+            for slot, shape, dtype in self.results:  # sizes as arguments, dtype only if needed: parsed fastest
+                r = _empty(*shape) if dtype is default else _empty(*shape, dtype=dtype)
+                ptrs[slot] = r.data_ptr()
+                outs.append(r)
+            status = plan.kernel.fn(address)
+        finally:
+            plan.pool.append(buffer)
+        if status != 0:
+            raise_out_of_memory(plan.kernel.name)
+        return outs
 
 
 def _learn_direct(op: Op, args: tuple[Any, ...], cparams: dict[str, Any], outs: list[Any]) -> _Direct | None:
     """The direct call for a signature that ``op`` just ran through its plan, if it made one (None
-    for ops with runtime scalars, strided inputs, or a backend without plans)."""
+    for strided inputs, or a backend without plans)."""
     for plan in getattr(op._plans, "plans", ()):
         ins, targets = plan.inputs, plan.outs
-        if (plan.scalars or getattr(plan, "constants", None) is not None or targets is None
-                or plan.nargs != len(args) or plan.cparams != cparams or len(targets) != len(outs)):
+        if (getattr(plan, "constants", None) is not None or targets is None or plan.nargs != len(args)
+                or plan.cparams != cparams or len(targets) != len(outs)):
             continue
         if all(not t.numpy and t.dtype is args[t.pos].dtype and t.shape == tuple(args[t.pos].shape) for t in ins) \
                 and all(t.shape == tuple(o.shape) and t.dtype is o.dtype for t, o in zip(targets, outs)):
-            return _Direct(plan, tuple((t.pos, t.slot, t.dtype) for t in ins),
+            return _Direct(plan, tuple((t.pos, t.slot, t.dtype, torch.Size(t.shape)) for t in ins),
                            tuple((t.slot, t.shape, t.dtype) for t in targets))
     return None
-
-
-def _run_direct(direct: _Direct, args: tuple[Any, ...]) -> list[Any] | None:
-    """The results of ``direct``'s kernel on ``args``; None when an input's dtype or layout differs."""
-    for pos, _, dtype in direct.inputs:
-        a = args[pos]
-        if a.dtype is not dtype or not a.is_contiguous():
-            return None
-    plan = direct.plan
-    try:
-        buffer = plan.pool.pop()
-    except IndexError:  # none free: the first call, or other threads hold them all
-        buffer = plan.new_buffer()
-    ptrs, _, address = buffer
-    try:
-        for pos, slot, _ in direct.inputs:
-            ptrs[slot] = args[pos].data_ptr()
-        outs = []
-        for slot, shape, dtype in direct.results:
-            r = _empty(*shape, dtype=dtype)  # sizes as arguments: parsed faster than a tuple
-            ptrs[slot] = r.data_ptr()
-            outs.append(r)
-        status = plan.kernel.fn(address)
-    finally:
-        plan.pool.append(buffer)
-    if status != 0:
-        raise_out_of_memory(plan.kernel.name)
-    return outs
 
 
 def register(op: Op, namespace: str = "tcc", name: str | None = None, autograd: bool = False,

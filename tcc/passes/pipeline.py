@@ -24,6 +24,7 @@ from tcc.passes.te.bounds import check_bounds
 from tcc.passes.te.fusion import group_statements, inline_intermediates
 from tcc.passes.te.im2col import im2col
 from tcc.passes.te.lower import lower
+from tcc.passes.te.phases import split_phases
 from tcc.passes.te.specialize import specialize
 from tcc.passes.trace import SILENT, Trace
 from tcc.target import CudaTarget, Target
@@ -81,6 +82,7 @@ def lower_op(op: OpTE, bindings: dict[str, int | float], target: Target, conv: s
              constants: frozenset[str] = frozenset()) -> Lowered:
     """The passes every target shares: a checked TE op down to loop nests for ``bindings``."""
     te = trace("specialize", specialize(op, bindings))
+    te = trace("phases", split_phases(te))
     verify_op(te)
     check_bounds(te)
     trace.note("bounds", "all reads proved in bounds")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from tcc.ir.expr import Binary, Call, Cast, Expr, IterVar, Read, Reduce, Var, substitute, transform, walk
+from tcc.ir.expr import Binary, Call, Cast, Expr, IterVar, Read, Reduce, Select, Var, substitute, transform, walk
 from tcc.ir.te import Compute, OpTE, format_op
 
 EXPENSIVE = {"exp": 8, "log": 8, "sqrt": 4, "rsqrt": 4, "sin": 8, "cos": 8, "tanh": 10, "sigmoid": 10,
@@ -123,6 +123,11 @@ def _inline_verdict(c: Compute, computes: list[Compute], op: OpTE) -> tuple[bool
             and any(isinstance(n, Reduce) for n in walk(sites[0][0].body)):
         return False, f"a contraction read by {sites[0][0].tensor}, which has a reduction of its own: kept apart " \
                       "so that each is a GEMM (inlined, it was an epilogue's dot product per element)"
+    chosen = [s for s in sites if _inside_reduction(s[0].body, s[1], kind=Select)
+              and not all(isinstance(i, Var) for i in s[1].indices)]
+    if has_reduce and chosen:
+        return False, f"a reduction read at computed indices under a select of {chosen[0][0].tensor} (a " \
+                      "phase of a convolution over a dilated tensor): kept apart so it stays a plain loop nest"
     if len(sites) == 1:
         what = "reduction" if has_reduce else "elementwise"
         return True, f"{what}, read once by {sites[0][0].tensor}: fused there with no recomputation"
@@ -157,10 +162,11 @@ def _read_sites(e: Expr, tensor: str, repeat: int = 1) -> list[tuple[Read, int]]
     return [site for child in e.children() for site in _read_sites(child, tensor, repeat)]
 
 
-def _inside_reduction(e: Expr, read: Read, under: bool = False) -> bool:
+def _inside_reduction(e: Expr, read: Read, under: bool = False, kind: type = Reduce) -> bool:
+    """Whether ``read`` sits under a node of ``kind`` in ``e``."""
     if e is read:
         return under
-    return any(_inside_reduction(c, read, under or isinstance(e, Reduce)) for c in e.children())
+    return any(_inside_reduction(c, read, under or isinstance(e, kind), kind) for c in e.children())
 
 
 def _vars(e: Expr) -> set[str]:
