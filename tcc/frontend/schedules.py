@@ -38,11 +38,14 @@ SIGNATURES: dict[str, tuple[str, tuple[str, ...]]] = {
     "inline": ("inline(TENSOR)", ("N",)),
     "decompose": ("decompose(TENSOR): split a reduction into init and update nests", ("N",)),
     "conv": ("conv(im2col|direct|auto)", ("N",)),
-    "bind": ("bind(LOOP, block|thread)", ("NN",)),
+    "bind": ("bind(LOOP, block|thread|warp|warpgroup)", ("NN",)),
+    "tensorize": ("tensorize(LOOP, mma.sync|mma.sync.tf32|wgmma|wgmma.tf32)", ("NN",)),
 }
 # what a cuda schedule may say (vectorize and parallel are CPU forms of what bind does there)
 CUDA_PRIMS = frozenset(("split", "tile", "reorder", "fuse", "unroll", "bind", "cache", "compute_at", "inline",
-                        "decompose", "conv"))
+                        "decompose", "conv", "tensorize"))
+GPU_AXES = ("block", "thread", "warp", "warpgroup")
+MATRIX_INSTRUCTIONS = ("mma.sync", "mma.sync.tf32", "wgmma", "wgmma.tf32")
 
 
 @dataclass(frozen=True)
@@ -137,9 +140,15 @@ def _check_target(step: ast.SchedStep, target: str) -> None:
     if target == "cpu" and step.prim == "bind":
         raise TccScheduleError("bind is a GPU primitive; a cpu schedule cannot use it", step.span,
                                "parallel(LOOP) runs a loop's iterations on the CPU's cores")
-    if step.prim == "bind" and step.args[1].value not in ("block", "thread"):
+    if target == "cpu" and step.prim == "tensorize":
+        raise TccScheduleError("tensorize maps a tile onto the GPU's matrix units; a cpu schedule cannot use it",
+                               step.span, "vectorize(LOOP) and unroll(LOOP) build the CPU's register tiles")
+    if step.prim == "bind" and step.args[1].value not in GPU_AXES:
         raise TccScheduleError(f"unknown GPU axis {step.args[1].value!r}", step.args[1].span,
-                               "write bind(LOOP, block) or bind(LOOP, thread)")
+                               f"write bind(LOOP, AXIS) with AXIS one of: {', '.join(GPU_AXES)}")
+    if step.prim == "tensorize" and step.args[1].value not in MATRIX_INSTRUCTIONS:
+        raise TccScheduleError(f"unknown matrix instruction {step.args[1].value!r}", step.args[1].span,
+                               f"write one of: {', '.join(MATRIX_INSTRUCTIONS)}")
 
 
 def _check_arg(step: ast.SchedStep, arg: ast.Word, want: str, usage: str) -> None:
@@ -200,4 +209,5 @@ _TO_STEP: dict[str, Callable[[ast.SchedStep, list], Step]] = {
     "inline": _mk(lambda v: ("inline", (v[0],), ())),
     "decompose": _mk(lambda v: ("decompose", (v[0],), ())),
     "bind": _mk(lambda v: ("bind", (v[0], v[1]), ())),
+    "tensorize": _mk(lambda v: ("tensorize", (v[0], v[1]), ())),
 }

@@ -12,11 +12,11 @@ vectorised; large ones on the heap, allocated once per thread outside the loops.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from tcc import dtypes
 from tcc.errors import Span, TccScheduleError
-from tcc.ir.expr import Const, Expr, Load, free_vars, substitute, transform, walk
+from tcc.ir.expr import Const, Expr, Load, Var, free_vars, substitute, transform, walk
 from tcc.ir.loops import (
     Allocate,
     Barrier,
@@ -33,10 +33,20 @@ from tcc.ir.loops import (
     stmt_exprs,
     walk_stmts,
 )
-from tcc.passes.loops.bind import cooperative, thread_extents
-from tcc.passes.loops.loopnest import const_extent, fresh, in_vector_loop, linear_coeff, map_exprs, require_loop
+from tcc.passes.loops.bind import cooperative, shared_out, thread_extents
+from tcc.passes.loops.bind_lanes import lanes_of
+from tcc.passes.loops.loopnest import (
+    const_extent,
+    fresh,
+    in_vector_loop,
+    linear_coeff,
+    map_exprs,
+    require_loop,
+    subst,
+)
 from tcc.passes.simplify import evaluate_int
 
+I64 = dtypes.i64
 LOCAL_BYTES = 16 * 1024
 SHARED_BYTES = 48 * 1024  # static shared memory of one CUDA block
 
@@ -85,16 +95,43 @@ def _wrap(body: Stmt, bufs: list[Buffer]) -> Stmt:
     return body
 
 
-def _rewrite(s: Stmt, at: str, st: _State, gpu: str = "") -> tuple[Stmt, list[Buffer]]:
+@dataclass(frozen=True)
+class _Gpu:
+    """Where a loop sits on the GPU: its innermost enclosing binding ("block.x", "thread.x" or
+    ""), the enclosing thread loop, the names that differ between its threads (the thread
+    variable and the ``let``s computed from it), and whether a branch lies in between."""
+
+    kind: str = ""
+    thread: For | None = None
+    varying: frozenset[str] = frozenset()
+    guarded: bool = False
+
+    def enter(self, s: Stmt) -> _Gpu:
+        if isinstance(s, For) and s.kind == "thread.x":
+            return _Gpu("thread.x", s, frozenset((s.var.name,)))
+        if isinstance(s, For) and s.kind == "block.x":
+            return _Gpu("block.x")
+        if self.thread is not None and isinstance(s, Let) and free_vars(s.value) & self.varying:
+            return replace(self, varying=self.varying | {s.var.name})
+        if self.thread is not None and isinstance(s, If):
+            return replace(self, guarded=True)
+        return self
+
+
+def _rewrite(s: Stmt, at: str, st: _State, gpu: _Gpu = _Gpu()) -> tuple[Stmt, list[Buffer]]:
     """Rewrite loops ``at``; buffers float up to the nearest parallel (or GPU block) loop or the
-    function. ``gpu`` is the innermost enclosing GPU binding ("block.x", "thread.x" or "")."""
+    function."""
     if isinstance(s, For) and s.var.name == at:
         new, bufs = _cache_at(s, st, gpu)
         if new.kind in ("parallel", "block.x"):
             return replace(new, body=_wrap(new.body, bufs)), []
+        if gpu.kind:  # in a kernel, a thread's registers live in the loop they serve (its own, if bound later)
+            mine = [b for b in bufs if b.scope == "local"]
+            return replace(new, body=_wrap(new.body, mine)), [b for b in bufs if b not in mine]
         return new, bufs
+    inner = gpu.enter(s)
     if isinstance(s, For):
-        body, bufs = _rewrite(s.body, at, st, s.kind if s.kind in ("block.x", "thread.x") else gpu)
+        body, bufs = _rewrite(s.body, at, st, inner)
         if s.kind in ("parallel", "block.x"):
             return replace(s, body=_wrap(body, bufs)), []
         return replace(s, body=body), bufs
@@ -106,11 +143,11 @@ def _rewrite(s: Stmt, at: str, st: _State, gpu: str = "") -> tuple[Stmt, list[Bu
             bufs += b
         return seq(*parts), bufs
     if isinstance(s, (Allocate, Let)):
-        body, bufs = _rewrite(s.body, at, st, gpu)
+        body, bufs = _rewrite(s.body, at, st, inner)
         return replace(s, body=body), bufs
     if isinstance(s, If):
-        then, b1 = _rewrite(s.then, at, st, gpu)
-        other, b2 = (None, []) if s.otherwise is None else _rewrite(s.otherwise, at, st, gpu)
+        then, b1 = _rewrite(s.then, at, st, inner)
+        other, b2 = (None, []) if s.otherwise is None else _rewrite(s.otherwise, at, st, inner)
         return replace(s, then=then, otherwise=other), b1 + b2
     return s, []
 
@@ -133,16 +170,20 @@ def _loads(e: Expr, name: str) -> list[Load]:
     return [n for n in walk(e) if isinstance(n, Load) and n.buffer == name]
 
 
-def _cache_at(loop: For, st: _State, gpu: str) -> tuple[For, list[Buffer]]:
-    threads = _shared_threads(loop, st, gpu) if st.scope == "shared" else 0
+def _cache_at(loop: For, st: _State, gpu: _Gpu) -> tuple[For, list[Buffer]]:
+    within = st.scope == "shared" and gpu.kind == "thread.x"
+    warps = _warp_loops(loop, st, gpu) if within else []
+    threads = (const_extent(gpu.thread) if within else _shared_threads(loop, st, gpu)) if st.scope == "shared" else 0
     sites: dict = {}
-    _sites(loop.body, st.buf.name, (), sites)
+    _sites(loop.body, st.buf.name, tuple(warps), sites)
     if any(stored for _, _, stored in sites.values()) and len(sites) > 1:
         raise TccScheduleError(f"{st.buf.name} is written inside loop {loop.var.name} and accessed at "
                                f"{len(sites)} different places; caching it would change the result", st.span)
     before, after, mapping, bufs = [], [], {}, []
     for indices, (chain, loaded, stored) in sites.items():
         used = set().union(*(free_vars(i) for i in indices)) if indices else set()
+        if within:
+            _check_block_tile(used, warps, loop, st, gpu)
         loops = [f for f in chain if f.var.name in used]
         shape = tuple(const_extent(f, st.span) for f in loops)
         if stored:
@@ -165,21 +206,60 @@ def _cache_at(loop: For, st: _State, gpu: str) -> tuple[For, list[Buffer]]:
             after.append(_copy(loops, Store(st.buf.name, indices, Load(buf.name, local_idx, st.buf.dtype))))
     body = _retarget(loop.body, st.buf.name, mapping)
     if threads:  # the block's threads copy together; barriers before the reads and the next copy
-        before = [cooperative(c, threads, tuple(fresh(st.func, f"{b.name}_{x}") for x in "tsf"))
-                  for c, b in zip(before, bufs)]
+        if within:  # already on the threads: each takes its share by its thread index
+            before = [_renamed(shared_out(c, threads, gpu.thread.var, tuple(fresh(st.func, f"{b.name}_{x}")
+                                                                        for x in "sf")), warps, st)
+                      for c, b in zip(before, bufs)]
+        else:
+            before = [cooperative(c, threads, tuple(fresh(st.func, f"{b.name}_{x}") for x in "tsf"))
+                      for c, b in zip(before, bufs)]
         last = body.stmts[-1] if isinstance(body, Seq) else body
         return replace(loop, body=seq(*before, Barrier(), body, *(() if isinstance(last, Barrier) else
                                                                   (Barrier(),)))), bufs
     return replace(loop, body=seq(*before, body, *after)), bufs
 
 
-def _shared_threads(loop: For, st: _State, gpu: str) -> int:
+def _warp_loops(loop: For, st: _State, gpu: _Gpu) -> list[For]:
+    """For a shared cache at a loop that the block's threads run together (inside their thread
+    loop): the loops of the warp grid (``bind(L, warp)``), whose every iteration's part the
+    tile holds. Every thread must reach the copy and its barriers: no branch in between."""
+    assert gpu.thread is not None
+    if gpu.guarded:
+        raise TccScheduleError(f"cache({st.buf.name}, {loop.var.name}, shared): loop {loop.var.name} is inside a "
+                               f"branch of thread loop {gpu.thread.var.name}; every thread of the block must run "
+                               "the copy and its barriers", st.span, "cache at a loop outside the branch")
+    lanes = lanes_of(gpu.thread)
+    groups = lanes.groups if lanes is not None else ()
+    return [For(Var(name, I64), Const(extent, I64), Seq(())) for name, extent in groups]
+
+
+def _check_block_tile(used: set[str], warps: list[For], loop: For, st: _State, gpu: _Gpu) -> None:
+    """The tile shared at ``loop`` may vary with the warp grid, not with anything else that differs
+    between threads (a lane, the thread index)."""
+    per_thread = sorted((used & gpu.varying) - {f.var.name for f in warps})
+    if per_thread:
+        raise TccScheduleError(f"cache({st.buf.name}, {loop.var.name}, shared): the tile read inside {loop.var.name} "
+                               f"differs between threads of the block (through {', '.join(per_thread)})", st.span,
+                               "cache a tensor whose tile depends on the block's loops and the warp grid only")
+
+
+def _renamed(copy: Stmt, warps: list[For], st: _State) -> Stmt:
+    """The copy's warp-grid digits under fresh names: the grid's own names are bound around it."""
+    mapping = {f.var.name: Var(fresh(st.func, f"{f.var.name}_c"), I64) for f in warps}
+    if not mapping:
+        return copy
+
+    def node(n: Stmt) -> Stmt | None:
+        return replace(n, var=mapping[n.var.name]) if isinstance(n, Let) and n.var.name in mapping else None
+    return map_stmt(subst(copy, mapping), node)
+
+
+def _shared_threads(loop: For, st: _State, gpu: _Gpu) -> int:
     """The thread count of the block that shares a ``shared`` cache at ``loop`` (checked)."""
-    if gpu != "block.x":
-        where = "inside a thread loop" if gpu == "thread.x" else "outside any loop bound to blocks"
-        raise TccScheduleError(f"cache({st.buf.name}, {loop.var.name}, shared): loop {loop.var.name} is {where}",
-                               st.span, "bind the kernel's loops first, then cache at a loop between the "
-                                        "block loop and the thread loop")
+    if gpu.kind != "block.x":
+        raise TccScheduleError(f"cache({st.buf.name}, {loop.var.name}, shared): loop {loop.var.name} is outside "
+                               "any loop bound to blocks", st.span,
+                               "bind the kernel's loops first, then cache at a loop inside the block loop")
     extents = thread_extents(loop.body)
     if len(extents) != 1:
         raise TccScheduleError(f"cache({st.buf.name}, {loop.var.name}, shared): loop {loop.var.name} must enclose "

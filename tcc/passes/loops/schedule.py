@@ -23,6 +23,7 @@ from tcc.passes.loops.parallel import parallel
 from tcc.passes.loops.reduction import decompose_reduction
 from tcc.passes.loops.reorder import reorder
 from tcc.passes.loops.split import split
+from tcc.passes.loops.tensorize import mark as mark_tensorize
 from tcc.passes.loops.unroll import unroll
 from tcc.passes.loops.vectorize import vectorize
 from tcc.passes.trace import SILENT, Trace
@@ -52,7 +53,8 @@ USAGE = {
     "compute_at": "compute_at TENSOR at LOOP",
     "inline": "inline TENSOR",
     "decompose": "decompose TENSOR",
-    "bind": "bind LOOP block|thread",
+    "bind": "bind LOOP block|thread|warp|warpgroup",
+    "tensorize": "tensorize LOOP mma.sync|mma.sync.tf32|wgmma|wgmma.tf32",
 }
 
 
@@ -201,6 +203,11 @@ def _bind(func: LoopFunc, step: Step) -> LoopFunc:
     return bind(func, loop, axis, step.span)
 
 
+def _tensorize(func: LoopFunc, step: Step) -> LoopFunc:
+    loop, what = (str(w) for w in step.words)
+    return mark_tensorize(func, loop, what, step.span)
+
+
 def check_gpu_schedule(before: LoopFunc, func: LoopFunc, steps: list[Step]) -> None:
     """After a CUDA schedule's steps (``before`` -> ``func``): every bound nest is a kernel
     (errors at the bind step), and no step made a buffer in device memory: one inside a kernel
@@ -233,4 +240,4 @@ def contract(func: LoopFunc) -> LoopFunc:
 
 _HANDLERS = {"split": _split, "tile": _tile, "reorder": _reorder, "fuse": _fuse, "unroll": _unroll,
              "vectorize": _vectorize, "parallel": _parallel, "cache": _cache, "compute_at": _compute_at,
-             "inline": _inline, "decompose": _decompose, "bind": _bind}
+             "inline": _inline, "decompose": _decompose, "bind": _bind, "tensorize": _tensorize}

@@ -41,6 +41,7 @@ from tcc.ir.loops import (
     Buffer,
     For,
     Let,
+    LoopFunc,
     MatrixLoad,
     Mma,
     Stmt,
@@ -52,7 +53,17 @@ from tcc.ir.loops import (
     stmt_exprs,
     walk_stmts,
 )
-from tcc.passes.loops.loopnest import add_index, div_index, linear_coeff, map_exprs, mod_index, mul_index
+from tcc.passes.loops.bind_lanes import LANES, Lanes, lanes_of
+from tcc.passes.loops.loopnest import (
+    add_index,
+    div_index,
+    linear_coeff,
+    map_exprs,
+    mod_index,
+    mul_index,
+    on_loops,
+    require_loop,
+)
 
 I64 = dtypes.i64
 I32 = dtypes.i32
@@ -92,6 +103,74 @@ class _Plan:
     def rows(self) -> int:
         """Accumulator rows per fragment: one warp's 16, or a warpgroup's 64."""
         return 64 if self.warpgroup else 16
+
+
+def mark(func: LoopFunc, loop: str, what: str, span: Span | None = None) -> LoopFunc:
+    """The schedule step ``tensorize(LOOP, WHAT)``: mark each loop named ``loop`` that heads an
+    ``i, j, k`` tile nest (copies that ``cache`` made under the same name are left alone) inside
+    a loop bound to warps (warpgroups for wgmma) for the rewrite that :func:`tensorize_marked`
+    runs once every step has, so later steps may still stage its operands. The nest's shape is
+    checked here, its operands' memory at the rewrite."""
+    if what not in INSTRUCTIONS:
+        raise _fail(f"unknown instruction {what!r} (known: {', '.join(INSTRUCTIONS)})", span)
+    require_loop(func, loop, span)
+    axis = "warpgroup" if what.startswith("wgmma") else "warp"
+    found: list[Lanes | None] = []
+    _enclosing_lanes(func.body, loop, None, found)
+    lanes_at = iter(found)
+    errors: list[TccScheduleError] = []
+
+    def marked(f: For) -> For:
+        lanes = next(lanes_at)
+        out = replace(f, annotations=f.annotations + (("tensorize", what), ("lane", lanes.lane if lanes else None)))
+        try:
+            _plan(out)
+        except TccScheduleError as err:
+            errors.append(err)
+            return f
+        if lanes is None or lanes.size != LANES[axis]:
+            where = "not inside a loop bound to warps or warpgroups" if lanes is None else \
+                f"inside a loop bound to {'warps' if lanes.size == 32 else 'warpgroups'}"
+            raise TccScheduleError(f"tensorize({loop}, {what}): loop {loop} is {where}", span,
+                                   f"{what} runs on one {axis}: bind the loop over the block's {axis}s with "
+                                   f"bind(LOOP, {axis}) around the tile nest")
+        return out
+    out = on_loops(func, loop, marked)
+    if len(errors) == len(found):
+        raise TccScheduleError(errors[0].message, span, errors[0].hint)
+    return out
+
+
+def _enclosing_lanes(s: Stmt, loop: str, lanes: Lanes | None, out: list[Lanes | None]) -> None:
+    """The warp grid (or None) around each loop named ``loop``, in the order they appear."""
+    if isinstance(s, For) and s.var.name == loop:
+        out.append(lanes)
+        return
+    if isinstance(s, For) and s.kind == "thread.x":
+        lanes = lanes_of(s)
+    for c in s.children():
+        _enclosing_lanes(c, loop, lanes, out)
+
+
+def tensorize_marked(func: LoopFunc, span: Span | None = None) -> LoopFunc:
+    """``func`` with every nest a ``tensorize`` step marked on matrix units (a bad one raises at
+    ``span``, the step's)."""
+    taken = {p.name for p in func.params} | set(func.buffers())
+    for s in walk_stmts(func.body):
+        if isinstance(s, (For, Let)):
+            taken.add(s.var.name)
+
+    def fresh(base: str) -> Var:
+        name, n = base, 1
+        while name in taken:
+            n += 1
+            name = f"{base}{n}"
+        taken.add(name)
+        return Var(name, I64)
+    try:
+        return replace(func, body=tensorize(func.body, fresh))
+    except TccScheduleError as err:
+        raise TccScheduleError(err.message, span or err.span, err.hint) from None
 
 
 def tensorize(kernel: Stmt, fresh) -> Stmt:
