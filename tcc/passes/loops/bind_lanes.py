@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from tcc.errors import Span, TccScheduleError
 from tcc.ir.expr import Const, Expr, Var
 from tcc.ir.loops import For, Let, LoopFunc, Seq, Stmt, map_stmt, walk_stmts
-from tcc.passes.loops.loopnest import const_extent, div_index, fresh, mod_index, subst
+from tcc.passes.loops.loopnest import const_extent, div_index, fresh, loops_named, mod_index, subst
 
 LANES = {"warp": 32, "warpgroup": 128}
 MAX_THREADS = 1024
@@ -79,9 +79,14 @@ def bind_lanes(func: LoopFunc, loop: str, axis: str, span: Span | None = None) -
 
 
 def _check_place(func: LoopFunc, loop: str, axis: str, span: Span | None) -> None:
-    """A loop bound to warps is not inside a thread loop, unless right inside another warp grid
-    of the same kind (which it joins)."""
+    """A loop bound to warps holds no thread loop and is not inside one, unless right inside
+    another warp grid of the same kind (which it joins)."""
     kind = "warps" if axis == "warp" else "warpgroups"
+    for found in loops_named(func.body, loop):
+        inner = next((t for t in walk_stmts(found.body) if isinstance(t, For) and t.kind == "thread.x"), None)
+        if inner is not None:
+            raise TccScheduleError(f"loop {loop} contains thread loop {inner.var.name}", span,
+                                   f"bind the outer loops of the warp grid to {axis}s first, then the inner ones")
     for t in walk_stmts(func.body):
         if not (isinstance(t, For) and t.kind == "thread.x"):
             continue

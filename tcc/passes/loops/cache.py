@@ -213,10 +213,20 @@ def _cache_at(loop: For, st: _State, gpu: _Gpu) -> tuple[For, list[Buffer]]:
         else:
             before = [cooperative(c, threads, tuple(fresh(st.func, f"{b.name}_{x}") for x in "tsf"))
                       for c, b in zip(before, bufs)]
-        last = body.stmts[-1] if isinstance(body, Seq) else body
-        return replace(loop, body=seq(*before, Barrier(), body, *(() if isinstance(last, Barrier) else
-                                                                  (Barrier(),)))), bufs
+        parts = body.stmts if isinstance(body, Seq) else (body,)
+        first = () if _copies_to_shared(parts[0], st) else (Barrier(),)  # else the earlier copies' barrier serves
+        last = () if isinstance(parts[-1], Barrier) else (Barrier(),)
+        return replace(loop, body=seq(*before, *first, body, *last)), bufs
     return replace(loop, body=seq(*before, body, *after)), bufs
+
+
+def _copies_to_shared(s: Stmt, st: _State) -> bool:
+    """Whether ``s`` is an earlier shared cache's copy (which a barrier follows)."""
+    buffers = st.func.buffers()
+    written = {t.buffer for t in walk_stmts(s) if isinstance(t, Store)}
+    return isinstance(s, For) and bool(written) and all(
+        name in buffers and buffers[name].scope == "shared" for name in written) and \
+        not any(isinstance(t, Barrier) for t in walk_stmts(s))
 
 
 def _warp_loops(loop: For, st: _State, gpu: _Gpu) -> list[For]:

@@ -61,6 +61,7 @@ from tcc.passes.loops.loopnest import (
     map_exprs,
     mod_index,
     mul_index,
+    nest_loops,
     on_loops,
     require_loop,
 )
@@ -118,26 +119,28 @@ def mark(func: LoopFunc, loop: str, what: str, span: Span | None = None) -> Loop
     found: list[Lanes | None] = []
     _enclosing_lanes(func.body, loop, None, found)
     lanes_at = iter(found)
-    errors: list[TccScheduleError] = []
+    errors: list[tuple[bool, TccScheduleError]] = []
 
     def marked(f: For) -> For:
         lanes = next(lanes_at)
-        out = replace(f, annotations=f.annotations + (("tensorize", what), ("lane", lanes.lane if lanes else None)))
-        try:
-            _plan(out)
-        except TccScheduleError as err:
-            errors.append(err)
-            return f
-        if lanes is None or lanes.size != LANES[axis]:
+        nest = len(nest_loops(f)[0]) >= 3
+        if nest and (lanes is None or lanes.size != LANES[axis]):
             where = "not inside a loop bound to warps or warpgroups" if lanes is None else \
                 f"inside a loop bound to {'warps' if lanes.size == 32 else 'warpgroups'}"
             raise TccScheduleError(f"tensorize({loop}, {what}): loop {loop} is {where}", span,
                                    f"{what} runs on one {axis}: bind the loop over the block's {axis}s with "
                                    f"bind(LOOP, {axis}) around the tile nest")
+        out = replace(f, annotations=f.annotations + (("tensorize", what), ("lane", lanes.lane if lanes else None)))
+        try:
+            _plan(out)
+        except TccScheduleError as err:
+            errors.append((nest, err))
+            return f
         return out
     out = on_loops(func, loop, marked)
     if len(errors) == len(found):
-        raise TccScheduleError(errors[0].message, span, errors[0].hint)
+        err = next((e for nest, e in errors if nest), errors[0][1])
+        raise TccScheduleError(err.message, span, err.hint)
     return out
 
 
@@ -260,6 +263,10 @@ def _update(body: Stmt, i: For, j: For, span: Span | None) -> tuple[str, Expr, E
     """(accumulator, X operand, Y operand) of ``C[i, j] = C[i, j] + X * Y``."""
     ij = (i.var, j.var)
     v = body.value if isinstance(body, Store) else None
+    if isinstance(body, Store) and body.indices != ij:
+        raise TccScheduleError(f"tensorize: the accumulator {body.buffer} is not indexed [{i.var.name}, {j.var.name}] "
+                               "by the tile's loops", span, f"cache({body.buffer}, LOOP, local) at a loop around "
+                               "the tile nest, so that it becomes the warp's tile in registers")
     if not (isinstance(body, Store) and body.indices == ij and isinstance(v, Binary) and v.op == "add"
             and v.a == Load(body.buffer, ij, F32) and isinstance(v.b, Binary) and v.b.op == "mul"
             and v.dtype == F32):

@@ -1,0 +1,146 @@
+"""Tensor cores from a user's schedule: bind(L, warp), cache(T, L, shared) inside the thread loop
+and tensorize(L, mma.sync) reach the loop IR's matrix statements (examples/matmul_tc.tc). The
+lowering, its checks and NVRTC's compile of the CUDA C run anywhere; the numbers need a GPU."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tcc
+from tcc.errors import TccError, TccScheduleError
+from tcc.ir.loops import Barrier, For, MatrixLoad, Mma, walk_stmts
+from tcc.passes.loops.bind_lanes import lanes_of
+from tcc.testing import assert_matches, random_args, reference_results
+
+pytest.importorskip("cuda.bindings.nvrtc")
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+SIZES = [dict(M=64, N=64, K=32), dict(M=128, N=192, K=96), dict(M=80, N=128, K=48), dict(M=16, N=64, K=16),
+         dict(M=33, N=64, K=32), dict(M=64, N=128, K=33), dict(M=512, N=256, K=1024)]
+HMM = "op hmm(A: f16[M, K], B: f16[K, N]) -> C: f32[M, N] { C[i, j] = sum[k](f32(A[i, k]) * f32(B[k, j])) }"
+STEPS = ("decompose(C); tile(i, j, 64, 64, io, jo, ii, ji); split(ii, 32, wi, mi); split(ji, 32, wj, ni); "
+         "split(k, 32, ko, ki); reorder(io, jo, wi, wj, ko, mi, ni, ki); fuse(io, jo, blk); bind(blk, block); "
+         "cache(C, wj, local); bind(wi, warp); bind(wj, warp); cache(A, ko, shared); cache(B, ko, shared); ")
+
+
+def _example():
+    return tcc.compile(EXAMPLES / "matmul_tc.tc", target="cuda").matmul_tc
+
+
+def _hmm(steps: str):
+    return tcc.compile(HMM, target="cuda").hmm.schedule(steps)
+
+
+def test_the_example_reaches_mma_sync_with_user_steps_only():
+    func = _example().lowered(dict(M=128, N=128, K=64)).scheduled
+    user = func.body.stmts[-1]  # the decomposed init nest is auto-scheduled first
+    assert isinstance(user, For) and user.kind == "block.x" and user.extent.value == 4  # 2 x 2 tiles of 64
+    threads = [s for s in walk_stmts(user) if isinstance(s, For) and s.kind == "thread.x"]
+    assert len(threads) == 1 and threads[0].extent.value == 128 and str(lanes_of(threads[0])) == "wi:2,wj:2 lane=lane"
+    stmts = list(walk_stmts(user))
+    mma = [s for s in stmts if isinstance(s, Mma)]
+    assert len(mma) == 1 and mma[0].shape == (16, 8, 16) and mma[0].kind == "f16"
+    assert sum(isinstance(s, MatrixLoad) for s in stmts) == 2 and sum(isinstance(s, Barrier) for s in stmts) == 2
+    text = _example().stage_text(dict(M=128, N=128, K=64), "scheduled")
+    assert "mma.sync.m16n8k16.f16" in text and "ldmatrix.x4" in text  # --stage scheduled shows them
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_example_compiles_through_nvrtc(arch):
+    """The CUDA C of the user's schedule compiles to a cubin, with nothing spilled to local memory."""
+    from tcc.runtime import cuda as rt
+
+    op = tcc.compile(EXAMPLES / "matmul_tc.tc", target="cuda", arch=arch).matmul_tc
+    for sizes in SIZES[:3]:
+        scheduled = op.lowered(sizes).scheduled
+        assert rt._parse(rt.build(scheduled, {"arch": arch}))[1].startswith(b"\x7fELF")
+    ptx = op.stage_text(SIZES[1], "ptx")
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx and "ldmatrix.sync.aligned" in ptx
+    assert "ld.local" not in ptx and "st.local" not in ptx
+
+
+def test_the_example_runs_anywhere_on_the_cpu(rng):
+    """The cuda block is the GPU's only: on the CPU the op is auto-scheduled, at any size."""
+    op = tcc.compile(EXAMPLES / "matmul_tc.tc").matmul_tc
+    for sizes in (dict(M=7, N=33, K=5), dict(M=64, N=64, K=32)):
+        args = random_args(op.te, sizes, rng)
+        expected = reference_results(op.te, args, sizes)
+        out = np.full(expected[0].shape, np.nan, np.float32)
+        op(*args, out=out)
+        assert_matches(out, expected[0], op.te.tensors["C"].dtype, "matmul_tc")
+
+
+BAD = [
+    ("decompose(C); tensorize(i, mma.sync)", "not inside a loop bound to warps", "bind(LOOP, warp)"),
+    (STEPS.replace("cache(A, ko, shared); ", "") + "tensorize(mi, mma.sync)", "operand A is not a shared buffer",
+     "shared"),
+    (STEPS + "tensorize(mi, wgmma)", "inside a loop bound to warps", "warpgroup"),
+    (STEPS + "tensorize(ni, mma.sync)", "three perfectly nested loops", None),
+    (STEPS.replace("split(ii, 32, wi, mi)", "split(ii, 8, wi, mi)").replace("bind(wj, warp); ", "")
+     + "tensorize(mi, mma.sync)", "not made of whole instructions", None),
+    (STEPS.replace("cache(C, wj, local); ", "") + "tensorize(mi, mma.sync)", "accumulator C is not indexed",
+     "cache(C, LOOP, local)"),
+    ("decompose(C); bind(i, block); split(k, 4, ko, kx); bind(kx, warp)", "a reduction", None),
+    ("decompose(C); bind(i, block); split(j, 4, jo, ji); split(ji, 2, ja, jb); bind(jo, warp); bind(jb, warp)",
+     "inside thread loop jo_t", None),
+    ("decompose(C); split(i, 2, io, ii); bind(io, block); split(j, 16, jo, ji); bind(jo, warp); bind(ii, warp)",
+     "contains thread loop", None),
+    ("decompose(C); split(j, 8, jo, ji); bind(i, block); bind(jo, warp); bind(ji, warp)",
+     "2048 threads per block, over 1024", None),
+]
+
+
+@pytest.mark.parametrize("steps,message,hint", BAD, ids=[b[1] for b in BAD])
+def test_bad_tensor_core_schedules_are_errors_at_their_step(steps, message, hint):
+    with pytest.raises(TccScheduleError, match=message) as info:
+        _hmm(steps).stage_text(dict(M=64, N=64, K=32), "scheduled")
+    assert info.value.span is not None
+    if hint is not None:
+        assert hint in (info.value.hint or "")
+
+
+def test_spelling_of_the_new_steps_is_checked_up_front():
+    with pytest.raises(TccScheduleError, match="unknown matrix instruction 'wmma'"):
+        _hmm("tensorize(i, wmma)")
+    with pytest.raises(TccScheduleError, match="cpu schedule cannot use it"):
+        tcc.compile(HMM).hmm.schedule("tensorize(i, mma.sync)")
+    with pytest.raises(TccScheduleError, match="unknown GPU axis 'lanes'"):
+        _hmm("bind(i, lanes)")
+
+
+def test_sizes_the_warp_grid_cannot_tile_are_errors():
+    """The warp grid needs whole 32-column tiles: a split tail would be a second grid inside it."""
+    with pytest.raises(TccScheduleError, match="two copies"):
+        _example().stage_text(dict(M=64, N=48, K=32), "scheduled")
+
+
+def test_tails_stay_plain_loops():
+    """33 rows: the first 32 on tensor cores, the 33rd a nest that each lane of its warp runs in
+    full; 33 of k: the last step's update runs per accumulator element each lane holds."""
+    from tcc.runtime import cuda as rt
+
+    for sizes, grids in ((dict(M=33, N=64, K=32), 2), (dict(M=64, N=64, K=33), 1)):
+        func = _example().lowered(sizes).scheduled
+        assert sum(isinstance(s, Mma) for s in walk_stmts(func.body)) == 1
+        threads = [s for s in walk_stmts(func.body) if isinstance(s, For) and lanes_of(s) is not None]
+        assert len(threads) == grids
+        assert rt._parse(rt.build(func, {"arch": "sm_80"}))[1].startswith(b"\x7fELF")
+
+
+# ---------------------------------------------------------------- on the GPU
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("sizes", SIZES, ids=[f"{s['M']}x{s['N']}x{s['K']}" for s in SIZES])
+def test_the_example_matches_the_reference(sizes, rng):
+    try:
+        if not tcc.cuda.is_available():
+            pytest.skip("no CUDA GPU")
+    except TccError:
+        pytest.skip("no CUDA GPU")
+    op = _example()
+    args = random_args(op.te, sizes, rng)
+    expected = reference_results(op.te, args, sizes)
+    out = np.full(expected[0].shape, np.nan, np.float32)
+    op(*args, out=out)
+    assert_matches(out, expected[0], op.te.tensors["C"].dtype, "matmul_tc")
