@@ -1,9 +1,12 @@
 """Tensor cores from a user's schedule: bind(L, warp), cache(T, L, shared) inside the thread loop
 and tensorize(L, mma.sync) reach the loop IR's matrix statements (examples/matmul_tc.tc). The
-lowering, its checks and NVRTC's compile of the CUDA C run anywhere; the numbers need a GPU."""
+lowering, its checks and NVRTC's compile of the CUDA C run anywhere, and so do the numbers on
+small sizes, through a CPU simulator of the scheduled loop IR (tests/gpu_sim.py, itself checked
+on the auto-scheduler's tensor-core kernels that ran on an H100); the GPU runs the rest."""
 
 from pathlib import Path
 
+import gpu_sim
 import numpy as np
 import pytest
 
@@ -126,6 +129,42 @@ def test_tails_stay_plain_loops():
         threads = [s for s in walk_stmts(func.body) if isinstance(s, For) and lanes_of(s) is not None]
         assert len(threads) == grids
         assert rt._parse(rt.build(func, {"arch": "sm_80"}))[1].startswith(b"\x7fELF")
+
+
+# ---------------------------------------------------------------- simulated (no GPU)
+
+def _simulated(op, sizes, rng, aligned=True):
+    """``op``'s scheduled loop IR run by the simulator on fresh random inputs, against the reference."""
+    args = random_args(op.te, sizes, rng)
+    expected = reference_results(op.te, args, sizes)
+    out = np.full(expected[0].shape, np.nan, np.float32)
+    names = [p for p in op.te.params if p in op.te.tensors] + list(op.te.results)
+    gpu_sim.run(op.lowered(sizes).scheduled, dict(zip(names, [*args, out])), aligned)
+    assert_matches(out, expected[0], op.te.tensors[op.te.results[0]].dtype, op.name)
+
+
+@pytest.mark.parametrize("aligned", [True, False], ids=["cp.async", "staged"])
+def test_the_simulator_agrees_with_the_h100_on_the_auto_schedulers_kernels(aligned, rng):
+    """mma.sync kernels the auto-scheduler emits (verified on an H100): the copy-engine kernel with
+    cp.async and its register-staged fallback, at a round and an odd size; and TF32."""
+    op = tcc.compile(HMM, target="cuda", arch="sm_80").hmm
+    for sizes in (dict(M=64, N=64, K=32), dict(M=33, N=40, K=24)):
+        _simulated(op, sizes, rng, aligned)
+    if aligned:
+        tf32 = tcc.compile(EXAMPLES / "matmul.tc", target="cuda", arch="sm_80", tf32=True).matmul
+        args = random_args(tf32.te, dict(M=33, N=40, K=24), rng)
+        out = np.full((33, 40), np.nan, np.float32)
+        gpu_sim.run(tf32.lowered(dict(M=33, N=40, K=24)).scheduled, dict(A=args[0], B=args[1], C=out))
+        want = args[0].astype(np.float64) @ args[1].astype(np.float64)
+        assert np.linalg.norm(out - want) / np.linalg.norm(want) < 2e-3
+
+
+SIMULATED = [s for s in SIZES if s["M"] * s["N"] * s["K"] <= 64 * 128 * 48]  # a few seconds each at most
+
+
+@pytest.mark.parametrize("sizes", SIMULATED, ids=[f"{s['M']}x{s['N']}x{s['K']}" for s in SIMULATED])
+def test_the_example_matches_the_reference_simulated(sizes, rng):
+    _simulated(_example(), sizes, rng)
 
 
 # ---------------------------------------------------------------- on the GPU
