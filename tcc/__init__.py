@@ -1,12 +1,11 @@
 """tcc: a small tensor compiler. ``tcc.compile(source, target="cpu")`` gives a library of ops."""
 
-__version__ = "0.1.0"
-
-from tcc import cuda  # noqa: E402  (tcc.cuda.Array; imports no CUDA library until used)
-from tcc.autodiff import grad, grad_source  # noqa: E402
-from tcc.compiler import Library, Op, compile  # noqa: E402
-from tcc.errors import TccError  # noqa: E402
-from tcc.interop import onnx  # noqa: E402  (imports the onnx package only when a model is loaded)
+from tcc import cuda  # tcc.cuda.Array; imports no CUDA library until used
+from tcc.autodiff import grad, grad_source
+from tcc.compiler import Library, Op, compile
+from tcc.errors import TccError
+from tcc.interop import onnx  # imports the onnx package only when a model is loaded
+from tcc.version import __version__
 
 __all__ = ["Library", "Op", "TccError", "__version__", "compile", "cuda", "grad", "grad_source", "onnx"]
 

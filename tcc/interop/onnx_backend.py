@@ -15,6 +15,7 @@ import numpy as np
 import onnx  # optional dependency: this module is only imported where onnx is installed
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType
 
+from tcc import cuda
 from tcc.interop.onnx import OnnxModel, load
 from tcc.interop.onnx_graph import NeedsValue
 
@@ -68,7 +69,5 @@ class TccBackend(Backend):
     def supports_device(cls, device: str) -> bool:
         kind = Device(device).type
         if kind == DeviceType.CUDA:
-            from tcc import cuda
-
             return cuda.is_available()
         return kind == DeviceType.CPU

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tcc.paths import cache_dir
+from tcc.version import __version__
 
 _MAGIC = b"TCC-CACHE-1\n"
 
@@ -33,8 +34,6 @@ def compiler_fingerprint() -> str:
     Hashing the source costs a few milliseconds, so the hash is kept in the disk cache under the
     files' sizes and modification times (as Python keeps bytecode) and recomputed when one changes.
     """
-    from tcc import __version__
-
     root = Path(__file__).resolve().parent.parent
     files = sorted(_sources(str(root), ""))
     stamp = make_key(__version__, *(f"{relative}:{size}:{mtime}" for relative, size, mtime in files))
