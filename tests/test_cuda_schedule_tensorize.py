@@ -12,7 +12,7 @@ import pytest
 
 import tcc
 from tcc.errors import TccError, TccScheduleError
-from tcc.ir.loops import Barrier, For, MatrixLoad, Mma, walk_stmts
+from tcc.ir.loops import Allocate, AsyncCopy, Barrier, For, MatrixLoad, Mma, walk_stmts
 from tcc.passes.loops.bind_lanes import lanes_of
 from tcc.testing import assert_matches, random_args, reference_results
 
@@ -20,7 +20,7 @@ pytest.importorskip("cuda.bindings.nvrtc")
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SIZES = [dict(M=64, N=64, K=32), dict(M=128, N=192, K=96), dict(M=80, N=128, K=48), dict(M=16, N=64, K=16),
-         dict(M=33, N=64, K=32), dict(M=64, N=128, K=33), dict(M=512, N=256, K=1024)]
+         dict(M=33, N=64, K=32), dict(M=64, N=128, K=40), dict(M=512, N=256, K=1024)]
 HMM = "op hmm(A: f16[M, K], B: f16[K, N]) -> C: f32[M, N] { C[i, j] = sum[k](f32(A[i, k]) * f32(B[k, j])) }"
 STEPS = ("decompose(C); tile(i, j, 64, 64, io, jo, ii, ji); split(ii, 32, wi, mi); split(ji, 32, wj, ni); "
          "split(k, 32, ko, ki); reorder(io, jo, wi, wj, ko, mi, ni, ki); fuse(io, jo, blk); bind(blk, block); "
@@ -37,16 +37,27 @@ def _hmm(steps: str):
 
 def test_the_example_reaches_mma_sync_with_user_steps_only():
     func = _example().lowered(dict(M=128, N=128, K=64)).scheduled
-    user = func.body.stmts[-1]  # the decomposed init nest is auto-scheduled first
-    assert isinstance(user, For) and user.kind == "block.x" and user.extent.value == 4  # 2 x 2 tiles of 64
-    threads = [s for s in walk_stmts(user) if isinstance(s, For) and s.kind == "thread.x"]
-    assert len(threads) == 1 and threads[0].extent.value == 128 and str(lanes_of(threads[0])) == "wi:2,wj:2 lane=lane"
-    stmts = list(walk_stmts(user))
-    mma = [s for s in stmts if isinstance(s, Mma)]
-    assert len(mma) == 1 and mma[0].shape == (16, 8, 16) and mma[0].kind == "f16"
-    assert sum(isinstance(s, MatrixLoad) for s in stmts) == 2 and sum(isinstance(s, Barrier) for s in stmts) == 2
+    fast, staged = func.body.stmts[-2:]  # after the auto-scheduled init of C: async copies, and plain ones
+    for kernel, copies in ((fast, 4), (staged, 0)):
+        assert isinstance(kernel, For) and kernel.kind == "block.x" and kernel.extent.value == 4  # 2 x 2 tiles
+        threads = [s for s in walk_stmts(kernel) if isinstance(s, For) and s.kind == "thread.x"]
+        assert len(threads) == 1 and threads[0].extent.value == 128
+        assert str(lanes_of(threads[0])) == "wi:2,wj:2 lane=lane"
+        stmts = list(walk_stmts(kernel))
+        mma = [s for s in stmts if isinstance(s, Mma)]
+        assert len(mma) == 1 and mma[0].shape == (16, 8, 16) and mma[0].kind == "f16"
+        assert sum(isinstance(s, MatrixLoad) for s in stmts) == 2 and sum(isinstance(s, Barrier) for s in stmts) == 2
+        assert sum(isinstance(s, AsyncCopy) for s in stmts) == copies  # A and B: first step, next step
+    shared = {s.buffer.name: s.buffer.shape for s in walk_stmts(fast) if isinstance(s, Allocate)
+              and s.buffer.scope == "shared"}
+    assert sorted(shared.values()) == [(2, 32, 72), (2, 64, 40)]  # two slots, rows padded by 16 bytes
+    assert _aligned(fast) and not _aligned(staged)
     text = _example().stage_text(dict(M=128, N=128, K=64), "scheduled")
     assert "mma.sync.m16n8k16.f16" in text and "ldmatrix.x4" in text  # --stage scheduled shows them
+
+
+def _aligned(kernel) -> bool:
+    return any(k == "aligned" for k, _ in kernel.annotations)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -112,23 +123,37 @@ def test_spelling_of_the_new_steps_is_checked_up_front():
         _hmm("bind(i, lanes)")
 
 
-def test_sizes_the_warp_grid_cannot_tile_are_errors():
-    """The warp grid needs whole 32-column tiles: a split tail would be a second grid inside it."""
+def test_sizes_the_schedule_cannot_tile_are_errors():
+    """The warp grid needs whole 32-column tiles (a split tail would be a second grid inside it);
+    16-byte copies need rows of A a multiple of 8 halves long."""
     with pytest.raises(TccScheduleError, match="two copies"):
         _example().stage_text(dict(M=64, N=48, K=32), "scheduled")
+    with pytest.raises(TccScheduleError, match="async copies move 16 bytes") as info:
+        _example().stage_text(dict(M=64, N=64, K=33), "scheduled")
+    assert "drop async" in info.value.hint
 
 
 def test_tails_stay_plain_loops():
     """33 rows: the first 32 on tensor cores, the 33rd a nest that each lane of its warp runs in
-    full; 33 of k: the last step's update runs per accumulator element each lane holds."""
+    full; 40 of k: the last step's 8 run per accumulator element each lane holds."""
     from tcc.runtime import cuda as rt
 
-    for sizes, grids in ((dict(M=33, N=64, K=32), 2), (dict(M=64, N=64, K=33), 1)):
+    for sizes, grids in ((dict(M=33, N=64, K=32), 4), (dict(M=64, N=64, K=40), 2)):
         func = _example().lowered(sizes).scheduled
-        assert sum(isinstance(s, Mma) for s in walk_stmts(func.body)) == 1
+        assert sum(isinstance(s, Mma) for s in walk_stmts(func.body)) == 2  # the async kernel and its fallback
         threads = [s for s in walk_stmts(func.body) if isinstance(s, For) and lanes_of(s) is not None]
         assert len(threads) == grids
         assert rt._parse(rt.build(func, {"arch": "sm_80"}))[1].startswith(b"\x7fELF")
+
+
+def test_cache_options_are_checked():
+    with pytest.raises(TccScheduleError, match="cache option pad is for shared tiles"):
+        _hmm("cache(A, k, local, pad)")
+    with pytest.raises(TccScheduleError, match="unknown cache option 'swizzle'"):
+        _hmm("cache(A, k, shared, swizzle)")
+    with pytest.raises(TccScheduleError, match="is not inside a thread loop"):
+        _hmm("decompose(C); split(k, 16, ko, ki); reorder(i, ko, j, ki); bind(i, block); bind(j, thread); "
+             "cache(A, ko, shared, async)").stage_text(dict(M=64, N=64, K=32), "scheduled")
 
 
 # ---------------------------------------------------------------- simulated (no GPU)
@@ -165,6 +190,12 @@ SIMULATED = [s for s in SIZES if s["M"] * s["N"] * s["K"] <= 64 * 128 * 48]  # a
 @pytest.mark.parametrize("sizes", SIMULATED, ids=[f"{s['M']}x{s['N']}x{s['K']}" for s in SIMULATED])
 def test_the_example_matches_the_reference_simulated(sizes, rng):
     _simulated(_example(), sizes, rng)
+
+
+def test_the_examples_fallback_and_plain_copies_simulated(rng):
+    """The kernel run where a pointer is not 16-byte aligned, and the schedule without pad/async."""
+    _simulated(_example(), dict(M=80, N=64, K=48), rng, aligned=False)
+    _simulated(_hmm(STEPS + "tensorize(mi, mma.sync)"), dict(M=64, N=64, K=33), rng)
 
 
 # ---------------------------------------------------------------- on the GPU

@@ -22,6 +22,7 @@ from tcc.passes.loops.schedule import Step
 TARGETS = ("cpu", "cuda")
 CONV_CHOICES = ("im2col", "direct", "auto")
 CACHE_SCOPES = ("local", "global", "shared")
+SHARED_OPTIONS = ("pad", "async")  # of cache(T, L, shared, ...): see tcc/passes/loops/cache_shared.py
 
 # primitive -> (usage, allowed argument kinds: N a name, I a positive integer)
 SIGNATURES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -32,7 +33,7 @@ SIGNATURES: dict[str, tuple[str, tuple[str, ...]]] = {
     "unroll": ("unroll(LOOP[, FACTOR])", ("N", "NI")),
     "vectorize": ("vectorize(LOOP[, LANES])", ("N", "NI")),
     "parallel": ("parallel(LOOP)", ("N",)),
-    "cache": ("cache(TENSOR, LOOP[, local|global|shared])", ("NN", "NNN")),
+    "cache": ("cache(TENSOR, LOOP[, local|global|shared[, pad][, async]])", ("NN", "NNN", "NNNN", "NNNNN")),
     "pack": ("pack(TENSOR, LOOP): another name of cache(TENSOR, LOOP)", ("NN",)),
     "compute_at": ("compute_at(TENSOR, LOOP)", ("NN",)),
     "inline": ("inline(TENSOR)", ("N",)),
@@ -181,9 +182,16 @@ def _conv_choice(step: ast.SchedStep) -> str:
 
 
 def _cache_step(step: ast.SchedStep, v: list) -> Step:
-    if len(v) == 3 and v[2] not in CACHE_SCOPES:
+    if len(v) >= 3 and v[2] not in CACHE_SCOPES:
         raise TccScheduleError(f"unknown buffer scope {v[2]!r}", step.args[2].span,
                                f"write one of: {', '.join(CACHE_SCOPES)}")
+    for arg in step.args[3:]:
+        if arg.value not in SHARED_OPTIONS or v[2] != "shared":
+            what = f"unknown cache option {arg.value!r}" if arg.value not in SHARED_OPTIONS else \
+                f"cache option {arg.value} is for shared tiles"
+            raise TccScheduleError(what, arg.span, f"options of cache(T, L, shared, ...): {', '.join(SHARED_OPTIONS)}")
+    if len(set(v[3:])) != len(v[3:]):
+        raise TccScheduleError("a cache option is given twice", step.span)
     return Step("cache", (v[0], "at", *v[1:]), span=step.span)
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from tcc import dtypes
 from tcc.errors import Span, TccScheduleError
-from tcc.ir.expr import Const, Expr, Load, Var, free_vars, substitute, transform, walk
+from tcc.ir.expr import Const, Expr, Load, free_vars, substitute, transform, walk
 from tcc.ir.loops import (
     Allocate,
     Barrier,
@@ -33,16 +33,18 @@ from tcc.ir.loops import (
     stmt_exprs,
     walk_stmts,
 )
-from tcc.passes.loops.bind import cooperative, shared_out, thread_extents
+from tcc.passes.loops.bind import cooperative, thread_extents, top_level_nests
 from tcc.passes.loops.bind_lanes import lanes_of
+from tcc.passes.loops.cache_shared import OPTIONS, TileCopy, box, check_async, pipelined, retarget, tile_variables
 from tcc.passes.loops.loopnest import (
     const_extent,
     fresh,
     in_vector_loop,
     linear_coeff,
+    loop_names,
     map_exprs,
+    mod_index,
     require_loop,
-    subst,
 )
 from tcc.passes.simplify import evaluate_int
 
@@ -51,8 +53,16 @@ LOCAL_BYTES = 16 * 1024
 SHARED_BYTES = 48 * 1024  # static shared memory of one CUDA block
 
 
-def cache(func: LoopFunc, tensor: str, at: str, scope: str | None = None, span: Span | None = None) -> LoopFunc:
+def cache(func: LoopFunc, tensor: str, at: str, scope: str | None = None, span: Span | None = None,
+          options: tuple[str, ...] = ()) -> LoopFunc:
+    """Cache the tile of ``tensor`` that loop ``at`` reads; ``options`` (``pad``, ``async``) are for
+    shared tiles inside a thread loop (:mod:`tcc.passes.loops.cache_shared`)."""
     require_loop(func, at, span)
+    for option in options:
+        if option not in OPTIONS or scope != "shared":
+            raise TccScheduleError(f"unknown cache option {option!r}" if option not in OPTIONS else
+                                   f"cache option {option} is for shared tiles", span,
+                                   f"options of cache(T, L, shared, ...): {', '.join(OPTIONS)}")
     if in_vector_loop(func, at):
         raise TccScheduleError(f"loop {at} is (inside) a vector loop: a copy there would run once per lane", span,
                                "cache at a loop outside the vector loop")
@@ -66,19 +76,52 @@ def cache(func: LoopFunc, tensor: str, at: str, scope: str | None = None, span: 
                                f"cache it at a loop inside the scope of {tensor}")
     if scope not in (None, "local", "global", "shared"):
         raise TccScheduleError(f"unknown scope {scope!r}", span, "use local, global or (on cuda) shared")
-    state = _State(func, buffers[tensor], scope, span)
-    body, pending = _rewrite(func.body, at, state)
+    state = _State(func, buffers[tensor], scope, span, options)
+    body = _doubled(func.body, at) if "async" in options else func.body
+    body, pending = _rewrite(body, at, state)
     return replace(func, body=_wrap(body, pending))
 
 
+def _doubled(body: Stmt, at: str) -> Stmt:
+    """Each kernel holding loop ``at`` as a pair: an aligned variant (``aligned=True``, for the
+    async copies) and itself after it, which the launcher runs when a pointer is not aligned.
+    Kernels already paired stay as they are."""
+    if isinstance(body, Allocate):
+        return replace(body, body=_doubled(body.body, at))
+    nests = top_level_nests(body)
+    out: list[Stmt] = []
+    for n, nest in enumerate(nests):
+        paired = _aligned(nest) or (n > 0 and _aligned(nests[n - 1]))
+        if not paired and isinstance(nest, For) and nest.kind == "block.x" and at in loop_names(nest):
+            out.append(replace(nest, annotations=nest.annotations + (("aligned", True),)))
+        out.append(nest)
+    return seq(*out)
+
+
+def _aligned(s: Stmt) -> bool:
+    return isinstance(s, For) and any(k == "aligned" for k, _ in s.annotations)
+
+
 class _State:
-    def __init__(self, func: LoopFunc, buf: Buffer, scope: str | None, span: Span | None):
+    def __init__(self, func: LoopFunc, buf: Buffer, scope: str | None, span: Span | None,
+                 options: tuple[str, ...] = ()):
         self.func = func
         self.buf = buf
         self.scope = scope
         self.span = span
+        self.options = options
         self.taken = set(func.buffers())
         self.count = 0
+        self.vars: set[str] = set()
+
+    def var(self, base: str) -> str:
+        """A variable name unused in the function and by this step so far."""
+        name, n = fresh(self.func, base), 1
+        while name in self.vars:
+            n += 1
+            name = fresh(self.func, f"{base}_{n}")
+        self.vars.add(name)
+        return name
 
     def name(self) -> str:
         while True:
@@ -105,12 +148,13 @@ class _Gpu:
     thread: For | None = None
     varying: frozenset[str] = frozenset()
     guarded: bool = False
+    aligned: bool = False  # in a kernel that runs only with 16-byte aligned pointers
 
     def enter(self, s: Stmt) -> _Gpu:
         if isinstance(s, For) and s.kind == "thread.x":
-            return _Gpu("thread.x", s, frozenset((s.var.name,)))
+            return _Gpu("thread.x", s, frozenset((s.var.name,)), aligned=self.aligned)
         if isinstance(s, For) and s.kind == "block.x":
-            return _Gpu("block.x")
+            return _Gpu("block.x", aligned=_aligned(s))
         if self.thread is not None and isinstance(s, Let) and free_vars(s.value) & self.varying:
             return replace(self, varying=self.varying | {s.var.name})
         if self.thread is not None and isinstance(s, If):
@@ -171,19 +215,20 @@ def _loads(e: Expr, name: str) -> list[Load]:
 
 
 def _cache_at(loop: For, st: _State, gpu: _Gpu) -> tuple[For, list[Buffer]]:
-    within = st.scope == "shared" and gpu.kind == "thread.x"
-    warps = _warp_loops(loop, st, gpu) if within else []
-    threads = (const_extent(gpu.thread) if within else _shared_threads(loop, st, gpu)) if st.scope == "shared" else 0
+    if st.scope == "shared" and gpu.kind == "thread.x":
+        return _cache_block_tile(loop, st, gpu)
+    if "async" in st.options:
+        raise TccScheduleError(f"cache({st.buf.name}, {loop.var.name}, shared, async): loop {loop.var.name} is not "
+                               "inside a thread loop", st.span, "bind the loops around it to threads or warps first")
+    threads = _shared_threads(loop, st, gpu) if st.scope == "shared" else 0
     sites: dict = {}
-    _sites(loop.body, st.buf.name, tuple(warps), sites)
+    _sites(loop.body, st.buf.name, (), sites)
     if any(stored for _, _, stored in sites.values()) and len(sites) > 1:
         raise TccScheduleError(f"{st.buf.name} is written inside loop {loop.var.name} and accessed at "
                                f"{len(sites)} different places; caching it would change the result", st.span)
     before, after, mapping, bufs = [], [], {}, []
     for indices, (chain, loaded, stored) in sites.items():
         used = set().union(*(free_vars(i) for i in indices)) if indices else set()
-        if within:
-            _check_block_tile(used, warps, loop, st, gpu)
         loops = [f for f in chain if f.var.name in used]
         shape = tuple(const_extent(f, st.span) for f in loops)
         if stored:
@@ -206,18 +251,69 @@ def _cache_at(loop: For, st: _State, gpu: _Gpu) -> tuple[For, list[Buffer]]:
             after.append(_copy(loops, Store(st.buf.name, indices, Load(buf.name, local_idx, st.buf.dtype))))
     body = _retarget(loop.body, st.buf.name, mapping)
     if threads:  # the block's threads copy together; barriers before the reads and the next copy
-        if within:  # already on the threads: each takes its share by its thread index
-            before = [_renamed(shared_out(c, threads, gpu.thread.var, tuple(fresh(st.func, f"{b.name}_{x}")
-                                                                        for x in "sf")), warps, st)
-                      for c, b in zip(before, bufs)]
-        else:
-            before = [cooperative(c, threads, tuple(fresh(st.func, f"{b.name}_{x}") for x in "tsf"))
-                      for c, b in zip(before, bufs)]
-        parts = body.stmts if isinstance(body, Seq) else (body,)
-        first = () if _copies_to_shared(parts[0], st) else (Barrier(),)  # else the earlier copies' barrier serves
-        last = () if isinstance(parts[-1], Barrier) else (Barrier(),)
-        return replace(loop, body=seq(*before, *first, body, *last)), bufs
+        before = [cooperative(c, threads, tuple(fresh(st.func, f"{b.name}_{x}") for x in "tsf"))
+                  for c, b in zip(before, bufs)]
+        return replace(loop, body=_between_barriers(before, body, st)), bufs
     return replace(loop, body=seq(*before, body, *after)), bufs
+
+
+def _between_barriers(copies: list[Stmt], body: Stmt, st: _State) -> Stmt:
+    """The copies, a barrier, ``body`` and a barrier before the next copies (one barrier after
+    several caches' copies; none added where the body already ends with one)."""
+    parts = body.stmts if isinstance(body, Seq) else (body,)
+    first = () if _copies_to_shared(parts[0], st) else (Barrier(),)
+    last = () if isinstance(parts[-1], Barrier) else (Barrier(),)
+    return seq(*copies, *first, body, *last)
+
+
+def _cache_block_tile(loop: For, st: _State, gpu: _Gpu) -> tuple[For, list[Buffer]]:
+    """A shared cache at a loop inside the thread loop: the block's tile, in the box layout of
+    :mod:`tcc.passes.loops.cache_shared`, copied by all threads (double-buffered with async)."""
+    assert gpu.thread is not None
+    what = f"cache({st.buf.name}, {loop.var.name}, shared)"
+    if gpu.guarded:
+        raise TccScheduleError(f"{what}: loop {loop.var.name} is inside a branch of thread loop "
+                               f"{gpu.thread.var.name}; every thread of the block must run the copy and its "
+                               "barriers", st.span, "cache at a loop outside the branch")
+    lanes = lanes_of(gpu.thread)
+    warps = lanes.groups if lanes is not None else ()
+    threads, thread = const_extent(gpu.thread), gpu.thread.var
+    sites: dict = {}
+    _sites(loop.body, st.buf.name, (), sites)
+    if any(stored for _, _, stored in sites.values()):
+        raise TccScheduleError(f"cannot cache {st.buf.name} in shared memory at {loop.var.name}: it is written there",
+                               st.span, "cache a tensor only read")
+    use_async = "async" in st.options and gpu.aligned
+    copies, reads = [], {}
+    for indices, (chain, _, _) in sites.items():
+        used = set().union(*(free_vars(i) for i in indices)) if indices else set()
+        per_thread = sorted((used & gpu.varying) - {name for name, _ in warps})
+        if per_thread:
+            raise TccScheduleError(f"{what}: the tile read inside {loop.var.name} differs between threads of the "
+                                   f"block (through {', '.join(per_thread)})", st.span,
+                                   "cache a tensor whose tile depends on the block's loops and the warp grid only")
+        tile = {v: e for v, e in tile_variables(loop, chain, warps).items() if v in used}
+        region = box(indices, tile, what, st.span)
+        shape = list(region.extents)
+        if "pad" in st.options and shape:
+            shape[-1] += 16 // st.buf.dtype.itemsize
+        slots = 2 if use_async else 1
+        buf = Buffer(st.name(), st.buf.dtype, (slots, *shape) if slots > 1 else tuple(shape), "shared")
+        if buf.size * buf.dtype.itemsize > SHARED_BYTES:
+            raise TccScheduleError(f"cannot cache {st.buf.name} in shared memory at {loop.var.name}: its tile takes "
+                                   f"{buf.size * buf.dtype.itemsize} bytes, over {SHARED_BYTES}", st.span,
+                                   "cache a smaller tile (at an inner loop)")
+        copy = TileCopy(buf, st.buf, region, slots)
+        if use_async:
+            check_async(copy, what, st.span)
+        copies.append(copy)
+        reads[indices] = (buf.name, copy.read(mod_index(loop.var, 2) if use_async else None))
+    body = retarget(loop.body, st.buf.name, reads)
+    bufs = [c.buf for c in copies]
+    if use_async:
+        return pipelined(loop, body, copies, threads, thread, st.var), bufs
+    before = [c.copy(loop.var, None, None, threads, thread, st.var) for c in copies]
+    return replace(loop, body=_between_barriers(before, body, st)), bufs
 
 
 def _copies_to_shared(s: Stmt, st: _State) -> bool:
@@ -227,41 +323,6 @@ def _copies_to_shared(s: Stmt, st: _State) -> bool:
     return isinstance(s, For) and bool(written) and all(
         name in buffers and buffers[name].scope == "shared" for name in written) and \
         not any(isinstance(t, Barrier) for t in walk_stmts(s))
-
-
-def _warp_loops(loop: For, st: _State, gpu: _Gpu) -> list[For]:
-    """For a shared cache at a loop that the block's threads run together (inside their thread
-    loop): the loops of the warp grid (``bind(L, warp)``), whose every iteration's part the
-    tile holds. Every thread must reach the copy and its barriers: no branch in between."""
-    assert gpu.thread is not None
-    if gpu.guarded:
-        raise TccScheduleError(f"cache({st.buf.name}, {loop.var.name}, shared): loop {loop.var.name} is inside a "
-                               f"branch of thread loop {gpu.thread.var.name}; every thread of the block must run "
-                               "the copy and its barriers", st.span, "cache at a loop outside the branch")
-    lanes = lanes_of(gpu.thread)
-    groups = lanes.groups if lanes is not None else ()
-    return [For(Var(name, I64), Const(extent, I64), Seq(())) for name, extent in groups]
-
-
-def _check_block_tile(used: set[str], warps: list[For], loop: For, st: _State, gpu: _Gpu) -> None:
-    """The tile shared at ``loop`` may vary with the warp grid, not with anything else that differs
-    between threads (a lane, the thread index)."""
-    per_thread = sorted((used & gpu.varying) - {f.var.name for f in warps})
-    if per_thread:
-        raise TccScheduleError(f"cache({st.buf.name}, {loop.var.name}, shared): the tile read inside {loop.var.name} "
-                               f"differs between threads of the block (through {', '.join(per_thread)})", st.span,
-                               "cache a tensor whose tile depends on the block's loops and the warp grid only")
-
-
-def _renamed(copy: Stmt, warps: list[For], st: _State) -> Stmt:
-    """The copy's warp-grid digits under fresh names: the grid's own names are bound around it."""
-    mapping = {f.var.name: Var(fresh(st.func, f"{f.var.name}_c"), I64) for f in warps}
-    if not mapping:
-        return copy
-
-    def node(n: Stmt) -> Stmt | None:
-        return replace(n, var=mapping[n.var.name]) if isinstance(n, Let) and n.var.name in mapping else None
-    return map_stmt(subst(copy, mapping), node)
 
 
 def _shared_threads(loop: For, st: _State, gpu: _Gpu) -> int:

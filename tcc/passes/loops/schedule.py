@@ -49,7 +49,7 @@ USAGE = {
     "unroll": "unroll LOOP [by N]",
     "vectorize": "vectorize LOOP [by N]",
     "parallel": "parallel LOOP",
-    "cache": "cache TENSOR at LOOP [local|global|shared]",
+    "cache": "cache TENSOR at LOOP [local|global|shared [pad] [async]]",
     "compute_at": "compute_at TENSOR at LOOP",
     "inline": "inline TENSOR",
     "decompose": "decompose TENSOR",
@@ -176,9 +176,7 @@ def _parallel(func: LoopFunc, step: Step) -> LoopFunc:
 
 def _cache(func: LoopFunc, step: Step) -> LoopFunc:
     tensor, loop, rest = _at(step)
-    if len(rest) > 1:
-        raise ValueError("one scope at most")
-    return cache(func, tensor, loop, rest[0] if rest else None, step.span)
+    return cache(func, tensor, loop, rest[0] if rest else None, step.span, tuple(rest[1:]))
 
 
 def _compute_at(func: LoopFunc, step: Step) -> LoopFunc:

@@ -264,9 +264,10 @@ def _update(body: Stmt, i: For, j: For, span: Span | None) -> tuple[str, Expr, E
     ij = (i.var, j.var)
     v = body.value if isinstance(body, Store) else None
     if isinstance(body, Store) and body.indices != ij:
-        raise TccScheduleError(f"tensorize: the accumulator {body.buffer} is not indexed [{i.var.name}, {j.var.name}] "
-                               "by the tile's loops", span, f"cache({body.buffer}, LOOP, local) at a loop around "
-                               "the tile nest, so that it becomes the warp's tile in registers")
+        raise TccScheduleError(f"tensorize: the innermost statement is not C[i, j] = C[i, j] + X * Y: the "
+                               f"accumulator {body.buffer} is not indexed [{i.var.name}, {j.var.name}]", span,
+                               f"cache({body.buffer}, LOOP, local) at a loop around the tile nest, so that it "
+                               "becomes the warp's tile in registers")
     if not (isinstance(body, Store) and body.indices == ij and isinstance(v, Binary) and v.op == "add"
             and v.a == Load(body.buffer, ij, F32) and isinstance(v.b, Binary) and v.b.op == "mul"
             and v.dtype == F32):
