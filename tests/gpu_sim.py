@@ -1,12 +1,14 @@
 """A slow CPU simulator of scheduled CUDA loop IR, for checking tensor-core kernels numerically
 on machines without a GPU (CI). It runs what the CUDA C printer prints, statement by statement:
 blocks one after another; the threads of a ``thread.x`` loop as Python generators advanced in
-lockstep to each ``barrier`` and to each warp-wide statement (``ldmatrix``, ``mma.sync``), which
-it then carries out for the 32 lanes of every warp as the PTX manual lays out the fragments;
+lockstep to each ``barrier`` and to each warp-wide statement (``ldmatrix``, ``mma.sync``,
+``wgmma``), which it then carries out for the 32 lanes of every warp (128 of a warpgroup) as the
+PTX manual lays out the fragments (``wgmma`` at once: its fences and waits order nothing here);
 ``cp.async`` copies land when a ``cp.async.wait_group`` lets them, so a missing wait reads stale
 shared memory as a GPU may. Global and shared memory are NumPy arrays; a thread's local buffers
 are its own. Small problems only (a 128 x 128 x 64 GEMM takes seconds). Statements it does not
-know (warpgroup MMA, block-wide all-reductions) raise NotImplementedError.
+know (block-wide all-reductions) raise NotImplementedError. Lockstep is stronger ordering than a
+GPU gives: a barrier missing right before a warp-wide statement goes unnoticed.
 """
 
 from __future__ import annotations
@@ -30,9 +32,12 @@ from tcc.ir.loops import (
     LoopFunc,
     MatrixLoad,
     Mma,
+    ProxyFence,
     Seq,
     Stmt,
     Store,
+    WarpgroupMma,
+    WarpgroupSync,
 )
 
 _NP = {"f16": np.float16, "bf16": np.float32, "f32": np.float32, "f64": np.float64, "i8": np.int8,
@@ -151,8 +156,9 @@ class _Block:
             assert len(kinds) == 1, f"threads diverge at a block-wide point: {kinds}"
             if isinstance(events[0][0], Barrier):  # (copies in flight stay so: the schedule waits first)
                 continue
-            for w in range(0, len(threads), 32):
-                _warp_statement(events[w:w + 32], threads[w:w + 32])
+            size = 128 if isinstance(events[0][0], WarpgroupMma) else 32
+            for w in range(0, len(threads), size):
+                _warp_statement(events[w:w + size], threads[w:w + size])
 
 
 class _Thread:
@@ -194,8 +200,10 @@ class _Thread:
             target = self.locals.get(s.buffer)
             target = self.block.memory[s.buffer] if target is None else target
             target[ev.offset(Load(s.buffer, s.indices, s.value.dtype))] = ev.expr(s.value)
-        elif isinstance(s, (Barrier, MatrixLoad, Mma)):
+        elif isinstance(s, (Barrier, MatrixLoad, Mma, WarpgroupMma)):
             yield (s, ev)
+        elif isinstance(s, (WarpgroupSync, ProxyFence)):
+            pass  # wgmma runs when issued; the async proxy sees what the thread wrote
         elif isinstance(s, AsyncCopy):
             self._async_copy(s, ev)
         elif isinstance(s, AsyncCommit):
@@ -232,6 +240,8 @@ def _warp_statement(events: list, lanes: list[_Thread]) -> None:
     s = events[0][0]
     if isinstance(s, MatrixLoad):
         _ldmatrix(s, events, lanes)
+    elif isinstance(s, WarpgroupMma):
+        _wgmma(s, events, lanes)
     else:
         _mma(s, events, lanes)
 
@@ -308,3 +318,42 @@ def _tf32(x) -> float:
     bits = np.array([x], np.float32).view(np.uint32)
     rounded = ((bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
     return float(rounded[0]) if math.isfinite(float(x)) else float(x)
+
+
+def _wgmma(s: WarpgroupMma, events: list, lanes: list[_Thread]) -> None:
+    """``wgmma.m64nNk``: A (64 x k) and B (k x N) straight from shared memory, named by their first
+    element (logical indices; ``trans``: stored [k][row]); lane ``l`` of warp ``w`` holds rows
+    ``16 w + g``, ``+ 8`` and columns ``8 j + 2 t``, ``+ 1`` of D in registers ``4 j + e``."""
+    m, n, k = s.shape
+    th, ev = lanes[0], events[0][1]
+    memory = th.block.memory
+
+    def tile(ref: Load, rows: int, trans: bool) -> np.ndarray:
+        """The operand's ``rows x k`` tile: element (r, kk)."""
+        buf = th.buffers[ref.buffer]
+        lead = [int(ev.expr(i)) for i in ref.indices[:-2]]
+        first = [int(ev.expr(i)) for i in ref.indices[-2:]]
+        out = np.zeros((rows, k))
+        for r in range(rows):
+            for kk in range(k):
+                at = (first[0] + kk, first[1] + r) if trans else (first[0] + r, first[1] + kk)
+                flat = 0
+                for index, dim in zip([*lead, *at], buf.shape):
+                    flat = flat * dim + index
+                value = memory[ref.buffer][flat]
+                out[r, kk] = _tf32(value) if s.kind == "tf32" else float(value)
+        return out
+    a, b = tile(s.a, m, s.trans_a), tile(s.b, n, s.trans_b)
+    c = np.zeros((m, n))
+    places = []
+    for lane, (th, (_, ev)) in enumerate(zip(lanes, events)):
+        w, g, t = lane // 32, lane % 32 // 4, lane % 4
+        rc, fc = _registers(th, ev, s.acc, n // 2)
+        for j in range(n // 8):
+            for e in range(4):
+                row, col = 16 * w + g + 8 * (e // 2), 8 * j + 2 * t + e % 2
+                c[row, col] = rc[fc + 4 * j + e]
+                places.append((rc, fc + 4 * j + e, row, col))
+    d = (c + a @ b.T).astype(np.float32)
+    for regs, r, row, col in places:
+        regs[r] = d[row, col]

@@ -12,7 +12,7 @@ import pytest
 
 import tcc
 from tcc.errors import TccError, TccScheduleError
-from tcc.ir.loops import Allocate, AsyncCopy, Barrier, For, MatrixLoad, Mma, walk_stmts
+from tcc.ir.loops import Allocate, AsyncCopy, Barrier, For, MatrixLoad, Mma, ProxyFence, WarpgroupMma, walk_stmts
 from tcc.passes.loops.bind_lanes import lanes_of
 from tcc.testing import assert_matches, random_args, reference_results
 
@@ -22,6 +22,12 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SIZES = [dict(M=64, N=64, K=32), dict(M=128, N=192, K=96), dict(M=80, N=128, K=48), dict(M=16, N=64, K=16),
          dict(M=33, N=64, K=32), dict(M=64, N=128, K=40), dict(M=512, N=256, K=1024)]
 HMM = "op hmm(A: f16[M, K], B: f16[K, N]) -> C: f32[M, N] { C[i, j] = sum[k](f32(A[i, k]) * f32(B[k, j])) }"
+HLIN = "op hlin(A: f16[M, K], W: f16[N, K]) -> C: f32[M, N] { C[i, j] = sum[k](f32(A[i, k]) * f32(W[j, k])) }"
+# wgmma on sm_90: two warpgroups, each a 64 x 128 tile, 64 of k a step (one 128-byte swizzle atom)
+WGMMA = ("decompose(C); tile(i, j, 128, 128, io, jo, ii, ji); split(ii, 64, wg, mi); split(k, 64, ko, ki); "
+         "reorder(io, jo, wg, ko, mi, ji, ki); fuse(io, jo, blk); bind(blk, block); cache(C, wg, local); "
+         "bind(wg, warpgroup); cache(A, ko, shared, swizzle, async); cache(B, ko, shared, swizzle, async); "
+         "tensorize(mi, wgmma)")
 STEPS = ("decompose(C); tile(i, j, 64, 64, io, jo, ii, ji); split(ii, 32, wi, mi); split(ji, 32, wj, ni); "
          "split(k, 32, ko, ki); reorder(io, jo, wi, wj, ko, mi, ni, ki); fuse(io, jo, blk); bind(blk, block); "
          "cache(C, wj, local); bind(wi, warp); bind(wj, warp); cache(A, ko, shared); cache(B, ko, shared); ")
@@ -72,6 +78,23 @@ def test_the_example_compiles_through_nvrtc(arch):
     ptx = op.stage_text(SIZES[1], "ptx")
     assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx and "ldmatrix.sync.aligned" in ptx
     assert "ld.local" not in ptx and "st.local" not in ptx
+
+
+def test_a_warpgroup_schedule_reaches_wgmma():
+    """bind(L, warpgroup), swizzled async tiles and tensorize(L, wgmma): sm_90a's matrix units."""
+    from tcc.runtime import cuda as rt
+
+    op = tcc.compile(HMM, target="cuda", arch="sm_90").hmm.schedule(WGMMA)
+    func = op.lowered(dict(M=256, N=128, K=128)).scheduled
+    fast = func.body.stmts[-2]
+    stmts = list(walk_stmts(fast))
+    wgmma = [s for s in stmts if isinstance(s, WarpgroupMma)]
+    assert len(wgmma) == 1 and wgmma[0].shape == (64, 128, 16) and wgmma[0].trans_b  # B is [k][n]
+    assert sum(isinstance(s, ProxyFence) for s in stmts) == 1
+    assert all(s.buffer.swizzle == 128 for s in stmts if isinstance(s, Allocate) and s.buffer.scope == "shared")
+    assert rt._parse(rt.build(func, {"arch": "sm_90"}))[1].startswith(b"\x7fELF")
+    ptx = op.stage_text(dict(M=256, N=128, K=128), "ptx")
+    assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16" in ptx and "ld.local" not in ptx
 
 
 def test_the_example_runs_anywhere_on_the_cpu(rng):
@@ -147,10 +170,13 @@ def test_tails_stay_plain_loops():
 
 
 def test_cache_options_are_checked():
+    with pytest.raises(TccScheduleError, match="pad and swizzle are two layouts"):
+        _hmm(STEPS.replace("cache(A, ko, shared)", "cache(A, ko, shared, pad, swizzle)")).stage_text(
+            dict(M=64, N=64, K=32), "scheduled")
     with pytest.raises(TccScheduleError, match="cache option pad is for shared tiles"):
         _hmm("cache(A, k, local, pad)")
-    with pytest.raises(TccScheduleError, match="unknown cache option 'swizzle'"):
-        _hmm("cache(A, k, shared, swizzle)")
+    with pytest.raises(TccScheduleError, match="unknown cache option 'tma'"):
+        _hmm("cache(A, k, shared, tma)")
     with pytest.raises(TccScheduleError, match="is not inside a thread loop"):
         _hmm("decompose(C); split(k, 16, ko, ki); reorder(i, ko, j, ki); bind(i, block); bind(j, thread); "
              "cache(A, ko, shared, async)").stage_text(dict(M=64, N=64, K=32), "scheduled")
@@ -166,6 +192,14 @@ def _simulated(op, sizes, rng, aligned=True):
     names = [p for p in op.te.params if p in op.te.tensors] + list(op.te.results)
     gpu_sim.run(op.lowered(sizes).scheduled, dict(zip(names, [*args, out])), aligned)
     assert_matches(out, expected[0], op.te.tensors[op.te.results[0]].dtype, op.name)
+
+
+def test_the_simulator_agrees_with_the_h100_on_the_auto_schedulers_wgmma_kernels(rng):
+    """wgmma kernels the auto-scheduler emits for sm_90 (verified on an H100): B read [k][n]
+    (transposed) and [n][k]."""
+    for source in (HMM, HLIN):
+        _simulated(next(iter(tcc.compile(source, target="cuda", arch="sm_90").ops.values())),
+                   dict(M=128, N=128, K=64), rng)
 
 
 @pytest.mark.parametrize("aligned", [True, False], ids=["cp.async", "staged"])
@@ -192,6 +226,12 @@ def test_the_example_matches_the_reference_simulated(sizes, rng):
     _simulated(_example(), sizes, rng)
 
 
+@pytest.mark.parametrize("aligned", [True, False], ids=["cp.async", "plain"])
+def test_the_warpgroup_schedule_simulated(aligned, rng):
+    op = tcc.compile(HMM, target="cuda", arch="sm_90").hmm.schedule(WGMMA)
+    _simulated(op, dict(M=128, N=128, K=128), rng, aligned)
+
+
 def test_the_examples_fallback_and_plain_copies_simulated(rng):
     """The kernel run where a pointer is not 16-byte aligned, and the schedule without pad/async."""
     _simulated(_example(), dict(M=80, N=64, K=48), rng, aligned=False)
@@ -200,15 +240,25 @@ def test_the_examples_fallback_and_plain_copies_simulated(rng):
 
 # ---------------------------------------------------------------- on the GPU
 
+GPU_SIZES = SIZES + [dict(M=256, N=256, K=192, arch="sm_90"), dict(M=1024, N=512, K=512, arch="sm_90")]
+
+
 @pytest.mark.cuda
-@pytest.mark.parametrize("sizes", SIZES, ids=[f"{s['M']}x{s['N']}x{s['K']}" for s in SIZES])
+@pytest.mark.parametrize("sizes", GPU_SIZES, ids=[f"{s['M']}x{s['N']}x{s['K']}{'-wgmma' if 'arch' in s else ''}"
+                                                  for s in GPU_SIZES])
 def test_the_example_matches_the_reference(sizes, rng):
     try:
         if not tcc.cuda.is_available():
             pytest.skip("no CUDA GPU")
     except TccError:
         pytest.skip("no CUDA GPU")
-    op = _example()
+    if "arch" in sizes:
+        from tcc.codegen_cuda import driver
+
+        if driver.device_target(0).arch != sizes["arch"]:
+            pytest.skip("wgmma needs an sm_90 GPU")
+    op = _example() if "arch" not in sizes else tcc.compile(HMM, target="cuda", arch="sm_90").hmm.schedule(WGMMA)
+    sizes = {k: v for k, v in sizes.items() if k != "arch"}
     args = random_args(op.te, sizes, rng)
     expected = reference_results(op.te, args, sizes)
     out = np.full(expected[0].shape, np.nan, np.float32)

@@ -22,7 +22,7 @@ from tcc.passes.loops.schedule import Step
 TARGETS = ("cpu", "cuda")
 CONV_CHOICES = ("im2col", "direct", "auto")
 CACHE_SCOPES = ("local", "global", "shared")
-SHARED_OPTIONS = ("pad", "async")  # of cache(T, L, shared, ...): see tcc/passes/loops/cache_shared.py
+SHARED_OPTIONS = ("pad", "async", "swizzle")  # of cache(T, L, shared, ...): see tcc/passes/loops/cache_shared.py
 
 # primitive -> (usage, allowed argument kinds: N a name, I a positive integer)
 SIGNATURES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -33,7 +33,7 @@ SIGNATURES: dict[str, tuple[str, tuple[str, ...]]] = {
     "unroll": ("unroll(LOOP[, FACTOR])", ("N", "NI")),
     "vectorize": ("vectorize(LOOP[, LANES])", ("N", "NI")),
     "parallel": ("parallel(LOOP)", ("N",)),
-    "cache": ("cache(TENSOR, LOOP[, local|global|shared[, pad][, async]])", ("NN", "NNN", "NNNN", "NNNNN")),
+    "cache": ("cache(TENSOR, LOOP[, local|global|shared[, pad|swizzle][, async]])", ("NN", "NNN", "NNNN", "NNNNN")),
     "pack": ("pack(TENSOR, LOOP): another name of cache(TENSOR, LOOP)", ("NN",)),
     "compute_at": ("compute_at(TENSOR, LOOP)", ("NN",)),
     "inline": ("inline(TENSOR)", ("N",)),

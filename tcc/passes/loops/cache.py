@@ -25,6 +25,7 @@ from tcc.ir.loops import (
     If,
     Let,
     LoopFunc,
+    ProxyFence,
     Seq,
     Stmt,
     Store,
@@ -295,10 +296,13 @@ def _cache_block_tile(loop: For, st: _State, gpu: _Gpu) -> tuple[For, list[Buffe
         tile = {v: e for v, e in tile_variables(loop, chain, warps).items() if v in used}
         region = box(indices, tile, what, st.span)
         shape = list(region.extents)
+        if "pad" in st.options and "swizzle" in st.options:
+            raise TccScheduleError(f"{what}: pad and swizzle are two layouts of one tile", st.span, "choose one")
         if "pad" in st.options and shape:
             shape[-1] += 16 // st.buf.dtype.itemsize
         slots = 2 if use_async else 1
-        buf = Buffer(st.name(), st.buf.dtype, (slots, *shape) if slots > 1 else tuple(shape), "shared")
+        buf = Buffer(st.name(), st.buf.dtype, (slots, *shape) if slots > 1 else tuple(shape), "shared",
+                     128 if "swizzle" in st.options else 0)
         if buf.size * buf.dtype.itemsize > SHARED_BYTES:
             raise TccScheduleError(f"cannot cache {st.buf.name} in shared memory at {loop.var.name}: its tile takes "
                                    f"{buf.size * buf.dtype.itemsize} bytes, over {SHARED_BYTES}", st.span,
@@ -313,6 +317,8 @@ def _cache_block_tile(loop: For, st: _State, gpu: _Gpu) -> tuple[For, list[Buffe
     if use_async:
         return pipelined(loop, body, copies, threads, thread, st.var), bufs
     before = [c.copy(loop.var, None, None, threads, thread, st.var) for c in copies]
+    if any(b.swizzle for b in bufs):  # wgmma reads through the async proxy: fence this thread's stores
+        before.append(ProxyFence())
     return replace(loop, body=_between_barriers(before, body, st)), bufs
 
 

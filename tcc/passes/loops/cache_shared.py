@@ -14,12 +14,16 @@ consecutive elements of ``T``'s last dim; a barrier follows the copy and another
 (before the next copy overwrites the tile).
 
 ``pad`` adds 16 bytes to each row of the tile (``ldmatrix`` then reads eight rows from eight
-different bank groups). ``async`` copies with ``cp.async`` (16 bytes each, straight from global to
-shared memory) into two slots: step ``L = l`` first issues the copies of step ``l + 1`` into the
-other slot, then waits for its own (issued one step before) and computes, so copies overlap
-products. 16-byte copies need 16-byte aligned rows and pointers: the kernel becomes an aligned
-variant (``aligned=True``: the launcher checks every pointer) followed by the same kernel with
-plain copies, which runs when a pointer is not aligned.
+different bank groups); ``swizzle`` lays it out in 128-byte swizzled atoms instead
+(``Buffer.swizzle``: what ``wgmma`` reads through descriptors), and fences the copies for the
+matrix units' (async) view of shared memory before the barrier.
+
+``async`` copies with ``cp.async`` (16 bytes each, straight from global to shared memory) into
+two slots: step ``L = l`` first issues the copies of step ``l + 1`` into the other slot, then
+waits for its own (issued one step before) and computes, so copies overlap products. 16-byte
+copies need 16-byte aligned rows and pointers: the kernel becomes an aligned variant
+(``aligned=True``: the launcher checks every pointer) followed by the same kernel with plain
+copies, which runs when a pointer is not aligned.
 """
 
 from __future__ import annotations
@@ -29,14 +33,27 @@ from dataclasses import dataclass
 from tcc import dtypes
 from tcc.errors import Span, TccScheduleError
 from tcc.ir.expr import Binary, Const, Expr, Load, Var, free_vars, substitute
-from tcc.ir.loops import AsyncCommit, AsyncCopy, AsyncWait, Barrier, Buffer, For, If, Seq, Stmt, Store, seq
+from tcc.ir.loops import (
+    AsyncCommit,
+    AsyncCopy,
+    AsyncWait,
+    Barrier,
+    Buffer,
+    For,
+    If,
+    ProxyFence,
+    Seq,
+    Stmt,
+    Store,
+    seq,
+)
 from tcc.passes.loops.bind import shared_out
 from tcc.passes.loops.loopnest import add_index, const_extent, linear_coeff, mod_index, mul_index, replace_loads
 from tcc.passes.simplify import simplify
 
 I64 = dtypes.i64
 SHARED_BYTES = 48 * 1024  # static shared memory of one CUDA block
-OPTIONS = ("pad", "async")
+OPTIONS = ("pad", "async", "swizzle")
 
 
 @dataclass(frozen=True)
@@ -160,14 +177,18 @@ def pipelined(loop: For, body: Stmt, copies: list[TileCopy], threads: int, threa
         prologue = If(prologue.cond, seq(*first, *prologue.then.stmts))
         assert isinstance(step.then, Seq)
         step = If(step.cond, seq(*ahead, *step.then.stmts), step.otherwise)
-        return For(at, loop.extent, seq(prologue, step, *parts[2:]), loop.kind, loop.annotations, loop.span)
+        rest = parts[2:]
+        if any(c.buf.swizzle for c in copies) and not isinstance(rest[0], ProxyFence):
+            rest = [ProxyFence(), *rest]
+        return For(at, loop.extent, seq(prologue, step, *rest), loop.kind, loop.annotations, loop.span)
     is_first = Binary("eq", at, Const(0, I64), dtypes.boolean)
     more = Binary("lt", nxt, Const(n, I64), dtypes.boolean)
     prologue = If(is_first, seq(*first, AsyncCommit()))
     step = If(more, seq(*ahead, AsyncCommit(), AsyncWait(1)), AsyncWait(0))
     tail = () if isinstance(parts[-1], Barrier) else (Barrier(),)
-    return For(at, loop.extent, seq(prologue, step, Barrier(), *parts, *tail), loop.kind, loop.annotations,
-               loop.span)
+    fence = (ProxyFence(),) if any(c.buf.swizzle for c in copies) else ()
+    return For(at, loop.extent, seq(prologue, step, *fence, Barrier(), *parts, *tail), loop.kind,
+               loop.annotations, loop.span)
 
 
 def _is_prologue(s: Stmt) -> bool:

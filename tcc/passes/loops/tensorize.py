@@ -170,15 +170,17 @@ def tensorize_marked(func: LoopFunc, span: Span | None = None) -> LoopFunc:
             name = f"{base}{n}"
         taken.add(name)
         return Var(name, I64)
-    try:
-        return replace(func, body=tensorize(func.body, fresh))
+    try:  # no pipeline of warpgroup products here: each group is waited for at once
+        return replace(func, body=tensorize(func.body, fresh, wait=True))
     except TccScheduleError as err:
         raise TccScheduleError(err.message, span or err.span, err.hint) from None
 
 
-def tensorize(kernel: Stmt, fresh) -> Stmt:
+def tensorize(kernel: Stmt, fresh, wait: bool = False) -> Stmt:
     """``kernel`` with each nest marked ``tensorize`` on matrix units; ``fresh(base)`` names new
-    variables and buffers (a ``Var``). A bad mark raises a TccScheduleError at the nest."""
+    variables and buffers (a ``Var``). A bad mark raises a TccScheduleError at the nest. Warpgroup
+    products end with their commit, for the caller to wait where its pipeline allows, or, with
+    ``wait``, with a wait for them."""
     plans: dict[str, _Plan] = {}
     for s in walk_stmts(kernel):
         if isinstance(s, For) and _note(s, "tensorize") is not None:
@@ -192,7 +194,7 @@ def tensorize(kernel: Stmt, fresh) -> Stmt:
 
     def rewrite(s: Stmt) -> Stmt | None:
         if isinstance(s, For) and _note(s, "tensorize") is not None:
-            return _products(s, plans[_plan(s).acc], shared, fresh)
+            return _products(s, plans[_plan(s).acc], shared, fresh, wait)
         if isinstance(s, Allocate) and s.buffer.name in plans:
             p = plans[s.buffer.name]
             return replace(s, buffer=Buffer(s.buffer.name, F32, (p.tm // p.rows, p.tn // 8, 4), "local"))
@@ -308,14 +310,15 @@ def _operand(e: Expr, row: Var, other: Var, k: Var, shared: dict[str, Buffer], s
     return _Operand(load, row.name, k.name, coeffs[-1][0] == 1)
 
 
-def _products(nest: For, plan: _Plan, shared: dict[str, Buffer], fresh) -> Stmt:
+def _products(nest: For, plan: _Plan, shared: dict[str, Buffer], fresh, wait: bool = False) -> Stmt:
     """Fragment loads and matrix instructions for the marked nest."""
     i, j, k, body = _three_loops(nest)
     assert isinstance(body, Store) and isinstance(body.value, Binary) and isinstance(body.value.b, Binary)
     x = _operand(body.value.b.a, i.var, j.var, k.var, shared, nest.span)
     y = _operand(body.value.b.b, j.var, i.var, k.var, shared, nest.span)
     if plan.warpgroup:
-        return _warpgroup_products(nest, plan, x, y, shared, fresh)
+        products = _warpgroup_products(nest, plan, x, y, shared, fresh)
+        return seq(products, WarpgroupSync("wait", 0)) if wait else products
     mf, nf, step = plan.tm // 16, plan.tn // 8, _k_step(plan.kind)
     frag = F32 if plan.kind == "tf32" else I32
     a, b = fresh("afrag"), fresh("bfrag")
