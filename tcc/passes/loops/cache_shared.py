@@ -1,5 +1,5 @@
-"""cache(T, L, shared[, pad][, async]) at a loop the block's threads run together (inside their
-thread loop): the block's tile of ``T`` in shared memory, copied by all its threads.
+"""cache(T, L, shared[, pad|swizzle][, async]) at a loop the block's threads run together (inside
+their thread loop): the block's tile of ``T`` in shared memory, copied by all its threads.
 
 Inside the thread loop, what ``L``'s body reads of ``T`` differs between warps (a warp grid's
 ``wi``, ``wj`` from ``bind(L, warp)``); the shared tile must hold every warp's part. So its
