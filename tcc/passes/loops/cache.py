@@ -285,9 +285,13 @@ def _cache_block_tile(loop: For, st: _State, gpu: _Gpu) -> tuple[For, list[Buffe
         raise TccScheduleError(f"cannot cache {st.buf.name} in shared memory at {loop.var.name}: it is written there",
                                st.span, "cache a tensor only read")
     use_async = "async" in st.options and gpu.aligned
+    inside = {t.var.name for t in walk_stmts(loop.body) if isinstance(t, Let)}
     copies, reads = [], {}
     for indices, (chain, _, _) in sites.items():
         used = set().union(*(free_vars(i) for i in indices)) if indices else set()
+        if used & inside:
+            raise TccScheduleError(f"{what}: the read goes through {', '.join(sorted(used & inside))}, computed "
+                                   f"inside {loop.var.name}", st.span, "cache at a loop inside the one that binds it")
         per_thread = sorted((used & gpu.varying) - {name for name, _ in warps})
         if per_thread:
             raise TccScheduleError(f"{what}: the tile read inside {loop.var.name} differs between threads of the "
