@@ -232,7 +232,8 @@ class _Thread:
         self.groups = keep + [self.groups[-1]]
 
 
-def _registers(th: _Thread, ev: _Eval, ref: Load, count: int) -> tuple[np.ndarray, int]:
+def _registers(th: _Thread, ev: _Eval, ref: Load) -> tuple[np.ndarray, int]:
+    """A lane's fragment: its local buffer and the offset of the first register."""
     return th.locals[ref.buffer], ev.offset(ref)
 
 
@@ -259,7 +260,7 @@ def _ldmatrix(s: MatrixLoad, events: list, lanes: list[_Thread]) -> None:
             rows.append(th.block.memory[s.src.buffer][start:start + 8].astype(np.float32))
         tiles.append(np.stack(rows))
     for lane, (th, (_, ev)) in enumerate(zip(lanes, events)):
-        regs, first = _registers(th, ev, s.dst, s.count)
+        regs, first = _registers(th, ev, s.dst)
         g, t = lane // 4, lane % 4
         for q, tile in enumerate(tiles):
             pair = (tile[2 * t, g], tile[2 * t + 1, g]) if s.trans else (tile[g, 2 * t], tile[g, 2 * t + 1])
@@ -288,9 +289,9 @@ def _mma(s: Mma, events: list, lanes: list[_Thread]) -> None:
     a, b, c = np.zeros((m, k)), np.zeros((k, n)), np.zeros((m, n))
     for lane, (th, (_, ev)) in enumerate(zip(lanes, events)):
         g, t = lane // 4, lane % 4
-        ra, fa = _registers(th, ev, s.a, 4)
-        rb, fb = _registers(th, ev, s.b, 2)
-        rc, fc = _registers(th, ev, s.acc, 4)
+        ra, fa = _registers(th, ev, s.a)
+        rb, fb = _registers(th, ev, s.b)
+        rc, fc = _registers(th, ev, s.acc)
         for r in range(4):
             row, col = g + 8 * (r % 2), (2 * t if s.kind != "tf32" else t) + (8 if k == 16 else 4) * (r // 2)
             if s.kind == "tf32":
@@ -308,7 +309,7 @@ def _mma(s: Mma, events: list, lanes: list[_Thread]) -> None:
     d = (c + a @ b).astype(np.float32)
     for lane, (th, (_, ev)) in enumerate(zip(lanes, events)):
         g, t = lane // 4, lane % 4
-        rc, fc = _registers(th, ev, s.acc, 4)
+        rc, fc = _registers(th, ev, s.acc)
         for r in range(4):
             rc[fc + r] = d[g + 8 * (r // 2), 2 * t + r % 2]
 
@@ -348,7 +349,7 @@ def _wgmma(s: WarpgroupMma, events: list, lanes: list[_Thread]) -> None:
     places = []
     for lane, (th, (_, ev)) in enumerate(zip(lanes, events)):
         w, g, t = lane // 32, lane % 32 // 4, lane % 4
-        rc, fc = _registers(th, ev, s.acc, n // 2)
+        rc, fc = _registers(th, ev, s.acc)
         for j in range(n // 8):
             for e in range(4):
                 row, col = 16 * w + g + 8 * (e // 2), 8 * j + 2 * t + e % 2
