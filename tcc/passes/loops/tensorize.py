@@ -303,8 +303,9 @@ def _operand(e: Expr, row: Var, other: Var, k: Var, shared: dict[str, Buffer], s
               for ix in load.indices]
     if len(coeffs) < 2 or any(c[2] != 0 for c in coeffs) or any(
             c != (0, 0, 0) for c in coeffs[:-2]) or {coeffs[-2][:2], coeffs[-1][:2]} != {(1, 0), (0, 1)}:
-        raise _fail(f"{load.buffer} is not indexed [.., {row.name}, k] or [.., k, {row.name}] with unit steps",
-                    span)
+        raise _fail(f"{load.buffer} is not indexed [.., {row.name}, k] or [.., k, {row.name}] with unit steps "
+                    "(the marked loop runs over the rows of the product's first factor, the loop inside it over "
+                    "the second's)", span)
     if buf.shape[-1] * buf.dtype.itemsize % 16:
         raise _fail(f"rows of {load.buffer} are not 16-byte aligned", span)
     return _Operand(load, row.name, k.name, coeffs[-1][0] == 1)
