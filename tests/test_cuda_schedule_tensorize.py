@@ -43,7 +43,7 @@ def _hmm(steps: str):
 
 def test_the_example_reaches_mma_sync_with_user_steps_only():
     func = _example().lowered(dict(M=128, N=128, K=64)).scheduled
-    fast, staged = func.body.stmts[-2:]  # after the auto-scheduled init of C: async copies, and plain ones
+    fast, staged = func.body.stmts  # async copies, and plain ones; C's tiles start at 0 (no init kernel)
     for kernel, copies in ((fast, 4), (staged, 0)):
         assert isinstance(kernel, For) and kernel.kind == "block.x" and kernel.extent.value == 4  # 2 x 2 tiles
         threads = [s for s in walk_stmts(kernel) if isinstance(s, For) and s.kind == "thread.x"]
@@ -169,11 +169,20 @@ def test_tails_stay_plain_loops():
         assert rt._parse(rt.build(func, {"arch": "sm_80"}))[1].startswith(b"\x7fELF")
 
 
+def test_tiles_start_at_the_identity_only_where_each_is_loaded_once():
+    with pytest.raises(TccScheduleError, match="loop ko around the tile does not pick a part of C"):
+        _hmm(STEPS.replace("cache(C, wj, local)", "cache(C, ko, local, init)")).stage_text(
+            dict(M=64, N=64, K=64), "scheduled")
+    with pytest.raises(TccScheduleError, match="C has no init nest") as info:
+        _hmm("bind(i, block); cache(C, j, local, init)").stage_text(dict(M=64, N=64, K=64), "scheduled")
+    assert info.value.hint == "decompose(C) first"
+
+
 def test_cache_options_are_checked():
     with pytest.raises(TccScheduleError, match="pad and swizzle are two layouts"):
         _hmm(STEPS.replace("cache(A, ko, shared)", "cache(A, ko, shared, pad, swizzle)")).stage_text(
             dict(M=64, N=64, K=32), "scheduled")
-    with pytest.raises(TccScheduleError, match="cache option pad is for shared tiles"):
+    with pytest.raises(TccScheduleError, match="cache option pad does not apply to local tiles"):
         _hmm("cache(A, k, local, pad)")
     with pytest.raises(TccScheduleError, match="unknown cache option 'tma'"):
         _hmm("cache(A, k, shared, tma)")

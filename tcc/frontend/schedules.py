@@ -23,6 +23,7 @@ TARGETS = ("cpu", "cuda")
 CONV_CHOICES = ("im2col", "direct", "auto")
 CACHE_SCOPES = ("local", "global", "shared")
 SHARED_OPTIONS = ("pad", "async", "swizzle")  # of cache(T, L, shared, ...): see tcc/passes/loops/cache_shared.py
+LOCAL_OPTIONS = ("init",)  # of cache(T, L, local, ...): see tcc/passes/loops/init_tiles.py
 
 # primitive -> (usage, allowed argument kinds: N a name, I a positive integer)
 SIGNATURES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -33,7 +34,8 @@ SIGNATURES: dict[str, tuple[str, tuple[str, ...]]] = {
     "unroll": ("unroll(LOOP[, FACTOR])", ("N", "NI")),
     "vectorize": ("vectorize(LOOP[, LANES])", ("N", "NI")),
     "parallel": ("parallel(LOOP)", ("N",)),
-    "cache": ("cache(TENSOR, LOOP[, local|global|shared[, pad|swizzle][, async]])", ("NN", "NNN", "NNNN", "NNNNN")),
+    "cache": ("cache(TENSOR, LOOP[, local[, init]|global|shared[, pad|swizzle][, async]])",
+              ("NN", "NNN", "NNNN", "NNNNN")),
     "pack": ("pack(TENSOR, LOOP): another name of cache(TENSOR, LOOP)", ("NN",)),
     "compute_at": ("compute_at(TENSOR, LOOP)", ("NN",)),
     "inline": ("inline(TENSOR)", ("N",)),
@@ -186,10 +188,12 @@ def _cache_step(step: ast.SchedStep, v: list) -> Step:
         raise TccScheduleError(f"unknown buffer scope {v[2]!r}", step.args[2].span,
                                f"write one of: {', '.join(CACHE_SCOPES)}")
     for arg in step.args[3:]:
-        if arg.value not in SHARED_OPTIONS or v[2] != "shared":
-            what = f"unknown cache option {arg.value!r}" if arg.value not in SHARED_OPTIONS else \
-                f"cache option {arg.value} is for shared tiles"
-            raise TccScheduleError(what, arg.span, f"options of cache(T, L, shared, ...): {', '.join(SHARED_OPTIONS)}")
+        allowed = SHARED_OPTIONS if v[2] == "shared" else LOCAL_OPTIONS if v[2] == "local" else ()
+        if arg.value not in allowed:
+            what = f"unknown cache option {arg.value!r}" if arg.value not in SHARED_OPTIONS + LOCAL_OPTIONS else \
+                f"cache option {arg.value} does not apply to {v[2]} tiles"
+            raise TccScheduleError(what, arg.span, f"options: cache(T, L, shared, {'|'.join(SHARED_OPTIONS)}), "
+                                                   f"cache(T, L, local, {'|'.join(LOCAL_OPTIONS)})")
     if len(set(v[3:])) != len(v[3:]):
         raise TccScheduleError("a cache option is given twice", step.span)
     return Step("cache", (v[0], "at", *v[1:]), span=step.span)

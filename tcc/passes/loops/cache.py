@@ -37,6 +37,7 @@ from tcc.ir.loops import (
 from tcc.passes.loops.bind import cooperative, thread_extents, top_level_nests
 from tcc.passes.loops.bind_lanes import lanes_of
 from tcc.passes.loops.cache_shared import OPTIONS, TileCopy, box, check_async, pipelined, retarget, tile_variables
+from tcc.passes.loops.init_tiles import start_at_init
 from tcc.passes.loops.loopnest import (
     const_extent,
     fresh,
@@ -56,14 +57,15 @@ SHARED_BYTES = 48 * 1024  # static shared memory of one CUDA block
 
 def cache(func: LoopFunc, tensor: str, at: str, scope: str | None = None, span: Span | None = None,
           options: tuple[str, ...] = ()) -> LoopFunc:
-    """Cache the tile of ``tensor`` that loop ``at`` reads; ``options`` (``pad``, ``async``) are for
-    shared tiles inside a thread loop (:mod:`tcc.passes.loops.cache_shared`)."""
+    """Cache the tile of ``tensor`` that loop ``at`` reads; ``options``: ``pad``, ``swizzle``,
+    ``async`` for shared tiles inside a thread loop (:mod:`tcc.passes.loops.cache_shared`), ``init``
+    for local tiles of a decomposed reduction (:mod:`tcc.passes.loops.init_tiles`)."""
     require_loop(func, at, span)
     for option in options:
-        if option not in OPTIONS or scope != "shared":
-            raise TccScheduleError(f"unknown cache option {option!r}" if option not in OPTIONS else
-                                   f"cache option {option} is for shared tiles", span,
-                                   f"options of cache(T, L, shared, ...): {', '.join(OPTIONS)}")
+        allowed = OPTIONS if scope == "shared" else ("init",) if scope == "local" else ()
+        if option not in allowed:
+            raise TccScheduleError(f"cache option {option!r} does not apply to {scope or 'default'} tiles", span,
+                                   f"options: shared: {', '.join(OPTIONS)}; local: init")
     if in_vector_loop(func, at):
         raise TccScheduleError(f"loop {at} is (inside) a vector loop: a copy there would run once per lane", span,
                                "cache at a loop outside the vector loop")
@@ -80,7 +82,8 @@ def cache(func: LoopFunc, tensor: str, at: str, scope: str | None = None, span: 
     state = _State(func, buffers[tensor], scope, span, options)
     body = _doubled(func.body, at) if "async" in options else func.body
     body, pending = _rewrite(body, at, state)
-    return replace(func, body=_wrap(body, pending))
+    cached = replace(func, body=_wrap(body, pending))
+    return start_at_init(cached, tensor, set(state.made), span) if "init" in options else cached
 
 
 def _doubled(body: Stmt, at: str) -> Stmt:
@@ -113,6 +116,7 @@ class _State:
         self.options = options
         self.taken = set(func.buffers())
         self.count = 0
+        self.made: list[str] = []  # the buffers this step made
         self.vars: set[str] = set()
 
     def var(self, base: str) -> str:
@@ -130,6 +134,7 @@ class _State:
             name = f"{self.buf.name}_c{self.count}"
             if name not in self.taken:
                 self.taken.add(name)
+                self.made.append(name)
                 return name
 
 

@@ -49,7 +49,7 @@ USAGE = {
     "unroll": "unroll LOOP [by N]",
     "vectorize": "vectorize LOOP [by N]",
     "parallel": "parallel LOOP",
-    "cache": "cache TENSOR at LOOP [local|global|shared [pad|swizzle] [async]]",
+    "cache": "cache TENSOR at LOOP [local [init]|global|shared [pad|swizzle] [async]]",
     "compute_at": "compute_at TENSOR at LOOP",
     "inline": "inline TENSOR",
     "decompose": "decompose TENSOR",
