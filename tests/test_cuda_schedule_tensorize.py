@@ -25,7 +25,7 @@ HMM = "op hmm(A: f16[M, K], B: f16[K, N]) -> C: f32[M, N] { C[i, j] = sum[k](f32
 HLIN = "op hlin(A: f16[M, K], W: f16[N, K]) -> C: f32[M, N] { C[i, j] = sum[k](f32(A[i, k]) * f32(W[j, k])) }"
 # wgmma on sm_90: two warpgroups, each a 64 x 128 tile, 64 of k a step (one 128-byte swizzle atom)
 WGMMA = ("decompose(C); tile(i, j, 128, 128, io, jo, ii, ji); split(ii, 64, wg, mi); split(k, 64, ko, ki); "
-         "reorder(io, jo, wg, ko, mi, ji, ki); fuse(io, jo, blk); bind(blk, block); cache(C, wg, local); "
+         "reorder(io, jo, wg, ko, mi, ji, ki); fuse(io, jo, blk); bind(blk, block); cache(C, wg, local, init); "
          "bind(wg, warpgroup); cache(A, ko, shared, swizzle, async); cache(B, ko, shared, swizzle, async); "
          "tensorize(mi, wgmma)")
 STEPS = ("decompose(C); tile(i, j, 64, 64, io, jo, ii, ji); split(ii, 32, wi, mi); split(ji, 32, wj, ni); "
