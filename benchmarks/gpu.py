@@ -10,6 +10,7 @@ anchor is a device-to-device copy and the ratio compares bytes moved per second.
 
     python benchmarks/gpu.py                 # every row
     python benchmarks/gpu.py -k sum -k GEMM  # rows whose label contains one of the words
+    python benchmarks/gpu.py -k "user schedule"  # the hand-scheduled tensor-core GEMM (matmul_tc.tc)
     python benchmarks/gpu.py --roofline --png roofline.png  # and each against the machine's ceilings
 """
 
@@ -19,6 +20,7 @@ import argparse
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from cuda_kernels import gpu_ms  # this folder's timing helper: CUDA events around queued calls
@@ -27,6 +29,7 @@ import tcc
 from tcc import roofline as tcc_roofline
 from tcc.runtime import cuda as cuda_backend
 
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SOURCE = """
 op gemm(A: f32[M, K], B: f32[K, N]) -> C: f32[M, N] {
     C[i, j] = sum[k](A[i, k] * B[k, j])
@@ -141,6 +144,12 @@ def _rows(lib: tcc.Library, lib_tf32: tcc.Library, only: list[str]) -> list[Row]
         if want(f"bf16 GEMM {n}"):
             a, b = torch.randn(n, n, device=dev).bfloat16(), torch.randn(n, n, device=dev).bfloat16()
             rows.append(Row(f"bf16 GEMM {n} (f32 acc/out)", lambda a=a, b=b: lib.bgemm(a, b),
+                            lambda a=a, b=b: torch.mm(a, b, out_dtype=torch.float32), 2 * n**3, 8 * n**2,
+                            arith="f16"))
+        if want(f"f16 GEMM {n} user schedule"):  # examples/matmul_tc.tc: mma.sync from schedule steps
+            user = tcc.compile(EXAMPLES / "matmul_tc.tc", target="cuda").matmul_tc
+            a, b = torch.randn(n, n, device=dev).half(), torch.randn(n, n, device=dev).half()
+            rows.append(Row(f"f16 GEMM {n} user schedule (matmul_tc.tc)", lambda a=a, b=b, op=user: op(a, b),
                             lambda a=a, b=b: torch.mm(a, b, out_dtype=torch.float32), 2 * n**3, 8 * n**2,
                             arith="f16"))
     conv_flops = 2 * 32 * 64 * 56 * 56 * 64 * 9

@@ -42,6 +42,8 @@ SCHEDULED = [
     # decompose leaves the reduction loops perfectly nested in the output loops: they stay serial
     (MATMUL, "matmul", "decompose(C)", [dict(M=7, K=33, N=5), dict(M=64, K=70, N=64)]),
     (MATMUL, "matmul", "decompose(C); reorder(i, k, j)", [dict(M=7, K=33, N=5)]),
+    # a shared cache inside the thread loop: the block's threads run k together and share each copy
+    (MATMUL, "matmul", "bind(i, block); bind(j, thread); cache(A, k, shared)", [dict(M=7, K=33, N=5)]),
     # local buffers with no parallel loop to stop at float to the function: each goes into its nest
     (MATMUL, "matmul", "cache(A, k); cache(B, k)", [dict(M=7, K=33, N=5), dict(M=64, K=70, N=64)]),
 ]
@@ -100,14 +102,15 @@ def test_shared_caches_are_copied_by_all_threads_between_barriers():
 BAD = [
     (AXPY, "parallel(i)", "parallel is a CPU primitive"),
     (AXPY, "vectorize(i)", "vectorize is a CPU primitive"),
-    (AXPY, "bind(i, warp)", "unknown GPU axis 'warp'"),
+    (AXPY, "bind(i, lane)", "unknown GPU axis 'lane'"),
+    (AXPY, "bind(i, warp)", "more than the 32 warps"),
     (AXPY, "split(i, 64, io, ii); bind(ii, thread)", "not the outermost loop"),
     (AXPY, "split(i, 64, io, ii); bind(ii, block)", "not the outermost loop"),
     (AXPY, "bind(i, thread)", "more than the 1024 threads"),
     (MATMUL, "bind(i, block); bind(k, thread)", "a reduction"),
     (MATMUL, "bind(i, block); bind(j, block)", "also bound to blocks"),
     (MATMUL, "cache(A, k, shared)", "outside any loop bound to blocks"),
-    (MATMUL, "bind(i, block); bind(j, thread); cache(A, k, shared)", "inside a thread loop"),
+    (MATMUL, "bind(i, block); bind(j, thread); cache(B, k, shared)", "differs between threads of the block"),
     (MATMUL, "decompose(C); split(k, 16, ko, ki); reorder(i, ko, j, ki); bind(i, block); bind(j, thread); "
              "cache(C, ko, shared)", "it is written there"),
     (MATMUL, "cache(A, k, global)", "not supported on cuda"),

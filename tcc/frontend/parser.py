@@ -227,6 +227,9 @@ class _ToAst(Transformer):
     def neg_word(self, meta, tok):
         return self._with(ast.Word(-_number(tok).value), meta)
 
+    def dotted_word(self, meta, *parts):  # an instruction name: mma.sync.tf32
+        return self._with(ast.Word(".".join(map(str, parts))), meta)
+
     # -- statements
     def assign(self, meta, name, *rest):
         *indices, value = rest

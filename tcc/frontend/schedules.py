@@ -22,6 +22,8 @@ from tcc.passes.loops.schedule import Step
 TARGETS = ("cpu", "cuda")
 CONV_CHOICES = ("im2col", "direct", "auto")
 CACHE_SCOPES = ("local", "global", "shared")
+SHARED_OPTIONS = ("pad", "async", "swizzle")  # of cache(T, L, shared, ...): see tcc/passes/loops/cache_shared.py
+LOCAL_OPTIONS = ("init",)  # of cache(T, L, local, ...): see tcc/passes/loops/init_tiles.py
 
 # primitive -> (usage, allowed argument kinds: N a name, I a positive integer)
 SIGNATURES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -32,17 +34,21 @@ SIGNATURES: dict[str, tuple[str, tuple[str, ...]]] = {
     "unroll": ("unroll(LOOP[, FACTOR])", ("N", "NI")),
     "vectorize": ("vectorize(LOOP[, LANES])", ("N", "NI")),
     "parallel": ("parallel(LOOP)", ("N",)),
-    "cache": ("cache(TENSOR, LOOP[, local|global|shared])", ("NN", "NNN")),
+    "cache": ("cache(TENSOR, LOOP[, local[, init]|global|shared[, pad|swizzle][, async]])",
+              ("NN", "NNN", "NNNN", "NNNNN")),
     "pack": ("pack(TENSOR, LOOP): another name of cache(TENSOR, LOOP)", ("NN",)),
     "compute_at": ("compute_at(TENSOR, LOOP)", ("NN",)),
     "inline": ("inline(TENSOR)", ("N",)),
     "decompose": ("decompose(TENSOR): split a reduction into init and update nests", ("N",)),
     "conv": ("conv(im2col|direct|auto)", ("N",)),
-    "bind": ("bind(LOOP, block|thread)", ("NN",)),
+    "bind": ("bind(LOOP, block|thread|warp|warpgroup)", ("NN",)),
+    "tensorize": ("tensorize(LOOP, mma.sync|mma.sync.tf32|wgmma|wgmma.tf32)", ("NN",)),
 }
 # what a cuda schedule may say (vectorize and parallel are CPU forms of what bind does there)
 CUDA_PRIMS = frozenset(("split", "tile", "reorder", "fuse", "unroll", "bind", "cache", "compute_at", "inline",
-                        "decompose", "conv"))
+                        "decompose", "conv", "tensorize"))
+GPU_AXES = ("block", "thread", "warp", "warpgroup")
+MATRIX_INSTRUCTIONS = ("mma.sync", "mma.sync.tf32", "wgmma", "wgmma.tf32")
 
 
 @dataclass(frozen=True)
@@ -137,9 +143,15 @@ def _check_target(step: ast.SchedStep, target: str) -> None:
     if target == "cpu" and step.prim == "bind":
         raise TccScheduleError("bind is a GPU primitive; a cpu schedule cannot use it", step.span,
                                "parallel(LOOP) runs a loop's iterations on the CPU's cores")
-    if step.prim == "bind" and step.args[1].value not in ("block", "thread"):
+    if target == "cpu" and step.prim == "tensorize":
+        raise TccScheduleError("tensorize maps a tile onto the GPU's matrix units; a cpu schedule cannot use it",
+                               step.span, "vectorize(LOOP) and unroll(LOOP) build the CPU's register tiles")
+    if step.prim == "bind" and step.args[1].value not in GPU_AXES:
         raise TccScheduleError(f"unknown GPU axis {step.args[1].value!r}", step.args[1].span,
-                               "write bind(LOOP, block) or bind(LOOP, thread)")
+                               f"write bind(LOOP, AXIS) with AXIS one of: {', '.join(GPU_AXES)}")
+    if step.prim == "tensorize" and step.args[1].value not in MATRIX_INSTRUCTIONS:
+        raise TccScheduleError(f"unknown matrix instruction {step.args[1].value!r}", step.args[1].span,
+                               f"write one of: {', '.join(MATRIX_INSTRUCTIONS)}")
 
 
 def _check_arg(step: ast.SchedStep, arg: ast.Word, want: str, usage: str) -> None:
@@ -172,9 +184,18 @@ def _conv_choice(step: ast.SchedStep) -> str:
 
 
 def _cache_step(step: ast.SchedStep, v: list) -> Step:
-    if len(v) == 3 and v[2] not in CACHE_SCOPES:
+    if len(v) >= 3 and v[2] not in CACHE_SCOPES:
         raise TccScheduleError(f"unknown buffer scope {v[2]!r}", step.args[2].span,
                                f"write one of: {', '.join(CACHE_SCOPES)}")
+    for arg in step.args[3:]:
+        allowed = SHARED_OPTIONS if v[2] == "shared" else LOCAL_OPTIONS if v[2] == "local" else ()
+        if arg.value not in allowed:
+            what = f"unknown cache option {arg.value!r}" if arg.value not in SHARED_OPTIONS + LOCAL_OPTIONS else \
+                f"cache option {arg.value} does not apply to {v[2]} tiles"
+            raise TccScheduleError(what, arg.span, f"options: cache(T, L, shared, {'|'.join(SHARED_OPTIONS)}), "
+                                                   f"cache(T, L, local, {'|'.join(LOCAL_OPTIONS)})")
+    if len(set(v[3:])) != len(v[3:]):
+        raise TccScheduleError("a cache option is given twice", step.span)
     return Step("cache", (v[0], "at", *v[1:]), span=step.span)
 
 
@@ -200,4 +221,5 @@ _TO_STEP: dict[str, Callable[[ast.SchedStep, list], Step]] = {
     "inline": _mk(lambda v: ("inline", (v[0],), ())),
     "decompose": _mk(lambda v: ("decompose", (v[0],), ())),
     "bind": _mk(lambda v: ("bind", (v[0], v[1]), ())),
+    "tensorize": _mk(lambda v: ("tensorize", (v[0], v[1]), ())),
 }

@@ -20,6 +20,7 @@ from tcc.ir.loops import LoopFunc, verify_func
 from tcc.ir.te import OpTE, verify_op
 from tcc.passes.loops.hoist_constants import hoist_constants
 from tcc.passes.loops.schedule import Step, apply_schedule, check_gpu_schedule
+from tcc.passes.loops.tensorize import tensorize_marked
 from tcc.passes.te.bounds import check_bounds
 from tcc.passes.te.fusion import group_statements, inline_intermediates
 from tcc.passes.te.im2col import im2col
@@ -109,6 +110,9 @@ def schedule(func: LoopFunc, target: Target, steps: tuple[Step, ...] = (), tunin
 
         if steps:
             check_gpu_schedule(func, scheduled, list(steps))
+        marks = [s for s in steps if s.prim == "tensorize"]
+        if marks:  # the user's marked tiles on matrix units, now that their operands are staged
+            scheduled = trace("tensorize", tensorize_marked(scheduled, marks[0].span))
         scheduled = schedule_cuda(scheduled, target, tuning.cuda or CudaTuning(), trace, tf32)
     elif not steps:
         from tcc.passes.autoschedule_cpu.schedule import autoschedule

@@ -1,4 +1,5 @@
-"""bind: run a loop's iterations on the GPU's blocks or threads (``blockIdx.x`` / ``threadIdx.x``).
+"""bind: run a loop's iterations on the GPU's blocks or threads (``blockIdx.x`` / ``threadIdx.x``),
+or on the warps (warpgroups) of a block (:mod:`tcc.passes.loops.bind_lanes`).
 
 ``bind(io, block)`` makes every iteration of ``io`` one block of a kernel; ``bind(ii, thread)`` one
 thread of its block. The iterations then run at once, so, as for ``parallel``, they must write
@@ -17,29 +18,36 @@ from tcc import dtypes
 from tcc.errors import Span, TccScheduleError
 from tcc.ir.expr import Binary, Const, Expr, Var
 from tcc.ir.loops import Allocate, Barrier, For, If, Let, LoopFunc, Seq, Stmt, Store, walk_stmts
+from tcc.passes.loops.bind_lanes import LANES, bind_lanes
 from tcc.passes.loops.loopnest import const_extent, on_loops, require_loop
 from tcc.passes.loops.parallel import check_parallel
 
-AXES = {"block": "block.x", "thread": "thread.x"}
+AXES = {"block": "block.x", "thread": "thread.x", "warp": "thread.x", "warpgroup": "thread.x"}
 MAX_THREADS = 1024  # threads of one block on every CUDA GPU
 MAX_BLOCKS = 2**31 - 1
 I64 = dtypes.i64
 
 
 def bind(func: LoopFunc, loop: str, axis: str, span: Span | None = None) -> LoopFunc:
-    """Bind every loop named ``loop`` to the GPU axis ``axis`` (``block`` or ``thread``)."""
+    """Bind every loop named ``loop`` to the GPU axis ``axis`` (``block``, ``thread``, ``warp`` or
+    ``warpgroup``)."""
     kind = AXES.get(axis)
     if kind is None:
-        raise TccScheduleError(f"unknown GPU axis {axis!r}", span, "write bind(LOOP, block) or bind(LOOP, thread)")
+        raise TccScheduleError(f"unknown GPU axis {axis!r}", span,
+                               "write bind(LOOP, block), bind(LOOP, thread), bind(LOOP, warp) or "
+                               "bind(LOOP, warpgroup)")
     for found in require_loop(func, loop, span):
         n = const_extent(found, span)
         if found.kind != "serial":
             raise TccScheduleError(f"loop {loop} is already {found.kind}", span)
-        limit = MAX_THREADS if kind == "thread.x" else MAX_BLOCKS
+        limit = MAX_BLOCKS if kind == "block.x" else MAX_THREADS // LANES.get(axis, 1)
         if n > limit:
-            raise TccScheduleError(f"loop {loop} has {n} iterations, more than the {limit} {axis}s CUDA allows",
+            raise TccScheduleError(f"loop {loop} has {n} iterations, more than the {limit} {axis}s CUDA allows"
+                                   + (" in a block" if axis in LANES else ""),
                                    span, f"split {loop} first and bind a part of it")
         check_parallel(func, found, span)
+    if axis in LANES:
+        return bind_lanes(func, loop, axis, span)
     return on_loops(func, loop, lambda s: replace(s, kind=kind))
 
 
@@ -111,13 +119,20 @@ def cooperative(copy: Stmt, threads: int, names: tuple[str, str, str]) -> Stmt:
     ``threads``: its iterations flattened, thread ``t`` running every ``threads``-th one, so
     consecutive threads take consecutive iterations (coalesced where the innermost loop walks the
     source with unit stride). ``names``: fresh names for the thread, step and flat index."""
+    t = Var(names[0], I64)
+    return For(t, Const(threads, I64), shared_out(copy, threads, t, names[1:]), "thread.x")
+
+
+def shared_out(copy: Stmt, threads: int, t: Var, names: tuple[str, str]) -> Stmt:
+    """Thread ``t``'s share of ``copy`` (see :func:`cooperative`), for code that already runs on
+    each of the block's ``threads``. ``names``: fresh names for the step and flat index."""
     loops: list[For] = []
     while isinstance(copy, For):
         loops.append(copy)
         copy = copy.body
     extents = [const_extent(f) for f in loops]
     total = math.prod(extents)
-    t, step, flat = (Var(n, I64) for n in names)
+    step, flat = (Var(n, I64) for n in names)
     body: Stmt = copy
     stride = 1
     for f, n in reversed(list(zip(loops, extents))):
@@ -128,5 +143,4 @@ def cooperative(copy: Stmt, threads: int, names: tuple[str, str, str]) -> Stmt:
     if steps * threads != total:
         body = If(Binary("lt", flat, Const(total, I64), dtypes.boolean), body)
     index = Binary("add", Binary("mul", step, Const(threads, I64), I64), t, I64)
-    body = For(step, Const(steps, I64), Let(flat, index, body), "unroll" if steps <= 8 else "serial")
-    return For(t, Const(threads, I64), body, "thread.x")
+    return For(step, Const(steps, I64), Let(flat, index, body), "unroll" if steps <= 8 else "serial")

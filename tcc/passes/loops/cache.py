@@ -12,7 +12,7 @@ vectorised; large ones on the heap, allocated once per thread outside the loops.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from tcc import dtypes
 from tcc.errors import Span, TccScheduleError
@@ -25,6 +25,7 @@ from tcc.ir.loops import (
     If,
     Let,
     LoopFunc,
+    ProxyFence,
     Seq,
     Stmt,
     Store,
@@ -33,16 +34,38 @@ from tcc.ir.loops import (
     stmt_exprs,
     walk_stmts,
 )
-from tcc.passes.loops.bind import cooperative, thread_extents
-from tcc.passes.loops.loopnest import const_extent, fresh, in_vector_loop, linear_coeff, map_exprs, require_loop
+from tcc.passes.loops.bind import cooperative, thread_extents, top_level_nests
+from tcc.passes.loops.bind_lanes import lanes_of
+from tcc.passes.loops.cache_shared import OPTIONS, TileCopy, box, check_async, pipelined, retarget, tile_variables
+from tcc.passes.loops.init_tiles import start_at_init
+from tcc.passes.loops.loopnest import (
+    const_extent,
+    fresh,
+    in_vector_loop,
+    linear_coeff,
+    loop_names,
+    map_exprs,
+    mod_index,
+    require_loop,
+)
 from tcc.passes.simplify import evaluate_int
 
+I64 = dtypes.i64
 LOCAL_BYTES = 16 * 1024
 SHARED_BYTES = 48 * 1024  # static shared memory of one CUDA block
 
 
-def cache(func: LoopFunc, tensor: str, at: str, scope: str | None = None, span: Span | None = None) -> LoopFunc:
+def cache(func: LoopFunc, tensor: str, at: str, scope: str | None = None, span: Span | None = None,
+          options: tuple[str, ...] = ()) -> LoopFunc:
+    """Cache the tile of ``tensor`` that loop ``at`` reads; ``options``: ``pad``, ``swizzle``,
+    ``async`` for shared tiles inside a thread loop (:mod:`tcc.passes.loops.cache_shared`), ``init``
+    for local tiles of a decomposed reduction (:mod:`tcc.passes.loops.init_tiles`)."""
     require_loop(func, at, span)
+    for option in options:
+        allowed = OPTIONS if scope == "shared" else ("init",) if scope == "local" else ()
+        if option not in allowed:
+            raise TccScheduleError(f"cache option {option!r} does not apply to {scope or 'default'} tiles", span,
+                                   f"options: shared: {', '.join(OPTIONS)}; local: init")
     if in_vector_loop(func, at):
         raise TccScheduleError(f"loop {at} is (inside) a vector loop: a copy there would run once per lane", span,
                                "cache at a loop outside the vector loop")
@@ -56,19 +79,54 @@ def cache(func: LoopFunc, tensor: str, at: str, scope: str | None = None, span: 
                                f"cache it at a loop inside the scope of {tensor}")
     if scope not in (None, "local", "global", "shared"):
         raise TccScheduleError(f"unknown scope {scope!r}", span, "use local, global or (on cuda) shared")
-    state = _State(func, buffers[tensor], scope, span)
-    body, pending = _rewrite(func.body, at, state)
-    return replace(func, body=_wrap(body, pending))
+    state = _State(func, buffers[tensor], scope, span, options)
+    body = _doubled(func.body, at) if "async" in options else func.body
+    body, pending = _rewrite(body, at, state)
+    cached = replace(func, body=_wrap(body, pending))
+    return start_at_init(cached, tensor, set(state.made), span) if "init" in options else cached
+
+
+def _doubled(body: Stmt, at: str) -> Stmt:
+    """Each kernel holding loop ``at`` as a pair: an aligned variant (``aligned=True``, for the
+    async copies) and itself after it, which the launcher runs when a pointer is not aligned.
+    Kernels already paired stay as they are."""
+    if isinstance(body, Allocate):
+        return replace(body, body=_doubled(body.body, at))
+    nests = top_level_nests(body)
+    out: list[Stmt] = []
+    for n, nest in enumerate(nests):
+        paired = _aligned(nest) or (n > 0 and _aligned(nests[n - 1]))
+        if not paired and isinstance(nest, For) and nest.kind == "block.x" and at in loop_names(nest):
+            out.append(replace(nest, annotations=nest.annotations + (("aligned", True),)))
+        out.append(nest)
+    return seq(*out)
+
+
+def _aligned(s: Stmt) -> bool:
+    return isinstance(s, For) and any(k == "aligned" for k, _ in s.annotations)
 
 
 class _State:
-    def __init__(self, func: LoopFunc, buf: Buffer, scope: str | None, span: Span | None):
+    def __init__(self, func: LoopFunc, buf: Buffer, scope: str | None, span: Span | None,
+                 options: tuple[str, ...] = ()):
         self.func = func
         self.buf = buf
         self.scope = scope
         self.span = span
+        self.options = options
         self.taken = set(func.buffers())
         self.count = 0
+        self.made: list[str] = []  # the buffers this step made
+        self.vars: set[str] = set()
+
+    def var(self, base: str) -> str:
+        """A variable name unused in the function and by this step so far."""
+        name, n = fresh(self.func, base), 1
+        while name in self.vars:
+            n += 1
+            name = fresh(self.func, f"{base}_{n}")
+        self.vars.add(name)
+        return name
 
     def name(self) -> str:
         while True:
@@ -76,6 +134,7 @@ class _State:
             name = f"{self.buf.name}_c{self.count}"
             if name not in self.taken:
                 self.taken.add(name)
+                self.made.append(name)
                 return name
 
 
@@ -85,16 +144,44 @@ def _wrap(body: Stmt, bufs: list[Buffer]) -> Stmt:
     return body
 
 
-def _rewrite(s: Stmt, at: str, st: _State, gpu: str = "") -> tuple[Stmt, list[Buffer]]:
+@dataclass(frozen=True)
+class _Gpu:
+    """Where a loop sits on the GPU: its innermost enclosing binding ("block.x", "thread.x" or
+    ""), the enclosing thread loop, the names that differ between its threads (the thread
+    variable and the ``let``s computed from it), and whether a branch lies in between."""
+
+    kind: str = ""
+    thread: For | None = None
+    varying: frozenset[str] = frozenset()
+    guarded: bool = False
+    aligned: bool = False  # in a kernel that runs only with 16-byte aligned pointers
+
+    def enter(self, s: Stmt) -> _Gpu:
+        if isinstance(s, For) and s.kind == "thread.x":
+            return _Gpu("thread.x", s, frozenset((s.var.name,)), aligned=self.aligned)
+        if isinstance(s, For) and s.kind == "block.x":
+            return _Gpu("block.x", aligned=_aligned(s))
+        if self.thread is not None and isinstance(s, Let) and free_vars(s.value) & self.varying:
+            return replace(self, varying=self.varying | {s.var.name})
+        if self.thread is not None and isinstance(s, If):
+            return replace(self, guarded=True)
+        return self
+
+
+def _rewrite(s: Stmt, at: str, st: _State, gpu: _Gpu = _Gpu()) -> tuple[Stmt, list[Buffer]]:
     """Rewrite loops ``at``; buffers float up to the nearest parallel (or GPU block) loop or the
-    function. ``gpu`` is the innermost enclosing GPU binding ("block.x", "thread.x" or "")."""
+    function."""
     if isinstance(s, For) and s.var.name == at:
         new, bufs = _cache_at(s, st, gpu)
         if new.kind in ("parallel", "block.x"):
             return replace(new, body=_wrap(new.body, bufs)), []
+        if gpu.kind:  # in a kernel, a thread's registers live in the loop they serve (its own, if bound later)
+            mine = [b for b in bufs if b.scope == "local"]
+            return replace(new, body=_wrap(new.body, mine)), [b for b in bufs if b not in mine]
         return new, bufs
+    inner = gpu.enter(s)
     if isinstance(s, For):
-        body, bufs = _rewrite(s.body, at, st, s.kind if s.kind in ("block.x", "thread.x") else gpu)
+        body, bufs = _rewrite(s.body, at, st, inner)
         if s.kind in ("parallel", "block.x"):
             return replace(s, body=_wrap(body, bufs)), []
         return replace(s, body=body), bufs
@@ -106,11 +193,11 @@ def _rewrite(s: Stmt, at: str, st: _State, gpu: str = "") -> tuple[Stmt, list[Bu
             bufs += b
         return seq(*parts), bufs
     if isinstance(s, (Allocate, Let)):
-        body, bufs = _rewrite(s.body, at, st, gpu)
+        body, bufs = _rewrite(s.body, at, st, inner)
         return replace(s, body=body), bufs
     if isinstance(s, If):
-        then, b1 = _rewrite(s.then, at, st, gpu)
-        other, b2 = (None, []) if s.otherwise is None else _rewrite(s.otherwise, at, st, gpu)
+        then, b1 = _rewrite(s.then, at, st, inner)
+        other, b2 = (None, []) if s.otherwise is None else _rewrite(s.otherwise, at, st, inner)
         return replace(s, then=then, otherwise=other), b1 + b2
     return s, []
 
@@ -133,7 +220,12 @@ def _loads(e: Expr, name: str) -> list[Load]:
     return [n for n in walk(e) if isinstance(n, Load) and n.buffer == name]
 
 
-def _cache_at(loop: For, st: _State, gpu: str) -> tuple[For, list[Buffer]]:
+def _cache_at(loop: For, st: _State, gpu: _Gpu) -> tuple[For, list[Buffer]]:
+    if st.scope == "shared" and gpu.kind == "thread.x":
+        return _cache_block_tile(loop, st, gpu)
+    if "async" in st.options:
+        raise TccScheduleError(f"cache({st.buf.name}, {loop.var.name}, shared, async): loop {loop.var.name} is not "
+                               "inside a thread loop", st.span, "bind the loops around it to threads or warps first")
     threads = _shared_threads(loop, st, gpu) if st.scope == "shared" else 0
     sites: dict = {}
     _sites(loop.body, st.buf.name, (), sites)
@@ -167,19 +259,93 @@ def _cache_at(loop: For, st: _State, gpu: str) -> tuple[For, list[Buffer]]:
     if threads:  # the block's threads copy together; barriers before the reads and the next copy
         before = [cooperative(c, threads, tuple(fresh(st.func, f"{b.name}_{x}") for x in "tsf"))
                   for c, b in zip(before, bufs)]
-        last = body.stmts[-1] if isinstance(body, Seq) else body
-        return replace(loop, body=seq(*before, Barrier(), body, *(() if isinstance(last, Barrier) else
-                                                                  (Barrier(),)))), bufs
+        return replace(loop, body=_between_barriers(before, body, st)), bufs
     return replace(loop, body=seq(*before, body, *after)), bufs
 
 
-def _shared_threads(loop: For, st: _State, gpu: str) -> int:
+def _between_barriers(copies: list[Stmt], body: Stmt, st: _State) -> Stmt:
+    """The copies, a barrier, ``body`` and a barrier before the next copies (one barrier after
+    several caches' copies; none added where the body already ends with one)."""
+    parts = body.stmts if isinstance(body, Seq) else (body,)
+    first = () if _copies_to_shared(parts[0], st) else (Barrier(),)
+    last = () if isinstance(parts[-1], Barrier) else (Barrier(),)
+    return seq(*copies, *first, body, *last)
+
+
+def _cache_block_tile(loop: For, st: _State, gpu: _Gpu) -> tuple[For, list[Buffer]]:
+    """A shared cache at a loop inside the thread loop: the block's tile, in the box layout of
+    :mod:`tcc.passes.loops.cache_shared`, copied by all threads (double-buffered with async)."""
+    assert gpu.thread is not None
+    what = f"cache({st.buf.name}, {loop.var.name}, shared)"
+    if gpu.guarded:
+        raise TccScheduleError(f"{what}: loop {loop.var.name} is inside a branch of thread loop "
+                               f"{gpu.thread.var.name}; every thread of the block must run the copy and its "
+                               "barriers", st.span, "cache at a loop outside the branch")
+    lanes = lanes_of(gpu.thread)
+    warps = lanes.groups if lanes is not None else ()
+    threads, thread = const_extent(gpu.thread), gpu.thread.var
+    sites: dict = {}
+    _sites(loop.body, st.buf.name, (), sites)
+    if any(stored for _, _, stored in sites.values()):
+        raise TccScheduleError(f"cannot cache {st.buf.name} in shared memory at {loop.var.name}: it is written there",
+                               st.span, "cache a tensor only read")
+    use_async = "async" in st.options and gpu.aligned
+    inside = {t.var.name for t in walk_stmts(loop.body) if isinstance(t, Let)}
+    copies, reads = [], {}
+    for indices, (chain, _, _) in sites.items():
+        used = set().union(*(free_vars(i) for i in indices)) if indices else set()
+        if used & inside:
+            raise TccScheduleError(f"{what}: the read goes through {', '.join(sorted(used & inside))}, computed "
+                                   f"inside {loop.var.name}", st.span, "cache at a loop inside the one that binds it")
+        per_thread = sorted((used & gpu.varying) - {name for name, _ in warps})
+        if per_thread:
+            raise TccScheduleError(f"{what}: the tile read inside {loop.var.name} differs between threads of the "
+                                   f"block (through {', '.join(per_thread)})", st.span,
+                                   "cache a tensor whose tile depends on the block's loops and the warp grid only")
+        tile = {v: e for v, e in tile_variables(loop, chain, warps).items() if v in used}
+        region = box(indices, tile, what, st.span)
+        shape = list(region.extents)
+        if "pad" in st.options and "swizzle" in st.options:
+            raise TccScheduleError(f"{what}: pad and swizzle are two layouts of one tile", st.span, "choose one")
+        if "pad" in st.options and shape:
+            shape[-1] += 16 // st.buf.dtype.itemsize
+        slots = 2 if use_async else 1
+        buf = Buffer(st.name(), st.buf.dtype, (slots, *shape) if slots > 1 else tuple(shape), "shared",
+                     128 if "swizzle" in st.options else 0)
+        if buf.size * buf.dtype.itemsize > SHARED_BYTES:
+            raise TccScheduleError(f"cannot cache {st.buf.name} in shared memory at {loop.var.name}: its tile takes "
+                                   f"{buf.size * buf.dtype.itemsize} bytes, over {SHARED_BYTES}", st.span,
+                                   "cache a smaller tile (at an inner loop)")
+        copy = TileCopy(buf, st.buf, region, slots)
+        if use_async:
+            check_async(copy, what, st.span)
+        copies.append(copy)
+        reads[indices] = (buf.name, copy.read(mod_index(loop.var, 2) if use_async else None))
+    body = retarget(loop.body, st.buf.name, reads)
+    bufs = [c.buf for c in copies]
+    if use_async:
+        return pipelined(loop, body, copies, threads, thread, st.var), bufs
+    before = [c.copy(loop.var, None, None, threads, thread, st.var) for c in copies]
+    if any(b.swizzle for b in bufs):  # wgmma reads through the async proxy: fence this thread's stores
+        before.append(ProxyFence())
+    return replace(loop, body=_between_barriers(before, body, st)), bufs
+
+
+def _copies_to_shared(s: Stmt, st: _State) -> bool:
+    """Whether ``s`` is an earlier shared cache's copy (which a barrier follows)."""
+    buffers = st.func.buffers()
+    written = {t.buffer for t in walk_stmts(s) if isinstance(t, Store)}
+    return isinstance(s, For) and bool(written) and all(
+        name in buffers and buffers[name].scope == "shared" for name in written) and \
+        not any(isinstance(t, Barrier) for t in walk_stmts(s))
+
+
+def _shared_threads(loop: For, st: _State, gpu: _Gpu) -> int:
     """The thread count of the block that shares a ``shared`` cache at ``loop`` (checked)."""
-    if gpu != "block.x":
-        where = "inside a thread loop" if gpu == "thread.x" else "outside any loop bound to blocks"
-        raise TccScheduleError(f"cache({st.buf.name}, {loop.var.name}, shared): loop {loop.var.name} is {where}",
-                               st.span, "bind the kernel's loops first, then cache at a loop between the "
-                                        "block loop and the thread loop")
+    if gpu.kind != "block.x":
+        raise TccScheduleError(f"cache({st.buf.name}, {loop.var.name}, shared): loop {loop.var.name} is outside "
+                               "any loop bound to blocks", st.span,
+                               "bind the kernel's loops first, then cache at a loop inside the block loop")
     extents = thread_extents(loop.body)
     if len(extents) != 1:
         raise TccScheduleError(f"cache({st.buf.name}, {loop.var.name}, shared): loop {loop.var.name} must enclose "

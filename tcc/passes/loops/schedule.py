@@ -23,6 +23,7 @@ from tcc.passes.loops.parallel import parallel
 from tcc.passes.loops.reduction import decompose_reduction
 from tcc.passes.loops.reorder import reorder
 from tcc.passes.loops.split import split
+from tcc.passes.loops.tensorize import mark as mark_tensorize
 from tcc.passes.loops.unroll import unroll
 from tcc.passes.loops.vectorize import vectorize
 from tcc.passes.trace import SILENT, Trace
@@ -48,11 +49,12 @@ USAGE = {
     "unroll": "unroll LOOP [by N]",
     "vectorize": "vectorize LOOP [by N]",
     "parallel": "parallel LOOP",
-    "cache": "cache TENSOR at LOOP [local|global|shared]",
+    "cache": "cache TENSOR at LOOP [local [init]|global|shared [pad|swizzle] [async]]",
     "compute_at": "compute_at TENSOR at LOOP",
     "inline": "inline TENSOR",
     "decompose": "decompose TENSOR",
-    "bind": "bind LOOP block|thread",
+    "bind": "bind LOOP block|thread|warp|warpgroup",
+    "tensorize": "tensorize LOOP mma.sync|mma.sync.tf32|wgmma|wgmma.tf32",
 }
 
 
@@ -174,9 +176,7 @@ def _parallel(func: LoopFunc, step: Step) -> LoopFunc:
 
 def _cache(func: LoopFunc, step: Step) -> LoopFunc:
     tensor, loop, rest = _at(step)
-    if len(rest) > 1:
-        raise ValueError("one scope at most")
-    return cache(func, tensor, loop, rest[0] if rest else None, step.span)
+    return cache(func, tensor, loop, rest[0] if rest else None, step.span, tuple(rest[1:]))
 
 
 def _compute_at(func: LoopFunc, step: Step) -> LoopFunc:
@@ -199,6 +199,11 @@ def _decompose(func: LoopFunc, step: Step) -> LoopFunc:
 def _bind(func: LoopFunc, step: Step) -> LoopFunc:
     loop, axis = (str(w) for w in step.words)
     return bind(func, loop, axis, step.span)
+
+
+def _tensorize(func: LoopFunc, step: Step) -> LoopFunc:
+    loop, what = (str(w) for w in step.words)
+    return mark_tensorize(func, loop, what, step.span)
 
 
 def check_gpu_schedule(before: LoopFunc, func: LoopFunc, steps: list[Step]) -> None:
@@ -233,4 +238,4 @@ def contract(func: LoopFunc) -> LoopFunc:
 
 _HANDLERS = {"split": _split, "tile": _tile, "reorder": _reorder, "fuse": _fuse, "unroll": _unroll,
              "vectorize": _vectorize, "parallel": _parallel, "cache": _cache, "compute_at": _compute_at,
-             "inline": _inline, "decompose": _decompose, "bind": _bind}
+             "inline": _inline, "decompose": _decompose, "bind": _bind, "tensorize": _tensorize}

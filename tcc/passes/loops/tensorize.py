@@ -41,6 +41,7 @@ from tcc.ir.loops import (
     Buffer,
     For,
     Let,
+    LoopFunc,
     MatrixLoad,
     Mma,
     Stmt,
@@ -52,7 +53,18 @@ from tcc.ir.loops import (
     stmt_exprs,
     walk_stmts,
 )
-from tcc.passes.loops.loopnest import add_index, div_index, linear_coeff, map_exprs, mod_index, mul_index
+from tcc.passes.loops.bind_lanes import LANES, Lanes, lanes_of
+from tcc.passes.loops.loopnest import (
+    add_index,
+    div_index,
+    linear_coeff,
+    map_exprs,
+    mod_index,
+    mul_index,
+    nest_loops,
+    on_loops,
+    require_loop,
+)
 
 I64 = dtypes.i64
 I32 = dtypes.i32
@@ -94,9 +106,81 @@ class _Plan:
         return 64 if self.warpgroup else 16
 
 
-def tensorize(kernel: Stmt, fresh) -> Stmt:
+def mark(func: LoopFunc, loop: str, what: str, span: Span | None = None) -> LoopFunc:
+    """The schedule step ``tensorize(LOOP, WHAT)``: mark each loop named ``loop`` that heads an
+    ``i, j, k`` tile nest (copies that ``cache`` made under the same name are left alone) inside
+    a loop bound to warps (warpgroups for wgmma) for the rewrite that :func:`tensorize_marked`
+    runs once every step has, so later steps may still stage its operands. The nest's shape is
+    checked here, its operands' memory at the rewrite."""
+    if what not in INSTRUCTIONS:
+        raise _fail(f"unknown instruction {what!r} (known: {', '.join(INSTRUCTIONS)})", span)
+    require_loop(func, loop, span)
+    axis = "warpgroup" if what.startswith("wgmma") else "warp"
+    found: list[Lanes | None] = []
+    _enclosing_lanes(func.body, loop, None, found)
+    lanes_at = iter(found)
+    errors: list[tuple[bool, TccScheduleError]] = []
+
+    def marked(f: For) -> For:
+        lanes = next(lanes_at)
+        nest = len(nest_loops(f)[0]) >= 3
+        if nest and (lanes is None or lanes.size != LANES[axis]):
+            where = "not inside a loop bound to warps or warpgroups" if lanes is None else \
+                f"inside a loop bound to {'warps' if lanes.size == 32 else 'warpgroups'}"
+            raise TccScheduleError(f"tensorize({loop}, {what}): loop {loop} is {where}", span,
+                                   f"{what} runs on one {axis}: bind the loop over the block's {axis}s with "
+                                   f"bind(LOOP, {axis}) around the tile nest")
+        out = replace(f, annotations=f.annotations + (("tensorize", what), ("lane", lanes.lane if lanes else None)))
+        try:
+            _plan(out)
+        except TccScheduleError as err:
+            errors.append((nest, err))
+            return f
+        return out
+    out = on_loops(func, loop, marked)
+    if len(errors) == len(found):
+        err = next((e for nest, e in errors if nest), errors[0][1])
+        raise TccScheduleError(err.message, span, err.hint)
+    return out
+
+
+def _enclosing_lanes(s: Stmt, loop: str, lanes: Lanes | None, out: list[Lanes | None]) -> None:
+    """The warp grid (or None) around each loop named ``loop``, in the order they appear."""
+    if isinstance(s, For) and s.var.name == loop:
+        out.append(lanes)
+        return
+    if isinstance(s, For) and s.kind == "thread.x":
+        lanes = lanes_of(s)
+    for c in s.children():
+        _enclosing_lanes(c, loop, lanes, out)
+
+
+def tensorize_marked(func: LoopFunc, span: Span | None = None) -> LoopFunc:
+    """``func`` with every nest a ``tensorize`` step marked on matrix units (a bad one raises at
+    ``span``, the step's)."""
+    taken = {p.name for p in func.params} | set(func.buffers())
+    for s in walk_stmts(func.body):
+        if isinstance(s, (For, Let)):
+            taken.add(s.var.name)
+
+    def fresh(base: str) -> Var:
+        name, n = base, 1
+        while name in taken:
+            n += 1
+            name = f"{base}{n}"
+        taken.add(name)
+        return Var(name, I64)
+    try:  # no pipeline of warpgroup products here: each group is waited for at once
+        return replace(func, body=tensorize(func.body, fresh, wait=True))
+    except TccScheduleError as err:
+        raise TccScheduleError(err.message, span or err.span, err.hint) from None
+
+
+def tensorize(kernel: Stmt, fresh, wait: bool = False) -> Stmt:
     """``kernel`` with each nest marked ``tensorize`` on matrix units; ``fresh(base)`` names new
-    variables and buffers (a ``Var``). A bad mark raises a TccScheduleError at the nest."""
+    variables and buffers (a ``Var``). A bad mark raises a TccScheduleError at the nest. Warpgroup
+    products end with their commit, for the caller to wait where its pipeline allows, or, with
+    ``wait``, with a wait for them."""
     plans: dict[str, _Plan] = {}
     for s in walk_stmts(kernel):
         if isinstance(s, For) and _note(s, "tensorize") is not None:
@@ -110,7 +194,7 @@ def tensorize(kernel: Stmt, fresh) -> Stmt:
 
     def rewrite(s: Stmt) -> Stmt | None:
         if isinstance(s, For) and _note(s, "tensorize") is not None:
-            return _products(s, plans[_plan(s).acc], shared, fresh)
+            return _products(s, plans[_plan(s).acc], shared, fresh, wait)
         if isinstance(s, Allocate) and s.buffer.name in plans:
             p = plans[s.buffer.name]
             return replace(s, buffer=Buffer(s.buffer.name, F32, (p.tm // p.rows, p.tn // 8, 4), "local"))
@@ -181,6 +265,11 @@ def _update(body: Stmt, i: For, j: For, span: Span | None) -> tuple[str, Expr, E
     """(accumulator, X operand, Y operand) of ``C[i, j] = C[i, j] + X * Y``."""
     ij = (i.var, j.var)
     v = body.value if isinstance(body, Store) else None
+    if isinstance(body, Store) and body.indices != ij:
+        raise TccScheduleError(f"tensorize: the innermost statement is not C[i, j] = C[i, j] + X * Y: the "
+                               f"accumulator {body.buffer} is not indexed [{i.var.name}, {j.var.name}]", span,
+                               f"cache({body.buffer}, LOOP, local) at a loop around the tile nest, so that it "
+                               "becomes the warp's tile in registers")
     if not (isinstance(body, Store) and body.indices == ij and isinstance(v, Binary) and v.op == "add"
             and v.a == Load(body.buffer, ij, F32) and isinstance(v.b, Binary) and v.b.op == "mul"
             and v.dtype == F32):
@@ -214,21 +303,23 @@ def _operand(e: Expr, row: Var, other: Var, k: Var, shared: dict[str, Buffer], s
               for ix in load.indices]
     if len(coeffs) < 2 or any(c[2] != 0 for c in coeffs) or any(
             c != (0, 0, 0) for c in coeffs[:-2]) or {coeffs[-2][:2], coeffs[-1][:2]} != {(1, 0), (0, 1)}:
-        raise _fail(f"{load.buffer} is not indexed [.., {row.name}, k] or [.., k, {row.name}] with unit steps",
-                    span)
+        raise _fail(f"{load.buffer} is not indexed [.., {row.name}, k] or [.., k, {row.name}] with unit steps "
+                    "(the marked loop runs over the rows of the product's first factor, the loop inside it over "
+                    "the second's)", span)
     if buf.shape[-1] * buf.dtype.itemsize % 16:
         raise _fail(f"rows of {load.buffer} are not 16-byte aligned", span)
     return _Operand(load, row.name, k.name, coeffs[-1][0] == 1)
 
 
-def _products(nest: For, plan: _Plan, shared: dict[str, Buffer], fresh) -> Stmt:
+def _products(nest: For, plan: _Plan, shared: dict[str, Buffer], fresh, wait: bool = False) -> Stmt:
     """Fragment loads and matrix instructions for the marked nest."""
     i, j, k, body = _three_loops(nest)
     assert isinstance(body, Store) and isinstance(body.value, Binary) and isinstance(body.value.b, Binary)
     x = _operand(body.value.b.a, i.var, j.var, k.var, shared, nest.span)
     y = _operand(body.value.b.b, j.var, i.var, k.var, shared, nest.span)
     if plan.warpgroup:
-        return _warpgroup_products(nest, plan, x, y, shared, fresh)
+        products = _warpgroup_products(nest, plan, x, y, shared, fresh)
+        return seq(products, WarpgroupSync("wait", 0)) if wait else products
     mf, nf, step = plan.tm // 16, plan.tn // 8, _k_step(plan.kind)
     frag = F32 if plan.kind == "tf32" else I32
     a, b = fresh("afrag"), fresh("bfrag")
