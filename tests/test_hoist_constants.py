@@ -15,6 +15,7 @@ from tcc.ir.expr import Binary, Const, Load, Var
 from tcc.ir.loops import Allocate, Buffer, For, LoopFunc, Seq, Store, walk_stmts
 from tcc.passes.loops.hoist_constants import hoist_constants
 from tcc.passes.loops.loopnest import loads
+from tcc.passes.te.fusion import GEMM_MIN_FLOPS
 from tcc.testing import assert_matches, random_args, reference_results
 
 CONV = """
@@ -81,6 +82,34 @@ def test_constant_operands_of_matrix_products(rng, m, k, n):
     _run(lib.linear, args)
     args = random_args(lib.left.te, {"M": n, "K": k, "N": m}, rng)
     _run(lib.left, args)
+
+
+CLASSIFIER = """
+op classifier(X: f32[1, K, 1, 1], Wt: f32[N, K], b: f32[N]) -> Y: f32[1, N] {
+    Y[i, j] = sum[k](X[0, k, 0, 0] * Wt[j, k]) + b[j]
+}
+op matvec(x: f32[K], Wt: f32[N, K]) -> Y: f32[1, N] {
+    Y[i, j] = sum[k](x[k] * Wt[j, k])
+}
+op activated(X: f32[1, K], Wt: f32[N, K], b: f32[N]) -> Y: f32[1, N] {
+    T: f32[1, N]
+    T[i, j] = sum[k](X[0, k] * Wt[j, k]) + b[j]
+    Y[i, j] = T[i, j] * tanh(T[i, j]) + exp(-T[i, j])
+}
+"""
+
+
+@pytest.mark.parametrize("k, n", [(1, 7), (33, 7), (512, 1000), (513, 33), (64, 1025)])
+def test_a_single_row_is_a_matrix_product_with_packed_weights(rng, k, n):
+    """A classifier at batch 1 reads a row that its result's unit row axis does not index (ONNX
+    writes ``t[0, k, 0, 0]``): the GEMM schedule takes it as a product of one row, so its weights
+    are packed once into panels read a vector at a time (not gathered a lane at a time), also
+    where fusion groups it with an epilogue it does not inline (``activated``)."""
+    lib = tcc.compile(CLASSIFIER, constant_params=["Wt", "b"])
+    for op in (lib.classifier, lib.matvec, lib.activated):
+        args = random_args(op.te, {"K": k, "N": n}, rng)
+        _run(op, args)
+        assert (_prepared(op, args) is not None) == (2 * k * n >= GEMM_MIN_FLOPS), "the weights were not packed"
 
 
 def test_prepared_buffers_go_with_their_arrays(rng):

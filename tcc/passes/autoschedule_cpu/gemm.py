@@ -171,8 +171,9 @@ def _contraction(nest: Stmt) -> dict | None:
         return None
     a_vars = set().union(*(free_vars(x) for x in a.indices))
     b_vars = set().union(*(free_vars(x) for x in b.indices))
-    i_axes = [f for f in axes[:-1] if f.var.name in a_vars and f.var.name not in b_vars]
-    if not i_axes:
+    i_axes = [f for f in axes[:-1] if f.var.name in a_vars and f.var.name not in b_vars] \
+        or [f for f in axes[:-1] if int(getattr(f.extent, "value", 0)) == 1 and f.var.name not in b_vars]
+    if not i_axes:  # (a unit row loop that A does not index, a classifier at batch 1: a GEMM of one row)
         return None
     ext = {f.var.name: int(f.extent.value) for f in axes + rloops}  # type: ignore[attr-defined]
     k = 1

@@ -273,7 +273,7 @@ def gemm_batch_depth(c: Compute) -> int:
     the GEMM twice (so it is not inlined), and grouping the two at ``t, j`` ran the GEMM element
     by element, 4x slower than tiled. The same analysis as ``autoschedule._contraction``: ``j``
     is the last loop, ``B`` the operand whose last index moves with it, ``i`` a loop that only
-    ``A`` reads."""
+    ``A`` reads (or a unit loop that ``B`` does not read)."""
     sums = [n for n in walk(c.body) if isinstance(n, Reduce)]
     if not c.axes or len(sums) != 1 or sums[0].op != "sum" or not isinstance(sums[0].body, Binary) \
             or sums[0].body.op != "mul":
@@ -288,7 +288,9 @@ def gemm_batch_depth(c: Compute) -> int:
         return len(c.axes)
     a_vars = set().union(*(_vars(x) for x in a.indices))
     b_vars = set().union(*(_vars(x) for x in b.indices))
-    rows = [i for i, ax in enumerate(c.axes[:-1]) if ax.var.name in a_vars and ax.var.name not in b_vars]
+    rows = [i for i, ax in enumerate(c.axes[:-1]) if ax.var.name in a_vars and ax.var.name not in b_vars] \
+        or [i for i, ax in enumerate(c.axes[:-1]) if getattr(ax.extent, "value", None) == 1
+            and ax.var.name not in b_vars]  # (one row that A does not index: a classifier at batch 1)
     extents = [getattr(ax.extent, "value", None) for ax in (*c.axes, *sums[0].axes)]
     if not rows or not all(isinstance(e, int) for e in extents) \
             or 2 * math.prod(extents) < GEMM_MIN_FLOPS:  # type: ignore[arg-type]
