@@ -5,6 +5,8 @@
   split over its cores.
 * Row-wise chains (softmax, layernorm) are fused into one loop per row (compute_at), so the
   intermediates fold into per-thread rows; the rows run in parallel.
+* Window reductions over a padded tensor (pooling) run their interior without bound checks;
+  only the border rows and columns keep them (:mod:`.borders`).
 * Every other loop nest gets its unit-stride innermost loop vectorised (reductions with vector
   partial sums) and its outermost loop parallelised when there is enough work.
 * Large results the kernel only writes are marked for non-temporal stores (:mod:`.streaming`).
@@ -19,6 +21,7 @@ from dataclasses import replace
 from tcc.errors import TccScheduleError
 from tcc.ir.expr import Select, walk
 from tcc.ir.loops import For, LoopFunc, Stmt, Store, map_stmt, stmt_exprs, walk_stmts
+from tcc.passes.autoschedule_cpu.borders import peel_borders
 from tcc.passes.autoschedule_cpu.gemm import (
     PARALLEL_MIN_WORK,
     contractions,
@@ -54,6 +57,7 @@ def autoschedule(func: LoopFunc, target: CpuTarget, params: dict[str, dict[str, 
     func = trace("gather into packs", gather_into_packs(func))
     func = fuse_rows(func, trace)
     func = trace("unflatten gathers", unflatten_gathers(func))
+    func = trace("peel borders", peel_borders(func))
     func = vectorize_and_parallelize(func, target, trace)
     return trace("streaming stores", stream_results(func, target))
 
