@@ -3,6 +3,7 @@ row and a column, short floor division by constants (im2col's index arithmetic),
 left only the innermost loops, and deep-stack threads kept between compiles."""
 
 import multiprocessing
+import operator
 import os
 import re
 import subprocess
@@ -34,7 +35,9 @@ def _evaluate(e: Expr, env: dict[str, int]) -> int:
     if isinstance(e, Var):
         return env[e.name]
     a, b = _evaluate(e.a, env), _evaluate(e.b, env)
-    return {"add": a + b, "sub": a - b, "mul": a * b, "floordiv": a // b, "mod": a % b}[e.op]
+    operators = {"add": operator.add, "sub": operator.sub, "mul": operator.mul,
+                 "floordiv": operator.floordiv, "mod": operator.mod}
+    return operators[e.op](a, b)  # only the one operator: a zero operand of an add must not divide
 
 
 def _row_major(indices: tuple[int, ...], shape: tuple[int, ...]) -> int:
