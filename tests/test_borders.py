@@ -23,6 +23,10 @@ op lopsided(X: f32[N, C, H, W]) -> Y: f32[N, C, H + 2, (W - 1) // 2] {
     Xp = pad(X, [0, 0, 0, 2], [0, 0, 4, 0], value=0.5)
     Y[n, c, y, x] = max[r: 3, s: 3](Xp[n, c, y + r, x*2 + s*2]) + max(Xp[n, c, y, x*2], 0.0)
 }
+op skewed(X: f32[H, V]) -> Y: f32[H, V - H + 1] {
+    Xp = pad(X, [1, 1], [1, 2], value=(-1e400))
+    Y[y, x] = max[r: 3](Xp[y + r, x - y + r + H])
+}
 """
 
 
@@ -32,9 +36,11 @@ op lopsided(X: f32[N, C, H, W]) -> Y: f32[N, C, H + 2, (W - 1) // 2] {
     ("max_pool", 1, 5, 2, 2, 2, 1),  # every window reaches the padding: no interior
     ("avg_pool", 1, 7, 33, 33, 1, 1), ("avg_pool", 3, 2, 9, 64, 2, 1), ("avg_pool", 1, 1, 5, 1, 1, 1),
     ("lopsided", 1, 3, 17, 33, 1, 0), ("lopsided", 2, 1, 1, 7, 1, 0), ("lopsided", 1, 2, 40, 70, 1, 0),
+    ("skewed", 1, 1, 9, 17, 1, 0), ("skewed", 1, 1, 40, 33, 1, 0),  # column checks on x - y: rows peeled first
 ])
 def test_pools_match_the_reference(rng, name, n, c, h, w, s, p):
-    bindings = {"N": n, "C": c, "H": h, "W": w} | ({"S": s, "P": p} if name != "lopsided" else {})
+    bindings = {"H": h, "V": w + h} if name == "skewed" else {"N": n, "C": c, "H": h, "W": w} \
+        | ({"S": s, "P": p} if name != "lopsided" else {})
     check_op(POOLS, name, bindings, rng)
 
 

@@ -90,7 +90,7 @@ def _peel(f: For, ranges: dict[str, Interval]) -> Stmt:
     interior = _drop(f.body, set(held))
     interior = subst(interior, {v: iadd(Var(v, f.var.dtype), lo)}) if lo else interior
     interior = _unclamp(interior, {**ranges, **_loop_ranges(interior), v: (0, hi - lo - 1)})
-    interior = _descend(interior, {**ranges, v: (lo, hi - 1)})
+    interior = _descend(interior, {**ranges, v: (0, hi - lo - 1)})  # (``v`` now counts from ``lo``)
     interior = _unroll_windows(interior, {n for t in held for n in free_vars(t)} - {v})
     parts = [replace(f, extent=Const(lo, f.extent.dtype))] if lo else []
     parts.append(replace(f, extent=Const(hi - lo, f.extent.dtype), body=interior))
