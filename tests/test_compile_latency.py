@@ -3,6 +3,7 @@ row and a column, short floor division by constants (im2col's index arithmetic),
 left only the innermost loops, and deep-stack threads kept between compiles."""
 
 import multiprocessing
+import operator
 import os
 import re
 import subprocess
@@ -17,7 +18,7 @@ import tcc
 from tcc import dtypes
 from tcc.codegen_cpu.llvm_loops import _holds_loop, _runs_once
 from tcc.ir.expr import Binary, Const, Expr, Var
-from tcc.ir.loops import For, walk_stmts
+from tcc.ir.loops import Allocate, Buffer, For, If, Let, Seq, Store, map_stmt, walk_stmts
 from tcc.passes.loops.loopnest import flat_terms
 from tcc.stack import MAX_IDLE, deep
 
@@ -28,13 +29,17 @@ def _c(v: int) -> Const:
     return Const(v, I64)
 
 
+_OPS = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "floordiv": operator.floordiv,
+        "mod": operator.mod}
+
+
 def _evaluate(e: Expr, env: dict[str, int]) -> int:
     if isinstance(e, Const):
         return int(e.value)
     if isinstance(e, Var):
         return env[e.name]
     a, b = _evaluate(e.a, env), _evaluate(e.b, env)
-    return {"add": a + b, "sub": a - b, "mul": a * b, "floordiv": a // b, "mod": a % b}[e.op]
+    return _OPS[e.op](a, b)  # only this node's operation: a // b of an "add" node's b == 0 raised
 
 
 def _row_major(indices: tuple[int, ...], shape: tuple[int, ...]) -> int:
@@ -131,6 +136,28 @@ def test_llvm_unrolls_only_innermost_loops():
     disabled = _unroll_disabled(text)
     assert outer and {n.split(".")[0] for n, off in disabled.items() if off} == outer
     assert inner and {n.split(".")[0] for n, off in disabled.items() if not off} == inner
+
+
+def _nest() -> Seq:
+    """A loop body with every kind of node map_stmt descends into."""
+    i, j = Var("i"), Var("j")
+    store = Store("A", (i,), Binary("add", i, j, I64))
+    inner = Let(j, _c(3), Seq((store, If(Binary("lt", i, _c(2), dtypes.boolean), Store("B", (j,), j), store))))
+    return Seq((For(i, _c(7), inner), Allocate(Buffer("T", I64, (7,)), For(i, _c(7), Store("B", (j,), j)))))
+
+
+def test_map_stmt_keeps_what_it_does_not_change():
+    """A schedule maps a whole function to change one nest: untouched statements are kept as they
+    are (not copied), changed ones rebuilt up to the root, and the result equals a full rebuild."""
+    body = _nest()
+    assert map_stmt(body, lambda s: None) is body
+    b_store = body.stmts[1].body.body
+    renamed = map_stmt(body, lambda s: Store("C", s.indices, s.value) if s is b_store else None)
+    assert renamed is not body and renamed.stmts[0] is body.stmts[0]  # the first nest never saw B
+    assert renamed.stmts[1].body.body == Store("C", (Var("j"),), Var("j"))
+    assert renamed.stmts[0].body.body.stmts[1].then == b_store  # an equal B elsewhere, not the one mapped
+    flat = map_stmt(Seq((Seq((b_store,)), b_store)), lambda s: None)
+    assert flat == Seq((b_store, b_store))  # nested sequences still come back flattened
 
 
 def test_deep_stack_threads_are_kept_between_compiles(rng):
