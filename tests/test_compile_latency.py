@@ -2,6 +2,7 @@
 row and a column, short floor division by constants (im2col's index arithmetic), LLVM's unroller
 left only the innermost loops, and deep-stack threads kept between compiles."""
 
+import gc
 import multiprocessing
 import operator
 import os
@@ -20,7 +21,7 @@ from tcc.codegen_cpu.llvm_loops import _holds_loop, _runs_once
 from tcc.ir.expr import Binary, Const, Expr, Var
 from tcc.ir.loops import Allocate, Buffer, For, If, Let, Seq, Store, map_stmt, walk_stmts
 from tcc.passes.loops.loopnest import flat_terms
-from tcc.stack import MAX_IDLE, deep
+from tcc.stack import MAX_IDLE, YOUNG_GC, deep
 
 I64 = dtypes.i64
 
@@ -168,6 +169,21 @@ def test_deep_stack_threads_are_kept_between_compiles(rng):
         check_op("op f(X: f32[N]) -> Y: f32[N] { Y[i] = exp(X[i]) }", "f", {"N": 33}, rng)
     after = {t.ident for t in threading.enumerate() if t.name == "tcc-compile"}
     assert after == before and 0 < len(after) <= MAX_IDLE
+
+
+def test_the_collector_runs_less_often_during_deep_work_and_as_before_after(rng):
+    """While a compile runs, young collections come every YOUNG_GC allocations (not 700); after it,
+    the caller's thresholds are back, and a collector switched off stays off."""
+    saved = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        assert deep(gc.get_threshold) == (YOUNG_GC, 10, 10)
+        check_op("op f(X: f32[N]) -> Y: f32[N] { Y[i] = exp(X[i]) }", "f", {"N": 7}, rng)
+        assert gc.get_threshold() == (700, 10, 10)
+        gc.set_threshold(0, 10, 10)
+        assert deep(gc.get_threshold) == (0, 10, 10) and gc.get_threshold() == (0, 10, 10)
+    finally:
+        gc.set_threshold(*saved)
 
 
 def test_deep_work_from_many_threads_gets_its_own_answers():
