@@ -30,17 +30,15 @@ def _c(v: int) -> Const:
     return Const(v, I64)
 
 
-_OPS = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "floordiv": operator.floordiv,
-        "mod": operator.mod}
-
-
 def _evaluate(e: Expr, env: dict[str, int]) -> int:
     if isinstance(e, Const):
         return int(e.value)
     if isinstance(e, Var):
         return env[e.name]
     a, b = _evaluate(e.a, env), _evaluate(e.b, env)
-    return _OPS[e.op](a, b)  # only this node's operation: a // b of an "add" node's b == 0 raised
+    operators = {"add": operator.add, "sub": operator.sub, "mul": operator.mul,
+                 "floordiv": operator.floordiv, "mod": operator.mod}
+    return operators[e.op](a, b)  # only the one operator: a zero operand of an add must not divide
 
 
 def _row_major(indices: tuple[int, ...], shape: tuple[int, ...]) -> int:
