@@ -59,6 +59,9 @@ def test_flat_offsets_join_rows_and_columns_for_any_integer(rng):
     shape = (7, 64, 3, 3)
     flat = flat_terms(indices, shape)
     assert flat is not None and flat.recombined
+    assert flat_terms(indices, shape) is flat  # cached: asked again per unrolled copy and lane test
+    with pytest.raises(TypeError):
+        flat.atoms[f] = 1  # type: ignore[index]  # shared between callers, so read-only
     for _ in range(200):
         env = {n: int(v) for n, v in zip(("f", "ko", "kk"), rng.integers(-1000, 1000, 3))}
         got = sum(c * _evaluate(a, env) for a, c in flat.atoms.items()) + flat.constant
