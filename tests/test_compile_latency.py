@@ -2,6 +2,7 @@
 row and a column, short floor division by constants (im2col's index arithmetic), LLVM's unroller
 left only the innermost loops, and deep-stack threads kept between compiles."""
 
+import gc
 import multiprocessing
 import operator
 import os
@@ -18,9 +19,9 @@ import tcc
 from tcc import dtypes
 from tcc.codegen_cpu.llvm_loops import _holds_loop, _runs_once
 from tcc.ir.expr import Binary, Const, Expr, Var
-from tcc.ir.loops import For, walk_stmts
+from tcc.ir.loops import Allocate, Buffer, For, If, Let, Seq, Store, map_stmt, walk_stmts
 from tcc.passes.loops.loopnest import flat_terms
-from tcc.stack import MAX_IDLE, deep
+from tcc.stack import MAX_IDLE, YOUNG_GC, deep
 
 I64 = dtypes.i64
 
@@ -58,6 +59,9 @@ def test_flat_offsets_join_rows_and_columns_for_any_integer(rng):
     shape = (7, 64, 3, 3)
     flat = flat_terms(indices, shape)
     assert flat is not None and flat.recombined
+    assert flat_terms(indices, shape) is flat  # cached: asked again per unrolled copy and lane test
+    with pytest.raises(TypeError):
+        flat.atoms[f] = 1  # type: ignore[index]  # shared between callers, so read-only
     for _ in range(200):
         env = {n: int(v) for n, v in zip(("f", "ko", "kk"), rng.integers(-1000, 1000, 3))}
         got = sum(c * _evaluate(a, env) for a, c in flat.atoms.items()) + flat.constant
@@ -136,6 +140,28 @@ def test_llvm_unrolls_only_innermost_loops():
     assert inner and {n.split(".")[0] for n, off in disabled.items() if not off} == inner
 
 
+def _nest() -> Seq:
+    """A loop body with every kind of node map_stmt descends into."""
+    i, j = Var("i"), Var("j")
+    store = Store("A", (i,), Binary("add", i, j, I64))
+    inner = Let(j, _c(3), Seq((store, If(Binary("lt", i, _c(2), dtypes.boolean), Store("B", (j,), j), store))))
+    return Seq((For(i, _c(7), inner), Allocate(Buffer("T", I64, (7,)), For(i, _c(7), Store("B", (j,), j)))))
+
+
+def test_map_stmt_keeps_what_it_does_not_change():
+    """A schedule maps a whole function to change one nest: untouched statements are kept as they
+    are (not copied), changed ones rebuilt up to the root, and the result equals a full rebuild."""
+    body = _nest()
+    assert map_stmt(body, lambda s: None) is body
+    b_store = body.stmts[1].body.body
+    renamed = map_stmt(body, lambda s: Store("C", s.indices, s.value) if s is b_store else None)
+    assert renamed is not body and renamed.stmts[0] is body.stmts[0]  # the first nest never saw B
+    assert renamed.stmts[1].body.body == Store("C", (Var("j"),), Var("j"))
+    assert renamed.stmts[0].body.body.stmts[1].then == b_store  # an equal B elsewhere, not the one mapped
+    flat = map_stmt(Seq((Seq((b_store,)), b_store)), lambda s: None)
+    assert flat == Seq((b_store, b_store))  # nested sequences still come back flattened
+
+
 def test_deep_stack_threads_are_kept_between_compiles(rng):
     for _ in range(2):  # the first round may start the threads
         check_op("op f(X: f32[N]) -> Y: f32[N] { Y[i] = exp(X[i]) }", "f", {"N": 33}, rng)
@@ -144,6 +170,21 @@ def test_deep_stack_threads_are_kept_between_compiles(rng):
         check_op("op f(X: f32[N]) -> Y: f32[N] { Y[i] = exp(X[i]) }", "f", {"N": 33}, rng)
     after = {t.ident for t in threading.enumerate() if t.name == "tcc-compile"}
     assert after == before and 0 < len(after) <= MAX_IDLE
+
+
+def test_the_collector_runs_less_often_during_deep_work_and_as_before_after(rng):
+    """While a compile runs, young collections come every YOUNG_GC allocations (not 700); after it,
+    the caller's thresholds are back, and a collector switched off stays off."""
+    saved = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        assert deep(gc.get_threshold) == (YOUNG_GC, 10, 10)
+        check_op("op f(X: f32[N]) -> Y: f32[N] { Y[i] = exp(X[i]) }", "f", {"N": 7}, rng)
+        assert gc.get_threshold() == (700, 10, 10)
+        gc.set_threshold(0, 10, 10)
+        assert deep(gc.get_threshold) == (0, 10, 10) and gc.get_threshold() == (0, 10, 10)
+    finally:
+        gc.set_threshold(*saved)
 
 
 def test_deep_work_from_many_threads_gets_its_own_answers():
