@@ -319,10 +319,10 @@ class _FunctionBuilder(LoopEmitter, MathEmitter):
             return self._from_memory(b.load(ptr, typ=vty, align=buf.dtype.itemsize), buf.dtype)
         if _spreads(stride, lanes):
             ptr = self._element(buf, base, e.indices, lane0=True)
-            every = ir.Constant(ir.VectorType(I1, lanes), [1] * lanes)
-            out = self._spread_load(ptr, vty, stride, every, ir.Constant(vty, None), buf.dtype.itemsize)
+            every = splat_constant(I1, lanes, True)
+            out = self._spread_load(ptr, vty, stride, every, splat_constant(ty, lanes, None), buf.dtype.itemsize)
             return self._from_memory(out, buf.dtype)
-        out = ir.Constant(vty, None)
+        out = splat_constant(ty, lanes, None)
         for lane in range(lanes):  # a gather, one lane at a time
             with self._lane(lane):
                 ptr = self._element(buf, base, e.indices, lane0=True)
@@ -387,7 +387,7 @@ class _FunctionBuilder(LoopEmitter, MathEmitter):
         wide = lanes * stride
         wty = ir.VectorType(vty.element, wide)
         picks = [t // stride if t % stride == 0 else lanes for t in range(wide)]
-        off = ir.Constant(ir.VectorType(I1, lanes), [0] * lanes)
+        off = splat_constant(I1, lanes, False)
         wmask = b.shuffle_vector(mask, off, lane_mask(picks))
         wother = b.shuffle_vector(other, other, lane_mask([t // stride for t in range(wide)]))
         fn = self._declare(f"llvm.masked.load.{type_suffix(wty)}.p0",

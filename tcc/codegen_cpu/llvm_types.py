@@ -74,8 +74,23 @@ def _vector(elem: ir.Type, lanes: int, tag: object, values) -> ir.Constant:
     if found is None:
         if len(_VECTORS) >= MAX_VECTORS:
             _VECTORS.clear()
-        found = _VECTORS[key] = ir.Constant(ir.VectorType(elem, lanes), values())
+        found = _VECTORS[key] = _Vector(ir.VectorType(elem, lanes), values())
     return found
+
+
+class _Vector(ir.Constant):
+    """A vector constant printed short: ``zeroinitializer`` when every lane is +0, ``splat (T v)``
+    when all lanes are equal, else lane by lane. llvmlite always prints lane by lane, and zero
+    vectors alone were about a fifth of a convolution's IR text (printed, then parsed by LLVM)."""
+
+    def _get_reference(self) -> str:
+        lanes = {lane.get_reference() for lane in self.constant}
+        if len(lanes) > 1:
+            return super()._get_reference()
+        first = self.constant[0]
+        if first.constant is None or (first.constant == 0 and str(first.constant)[0] != "-"):
+            return "zeroinitializer"
+        return f"splat ({first})"
 
 
 def like(ty: ir.Type, elem: ir.Type) -> ir.Type:
