@@ -167,6 +167,17 @@ class Load(Expr):
 
 # ---------------------------------------------------------------- construction helpers
 
+def unique_name(base: str, taken: set[str]) -> str:
+    """The first of ``base``, ``base2``, ``base3``, ... not in ``taken``, which it joins: every
+    pass that adds a tensor, buffer or loop names it this way, so printed stages read alike."""
+    name, n = base, 1
+    while name in taken:
+        n += 1
+        name = f"{base}{n}"
+    taken.add(name)
+    return name
+
+
 def const(value: int | float | bool, dtype: DType = dtypes.i64) -> Const:
     return Const(value, dtype)
 

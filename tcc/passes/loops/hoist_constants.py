@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from tcc.ir.expr import Load, Var, free_vars, transform, walk
+from tcc.ir.expr import Load, Var, free_vars, transform, unique_name, walk
 from tcc.ir.loops import Allocate, Buffer, For, LoopFunc, Seq, Stmt, Store, map_stmt, seq, walk_stmts
 from tcc.passes.loops.loopnest import const_extent, fresh, loads, map_exprs, nest_loops
 
@@ -59,12 +59,12 @@ def hoist_constants(func: LoopFunc, constants: frozenset[str]) -> LoopFunc:
     taken = set(func.buffers())
     for nest, buf, context in _candidates(func.body, (), consts, _accesses(func.body)):
         sources = {ld.buffer for ld in loads(nest)}
-        prepared = Buffer(_fresh_name(taken, f"{buf.name}_prepared"), buf.dtype,
+        prepared = Buffer(unique_name(f"{buf.name}_prepared", taken), buf.dtype,
                           (*(const_extent(f) for f in context), *buf.shape))
         source_bytes = sum(params[s].size * params[s].dtype.itemsize for s in sources)
         if prepared.size * prepared.dtype.itemsize > max(MAX_GROWTH * source_bytes, MIN_BYTES):
+            taken.discard(prepared.name)  # not hoisted: its name stays free
             continue
-        taken.add(prepared.name)
         fills.append(_Fill(nest, buf, context, prepared))
     if not fills:
         return func
@@ -75,14 +75,6 @@ def hoist_constants(func: LoopFunc, constants: frozenset[str]) -> LoopFunc:
                        seq(*(_prepare_nest(f) for f in fills)), {"sources": len(sources)})
     return replace(func, params=[*func.params, *(f.prepared for f in fills)], body=body,
                    attrs={**func.attrs, "prepare": prepare})
-
-
-def _fresh_name(taken: set[str], base: str) -> str:
-    name, n = base, 1
-    while name in taken:
-        n += 1
-        name = f"{base}{n}"
-    return name
 
 
 def _accesses(body: Stmt) -> dict[str, int]:

@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 from tcc import dtypes
 from tcc.errors import Span, TccScheduleError
-from tcc.ir.expr import Binary, Const, Expr, Load, Var, free_vars, substitute, transform, walk
+from tcc.ir.expr import Binary, Const, Expr, Load, Var, free_vars, substitute, transform, unique_name, walk
 from tcc.ir.loops import Allocate, For, If, Let, LoopFunc, Seq, Stmt, Store, map_stmt, stmt_exprs, walk_stmts
 
 
@@ -207,13 +207,7 @@ def const_extent(loop: For, span: Span | None = None) -> int:
 
 
 def fresh(func: LoopFunc, base: str) -> str:
-    taken = loop_names(func.body) | set(func.buffers()) | {p.name for p in func.params}
-    if base not in taken:
-        return base
-    n = 2
-    while f"{base}{n}" in taken:
-        n += 1
-    return f"{base}{n}"
+    return unique_name(base, loop_names(func.body) | set(func.buffers()) | {p.name for p in func.params})
 
 
 def on_loops(func: LoopFunc, name: str, fn) -> LoopFunc:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 
 from tcc import dtypes
 from tcc.errors import Span, TccScheduleError
-from tcc.ir.expr import Binary, Cast, Const, Expr, Load, Var, substitute, transform, walk
+from tcc.ir.expr import Binary, Cast, Const, Expr, Load, Var, substitute, transform, unique_name, walk
 from tcc.ir.loops import (
     Allocate,
     Buffer,
@@ -164,12 +164,7 @@ def tensorize_marked(func: LoopFunc, span: Span | None = None) -> LoopFunc:
             taken.add(s.var.name)
 
     def fresh(base: str) -> Var:
-        name, n = base, 1
-        while name in taken:
-            n += 1
-            name = f"{base}{n}"
-        taken.add(name)
-        return Var(name, I64)
+        return Var(unique_name(base, taken), I64)
     try:  # no pipeline of warpgroup products here: each group is waited for at once
         return replace(func, body=tensorize(func.body, fresh, wait=True))
     except TccScheduleError as err:

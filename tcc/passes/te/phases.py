@@ -27,7 +27,20 @@ import itertools
 from dataclasses import dataclass, replace
 
 from tcc import dtypes
-from tcc.ir.expr import Binary, Const, Expr, IterVar, Read, Reduce, Select, Var, substitute, transform, walk
+from tcc.ir.expr import (
+    Binary,
+    Const,
+    Expr,
+    IterVar,
+    Read,
+    Reduce,
+    Select,
+    Var,
+    substitute,
+    transform,
+    unique_name,
+    walk,
+)
 from tcc.ir.te import Compute, OpTE, Pad, Tensor
 from tcc.passes.simplify import evaluate_int, simplify
 from tcc.passes.te.grad_index import linear
@@ -139,14 +152,6 @@ def _rewrite(op: OpTE, dilated: _Dilated, consumer: Compute, view: str, dims: li
     kept_lo = [evaluate_int(x) for x in view_pad.lo] if view_pad else [0] * rank  # the undilated dims'
     kept_hi = [evaluate_int(x) for x in view_pad.hi] if view_pad else [0] * rank
 
-    def fresh(base: str) -> str:
-        name, n = base, 1
-        while name in taken:
-            n += 1
-            name = f"{base}{n}"
-        taken.add(name)
-        return name
-
     for ts in itertools.product(*(range(d.stride) for d in dims)):
         q_ext = {d.out: -(-(extent[d.out] - t) // d.stride) for d, t in zip(dims, ts)}
         if any(v <= 0 for v in q_ext.values()):
@@ -160,7 +165,7 @@ def _rewrite(op: OpTE, dilated: _Dilated, consumer: Compute, view: str, dims: li
             r0 = -(t + d.offset) % d.stride
             taps = max(-(-(extent[d.red] - r0) // d.stride), 0)
             e = (t + r0 + d.offset) // d.stride
-            q, j = Var(fresh(f"{d.out}_q")), Var(fresh(f"{d.red}_j"))
+            q, j = Var(unique_name(f"{d.out}_q", taken)), Var(unique_name(f"{d.red}_j", taken))
             mapping[d.out], qs[d.out] = _affine(d.stride, q, t), q
             mapping[d.red] = _affine(d.stride, j, r0)
             red_axes[d.red] = IterVar(j, Const(taps, dtypes.i64))
@@ -174,7 +179,7 @@ def _rewrite(op: OpTE, dilated: _Dilated, consumer: Compute, view: str, dims: li
         src_index = _source_index(dilated, index)
         padded = dilated.source
         if any(lo) or any(hi):
-            padded = fresh(f"{dilated.source}_ph")
+            padded = unique_name(f"{dilated.source}_ph", taken)
             shape = tuple(Const(evaluate_int(s) + a + b, dtypes.i64) for s, a, b in zip(source.shape, lo, hi))
             tensors[padded] = Tensor(padded, source.dtype, shape, "pad", source.span)
             pads[padded] = Pad(padded, dilated.source, tuple(Const(x, dtypes.i64) for x in lo),
@@ -182,7 +187,7 @@ def _rewrite(op: OpTE, dilated: _Dilated, consumer: Compute, view: str, dims: li
         body = transform(reduce.body, lambda n, padded=padded, src_index=src_index:
                          Read(padded, src_index, n.dtype, n.span) if isinstance(n, Read) and n.tensor == view else None)
         body = simplify(substitute(body, mapping))
-        name = fresh(f"{consumer.tensor}_ph{''.join(map(str, ts))}")
+        name = unique_name(f"{consumer.tensor}_ph{''.join(map(str, ts))}", taken)
         axes = tuple(IterVar(qs[ax.var.name], Const(q_ext[ax.var.name], dtypes.i64)) if ax.var.name in qs else ax
                      for ax in consumer.axes)
         out = op.tensors[consumer.tensor]
