@@ -400,6 +400,22 @@ def test_tensor_core_kernel_aligned_and_misaligned(offset):
         torch.testing.assert_close(hmm(av, bv).double(), want, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("offset", [0, 1])
+def test_tf32_gemm_aligned_and_misaligned(offset):
+    """The TF32 warpgroup GEMM: B transposed, then cp.async copies (16-byte aligned A), or the
+    register-staged kernel for an A one float off."""
+    torch = _torch()
+    mm = tcc.compile(EXAMPLES / "matmul.tc", target="cuda", tf32=True).matmul
+    a, b = torch.randn(260, 132, device="cuda"), torch.randn(132, 201, device="cuda")
+    want = a.double() @ b.double()
+    av = _misaligned(a, offset)
+    for _ in range(2):  # the checked path, then the plan
+        out = torch.full((260, 201), float("nan"), device="cuda")
+        mm(av, b, out=out)
+        err = ((out.double() - want).norm() / want.norm()).item()
+        assert err < 2e-3, err
+
+
 WITH_T = """
 op with_t(X: f32[N]) -> Y: f32[N] {
     T[i] = exp(X[i])

@@ -227,6 +227,20 @@ def test_the_simulator_agrees_with_the_h100_on_the_auto_schedulers_kernels(align
         assert np.linalg.norm(out - want) / np.linalg.norm(want) < 2e-3
 
 
+@pytest.mark.parametrize("sizes", [dict(M=130, N=129, K=36), dict(M=128, N=131, K=8)], ids=["odd", "short-k"])
+def test_the_tf32_warpgroup_gemm_on_a_transposed_operand_simulated(sizes, rng):
+    """sm_90 TF32: B[k, n] transposed by a kernel of its own into a K-major intermediate, then the
+    cp.async warpgroup GEMM (edges zero-filled; N need not be a multiple of 4)."""
+    tf32 = tcc.compile(EXAMPLES / "matmul.tc", target="cuda", arch="sm_90", tf32=True).matmul
+    func = tf32.lowered(sizes).scheduled
+    assert sum(isinstance(s, AsyncCopy) for s in walk_stmts(func.body)) >= 2
+    args = random_args(tf32.te, sizes, rng)
+    out = np.full((sizes["M"], sizes["N"]), np.nan, np.float32)
+    gpu_sim.run(func, dict(A=args[0], B=args[1], C=out))
+    want = args[0].astype(np.float64) @ args[1].astype(np.float64)
+    assert np.linalg.norm(out - want) / np.linalg.norm(want) < 2e-3
+
+
 SIMULATED = [s for s in SIZES if s["M"] * s["N"] * s["K"] <= 64 * 128 * 48]  # a few seconds each at most
 
 

@@ -84,6 +84,7 @@ def test_generated_tensor_core_programs_compile():
     cases = [(tcc.compile(BHMM, target="cuda").bhmm, dict(M=1000, K=256, N=136), "wgmma.mma_async"),
              (tcc.compile(HLIN, target="cuda").hlin, dict(M=300, K=72, N=520), "wgmma.mma_async"),
              (tf32, dict(M=130, K=257, N=129), "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32"),
+             (tf32, dict(M=4096, K=4096, N=4096), "cp.async.cg.shared.global"),
              (tf32, dict(M=70, K=33, N=129), "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32")]
     for op, sizes, instruction in cases:
         ptx = op.stage_text(sizes, "ptx")
@@ -132,7 +133,8 @@ def test_bf16_gemms_match_float64(gpu, m, k, n, rng):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("m,k,n", [(7, 33, 5), (130, 257, 129), (256, 64, 512), (1, 40, 1000), (70, 33, 129)])
+@pytest.mark.parametrize("m,k,n", [(7, 33, 5), (130, 257, 129), (256, 64, 512), (1, 40, 1000), (70, 33, 129),
+                                   (1000, 1000, 1000), (130, 36, 129), (1024, 1024, 1024)])
 def test_tf32_gemm_within_tf32_rounding(gpu, m, k, n, rng):
     """TF32 rounds each operand to 10 mantissa bits: the relative error of the product is about
     2^-11 per operand, far above f32's but bounded; it must be opted into."""
@@ -143,6 +145,24 @@ def test_tf32_gemm_within_tf32_rounding(gpu, m, k, n, rng):
     want = a.astype(np.float64) @ b.astype(np.float64)
     err = np.linalg.norm(out - want) / np.linalg.norm(want)
     assert err < 2e-3, err  # tf32: about 3e-4; f16-rounded operands would give more, wrong ones far more
+
+
+TF32_BMM = """op tbmm(A: f32[B, M, K], X: f32[B, K, N], s: f32[N]) -> C: f32[B, M, N] {
+    C[b, i, j] = max(sum[k](A[b, i, k] * X[b, k, j]) + s[j], 0.0)
+}"""
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("sizes", [dict(B=3, M=257, K=100, N=131), dict(B=2, M=7, K=33, N=5)])
+def test_tf32_batched_gemm_with_epilogue(gpu, sizes, rng):
+    """A batched TF32 GEMM (its [k][n] operand transposed per batch element) with a fused epilogue."""
+    op = tcc.compile(TF32_BMM, target="cuda", tf32=True).tbmm
+    args = random_args(op.te, sizes, rng)
+    expected = reference_results(op.te, args, sizes)
+    out = np.full(expected[0].shape, np.nan, np.float32)
+    op(*args, out=out)
+    err = np.linalg.norm(out - expected[0]) / np.linalg.norm(expected[0])
+    assert err < 2e-3, err
 
 
 @pytest.mark.cuda

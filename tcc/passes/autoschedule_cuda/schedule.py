@@ -46,7 +46,7 @@ from tcc.ir.loops import (
     stmt_exprs,
     walk_stmts,
 )
-from tcc.passes.autoschedule_cuda import gemm, split_reduction, tensorcore, warpgroup
+from tcc.passes.autoschedule_cuda import gemm, split_reduction, tensorcore, transpose, warpgroup
 from tcc.passes.loops.bind import top_level_nests
 from tcc.passes.loops.loopnest import stores
 from tcc.passes.simplify import evaluate_int
@@ -242,7 +242,7 @@ def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]]
         return None, "empty: no launch"
     contraction = gemm.match(nest.axes, nest.body)
     if contraction is not None:
-        return _contraction_kernels(contraction, names, shapes, target, tuning, tf32)
+        return _contraction_kernels(contraction, names, shapes, temps, target, tuning, tf32)
     reduction = split_reduction.match(nest.body)
     if reduction is not None:
         split = split_reduction.schedule(nest.axes, nest.extents, reduction, target.sms, names.fresh, _decompose)
@@ -256,7 +256,7 @@ def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]]
     return _flat_schedule(nest, names, threads), "flat"
 
 
-def _contraction_kernels(c: gemm.Contraction, names: _Names, shapes: dict[str, tuple[int, ...]],
+def _contraction_kernels(c: gemm.Contraction, names: _Names, shapes: dict[str, tuple[int, ...]], temps: list,
                          target: CudaTarget, tuning: CudaTuning, tf32: bool) -> tuple[Stmt, str]:
     """A contraction's tiled kernel: on tensor cores where its operands are 16-bit floats widened
     to f32, or f32 with ``tf32`` (two kernels where an aligned copy-engine variant exists: it comes
@@ -264,8 +264,9 @@ def _contraction_kernels(c: gemm.Contraction, names: _Names, shapes: dict[str, t
     pipeline depth."""
     if tf32 and (f32 := tensorcore.tf32_operands(c)) is not None:
         if warpgroup.fits(c, target.arch):
-            kernel = warpgroup.StagedBuilder(c, names.fresh, _decompose, f32, target.sms).kernel()
-            return kernel, "tf32 warpgroup gemm"
+            staged = warpgroup.StagedBuilder(c, names.fresh, _decompose, f32, target.sms).kernel()
+            fast = _tf32_copy_engine(c, f32, names, shapes, temps, target)
+            return seq(*fast, staged) if fast else staged, "tf32 warpgroup gemm"
         return tensorcore.Builder(c, names.fresh, _decompose, f32, None, target.sms).kernel(), "tf32 tensor-core gemm"
     values = tensorcore.operands(c)
     if values is None:
@@ -279,6 +280,27 @@ def _contraction_kernels(c: gemm.Contraction, names: _Names, shapes: dict[str, t
         return seq(fast_kernel, staged), "warpgroup gemm"
     fast_kernel = tensorcore.Builder(c, names.fresh, _decompose, values, fast, target.sms).kernel()
     return seq(fast_kernel, staged), "tensor-core gemm"
+
+
+def _tf32_copy_engine(c: gemm.Contraction, values: tuple[Expr, Expr], names: _Names,
+                      shapes: dict[str, tuple[int, ...]], temps: list, target: CudaTarget) -> list[Stmt]:
+    """The TF32 warpgroup GEMM on ``cp.async`` copies (an aligned variant), preceded by the
+    transpose of a ``B[k, n]`` operand into a K-major intermediate (:mod:`.transpose`); nothing
+    when the operands do not fit the copy engine's layout."""
+    x, y = values
+    before: list[Stmt] = []
+    batch = {f.var.name for f in c.batch_axes}
+    if (len(c.n_axes) == 1 and len(c.k_axes) == 1 and isinstance(y, Load)
+            and transpose.k_rows(y, c.k_axes[0].var, c.n_axes[0].var, batch, shapes)):
+        buf, y = transpose.transposed(y, names.fresh, shapes)
+        shapes = {**shapes, buf.name: buf.shape}
+        before = [transpose.kernel(values[1], buf, shapes, names.fresh, c.final.span)]
+    fast = tensorcore.fast_layout(c, (x, y), shapes)
+    if fast is None or not fast.k_fast:
+        return []
+    if before:
+        temps.append(buf)
+    return [*before, warpgroup.Tf32Builder(c, names.fresh, _decompose, (x, y), fast, target.sms).kernel()]
 
 
 # ---------------------------------------------------------------- index arithmetic

@@ -39,10 +39,13 @@ I64 = dtypes.i64
 I32 = dtypes.i32
 F32 = dtypes.f32
 BK = 32
-KPAD = 8  # halves added to each shared row (16 bytes: the fragment loads stay conflict-free)
 WARPS_M, WARPS_N = 2, 4  # the 8 warps of a block, as a grid over its tile
 TILES = ((128, 128, BK), (128, 64, BK), (64, 128, BK), (64, 64, BK))
-CHUNK = 8  # halves per 16-byte copy
+
+
+def chunk(dtype) -> int:
+    """Elements of ``dtype`` per 16-byte copy (8 halves, 4 floats)."""
+    return 16 // dtype.itemsize
 
 
 @dataclass(frozen=True)
@@ -60,22 +63,23 @@ def fast_layout(c: gemm.Contraction, values: tuple[Expr, Expr],
         return None
     m, n, k = c.m_axes[0].var, c.n_axes[0].var, c.k_axes[0].var
     batch = {f.var.name for f in c.batch_axes}
-    x = _strides(values[0], shapes, m, k, batch)
-    y = _strides(values[1], shapes, n, k, batch)
+    step = chunk(values[0].dtype)
+    x = _strides(values[0], shapes, m, k, batch, step)
+    y = _strides(values[1], shapes, n, k, batch, step)
     size_k, size_n = c.size(c.k_axes), c.size(c.n_axes)
-    if x is None or y is None or x[1] != 1 or size_k % CHUNK:
+    if x is None or y is None or x[1] != 1 or size_k % step:
         return None
     k_fast = y[1] == 1
-    if not k_fast and (y[0] != 1 or size_n % CHUNK):
+    if not k_fast and (y[0] != 1 or size_n % step):
         return None  # y must be contiguous along k, or along n in whole 16-byte pieces
     narrow = all(math.prod(shapes[v.buffer]) < 2**31 for v in values if isinstance(v, Load))
     return FastLayout(k_fast, narrow)
 
 
 def _strides(value: Expr, shapes: dict[str, tuple[int, ...]], row: Var, k: Var,
-             batch: set[str]) -> tuple[int, int] | None:
+             batch: set[str], step: int) -> tuple[int, int] | None:
     """(stride of ``row``, stride of ``k``) for a plain read ``T[..]`` indexed by bare loop
-    variables, every stride but 1 a multiple of 8 halves."""
+    variables, every stride but 1 a multiple of ``step`` elements (16 bytes)."""
     if not isinstance(value, Load) or value.buffer not in shapes:
         return None
     shape = shapes[value.buffer]
@@ -89,7 +93,7 @@ def _strides(value: Expr, shapes: dict[str, tuple[int, ...]], row: Var, k: Var,
     if row.name not in where or k.name not in where or any(
             name not in batch | {row.name, k.name} for name in names):
         return None
-    if any(s % CHUNK for s in strides if s != 1):
+    if any(s % step for s in strides if s != 1):
         return None
     return where[row.name], where[k.name]
 
@@ -133,9 +137,9 @@ class Builder(gemm.Builder):
         self.xv, self.yv = values
         self.fast = fast
         half = self.xv.dtype  # f16 or bf16; f32 for TF32
-        pad = 16 // half.itemsize
+        pad = chunk(half)  # 16 bytes added to each shared row: the fragment loads stay conflict-free
         self.wm, self.wn = self.bm // WARPS_M, self.bn // WARPS_N
-        self.k_inner = True  # shared tiles are [slot][tile][BK + KPAD] (but [slot][BK][BN + KPAD] for a
+        self.k_inner = True  # shared tiles are [slot][tile][BK + pad] (but [slot][BK][BN + pad] for a
         # copy-engine y read along N)
         self.xs = Buffer(self.xs.name, half, (2, self.bm, self.bk + pad), "shared")
         y_rows = fast is not None and not fast.k_fast
@@ -183,8 +187,9 @@ class Builder(gemm.Builder):
         """``buf[slot]`` (rows of ``row``, or of ``k`` when ``k_rows``) from ``value``, 8 halves a copy.
         A thread copies the same columns of rows a fixed stride apart, so per k-step its copies
         cost an address increment each; edges are tested only where the problem has them."""
-        rows, width = buf.shape[1], buf.shape[2] - (0 if buf.swizzle else KPAD)
-        per_row = width // CHUNK
+        step_n = chunk(buf.dtype)
+        rows, width = buf.shape[1], buf.shape[2] - (0 if buf.swizzle else step_n)
+        per_row = width // step_n
         threads = gemm.THREADS
         assert threads % per_row == 0, "a tile row wider than the copying threads"
         index = I32 if self.fast is not None and self.fast.narrow else I64  # a 64-bit op costs two
@@ -207,7 +212,7 @@ class Builder(gemm.Builder):
                 valid = test if valid is None else Binary("and", valid, test, dtypes.boolean)
         copy = AsyncCopy(Load(buf.name, (slot, r, col), buf.dtype), src, 16, valid)
         body = Let(r, cast(add_index(mul_index(step, threads // per_row), div_index(tid, per_row)), index),
-                   Let(col, cast(mul_index(mod_index(tid, per_row), CHUNK), index),
+                   Let(col, cast(mul_index(mod_index(tid, per_row), step_n), index),
                        Let(g_row[0], _narrowed(g_row[1], index), Let(g_col[0], _narrowed(g_col[1], index), copy))))
         return For(step, Const(rows * per_row // threads, I64), body, "unroll")
 

@@ -64,9 +64,9 @@ class Builder(tensorcore.Builder):
         super().__init__(c, fresh, decompose, values, fast, sms)
         half = self.xv.dtype
         self.wm, self.wn = WARPGROUP // 2, self.bn  # two warpgroups over the tile's rows
-        self.xs = Buffer(self.xs.name, half, (STAGES, self.bm, BK), "shared", 128)
-        self.ys = Buffer(self.ys.name, half, (STAGES, self.bn, BK) if fast.k_fast else (STAGES, BK, self.bn),
-                         "shared", 128)
+        self.xs = Buffer(self.xs.name, half, (STAGES, self.bm, self.bk), "shared", 128)
+        self.ys = Buffer(self.ys.name, half, (STAGES, self.bn, self.bk) if fast.k_fast else
+                         (STAGES, self.bk, self.bn), "shared", 128)
         self.acct = Buffer(self.acct.name, F32, (self.wm, self.wn), "local")
 
     def thread_coords(self, tid: Var) -> tuple[Expr, Expr]:
@@ -103,6 +103,14 @@ class Builder(tensorcore.Builder):
         what = "wgmma.tf32" if half == F32 else "wgmma"
         return For(i, Const(self.wm, I64), For(j, Const(self.wn, I64), For(k, Const(self.bk, I64), update)),
                    annotations=(("tensorize", what), ("lane", tx)))
+
+
+class Tf32Builder(Builder):
+    """The copy-engine warpgroup kernel on f32 operands read as TF32: 32 floats make a row's
+    128-byte swizzle atom. Both operands must be K-major (a ``[k][n]`` one is transposed first:
+    :mod:`.transpose`)."""
+
+    tiles = ((128, 256, 32), (128, 128, 32))
 
 
 class StagedBuilder(Builder):

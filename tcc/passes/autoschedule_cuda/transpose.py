@@ -1,0 +1,91 @@
+"""A TF32 GEMM's ``[k][n]`` operand turned K-major by a transpose kernel of its own.
+
+``wgmma`` reads TF32 operands from shared memory only K-major (a ``[n][k]`` tile); a GEMM's
+``B[k, n]`` is N-major. Transposing each tile on its way through registers at every k-step
+(:class:`warpgroup.StagedBuilder`) leaves the matrix units idle most of the time (0.27 of
+cuBLAS on an H100). Here a first kernel writes ``Bt[.., n, k] = B[.., k, n]`` to a global
+intermediate once (a memory-bound pass: at 4096^2 f32 it moves 128 MB, about a tenth of the
+GEMM's time), and the GEMM then reads both operands with 16-byte ``cp.async`` copies, as the
+16-bit GEMM does.
+
+The kernel is the usual shared-memory transpose: a block of 256 threads reads a ``32 x 32``
+tile along ``n`` (coalesced), stores it to a ``32 x 33`` shared tile (the pad keeps the
+column reads conflict-free), and after a barrier writes it along ``k`` (coalesced again).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from tcc import dtypes
+from tcc.ir.expr import Binary, Const, Expr, Load, Var
+from tcc.ir.loops import Allocate, Barrier, Buffer, For, If, Let, Stmt, Store, seq
+from tcc.passes.loops.loopnest import add_index, div_index, mod_index, mul_index
+
+I64 = dtypes.i64
+TILE = 32
+THREADS = 256
+ROWS = THREADS // TILE  # tile rows a pass of the block covers
+
+Fresh = Callable[[str], Var]
+
+
+def k_rows(value: Expr, k: Var, n: Var, batch: set[str], shapes: dict[str, tuple[int, ...]]) -> bool:
+    """Whether ``value`` is a plain read ``T[b.., k, n]`` of a contiguous tensor: batch indices
+    (bare loop variables) first, then the reduction index, then the column index."""
+    if not isinstance(value, Load) or value.buffer not in shapes or len(value.indices) < 2:
+        return False
+    names = [i.name if isinstance(i, Var) else None for i in value.indices]
+    return (names[-2:] == [k.name, n.name] and all(name in batch for name in names[:-2])
+            and len(set(names)) == len(names) and len(shapes[value.buffer]) == len(names))
+
+
+def transposed(value: Load, fresh: Fresh, shapes: dict[str, tuple[int, ...]]) -> tuple[Buffer, Load]:
+    """The global intermediate ``Bt[b.., n, k]`` for ``value = B[b.., k, n]``, and the read of it
+    that replaces ``value``."""
+    *lead, rows, cols = shapes[value.buffer]
+    buf = Buffer(fresh(f"{value.buffer}_t").name, value.dtype, (*lead, cols, rows), "global")
+    *lead_ix, k, n = value.indices
+    return buf, Load(buf.name, (*lead_ix, n, k), value.dtype)
+
+
+def kernel(value: Load, out: Buffer, shapes: dict[str, tuple[int, ...]], fresh: Fresh, span=None) -> Stmt:
+    """The kernel writing ``out[b.., n, k] = value.buffer[b.., k, n]`` through shared tiles."""
+    *lead, rows, cols = shapes[value.buffer]
+    tiles_r, tiles_c = -(-rows // TILE), -(-cols // TILE)
+    batch = math.prod(lead)
+    bx, tid, r0, c0, s = (fresh(n) for n in ("bx", "tx", "tr0", "tc0", "ts"))
+    lanes, row = fresh("tl"), fresh("trow")
+    tile = Buffer(fresh("tt").name, value.dtype, (TILE, TILE + 1), "shared")
+    b = fresh("tb")
+    lead_ix: list[Expr] = []
+    flat: Expr = b
+    for extent in reversed(lead):
+        lead_ix.insert(0, mod_index(flat, extent))
+        flat = div_index(flat, extent)
+
+    def guarded(r: Expr, c: Expr, stmt: Stmt) -> Stmt:
+        checks = [Binary("lt", e, Const(n, I64), dtypes.boolean) for e, n, whole in
+                  ((r, rows, rows % TILE == 0), (c, cols, cols % TILE == 0)) if not whole]
+        if not checks:
+            return stmt
+        cond = checks[0] if len(checks) == 1 else Binary("and", checks[0], checks[1], dtypes.boolean)
+        return If(cond, stmt)
+
+    def rows_of(body) -> Stmt:
+        return For(s, Const(TILE // ROWS, I64), Let(row, add_index(div_index(tid, TILE), mul_index(s, ROWS)), body),
+                   "unroll")
+
+    gr, gc = add_index(r0, row), add_index(c0, lanes)
+    read = guarded(gr, gc, Store(tile.name, (row, lanes), Load(value.buffer, (*lead_ix, gr, gc), value.dtype)))
+    wr, wc = add_index(c0, row), add_index(r0, lanes)
+    write = guarded(wc, wr, Store(out.name, (*lead_ix, wr, wc), Load(tile.name, (lanes, row), value.dtype)))
+    body: Stmt = Allocate(tile, Let(lanes, mod_index(tid, TILE), seq(rows_of(read), Barrier(), rows_of(write))))
+    per = tiles_r * tiles_c
+    inner: Stmt = For(tid, Const(THREADS, I64), body, "thread.x", span=span)
+    inner = Let(r0, mul_index(div_index(mod_index(bx, per), tiles_c), TILE),
+                Let(c0, mul_index(mod_index(bx, tiles_c), TILE), inner))
+    if lead:
+        inner = Let(b, div_index(bx, per), inner)
+    return For(bx, Const(batch * per, I64), inner, "block.x", span=span)
