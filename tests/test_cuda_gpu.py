@@ -275,6 +275,13 @@ op hconv(X: f16[N, C, H, W], Wt: f16[F, C, 3, 3]) -> Y: f32[N, F, H - 2, W - 2] 
 }
 """,
 }
+HALF_SOURCES["hconvp"] = """
+op hconvp[P = 1](X: f16[N, C, H, W], Wt: f16[F, C, KH, KW], b: f16[F])
+    -> Y: f16[N, F, H + 2*P - KH + 1, W + 2*P - KW + 1] {
+    Xp = pad(X, [0, 0, P, P])
+    Y[n, f, y, x] = f16(max(sum[c, r, s](f32(Xp[n, c, y + r, x + s]) * f32(Wt[f, c, r, s])) + f32(b[f]), 0.0))
+}
+"""
 HALF_SOURCES["hlin"] = """
 op hlin(A: f16[M, K], W: f16[N, K]) -> C: f32[M, N] {
     C[i, j] = sum[k](f32(A[i, k]) * f32(W[j, k]))
@@ -285,7 +292,11 @@ TENSOR_CORE_CASES = [("hmm", dict(M=7, K=33, N=5)), ("hmm", dict(M=256, K=256, N
                      ("hmm", dict(M=129, K=72, N=200)), ("hmm", dict(M=300, K=40, N=136)),
                      ("hbmm", dict(B=3, M=19, K=21, N=35)), ("hbmm", dict(B=3, M=19, K=24, N=40)),
                      ("hlin", dict(M=100, K=64, N=72)), ("hlin", dict(M=130, K=200, N=257)),
-                     ("hconv", dict(N=2, C=13, H=15, W=17, F=24))]
+                     ("hconv", dict(N=2, C=13, H=15, W=17, F=24)), ("hconv", dict(N=2, C=16, H=15, W=17, F=24)),
+                     ("hconvp", dict(N=3, C=8, H=7, W=9, F=33, KH=3, KW=3)),
+                     ("hconvp", dict(N=1, C=24, H=1, W=1, F=7, KH=3, KW=3)),
+                     ("hconvp", dict(N=2, C=64, H=56, W=56, F=64, KH=3, KW=3)),
+                     ("hconvp", dict(N=2, C=32, H=20, W=33, F=130, KH=5, KW=2))]
 
 
 @pytest.mark.parametrize("name,case", GEMM_CASES + TENSOR_CORE_CASES,

@@ -241,6 +241,28 @@ def test_the_tf32_warpgroup_gemm_on_a_transposed_operand_simulated(sizes, rng):
     assert np.linalg.norm(out - want) / np.linalg.norm(want) < 2e-3
 
 
+HCONV = """op hconv[P = 1](X: f16[N, C, H, W], Wt: f16[F, C, KH, KW], b: f16[F])
+    -> Y: f16[N, F, H + 2*P - KH + 1, W + 2*P - KW + 1] {
+    Xp = pad(X, [0, 0, P, P])
+    Y[n, f, y, x] = f16(max(sum[c, r, s](f32(Xp[n, c, y + r, x + s]) * f32(Wt[f, c, r, s])) + f32(b[f]), 0.0))
+}"""
+
+
+@pytest.mark.parametrize("sizes", [dict(N=2, C=16, H=5, W=6, F=8, KH=3, KW=3, P=1),
+                                   dict(N=1, C=8, H=7, W=3, F=33, KH=2, KW=3, P=0)], ids=["padded", "odd"])
+def test_the_implicit_gemm_convolution_simulated(sizes, rng):
+    """f16 convolution: a channels-last copy of the input (padding evaluated into it) and the
+    weights in (r, s, c) order, then cp.async tiles of both into the mma.sync GEMM."""
+    op = tcc.compile(HCONV, target="cuda", arch="sm_90").hconv
+    func = op.lowered(sizes).scheduled
+    assert sum(isinstance(s, AsyncCopy) for s in walk_stmts(func.body)) >= 2
+    args = random_args(op.te, sizes, rng)
+    expected = reference_results(op.te, args, sizes)
+    out = np.full(expected[0].shape, np.nan, np.float16)
+    gpu_sim.run(func, dict(X=args[0], Wt=args[1], b=args[2], Y=out))
+    assert_matches(out, expected[0], op.te.tensors["Y"].dtype, "hconv")
+
+
 SIMULATED = [s for s in SIZES if s["M"] * s["N"] * s["K"] <= 64 * 128 * 48]  # a few seconds each at most
 
 

@@ -46,7 +46,7 @@ from tcc.ir.loops import (
     stmt_exprs,
     walk_stmts,
 )
-from tcc.passes.autoschedule_cuda import gemm, split_reduction, tensorcore, transpose, warpgroup
+from tcc.passes.autoschedule_cuda import gemm, implicit_conv, split_reduction, tensorcore, transpose, warpgroup
 from tcc.passes.loops.bind import top_level_nests
 from tcc.passes.loops.loopnest import stores
 from tcc.passes.simplify import evaluate_int
@@ -271,8 +271,10 @@ def _contraction_kernels(c: gemm.Contraction, names: _Names, shapes: dict[str, t
     values = tensorcore.operands(c)
     if values is None:
         return gemm.Builder(c, names.fresh, _decompose, target.sms, tuning.tile, tuning.stages).kernel(), "gemm"
-    staged = tensorcore.Builder(c, names.fresh, _decompose, values, None, target.sms).kernel()
     fast = tensorcore.fast_layout(c, values, shapes)
+    if fast is None and (conv := implicit_conv.plan(c, values, names.fresh)) is not None:
+        return implicit_conv.kernels(c, values, conv, names.fresh, _decompose, temps, target.sms), "implicit-gemm conv"
+    staged = tensorcore.Builder(c, names.fresh, _decompose, values, None, target.sms).kernel()
     if fast is None:
         return staged, "tensor-core gemm"
     if warpgroup.fits(c, target.arch):

@@ -53,16 +53,33 @@ def transposed(value: Load, fresh: Fresh, shapes: dict[str, tuple[int, ...]]) ->
 def kernel(value: Load, out: Buffer, shapes: dict[str, tuple[int, ...]], fresh: Fresh, span=None) -> Stmt:
     """The kernel writing ``out[b.., n, k] = value.buffer[b.., k, n]`` through shared tiles."""
     *lead, rows, cols = shapes[value.buffer]
+
+    def read(lead_ix: list[Expr], r: Expr, c: Expr) -> Expr:
+        return Load(value.buffer, (*lead_ix, r, c), value.dtype)
+
+    def write(lead_ix: list[Expr], r: Expr, c: Expr, v: Expr) -> Stmt:
+        return Store(out.name, (*lead_ix, c, r), v)
+    return tiled(read, write, list(lead), rows, cols, value.dtype, fresh, span)
+
+
+Read = Callable[[list[Expr], Expr, Expr], Expr]
+Write = Callable[[list[Expr], Expr, Expr, Expr], Stmt]
+
+
+def tiled(read: Read, write: Write, lead: list[int], rows: int, cols: int, dtype, fresh: Fresh, span=None) -> Stmt:
+    """A kernel over ``lead x rows x cols`` that moves ``read(b, r, c)`` (coalesced when it is
+    contiguous along ``c``) to ``write(b, r, c, value)`` (coalesced when that is contiguous along
+    ``r``), through a shared tile per block."""
     tiles_r, tiles_c = -(-rows // TILE), -(-cols // TILE)
     batch = math.prod(lead)
     bx, tid, r0, c0, s = (fresh(n) for n in ("bx", "tx", "tr0", "tc0", "ts"))
     lanes, row = fresh("tl"), fresh("trow")
-    tile = Buffer(fresh("tt").name, value.dtype, (TILE, TILE + 1), "shared")
+    tile = Buffer(fresh("tt").name, dtype, (TILE, TILE + 1), "shared")
     b = fresh("tb")
     lead_ix: list[Expr] = []
     flat: Expr = b
     for extent in reversed(lead):
-        lead_ix.insert(0, mod_index(flat, extent))
+        lead_ix.insert(0, mod_index(flat, extent) if len(lead_ix) < len(lead) - 1 else flat)
         flat = div_index(flat, extent)
 
     def guarded(r: Expr, c: Expr, stmt: Stmt) -> Stmt:
@@ -78,10 +95,11 @@ def kernel(value: Load, out: Buffer, shapes: dict[str, tuple[int, ...]], fresh: 
                    "unroll")
 
     gr, gc = add_index(r0, row), add_index(c0, lanes)
-    read = guarded(gr, gc, Store(tile.name, (row, lanes), Load(value.buffer, (*lead_ix, gr, gc), value.dtype)))
-    wr, wc = add_index(c0, row), add_index(r0, lanes)
-    write = guarded(wc, wr, Store(out.name, (*lead_ix, wr, wc), Load(tile.name, (lanes, row), value.dtype)))
-    body: Stmt = Allocate(tile, Let(lanes, mod_index(tid, TILE), seq(rows_of(read), Barrier(), rows_of(write))))
+    into_tile = guarded(gr, gc, Store(tile.name, (row, lanes), read(lead_ix, gr, gc)))
+    wr, wc = add_index(r0, lanes), add_index(c0, row)
+    out_of_tile = guarded(wr, wc, write(lead_ix, wr, wc, Load(tile.name, (lanes, row), dtype)))
+    body: Stmt = Allocate(tile, Let(lanes, mod_index(tid, TILE), seq(rows_of(into_tile), Barrier(),
+                                                                      rows_of(out_of_tile))))
     per = tiles_r * tiles_c
     inner: Stmt = For(tid, Const(THREADS, I64), body, "thread.x", span=span)
     inner = Let(r0, mul_index(div_index(mod_index(bx, per), tiles_c), TILE),
