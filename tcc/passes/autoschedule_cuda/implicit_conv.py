@@ -151,7 +151,11 @@ def _digits(axes: list[Var], ext: dict[str, int], flat: Expr) -> dict[str, Expr]
 
 
 class Builder(tensorcore.Builder):
-    """The copy-engine tensor-core kernel reading ``Wc[f, k]`` and ``Xc[pixel(n), k]``."""
+    """The copy-engine tensor-core kernel reading ``Wc[f, k]`` and ``Xc[pixel(n), k]``, 64 deep
+    along the reduction (on an H100, the 3x3 64->64 56x56 b32 convolution: 0.82 of cuDNN with
+    ``BK = 32``, 0.91 with 64)."""
+
+    tiles = tuple((bm, bn, 64) for bm, bn, _ in tensorcore.TILES)
 
     def __init__(self, c: gemm.Contraction, fresh, decompose, values: tuple[Load, Expr], rows: tuple[Var, Var, Var],
                  narrow: bool, sms: int):
