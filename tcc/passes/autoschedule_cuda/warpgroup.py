@@ -114,10 +114,11 @@ class Tf32Builder(Builder):
 
 
 class StagedBuilder(Builder):
-    """The warpgroup kernel for operands the copy engine cannot read (f32 for TF32, whose
-    descriptors must be K-major: a ``[k][n]`` operand is transposed on its way through
-    registers): the threads load the next k-step's tiles into registers while the matrix units
-    multiply this one, then store them into the other slot of the swizzled tiles."""
+    """The TF32 warpgroup kernel where :class:`Tf32Builder` does not run (misaligned pointers,
+    rows not in whole 16-byte pieces): descriptors must be K-major, so a ``[k][n]`` operand is
+    transposed on its way through registers. The threads load the next k-step's tiles into
+    registers while the matrix units multiply this one, then store them into the other slot of
+    the swizzled tiles (on an H100 0.27 of cuBLAS TF32, against 0.75-0.79 for the other)."""
 
     tiles = ((128, 128, 32),)  # f32: 32 elements make the 128-byte atom
 
