@@ -295,6 +295,7 @@ TENSOR_CORE_CASES = [("hmm", dict(M=7, K=33, N=5)), ("hmm", dict(M=256, K=256, N
                      ("hconv", dict(N=2, C=13, H=15, W=17, F=24)), ("hconv", dict(N=2, C=16, H=15, W=17, F=24)),
                      ("hconvp", dict(N=3, C=8, H=7, W=9, F=33, KH=3, KW=3)),
                      ("hconvp", dict(N=1, C=24, H=1, W=1, F=7, KH=3, KW=3)),
+                     ("hconvp", dict(N=1, C=16, H=7, W=9, F=33, KH=3, KW=3)),
                      ("hconvp", dict(N=2, C=64, H=56, W=56, F=64, KH=3, KW=3)),
                      ("hconvp", dict(N=2, C=32, H=20, W=33, F=130, KH=5, KW=2))]
 

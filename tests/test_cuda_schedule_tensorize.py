@@ -248,14 +248,18 @@ HCONV = """op hconv[P = 1](X: f16[N, C, H, W], Wt: f16[F, C, KH, KW], b: f16[F])
 }"""
 
 
-@pytest.mark.parametrize("sizes", [dict(N=2, C=16, H=5, W=6, F=8, KH=3, KW=3, P=1),
-                                   dict(N=1, C=8, H=7, W=3, F=33, KH=2, KW=3, P=0)], ids=["padded", "odd"])
-def test_the_implicit_gemm_convolution_simulated(sizes, rng):
+@pytest.mark.parametrize("sizes,matrix", [(dict(N=2, C=16, H=5, W=6, F=8, KH=3, KW=3, P=1), Mma),
+                                          (dict(N=1, C=8, H=7, W=3, F=33, KH=2, KW=3, P=0), Mma),
+                                          (dict(N=1, C=8, H=12, W=11, F=9, KH=3, KW=3, P=1), WarpgroupMma)],
+                         ids=["padded", "odd", "warpgroup"])
+def test_the_implicit_gemm_convolution_simulated(sizes, matrix, rng):
     """f16 convolution: a channels-last copy of the input (padding evaluated into it) and the
-    weights in (r, s, c) order, then cp.async tiles of both into the mma.sync GEMM."""
+    weights in (r, s, c) order, then cp.async tiles of both into the mma.sync GEMM (channels x
+    pixels) or, from 128 pixels on sm_90, the wgmma one (pixels x channels)."""
     op = tcc.compile(HCONV, target="cuda", arch="sm_90").hconv
     func = op.lowered(sizes).scheduled
     assert sum(isinstance(s, AsyncCopy) for s in walk_stmts(func.body)) >= 2
+    assert any(isinstance(s, matrix) for s in walk_stmts(func.body))
     args = random_args(op.te, sizes, rng)
     expected = reference_results(op.te, args, sizes)
     out = np.full(expected[0].shape, np.nan, np.float16)

@@ -29,10 +29,12 @@ from dataclasses import dataclass, replace
 from tcc import dtypes
 from tcc.ir.expr import Binary, Const, Expr, Load, Var, free_vars, substitute, transform, walk
 from tcc.ir.loops import Buffer, Stmt, Store, seq
-from tcc.passes.autoschedule_cuda import gemm, tensorcore, transpose
+from tcc.passes.autoschedule_cuda import gemm, tensorcore, transpose, warpgroup
+from tcc.target import CudaTarget
 
 I64 = dtypes.i64
 I32 = dtypes.i32
+WARPGROUP = True  # on sm_90, wgmma tiles of pixels x channels rather than mma.sync
 
 
 @dataclass
@@ -91,7 +93,7 @@ def plan(c: gemm.Contraction, values: tuple[Expr, Expr], fresh) -> Plan | None:
 
 
 def kernels(c: gemm.Contraction, values: tuple[Expr, Expr], p: Plan, fresh, decompose,
-            temps: list[Buffer], sms: int) -> Stmt:
+            temps: list[Buffer], target: CudaTarget) -> Stmt:
     """The two layout kernels and the copy-engine GEMM reading what they wrote."""
     ext = p.extents
     dtype = values[1].dtype
@@ -104,7 +106,7 @@ def kernels(c: gemm.Contraction, values: tuple[Expr, Expr], p: Plan, fresh, deco
     temps.extend((image, weights))
     span = c.final.span
     return seq(_image_kernel(p, image, fresh, span), _weight_kernel(c, values[0], p, weights, fresh, span),
-               _gemm(c, p, image, weights, fresh, decompose, sms))
+               _gemm(c, p, image, weights, fresh, decompose, target))
 
 
 def _image_kernel(p: Plan, out: Buffer, fresh, span) -> Stmt:
@@ -150,29 +152,45 @@ def _digits(axes: list[Var], ext: dict[str, int], flat: Expr) -> dict[str, Expr]
     return out
 
 
-class Builder(tensorcore.Builder):
-    """The copy-engine tensor-core kernel reading ``Wc[f, k]`` and ``Xc[pixel(n), k]``, 64 deep
-    along the reduction (on an H100, the 3x3 64->64 56x56 b32 convolution: 0.82 of cuDNN with
-    ``BK = 32``, 0.91 with 64)."""
-
-    tiles = tuple((bm, bn, 64) for bm, bn, _ in tensorcore.TILES)
-
-    def __init__(self, c: gemm.Contraction, fresh, decompose, values: tuple[Load, Expr], rows: tuple[Var, Var, Var],
-                 narrow: bool, sms: int):
-        super().__init__(c, fresh, decompose, values, tensorcore.FastLayout(True, narrow), sms)
-        self.rows = rows  # (the weight row, the pixel, the reduction index) that the values read
+class _Copies:
+    """The copies of a GEMM whose operands are ``Wc`` and ``Xc`` reads: each of the values reads
+    its tile row and the reduction index through the placeholder variables ``rows``."""
 
     def kernel(self) -> Stmt:
         return replace(super().kernel(), annotations=())  # it copies only from its own (aligned) buffers
 
     def _copies(self, tid: Var, tm0: Var, tn0: Var, k0: Expr, slot: Expr) -> Stmt:
-        fm, pixel, k = self.rows
-        x = self._copy_tile(self.xs, self.xv, fm, k, tm0, k0, self.m, tid, slot, k_rows=False)
-        y = self._copy_tile(self.ys, self.yv, pixel, k, tn0, k0, self.n, tid, slot, k_rows=False)
+        x_row, y_row, k = self.rows
+        x = self._copy_tile(self.xs, self.xv, x_row, k, tm0, k0, self.m, tid, slot, k_rows=False)
+        y = self._copy_tile(self.ys, self.yv, y_row, k, tn0, k0, self.n, tid, slot, k_rows=False)
         return seq(x, y)
 
 
-def _gemm(c: gemm.Contraction, p: Plan, image: Buffer, weights: Buffer, fresh, decompose, sms: int) -> Stmt:
+class Builder(_Copies, tensorcore.Builder):
+    """``mma.sync`` tiles of output channels x pixels, 64 deep along the reduction (on an H100,
+    the 3x3 64->64 56x56 b32 convolution: 0.82 of cuDNN with ``BK = 32``, 0.91 with 64)."""
+
+    tiles = tuple((bm, bn, 64) for bm, bn, _ in tensorcore.TILES)
+
+    def __init__(self, c: gemm.Contraction, fresh, decompose, values: tuple[Load, Load], rows: tuple[Var, Var, Var],
+                 narrow: bool, sms: int):
+        super().__init__(c, fresh, decompose, values, tensorcore.FastLayout(True, narrow), sms)
+        self.rows = rows
+
+
+class WarpgroupBuilder(_Copies, warpgroup.Builder):
+    """``wgmma`` tiles of pixels x output channels (the pixels are the 64-row side of each
+    warpgroup's instruction, so that few channels still fill it)."""
+
+    tiles = ((128, 256, 64), (128, 128, 64), (128, 64, 64))
+
+    def __init__(self, c: gemm.Contraction, fresh, decompose, values: tuple[Load, Load], rows: tuple[Var, Var, Var],
+                 narrow: bool, sms: int):
+        super().__init__(c, fresh, decompose, values, tensorcore.FastLayout(True, narrow), sms)
+        self.rows = rows
+
+
+def _gemm(c: gemm.Contraction, p: Plan, image: Buffer, weights: Buffer, fresh, decompose, target: CudaTarget) -> Stmt:
     narrow = max(image.size, weights.size) < 2**31
     index = I32 if narrow else I64
     fm, pixel, k = (Var(fresh(s).name, index) for s in ("cf", "cpx", "ck"))
@@ -185,6 +203,9 @@ def _gemm(c: gemm.Contraction, p: Plan, image: Buffer, weights: Buffer, fresh, d
     indices = [at[v.name] for v in p.batch]
     indices += [Binary("add", at[y], kd[window_of[y]], index) for y in n_names if y in window_of]
     indices.append(kd[p.channel.name])
-    x = Load(weights.name, (fm, k), weights.dtype)
-    y = Load(image.name, tuple(indices), image.dtype)
-    return Builder(c, fresh, decompose, (x, y), (fm, pixel, k), narrow, sms).kernel()
+    w = Load(weights.name, (fm, k), weights.dtype)
+    x = Load(image.name, tuple(indices), image.dtype)
+    if WARPGROUP and target.arch.startswith("sm_90") and c.size(c.n_axes) >= warpgroup.MIN_SIDE:
+        swapped = replace(c, m_axes=c.n_axes, n_axes=c.m_axes, x=c.y, y=c.x)
+        return WarpgroupBuilder(swapped, fresh, decompose, (x, w), (pixel, fm, k), narrow, target.sms).kernel()
+    return Builder(c, fresh, decompose, (w, x), (fm, pixel, k), narrow, target.sms).kernel()

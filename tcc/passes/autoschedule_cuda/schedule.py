@@ -273,7 +273,7 @@ def _contraction_kernels(c: gemm.Contraction, names: _Names, shapes: dict[str, t
         return gemm.Builder(c, names.fresh, _decompose, target.sms, tuning.tile, tuning.stages).kernel(), "gemm"
     fast = tensorcore.fast_layout(c, values, shapes)
     if fast is None and (conv := implicit_conv.plan(c, values, names.fresh)) is not None:
-        return implicit_conv.kernels(c, values, conv, names.fresh, _decompose, temps, target.sms), "implicit-gemm conv"
+        return implicit_conv.kernels(c, values, conv, names.fresh, _decompose, temps, target), "implicit-gemm conv"
     staged = tensorcore.Builder(c, names.fresh, _decompose, values, None, target.sms).kernel()
     if fast is None:
         return staged, "tensor-core gemm"

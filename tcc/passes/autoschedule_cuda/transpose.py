@@ -9,8 +9,8 @@ GEMM's time), and the GEMM then reads both operands with 16-byte ``cp.async`` co
 16-bit GEMM does.
 
 The kernel is the usual shared-memory transpose: a block of 256 threads reads a ``32 x 32``
-tile along ``n`` (coalesced), stores it to a ``32 x 33`` shared tile (the pad keeps the
-column reads conflict-free), and after a barrier writes it along ``k`` (coalesced again).
+tile along ``n`` (coalesced), stores it to a ``32 x 33`` shared tile (``32 x 34`` for 16-bit
+elements: the pad keeps the column reads conflict-free), and after a barrier writes it along ``k`` (coalesced again).
 """
 
 from __future__ import annotations
@@ -24,9 +24,8 @@ from tcc.ir.loops import Allocate, Barrier, Buffer, For, If, Let, Stmt, Store, s
 from tcc.passes.loops.loopnest import add_index, div_index, mod_index, mul_index
 
 I64 = dtypes.i64
-TILE = 32
+TILE = 32  # the side of a block's square tile
 THREADS = 256
-ROWS = THREADS // TILE  # tile rows a pass of the block covers
 
 Fresh = Callable[[str], Var]
 
@@ -70,11 +69,14 @@ def tiled(read: Read, write: Write, lead: list[int], rows: int, cols: int, dtype
     """A kernel over ``lead x rows x cols`` that moves ``read(b, r, c)`` (coalesced when it is
     contiguous along ``c``) to ``write(b, r, c, value)`` (coalesced when that is contiguous along
     ``r``), through a shared tile per block."""
-    tiles_r, tiles_c = -(-rows // TILE), -(-cols // TILE)
+    side = TILE
+    passes = THREADS // side  # tile rows one pass of the block covers
+    tiles_r, tiles_c = -(-rows // side), -(-cols // side)
     batch = math.prod(lead)
     bx, tid, r0, c0, s = (fresh(n) for n in ("bx", "tx", "tr0", "tc0", "ts"))
     lanes, row = fresh("tl"), fresh("trow")
-    tile = Buffer(fresh("tt").name, dtype, (TILE, TILE + 1), "shared")
+    pad = max(1, 4 // dtype.itemsize)  # rows 4 bytes past a multiple of 128: the column reads hit 32 banks
+    tile = Buffer(fresh("tt").name, dtype, (side, side + pad), "shared")
     b = fresh("tb")
     lead_ix: list[Expr] = []
     flat: Expr = b
@@ -84,26 +86,26 @@ def tiled(read: Read, write: Write, lead: list[int], rows: int, cols: int, dtype
 
     def guarded(r: Expr, c: Expr, stmt: Stmt) -> Stmt:
         checks = [Binary("lt", e, Const(n, I64), dtypes.boolean) for e, n, whole in
-                  ((r, rows, rows % TILE == 0), (c, cols, cols % TILE == 0)) if not whole]
+                  ((r, rows, rows % side == 0), (c, cols, cols % side == 0)) if not whole]
         if not checks:
             return stmt
         cond = checks[0] if len(checks) == 1 else Binary("and", checks[0], checks[1], dtypes.boolean)
         return If(cond, stmt)
 
     def rows_of(body) -> Stmt:
-        return For(s, Const(TILE // ROWS, I64), Let(row, add_index(div_index(tid, TILE), mul_index(s, ROWS)), body),
-                   "unroll")
+        return For(s, Const(side // passes, I64), Let(row, add_index(div_index(tid, side), mul_index(s, passes)),
+                                                      body), "unroll")
 
     gr, gc = add_index(r0, row), add_index(c0, lanes)
     into_tile = guarded(gr, gc, Store(tile.name, (row, lanes), read(lead_ix, gr, gc)))
     wr, wc = add_index(r0, lanes), add_index(c0, row)
     out_of_tile = guarded(wr, wc, write(lead_ix, wr, wc, Load(tile.name, (lanes, row), dtype)))
-    body: Stmt = Allocate(tile, Let(lanes, mod_index(tid, TILE), seq(rows_of(into_tile), Barrier(),
+    body: Stmt = Allocate(tile, Let(lanes, mod_index(tid, side), seq(rows_of(into_tile), Barrier(),
                                                                       rows_of(out_of_tile))))
     per = tiles_r * tiles_c
     inner: Stmt = For(tid, Const(THREADS, I64), body, "thread.x", span=span)
-    inner = Let(r0, mul_index(div_index(mod_index(bx, per), tiles_c), TILE),
-                Let(c0, mul_index(mod_index(bx, tiles_c), TILE), inner))
+    inner = Let(r0, mul_index(div_index(mod_index(bx, per), tiles_c), side),
+                Let(c0, mul_index(mod_index(bx, tiles_c), side), inner))
     if lead:
         inner = Let(b, div_index(bx, per), inner)
     return For(bx, Const(batch * per, I64), inner, "block.x", span=span)
