@@ -15,10 +15,16 @@ Two small kernels run first, both shared-memory transposes (:func:`transpose.til
   padding's zeros are computed once, and the GEMM reads ``T[n, y + r, x + s, c]`` with no test.
 * ``Wc[f, (r * S + s) * C + c] = w(f, c, r, s)``: the other operand in the same reduction order.
 
-The GEMM is then the copy-engine tensor-core kernel (:class:`tensorcore.Builder`) whose two
-copies read those buffers at ``(pixel, k)`` and ``(f, k)``, the epilogue unchanged (bias, relu,
-the cast, stored in the output's own layout). Both buffers are the kernel's own allocations,
-16-byte aligned, so the kernel needs no misaligned fallback.
+The GEMM is then a copy-engine tensor-core kernel whose two copies read those buffers at
+``(pixel, k)`` and ``(f, k)``, the epilogue unchanged (bias, relu, the cast, stored in the
+output's own layout): on sm_90 from 128 pixels, the ``wgmma`` kernel with the pixels as its
+rows (:class:`WarpgroupBuilder`: a warpgroup's 64 rows are filled however few the channels),
+else ``mma.sync`` tiles of channels x pixels (:class:`Builder`). Both buffers are the kernel's
+own allocations, 16-byte aligned, so it needs no misaligned fallback.
+
+Measured on an H100 (3x3 64->64 56x56 batch 32, bias, relu; cuDNN 82 us): the element-wise
+im2col fills ran 212 us; with this layout 91 us on ``mma.sync``, 58 us on ``wgmma`` (input
+copy 21.6 us, weights 1.6 us, GEMM 30.8 us).
 """
 
 from __future__ import annotations
@@ -34,7 +40,6 @@ from tcc.target import CudaTarget
 
 I64 = dtypes.i64
 I32 = dtypes.i32
-WARPGROUP = True  # on sm_90, wgmma tiles of pixels x channels rather than mma.sync
 
 
 @dataclass
@@ -168,7 +173,8 @@ class _Copies:
 
 class Builder(_Copies, tensorcore.Builder):
     """``mma.sync`` tiles of output channels x pixels, 64 deep along the reduction (on an H100,
-    the 3x3 64->64 56x56 b32 convolution: 0.82 of cuDNN with ``BK = 32``, 0.91 with 64)."""
+    the 3x3 64->64 56x56 b32 convolution: 0.82 of cuDNN with ``BK = 32``, 0.91 with 64; 1.42
+    on wgmma)."""
 
     tiles = tuple((bm, bn, 64) for bm, bn, _ in tensorcore.TILES)
 
@@ -205,7 +211,7 @@ def _gemm(c: gemm.Contraction, p: Plan, image: Buffer, weights: Buffer, fresh, d
     indices.append(kd[p.channel.name])
     w = Load(weights.name, (fm, k), weights.dtype)
     x = Load(image.name, tuple(indices), image.dtype)
-    if WARPGROUP and target.arch.startswith("sm_90") and c.size(c.n_axes) >= warpgroup.MIN_SIDE:
+    if target.arch.startswith("sm_90") and c.size(c.n_axes) >= warpgroup.MIN_SIDE:
         swapped = replace(c, m_axes=c.n_axes, n_axes=c.m_axes, x=c.y, y=c.x)
         return WarpgroupBuilder(swapped, fresh, decompose, (x, w), (pixel, fm, k), narrow, target.sms).kernel()
     return Builder(c, fresh, decompose, (w, x), (fm, pixel, k), narrow, target.sms).kernel()
