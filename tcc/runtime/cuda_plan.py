@@ -53,7 +53,7 @@ class Plan:
     # parameter code, slot)
     outs: list[_Tensor] | None  # None: the call allocates its results
     results: list[tuple[tuple[int, ...], Any, int]]  # (shape, torch dtype, slot) of each new result
-    temps: list[int]  # the slots of the intermediates
+    temp_slots: list[int]  # the slots of the intermediates
     tensor: type  # torch.Tensor
     torch_device: Any
     stream: Callable[[int], int]  # the device's current raw stream
@@ -89,7 +89,10 @@ class Plan:
                 value = args[pos]
                 if type(value) is not kind or (bounds is not None and not bounds[0] <= value <= bounds[1]):
                     return None
-                view[index] = value  # (ValueError for a float beyond f64's range: see below)
+                try:
+                    view[index] = value
+                except ValueError:  # an int beyond f64's range for an f32 scalar: the checked path says so
+                    return None
             bits = 0  # every pointer written, or-ed: misaligned ones show in the low bits
             for pos, dtype, shape, _, slot in self.inputs:
                 a = args[pos]
@@ -104,18 +107,16 @@ class Plan:
             bits |= result_bits
             stream = self.stream(device)
             try:
-                if not self.temps:
+                if not self.kernel.temps:  # (read each call, like the checked path)
                     block.launch(stream, self.op, bits & 15)
                 else:
                     with self.kernel.lock:  # one call's kernels queued together on the stream's workspace
-                        for slot, ptr in zip(self.temps, self.kernel.workspace(device, stream, self.op)):
+                        for slot, ptr in zip(self.temp_slots, self.kernel.workspace(device, stream, self.op)):
                             words[slot] = ptr
                         block.launch(stream, self.op, bits & 15)
             except BaseException:
                 results.clear()  # the traceback must not keep new result tensors alive
                 raise
-        except ValueError:  # a value the argument block cannot hold: the checked path says why
-            return None
         finally:
             self.pool.append(entry)
         if SYNC:
