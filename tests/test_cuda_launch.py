@@ -41,9 +41,12 @@ class _Driver:
         self.codes = {launcher.fn: launcher.codes for launcher in launchers}
         self.launches: list[tuple[int, int, int, int | None, list]] = []
         self.refuse = refuse  # launches to refuse first for want of a context
+        self.limit = 1 << 30  # threads a block
 
     def __call__(self, fn, grid, gy, gz, block, by, bz, shared, stream, argv, extra) -> int:
         assert (gy, gz, by, bz, shared, extra) == (1, 1, 1, 1, 0, None)
+        if block > self.limit:
+            return 1  # CUDA_ERROR_INVALID_VALUE
         if self.refuse:
             self.refuse -= 1
             return driver.ERROR_INVALID_CONTEXT
@@ -114,3 +117,67 @@ def test_a_launch_refused_for_want_of_a_context_makes_it_current_and_retries():
     block, slots, context, stand_in = _block([k], refuse=2)
     with pytest.raises(driver.TccRuntimeError, match="op op: launching kernel k"):
         block.launch(0, "op", 0)
+
+
+# ---------------------------------------------------------------- the fast path's plan, on CPU tensors
+
+class _Kernel:
+    temps: list = []
+
+    def __init__(self) -> None:
+        import threading
+
+        self.lock = threading.Lock()
+
+
+def _axpy_plan(monkeypatch, out: bool):
+    """cuda_plan.Plan for ``axpy(a: f32, X: f32[N], Y: f32[N]) -> Z`` at N = 33 on CPU tensors
+    (``get_device()`` -1 for the device), launching through a stand-in driver."""
+    torch = pytest.importorskip("torch")
+    from tcc.runtime import cuda_plan
+
+    launcher = _launcher("axpy", 0x10, [("a", "f32"), ("X", "p"), ("Y", "p"), ("Z", "p")], grid=1, block=64)
+    stand_in = _Driver([launcher])
+    stand_in.limit = 1024  # threads a block: a larger block is refused, as the driver does
+    monkeypatch.setattr(driver, "raw_launch", lambda: stand_in)
+    slots = {"a": 0, "X": 1, "Y": 2, "Z": 3}
+    f32 = torch.float32
+    inputs = [cuda_plan._Tensor(1, f32, (33,), 132, 1), cuda_plan._Tensor(2, f32, (33,), 132, 2)]
+    outs = [cuda_plan._Tensor(0, f32, (33,), 132, 3)] if out else None
+    plan = cuda_plan.Plan(_Kernel(), _Context(), -1, 3, {}, inputs, [(0, float, None, "f32", 0)], outs,
+                          [((33,), f32, 3)], [], torch.Tensor, "cpu", lambda device: 7, torch.empty, [launcher],
+                          slots, "axpy")
+    return plan, launcher, stand_in
+
+
+def test_a_plan_writes_each_value_to_its_slot_and_checks_what_can_change(monkeypatch, rng):
+    torch = pytest.importorskip("torch")
+    plan, _, stand_in = _axpy_plan(monkeypatch, out=True)
+    for _ in range(3):
+        x, y, z = (torch.from_numpy(rng.standard_normal(33).astype(np.float32)) for _ in range(3))
+        a = float(np.float32(rng.standard_normal()))
+        stand_in.launches.clear()
+        assert plan.run((a, x, y), {}, z) == [z]
+        assert stand_in.launches == [(0x10, 1, 64, 7, [a, x.data_ptr(), y.data_ptr(), z.data_ptr()])]
+    stand_in.launches.clear()
+    misses = [((a, x, y), {}, x),  # out= overlapping an input: the checked path copies
+              ((a, x.double(), y), {}, z), ((a, x[:32], y), {}, z), ((a, x, y), {}, z.double()),
+              ((2, x, y), {}, z), ((a, x, y), {"P": 1}, z), ((a, x, y), {}, None),
+              ((a, torch.randn(66)[::2], y), {}, z)]  # a strided input
+    for args, cparams, out in misses:
+        assert plan.run(args, cparams, out) is None
+    assert stand_in.launches == []
+
+
+def test_a_plan_allocates_results_and_drops_a_block_whose_launch_failed(monkeypatch, rng):
+    torch = pytest.importorskip("torch")
+    plan, launcher, stand_in = _axpy_plan(monkeypatch, out=False)
+    x, y = (torch.from_numpy(rng.standard_normal(33).astype(np.float32)) for _ in range(2))
+    good = launcher.block
+    launcher.block = 4096
+    with pytest.raises(driver.TccRuntimeError, match="op axpy: launching kernel axpy"):
+        plan.run((1.5, x, y), {}, None)
+    launcher.block = good  # a block built while the kernel was wrong is not reused
+    (z,) = plan.run((1.5, x, y), {}, None)
+    assert z.shape == (33,) and z.dtype == torch.float32
+    assert stand_in.launches == [(0x10, 1, 64, 7, [1.5, x.data_ptr(), y.data_ptr(), z.data_ptr()])]

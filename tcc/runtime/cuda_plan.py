@@ -116,9 +116,11 @@ class Plan:
                         block.launch(stream, self.op, bits & 15)
             except BaseException:
                 results.clear()  # the traceback must not keep new result tensors alive
+                entry = None  # nor is the block kept: the next call builds one from the kernels as they are then
                 raise
         finally:
-            self.pool.append(entry)
+            if entry is not None:
+                self.pool.append(entry)
         if SYNC:
             driver.synchronize(stream, f"op {self.op}: running its kernels")
         return results
