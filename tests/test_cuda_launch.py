@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tcc.codegen_cuda import driver
+from tcc.errors import TccRuntimeError
 
 _READ = {"p": ctypes.c_uint64, "f32": ctypes.c_float, "f64": ctypes.c_double, "i8": ctypes.c_int8,
          "i32": ctypes.c_int32, "i64": ctypes.c_int64, "bool": ctypes.c_bool}
@@ -115,7 +116,7 @@ def test_a_launch_refused_for_want_of_a_context_makes_it_current_and_retries():
     block.launch(0, "op", 0)
     assert context.activated == 1 and len(stand_in.launches) == 1
     block, slots, context, stand_in = _block([k], refuse=2)
-    with pytest.raises(driver.TccRuntimeError, match="op op: launching kernel k"):
+    with pytest.raises(TccRuntimeError, match="op op: launching kernel k"):
         block.launch(0, "op", 0)
 
 
@@ -175,7 +176,7 @@ def test_a_plan_allocates_results_and_drops_a_block_whose_launch_failed(monkeypa
     x, y = (torch.from_numpy(rng.standard_normal(33).astype(np.float32)) for _ in range(2))
     good = launcher.block
     launcher.block = 4096
-    with pytest.raises(driver.TccRuntimeError, match="op axpy: launching kernel axpy"):
+    with pytest.raises(TccRuntimeError, match="op axpy: launching kernel axpy"):
         plan.run((1.5, x, y), {}, None)
     launcher.block = good  # a block built while the kernel was wrong is not reused
     (z,) = plan.run((1.5, x, y), {}, None)
