@@ -189,11 +189,13 @@ def cuda_calls() -> None:
     new, into, anchor = per_call([lambda: lib.axpy(a, x, y), lambda: lib.axpy(a, x, y, out=z), lambda: a * x + y],
                                  clock=time.perf_counter)
     torch.cuda.synchronize()
-    bare = per_call([bare_launch(lib, a, x, y, z)], clock=time.perf_counter)[0]
+    bare, typed = per_call([bare_launch(lib, a, x, y, z), bare_launch(lib, a, x, y, z, typed=True)],
+                           clock=time.perf_counter)
     torch.cuda.synchronize()
     row("cuda call, 256 elements", new * 1e6, "µs", f"torch a*x+y {anchor * 1e6:.2f} µs")
     row("cuda call, 256 elements, out=", into * 1e6, "µs",
-        f"torch a*x+y {anchor * 1e6:.2f} µs; bare cuLaunchKernel {bare * 1e6:.2f} µs")
+        f"torch a*x+y {anchor * 1e6:.2f} µs; bare cuLaunchKernel {bare * 1e6:.2f} µs "
+        f"(through ctypes' argument types: {typed * 1e6:.2f} µs)")
     twins = tcc.compile(TWINS, target="cuda")
     torch.testing.assert_close(twins.with_t(x), twins.without_t(x))
     sync = torch.cuda.synchronize
@@ -202,8 +204,12 @@ def cuda_calls() -> None:
     row("cuda call + sync, an intermediate, out=", with_t * 1e6, "µs", f"none {without_t * 1e6:.2f} µs")
 
 
-def bare_launch(lib, a: float, x, y, z) -> Callable[[], object]:
-    """One cuLaunchKernel of axpy's kernel through ctypes, its arguments set once: the floor of a call."""
+def bare_launch(lib, a: float, x, y, z, typed: bool = False) -> Callable[[], object]:
+    """One cuLaunchKernel of axpy's kernel through ctypes, its arguments set once: the floor of a call.
+    Untyped, its pointers prebuilt ``c_void_p`` objects, as tcc's fast path calls it; or ``typed``,
+    through the function with ctypes' argument types (each call converts eleven arguments)."""
+    import ctypes
+
     import torch
 
     from tcc.codegen_cuda import driver
@@ -212,8 +218,13 @@ def bare_launch(lib, a: float, x, y, z) -> Callable[[], object]:
     values = {"a": a, "X": x.data_ptr(), "Y": y.data_ptr(), "Z": z.data_ptr()}
     for slot, name in zip(launcher.slots, launcher.names):
         slot.value = values[name]
-    launch, fn, stream = driver.libcuda().cuLaunchKernel, int(launcher.fn), torch.cuda.current_stream().cuda_stream
-    return lambda: launch(fn, launcher.grid, 1, 1, launcher.block, 1, 1, 0, stream, launcher.argv_ptr, None)
+    stream = torch.cuda.current_stream().cuda_stream
+    if typed:
+        launch, fn = driver.libcuda().cuLaunchKernel, int(launcher.fn)
+        return lambda: launch(fn, launcher.grid, 1, 1, launcher.block, 1, 1, 0, stream, launcher.argv_ptr, None)
+    launch, fn, argv = driver.raw_launch(), ctypes.c_void_p(launcher.fn), ctypes.c_void_p(launcher.argv_ptr)
+    handle = ctypes.c_void_p(stream) if stream else None
+    return lambda: launch(fn, launcher.grid, 1, 1, launcher.block, 1, 1, 0, handle, argv, None)
 
 
 def _gpu() -> bool:

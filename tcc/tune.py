@@ -27,6 +27,7 @@ import numpy as np
 from tcc import cuda
 from tcc.errors import TccError, TccRuntimeError
 from tcc.passes.autoschedule_cpu.gemm import contractions, gemm_params
+from tcc.passes.autoschedule_cuda import merge_kernels
 from tcc.passes.autoschedule_cuda.gemm import SEARCH_TILES, fits
 from tcc.passes.autoschedule_cuda.schedule import CudaTuning
 from tcc.passes.pipeline import Lowered, Tuning, schedule
@@ -107,7 +108,7 @@ def kernel_kinds(lowered: Lowered) -> set[str]:
     kinds: set[str] = set()
     schedule(lowered.loops, lowered.target, lowered.steps, Tuning(),
              Trace(lambda name, _text: kinds.add(name.split(":")[0])))
-    return kinds - {"empty", "bound by the user"}
+    return kinds - {"empty", "bound by the user", merge_kernels.PASS}
 
 
 # ---------------------------------------------------------------- the search

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from tcc.ir.expr import Binary, Cast, Const, Expr, Load, Select, Unary, Var
+from tcc.ir.expr import Binary, Call, Cast, Const, Expr, Load, Select, Unary, Var
 from tcc.ir.loops import (
     Allocate,
     AsyncCommit,
@@ -48,6 +48,7 @@ _BINARY = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a
            "ne": lambda a, b: a != b, "and": lambda a, b: a and b, "or": lambda a, b: a or b,
            "max": max, "min": min, "floordiv": lambda a, b: a // b if b else 0,
            "mod": lambda a, b: a % b if b else 0}
+_CALLS = {"exp": np.exp, "log": np.log, "sqrt": np.sqrt, "tanh": np.tanh}  # math functions, in the call's dtype
 
 
 def run(func: LoopFunc, arrays: dict[str, np.ndarray], aligned: bool = True) -> None:
@@ -101,6 +102,8 @@ class _Eval:
             return self.expr(e.a) if self.expr(e.cond) else self.expr(e.b)
         if isinstance(e, Unary):
             return -self.expr(e.a) if e.op == "neg" else not self.expr(e.a)
+        if isinstance(e, Call) and e.fn in _CALLS:
+            return _NP[e.dtype.name](_CALLS[e.fn](*(self.expr(a) for a in e.args)))
         raise NotImplementedError(f"simulating {type(e).__name__}")
 
     def offset(self, ref: Load) -> int:

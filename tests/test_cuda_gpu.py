@@ -470,6 +470,55 @@ def test_intermediates_come_from_a_workspace_kept_per_stream(rng):
     assert ctx.pool_attribute(driver.MEMPOOL_ATTR_RELEASE_THRESHOLD) == driver.POOL_RELEASE_THRESHOLD
 
 
+def test_workspaces_of_concurrent_streams_do_not_alias(rng):
+    """Calls queued on two streams without synchronising between them, each on its own inputs:
+    each stream's calls use that stream's intermediates, so every result is its own input's."""
+    torch = _torch()
+    op = tcc.compile(WITH_T, target="cuda").with_t
+    n = 1 << 20  # many blocks: two kernels, T between them in the workspace
+    assert len(op.kernel({"N": n}).meta["kernels"]) >= 2 and op.kernel({"N": n}).temps
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    inputs = [torch.randn(n, device="cuda") for _ in range(8)]
+    torch.cuda.synchronize()
+    results = []
+    for i, x in enumerate(inputs):  # the checked path first, then the plans of each stream
+        with torch.cuda.stream(streams[i % 2]):
+            out = torch.full_like(x, float("nan"))
+            results.append(op(x, out=out) if i % 4 < 2 else op(x))
+    torch.cuda.synchronize()
+    for x, y in zip(inputs, results):
+        torch.testing.assert_close(y, x.exp() + x.exp().flip(0))
+
+
+def test_workspaces_per_shape_and_freed_with_their_kernel(rng):
+    """Two shapes of one op: a kernel and a workspace each, reused by repeat calls; a kernel's
+    workspaces go when the kernel does."""
+    import gc
+
+    from tcc.codegen_cuda import driver
+    from tcc.runtime import cuda as cuda_backend
+
+    torch = _torch()
+    op = tcc.compile(WITH_T, target="cuda").with_t
+    xs = [torch.randn(n, device="cuda") for n in (1001, 5003)]
+    for x in xs:
+        torch.testing.assert_close(op(x), x.exp() + x.exp().flip(0))
+    torch.cuda.synchronize()
+    held = tcc.cuda.allocated_bytes()
+    for _ in range(3):
+        for x in xs:
+            torch.testing.assert_close(op(x), x.exp() + x.exp().flip(0))
+    torch.cuda.synchronize()
+    assert tcc.cuda.allocated_bytes() == held
+    ctx = driver.context(xs[0].device.index)
+    kernel = cuda_backend.load("with_t", cuda_backend.build(op.lowered({"N": 7777}).scheduled, {"arch": ctx.arch}))
+    kernel.workspace(ctx.ordinal, 0, "with_t")
+    assert tcc.cuda.allocated_bytes() == held + 7777 * 4
+    del kernel
+    gc.collect()
+    assert tcc.cuda.allocated_bytes() == held
+
+
 def test_a_planned_call_from_a_new_thread_makes_the_context_current(rng):
     """The fast path does not ask which context is current: on a thread where none is, the launch is
     refused, the context made current and the launch repeated."""

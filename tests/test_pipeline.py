@@ -66,8 +66,8 @@ def test_cuda_pipeline_reports_each_kernel():
     op = tcc.compile(MATMUL_RELU, target="cuda").mm
     seen = _passes(op, dict(M=67, K=33, N=65))
     names = [name for name, _ in seen]
-    assert names[:len(TE_PASSES)] == TE_PASSES and names[len(TE_PASSES):] == ["gemm: C"]
-    assert "# block.x" in seen[-1][1]
+    assert names[:len(TE_PASSES)] == TE_PASSES and names[len(TE_PASSES):] == ["gemm: C", "merge one-block kernels"]
+    assert "# block.x" in seen[-2][1] and seen[-1][1] == "(unchanged)"
     fused = op.lower(np.ones((67, 33), np.float32), np.ones((33, 65), np.float32), np.ones(65, np.float32),
                      stage="fused")
     assert "inline T" in fused

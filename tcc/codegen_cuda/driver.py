@@ -314,28 +314,95 @@ class Launcher:
         self.fallback = other
 
     def launch(self, values: dict[str, Any], stream: int, op: str) -> None:
-        """Launch with each parameter taken from ``values`` by name."""
-        self.launch_ordered([values[n] for n in self.names], list(range(len(self.names))), stream, op)
-
-    def launch_ordered(self, values: list[Any], order: list[int], stream: int, op: str,
-                       context: Context | None = None) -> None:
-        """Launch with parameter ``i`` taken from ``values[order[i]]`` (the fast path's layout). Given
-        its ``context``, a launch refused for want of it current makes it current and tries again
-        (the fast path does not ask the driver which context is current on every call)."""
-        if self.fallback is not None and any(values[order[i]] % 16 for i in self.pointers):
-            self.fallback.launch_ordered(values, order, stream, op, context)
+        """Launch with each parameter taken from ``values`` by name (the checked path's launch)."""
+        if self.fallback is not None and any(values[self.names[i]] % 16 for i in self.pointers):
+            self.fallback.launch(values, stream, op)
             return
         with self.lock:
-            for slot, i in zip(self.slots, order):
-                slot.value = values[i]
+            for slot, name in zip(self.slots, self.names):
+                slot.value = values[name]
             err = self.cu_launch(self.fn, self.grid, 1, 1, self.block, 1, 1, self.shared, stream, self.argv_ptr, None)
-            if err in (ERROR_INVALID_CONTEXT, ERROR_INVALID_HANDLE) and context is not None:
-                context.activate()
-                err = self.cu_launch(self.fn, self.grid, 1, 1, self.block, 1, 1, self.shared, stream, self.argv_ptr,
-                                     None)
         if err != SUCCESS:
-            raise TccRuntimeError(f"op {op}: launching kernel {self.name} ({self.grid} blocks of {self.block} "
-                                  f"threads) failed: {error_name(err)}", hint=_hint(err))
+            raise launch_error(op, self.name, self.grid, self.block, err)
+
+
+def launch_error(op: str, kernel: str, grid: int, block: int, err: int) -> TccRuntimeError:
+    return TccRuntimeError(f"op {op}: launching kernel {kernel} ({grid} blocks of {block} threads) failed: "
+                           f"{error_name(err)}", hint=_hint(err))
+
+
+# a kernel parameter's code -> its format in a memoryview of the argument block (8 bytes a slot)
+_FORMATS = {"p": "Q", "f16": "f", "bf16": "f", "f32": "f", "f64": "d", "i8": "b", "i32": "i", "i64": "q",
+            "bool": "?"}
+
+
+class ArgumentBlock:
+    """The parameters of an op's kernels for one call, in one buffer of 8-byte slots (one a value
+    of the call: argument, result or intermediate) that each kernel's parameter array points into,
+    built once. A call writes each value once into its slot (``set``, ``words``) and launches the
+    kernels: no ctypes object per parameter, no list of values, no lock (a block serves one call
+    at a time: the fast path keeps a pool of them).
+    """
+
+    def __init__(self, launchers: list[Launcher], slots: dict[str, int], context: Context, cu_launch: Any = None):
+        self.raw = (ctypes.c_uint64 * max(1, len(slots)))()
+        data = memoryview((ctypes.c_char * ctypes.sizeof(self.raw)).from_buffer(self.raw)).cast("B")
+        self.words = data.cast("Q")  # pointers, by slot
+        self._views = {f: data.cast(f) for f in set(_FORMATS.values())}
+        self.context = context
+        base = ctypes.addressof(self.raw)
+        self._argvs = []  # each kernel's parameter array: addresses of its slots (kept alive here)
+        # per kernel: (function, grid, block, shared bytes, parameter array, name, its fallback's
+        # (function, grid, block, shared bytes, name) or None, the slots of its pointers)
+        self.kernels: list[tuple[Any, ...]] = []
+        for launcher in launchers:
+            argv = (ctypes.c_void_p * max(1, len(launcher.names)))(*[base + 8 * slots[n] for n in launcher.names])
+            self._argvs.append(argv)
+            other = launcher.fallback
+            fallback = None if other is None else (_P(other.fn), other.grid, other.block, other.shared, other.name)
+            self.kernels.append((_P(launcher.fn), launcher.grid, launcher.block, launcher.shared,
+                                 _P(ctypes.addressof(argv)), launcher.name, fallback,
+                                 [slots[launcher.names[i]] for i in launcher.pointers]))
+        self.cu_launch = cu_launch or raw_launch()  # (tests pass a stand-in)
+        self._streams: dict[int, Any] = {}  # stream -> its c_void_p
+
+    def setter(self, code: str, slot: int) -> tuple[memoryview, int]:
+        """(view, index): ``view[index] = value`` writes a value of parameter code ``code`` into ``slot``."""
+        fmt = _FORMATS[code]
+        view = self._views[fmt]
+        return view, slot * 8 // view.itemsize
+
+    def launch(self, stream: int, op: str, misaligned: int) -> None:
+        """Launch every kernel on ``stream``. ``misaligned``: nonzero when some pointer written may not
+        be 16-byte aligned (aligned variants then check their own and may run their fallback). A
+        launch refused for want of the context current makes it current and tries again (the
+        fast path does not ask the driver which context is current on every call)."""
+        launch, words = self.cu_launch, self.words
+        handle = self._streams.get(stream) if stream else None
+        if handle is None and stream:
+            if len(self._streams) >= 64:
+                self._streams.clear()
+            handle = self._streams[stream] = _P(stream)
+        for fn, grid, block, shared, argv, name, fallback, pointers in self.kernels:
+            if fallback is not None and misaligned and any(words[s] & 15 for s in pointers):
+                fn, grid, block, shared, name = fallback
+            err = launch(fn, grid, 1, 1, block, 1, 1, shared, handle, argv, None)
+            if err != SUCCESS:
+                if err in (ERROR_INVALID_CONTEXT, ERROR_INVALID_HANDLE):
+                    self.context.activate()
+                    err = launch(fn, grid, 1, 1, block, 1, 1, shared, handle, argv, None)
+                if err != SUCCESS:
+                    raise launch_error(op, name, grid, block, err)
+
+
+def raw_launch() -> Any:
+    """``cuLaunchKernel`` without argument types, for callers that pass its pointers as prebuilt
+    ``c_void_p`` objects (or None) and its sizes as small ints: ctypes then converts nothing, and a
+    call costs about 0.6 us to the typed function's 1.5 (development VM). Each ``lib[name]`` is a
+    new function object, so the typed one that ``libcuda().cuLaunchKernel`` returns keeps its types."""
+    fn = libcuda()["cuLaunchKernel"]
+    fn.restype = ctypes.c_int
+    return fn
 
 
 def load_module(cubin: bytes, what: str) -> int:

@@ -20,11 +20,13 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput
 
 from tcc.errors import Source, Span, TccSyntaxError
 from tcc.frontend import ast
+from tcc.frontend.lexer import FirstGuessLexer
 from tcc.paths import cache_dir
 
 _GRAMMAR = Path(__file__).with_name("grammar.lark")
 _TABLES = Path(__file__).with_name("grammar.tables")  # the LALR tables, built by write_tables()
 _STARTS = ("start", "steps")  # a whole file; the steps of a schedule given from Python
+_PLUGINS = {"ContextualLexer": FirstGuessLexer}  # lark's contextual lexer, one scanner tried first
 _OPEN = {"(": ")", "[": "]"}
 _PRETTY = {"LPAR": "'('", "RPAR": "')'", "LSQB": "'['", "RSQB": "']'", "LBRACE": "'{'",
            "RBRACE": "'}'", "COMMA": "','", "COLON": "':'", "SEMICOLON": "';'", "EQUAL": "'='",
@@ -76,9 +78,10 @@ def _parser() -> lark.Lark:
     return _build_parser(cache)
 
 
-def _build_parser(cache: bool | str = False) -> lark.Lark:
+def _build_parser(cache: bool | str = False, plugins: dict[str, type] | None = None) -> lark.Lark:
     return lark.Lark(_GRAMMAR.read_text(), parser="lalr", propagate_positions=True,
-                     postlex=_StatementNewlines(), maybe_placeholders=True, cache=cache, start=list(_STARTS))
+                     postlex=_StatementNewlines(), maybe_placeholders=True, cache=cache, start=list(_STARTS),
+                     _plugins=_PLUGINS if plugins is None else plugins)
 
 
 def _grammar_digest() -> str:
@@ -94,7 +97,7 @@ def _shipped_parser() -> lark.Lark | None:
         with _TABLES.open("rb") as f:
             if f.readline().decode(errors="replace").strip() != _grammar_digest():
                 return None
-            return lark.Lark.load(f)
+            return lark.Lark.__new__(lark.Lark)._load(f, _plugins=_PLUGINS)  # (Lark.load takes no options)
     except Exception:  # noqa: BLE001 - unreadable tables of any kind only cost building the parser
         return None
 
@@ -104,7 +107,7 @@ def write_tables(path: Path = _TABLES) -> None:
     ``tests/test_parser_tables.py`` checks that they are current)."""
     with path.open("wb") as f:
         f.write(_grammar_digest().encode() + b"\n")
-        _build_parser().save(f)
+        _build_parser(plugins={}).save(f)  # (the lexer class is given at load)
 
 
 def parse(text: str, filename: str = "<string>") -> ast.Module:

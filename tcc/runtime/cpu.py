@@ -242,6 +242,7 @@ _SCALAR_CELLS = {"f32": ctypes.c_float, "f64": ctypes.c_double, "i32": ctypes.c_
 _INT_RANGES = {"i32": (-(1 << 31), (1 << 31) - 1), "i64": (-(1 << 63), (1 << 63) - 1), "i8": (-128, 127)}
 
 _C_WRITEABLE = 0x401  # NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_WRITEABLE, in ``ndarray.flags.num``
+_NDARRAY = np.ndarray  # a module global: read faster than np.ndarray in the plan's checks
 
 
 def _pointer_offset_holds() -> bool:
@@ -333,6 +334,8 @@ class Plan:
 
     def __post_init__(self) -> None:
         self.single_out = self.outs[0] if self.outs is not None and len(self.outs) == 1 else None
+        t = self.single_out
+        self.numpy_out = (t.dtype, t.shape, t.nbytes, t.slot) if t is not None and t.numpy else None
         self.input_ranges = [(t.slot, t.nbytes) for t in self.inputs]  # for _outs' overlap checks
 
     def _outs(self, out: Any, ptrs: Any) -> list[Any] | None:
@@ -379,23 +382,25 @@ class Plan:
                 cell.value = value
             results, low, high = None, 0, 0  # [low, high): a single out='s bytes, checked first
             t = self.single_out
-            if t is not None and type(out) is t.kind:  # the common out=: inline, no list or loop
-                if t.numpy:
-                    if (out.dtype is not t.dtype or out.shape != t.shape
-                            or out.flags.num & _C_WRITEABLE != _C_WRITEABLE):
-                        return None
-                    low = _WORDS[(id(out) + _DATA) >> 3]
-                else:  # a torch.Tensor
-                    if (out.dtype is not t.dtype or out.shape != t.shape or not out.is_contiguous()
-                            or not out.is_cpu or out.requires_grad):
-                        return None
-                    low = out.data_ptr()
+            if type(out) is _NDARRAY and self.numpy_out is not None:  # the common out=: inline
+                dtype, shape, nbytes, slot = self.numpy_out
+                if out.dtype is not dtype or out.shape != shape or out.flags.num & _C_WRITEABLE != _C_WRITEABLE:
+                    return None
+                low = _WORDS[(id(out) + _DATA) >> 3]
+                high = low + nbytes
+                ptrs[slot] = low
+                results = [out]
+            elif t is not None and type(out) is t.kind:  # a torch.Tensor (the ndarray case is above)
+                if (out.dtype is not t.dtype or out.shape != t.shape or not out.is_contiguous()
+                        or not out.is_cpu or out.requires_grad):
+                    return None
+                low = out.data_ptr()
                 high = low + t.nbytes
                 ptrs[t.slot] = low
                 results = [out]
             for t in self.inputs:
                 a = args[t.pos]
-                if (t.numpy and type(a) is np.ndarray and a.dtype is t.dtype and a.shape == t.shape
+                if (t.numpy and type(a) is _NDARRAY and a.dtype is t.dtype and a.shape == t.shape
                         and a.strides == t.strides):
                     ptr = _WORDS[(id(a) + _DATA) >> 3]
                 elif (type(a) is t.kind and not t.numpy and a.dtype is t.dtype and a.shape == t.shape

@@ -15,13 +15,9 @@ import functools
 import importlib
 import importlib.metadata
 import math
-import os
-import sys
 import threading
 import weakref
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -31,14 +27,15 @@ from tcc.cuda import Array
 from tcc.dtypes import DType
 from tcc.errors import TccArgumentError, TccCompileError, TccRuntimeError
 from tcc.ir.loops import LoopFunc
-from tcc.runtime.binding import as_host_array, out_list
+from tcc.runtime.binding import out_list
 from tcc.runtime.cache import pack_artifact, unpack_artifact
-from tcc.runtime.plans import same_params
+from tcc.runtime.cuda_plan import SYNC, raw_stream
+from tcc.runtime.cuda_plan import make_plan as make_plan  # the backend's fast path (tcc.compiler.Op)
+from tcc.runtime.cuda_tensors import DeviceTensor, as_array, torch_dtypes
 from tcc.target import CudaTarget
 
 STAGES = ("ast", "te", "fused", "loops", "scheduled", "cuda", "ptx")
 _MAGIC = b"TCC-CUBIN-1\n"
-_SYNC = os.environ.get("TCC_CUDA_SYNC", "") not in ("", "0")  # debugging: synchronise after every call
 _NO_LOCK = contextlib.nullcontext()
 
 
@@ -196,93 +193,6 @@ def load(name: str, artifact: bytes) -> CudaKernel:
     return CudaKernel(name, artifact)
 
 
-# ---------------------------------------------------------------- device tensors
-
-@dataclass
-class DeviceTensor:
-    """A view of a caller's device tensor: where it is and how it is laid out."""
-
-    ptr: int
-    shape: tuple[int, ...]
-    tcc_dtype: DType
-    device: int
-    owner: Any
-    kind: str  # "torch" | "cupy" | "tcc" | "cai"
-    contiguous: bool = True
-    keep: list[Any] = field(default_factory=list)
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def dtype(self) -> Any:
-        return self.tcc_dtype
-
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * self.tcc_dtype.itemsize
-
-
-@functools.cache
-def _torch_dtypes() -> dict[Any, DType]:
-    import torch
-
-    return {torch.float16: dtypes.f16, torch.bfloat16: dtypes.bf16, torch.float32: dtypes.f32,
-            torch.float64: dtypes.f64, torch.int8: dtypes.i8, torch.int32: dtypes.i32, torch.int64: dtypes.i64,
-            torch.bool: dtypes.boolean}
-
-
-def _is_torch(value: Any) -> bool:
-    return type(value).__module__.startswith("torch") and hasattr(value, "data_ptr")
-
-
-def as_array(value: Any, what: str) -> Any:
-    """A :class:`DeviceTensor` for a device tensor, else a NumPy array (to be copied over)."""
-    if isinstance(value, Array):
-        return DeviceTensor(value.ptr, value.shape, value.tcc_dtype, value.device, value, "tcc")
-    if _is_torch(value):
-        if value.is_cuda:
-            return _from_torch(value, what)
-        if value.dtype == __import__("torch").bfloat16:
-            raise TccArgumentError(f"{what}: a CPU bf16 tensor cannot be copied to the GPU by tcc",
-                                   hint="move it first: x.cuda()")
-        return value.detach().resolve_conj().numpy()
-    if hasattr(value, "__cuda_array_interface__"):
-        return _from_cai(value, what)
-    return as_host_array(value, what)
-
-
-def _from_torch(t: Any, what: str) -> DeviceTensor:
-    dt = _torch_dtypes().get(t.dtype)
-    if dt is None:
-        raise TccArgumentError(f"{what}: tcc has no dtype for torch.{str(t.dtype).split('.')[-1]}",
-                               hint="use one of f16 bf16 f32 f64 i8 i32 i64 bool")
-    return DeviceTensor(t.data_ptr(), tuple(t.shape), dt, t.device.index or 0, t, "torch", t.is_contiguous())
-
-
-def _from_cai(value: Any, what: str) -> DeviceTensor:
-    cai = value.__cuda_array_interface__
-    shape = tuple(int(d) for d in cai["shape"])
-    dt = dtypes.from_numpy(np.dtype(cai["typestr"]))
-    if dt is None:
-        raise TccArgumentError(f"{what}: tcc has no dtype for {cai['typestr']}")
-    ptr = int(cai["data"][0])
-    strides = cai.get("strides")
-    contiguous = strides is None or tuple(strides) == _c_strides(shape, dt.itemsize) or math.prod(shape) <= 1
-    device = driver.pointer_device(ptr, what) if ptr else driver.current_device()
-    kind = "cupy" if type(value).__module__.startswith("cupy") else "cai"
-    return DeviceTensor(ptr, shape, dt, device, value, kind, contiguous)
-
-
-def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
-    out, step = [], itemsize
-    for d in reversed(shape):
-        out.append(step)
-        step *= d
-    return tuple(reversed(out))
-
-
 # ---------------------------------------------------------------- calling
 
 class _Call:
@@ -346,7 +256,7 @@ def _run(call: _Call, kernel: CudaKernel, op, bound, outs: list[Any], kind: str,
     for post in finish:
         if post is not None:
             post()
-    if kind == "numpy" or _SYNC:
+    if kind == "numpy" or SYNC:
         driver.synchronize(call.stream, f"op {op.name}: running its kernels")
 
 
@@ -366,7 +276,7 @@ def _stream(device_args: dict[str, DeviceTensor], device: int) -> int:
     """The caller's current stream when it passed framework tensors, else the legacy default stream."""
     kinds = {a.kind for a in device_args.values()}
     if "torch" in kinds:
-        return _raw_stream(device)
+        return raw_stream(device)
     if "cupy" in kinds:
         import cupy
 
@@ -465,7 +375,7 @@ def _new_device_tensor(shape: tuple[int, ...], dt: DType, kind: str, device: int
     if kind == "torch":
         import torch
 
-        torch_dt = next(k for k, v in _torch_dtypes().items() if v == dt)
+        torch_dt = next(k for k, v in torch_dtypes().items() if v == dt)
         return torch.empty(shape, dtype=torch_dt, device=torch.device("cuda", device))
     if kind == "cupy" and dt.name != "bf16":
         import cupy
@@ -497,145 +407,3 @@ def _check_out(op, bound, out: Any, kind: str, device: int) -> list[Any]:
         if not on_device and not view.flags.writeable:
             raise TccArgumentError(f"{what} is read-only", op.tensors[name].span)
     return outs
-
-
-
-# ---------------------------------------------------------------- the repeat-call fast path
-
-_INT_RANGES = {"i32": (-(1 << 31), (1 << 31) - 1), "i64": (-(1 << 63), (1 << 63) - 1), "i8": (-128, 127)}
-
-class _Tensor(NamedTuple):
-    """What a plan expects of one torch CUDA tensor argument (or ``out=`` target)."""
-
-    pos: int  # in the call's arguments (or ``out=``)
-    dtype: Any  # a torch dtype, compared by identity
-    shape: tuple[int, ...]
-    nbytes: int
-
-
-@dataclass
-class Plan:
-    """What a repeat call with the same argument signature needs: no binding, no checks redone.
-
-    Made only after a call with that signature passed every check, for contiguous PyTorch CUDA
-    tensors and Python scalars (others take the checked path). It checks its own signature as
-    it reads pointers, then queues its kernels: no dictionary, no context query (a launch refused
-    for want of the context makes it current and retries), intermediates from the kernel's
-    workspace for the stream.
-    """
-
-    kernel: CudaKernel
-    context: driver.Context
-    device: int
-    nargs: int
-    cparams: dict[str, Any]
-    inputs: list[_Tensor]
-    scalars: list[tuple[int, type, tuple[int, int] | None]]  # (position, Python type, int range)
-    outs: list[_Tensor] | None  # None: the call allocates its results
-    results: list[tuple[tuple[int, ...], Any]]  # (shape, torch dtype) of each new result
-    tensor: type  # torch.Tensor
-    torch_device: Any
-    stream: Callable[[int], int]  # the device's current raw stream
-    empty: Callable[..., Any]  # torch.empty
-    launches: list[tuple[driver.Launcher, list[int]]]  # and the positions of its parameters in the values
-    op: str
-
-    def run(self, args: tuple[Any, ...], cparams: dict[str, Any], out: Any) -> list[Any] | None:
-        """The results, or None when this call's signature differs from the plan's, ``out=`` overlaps
-        an input, or an integer scalar is out of range (the checked path handles those)."""
-        if len(args) != self.nargs or (out is None) != (self.outs is None):
-            return None
-        if (cparams or self.cparams) and not same_params(cparams, self.cparams):
-            return None
-        device, tensor = self.device, self.tensor
-        values = list(args)
-        for pos, kind, bounds in self.scalars:
-            value = args[pos]
-            if type(value) is not kind or (bounds is not None and not bounds[0] <= value <= bounds[1]):
-                return None
-        for t in self.inputs:
-            a = args[t.pos]
-            if not (isinstance(a, tensor) and a.dtype is t.dtype and a.get_device() == device and a.shape == t.shape
-                    and a.is_contiguous()):
-                return None
-            values[t.pos] = a.data_ptr()
-        if out is None:
-            results = [self.empty(shape, dtype=dt, device=self.torch_device) for shape, dt in self.results]
-            values.extend(r.data_ptr() for r in results)
-        else:
-            results = [out] if type(out) is not tuple and type(out) is not list else list(out)
-            if len(results) != len(self.outs):
-                return None
-            for t, r in zip(self.outs, results):
-                if not (isinstance(r, tensor) and r.dtype is t.dtype and r.get_device() == device
-                        and r.shape == t.shape and r.is_contiguous()):
-                    return None
-                ptr = r.data_ptr()
-                for i in self.inputs:  # an input overlapping the result: the checked path copies
-                    if values[i.pos] < ptr + t.nbytes and ptr < values[i.pos] + i.nbytes:
-                        return None
-                values.append(ptr)
-        stream = self.stream(device)
-        try:
-            if not self.kernel.temps:
-                for launcher, order in self.launches:
-                    launcher.launch_ordered(values, order, stream, self.op, self.context)
-            else:
-                with self.kernel.lock:
-                    values.extend(self.kernel.workspace(device, stream, self.op))
-                    for launcher, order in self.launches:
-                        launcher.launch_ordered(values, order, stream, self.op, self.context)
-        except BaseException:
-            results.clear()  # the traceback must not keep new result tensors alive
-            raise
-        if _SYNC:
-            driver.synchronize(stream, f"op {self.op}: running its kernels")
-        return results
-
-
-def make_plan(kernel: CudaKernel, op, bound, args: tuple[Any, ...], cparams: dict[str, Any],
-              out: Any) -> Plan | None:
-    """The plan for calls like this checked one (None when it has no fast path)."""
-    torch = sys.modules.get("torch")
-    arrays = list(bound.arrays.values())
-    if torch is None or not arrays or any(not isinstance(a, DeviceTensor) or a.kind != "torch"
-                                          or not a.contiguous for a in arrays):
-        return None
-    device = arrays[0].device
-    position = {name: i for i, name in enumerate(op.params)}
-    kinds = {n: op.scalars[n].dtype.name for n in bound.scalars}
-    if any(type(args[position[n]]) not in (float, int, bool) for n in kinds):
-        return None
-    inputs = [_Tensor(position[n], a.owner.dtype, tuple(a.shape), a.nbytes) for n, a in bound.arrays.items()]
-    outs = None
-    if out is not None:
-        targets = list(out) if type(out) in (tuple, list) else [out]
-        outs = []
-        for i, target in enumerate(targets):
-            view = as_array(target, "out=")
-            if not (isinstance(view, DeviceTensor) and view.kind == "torch" and view.contiguous):
-                return None
-            outs.append(_Tensor(i, target.dtype, tuple(view.shape), view.nbytes))
-    inverse = {v: k for k, v in _torch_dtypes().items()}
-    index = {name: i for i, name in enumerate([*op.params, *op.results, *(n for n, _ in kernel.temps)])}
-    launchers = kernel.launchers(device)
-    return Plan(kernel, driver.context(device), device, len(args), dict(cparams), inputs,
-                [(position[n], type(args[position[n]]), _INT_RANGES.get(kind)) for n, kind in kinds.items()],
-                outs, [(bound.result_shapes[r], inverse[op.tensors[r].dtype]) for r in op.results],
-                torch.Tensor, torch.device("cuda", device), _stream_getter(), torch.empty,
-                [(launcher, [index[n] for n in launcher.names]) for launcher in launchers], op.name)
-
-
-@functools.cache
-def _stream_getter() -> Any:
-    """The fastest way to read PyTorch's current raw stream of a device."""
-    import torch
-
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is not None:
-        return raw
-    return lambda device: torch.cuda.current_stream(device).cuda_stream
-
-
-def _raw_stream(device: int) -> int:
-    return int(_stream_getter()(device))

@@ -21,6 +21,8 @@ Three schedules, chosen per nest:
   that tells codegen to combine the local accumulator ``ACC`` across the block with the
   binary operator ``OP`` (warp shuffles, then shared memory); per-row arrays that fusion
   made local move to shared memory, with a barrier after each loop that writes them.
+
+Last, consecutive kernels of one block each merge into one (:mod:`merge_kernels`).
 """
 
 from __future__ import annotations
@@ -46,7 +48,15 @@ from tcc.ir.loops import (
     stmt_exprs,
     walk_stmts,
 )
-from tcc.passes.autoschedule_cuda import gemm, implicit_conv, split_reduction, tensorcore, transpose, warpgroup
+from tcc.passes.autoschedule_cuda import (
+    gemm,
+    implicit_conv,
+    merge_kernels,
+    split_reduction,
+    tensorcore,
+    transpose,
+    warpgroup,
+)
 from tcc.passes.loops.bind import top_level_nests
 from tcc.passes.loops.loopnest import stores
 from tcc.passes.simplify import evaluate_int
@@ -95,7 +105,7 @@ def schedule_cuda(func: LoopFunc, target: CudaTarget, tuning: CudaTuning = CudaT
             kernels.append(kernel)
         written = sorted({s.buffer for s in stores(nest)} & ({p.name for p in func.params} | {b.name for b in temps}))
         trace(f"{how}: {', '.join(written)}", _function(func, temps, [*kernels, *nests[i + 1:]]))
-    return _function(func, temps, kernels)
+    return trace(merge_kernels.PASS, _function(func, temps, merge_kernels.merge_one_block_kernels(kernels)))
 
 
 def _function(func: LoopFunc, temps: list[Buffer], stmts: list[Stmt]) -> LoopFunc:
