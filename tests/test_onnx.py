@@ -156,6 +156,9 @@ def test_conv_transpose(rng, conv_attrs):
 @pytest.mark.parametrize("op,attrs", [
     ("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
     ("MaxPool", {"kernel_shape": [2, 3], "ceil_mode": 1, "strides": [2, 2], "dilations": [2, 1]}),
+    # separable (rows, then columns): ceil_mode windows past the pads, asymmetric pads and strides
+    ("MaxPool", {"kernel_shape": [3, 2], "ceil_mode": 1, "strides": [2, 3], "pads": [0, 1, 1, 0]}),
+    ("MaxPool", {"kernel_shape": [4, 3], "strides": [1, 2], "auto_pad": "SAME_UPPER"}),
     ("AveragePool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
     ("AveragePool", {"kernel_shape": [3, 2], "pads": [1, 0, 1, 1], "count_include_pad": 1, "ceil_mode": 1,
                      "strides": [2, 2]}),

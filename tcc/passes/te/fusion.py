@@ -263,11 +263,19 @@ def _shared_depth(group: list[Compute], depth: int, c: Compute, op: OpTE) -> int
     while k > 0:
         same_extents = all(first.axes[i].extent == c.axes[i].extent for i in range(k))
         if same_extents and _row_local(group, c, k, op):
-            if k < depth and any(isinstance(n, Reduce) for m in group for n in walk(m.body)):
+            if k < depth and any(isinstance(n, Reduce) for m in group for n in walk(m.body)) \
+                    and not all(_window_max(m) for m in (*group, c)):
                 return 0
             return k
         k -= 1
     return 0
+
+
+def _window_max(c: Compute) -> bool:
+    """A max over a window of one tensor (a separable max pool's row or column pass): grouped
+    with its consumer at a shallower depth, its rows stay in cache for the next pass (ResNet's
+    stem pool: 1.6 MiB of row maxima per image otherwise, written and read back)."""
+    return isinstance(c.body, Reduce) and c.body.op == "max" and isinstance(c.body.body, Read)
 
 
 def gemm_batch_depth(c: Compute) -> int:
