@@ -48,17 +48,25 @@ MODELS = {
 }
 
 
-def interleaved(runs: dict, repeat: int) -> dict[str, float]:
-    """Median seconds of each callable, calls interleaved round-robin."""
+def interleaved(runs: dict, repeat: int, clock=time.perf_counter) -> dict[str, tuple[float, float, float]]:
+    """(median, first quartile, third quartile) seconds of each callable by ``clock``, calls
+    interleaved round-robin."""
     times: dict[str, list[float]] = {name: [] for name in runs}
     for fn in runs.values():
         fn()  # warm up
     for _ in range(repeat):
         for name, fn in runs.items():
-            start = time.perf_counter()
+            start = clock()
             fn()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
+            times[name].append(clock() - start)
+    return {name: (statistics.median(t), *np.percentile(t, [25, 75])) for name, t in times.items()}
+
+
+def report(medians: dict[str, tuple[float, float, float]], anchor: str, what: str = "") -> None:
+    base = medians[anchor][0]
+    for run, (seconds, q1, q3) in medians.items():
+        print(f"  {run:12s} {seconds * 1e3:9.3f} ms  {seconds / base:5.2f}x {anchor}{what}  "
+              f"(quartiles {q1 * 1e3:.3f}-{q3 * 1e3:.3f} ms)")
 
 
 def bench(name: str, batch: int, repeat: int, threads: int | None) -> None:
@@ -85,10 +93,14 @@ def bench(name: str, batch: int, repeat: int, threads: int | None) -> None:
         runs["torch-cpu"] = lambda: model(x)
         err = float(np.abs(compiled(xn) - runs["onnxruntime"]()[0]).max())
         medians = interleaved(runs, repeat)
-    anchor = medians["onnxruntime"]
-    print(f"{name} batch {batch}: import+compile cold {cold:.2f} s, warm {warm:.3f} s; max |tcc - ort| {err:.2g}")
-    for run, seconds in medians.items():
-        print(f"  {run:12s} {seconds * 1e3:9.2f} ms  {seconds / anchor:5.2f}x onnxruntime")
+        # one thread each: each call runs on this thread, whose CPU time leaves out the time the
+        # OS gave other processes (the shared VM's load), unlike the wall clock
+        cpu = interleaved(runs, repeat, time.thread_time) if threads == 1 else None
+    print(f"{name} batch {batch}: import+compile cold {cold:.2f} s, warm {warm:.3f} s; max |tcc - ort| {err:.2g}; "
+          f"load average {os.getloadavg()[0]:.1f}")
+    report(medians, "onnxruntime")
+    if cpu is not None:
+        report(cpu, "onnxruntime", ", thread CPU time")
 
 
 def gpu_kernel_ms(fn, calls: int) -> tuple[float, int]:
@@ -140,13 +152,11 @@ def bench_cuda(name: str, batch: int, repeat: int) -> None:
         except Exception as exc:  # (a profiler that cannot see the GPU: the timings stand without it)
             print(f"  torch.profiler failed: {type(exc).__name__}: {exc}")
             kernels = {run: (float("nan"), 0) for run in runs}
-    anchor = medians["torch-cuda"]
     print(f"{name} batch {batch} (cuda): import+compile cold {cold:.2f} s, warm {warm:.3f} s; "
           f"max |tcc - torch| {err:.2g} (max |torch| {scale:.2g})")
-    for run, seconds in medians.items():
-        gpu_ms, count = kernels[run]
-        print(f"  {run:12s} {seconds * 1e3:9.3f} ms  {seconds / anchor:5.2f}x torch-cuda; "
-              f"GPU kernels {gpu_ms:.3f} ms in {count} launches per call")
+    report(medians, "torch-cuda")
+    for run, (gpu_ms, count) in kernels.items():
+        print(f"  {run:12s} GPU kernels {gpu_ms:.3f} ms in {count} launches per call")
 
 
 def main() -> None:
