@@ -21,9 +21,13 @@ the two times in the same round):
   ``torch.library.custom_op`` (which adds autograd and more): what torch's dispatch to Python
   costs by itself.
 
-With a GPU, the dispatcher sides on CUDA tensors as well (the eager path is CPU-only).
+With a GPU, the same sides on CUDA tensors (``tcc.torch``: the eager path's CUDA plan, kernels
+on torch's current stream), each timed as 100 calls and one ``torch.cuda.synchronize()``, per call:
+the host's cost of queuing the op, what the target (<= 1.5x ``torch.add``) is about.
 
-    python benchmarks/torch_overhead.py [--runs 10]
+    python benchmarks/torch_overhead.py [--runs 10] [--cuda]
+
+``--cuda`` fails when no GPU is usable (instead of printing the CPU rows only).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from cpu import paired_rounds, ratio  # noqa: E402
 import tcc  # noqa: E402
 
 KEEP = []  # torch.library.Library objects own their registrations: keep them alive
+BATCH = 100  # CUDA calls per timed batch
 ADD = "op add(A: f32[N], B: f32[N]) -> C: f32[N] {\n    C[i] = A[i] + B[i]\n}\n"
 
 
@@ -77,23 +82,31 @@ def main() -> None:
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--cuda", action="store_true", help="require a GPU")
     opts = parser.parse_args()
+    gpu = torch.cuda.is_available() and tcc.cuda.is_available()
+    if opts.cuda and not gpu:
+        sys.exit("--cuda: no usable CUDA GPU (torch or tcc.cuda)")
     torch.set_num_threads(2)
     print(f"medians of {opts.runs} interleaved runs; PyTorch {torch.__version__}; 256 float32 elements\n")
-    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() and tcc.cuda.is_available() else [])
+    devices = ["cpu"] + (["cuda"] if gpu else [])
     for device in devices:
         fns = sides(device)
         names = list(fns)
         for fn in fns.values():
             fn()  # compile and warm
-        if device == "cuda":
+        per = 1
+        if device == "cuda":  # the host's cost of a call: BATCH calls queued, then one synchronize
             calls = list(fns.values())
-            fns = {n: (lambda f=f: (f(), torch.cuda.synchronize())) for n, f in zip(names, calls)}
+            per = BATCH
+            fns = {n: (lambda f=f: ([f() for _ in range(BATCH)], torch.cuda.synchronize()))
+                   for n, f in zip(names, calls)}
         rounds = paired_rounds(list(fns.values()), opts.runs)
         for i, name in enumerate(names):
-            us = statistics.median(r[i] for r in rounds) * 1e6
+            us = statistics.median(r[i] for r in rounds) * 1e6 / per
             anchor = "torch.add grad" if name.endswith(" grad") else "torch.add"
             print(f"{device:5} {name:18} {us:8.2f} us   / {anchor:14} {ratio(rounds, i, names.index(anchor)):6.2f}")
+    print(f"\neager path: {tcc.torch.native_status()}")
 
 
 if __name__ == "__main__":

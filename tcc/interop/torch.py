@@ -22,6 +22,7 @@ This module imports PyTorch; ``import tcc`` does not import it (``tcc.torch`` lo
 
 from __future__ import annotations
 
+import ctypes
 import os
 from types import SimpleNamespace
 from typing import Any
@@ -33,6 +34,7 @@ from tcc.autodiff import grad as derive_grad
 from tcc.compiler import Library, Op
 from tcc.compiler import compile as tcc_compile
 from tcc.errors import TccArgumentError, TccError
+from tcc.interop import torch_native
 from tcc.runtime.binding import bind_cparams, bind_shapes, result_shapes
 from tcc.runtime.cpu import raise_out_of_memory
 from tcc.runtime.plans import same_params
@@ -58,6 +60,13 @@ _profiler = torch.autograd.profiler  # ._is_profiler_enabled: the profiler recor
 _forward_ad = torch.autograd.forward_ad  # ._current_level >= 0 inside dual_level(): tangents need the dispatcher
 
 
+# the C++ eager path's scalar cells (torch_native.cpp's Cell), by the ctypes type tcc's CPU plan uses
+_CELLS = {ctypes.c_float: 0, ctypes.c_double: 1, ctypes.c_int8: 2, ctypes.c_int32: 3, ctypes.c_int64: 4,
+          ctypes.c_bool: 5}
+
+_native_call: Any = None  # the C++ eager path's call(signatures, args), once it loaded
+
+
 class TorchOp:
     """A tcc op registered as ``torch.ops.<namespace>.<name>``; call it like the tcc op."""
 
@@ -76,6 +85,7 @@ class TorchOp:
         self._shapes: dict[tuple, list[tuple[Any, Any]]] = {}  # input shapes + parameters -> results
         self._direct: dict[tuple, _Direct] = {}  # the same -> the eager path's kernel call
         self._last: _Direct | None = None  # the most recent one, tried first
+        self._native: Any = None  # the C++ eager path's table of this op's signatures (torch_native)
         self.grads: dict[str, TorchOp | TccError] = {}
         self._derived = False
         self._autograd = False  # a backward registered (enable_grad): eager calls may record a graph
@@ -95,7 +105,14 @@ class TorchOp:
         to a Python kernel costs more than the kernel's own call (benchmarks/torch_overhead.py): a
         call that records no graph goes straight to the kernel, one that does through ``_Graph``.
         Every other call, and any call of ``torch.ops.<namespace>.<name>``, goes through the
-        dispatcher. A repeat of the last signature costs its ``_Direct.run``."""
+        dispatcher. A repeat of a known signature is the C++ eager path's (``torch_native.cpp``: the
+        same checks, the results and the kernel call in C++) where it is built, else costs its
+        ``_Direct.run``."""
+        native = self._native
+        if native is not None and not cparams and not _compiling():
+            outs = _native_call(native, args)
+            if outs is not None:
+                return outs
         if (_compiling() or _function_mode() or _dispatch_modes() or _transforms() is not None or _jit_tracing()
                 or _profiler._is_profiler_enabled or _forward_ad._current_level >= 0):
             return self.overload(*args, **cparams)
@@ -106,15 +123,36 @@ class TorchOp:
                 return outs[0] if len(outs) == 1 else tuple(outs)
         if len(args) != len(self._tensors):
             self.op(*args, **cparams)  # raises the tcc op's error (how many arguments, which)
-        graph = False
+        graph = cuda = False
         for i in self._positions:
             t = args[i]
-            if (type(t) is not _Tensor and type(t) is not _Parameter) or not t.is_cpu:
+            if type(t) is not _Tensor and type(t) is not _Parameter:
                 return self.overload(*args, **cparams)
+            if not t.is_cpu:
+                if not t.is_cuda:
+                    return self.overload(*args, **cparams)
+                cuda = True
             graph = graph or t.requires_grad
         if graph and _grad_enabled():
             return _record(self, cparams, *args) if self._autograd else self.overload(*args, **cparams)
-        return _one(self._no_graph(args, cparams))
+        return _one(self._no_graph_cuda(args, cparams) if cuda else self._no_graph(args, cparams))
+
+    def _plain(self, args: tuple[Any, ...], cparams: dict[str, Any]) -> list[torch.Tensor]:
+        """The results, recording no graph, on the device of the first tensor argument."""
+        if self._positions and args[self._positions[0]].is_cuda:
+            return self._no_graph_cuda(args, cparams)
+        return self._no_graph(args, cparams)
+
+    def _no_graph_cuda(self, args: tuple[Any, ...], cparams: dict[str, Any]) -> list[torch.Tensor]:
+        """The results of the CUDA op on CUDA tensors, recording no graph: its plan for the signature
+        (inputs read in place, results from ``torch.empty``, kernels on torch's current stream:
+        ``tcc.runtime.cuda.Plan``), else its checked call, which leaves that plan for the next."""
+        op = self.cuda_op
+        outs = op._plans.run(args, cparams, None)
+        if outs is None:
+            got = op(*args, **cparams)
+            outs = list(got) if type(got) is tuple else [got]
+        return outs
 
     def _no_graph(self, args: tuple[Any, ...], cparams: dict[str, Any]) -> list[torch.Tensor]:
         """The results of the CPU kernel on plain CPU tensors, recording no graph: the signature's
@@ -137,9 +175,31 @@ class TorchOp:
             if direct is not None:
                 if len(self._direct) >= MAX_SIGNATURES:
                     self._direct.clear()
+                    if self._native is not None:
+                        torch_native.load().forget(self._native)  # it must not outlive the kernels
                 self._direct[key] = direct
+                self._teach(direct)
         self._last = direct
         return outs
+
+    def _teach(self, direct: _Direct) -> None:
+        """Give the C++ eager path this signature (it builds on first use; nothing where it cannot)."""
+        global _native_call
+        module = torch_native.load()
+        if module is None or direct.cparams:
+            return
+        if _native_call is None:
+            module.setup(raise_out_of_memory)
+            _native_call = module.call
+        if self._native is None:
+            self._native = module.new_op()
+        plan = direct.plan
+        scalars = [(pos, slot, kind, _CELLS[cell_type]) for slot, (pos, kind, cell_type, _) in
+                   zip(plan.slots, plan.scalars)]
+        module.learn(self._native, ctypes.cast(plan.kernel.fn, ctypes.c_void_p).value, plan.kernel.name,
+                     plan.nargs, len(plan.kernel.params),
+                     [(pos, slot, dtype, tuple(shape)) for pos, slot, dtype, shape in direct.inputs],
+                     scalars, [(slot, dtype, shape) for slot, shape, dtype in direct.results])
 
     def schema(self) -> str:
         """``(Tensor X, float a, *, int S=1) -> Tensor`` from the op's parameters and results."""
@@ -202,9 +262,8 @@ class TorchOp:
                                        hint="use float16/32/64 or integer tensors on the CPU") from None
 
     def _run_cuda(self, *args: Any, **cparams: Any) -> Any:
-        outs = self._empty(args, cparams, self._device(args))
-        self.cuda_op(*args, out=outs, **cparams)  # in place, on torch's current stream
-        return _one(outs)
+        """Torch's CUDA kernel: the eager path's, below autograd (tcc reads the tensors' memory)."""
+        return _one(self._no_graph_cuda(args, cparams))
 
     @property
     def cuda_op(self) -> Op:
@@ -287,7 +346,7 @@ class _Graph(torch.autograd.Function):
         last = op._last  # grad mode is off in here: plain calls
         outs = last.run(args, cparams) if last is not None else None
         if outs is None:
-            outs = op._no_graph(args, cparams)
+            outs = op._plain(args, cparams)
         if op._int_results:
             ctx.mark_non_differentiable(*(o for o in outs if not o.is_floating_point()))
         return outs[0] if len(outs) == 1 else tuple(outs)
@@ -404,6 +463,11 @@ def library(source: str | os.PathLike | Library, namespace: str = "tcc", **optio
     return SimpleNamespace(**{o.name: op(o, namespace) for o in lib})
 
 
+def native_status() -> str:
+    """Which eager path serves CPU calls: "native" (the C++ one) or "python (why)"."""
+    return torch_native.status()
+
+
 def _defined(namespace: str, name: str) -> bool:
     return hasattr(getattr(torch.ops, namespace), name)
 
@@ -416,4 +480,4 @@ def _one(outs: list[torch.Tensor]) -> Any:
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
-__all__ = ["TorchOp", "library", "op", "register"]
+__all__ = ["TorchOp", "library", "native_status", "op", "register"]
