@@ -14,8 +14,11 @@ floats with their defaults), with
   each itself a ``torch.ops`` operator with a fake kernel, run only for the inputs whose
   gradient autograd asks for (``torch.library.register_autograd``); the gradient operators have a
   backward of their own, derived on first use (double backward);
-- an eager path: ``ops.NAME(...)`` on plain CPU tensors that record no graph, with nothing
-  watching torch's dispatcher, runs the CPU kernel without dispatching (``TorchOp.__call__``).
+- an eager path: ``ops.NAME(...)`` on plain CPU or CUDA tensors that record no graph, with nothing
+  watching torch's dispatcher, runs the kernel without dispatching (``TorchOp.__call__``). On the
+  CPU a repeat signature is served in C++ (``torch_native``: built once against the installed
+  PyTorch, Python's ``_Direct`` where it cannot be, or with ``TCC_TORCH_NATIVE=0``); on CUDA by
+  the CUDA op's plan (inputs in place, ``torch.empty`` results, torch's current stream).
 
 This module imports PyTorch; ``import tcc`` does not import it (``tcc.torch`` loads it on first use).
 """
@@ -100,10 +103,11 @@ class TorchOp:
         return f"<tcc.torch op {self.qualname}>"
 
     def __call__(self, *args: Any, **cparams: Any) -> Any:
-        """The eager path: CPU tensors (plain or parameters) with nothing watching torch's dispatcher
-        (no compiling, tracing, mode, transform, profiler or forward AD) skip it, since its dispatch
-        to a Python kernel costs more than the kernel's own call (benchmarks/torch_overhead.py): a
-        call that records no graph goes straight to the kernel, one that does through ``_Graph``.
+        """The eager path: CPU or CUDA tensors (plain or parameters) with nothing watching torch's
+        dispatcher (no compiling, tracing, mode, transform, profiler or forward AD) skip it, since
+        its dispatch to a Python kernel costs more than the kernel's own call
+        (benchmarks/torch_overhead.py): a call that records no graph goes straight to the kernel,
+        one that does through ``_Graph``.
         Every other call, and any call of ``torch.ops.<namespace>.<name>``, goes through the
         dispatcher. A repeat of a known signature is the C++ eager path's (``torch_native.cpp``: the
         same checks, the results and the kernel call in C++) where it is built, else costs its
