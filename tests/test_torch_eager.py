@@ -159,14 +159,17 @@ def test_the_switch_forces_the_python_path(monkeypatch):
 
 
 @pytest.mark.cuda
-def test_cuda_eager_calls_launch_on_the_tensors_and_the_current_stream(monkeypatch):
-    """CUDA tensors skip the dispatcher too: the kernels read the inputs' memory, write results
-    that PyTorch allocated and returns, on PyTorch's current stream."""
+def test_cuda_eager_calls_launch_on_the_tensors_and_the_current_stream(path, monkeypatch):
+    """CUDA tensors skip the dispatcher too: the kernels read the inputs' memory and write results
+    that PyTorch allocated and returns (pointers seen at the first, checked call), on PyTorch's
+    current stream: on a side stream whose input is written after a GPU sleep, a kernel on any
+    other stream would read it too early. Repeat calls are served by C++ where it is built."""
     if not torch.cuda.is_available() or not tcc.cuda.is_available():
         pytest.skip("no CUDA GPU")
     from tcc.codegen_cuda import driver
+    from tcc.runtime import cuda as cuda_runtime
 
-    ops = fresh_ops("cuda")
+    ops = fresh_ops(path)
     matmul = ops.matmul
     dispatched = []
     real_overload = matmul.overload
@@ -181,14 +184,25 @@ def test_cuda_eager_calls_launch_on_the_tensors_and_the_current_stream(monkeypat
     monkeypatch.setattr(driver.Launcher, "launch_ordered", spy)
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
-        for m, k, n in ((7, 33, 5), (7, 33, 5), (64, 32, 16)):
+        for m, k, n in ((7, 33, 5), (64, 32, 16)):
             a, b = torch.randn(m, k, device="cuda"), torch.randn(k, n, device="cuda")
             launches.clear()
-            c = matmul(a, b)
-            assert launches, "no kernel launched through tcc's driver"
+            c = matmul(a, b)  # the checked call
             pointers = {p for values, _ in launches for p in values if isinstance(p, int)}
             assert {a.data_ptr(), b.data_ptr(), c.data_ptr()} <= pointers
-            assert all(s == stream.cuda_stream for _, s in launches)
+            assert launches and all(s == stream.cuda_stream for _, s in launches)
             torch.testing.assert_close(c, a @ b, rtol=1e-3, atol=1e-3)
+    assert (matmul._native is not None) == (path == "native")
+    if path == "native":
+        monkeypatch.setattr(cuda_runtime.Plan, "run", lambda *a: pytest.fail("the Python path ran"))
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            src = torch.randn(64, 32, device="cuda")
+            a = torch.empty_like(src)
+            torch.cuda._sleep(2_000_000)  # ~1 ms of GPU time before the input is written
+            a.copy_(src)
+            c = matmul(a, b)
+            got = c.clone()
     stream.synchronize()
+    torch.testing.assert_close(got, src @ b, rtol=1e-3, atol=1e-3)
     assert not dispatched

@@ -34,10 +34,12 @@ import torch  # the optional dependency this module exists for
 
 from tcc import dtypes
 from tcc.autodiff import grad as derive_grad
+from tcc.codegen_cuda import driver
 from tcc.compiler import Library, Op
 from tcc.compiler import compile as tcc_compile
 from tcc.errors import TccArgumentError, TccError
 from tcc.interop import torch_native
+from tcc.runtime import cuda as cuda_runtime
 from tcc.runtime.binding import bind_cparams, bind_shapes, result_shapes
 from tcc.runtime.cpu import raise_out_of_memory
 from tcc.runtime.plans import same_params
@@ -63,9 +65,11 @@ _profiler = torch.autograd.profiler  # ._is_profiler_enabled: the profiler recor
 _forward_ad = torch.autograd.forward_ad  # ._current_level >= 0 inside dual_level(): tangents need the dispatcher
 
 
-# the C++ eager path's scalar cells (torch_native.cpp's Cell), by the ctypes type tcc's CPU plan uses
+# the C++ eager path's argument cells (torch_native.cpp's Cell), by the ctypes type of tcc's CPU
+# plan's scalar cells and of its CUDA launchers' parameters (c_uint64: a device pointer)
 _CELLS = {ctypes.c_float: 0, ctypes.c_double: 1, ctypes.c_int8: 2, ctypes.c_int32: 3, ctypes.c_int64: 4,
-          ctypes.c_bool: 5}
+          ctypes.c_bool: 5, ctypes.c_uint64: 6}
+_cuda_ready: list[bool] = []  # [True] once the C++ path knows cuLaunchKernel and torch's stream query
 
 _native_call: Any = None  # the C++ eager path's call(signatures, args), once it loaded
 
@@ -154,9 +158,41 @@ class TorchOp:
         op = self.cuda_op
         outs = op._plans.run(args, cparams, None)
         if outs is None:
+            before = op._plans.plans
             got = op(*args, **cparams)
             outs = list(got) if type(got) is tuple else [got]
+            if op._plans.plans is not before and not cparams:  # a new plan: the C++ path may take it
+                self._teach_cuda(op._plans.plans[0], len(args))
         return outs
+
+    def _teach_cuda(self, plan: Any, nargs: int) -> None:
+        """Give the C++ eager path a CUDA plan's signature: its kernels, launched by C++ on torch's
+        current stream (not a plan with intermediates: their workspace is Python's)."""
+        global _native_call
+        module = torch_native.load()
+        if (module is None or plan.outs is not None or plan.nargs != nargs or plan.cparams
+                or plan.kernel.temps or cuda_runtime._SYNC):
+            return
+        if _native_call is None:
+            module.setup(raise_out_of_memory)
+            _native_call = module.call
+        if not _cuda_ready:
+            module.setup_cuda(ctypes.cast(driver.libcuda().cuLaunchKernel, ctypes.c_void_p).value,
+                              cuda_runtime._stream_getter())
+            _cuda_ready.append(True)
+        if self._native is None:
+            self._native = module.new_op()
+        launches = []
+        for launcher, order in plan.launches:
+            params = [(value, _CELLS[type(slot)]) for value, slot in zip(order, launcher.slots)]
+            fallback = launcher.fallback
+            launches.append(((launcher.fn, launcher.grid, launcher.block, launcher.shared),
+                             None if fallback is None else (fallback.fn, fallback.grid, fallback.block,
+                                                            fallback.shared), params))
+        module.learn_cuda(self._native, plan.op, nargs, plan.device,
+                          [(t.pos, t.dtype, tuple(t.shape)) for t in plan.inputs],
+                          [(pos, kind) for pos, kind, _ in plan.scalars],
+                          [(dtype, tuple(shape)) for shape, dtype in plan.results], launches)
 
     def _no_graph(self, args: tuple[Any, ...], cparams: dict[str, Any]) -> list[torch.Tensor]:
         """The results of the CPU kernel on plain CPU tensors, recording no graph: the signature's

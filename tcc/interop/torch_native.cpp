@@ -39,7 +39,7 @@ struct Input {  // a tensor argument
   std::vector<int64_t> sizes;
 };
 
-enum class Cell { f32, f64, i8, i32, i64, boolean };
+enum class Cell { f32, f64, i8, i32, i64, boolean, pointer };
 
 struct Scalar {  // a runtime scalar argument: a Python float, int or bool, exactly as first seen
   Py_ssize_t pos;
@@ -70,9 +70,48 @@ constexpr size_t kMaxSignatures = 16;
 constexpr int64_t kReleaseGilBytes = 1 << 20;
 constexpr int kMaxSlots = 64;
 
+// ---- CUDA: the kernels of tcc's CUDA plan (tcc/runtime/cuda.py), launched with cuLaunchKernel
+// (its address from tcc's driver) on PyTorch's current stream of the tensors' device.
+
+using LaunchFn = int (*)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *,
+                         void **, void **);
+
+struct Kernel1D {  // a CUfunction and its launch shape
+  void *fn;
+  unsigned grid, block, shared;
+};
+
+struct Launch {
+  Kernel1D kernel;
+  bool has_fallback;  // the kernel assumes 16-byte aligned pointers: else run the fallback
+  Kernel1D fallback;
+  std::vector<int> values;  // per parameter: its value's index (arguments, then results)
+  std::vector<Cell> cells;  // per parameter: how it is passed
+};
+
+struct CudaInput {
+  Py_ssize_t pos;
+  at::ScalarType dtype;
+  std::vector<int64_t> sizes;
+};
+
+struct CudaSignature {
+  std::string name;
+  Py_ssize_t nargs;
+  int device;
+  std::vector<CudaInput> inputs;
+  std::vector<std::pair<Py_ssize_t, PyTypeObject *>> scalars;  // (position, Python type)
+  std::vector<Result> results;  // slot unused
+  std::vector<Launch> launches;
+};
+
 struct Op {  // one TorchOp's signatures, most recently learned first
   std::vector<std::shared_ptr<const Signature>> signatures;
+  std::vector<std::shared_ptr<const CudaSignature>> cuda;
 };
+
+LaunchFn cu_launch = nullptr;  // cuLaunchKernel, set by setup_cuda()
+PyObject *raw_stream = nullptr;  // torch's current raw stream of a device: f(device) -> int
 
 PyObject *on_failure = nullptr;  // tcc's raise_out_of_memory(kernel name), set by setup()
 
@@ -167,6 +206,21 @@ bool take_scalar(PyObject *value, const Scalar &s, CellValue *cell) {
   return true;
 }
 
+// The results as Python: one tensor, or a tuple of them.
+PyObject *wrap(std::vector<at::Tensor> &&outs) {
+  if (outs.size() == 1) {
+    return THPVariable_Wrap(std::move(outs[0]));
+  }
+  PyObject *tuple = PyTuple_New(static_cast<Py_ssize_t>(outs.size()));
+  if (tuple == nullptr) {
+    return nullptr;
+  }
+  for (size_t i = 0; i < outs.size(); ++i) {
+    PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(i), THPVariable_Wrap(std::move(outs[i])));
+  }
+  return tuple;
+}
+
 // NULL with tcc's exception set: on_failure(kernel name) raises it.
 PyObject *fail(const Signature &sig) {
   PyObject *returned = PyObject_CallFunction(on_failure, "s", sig.name.c_str());
@@ -217,17 +271,97 @@ PyObject *run(const Signature &sig, PyObject *const *args) {
   if (status != 0) {
     return fail(sig);
   }
-  if (outs.size() == 1) {
-    return THPVariable_Wrap(std::move(outs[0]));
+  return wrap(std::move(outs));
+}
+
+// A scalar argument's value as a kernel parameter of kind ``cell``; false when out of its range.
+bool scalar_cell(PyObject *value, Cell cell, CellValue *out) {
+  Scalar s{0, 0, Py_TYPE(value), cell};
+  return take_scalar(value, s, out);
+}
+
+// The call's results on the GPU, None when this signature does not take the call, or NULL with
+// a Python exception set.
+PyObject *run_cuda(const CudaSignature &sig, PyObject *const *args) {
+  std::vector<uint64_t> pointers(sig.nargs + sig.results.size(), 0);
+  bool grad_mode = at::GradMode::is_enabled();
+  for (const CudaInput &in : sig.inputs) {
+    PyObject *obj = args[in.pos];
+    if (!THPVariable_CheckExact(obj)) {
+      Py_RETURN_NONE;
+    }
+    const at::Tensor &t = THPVariable_Unpack(obj);
+    if (t.scalar_type() != in.dtype || !t.is_cuda() || t.get_device() != sig.device ||
+        t.layout() != at::kStrided || !t.sizes().equals(in.sizes) || !t.is_contiguous() || t.is_neg() ||
+        t._is_zerotensor() || (grad_mode && t.requires_grad()) || t._fw_grad(0).defined()) {
+      Py_RETURN_NONE;
+    }
+    pointers[in.pos] = reinterpret_cast<uint64_t>(t.const_data_ptr());
   }
-  PyObject *tuple = PyTuple_New(static_cast<Py_ssize_t>(outs.size()));
-  if (tuple == nullptr) {
+  for (const auto &[pos, kind] : sig.scalars) {
+    if (Py_TYPE(args[pos]) != kind) {
+      Py_RETURN_NONE;
+    }
+  }
+  // every parameter's value first (a scalar out of range declines before anything is allocated)
+  std::vector<std::vector<CellValue>> cells(sig.launches.size());
+  for (size_t k = 0; k < sig.launches.size(); ++k) {
+    const Launch &launch = sig.launches[k];
+    cells[k].resize(launch.cells.size());
+    for (size_t i = 0; i < launch.cells.size(); ++i) {
+      int v = launch.values[i];
+      if (launch.cells[i] != Cell::pointer &&
+          (v >= sig.nargs || !scalar_cell(args[v], launch.cells[i], &cells[k][i]))) {
+        Py_RETURN_NONE;
+      }
+    }
+  }
+  PyObject *stream_obj = PyObject_CallFunction(raw_stream, "i", sig.device);
+  if (stream_obj == nullptr) {
     return nullptr;
   }
-  for (size_t i = 0; i < outs.size(); ++i) {
-    PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(i), THPVariable_Wrap(std::move(outs[i])));
+  void *stream = PyLong_AsVoidPtr(stream_obj);
+  Py_DECREF(stream_obj);
+  if (PyErr_Occurred()) {
+    return nullptr;
   }
-  return tuple;
+  std::vector<at::Tensor> outs;
+  outs.reserve(sig.results.size());
+  try {
+    auto options = at::TensorOptions().device(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(sig.device)));
+    for (size_t r = 0; r < sig.results.size(); ++r) {
+      outs.push_back(at::empty(sig.results[r].sizes, options.dtype(sig.results[r].dtype)));
+      pointers[sig.nargs + r] = reinterpret_cast<uint64_t>(outs.back().mutable_data_ptr());
+    }
+  } catch (const std::exception &exc) {
+    PyErr_SetString(PyExc_MemoryError, exc.what());
+    return nullptr;
+  }
+  for (size_t k = 0; k < sig.launches.size(); ++k) {
+    const Launch &launch = sig.launches[k];
+    std::vector<void *> params(launch.cells.size());
+    bool aligned = true;
+    for (size_t i = 0; i < launch.cells.size(); ++i) {
+      if (launch.cells[i] == Cell::pointer) {
+        uint64_t p = pointers[launch.values[i]];
+        aligned = aligned && p % 16 == 0;
+        cells[k][i].i64 = static_cast<int64_t>(p);
+      }
+      params[i] = &cells[k][i];
+    }
+    const Kernel1D &kernel = launch.has_fallback && !aligned ? launch.fallback : launch.kernel;
+    int err = cu_launch(kernel.fn, kernel.grid, 1, 1, kernel.block, 1, 1, kernel.shared, stream, params.data(),
+                        nullptr);
+    if (err != 0) {
+      if (k == 0) {  // nothing queued yet: the Python path makes the context current, or says why
+        Py_RETURN_NONE;
+      }
+      PyErr_Format(PyExc_RuntimeError, "op %s: launching its kernel %zu failed (CUresult %d)", sig.name.c_str(),
+                   k, err);
+      return nullptr;
+    }
+  }
+  return wrap(std::move(outs));
 }
 
 // call(op, args): the results, or None for the Python path.
@@ -240,7 +374,7 @@ PyObject *call(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
   if (op == nullptr) {
     return nullptr;
   }
-  if (op->signatures.empty() || dispatcher_watched()) {
+  if ((op->signatures.empty() && op->cuda.empty()) || dispatcher_watched()) {
     Py_RETURN_NONE;
   }
   PyObject *tuple = argv[1];
@@ -252,6 +386,20 @@ PyObject *call(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
       continue;
     }
     PyObject *got = run(*sig, args);
+    if (got != Py_None) {
+      return got;
+    }
+    Py_DECREF(got);
+  }
+  if (cu_launch == nullptr) {
+    Py_RETURN_NONE;
+  }
+  auto cuda = op->cuda;
+  for (const auto &sig : cuda) {
+    if (sig->nargs != nargs) {
+      continue;
+    }
+    PyObject *got = run_cuda(*sig, args);
     if (got != Py_None) {
       return got;
     }
@@ -358,12 +506,116 @@ PyObject *learn(PyObject *, PyObject *args) {
   Py_RETURN_TRUE;
 }
 
+bool read_kernel(PyObject *obj, Kernel1D *kernel) {
+  unsigned long long fn;
+  if (!PyArg_ParseTuple(obj, "KIII", &fn, &kernel->grid, &kernel->block, &kernel->shared)) {
+    return false;
+  }
+  kernel->fn = reinterpret_cast<void *>(static_cast<uintptr_t>(fn));
+  return true;
+}
+
+// learn_cuda(op, name, nargs, device, inputs, scalars, results, launches): a CUDA signature.
+// inputs: (position, torch dtype, sizes); scalars: (position, Python type); results: (torch
+// dtype, sizes); launches: ((fn, grid, block, shared), fallback or None, [(value index, cell)]).
+PyObject *learn_cuda(PyObject *, PyObject *args) {
+  PyObject *capsule, *inputs, *scalars, *results, *launches;
+  const char *name;
+  Py_ssize_t nargs;
+  int device;
+  if (!PyArg_ParseTuple(args, "OsniO!O!O!O!", &capsule, &name, &nargs, &device, &PyList_Type, &inputs,
+                        &PyList_Type, &scalars, &PyList_Type, &results, &PyList_Type, &launches)) {
+    return nullptr;
+  }
+  Op *op = op_of(capsule);
+  if (op == nullptr) {
+    return nullptr;
+  }
+  auto sig = std::make_shared<CudaSignature>();
+  sig->name = name;
+  sig->nargs = nargs;
+  sig->device = device;
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(inputs); ++i) {
+    CudaInput in;
+    PyObject *dtype, *sizes;
+    int64_t count;
+    if (!PyArg_ParseTuple(PyList_GET_ITEM(inputs, i), "nOO", &in.pos, &dtype, &sizes) ||
+        !read_dtype(dtype, &in.dtype) || !read_sizes(sizes, &in.sizes, &count)) {
+      return nullptr;
+    }
+    sig->inputs.push_back(std::move(in));
+  }
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(scalars); ++i) {
+    Py_ssize_t pos;
+    PyObject *kind;
+    if (!PyArg_ParseTuple(PyList_GET_ITEM(scalars, i), "nO!", &pos, &PyType_Type, &kind)) {
+      return nullptr;
+    }
+    sig->scalars.emplace_back(pos, reinterpret_cast<PyTypeObject *>(kind));
+  }
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(results); ++i) {
+    Result r{0, at::ScalarType::Float, {}, 0};
+    PyObject *dtype, *sizes;
+    int64_t count;
+    if (!PyArg_ParseTuple(PyList_GET_ITEM(results, i), "OO", &dtype, &sizes) || !read_dtype(dtype, &r.dtype) ||
+        !read_sizes(sizes, &r.sizes, &count)) {
+      return nullptr;
+    }
+    sig->results.push_back(std::move(r));
+  }
+  Py_ssize_t nvalues = nargs + static_cast<Py_ssize_t>(sig->results.size());
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(launches); ++i) {
+    Launch launch{};
+    PyObject *kernel, *fallback, *params;
+    if (!PyArg_ParseTuple(PyList_GET_ITEM(launches, i), "OOO!", &kernel, &fallback, &PyList_Type, &params) ||
+        !read_kernel(kernel, &launch.kernel)) {
+      return nullptr;
+    }
+    launch.has_fallback = fallback != Py_None;
+    if (launch.has_fallback && !read_kernel(fallback, &launch.fallback)) {
+      return nullptr;
+    }
+    for (Py_ssize_t j = 0; j < PyList_GET_SIZE(params); ++j) {
+      int value, cell;
+      if (!PyArg_ParseTuple(PyList_GET_ITEM(params, j), "ii", &value, &cell)) {
+        return nullptr;
+      }
+      if (value < 0 || value >= nvalues || cell < 0 || cell > static_cast<int>(Cell::pointer)) {
+        Py_RETURN_FALSE;
+      }
+      launch.values.push_back(value);
+      launch.cells.push_back(static_cast<Cell>(cell));
+    }
+    sig->launches.push_back(std::move(launch));
+  }
+  auto cuda = op->cuda;
+  cuda.insert(cuda.begin(), std::move(sig));
+  if (cuda.size() > kMaxSignatures) {
+    cuda.pop_back();
+  }
+  op->cuda = std::move(cuda);
+  Py_RETURN_TRUE;
+}
+
+// setup_cuda(cuLaunchKernel's address, raw_stream): enables the CUDA signatures.
+PyObject *setup_cuda(PyObject *, PyObject *args) {
+  unsigned long long address;
+  PyObject *stream;
+  if (!PyArg_ParseTuple(args, "KO", &address, &stream)) {
+    return nullptr;
+  }
+  Py_XSETREF(raw_stream, Py_NewRef(stream));
+  cu_launch = reinterpret_cast<LaunchFn>(static_cast<uintptr_t>(address));
+  Py_RETURN_NONE;
+}
+
 PyObject *forget(PyObject *, PyObject *capsule) {
   Op *op = op_of(capsule);
   if (op == nullptr) {
     return nullptr;
   }
   op->signatures = {};
+  op->cuda = {};
   Py_RETURN_NONE;
 }
 
@@ -382,6 +634,8 @@ PyMethodDef methods[] = {
      "call(op, args): the results, or None for the Python path"},
     {"new_op", new_op, METH_NOARGS, "a new op's signature table"},
     {"learn", learn, METH_VARARGS, "learn(op, address, name, nargs, nslots, inputs, scalars, results)"},
+    {"learn_cuda", learn_cuda, METH_VARARGS, "learn_cuda(op, name, nargs, device, inputs, scalars, results, launches)"},
+    {"setup_cuda", setup_cuda, METH_VARARGS, "setup_cuda(cuLaunchKernel address, raw_stream)"},
     {"forget", forget, METH_O, "forget(op): drop its signatures"},
     {"setup", setup, METH_O, "setup(on_failure)"},
     {"watched", watched, METH_NOARGS, "whether anything watches torch's dispatcher"},

@@ -6,6 +6,9 @@ run time), once per PyTorch version, tcc version, Python and source: into tcc's 
 Why C++: a ``tcc.torch`` call's own work is small (one ``torch.empty``, one kernel call), but from
 Python each input tensor's checks cost ~450 ns and asking whether anything watches torch's
 dispatcher ~470 ns, so an eager call cost 2.3-2.7x ``torch.add``'s (benchmarks/torch_overhead.py).
+The module serves CPU signatures (tcc's CPU plan: one call of the kernel's entry point) and CUDA
+ones (tcc's CUDA plan without intermediates: its kernels launched with ``cuLaunchKernel`` on
+PyTorch's current stream).
 
 Where no compiler (or ``ninja``) is at hand the build fails once, quietly, and the Python path
 serves every call; ``TCC_TORCH_NATIVE=0`` forces that path. ``status()`` says which one runs.
