@@ -184,7 +184,7 @@ class TorchOp:
             self._native = module.new_op()
         launches = []
         for launcher, order in plan.launches:
-            params = [(value, _CELLS[type(slot)]) for value, slot in zip(order, launcher.slots)]
+            params = [(value, _CELLS.get(type(slot), -1)) for value, slot in zip(order, launcher.slots)]
             fallback = launcher.fallback
             launches.append(((launcher.fn, launcher.grid, launcher.block, launcher.shared),
                              None if fallback is None else (fallback.fn, fallback.grid, fallback.block,
