@@ -6,8 +6,10 @@ the two times in the same round):
 
 - ``torch.add``: the anchor, a built-in op (C++ dispatch, result allocated by PyTorch).
 - ``tcc.torch``: ``ops.add(a, b)`` for the tcc op ``C[i] = A[i] + B[i]``, the way users call it:
-  on plain CPU tensors that record no graph, ``torch.empty`` for the result and tcc's own call,
-  no torch dispatch (``TorchOp.__call__``).
+  on plain tensors that record no graph, no torch dispatch (``TorchOp.__call__``): the C++ eager
+  path where it is built (``tcc/interop/torch_native.cpp``: checks, ``at::empty``, the kernel).
+- ``tcc.torch py``: the same op registered under ``TCC_TORCH_NATIVE=0``: the Python eager path
+  (``_Direct.run`` on the CPU, the CUDA op's ``Plan.run`` on the GPU).
 - ``torch.ops``: ``torch.ops.NS.add(a, b)``, the same op through torch's dispatcher (what a
   ``torch.compile`` graph pays, and what an eager call that records a graph paid before it took
   the eager path's ``autograd.Function``): its autograd kernel (``torch.library.register_autograd``),
@@ -52,6 +54,15 @@ def sides(device: str) -> dict:
 
     ns = f"bench_{device}"
     ops = tcc.torch.library(ADD, namespace=ns)
+    a, b = torch.randn(256, device=device), torch.randn(256, device=device)
+    switch = os.environ.get("TCC_TORCH_NATIVE")
+    os.environ["TCC_TORCH_NATIVE"] = "0"  # while its first call learns the signature: Python's path for good
+    python_ops = tcc.torch.library(ADD, namespace=f"{ns}_py")
+    python_ops.add(a, b)
+    if switch is None:
+        del os.environ["TCC_TORCH_NATIVE"]
+    else:
+        os.environ["TCC_TORCH_NATIVE"] = switch
     lib = torch.library.Library(f"bench_empty_{device}", "FRAGMENT")
     KEEP.append(lib)
     lib.define("noop(Tensor a, Tensor b) -> Tensor")
@@ -62,9 +73,9 @@ def sides(device: str) -> dict:
                                      mutates_args=(), schema="(Tensor a, Tensor b) -> Tensor")
 
     dispatched = getattr(torch.ops, ns).add
-    a, b = torch.randn(256, device=device), torch.randn(256, device=device)
     g = a.clone().requires_grad_()
     out = {"torch.add": lambda: torch.add(a, b), "tcc.torch": lambda: ops.add(a, b),
+           "tcc.torch py": lambda: python_ops.add(a, b),
            "torch.ops": lambda: dispatched(a, b), "Library.impl noop": lambda: noop(a, b),
            "custom_op noop": lambda: custom(a, b), "torch.add grad": lambda: torch.add(g, b),
            "tcc.torch grad": lambda: ops.add(g, b), "torch.ops grad": lambda: dispatched(g, b)}
