@@ -158,6 +158,20 @@ def test_the_switch_forces_the_python_path(monkeypatch):
     assert ops.matmul._native is None
 
 
+def test_without_a_compiler_the_python_path_serves(tmp_path, monkeypatch):
+    """A build that fails (here: no C++ compiler, in an empty cache) leaves the Python path, with
+    the reason in ``status()``; calls are right and tried natively never."""
+    monkeypatch.setattr(torch_native, "_state", {})  # this test's own attempt (restored after it)
+    monkeypatch.setenv("TCC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    ops = fresh_ops("nocxx")
+    a, b = torch.randn(6, 7), torch.randn(7, 3)
+    for _ in range(2):
+        torch.testing.assert_close(ops.matmul(a, b), a @ b, rtol=1e-4, atol=1e-4)
+    assert ops.matmul._native is None
+    assert torch_native.load() is None and torch_native.status().startswith("python (build failed")
+
+
 @pytest.mark.cuda
 def test_cuda_eager_calls_launch_on_the_tensors_and_the_current_stream(path, monkeypatch):
     """CUDA tensors skip the dispatcher too: the kernels read the inputs' memory and write results

@@ -27,7 +27,6 @@ from pathlib import Path
 from types import ModuleType
 
 import torch  # the optional dependency this module exists for
-import torch.utils.cpp_extension  # noqa: F401  (the builder; imported here, not at first use)
 
 from tcc.paths import cache_dir
 from tcc.version import __version__
@@ -84,12 +83,14 @@ def _build() -> ModuleType:
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
             return module
+    from torch.utils import cpp_extension  # the builder imports setuptools (~70 ms): only to build
+
     folder.mkdir(parents=True, exist_ok=True)
     path = os.environ.get("PATH", "")
     os.environ["PATH"] = _with_ninja(path)
     try:
-        return torch.utils.cpp_extension.load(name=name, sources=[str(SOURCE)], build_directory=str(folder),
-                                              extra_cflags=["-O2"], verbose=False)
+        return cpp_extension.load(name=name, sources=[str(SOURCE)], build_directory=str(folder),
+                                  extra_cflags=["-O2"], verbose=False)
     finally:
         os.environ["PATH"] = path
 
