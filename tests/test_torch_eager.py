@@ -148,6 +148,27 @@ def test_what_watches_the_dispatcher_gets_it(path):
     assert len(dispatched) == 3
 
 
+def test_threads_share_an_op(path):
+    """Threads calling one op at once (a kernel above 1 MiB of data runs without the GIL in C++)
+    each get their own right results."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ops = fresh_ops(path)
+    b = torch.randn(128, 1024)  # with A and C: 1.06 MiB
+    ops.matmul(torch.randn(128, 128), b)
+
+    def work(seed: int) -> bool:
+        gen = torch.Generator().manual_seed(seed)
+        ok = True
+        for _ in range(4):
+            a = torch.randn(128, 128, generator=gen)
+            ok = ok and torch.allclose(ops.matmul(a, b), a @ b, rtol=1e-4, atol=1e-3)
+        return ok
+
+    with ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(work, range(4)))
+
+
 def test_the_switch_forces_the_python_path(monkeypatch):
     monkeypatch.setenv("TCC_TORCH_NATIVE", "0")
     assert torch_native.load() is None and torch_native.status() == "python (TCC_TORCH_NATIVE=0)"
