@@ -383,10 +383,15 @@ class _Graph(torch.autograd.Function):
         ctx.op, ctx.cparams = op, cparams
         ctx.scalars = op._scalars_of(args)
         ctx.save_for_backward(*[args[i] for i in op._positions])
-        last = op._last  # grad mode is off in here: plain calls
-        outs = last.run(args, cparams) if last is not None else None
-        if outs is None:
-            outs = op._plain(args, cparams)
+        native = op._native  # grad mode is off in here: plain calls, the C++ path's first
+        got = _native_call(native, args) if native is not None and not cparams else None
+        if got is not None:
+            outs = list(got) if type(got) is tuple else [got]
+        else:
+            last = op._last
+            outs = last.run(args, cparams) if last is not None else None
+            if outs is None:
+                outs = op._plain(args, cparams)
         if op._int_results:
             ctx.mark_non_differentiable(*(o for o in outs if not o.is_floating_point()))
         return outs[0] if len(outs) == 1 else tuple(outs)
