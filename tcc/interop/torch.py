@@ -15,10 +15,10 @@ floats with their defaults), with
   gradient autograd asks for (``torch.library.register_autograd``); the gradient operators have a
   backward of their own, derived on first use (double backward);
 - an eager path: ``ops.NAME(...)`` on plain CPU or CUDA tensors that record no graph, with nothing
-  watching torch's dispatcher, runs the kernel without dispatching (``TorchOp.__call__``). On the
-  CPU a repeat signature is served in C++ (``torch_native``: built once against the installed
-  PyTorch, Python's ``_Direct`` where it cannot be, or with ``TCC_TORCH_NATIVE=0``); on CUDA by
-  the CUDA op's plan (inputs in place, ``torch.empty`` results, torch's current stream).
+  watching torch's dispatcher, runs the kernel without dispatching (``TorchOp.__call__``). A
+  repeat signature is served in C++ (``torch_native``: built once against the installed PyTorch;
+  ``TCC_TORCH_NATIVE=0`` or a failed build leave the Python path: ``_Direct`` on the CPU, the
+  CUDA op's plan on CUDA: inputs in place, ``torch.empty`` results, torch's current stream).
 
 This module imports PyTorch; ``import tcc`` does not import it (``tcc.torch`` loads it on first use).
 """
@@ -168,20 +168,15 @@ class TorchOp:
     def _teach_cuda(self, plan: Any, nargs: int) -> None:
         """Give the C++ eager path a CUDA plan's signature: its kernels, launched by C++ on torch's
         current stream (not a plan with intermediates: their workspace is Python's)."""
-        global _native_call
-        module = torch_native.load()
-        if (module is None or plan.outs is not None or plan.nargs != nargs or plan.cparams
-                or plan.kernel.temps or cuda_runtime._SYNC):
+        if plan.outs is not None or plan.nargs != nargs or plan.cparams or plan.kernel.temps or cuda_runtime._SYNC:
             return
-        if _native_call is None:
-            module.setup(raise_out_of_memory)
-            _native_call = module.call
+        module = self._native_module()
+        if module is None:
+            return
         if not _cuda_ready:
             module.setup_cuda(ctypes.cast(driver.libcuda().cuLaunchKernel, ctypes.c_void_p).value,
                               cuda_runtime._stream_getter())
             _cuda_ready.append(True)
-        if self._native is None:
-            self._native = module.new_op()
         launches = []
         for launcher, order in plan.launches:
             params = [(value, _CELLS.get(type(slot), -1)) for value, slot in zip(order, launcher.slots)]
@@ -224,15 +219,9 @@ class TorchOp:
 
     def _teach(self, direct: _Direct) -> None:
         """Give the C++ eager path this signature (it builds on first use; nothing where it cannot)."""
-        global _native_call
-        module = torch_native.load()
-        if module is None or direct.cparams:
+        module = None if direct.cparams else self._native_module()
+        if module is None:
             return
-        if _native_call is None:
-            module.setup(raise_out_of_memory)
-            _native_call = module.call
-        if self._native is None:
-            self._native = module.new_op()
         plan = direct.plan
         scalars = [(pos, slot, kind, _CELLS[cell_type]) for slot, (pos, kind, cell_type, _) in
                    zip(plan.slots, plan.scalars)]
@@ -240,6 +229,18 @@ class TorchOp:
                      plan.nargs, len(plan.kernel.params),
                      [(pos, slot, dtype, tuple(shape)) for pos, slot, dtype, shape in direct.inputs],
                      scalars, [(slot, dtype, shape) for slot, shape, dtype in direct.results])
+
+    def _native_module(self) -> Any:
+        """The C++ eager path's module, this op's signature table made (None where it is not built)."""
+        global _native_call
+        module = torch_native.load()
+        if module is not None:
+            if _native_call is None:
+                module.setup(raise_out_of_memory)
+                _native_call = module.call
+            if self._native is None:
+                self._native = module.new_op()
+        return module
 
     def schema(self) -> str:
         """``(Tensor X, float a, *, int S=1) -> Tensor`` from the op's parameters and results."""
@@ -509,7 +510,7 @@ def library(source: str | os.PathLike | Library, namespace: str = "tcc", **optio
 
 
 def native_status() -> str:
-    """Which eager path serves CPU calls: "native" (the C++ one) or "python (why)"."""
+    """Which eager path serves repeat calls (CPU and CUDA): "native" (the C++ one) or "python (why)"."""
     return torch_native.status()
 
 
