@@ -4,8 +4,9 @@
 // TorchOp.__call__ hands each call to `call(op, args)`. For a signature that the Python path has
 // run before (the same input dtypes and shapes, scalar types, no keyword parameters), it checks
 // the tensors, allocates the results with at::empty and calls the tcc kernel's entry point,
-// `int32_t kernel(void **args)` (the address tcc's ctypes call uses). It returns None for every
-// call it does not take (another signature, a tensor that is not a plain contiguous CPU tensor,
+// `int32_t kernel(void **args)` (the address tcc's ctypes call uses), or, for CUDA tensors,
+// launches the CUDA plan's kernels on PyTorch's current stream. It returns None for every
+// call it does not take (another signature, a tensor that is not a plain contiguous one there,
 // one that records a graph, anything watching torch's dispatcher): the Python path then runs the
 // checked call, which raises tcc's errors naming the argument, and teaches this one its signature.
 // From Python, each input's checks alone cost ~450 ns; here they cost a few nanoseconds.
@@ -59,7 +60,6 @@ struct Signature {
   Kernel kernel;
   std::string name;  // the kernel's, for errors
   Py_ssize_t nargs;
-  int nslots;
   std::vector<Input> inputs;
   std::vector<Scalar> scalars;
   std::vector<Result> results;
@@ -129,8 +129,8 @@ Op *op_of(PyObject *capsule) {
 // a transform is active (its own header needs a JSON library that torch does not ship).
 bool dispatcher_watched() {
   return at::impl::torch_function_mode_enabled() || c10::impl::TorchDispatchModeTLS::stack_len() > 0 ||
-         c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode) || torch::jit::tracer::isTracing() ||
-         at::hasCallbacks();
+         c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode) ||
+         torch::jit::tracer::isTracing() || at::hasCallbacks();
 }
 
 bool take_input(PyObject *obj, const Input &in, void **slots, bool grad_mode) {
@@ -460,8 +460,8 @@ PyObject *learn(PyObject *, PyObject *args) {
   sig->kernel = reinterpret_cast<Kernel>(static_cast<uintptr_t>(address));
   sig->name = name;
   sig->nargs = nargs;
-  sig->nslots = nslots;
   int64_t bytes = 0;
+  auto fits = [&](Py_ssize_t pos, int slot) { return 0 <= pos && pos < nargs && 0 <= slot && slot < nslots; };
   for (Py_ssize_t i = 0; i < PyList_GET_SIZE(inputs); ++i) {
     Input in;
     PyObject *dtype, *sizes;
@@ -469,6 +469,9 @@ PyObject *learn(PyObject *, PyObject *args) {
     if (!PyArg_ParseTuple(PyList_GET_ITEM(inputs, i), "niOO", &in.pos, &in.slot, &dtype, &sizes) ||
         !read_dtype(dtype, &in.dtype) || !read_sizes(sizes, &in.sizes, &count)) {
       return nullptr;
+    }
+    if (!fits(in.pos, in.slot)) {
+      Py_RETURN_FALSE;
     }
     bytes += count * static_cast<int64_t>(c10::elementSize(in.dtype));
     sig->inputs.push_back(std::move(in));
@@ -479,6 +482,9 @@ PyObject *learn(PyObject *, PyObject *args) {
     int cell;
     if (!PyArg_ParseTuple(PyList_GET_ITEM(scalars, i), "niO!i", &s.pos, &s.slot, &PyType_Type, &kind, &cell)) {
       return nullptr;
+    }
+    if (!fits(s.pos, s.slot) || cell < 0 || cell >= static_cast<int>(Cell::pointer)) {
+      Py_RETURN_FALSE;
     }
     s.kind = reinterpret_cast<PyTypeObject *>(kind);
     s.cell = static_cast<Cell>(cell);
@@ -491,6 +497,9 @@ PyObject *learn(PyObject *, PyObject *args) {
     if (!PyArg_ParseTuple(PyList_GET_ITEM(results, i), "iOO", &r.slot, &dtype, &sizes) ||
         !read_dtype(dtype, &r.dtype) || !read_sizes(sizes, &r.sizes, &count)) {
       return nullptr;
+    }
+    if (!fits(0, r.slot)) {
+      Py_RETURN_FALSE;
     }
     r.nbytes = count * static_cast<int64_t>(c10::elementSize(r.dtype));
     bytes += r.nbytes;
