@@ -282,6 +282,7 @@ op hconvp[P = 1](X: f16[N, C, H, W], Wt: f16[F, C, KH, KW], b: f16[F])
     Y[n, f, y, x] = f16(max(sum[c, r, s](f32(Xp[n, c, y + r, x + s]) * f32(Wt[f, c, r, s])) + f32(b[f]), 0.0))
 }
 """
+HALF_SOURCES["bconvp"] = HALF_SOURCES["hconvp"].replace("f16", "bf16").replace("hconvp", "bconvp")
 HALF_SOURCES["hlin"] = """
 op hlin(A: f16[M, K], W: f16[N, K]) -> C: f32[M, N] {
     C[i, j] = sum[k](f32(A[i, k]) * f32(W[j, k]))
@@ -297,7 +298,9 @@ TENSOR_CORE_CASES = [("hmm", dict(M=7, K=33, N=5)), ("hmm", dict(M=256, K=256, N
                      ("hconvp", dict(N=1, C=24, H=1, W=1, F=7, KH=3, KW=3)),
                      ("hconvp", dict(N=1, C=16, H=7, W=9, F=33, KH=3, KW=3)),
                      ("hconvp", dict(N=2, C=64, H=56, W=56, F=64, KH=3, KW=3)),
-                     ("hconvp", dict(N=2, C=32, H=20, W=33, F=130, KH=5, KW=2))]
+                     ("hconvp", dict(N=2, C=32, H=20, W=33, F=130, KH=5, KW=2)),
+                     ("bconvp", dict(N=3, C=8, H=7, W=9, F=33, KH=3, KW=3)),
+                     ("bconvp", dict(N=2, C=64, H=56, W=56, F=64, KH=3, KW=3))]
 
 
 @pytest.mark.parametrize("name,case", GEMM_CASES + TENSOR_CORE_CASES,
