@@ -80,6 +80,7 @@ class _FunctionBuilder(LoopEmitter, MathEmitter):
         self.entry = self.fn.append_basic_block("entry")
         self.builder = ir.IRBuilder(self.entry)
         self.vars: dict[str, ir.Value] = {}
+        self.extents: dict[str, int] = {}  # constant extents of the loop indices in scope
         self.buffers: dict[str, tuple[Buffer, ir.Value]] = {}
         self.status: ir.Value | None = None  # set inside outlined bodies: where to report failure
         self.vec: tuple[str, int] | None = None  # (var, lanes) inside a vector loop
