@@ -8,7 +8,11 @@ data + weight gradient (the issue's target: <= 1.25x PyTorch). Timing as in benc
 interleaved rounds of warm back-to-back calls, each ratio the median over ``--runs`` rounds of
 the two times in the same round.
 
-    python benchmarks/grad.py [--runs 10] [--quick] [--layer 3x3/2]
+With ``--cuda``, the same on the GPU: the tcc ops compiled for target ``cuda`` on PyTorch CUDA
+tensors (what ``tcc.torch`` runs, results allocated by PyTorch) against PyTorch's (cuDNN) kernels,
+each call followed by ``torch.cuda.synchronize()`` (target for ``bwd``: <= 1.5x PyTorch).
+
+    python benchmarks/grad.py [--runs 10] [--quick] [--layer 3x3/2] [--cuda]
 """
 
 from __future__ import annotations
@@ -35,8 +39,9 @@ LAYERS = {
 QUICK = {"3x3 32->32 28x28 b2": (2, 32, 28, 28, 32, 3, 1, 1)}
 
 
-def sides(layer: tuple, rng: np.random.Generator) -> dict[str, list]:
-    """For "fwd", "dX" and "dW": [tcc, torch, hand-written (gradients only)] callables on the same data."""
+def sides(layer: tuple, rng: np.random.Generator, device: str = "cpu") -> dict[str, list]:
+    """For "fwd", "dX" and "dW": [tcc, torch, hand-written (gradients only)] callables on the same
+    data: NumPy arrays and CPU tensors, or CUDA tensors for both (each call then synchronizes)."""
     import torch
     import torch.nn.functional as F
 
@@ -46,21 +51,30 @@ def sides(layer: tuple, rng: np.random.Generator) -> dict[str, list]:
     b = rng.standard_normal(f, dtype=np.float32)
     conv = tcc.compile(EXAMPLES / "conv2d.tc").conv2d
     hand = tcc.compile(EXAMPLES / "conv2d_grad.tc")
-    dy = rng.standard_normal(conv(x, wt, b, S=s, P=p).shape, dtype=np.float32)
+    out = F.conv2d(torch.from_numpy(x), torch.from_numpy(wt), stride=s, padding=p).shape
+    dy = rng.standard_normal(tuple(out), dtype=np.float32)
     gx, gw = tcc.grad(conv, ["X"]), tcc.grad(conv, ["Wt"])
-    tx, tw, tb, tdy = torch.from_numpy(x), torch.from_numpy(wt), torch.from_numpy(b), torch.from_numpy(dy)
+    tx, tw, tb, tdy = (torch.from_numpy(a).to(device) for a in (x, wt, b, dy))
+    if device == "cuda":  # the same ops for the GPU, on the CUDA tensors
+        conv, gx, gw = (tcc.compile(o.te.source.text, target="cuda")[o.name] for o in (conv, gx, gw))
+        hand = tcc.compile(EXAMPLES / "conv2d_grad.tc", target="cuda")
+        x, wt, b, dy = tx, tw, tb, tdy
 
     def torch_grad(mask):
         return lambda: torch.ops.aten.convolution_backward(tdy, tx, tw, None, [s, s], [p, p], [1, 1], False, [0, 0],
                                                            1, mask)
 
-    return {
+    fns = {
         "fwd": [lambda: conv(x, wt, b, S=s, P=p), lambda: F.conv2d(tx, tw, tb, stride=s, padding=p)],
         "dX": [lambda: gx(x, wt, b, dy, S=s, P=p), torch_grad([True, False, False]),
                lambda: hand.conv2d_grad_x(x, wt, dy, S=s, P=p)],
         "dW": [lambda: gw(x, wt, b, dy, S=s, P=p), torch_grad([False, True, False]),
                lambda: hand.conv2d_grad_w(x, wt, dy, S=s, P=p)],
     }
+    if device == "cuda":
+        sync = torch.cuda.synchronize
+        fns = {which: [lambda fn=fn: (fn(), sync()) for fn in side] for which, side in fns.items()}
+    return fns
 
 
 def main() -> None:
@@ -70,15 +84,19 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--quick", action="store_true", help="one small layer, for a smoke test")
     parser.add_argument("--layer", default="", help="only the layers whose name contains this")
+    parser.add_argument("--cuda", action="store_true", help="on the GPU (tcc target cuda against cuDNN)")
     opts = parser.parse_args()
+    if opts.cuda and not (torch.cuda.is_available() and tcc.cuda.is_available()):
+        sys.exit("--cuda: no usable CUDA GPU (torch or tcc.cuda)")
     torch.set_num_threads(2)
     rng = np.random.default_rng(0)
-    print(f"medians of {opts.runs} interleaved runs; PyTorch {torch.__version__} with 2 threads\n")
+    where = f"on {torch.cuda.get_device_name()}" if opts.cuda else "with 2 threads"
+    print(f"medians of {opts.runs} interleaved runs; PyTorch {torch.__version__} {where}\n")
     print(f"{'layer':26} {'pass':4} {'tcc ms':>8} {'torch ms':>8} {'/ torch':>8} {'/ hand':>7}")
     layers = {k: v for k, v in (QUICK if opts.quick else LAYERS).items() if opts.layer in k}
     for name, layer in layers.items():
         ms: dict[str, tuple[float, float]] = {}
-        for which, fns in sides(layer, rng).items():
+        for which, fns in sides(layer, rng, "cuda" if opts.cuda else "cpu").items():
             for fn in fns:
                 fn()  # compile and warm
             rounds = paired_rounds(fns, opts.runs)

@@ -1,11 +1,18 @@
-"""Whole ONNX models: tcc.onnx against onnxruntime (CPU) and PyTorch (CPU; CUDA when present).
+"""Whole ONNX models: tcc.onnx against onnxruntime and PyTorch on the CPU, or eager PyTorch on CUDA.
 
     python benchmarks/onnx_networks.py [--models resnet18 encoder] [--batches 1 8] [--repeat 20] [--threads N]
+    python benchmarks/onnx_networks.py --cuda [--models ...] [--batches ...] [--repeat 50]
 
 For each model and batch: import + compile time cold (an empty cache directory) and warm (the
 same directory again, as a new process would find it), then run times measured side by side,
 interleaved, as medians, with ratios to onnxruntime. Models come from examples/onnx_models.py
 (random weights, exported with torch.onnx).
+
+``--cuda``: ``tcc.onnx.load(..., target="cuda")`` against the same model in eager PyTorch on the
+GPU: the largest difference of the outputs, medians of interleaved calls each ended by
+``torch.cuda.synchronize()``, the ratio to PyTorch, and where each call's time goes: the sum of
+its GPU kernels' times (torch.profiler, which sees tcc's driver-API launches too) against the
+wall time, the rest being launches and host work.
 """
 
 from __future__ import annotations
@@ -41,17 +48,25 @@ MODELS = {
 }
 
 
-def interleaved(runs: dict, repeat: int) -> dict[str, float]:
-    """Median seconds of each callable, calls interleaved round-robin."""
+def interleaved(runs: dict, repeat: int, clock=time.perf_counter) -> dict[str, tuple[float, float, float]]:
+    """(median, first quartile, third quartile) seconds of each callable by ``clock``, calls
+    interleaved round-robin."""
     times: dict[str, list[float]] = {name: [] for name in runs}
     for fn in runs.values():
         fn()  # warm up
     for _ in range(repeat):
         for name, fn in runs.items():
-            start = time.perf_counter()
+            start = clock()
             fn()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
+            times[name].append(clock() - start)
+    return {name: (statistics.median(t), *np.percentile(t, [25, 75])) for name, t in times.items()}
+
+
+def report(medians: dict[str, tuple[float, float, float]], anchor: str, what: str = "") -> None:
+    base = medians[anchor][0]
+    for run, (seconds, q1, q3) in medians.items():
+        print(f"  {run:12s} {seconds * 1e3:9.3f} ms  {seconds / base:5.2f}x {anchor}{what}  "
+              f"(quartiles {q1 * 1e3:.3f}-{q3 * 1e3:.3f} ms)")
 
 
 def bench(name: str, batch: int, repeat: int, threads: int | None) -> None:
@@ -76,25 +91,72 @@ def bench(name: str, batch: int, repeat: int, threads: int | None) -> None:
     runs = {"tcc": lambda: compiled(xn), "onnxruntime": lambda: session.run(None, {"x": xn})}
     with torch.no_grad():
         runs["torch-cpu"] = lambda: model(x)
-        if torch.cuda.is_available():
-            gpu_model, xg = model.cuda(), x.cuda()
-            gpu = tcc.onnx.load(data, target="cuda")
-
-            def tcc_cuda():
-                gpu(xg)
-                torch.cuda.synchronize()
-
-            def torch_cuda():
-                gpu_model(xg)
-                torch.cuda.synchronize()
-
-            runs["tcc-cuda"], runs["torch-cuda"] = tcc_cuda, torch_cuda
         err = float(np.abs(compiled(xn) - runs["onnxruntime"]()[0]).max())
         medians = interleaved(runs, repeat)
-    anchor = medians["onnxruntime"]
-    print(f"{name} batch {batch}: import+compile cold {cold:.2f} s, warm {warm:.3f} s; max |tcc - ort| {err:.2g}")
-    for run, seconds in medians.items():
-        print(f"  {run:12s} {seconds * 1e3:9.2f} ms  {seconds / anchor:5.2f}x onnxruntime")
+        # one thread each: each call runs on this thread, whose CPU time leaves out the time the
+        # OS gave other processes (the shared VM's load), unlike the wall clock
+        cpu = interleaved(runs, repeat, time.thread_time) if threads == 1 else None
+    print(f"{name} batch {batch}: import+compile cold {cold:.2f} s, warm {warm:.3f} s; max |tcc - ort| {err:.2g}; "
+          f"load average {os.getloadavg()[0]:.1f}")
+    report(medians, "onnxruntime")
+    if cpu is not None:
+        report(cpu, "onnxruntime", ", thread CPU time")
+
+
+def gpu_kernel_ms(fn, calls: int) -> tuple[float, int]:
+    """The GPU kernel time per call (ms) and kernels per call, from torch.profiler's CUDA events."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return sum(e.time_range.elapsed_us() for e in kernels) / 1e3 / calls, round(len(kernels) / calls)
+
+
+def bench_cuda(name: str, batch: int, repeat: int) -> None:
+    """tcc on CUDA against eager PyTorch on CUDA (see the module docstring)."""
+    make, shape = MODELS[name]
+    model = onnx_models.randomized(make())
+    x = torch.randn(shape(batch))
+    data = onnx_models.export(model, x)
+    with tempfile.TemporaryDirectory() as cache_dir:
+        os.environ["TCC_CACHE_DIR"] = cache_dir
+        start = time.perf_counter()
+        compiled = tcc.onnx.load(data, target="cuda")
+        cold = time.perf_counter() - start
+        cache.MEMORY.clear()
+        start = time.perf_counter()
+        compiled = tcc.onnx.load(data, target="cuda")
+        warm = time.perf_counter() - start
+    gpu_model, xg = model.cuda().eval(), x.cuda()
+    with torch.no_grad():
+        expected = gpu_model(xg)
+        got = torch.from_dlpack(compiled(xg))
+        torch.cuda.synchronize()
+        err = float((got - expected).abs().max())
+        scale = float(expected.abs().max())
+
+        def tcc_cuda():
+            compiled(xg)
+            torch.cuda.synchronize()
+
+        def torch_cuda():
+            gpu_model(xg)
+            torch.cuda.synchronize()
+
+        runs = {"tcc-cuda": tcc_cuda, "torch-cuda": torch_cuda}
+        medians = interleaved(runs, repeat)
+        try:
+            kernels = {run: gpu_kernel_ms(fn, 10) for run, fn in runs.items()}
+        except Exception as exc:  # (a profiler that cannot see the GPU: the timings stand without it)
+            print(f"  torch.profiler failed: {type(exc).__name__}: {exc}")
+            kernels = {run: (float("nan"), 0) for run in runs}
+    print(f"{name} batch {batch} (cuda): import+compile cold {cold:.2f} s, warm {warm:.3f} s; "
+          f"max |tcc - torch| {err:.2g} (max |torch| {scale:.2g})")
+    report(medians, "torch-cuda")
+    for run, (gpu_ms, count) in kernels.items():
+        print(f"  {run:12s} GPU kernels {gpu_ms:.3f} ms in {count} launches per call")
 
 
 def main() -> None:
@@ -102,9 +164,16 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--cuda", action="store_true", help="tcc on CUDA against eager PyTorch on CUDA")
     parser.add_argument("--threads", type=int, default=None,
                         help="threads for all three (tcc schedules for the CPUs this process may use)")
     args = parser.parse_args()
+    if args.cuda:
+        print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+        for name in args.models:
+            for batch in args.batches:
+                bench_cuda(name, batch, args.repeat)
+        return
     if args.threads:
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:args.threads])
         torch.set_num_threads(args.threads)

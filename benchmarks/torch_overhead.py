@@ -6,8 +6,10 @@ the two times in the same round):
 
 - ``torch.add``: the anchor, a built-in op (C++ dispatch, result allocated by PyTorch).
 - ``tcc.torch``: ``ops.add(a, b)`` for the tcc op ``C[i] = A[i] + B[i]``, the way users call it:
-  on plain CPU tensors that record no graph, ``torch.empty`` for the result and tcc's own call,
-  no torch dispatch (``TorchOp.__call__``).
+  on plain tensors that record no graph, no torch dispatch (``TorchOp.__call__``): the C++ eager
+  path where it is built (``tcc/interop/torch_native.cpp``: checks, ``at::empty``, the kernel).
+- ``tcc.torch py``: the same op registered under ``TCC_TORCH_NATIVE=0``: the Python eager path
+  (``_Direct.run`` on the CPU, the CUDA op's ``Plan.run`` on the GPU).
 - ``torch.ops``: ``torch.ops.NS.add(a, b)``, the same op through torch's dispatcher (what a
   ``torch.compile`` graph pays, and what an eager call that records a graph paid before it took
   the eager path's ``autograd.Function``): its autograd kernel (``torch.library.register_autograd``),
@@ -21,9 +23,13 @@ the two times in the same round):
   ``torch.library.custom_op`` (which adds autograd and more): what torch's dispatch to Python
   costs by itself.
 
-With a GPU, the dispatcher sides on CUDA tensors as well (the eager path is CPU-only).
+With a GPU, the same sides on CUDA tensors (``tcc.torch``: the eager path's CUDA plan, kernels
+on torch's current stream), each timed as 100 calls and one ``torch.cuda.synchronize()``, per call:
+the host's cost of queuing the op, what the target (<= 1.5x ``torch.add``) is about.
 
-    python benchmarks/torch_overhead.py [--runs 10]
+    python benchmarks/torch_overhead.py [--runs 10] [--cuda]
+
+``--cuda``: the CUDA rows only, and an error when no GPU is usable.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from cpu import paired_rounds, ratio  # noqa: E402
 import tcc  # noqa: E402
 
 KEEP = []  # torch.library.Library objects own their registrations: keep them alive
+BATCH = 100  # CUDA calls per timed batch
 ADD = "op add(A: f32[N], B: f32[N]) -> C: f32[N] {\n    C[i] = A[i] + B[i]\n}\n"
 
 
@@ -47,6 +54,15 @@ def sides(device: str) -> dict:
 
     ns = f"bench_{device}"
     ops = tcc.torch.library(ADD, namespace=ns)
+    a, b = torch.randn(256, device=device), torch.randn(256, device=device)
+    switch = os.environ.get("TCC_TORCH_NATIVE")
+    os.environ["TCC_TORCH_NATIVE"] = "0"  # while its first call learns the signature: Python's path for good
+    python_ops = tcc.torch.library(ADD, namespace=f"{ns}_py")
+    python_ops.add(a, b)
+    if switch is None:
+        del os.environ["TCC_TORCH_NATIVE"]
+    else:
+        os.environ["TCC_TORCH_NATIVE"] = switch
     lib = torch.library.Library(f"bench_empty_{device}", "FRAGMENT")
     KEEP.append(lib)
     lib.define("noop(Tensor a, Tensor b) -> Tensor")
@@ -57,9 +73,9 @@ def sides(device: str) -> dict:
                                      mutates_args=(), schema="(Tensor a, Tensor b) -> Tensor")
 
     dispatched = getattr(torch.ops, ns).add
-    a, b = torch.randn(256, device=device), torch.randn(256, device=device)
     g = a.clone().requires_grad_()
     out = {"torch.add": lambda: torch.add(a, b), "tcc.torch": lambda: ops.add(a, b),
+           "tcc.torch py": lambda: python_ops.add(a, b),
            "torch.ops": lambda: dispatched(a, b), "Library.impl noop": lambda: noop(a, b),
            "custom_op noop": lambda: custom(a, b), "torch.add grad": lambda: torch.add(g, b),
            "tcc.torch grad": lambda: ops.add(g, b), "torch.ops grad": lambda: dispatched(g, b)}
@@ -77,23 +93,31 @@ def main() -> None:
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--cuda", action="store_true", help="the CUDA rows only (a GPU required)")
     opts = parser.parse_args()
+    gpu = torch.cuda.is_available() and tcc.cuda.is_available()
+    if opts.cuda and not gpu:
+        sys.exit("--cuda: no usable CUDA GPU (torch or tcc.cuda)")
     torch.set_num_threads(2)
     print(f"medians of {opts.runs} interleaved runs; PyTorch {torch.__version__}; 256 float32 elements\n")
-    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() and tcc.cuda.is_available() else [])
+    devices = ["cuda"] if opts.cuda else ["cpu"] + (["cuda"] if gpu else [])
     for device in devices:
         fns = sides(device)
         names = list(fns)
         for fn in fns.values():
             fn()  # compile and warm
-        if device == "cuda":
+        per = 1
+        if device == "cuda":  # the host's cost of a call: BATCH calls queued, then one synchronize
             calls = list(fns.values())
-            fns = {n: (lambda f=f: (f(), torch.cuda.synchronize())) for n, f in zip(names, calls)}
+            per = BATCH
+            fns = {n: (lambda f=f: ([f() for _ in range(BATCH)], torch.cuda.synchronize()))
+                   for n, f in zip(names, calls)}
         rounds = paired_rounds(list(fns.values()), opts.runs)
         for i, name in enumerate(names):
-            us = statistics.median(r[i] for r in rounds) * 1e6
+            us = statistics.median(r[i] for r in rounds) * 1e6 / per
             anchor = "torch.add grad" if name.endswith(" grad") else "torch.add"
             print(f"{device:5} {name:18} {us:8.2f} us   / {anchor:14} {ratio(rounds, i, names.index(anchor)):6.2f}")
+    print(f"\neager path: {tcc.torch.native_status()}")
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ from tcc.ir.loops import (
     WarpgroupMma,
     WarpgroupSync,
 )
+from tcc.reference import _MATH
 
 _NP = {"f16": np.float16, "bf16": np.float32, "f32": np.float32, "f64": np.float64, "i8": np.int8,
        "i32": np.int32, "i64": np.int64, "bool": np.bool_}
@@ -47,8 +48,7 @@ _BINARY = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a
            "gt": lambda a, b: a > b, "ge": lambda a, b: a >= b, "eq": lambda a, b: a == b,
            "ne": lambda a, b: a != b, "and": lambda a, b: a and b, "or": lambda a, b: a or b,
            "max": max, "min": min, "floordiv": lambda a, b: a // b if b else 0,
-           "mod": lambda a, b: a % b if b else 0}
-_CALLS = {"exp": np.exp, "log": np.log, "sqrt": np.sqrt, "tanh": np.tanh}  # math functions, in the call's dtype
+           "mod": lambda a, b: a % b if b else 0, "pow": lambda a, b: a ** b}
 
 
 def run(func: LoopFunc, arrays: dict[str, np.ndarray], aligned: bool = True) -> None:
@@ -102,8 +102,8 @@ class _Eval:
             return self.expr(e.a) if self.expr(e.cond) else self.expr(e.b)
         if isinstance(e, Unary):
             return -self.expr(e.a) if e.op == "neg" else not self.expr(e.a)
-        if isinstance(e, Call) and e.fn in _CALLS:
-            return _NP[e.dtype.name](_CALLS[e.fn](*(self.expr(a) for a in e.args)))
+        if isinstance(e, Call) and e.fn in _MATH and len(e.args) == 1:  # (math functions, as the reference has them)
+            return _NP[e.dtype.name](_MATH[e.fn](np.float64(self.expr(e.args[0]))))
         raise NotImplementedError(f"simulating {type(e).__name__}")
 
     def offset(self, ref: Load) -> int:
@@ -144,7 +144,11 @@ class _Block:
             branch = s.then if ev.expr(s.cond) else s.otherwise
             if branch is not None:
                 self.run(branch, env)
-        else:
+        elif isinstance(s, Store):  # (all threads store the same value: a reduction's start)
+            target = self.locals.get(s.buffer)
+            target = self.memory[s.buffer] if target is None else target
+            target[ev.offset(Load(s.buffer, s.indices, s.value.dtype))] = ev.expr(s.value)
+        elif not isinstance(s, Barrier):  # (between two thread loops, each of which has run to its end)
             raise NotImplementedError(f"simulating {type(s).__name__} outside the thread loops")
 
     def _threads(self, loop: For, env: dict) -> None:
@@ -154,7 +158,7 @@ class _Block:
         while True:
             events = [next(r, None) for r in runs]
             if all(e is None for e in events):
-                return
+                break
             kinds = {type(e[0]).__name__ if e is not None else "end" for e in events}
             assert len(kinds) == 1, f"threads diverge at a block-wide point: {kinds}"
             if isinstance(events[0][0], Barrier):  # (copies in flight stay so: the schedule waits first)
@@ -162,6 +166,13 @@ class _Block:
             size = 128 if isinstance(events[0][0], WarpgroupMma) else 32
             for w in range(0, len(threads), size):
                 _warp_statement(events[w:w + size], threads[w:w + size])
+        for key, value in loop.annotations:  # ``allreduce=ACC:OP``: every thread's ACC combined
+            if key == "allreduce":
+                acc, op = str(value).split(":")
+                total = threads[0].locals[acc][0]
+                for th in threads[1:]:
+                    total = _BINARY[op](total, th.locals[acc][0])
+                self.locals[acc][0] = total
 
 
 class _Thread:

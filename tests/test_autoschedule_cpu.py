@@ -117,7 +117,7 @@ def test_batch_of_one_parallel_over_images_and_channels(rng, monkeypatch):
 def test_gemm_packs_small_weights_once_per_thread():
     """A conv's weights (few rows) are packed once per thread, not once per block of columns."""
     op = tcc.compile(SRC, conv="im2col").conv2d_relu
-    x, w, b = np.zeros((2, 5, 40, 40), np.float32), np.zeros((29, 5, 3, 3), np.float32), np.zeros(29, np.float32)
+    x, w, b = np.zeros((2, 5, 60, 60), np.float32), np.zeros((29, 5, 3, 3), np.float32), np.zeros(29, np.float32)
     text = op.lower(x, w, b, stage="scheduled")
     pack = next(line for line in text.splitlines() if line.strip().startswith("Wt_c1["))
     assert pack.strip().startswith("Wt_c1[ko, io, ir, kk, ii]")  # one buffer over all column blocks

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gpu_sim
 import numpy as np
 import pytest
 from test_examples import CASES
@@ -167,11 +168,17 @@ def test_running_without_a_gpu_is_a_clean_error():
         lib.axpy(2.0, x, x)
 
 
-def test_im2col_on_cuda_is_a_clean_error():
-    lib = tcc.compile(EXAMPLES / "conv2d.tc", target="cuda", conv="im2col")
-    x, w, b = np.zeros((2, 8, 32, 32), np.float32), np.zeros((16, 8, 3, 3), np.float32), np.zeros(16, np.float32)
-    with pytest.raises(TccError, match="conv='direct'"):
-        lib.conv2d.lower(x, w, b, P=1, stage="cuda")
+def test_im2col_on_cuda_runs_in_the_simulator():
+    """conv="im2col" on CUDA: fusion keeps the patch GEMM out of the batch loop's group there, so
+    the patches are one global buffer and each statement a kernel; checked by the CPU simulator
+    of scheduled CUDA loop IR (tests/gpu_sim.py) against the CPU."""
+    rng = np.random.default_rng(7)
+    x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((1, 4, 6, 7), (8, 4, 3, 3), (8,)))
+    op = tcc.compile(EXAMPLES / "conv2d.tc", target="cuda", conv="im2col").conv2d
+    arrays = {"X": x, "Wt": w, "b": b, "Y": np.full((1, 8, 6, 7), np.nan, np.float32)}
+    gpu_sim.run(op.lowered(op.bindings_for((x, w, b), {"P": 1})).scheduled, arrays)
+    np.testing.assert_allclose(arrays["Y"], tcc.compile(EXAMPLES / "conv2d.tc").conv2d(x, w, b, P=1),
+                               rtol=1e-4, atol=1e-4)
     assert "tcc_conv2d_k0" in tcc.compile(EXAMPLES / "conv2d.tc", target="cuda").conv2d.lower(x, w, b, P=1,
                                                                                                stage="cuda")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import gpu_sim
 import numpy as np
 import pytest
 
@@ -155,6 +156,9 @@ def test_conv_transpose(rng, conv_attrs):
 @pytest.mark.parametrize("op,attrs", [
     ("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
     ("MaxPool", {"kernel_shape": [2, 3], "ceil_mode": 1, "strides": [2, 2], "dilations": [2, 1]}),
+    # separable (rows, then columns): ceil_mode windows past the pads, asymmetric pads and strides
+    ("MaxPool", {"kernel_shape": [3, 2], "ceil_mode": 1, "strides": [2, 3], "pads": [0, 1, 1, 0]}),
+    ("MaxPool", {"kernel_shape": [4, 3], "strides": [1, 2], "auto_pad": "SAME_UPPER"}),
     ("AveragePool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
     ("AveragePool", {"kernel_shape": [3, 2], "pads": [1, 0, 1, 1], "count_include_pad": 1, "ceil_mode": 1,
                      "strides": [2, 2]}),
@@ -336,6 +340,27 @@ def test_cuda_code_generates_without_a_gpu(rng):
     model = nets.randomized(nets.EncoderBlock(dim=32, heads=4, hidden=65))
     data = nets.export(model, torch.from_numpy(rng.standard_normal([2, 7, 32]).astype(np.float32)))
     assert "__global__" in tcc.onnx.load(data, target="cuda", compile_now=False).lower("cuda")
+
+
+@pytest.mark.parametrize("net, shape", [("encoder", [1, 16, 33]), ("resnet", [1, 3, 9, 11])])
+def test_cuda_schedule_matches_torch_in_the_simulator(rng, net, shape):
+    """The whole graph's CUDA schedule (every kernel: tiled GEMMs, block all-reductions) run by
+    the CPU simulator of scheduled CUDA loop IR (tests/gpu_sim.py) against PyTorch. The encoder's
+    fc1 is large enough to be a GEMM, which fusion must not group with LayerNorm on CUDA."""
+    torch = pytest.importorskip("torch")
+    nets = _networks()
+    model = nets.randomized(nets.EncoderBlock(dim=33, heads=3, hidden=65) if net == "encoder"
+                            else nets.ResNet(width=8, blocks=(1, 1), classes=11))
+    x = rng.standard_normal(shape).astype(np.float32)
+    compiled = tcc.onnx.load(nets.export(model, torch.from_numpy(x)), target="cuda", compile_now=False)
+    func = compiled.op.lowered({}).scheduled
+    arrays = {p.name: x.copy() if p.name in compiled.input_names else np.ascontiguousarray(compiled._weights[p.name])
+              if p.name in compiled._weights else np.full(p.shape, np.nan, np.float32) for p in func.params}
+    (out,) = [name for name, a in arrays.items() if np.isnan(a).all()]  # the result, poisoned
+    gpu_sim.run(func, arrays)
+    with torch.no_grad():
+        expected = model(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(arrays[out].reshape(expected.shape), expected, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("bad", [123, "/nonexistent/model.onnx", "/dev/zero", __file__])

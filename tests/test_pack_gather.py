@@ -7,6 +7,7 @@ from helpers import check_op
 import tcc
 from tcc import dtypes
 from tcc.ir.expr import Binary, Const, Var
+from tcc.passes.autoschedule_cpu.pack_gather import _lanes_apart
 from tcc.passes.loops.loopnest import flat_coeff
 
 I64 = dtypes.i64
@@ -69,3 +70,41 @@ def test_strided_patches_stay_a_row_by_row_gather(rng):
     assert "allocate Xp_patches" not in op.lower(x, w, stage="scheduled")  # no pad: X is read directly
     assert "allocate X_patches:" in op.lower(x, w, stage="scheduled")
     check_op(STRIDED, "conv_s2", dict(N=2, C=6, H=19, W=23, F=20), rng)
+
+
+GRAD_W = """
+op grad_w(X: f32[N, C, H, W], dY: f32[N, F, H, W]) -> dWt: f32[F, C, 3, 3] {
+    Xp = pad(X, [0, 0, 1, 1])
+    dWt[f, c, r, s] = sum[n, y, x](dY[n, f, y, x] * Xp[n, c, y + r, x + s])
+}
+"""
+
+
+@pytest.mark.parametrize("shapes,gathered", [
+    (dict(N=2, C=64, H=12, W=15, F=16), True),  # 576 patch columns (r, s, c), blocks of 32 lanes
+    (dict(N=1, C=64, H=33, W=7, F=5), True),
+    (dict(N=1, C=32, H=33, W=7, F=5), False),  # the two cores' halves split at column 144: mid-group
+    (dict(N=2, C=7, H=9, W=13, F=3), False),  # 7 channels: every block of lanes crosses (r, s) groups
+])
+def test_weight_gradient_patches_are_gathered_when_lanes_stay_in_one_window_tap(shapes, gathered, rng):
+    """A weight gradient's patch columns are ``(r, s, c)``, ``c`` fastest: where each block of
+    lanes stays within one ``(r, s)``, the lanes walk X's channels at a constant stride, so the
+    panels are gathered from X with no patch tensor; where a block crosses, the patches stay."""
+    op = tcc.compile(GRAD_W).grad_w
+    n, c, h, w, f = (shapes[k] for k in "NCHWF")
+    x, dy = np.ones((n, c, h, w), np.float32), np.ones((n, f, h, w), np.float32)
+    assert ("allocate Xp_patches:" not in op.lower(x, dy, stage="scheduled")) == gathered
+    check_op(GRAD_W, "grad_w", shapes, rng)
+
+
+def test_lanes_within_one_group_of_a_modulus():
+    """``(128*jo + 16*jr + jj) % 64`` over 16 lanes ``jj`` is ``(128*jo + 16*jr) % 64 + jj``: a
+    constant stride; 32 lanes, or an offset of 8, may cross a multiple of 64: not affine."""
+    jo, jr, jj = (Var(n, I64) for n in ("jo", "jr", "jj"))
+    col = _b("add", _b("mul", jo, 128), _b("add", _b("mul", jr, 16), jj))
+    idx = (_b("mod", col, 64), _b("floordiv", col, 64))
+    assert flat_coeff(_lanes_apart(idx, "jj", 16), (64, 9), "jj") == 9
+    assert flat_coeff(_lanes_apart(idx, "jj", 32), (64, 9), "jj") is None
+    shifted = tuple(_b(op, _b("add", col, 8), 64) for op in ("mod", "floordiv"))
+    assert flat_coeff(_lanes_apart(shifted, "jj", 16), (64, 9), "jj") is None
+    assert flat_coeff(_lanes_apart(shifted, "jj", 8), (64, 9), "jj") == 9

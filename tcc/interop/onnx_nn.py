@@ -242,6 +242,9 @@ def max_pool(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
     low = "(-1e400)" if is_float(x.dtype) else str(np.iinfo(x.dtype.replace("i", "int")).min)
     xp = _padded(p, x, lo, hi, node.outputs[0] + "_in", low)
     rs = [f"r{d}" for d in range(len(kernel))]
+    with_indices = len(node.outputs) > 1 and bool(node.outputs[1])
+    if not with_indices and separable(kernel, dilations):
+        return [_separable_max(p, node.outputs[0], xp, kernel, strides, outs)]
 
     def body(idx: list[str]) -> str:
         taps = [_tap(y, r, s, dl) for y, r, s, dl in zip(idx[2:], rs, strides, dilations)]
@@ -249,7 +252,7 @@ def max_pool(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
         return f"max[{extents}]({xp.read([idx[0], idx[1], *taps])})"
 
     y = p.emit(node.outputs[0], (*x.shape[:2], *outs), x.dtype, body)
-    if len(node.outputs) < 2 or not node.outputs[1]:
+    if not with_indices:
         return [y]
     column_major = bool(node.attrs.get("storage_order", 0))
 
@@ -267,6 +270,26 @@ def max_pool(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
         return f"min[{extents}](select({hit}, {flat}, i64({2**62})))"
 
     return [y, p.emit(node.outputs[1], y.shape, "i64", argmax)]
+
+
+def separable(kernel: Sequence[int], dilations: Sequence[int]) -> bool:
+    """Whether a max pool is taken as a max along each row, then down each column: 2-D windows of
+    at least 2 x 2 taps, undilated."""
+    return len(kernel) == 2 and min(kernel) > 1 and all(d == 1 for d in dilations)
+
+
+def _separable_max(p: Program, name: str, xp: Value, kernel: Sequence[int], strides: Sequence[int],
+                   outs: Sequence[int]) -> Value:
+    """A 2-D max pool as two statements: the max of each row's ``kw`` taps for every padded input
+    row, then of ``kh`` of those rows. A 3x3/2 window then costs 3 strided taps per input row and
+    3 unit-stride ones per output row, not 9 strided taps per output (ResNet's stem pool: each
+    strided tap is a wide masked load and a shuffle). Max is exact, so the result is the same.
+    Fusion keeps the row maxima apart (a reduction read inside a reduction)."""
+    n, c, rows = xp.shape[0], xp.shape[1], xp.shape[2]
+    across = p.emit(name + "_rows", (n, c, rows, outs[1]), xp.dtype, lambda idx: (
+        f"max[r1: {kernel[1]}]({xp.read([idx[0], idx[1], idx[2], _tap(idx[3], 'r1', strides[1], 1)])})"))
+    return p.emit(name, (n, c, *outs), xp.dtype, lambda idx: (
+        f"max[r0: {kernel[0]}]({across.read([idx[0], idx[1], _tap(idx[2], 'r0', strides[0], 1), idx[3]])})"))
 
 
 def average_pool(p: Program, node: Node, args: list[Value | None]) -> list[Value]:

@@ -14,14 +14,18 @@ floats with their defaults), with
   each itself a ``torch.ops`` operator with a fake kernel, run only for the inputs whose
   gradient autograd asks for (``torch.library.register_autograd``); the gradient operators have a
   backward of their own, derived on first use (double backward);
-- an eager path: ``ops.NAME(...)`` on plain CPU tensors that record no graph, with nothing
-  watching torch's dispatcher, runs the CPU kernel without dispatching (``TorchOp.__call__``).
+- an eager path: ``ops.NAME(...)`` on plain CPU or CUDA tensors that record no graph, with nothing
+  watching torch's dispatcher, runs the kernel without dispatching (``TorchOp.__call__``). A
+  repeat signature is served in C++ (``torch_native``: built once against the installed PyTorch;
+  ``TCC_TORCH_NATIVE=0`` or a failed build leave the Python path: ``_Direct`` on the CPU, the
+  CUDA op's plan on CUDA: inputs in place, ``torch.empty`` results, torch's current stream).
 
 This module imports PyTorch; ``import tcc`` does not import it (``tcc.torch`` loads it on first use).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 from types import SimpleNamespace
 from typing import Any
@@ -30,9 +34,12 @@ import torch  # the optional dependency this module exists for
 
 from tcc import dtypes
 from tcc.autodiff import grad as derive_grad
+from tcc.codegen_cuda import driver
 from tcc.compiler import Library, Op
 from tcc.compiler import compile as tcc_compile
 from tcc.errors import TccArgumentError, TccError
+from tcc.interop import torch_native
+from tcc.runtime import cuda_plan
 from tcc.runtime.binding import bind_cparams, bind_shapes, result_shapes
 from tcc.runtime.cpu import raise_out_of_memory
 from tcc.runtime.plans import same_params
@@ -58,6 +65,15 @@ _profiler = torch.autograd.profiler  # ._is_profiler_enabled: the profiler recor
 _forward_ad = torch.autograd.forward_ad  # ._current_level >= 0 inside dual_level(): tangents need the dispatcher
 
 
+# the C++ eager path's argument cells (torch_native.cpp's Cell), by the ctypes type of tcc's CPU
+# plan's scalar cells and of its CUDA launchers' parameters (c_uint64: a device pointer)
+_CELLS = {ctypes.c_float: 0, ctypes.c_double: 1, ctypes.c_int8: 2, ctypes.c_int32: 3, ctypes.c_int64: 4,
+          ctypes.c_bool: 5, ctypes.c_uint64: 6}
+_cuda_ready: list[bool] = []  # [True] once the C++ path knows cuLaunchKernel and torch's stream query
+
+_native_call: Any = None  # the C++ eager path's call(signatures, args), once it loaded
+
+
 class TorchOp:
     """A tcc op registered as ``torch.ops.<namespace>.<name>``; call it like the tcc op."""
 
@@ -76,6 +92,7 @@ class TorchOp:
         self._shapes: dict[tuple, list[tuple[Any, Any]]] = {}  # input shapes + parameters -> results
         self._direct: dict[tuple, _Direct] = {}  # the same -> the eager path's kernel call
         self._last: _Direct | None = None  # the most recent one, tried first
+        self._native: Any = None  # the C++ eager path's table of this op's signatures (torch_native)
         self.grads: dict[str, TorchOp | TccError] = {}
         self._derived = False
         self._autograd = False  # a backward registered (enable_grad): eager calls may record a graph
@@ -90,12 +107,20 @@ class TorchOp:
         return f"<tcc.torch op {self.qualname}>"
 
     def __call__(self, *args: Any, **cparams: Any) -> Any:
-        """The eager path: CPU tensors (plain or parameters) with nothing watching torch's dispatcher
-        (no compiling, tracing, mode, transform, profiler or forward AD) skip it, since its dispatch
-        to a Python kernel costs more than the kernel's own call (benchmarks/torch_overhead.py): a
-        call that records no graph goes straight to the kernel, one that does through ``_Graph``.
+        """The eager path: CPU or CUDA tensors (plain or parameters) with nothing watching torch's
+        dispatcher (no compiling, tracing, mode, transform, profiler or forward AD) skip it, since
+        its dispatch to a Python kernel costs more than the kernel's own call
+        (benchmarks/torch_overhead.py): a call that records no graph goes straight to the kernel,
+        one that does through ``_Graph``.
         Every other call, and any call of ``torch.ops.<namespace>.<name>``, goes through the
-        dispatcher. A repeat of the last signature costs its ``_Direct.run``."""
+        dispatcher. A repeat of a known signature is the C++ eager path's (``torch_native.cpp``: the
+        same checks, the results and the kernel call in C++) where it is built, else costs its
+        ``_Direct.run``."""
+        native = self._native
+        if native is not None and not cparams and not _compiling():
+            outs = _native_call(native, args)
+            if outs is not None:
+                return outs
         if (_compiling() or _function_mode() or _dispatch_modes() or _transforms() is not None or _jit_tracing()
                 or _profiler._is_profiler_enabled or _forward_ad._current_level >= 0):
             return self.overload(*args, **cparams)
@@ -106,15 +131,64 @@ class TorchOp:
                 return outs[0] if len(outs) == 1 else tuple(outs)
         if len(args) != len(self._tensors):
             self.op(*args, **cparams)  # raises the tcc op's error (how many arguments, which)
-        graph = False
+        graph = cuda = False
         for i in self._positions:
             t = args[i]
-            if (type(t) is not _Tensor and type(t) is not _Parameter) or not t.is_cpu:
+            if type(t) is not _Tensor and type(t) is not _Parameter:
                 return self.overload(*args, **cparams)
+            if not t.is_cpu:
+                if not t.is_cuda:
+                    return self.overload(*args, **cparams)
+                cuda = True
             graph = graph or t.requires_grad
         if graph and _grad_enabled():
             return _record(self, cparams, *args) if self._autograd else self.overload(*args, **cparams)
-        return _one(self._no_graph(args, cparams))
+        return _one(self._no_graph_cuda(args, cparams) if cuda else self._no_graph(args, cparams))
+
+    def _plain(self, args: tuple[Any, ...], cparams: dict[str, Any]) -> list[torch.Tensor]:
+        """The results, recording no graph, on the device of the first tensor argument."""
+        if self._positions and args[self._positions[0]].is_cuda:
+            return self._no_graph_cuda(args, cparams)
+        return self._no_graph(args, cparams)
+
+    def _no_graph_cuda(self, args: tuple[Any, ...], cparams: dict[str, Any]) -> list[torch.Tensor]:
+        """The results of the CUDA op on CUDA tensors, recording no graph: its plan for the signature
+        (inputs read in place, results from ``torch.empty``, kernels on torch's current stream:
+        ``tcc.runtime.cuda.Plan``), else its checked call, which leaves that plan for the next."""
+        op = self.cuda_op
+        outs = op._plans.run(args, cparams, None)
+        if outs is None:
+            before = op._plans.plans
+            got = op(*args, **cparams)
+            outs = list(got) if type(got) is tuple else [got]
+            if op._plans.plans is not before and not cparams:  # a new plan: the C++ path may take it
+                self._teach_cuda(op._plans.plans[0], len(args))
+        return outs
+
+    def _teach_cuda(self, plan: Any, nargs: int) -> None:
+        """Give the C++ eager path a CUDA plan's signature: its kernels, launched by C++ on torch's
+        current stream (not a plan with intermediates: their workspace is Python's)."""
+        if plan.outs is not None or plan.nargs != nargs or plan.cparams or plan.kernel.temps or cuda_plan.SYNC:
+            return
+        module = self._native_module()
+        if module is None:
+            return
+        if not _cuda_ready:
+            module.setup_cuda(ctypes.cast(driver.libcuda().cuLaunchKernel, ctypes.c_void_p).value,
+                              cuda_plan._stream_getter())
+            _cuda_ready.append(True)
+        launches = []
+        for launcher in plan.launchers:
+            order = [plan.slots[name] for name in launcher.names]  # positions in (arguments, results)
+            params = [(value, _CELLS.get(type(slot), -1)) for value, slot in zip(order, launcher.slots)]
+            fallback = launcher.fallback
+            launches.append(((launcher.fn, launcher.grid, launcher.block, launcher.shared),
+                             None if fallback is None else (fallback.fn, fallback.grid, fallback.block,
+                                                            fallback.shared), params))
+        module.learn_cuda(self._native, plan.op, nargs, plan.device,
+                          [(t.pos, t.dtype, tuple(t.shape)) for t in plan.inputs],
+                          [(pos, kind) for pos, kind, *_ in plan.scalars],
+                          [(dtype, tuple(shape)) for shape, dtype, _ in plan.results], launches)
 
     def _no_graph(self, args: tuple[Any, ...], cparams: dict[str, Any]) -> list[torch.Tensor]:
         """The results of the CPU kernel on plain CPU tensors, recording no graph: the signature's
@@ -137,9 +211,37 @@ class TorchOp:
             if direct is not None:
                 if len(self._direct) >= MAX_SIGNATURES:
                     self._direct.clear()
+                    if self._native is not None:
+                        torch_native.load().forget(self._native)  # it must not outlive the kernels
                 self._direct[key] = direct
+                self._teach(direct)
         self._last = direct
         return outs
+
+    def _teach(self, direct: _Direct) -> None:
+        """Give the C++ eager path this signature (it builds on first use; nothing where it cannot)."""
+        module = None if direct.cparams else self._native_module()
+        if module is None:
+            return
+        plan = direct.plan
+        scalars = [(pos, slot, kind, _CELLS[cell_type]) for slot, (pos, kind, cell_type, _) in
+                   zip(plan.slots, plan.scalars)]
+        module.learn(self._native, ctypes.cast(plan.kernel.fn, ctypes.c_void_p).value, plan.kernel.name,
+                     plan.nargs, len(plan.kernel.params),
+                     [(pos, slot, dtype, tuple(shape)) for pos, slot, dtype, shape in direct.inputs],
+                     scalars, [(slot, dtype, shape) for slot, shape, dtype in direct.results])
+
+    def _native_module(self) -> Any:
+        """The C++ eager path's module, this op's signature table made (None where it is not built)."""
+        global _native_call
+        module = torch_native.load()
+        if module is not None:
+            if _native_call is None:
+                module.setup(raise_out_of_memory)
+                _native_call = module.call
+            if self._native is None:
+                self._native = module.new_op()
+        return module
 
     def schema(self) -> str:
         """``(Tensor X, float a, *, int S=1) -> Tensor`` from the op's parameters and results."""
@@ -202,9 +304,8 @@ class TorchOp:
                                        hint="use float16/32/64 or integer tensors on the CPU") from None
 
     def _run_cuda(self, *args: Any, **cparams: Any) -> Any:
-        outs = self._empty(args, cparams, self._device(args))
-        self.cuda_op(*args, out=outs, **cparams)  # in place, on torch's current stream
-        return _one(outs)
+        """Torch's CUDA kernel: the eager path's, below autograd (tcc reads the tensors' memory)."""
+        return _one(self._no_graph_cuda(args, cparams))
 
     @property
     def cuda_op(self) -> Op:
@@ -284,10 +385,15 @@ class _Graph(torch.autograd.Function):
         ctx.op, ctx.cparams = op, cparams
         ctx.scalars = op._scalars_of(args)
         ctx.save_for_backward(*[args[i] for i in op._positions])
-        last = op._last  # grad mode is off in here: plain calls
-        outs = last.run(args, cparams) if last is not None else None
-        if outs is None:
-            outs = op._no_graph(args, cparams)
+        native = op._native  # grad mode is off in here: plain calls, the C++ path's first
+        got = _native_call(native, args) if native is not None and not cparams else None
+        if got is not None:
+            outs = list(got) if type(got) is tuple else [got]
+        else:
+            last = op._last
+            outs = last.run(args, cparams) if last is not None else None
+            if outs is None:
+                outs = op._plain(args, cparams)
         if op._int_results:
             ctx.mark_non_differentiable(*(o for o in outs if not o.is_floating_point()))
         return outs[0] if len(outs) == 1 else tuple(outs)
@@ -404,6 +510,11 @@ def library(source: str | os.PathLike | Library, namespace: str = "tcc", **optio
     return SimpleNamespace(**{o.name: op(o, namespace) for o in lib})
 
 
+def native_status() -> str:
+    """Which eager path serves repeat calls (CPU and CUDA): "native" (the C++ one) or "python (why)"."""
+    return torch_native.status()
+
+
 def _defined(namespace: str, name: str) -> bool:
     return hasattr(getattr(torch.ops, namespace), name)
 
@@ -416,4 +527,4 @@ def _one(outs: list[torch.Tensor]) -> Any:
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 
-__all__ = ["TorchOp", "library", "op", "register"]
+__all__ = ["TorchOp", "library", "native_status", "op", "register"]

@@ -89,7 +89,7 @@ def lower_op(op: OpTE, bindings: dict[str, int | float], target: Target, conv: s
     trace.note("bounds", "all reads proved in bounds")
     te = trace("inline", inline_intermediates(te))
     te = trace("im2col", im2col(te, conv))
-    te = trace("group", group_statements(te))
+    te = trace("group", group_statements(te, gemms=not isinstance(target, CudaTarget)))
     loops = trace("lower", lower(te))
     verify_func(loops)
     return Lowered(te, loops, target, trace, steps, tf32=tf32, constants=constants)

@@ -16,16 +16,30 @@ flat offsets are consecutive: see :func:`tcc.passes.loops.loopnest.flat_coeff`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from tcc import dtypes
 from tcc.errors import TccScheduleError
-from tcc.ir.expr import Binary, Call, Const, Expr, Load, Select, free_vars, transform, walk
+from tcc.ir.expr import Binary, Call, Const, Expr, Load, Select, Var, free_vars, transform, walk
 from tcc.ir.loops import Allocate, For, Let, LoopFunc, Seq, Stmt, Store, map_stmt, seq, walk_stmts
 from tcc.passes.autoschedule_cpu.unflatten import divmod_width, split_flat
 from tcc.passes.loops.cache import source_order
 from tcc.passes.loops.inline import inline
-from tcc.passes.loops.loopnest import flat_coeff, fresh, loads, map_exprs, nest_loops, outermost_nests, subst
+from tcc.passes.loops.loopnest import (
+    add_index,
+    div_index,
+    flat_coeff,
+    flat_terms,
+    fresh,
+    loads,
+    map_exprs,
+    mod_index,
+    mul_index,
+    nest_loops,
+    outermost_nests,
+    subst,
+)
 from tcc.passes.simplify import simplify
 
 
@@ -69,16 +83,54 @@ def _innermost(s: Stmt) -> Stmt:
 def _contiguous_lanes(func: LoopFunc, targets: set[str]) -> bool:
     """Whether each copy's source read walks memory with a constant stride along its innermost
     loop. A strided conv's pixels jump rows at each row's end (``(j // OW) * S * W``), so a block
-    of them is a per-lane gather: its patches are better gathered row by row as before."""
+    of them is a per-lane gather: its patches are better gathered row by row as before. A weight
+    gradient's patch columns are ``(r, s, c)`` with ``c`` fastest: a block of lanes stays within
+    one ``(r, s)`` (``_lanes_within``), and walks the channels at a constant stride."""
     buffers = func.buffers()
     for s in walk_stmts(func.body):
         if not isinstance(s, For) or not isinstance(s.body, Store) or s.body.buffer not in targets:
             continue
+        extent = getattr(s.extent, "value", None)
         for ld in (x for x in walk(s.body.value) if isinstance(x, Load)):
             indices = tuple(transform(i, _unclamp) for i in ld.indices)
+            if extent is not None:
+                indices = _lanes_apart(indices, s.var.name, int(extent))
             if flat_coeff(indices, buffers[ld.buffer].shape, s.var.name) is None:
                 return False
     return True
+
+
+def _lanes_apart(indices: tuple[Expr, ...], var: str, extent: int) -> tuple[Expr, ...]:
+    return tuple(transform(i, lambda e: _lanes_within(e, var, extent)) for i in indices)
+
+
+def _lanes_within(e: Expr, var: str, extent: int) -> Expr | None:
+    """``(R + c*v) % M`` as ``R % M + c*v`` and ``(R + c*v) // M`` as ``R // M`` when the lanes
+    ``v < extent`` cannot cross a multiple of ``M``: every term of ``R`` is a multiple of some
+    ``g`` dividing ``M``, and ``0 <= c*(extent - 1) < g`` (the channel ``(128*jo + 16*jr + jj) % 64``
+    of 16 lanes ``jj``: ``g = 16``). None where that does not hold (the node is kept)."""
+    if not (isinstance(e, Binary) and e.op in ("mod", "floordiv") and isinstance(e.b, Const)
+            and e.b.dtype.is_int and int(e.b.value) > 0):
+        return None
+    divisor = int(e.b.value)
+    terms = flat_terms((e.a,), (1,))
+    lane = next((x for x in walk(e.a) if isinstance(x, Var) and x.name == var), None)
+    if terms is None or lane is None:
+        return None
+    coef, g = 0, math.gcd(terms.constant, divisor)
+    for atom, k in terms.atoms.items():
+        if isinstance(atom, Var) and atom.name == var:
+            coef = k
+        elif var in free_vars(atom):
+            return None
+        else:
+            g = math.gcd(g, k)
+    if not 0 <= coef * (extent - 1) < g:
+        return None
+    rest = transform(e.a, lambda x: Const(0, x.dtype) if isinstance(x, Var) and x.name == var else None)
+    if e.op == "floordiv":
+        return div_index(rest, divisor)
+    return add_index(mod_index(rest, divisor), mul_index(lane, coef))
 
 
 def _unflatten_rows(func: LoopFunc, targets: set[str]) -> LoopFunc:

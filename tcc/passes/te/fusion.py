@@ -42,10 +42,13 @@ class FusionGroup:
         return f"group [{', '.join(self.tensors)}] share {self.shared} outer loop(s){inner}"
 
 
-def group_statements(op: OpTE) -> OpTE:
+def group_statements(op: OpTE, gemms: bool = True) -> OpTE:
     """Group consecutive statements that share their outer loops (see the module docstring). It
-    runs after inlining and im2col: those make the epilogues and the patch buffers it groups."""
-    groups = _groups(op)
+    runs after inlining and im2col: those make the epilogues and the patch buffers it groups.
+    ``gemms=False`` (CUDA) keeps contractions out of groups: a GEMM inside a group loop would
+    need per-iteration global buffers, which the CUDA scheduler does not launch (an encoder
+    block's LayerNorm, fc1 and GELU shared the batch loop)."""
+    groups = _groups(op, gemms)
     return replace(op, groups=groups, fusion_notes=[*op.fusion_notes, *(g.describe() for g in groups)])
 
 
@@ -223,11 +226,15 @@ def _fresh_reductions(body: Expr, taken: set[str]) -> Expr:
 
 # ---------------------------------------------------------------- grouping
 
-def _groups(op: OpTE) -> list:
+def _groups(op: OpTE, gemms: bool = True) -> list:
     groups: list[list[Compute]] = []
     shared: list[int] = []
     for c in op.computes:
-        if groups:
+        if not gemms and gemm_batch_depth(c) < len(c.axes):
+            groups.append([c])
+            shared.append(0)  # nothing joins it
+            continue
+        if groups and shared[-1] > 0:
             k = _shared_depth(groups[-1], shared[-1], c, op)
             if k > 0:
                 groups[-1].append(c)
@@ -256,11 +263,19 @@ def _shared_depth(group: list[Compute], depth: int, c: Compute, op: OpTE) -> int
     while k > 0:
         same_extents = all(first.axes[i].extent == c.axes[i].extent for i in range(k))
         if same_extents and _row_local(group, c, k, op):
-            if k < depth and any(isinstance(n, Reduce) for m in group for n in walk(m.body)):
+            if k < depth and any(isinstance(n, Reduce) for m in group for n in walk(m.body)) \
+                    and not all(_window_max(m) for m in (*group, c)):
                 return 0
             return k
         k -= 1
     return 0
+
+
+def _window_max(c: Compute) -> bool:
+    """A max over a window of one tensor (a separable max pool's row or column pass): grouped
+    with its consumer at a shallower depth, its rows stay in cache for the next pass (ResNet's
+    stem pool: 1.6 MiB of row maxima per image otherwise, written and read back)."""
+    return isinstance(c.body, Reduce) and c.body.op == "max" and isinstance(c.body.body, Read)
 
 
 def gemm_batch_depth(c: Compute) -> int:
