@@ -27,6 +27,7 @@ from test_examples import CASES  # noqa: E402 - the examples' sizes, odd and rou
 N = 8192
 # (op, bindings, tf32) of benchmarks/gpu.py's rows
 WORKLOADS = [("gemm", dict(M=4096, K=4096, N=4096), False), ("gemm", dict(M=N, K=N, N=N), False),
+             ("gemm", dict(M=128, K=65536, N=128), False),  # split-K
              ("gemm", dict(M=4096, K=4096, N=4096), True), ("gemm", dict(M=N, K=N, N=N), True),
              ("hgemm", dict(M=4096, K=4096, N=4096), False), ("hgemm", dict(M=N, K=N, N=N), False),
              ("bgemm", dict(M=4096, K=4096, N=4096), False), ("bgemm", dict(M=N, K=N, N=N), False),

@@ -126,6 +126,11 @@ def _rows(lib: tcc.Library, lib_tf32: tcc.Library, only: list[str]) -> list[Row]
             a, b = torch.randn(n, n, device=dev), torch.randn(n, n, device=dev)
             rows.append(Row(f"f32 GEMM {n}", lambda a=a, b=b: lib.gemm(a, b), lambda a=a, b=b: a @ b,
                             2 * n**3, 12 * n**2))
+    if want("f32 GEMM 128x128x65536"):  # one output tile: split-K's chunks fill the chip
+        m, k = 128, 65536
+        a, b = torch.randn(m, k, device=dev), torch.randn(k, m, device=dev)
+        rows.append(Row("f32 GEMM 128x128x65536 (split-K)", lambda a=a, b=b: lib.gemm(a, b),
+                        lambda a=a, b=b: torch.matmul(a, b), 2 * m * m * k, 4 * (2 * m * k + m * m)))
     if want("f32 GEMM 4096 vs cuBLAS TF32"):
         a, b = torch.randn(4096, 4096, device=dev), torch.randn(4096, 4096, device=dev)
         rows.append(Row("f32 GEMM 4096 vs cuBLAS TF32 (tcc: no TF32)", lambda a=a, b=b: lib.gemm(a, b),

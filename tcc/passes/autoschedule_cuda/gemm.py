@@ -231,20 +231,32 @@ class Builder:
         step ``kt`` read one slot of the shared tiles, the next step's operands come from global
         memory into registers, then go to the other slot, with one barrier per step."""
         kt = self.fresh("kt")
-        steps = -(-self.k // self.bk)
+        steps = self.k_steps()
         if not self.double_buffered:
-            fill = self.fills(tid, tm0, tn0, mul_index(kt, self.bk), Const(0, I64))[0]
+            fill = self.fills(tid, tm0, tn0, self.k_start(mul_index(kt, self.bk)), Const(0, I64))[0]
             products = self._products(ty, tx, Const(0, I64))
             return For(kt, Const(steps, I64), seq(fill, Barrier(), products, Barrier()))
-        first = self.fills(tid, tm0, tn0, Const(0, I64), Const(0, I64))
+        first = self.fills(tid, tm0, tn0, self.k_start(Const(0, I64)), Const(0, I64))
         if steps == 1:
             return seq(*first, Barrier(), self._products(ty, tx, Const(0, I64)))
         products = self._products(ty, tx, mod_index(kt, 2))
-        loads, stores = self.fills(tid, tm0, tn0, mul_index(add_index(kt, Const(1, I64)), self.bk),
+        loads, stores = self.fills(tid, tm0, tn0, self.k_start(mul_index(add_index(kt, Const(1, I64)), self.bk)),
                                    mod_index(add_index(kt, Const(1, I64)), 2))
         more = Binary("lt", add_index(kt, Const(1, I64)), Const(steps, I64), dtypes.boolean)
         step = seq(If(more, loads), products, If(more, stores), Barrier())
         return seq(*first, Barrier(), For(kt, Const(steps, I64), step))
+
+    def k_steps(self) -> int:
+        """The k-steps of one block: the whole reduction (a split-K block walks only its chunk)."""
+        return -(-self.k // self.bk)
+
+    def k_start(self, k0: Expr) -> Expr:
+        """The flat reduction index where a k-step starting ``k0`` into the block's range begins."""
+        return k0
+
+    def k_covered(self) -> bool:
+        """Whether every k-step of every block lies wholly inside the reduction (no guard on it)."""
+        return self.k % self.bk == 0
 
     def fills(self, tid: Var, tm0: Var, tn0: Var, k0: Expr, slot: Expr) -> tuple[Stmt, Stmt]:
         """Both operands' tiles of one k-step: (global to registers, registers to shared ``slot``)."""
@@ -281,7 +293,7 @@ class Builder:
                 name, where = buf.name, (slot, ss, kk) if self.k_inner else (slot, kk, ss)
             target = Store(name, where, value)
             compute = self._k_digits(k0, kk, gk, self.decompose(axes, [_const(f) for f in axes], gs, target))
-            cond = _in_range([(gs, size, size % tile == 0), (gk, self.k, self.k % self.bk == 0)])
+            cond = _in_range([(gs, size, size % tile == 0), (gk, self.k, self.k_covered())])
             guarded = compute if cond is None else If(cond, compute, Store(name, where, Const(0, stage.dtype)))
             return Let(gs, add_index(base, ss), Let(gk, add_index(k0, kk), guarded))
 
@@ -321,9 +333,7 @@ class Builder:
         gm, gn = self.fresh("gm"), self.fresh("gn")
 
         def store(a: Var, b: Var) -> Stmt:
-            acc = Load(self.acct.name, (a, b), self.acct.dtype)
-            value = transform(c.final.value, lambda e: acc if _is_acc(e, c.acc) else None)
-            body: Stmt = Store(c.final.buffer, c.final.indices, value, c.final.span)
+            body = self.result(Load(self.acct.name, (a, b), self.acct.dtype))
             body = self.decompose(c.n_axes, [_const(f) for f in c.n_axes], gn, body)
             body = self.decompose(c.m_axes, [_const(f) for f in c.m_axes], gm, body)
             cond = _in_range([(gm, self.m, self.m % self.bm == 0), (gn, self.n, self.n % self.bn == 0)])
@@ -332,6 +342,13 @@ class Builder:
             row, col = add_index(tm0, _owned(ty, a, self.tm)), add_index(tn0, _owned(tx, b, self.tn))
             return Let(gm, row, Let(gn, col, body))
         return self._tile_loops(store)
+
+
+    def result(self, acc: Expr) -> Stmt:
+        """The store of one accumulated element ``acc``: the nest's final store (its epilogue)."""
+        c = self.c
+        value = transform(c.final.value, lambda e: acc if _is_acc(e, c.acc) else None)
+        return Store(c.final.buffer, c.final.indices, value, c.final.span)
 
 
 def _owned(t: Var, i: Var, count: int) -> Expr:

@@ -52,6 +52,7 @@ from tcc.passes.autoschedule_cuda import (
     gemm,
     implicit_conv,
     merge_kernels,
+    split_k,
     split_reduction,
     tensorcore,
     transpose,
@@ -252,7 +253,7 @@ def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]]
         return None, "empty: no launch"
     contraction = gemm.match(nest.axes, nest.body)
     if contraction is not None:
-        return _contraction_kernels(contraction, names, shapes, temps, target, tuning, tf32)
+        return _contraction_kernels(contraction, nest, names, shapes, temps, target, tuning, tf32)
     reduction = split_reduction.match(nest.body)
     if reduction is not None:
         split = split_reduction.schedule(nest.axes, nest.extents, reduction, target.sms, names.fresh, _decompose)
@@ -266,12 +267,12 @@ def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]]
     return _flat_schedule(nest, names, threads), "flat"
 
 
-def _contraction_kernels(c: gemm.Contraction, names: _Names, shapes: dict[str, tuple[int, ...]], temps: list,
-                         target: CudaTarget, tuning: CudaTuning, tf32: bool) -> tuple[Stmt, str]:
+def _contraction_kernels(c: gemm.Contraction, nest: _Nest, names: _Names, shapes: dict[str, tuple[int, ...]],
+                         temps: list, target: CudaTarget, tuning: CudaTuning, tf32: bool) -> tuple[Stmt, str]:
     """A contraction's tiled kernel: on tensor cores where its operands are 16-bit floats widened
     to f32, or f32 with ``tf32`` (two kernels where an aligned copy-engine variant exists: it comes
     first, on warpgroup MMA where the architecture has it), else on FMA with the tuner's tile and
-    pipeline depth."""
+    pipeline depth, split-K where its tiles are too few for the chip (:mod:`.split_k`)."""
     if tf32 and (f32 := tensorcore.tf32_operands(c)) is not None:
         if warpgroup.fits(c, target.arch):
             staged = warpgroup.StagedBuilder(c, names.fresh, _decompose, f32, target.sms).kernel()
@@ -280,6 +281,8 @@ def _contraction_kernels(c: gemm.Contraction, names: _Names, shapes: dict[str, t
         return tensorcore.Builder(c, names.fresh, _decompose, f32, None, target.sms).kernel(), "tf32 tensor-core gemm"
     values = tensorcore.operands(c)
     if values is None:
+        if (split := split_k.plan(c, target.sms, tuning.tile)) is not None:
+            return _split_k_kernels(c, nest, split, names, temps, tuning), "split-K gemm"
         return gemm.Builder(c, names.fresh, _decompose, target.sms, tuning.tile, tuning.stages).kernel(), "gemm"
     fast = tensorcore.fast_layout(c, values, shapes)
     if fast is None and (conv := implicit_conv.plan(c, values, names.fresh)) is not None:
@@ -292,6 +295,17 @@ def _contraction_kernels(c: gemm.Contraction, names: _Names, shapes: dict[str, t
         return seq(fast_kernel, staged), "warpgroup gemm"
     fast_kernel = tensorcore.Builder(c, names.fresh, _decompose, values, fast, target.sms).kernel()
     return seq(fast_kernel, staged), "tensor-core gemm"
+
+
+def _split_k_kernels(c: gemm.Contraction, nest: _Nest, split: split_k.Plan, names: _Names, temps: list,
+                     tuning: CudaTuning) -> Stmt:
+    """The tiled GEMM over chunks of the reduction into a partials intermediate, then the flat
+    schedule's kernel that adds them up and runs the epilogue."""
+    partial = split_k.partials(c, nest.axes, split, names.fresh)
+    temps.append(partial)
+    tiles = split_k.Builder(c, names.fresh, _decompose, split, nest.axes, partial, tuning.stages).kernel()
+    combine = split_k.combine(c, nest.axes, split, partial, names.fresh)
+    return seq(tiles, _flat_schedule(_Nest(nest.axes, combine), names, 32 * tuning.warps))
 
 
 def _tf32_copy_engine(c: gemm.Contraction, values: tuple[Expr, Expr], names: _Names,

@@ -85,10 +85,12 @@ def _reads(e: Expr, acc: Buffer) -> bool:
     return any(isinstance(n, Load) and n.buffer == acc.name for n in walk(e))
 
 
-def chunks(outputs: int, length: int, sms: int) -> int:
-    """Chunks per output: enough blocks to fill ``sms`` multiprocessors, each chunk not tiny."""
-    want = -(-sms * BLOCKS_PER_SM // max(outputs, 1))
-    return max(1, min(want, length // MIN_CHUNK))
+def chunks(outputs: int, length: int, sms: int, per_sm: int = BLOCKS_PER_SM, min_chunk: int = MIN_CHUNK) -> int:
+    """Chunks per output: enough blocks to fill ``sms`` multiprocessors (``per_sm`` blocks on
+    each), each chunk at least ``min_chunk`` long (else the combining kernel dominates). Split-K
+    (:mod:`.split_k`) cuts a contraction's k-steps the same way."""
+    want = -(-sms * per_sm // max(outputs, 1))
+    return max(1, min(want, length // min_chunk))
 
 
 def schedule(axes: list[For], extents: list[int], red: PureReduction, sms: int, fresh: Fresh,

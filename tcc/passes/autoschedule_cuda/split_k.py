@@ -1,0 +1,112 @@
+"""Split-K: contractions whose output tiles are too few to fill the GPU, their reduction cut
+into chunks across blocks (deterministic: two kernels, no atomics).
+
+``C[m, n] = sum[k](A[m, k] * B[k, n])`` with M = N = 128 and K = 65536 gives the tiled GEMM
+(:mod:`.gemm`) one to sixteen blocks for a chip of 132 multiprocessors. Here, when the ordinary
+grid fills at most half of them and the reduction is long, its ``ceil(K / BK)`` k-steps are cut
+into ``S`` chunks of whole k-steps (as :func:`split_reduction.chunks` cuts a full reduction):
+
+* kernel 1: the tiled GEMM, one block per (tile, chunk), the chunk's k-steps only; each block
+  stores its raw accumulators (no epilogue) into the global intermediate
+  ``partial[S, <output axes>]``;
+* kernel 2: one thread per output element (the flat schedule) adds the ``S`` partials in chunk
+  order to the accumulator's initial value, then runs the nest's final store (bias, relu,
+  casts: its epilogue).
+
+Only the order of the additions changes, and it is the same on every run. The tile is the
+largest that fits the problem: with few tiles the grid comes from the chunks, and a big tile
+reads each operand fewer times. The last chunk's k-steps past the reduction load zeros.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tcc import dtypes
+from tcc.ir.expr import Binary, Const, Expr, Load
+from tcc.ir.loops import Allocate, Buffer, For, Let, Stmt, Store, seq
+from tcc.passes.autoschedule_cuda import gemm, split_reduction
+from tcc.passes.loops.loopnest import add_index, div_index, mod_index, mul_index
+
+I64 = dtypes.i64
+SPARSE = 2  # split only where the ordinary grid fills at most 1 / SPARSE of the multiprocessors
+MIN_CHUNK_STEPS = 16  # k-steps a chunk walks at least: shorter chunks make kernel 2 dominate
+BLOCKS_PER_SM = 1  # a 256-thread GEMM block with its register tile fills a multiprocessor's registers
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one contraction is split: its tile ``(BM, BN, BK)``, ``chunks`` of ``steps`` k-steps."""
+
+    tile: tuple[int, int, int]
+    chunks: int
+    steps: int
+
+
+def plan(c: gemm.Contraction, sms: int, tile: tuple[int, int, int] | None = None) -> Plan | None:
+    """The split of ``c`` for a chip of ``sms`` multiprocessors (``tile``: the tuner's), or None
+    where the ordinary grid fills the chip, the reduction is short, or the accumulator does not
+    start at zero (each chunk would add its start once more)."""
+    m, n, k, batch = c.size(c.m_axes), c.size(c.n_axes), c.size(c.k_axes), c.size(c.batch_axes)
+    if not (isinstance(c.init, Const) and c.init.value == 0):
+        return None
+    if _grid(gemm.choose_tile(m, n, batch, sms=sms), m, n, batch) * SPARSE > sms:
+        return None
+    tile = tile or gemm.choose_tile(m, n, batch, sms=1)  # the largest that fits the problem
+    steps = -(-k // tile[2])
+    s = split_reduction.chunks(_grid(tile, m, n, batch), steps, sms, BLOCKS_PER_SM, MIN_CHUNK_STEPS)
+    if s < 2:
+        return None
+    per = -(-steps // s)
+    return Plan(tile, -(-steps // per), per)
+
+
+def _grid(tile: tuple[int, int, int], m: int, n: int, batch: int) -> int:
+    return batch * -(-m // tile[0]) * -(-n // tile[1])
+
+
+def partials(c: gemm.Contraction, axes: list[For], p: Plan, fresh) -> Buffer:
+    """The global intermediate of kernel 1's partial tiles: ``[chunk, <output axes>]``."""
+    return Buffer(fresh("partial").name, c.acc.dtype, (p.chunks, *(gemm._const(f) for f in axes)))
+
+
+class Builder(gemm.Builder):
+    """Kernel 1: the FMA tiled GEMM over one chunk of k-steps per block, into ``partial``."""
+
+    def __init__(self, c: gemm.Contraction, fresh, decompose, p: Plan, axes: list[For], partial: Buffer,
+                 stages: int | None = None):
+        super().__init__(c, fresh, decompose, tile=p.tile, stages=stages)
+        self.plan, self.axes, self.partial = p, axes, partial
+        self.chunk = fresh("chunk")
+
+    def kernel(self) -> Stmt:
+        """The tiled kernel's blocks, once per chunk: block ``bx`` runs tile ``bx % tiles`` over
+        chunk ``bx // tiles``."""
+        tiled = super().kernel()
+        assert isinstance(tiled, For) and isinstance(tiled.extent, Const)
+        tiles = int(tiled.extent.value)
+        bx = self.fresh("bx")
+        body = Let(self.chunk, div_index(bx, tiles), Let(tiled.var, mod_index(bx, tiles), tiled.body))
+        return For(bx, Const(tiles * self.plan.chunks, I64), body, "block.x", span=tiled.span)
+
+    def k_steps(self) -> int:
+        return self.plan.steps
+
+    def k_start(self, k0: Expr) -> Expr:
+        return add_index(mul_index(self.chunk, self.plan.steps * self.bk), k0)
+
+    def k_covered(self) -> bool:
+        return self.plan.chunks * self.plan.steps * self.bk == self.k
+
+    def result(self, acc: Expr) -> Stmt:
+        return Store(self.partial.name, (self.chunk, *(f.var for f in self.axes)), acc, self.c.final.span)
+
+
+def combine(c: gemm.Contraction, axes: list[For], p: Plan, partial: Buffer, fresh) -> Stmt:
+    """Kernel 2's body for one output element (inside ``axes``): the accumulator from its start
+    plus the chunks' partials in chunk order, then the nest's final store."""
+    q, zero = fresh("q"), (Const(0, I64),)
+    acc = Load(c.acc.name, zero, c.acc.dtype)
+    part = Load(partial.name, (q, *(f.var for f in axes)), partial.dtype)
+    add = Store(c.acc.name, zero, Binary("add", acc, part, c.add.dtype), c.final.span)
+    return Allocate(c.acc, seq(Store(c.acc.name, zero, c.init), For(q, Const(p.chunks, I64), add), c.final))
