@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # On a machine with an NVIDIA GPU, in one call: install what tcc needs, run the whole test suite
-# (CUDA tests included), then every GPU-side benchmark (Step 6 workloads with the roofline, the
-# latency table, PyTorch call overhead and conv gradients, the ONNX networks). Logs go to $OUT (if
-# set) or ./gpu-check-logs; each benchmark's output to its own log.
+# (CUDA tests included, on WORKERS=8 processes), the CUDA differential fuzzer (FUZZ=200 programs from
+# START), then every GPU-side benchmark (Step 6 workloads with the roofline, the CUDA latency rows,
+# PyTorch call overhead and conv gradients on CUDA, the ONNX networks against eager PyTorch), each
+# under a time limit so that the whole fits one 10-minute device call. Logs go to $OUT (if set) or
+# ./gpu-check-logs; each benchmark's output to its own log.
 #
 #   bash scripts/gpu_check.sh            # tests, then benchmarks
 #   TESTS=0 bash scripts/gpu_check.sh    # benchmarks only
@@ -48,8 +50,14 @@ PY
 
 status=0
 if [ "${TESTS:-1}" != 0 ]; then
-    "$PY" -m pytest -q -rs -p no:cacheprovider --junitxml="$LOGS/junit.xml" tests 2>&1 | tee "$LOGS/pytest.log"
+    "$PY" -m pytest -q -rs -n "${WORKERS:-8}" -p no:cacheprovider --junitxml="$LOGS/junit.xml" tests 2>&1 \
+        | tee "$LOGS/pytest.log" | tail -25
     status=${PIPESTATUS[0]}
+fi
+if [ "${FUZZ:-200}" != 0 ]; then  # the differential fuzzer on CUDA: N random programs against the reference
+    PYTHONPATH="$PWD/tests:$PYTHONPATH" timeout 240 "$PY" -m fuzz -n "${FUZZ:-200}" --target cuda --workers 8 \
+        --start "${START:-16000}" 2>&1 | tee "$LOGS/fuzz_cuda.log" | tail -3
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 
 bench=0
@@ -61,12 +69,11 @@ if [ "${BENCH:-1}" != 0 ]; then
         [ "${PIPESTATUS[0]}" = 0 ] || bench=1
     }
     cd benchmarks
-    run_bench gpu "$PY" gpu.py --trials 5 --roofline --png "$LOGS/roofline.png"
-    run_bench cuda_kernels "$PY" cuda_kernels.py
-    run_bench latency "$PY" latency.py --cuda --runs 3
-    run_bench torch_overhead "$PY" torch_overhead.py --runs 5
-    run_bench grad "$PY" grad.py --runs 5
-    run_bench onnx_networks "$PY" onnx_networks.py --repeat 10
+    run_bench gpu timeout 200 "$PY" gpu.py --trials "${TRIALS:-3}" --roofline --png "$LOGS/roofline.png"
+    run_bench latency timeout 150 "$PY" latency.py --cuda --runs 3 --no-cpu-starts
+    run_bench torch_overhead timeout 60 "$PY" torch_overhead.py --cuda --runs 5
+    run_bench grad timeout 90 "$PY" grad.py --cuda --runs 5 --layer "3x3 64"
+    run_bench onnx_networks timeout 120 "$PY" onnx_networks.py --cuda --repeat 30
     cd ..
 fi
 echo "gpu_check: pytest exit $status, benchmarks exit $bench"

@@ -330,6 +330,21 @@ def test_bf16_contraction_on_tensor_cores(rng):
         torch.testing.assert_close(out, a.double().matmul(b.double()).float(), rtol=1e-5, atol=1e-4)
 
 
+
+@pytest.mark.parametrize("n,c,h,w,f", [(3, 8, 7, 9, 33), (2, 64, 56, 56, 64)])
+def test_bf16_convolution_as_implicit_gemm(n, c, h, w, f, rng):
+    """bf16 convolution + bias + relu (PyTorch tensors: NumPy has no bf16) through the channels-last
+    implicit GEMM, against PyTorch's in float64 of the same bf16 values, result rounded to bf16."""
+    torch = _torch()
+    src = HALF_SOURCES["hconvp"].replace("f16", "bf16")
+    op = tcc.compile(src, target="cuda").hconvp
+    x, wt, b = (torch.from_numpy(rng.standard_normal(s).astype(np.float32)).cuda().bfloat16()
+                for s in ((n, c, h, w), (f, c, 3, 3), (f,)))
+    out = torch.full((n, f, h, w), float("nan"), device="cuda", dtype=torch.bfloat16)
+    op(x, wt, b, out=out)
+    want = torch.relu(torch.nn.functional.conv2d(x.double(), wt.double(), b.double(), padding=1)).bfloat16()
+    torch.testing.assert_close(out.float(), want.float(), rtol=1e-2, atol=1e-2)
+
 # ---------------------------------------------------------------- repeat calls (the fast path)
 
 def test_repeat_calls_take_the_plan_and_still_check(rng):

@@ -252,17 +252,18 @@ HCONV = """op hconv[P = 1](X: f16[N, C, H, W], Wt: f16[F, C, KH, KW], b: f16[F])
                                           (dict(N=1, C=8, H=7, W=3, F=33, KH=2, KW=3, P=0), Mma),
                                           (dict(N=1, C=8, H=12, W=11, F=9, KH=3, KW=3, P=1), WarpgroupMma)],
                          ids=["padded", "odd", "warpgroup"])
-def test_the_implicit_gemm_convolution_simulated(sizes, matrix, rng):
+@pytest.mark.parametrize("half", ["f16", "bf16"])
+def test_the_implicit_gemm_convolution_simulated(sizes, matrix, half, rng):
     """f16 convolution: a channels-last copy of the input (padding evaluated into it) and the
     weights in (r, s, c) order, then cp.async tiles of both into the mma.sync GEMM (channels x
     pixels) or, from 128 pixels on sm_90, the wgmma one (pixels x channels)."""
-    op = tcc.compile(HCONV, target="cuda", arch="sm_90").hconv
+    op = tcc.compile(HCONV.replace("f16", half), target="cuda", arch="sm_90").hconv
     func = op.lowered(sizes).scheduled
     assert sum(isinstance(s, AsyncCopy) for s in walk_stmts(func.body)) >= 2
     assert any(isinstance(s, matrix) for s in walk_stmts(func.body))
     args = random_args(op.te, sizes, rng)
     expected = reference_results(op.te, args, sizes)
-    out = np.full(expected[0].shape, np.nan, np.float16)
+    out = np.full(expected[0].shape, np.nan, args[0].dtype)
     gpu_sim.run(func, dict(X=args[0], Wt=args[1], b=args[2], Y=out))
     assert_matches(out, expected[0], op.te.tensors["Y"].dtype, "hconv")
 

@@ -272,3 +272,16 @@ def test_cuda_row_of_one_element_is_shared_by_the_block(rng):
         Y1[i, j] = T5[i, 0] + f32(j)
     }"""
     check_op(src, "f", dict(K=64, M=1, N=16), rng, target="cuda")
+
+
+@pytest.mark.parametrize("pad,size", [(2, 16), (2, 7), (3, 33), (1, 16), (0, 9)])
+def test_padded_depthwise_conv_rows_of_any_width(pad, size, rng):
+    """A depthwise 3x3 conv with padding 2 on 16x16 (seed 140268): its border rows are vectors of
+    18 lanes read by masked loads, and LLVM's AVX2 lowering of an 18-lane masked load left lanes
+    16-17 unread (garbage in the bottom-right corner). Masked loads now go in power-of-two pieces."""
+    src = """op fz2[S = 1, P = 0, D = 1](X: f32[N, C, H, W], Wt: f32[C, KH, KW], b: f32[C])
+        -> Y: f32[N, C, (H + 2*P - D*(KH - 1) - 1) // S + 1, (W + 2*P - D*(KW - 1) - 1) // S + 1] {
+    Xp = pad(X, [0, 0, P, P])
+    Y[n, f, y, x] = sum[r, s](Xp[n, f, y*S + r*D, x*S + s*D] * Wt[f, r, s]) + b[f]
+}"""
+    check_op(src, "fz2", dict(N=2, C=1, H=size, W=size, KH=3, KW=3, P=pad), rng)

@@ -202,7 +202,7 @@ def test_cuda_eager_calls_launch_on_the_tensors_and_the_current_stream(path, mon
     if not torch.cuda.is_available() or not tcc.cuda.is_available():
         pytest.skip("no CUDA GPU")
     from tcc.codegen_cuda import driver
-    from tcc.runtime import cuda as cuda_runtime
+    from tcc.runtime import cuda_plan
 
     ops = fresh_ops(path)
     matmul = ops.matmul
@@ -210,13 +210,13 @@ def test_cuda_eager_calls_launch_on_the_tensors_and_the_current_stream(path, mon
     real_overload = matmul.overload
     matmul.overload = lambda *a, **k: (dispatched.append(1), real_overload(*a, **k))[1]
     launches = []
-    real = driver.Launcher.launch_ordered
+    real = driver.Launcher.launch
 
-    def spy(launcher, values, order, stream, *rest):
-        launches.append(([values[i] for i in order], stream))
-        return real(launcher, values, order, stream, *rest)
+    def spy(launcher, values, stream, *rest):  # the checked call's launches, parameters by name
+        launches.append(([values[name] for name in launcher.names], stream))
+        return real(launcher, values, stream, *rest)
 
-    monkeypatch.setattr(driver.Launcher, "launch_ordered", spy)
+    monkeypatch.setattr(driver.Launcher, "launch", spy)
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         for m, k, n in ((7, 33, 5), (64, 32, 16)):
@@ -230,7 +230,7 @@ def test_cuda_eager_calls_launch_on_the_tensors_and_the_current_stream(path, mon
     native = path == "native" and not matmul.cuda_op._plans.plans[0].kernel.temps  # else Python's workspace
     assert (matmul._native is not None) == native
     if native:
-        monkeypatch.setattr(cuda_runtime.Plan, "run", lambda *a: pytest.fail("the Python path ran"))
+        monkeypatch.setattr(cuda_plan.Plan, "run", lambda *a: pytest.fail("the Python path ran"))
     with torch.cuda.stream(stream):
         for _ in range(3):
             src = torch.randn(64, 32, device="cuda")

@@ -395,9 +395,7 @@ class _FunctionBuilder(LoopEmitter, MathEmitter):
         ptr = self._element(buf, base, indices, lane0=True, inbounds=False)
         align = ir.Constant(I32, buf.dtype.itemsize)
         if stride == 1:
-            fn = self._declare(f"llvm.masked.load.{type_suffix(vty)}.p0",
-                               ir.FunctionType(vty, [PTR, I32, mask.type, vty]))
-            return b.call(fn, [ptr, align, mask, other])
+            return self._masked_load(ptr, vty, mask, other, buf.dtype.itemsize)
         if _spreads(stride, lanes):
             return self._spread_load(ptr, vty, stride, mask, other, buf.dtype.itemsize)
         size = buf.dtype.itemsize
@@ -422,10 +420,43 @@ class _FunctionBuilder(LoopEmitter, MathEmitter):
         off = splat_constant(I1, lanes, False)
         wmask = b.shuffle_vector(mask, off, lane_mask(picks))
         wother = b.shuffle_vector(other, other, lane_mask([t // stride for t in range(wide)]))
-        fn = self._declare(f"llvm.masked.load.{type_suffix(wty)}.p0",
-                           ir.FunctionType(wty, [PTR, I32, wmask.type, wty]))
-        loaded = b.call(fn, [ptr, ir.Constant(I32, align), wmask, wother])
+        loaded = self._masked_load(ptr, wty, wmask, wother, align)
         return b.shuffle_vector(loaded, loaded, lane_mask([lane * stride for lane in range(lanes)]))
+
+    def _masked_load(self, ptr: ir.Value, vty: ir.VectorType, mask: ir.Value, other: ir.Value,
+                     align: int) -> ir.Value:
+        """``llvm.masked.load`` of ``vty`` in pieces of power-of-two lanes (18 as 16 + 2), joined by
+        shuffles. LLVM 22's x86 lowering of a masked load of a width that is not a power of two
+        loses lanes past the last whole register on AVX2 (an 18-lane load read garbage in lanes
+        16-17: fuzz seed 140268, a depthwise conv with padding 2), so only such widths reach it."""
+        b = self.builder
+        lanes = vty.count
+        pieces, start = [], 0
+        while start < lanes:
+            width = 1 << ((lanes - start).bit_length() - 1)
+            pieces.append((start, width))
+            start += width
+        result = None
+        for start, width in pieces:
+            pty = ir.VectorType(vty.element, width)
+            part = range(start, start + width)
+            piece_ptr = b.gep(ptr, [ir.Constant(I64, start)], source_etype=vty.element) if start else ptr
+            loaded = b.call(self._declare(f"llvm.masked.load.{type_suffix(pty)}.p0",
+                                          ir.FunctionType(pty, [PTR, I32, ir.VectorType(I1, width), pty])),
+                            [piece_ptr, ir.Constant(I32, align), self._lanes(mask, part), self._lanes(other, part)])
+            if len(pieces) == 1:
+                return loaded
+            widened = b.shuffle_vector(loaded, loaded, lane_mask([i - start if i in part else 0
+                                                                  for i in range(lanes)]))
+            result = widened if result is None else b.shuffle_vector(
+                result, widened, lane_mask([lanes + i if i in part else i for i in range(lanes)]))
+        return result
+
+    def _lanes(self, v: ir.Value, part: range) -> ir.Value:
+        """Lanes ``part`` of vector ``v`` as a vector of their own."""
+        if len(part) == v.type.count:
+            return v
+        return self.builder.shuffle_vector(v, v, lane_mask(list(part)))
 
     def _e_Unary(self, e: Unary) -> ir.Value:
         a = self._expr(e.a)

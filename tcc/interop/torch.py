@@ -39,7 +39,7 @@ from tcc.compiler import Library, Op
 from tcc.compiler import compile as tcc_compile
 from tcc.errors import TccArgumentError, TccError
 from tcc.interop import torch_native
-from tcc.runtime import cuda as cuda_runtime
+from tcc.runtime import cuda_plan
 from tcc.runtime.binding import bind_cparams, bind_shapes, result_shapes
 from tcc.runtime.cpu import raise_out_of_memory
 from tcc.runtime.plans import same_params
@@ -168,17 +168,18 @@ class TorchOp:
     def _teach_cuda(self, plan: Any, nargs: int) -> None:
         """Give the C++ eager path a CUDA plan's signature: its kernels, launched by C++ on torch's
         current stream (not a plan with intermediates: their workspace is Python's)."""
-        if plan.outs is not None or plan.nargs != nargs or plan.cparams or plan.kernel.temps or cuda_runtime._SYNC:
+        if plan.outs is not None or plan.nargs != nargs or plan.cparams or plan.kernel.temps or cuda_plan.SYNC:
             return
         module = self._native_module()
         if module is None:
             return
         if not _cuda_ready:
             module.setup_cuda(ctypes.cast(driver.libcuda().cuLaunchKernel, ctypes.c_void_p).value,
-                              cuda_runtime._stream_getter())
+                              cuda_plan._stream_getter())
             _cuda_ready.append(True)
         launches = []
-        for launcher, order in plan.launches:
+        for launcher in plan.launchers:
+            order = [plan.slots[name] for name in launcher.names]  # positions in (arguments, results)
             params = [(value, _CELLS.get(type(slot), -1)) for value, slot in zip(order, launcher.slots)]
             fallback = launcher.fallback
             launches.append(((launcher.fn, launcher.grid, launcher.block, launcher.shared),
@@ -186,8 +187,8 @@ class TorchOp:
                                                             fallback.shared), params))
         module.learn_cuda(self._native, plan.op, nargs, plan.device,
                           [(t.pos, t.dtype, tuple(t.shape)) for t in plan.inputs],
-                          [(pos, kind) for pos, kind, _ in plan.scalars],
-                          [(dtype, tuple(shape)) for shape, dtype in plan.results], launches)
+                          [(pos, kind) for pos, kind, *_ in plan.scalars],
+                          [(dtype, tuple(shape)) for shape, dtype, _ in plan.results], launches)
 
     def _no_graph(self, args: tuple[Any, ...], cparams: dict[str, Any]) -> list[torch.Tensor]:
         """The results of the CPU kernel on plain CPU tensors, recording no graph: the signature's
