@@ -278,10 +278,16 @@ def test_cuda_row_of_one_element_is_shared_by_the_block(rng):
 def test_padded_depthwise_conv_rows_of_any_width(pad, size, rng):
     """A depthwise 3x3 conv with padding 2 on 16x16 (seed 140268): its border rows are vectors of
     18 lanes read by masked loads, and LLVM's AVX2 lowering of an 18-lane masked load left lanes
-    16-17 unread (garbage in the bottom-right corner). Masked loads now go in power-of-two pieces."""
+    16-17 unread (garbage in the bottom-right corner); split as 16 + 2, or a 6-lane row as 4 + 2
+    (seed 150073: a 5x5 conv, padding 2, on 8x6), the 2-lane piece did the same. Masked loads are
+    now widened to whole 32-byte registers."""
     src = """op fz2[S = 1, P = 0, D = 1](X: f32[N, C, H, W], Wt: f32[C, KH, KW], b: f32[C])
         -> Y: f32[N, C, (H + 2*P - D*(KH - 1) - 1) // S + 1, (W + 2*P - D*(KW - 1) - 1) // S + 1] {
     Xp = pad(X, [0, 0, P, P])
     Y[n, f, y, x] = sum[r, s](Xp[n, f, y*S + r*D, x*S + s*D] * Wt[f, r, s]) + b[f]
 }"""
     check_op(src, "fz2", dict(N=2, C=1, H=size, W=size, KH=3, KW=3, P=pad), rng)
+    check_op(src.replace("Wt: f32[C, KH, KW]", "Wt: f32[F, C, KH, KW]").replace("sum[r, s]", "sum[c, r, s]")
+             .replace("Xp[n, f,", "Xp[n, c,").replace("Wt[f, r, s]", "Wt[f, c, r, s]").replace("b: f32[C]", "b: f32[F]")
+             .replace("f32[N, C, (H", "f32[N, F, (H"),
+             "fz2", dict(N=1, C=4, F=2, H=8, W=6, KH=5, KW=5, P=pad), rng)

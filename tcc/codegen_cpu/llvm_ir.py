@@ -81,6 +81,7 @@ class _FunctionBuilder(LoopEmitter, MathEmitter):
         self.entry = self.fn.append_basic_block("entry")
         self.builder = ir.IRBuilder(self.entry)
         self.vars: dict[str, ir.Value] = {}
+        self.extents: dict[str, int] = {}  # constant extents of the loop indices in scope
         self.buffers: dict[str, tuple[Buffer, ir.Value]] = {}
         self.status: ir.Value | None = None  # set inside outlined bodies: where to report failure
         self.vec: tuple[str, int] | None = None  # (var, lanes) inside a vector loop
@@ -425,38 +426,27 @@ class _FunctionBuilder(LoopEmitter, MathEmitter):
 
     def _masked_load(self, ptr: ir.Value, vty: ir.VectorType, mask: ir.Value, other: ir.Value,
                      align: int) -> ir.Value:
-        """``llvm.masked.load`` of ``vty`` in pieces of power-of-two lanes (18 as 16 + 2), joined by
-        shuffles. LLVM 22's x86 lowering of a masked load of a width that is not a power of two
-        loses lanes past the last whole register on AVX2 (an 18-lane load read garbage in lanes
-        16-17: fuzz seed 140268, a depthwise conv with padding 2), so only such widths reach it."""
+        """``llvm.masked.load`` of ``vty``, widened to whole 32-byte registers (lanes past ``vty``
+        masked off, so never touched) and shuffled back. LLVM's x86 lowering of a masked load whose
+        last piece is narrower than a register lost that piece's lanes on AVX2: lanes 16-17 of an
+        18-lane load (fuzz seed 140268, a depthwise conv with padding 2) and lanes 4-5 of one split
+        as 4 + 2 (seed 150073) read garbage, while whole registers load right."""
         b = self.builder
         lanes = vty.count
-        pieces, start = [], 0
-        while start < lanes:
-            width = 1 << ((lanes - start).bit_length() - 1)
-            pieces.append((start, width))
-            start += width
-        result = None
-        for start, width in pieces:
-            pty = ir.VectorType(vty.element, width)
-            part = range(start, start + width)
-            piece_ptr = b.gep(ptr, [ir.Constant(I64, start)], source_etype=vty.element) if start else ptr
-            loaded = b.call(self._declare(f"llvm.masked.load.{type_suffix(pty)}.p0",
-                                          ir.FunctionType(pty, [PTR, I32, ir.VectorType(I1, width), pty])),
-                            [piece_ptr, ir.Constant(I32, align), self._lanes(mask, part), self._lanes(other, part)])
-            if len(pieces) == 1:
-                return loaded
-            widened = b.shuffle_vector(loaded, loaded, lane_mask([i - start if i in part else 0
-                                                                  for i in range(lanes)]))
-            result = widened if result is None else b.shuffle_vector(
-                result, widened, lane_mask([lanes + i if i in part else i for i in range(lanes)]))
-        return result
-
-    def _lanes(self, v: ir.Value, part: range) -> ir.Value:
-        """Lanes ``part`` of vector ``v`` as a vector of their own."""
-        if len(part) == v.type.count:
-            return v
-        return self.builder.shuffle_vector(v, v, lane_mask(list(part)))
+        full = max(1, 32 // align)  # lanes of a 32-byte register (``align`` is the element's size)
+        wide = -(-lanes // full) * full
+        if wide == lanes:
+            fn = self._declare(f"llvm.masked.load.{type_suffix(vty)}.p0",
+                               ir.FunctionType(vty, [PTR, I32, mask.type, vty]))
+            return b.call(fn, [ptr, ir.Constant(I32, align), mask, other])
+        wty = ir.VectorType(vty.element, wide)
+        pad = list(range(lanes)) + [lanes] * (wide - lanes)  # (lane ``lanes``: the second operand's first)
+        wmask = b.shuffle_vector(mask, splat_constant(I1, lanes, False), lane_mask(pad))
+        wother = b.shuffle_vector(other, other, lane_mask([min(i, lanes - 1) for i in range(wide)]))
+        fn = self._declare(f"llvm.masked.load.{type_suffix(wty)}.p0",
+                           ir.FunctionType(wty, [PTR, I32, wmask.type, wty]))
+        loaded = b.call(fn, [ptr, ir.Constant(I32, align), wmask, wother])
+        return b.shuffle_vector(loaded, loaded, lane_mask(list(range(lanes))))
 
     def _e_Unary(self, e: Unary) -> ir.Value:
         a = self._expr(e.a)

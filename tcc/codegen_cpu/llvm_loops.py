@@ -54,7 +54,8 @@ class LoopEmitter:
         idx.add_incoming(begin, pre)
         b.cbranch(b.icmp_signed("<", idx, end), body, exit_)
         b.position_at_end(body)
-        with self._bound(s.var.name, idx):
+        extent = ir.Constant(I64, int(s.extent.value)) if isinstance(s.extent, Const) else None
+        with self._bound(s.var.name, idx, extent):
             self._stmt(s.body)
         nxt = b.add(idx, ir.Constant(I64, 1), name=local_name(f"{s.var.name}.next"), flags=["nsw", "nuw"])
         latch = b.block
@@ -65,12 +66,19 @@ class LoopEmitter:
         b.position_at_end(exit_)
 
     @contextlib.contextmanager
-    def _bound(self, name: str, value: ir.Value):
-        saved = self.vars.get(name)
+    def _bound(self, name: str, value: ir.Value, extent: ir.Value | None = None):
+        """``name`` is ``value`` inside; a loop index also records its constant extent (the
+        index is in [0, extent)), which narrower index arithmetic relies on (``index_range``)."""
+        saved, saved_extent = self.vars.get(name), self.extents.pop(name, None)
         self.vars[name] = value
+        if isinstance(extent, ir.Constant) and isinstance(extent.constant, int):
+            self.extents[name] = extent.constant
         try:
             yield
         finally:
+            self.extents.pop(name, None)
+            if saved_extent is not None:
+                self.extents[name] = saved_extent
             if saved is not None:
                 self.vars[name] = saved
             else:
@@ -79,7 +87,7 @@ class LoopEmitter:
     def _unrolled(self, s: For) -> None:
         """One copy of the body per iteration, the index a constant."""
         for i in range(_const_extent(s)):
-            with self._bound(s.var.name, ir.Constant(I64, i)):
+            with self._bound(s.var.name, ir.Constant(I64, i), ir.Constant(I64, _const_extent(s))):
                 self._stmt(s.body)
 
     def _vectorized(self, s: For) -> None:
@@ -91,7 +99,7 @@ class LoopEmitter:
             return
         self.vec = (s.var.name, lanes)
         try:
-            with self._bound(s.var.name, ir.Constant(I64, 0)):
+            with self._bound(s.var.name, ir.Constant(I64, 0), ir.Constant(I64, lanes)):
                 self._stmt(s.body)
         finally:
             self.vec = None

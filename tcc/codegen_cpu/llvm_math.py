@@ -12,7 +12,7 @@ from llvmlite import ir
 from tcc import dtypes
 from tcc.codegen_cpu.llvm_types import I1, I32, ICMP, lane_mask, like, llvm_const
 from tcc.errors import TccCompileError
-from tcc.ir.expr import Binary, Call, Const, Expr
+from tcc.ir.expr import Binary, Call, Const, Expr, Var
 
 _LIBM = {"tanh", "erf"}
 _INTRINSIC = {"exp", "log", "sqrt", "sin", "cos", "floor", "ceil", "abs"}
@@ -26,6 +26,8 @@ class MathEmitter:
         if fused is not None:
             return fused
         a, c = self._expr(e.a), self._expr(e.b)
+        if e.op in ("floordiv", "mod") and _narrowable(e, a, self.extents):
+            return self._narrow_divmod(e.op, a, int(e.b.value))  # type: ignore[attr-defined]
         if e.op == "div" and e.dtype == dtypes.f32 and isinstance(a.type, ir.VectorType) \
                 and not isinstance(c.type, ir.VectorType):
             return self._divide_by_invariant(a, c)
@@ -196,6 +198,16 @@ class MathEmitter:
             return b.select(bad, special, q)
         r = b.select(adjust, b.add(r, c), r)
         return b.select(bad, zero, r)
+
+    def _narrow_divmod(self, op: str, a: ir.Value, divisor: int) -> ir.Value:
+        """Floor division / modulo of i64 lanes known to fit in i32 (loop indices: im2col's
+        ``(base + lane) // 56``), done on i32 lanes: AVX2 has a 32-bit multiply-high for a
+        constant divisor and none for 64 bits, so i64 lanes were split one by one (conv2d 3x3
+        64->64 56x56: LLVM's IR pipeline ~4 ms and code generation ~8 ms shorter)."""
+        b = self.builder
+        narrow = ir.VectorType(I32, a.type.count)
+        value = self._divmod_by_positive(op, b.trunc(a, narrow), llvm_const(narrow, divisor))
+        return b.sext(value, a.type)
 
     def _divmod_by_positive(self, op: str, a: ir.Value, c: ir.Value) -> ir.Value:
         """Floor division / modulo by a constant above zero (index arithmetic: im2col's ``k // 9``):
@@ -397,4 +409,46 @@ def _against_constant(lhs: Expr | None, rhs: Expr, a: ir.Value, c: ir.Value) -> 
     for const, x, k in ((rhs, a, c), (lhs, c, a)):
         if isinstance(const, Const) and const.value == const.value:  # not NaN
             return x, k
+    return None
+
+
+I32_MAX = (1 << 31) - 1
+Range = tuple[int, int] | None
+
+
+def _narrowable(e: Binary, a: ir.Value, extents: dict[str, int]) -> bool:
+    """Whether ``e`` (floordiv or mod, its dividend ``a`` already emitted) divides i64 lanes by a
+    positive i32 constant and its dividend provably fits in i32."""
+    lanes = a.type
+    if not (isinstance(lanes, ir.VectorType) and isinstance(lanes.element, ir.IntType) and lanes.element.width == 64):
+        return False
+    if not (isinstance(e.b, Const) and type(e.b.value) is int and 0 < e.b.value <= I32_MAX):
+        return False
+    bounds = index_range(e.a, extents)
+    return bounds is not None and -I32_MAX - 1 <= bounds[0] and bounds[1] <= I32_MAX
+
+
+def index_range(e: Expr, extents: dict[str, int]) -> Range:
+    """Bounds [lo, hi] of an integer index expression over loop indices (each in [0, extent)),
+    or None where unknown (a parameter, a load, a bound value, an operator not followed)."""
+    if isinstance(e, Const) and type(e.value) is int:
+        return e.value, e.value
+    if isinstance(e, Var):
+        extent = extents.get(e.name)
+        return (0, extent - 1) if extent is not None and extent > 0 else None
+    if not isinstance(e, Binary) or not e.dtype.is_int:
+        return None
+    a, c = index_range(e.a, extents), index_range(e.b, extents)
+    if a is None or c is None:
+        return None
+    if e.op == "sub":
+        return a[0] - c[1], a[1] - c[0]
+    if e.op in ("add", "mul", "min", "max"):
+        combine = {"add": lambda x, y: x + y, "mul": lambda x, y: x * y, "min": min, "max": max}[e.op]
+        values = [combine(x, y) for x in a for y in c]
+        return min(values), max(values)
+    if e.op in ("floordiv", "mod") and c[0] == c[1] and c[0] > 0:
+        if e.op == "mod":
+            return 0, c[0] - 1
+        return a[0] // c[0], a[1] // c[0]
     return None
