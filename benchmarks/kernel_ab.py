@@ -35,10 +35,21 @@ SOFTMAX = ("op softmax(X: f32[N, C]) -> Y: f32[N, C] {\n m[n] = max[c](X[n, c])\
 LAYERNORM = ("op layernorm(X: f32[N, D], g: f32[D], b: f32[D]) -> Y: f32[N, D] {\n"
              " mu[n] = sum[d](X[n, d]) / D\n var[n] = sum[d]((X[n, d] - mu[n]) ** 2) / D\n"
              " Y[n, d] = (X[n, d] - mu[n]) * rsqrt(var[n] + 1e-5) * g[d] + b[d]\n}")
+PATCH = ("op patch[S = 2, P = 1](X: f32[C, H, W])\n"
+         " -> Y: f32[C, 3, 3, (H + 2*P - 3) // S + 1, (W + 2*P - 3) // S + 1] {\n"
+         " Xp = pad(X, [0, P, P])\n Y[c, r, s, y, x] = Xp[c, y*S + r, x*S + s]\n}")  # a stride-2 im2col alone
 CONV = "examples/conv2d.tc"  # read from each checkout
 CASES = {  # name: (source, op, input shapes, compile-time parameters)
     "conv": (CONV, "conv2d", [(1, 64, 56, 56), (64, 64, 3, 3), (64,)], {"P": 1}),
     "conv_s2": (CONV, "conv2d", [(2, 32, 57, 57), (48, 32, 3, 3), (48,)], {"P": 1, "S": 2}),
+    "conv_s2r": (CONV, "conv2d", [(1, 128, 28, 28), (256, 128, 3, 3), (256,)], {"P": 1, "S": 2}),  # ResNet-18
+    "conv_s1r": (CONV, "conv2d", [(1, 128, 14, 14), (256, 128, 3, 3), (256,)], {"P": 1}),  # conv_s2r's GEMM
+    "mm_s2r": (MATMUL, "matmul", [(256, 1152), (1152, 196)], {}),  # conv_s2r's GEMM
+    "conv_s2a": (CONV, "conv2d", [(1, 64, 56, 56), (128, 64, 3, 3), (128,)], {"P": 1, "S": 2}),  # ResNet-18
+    "mm_s2a": (MATMUL, "matmul", [(128, 576), (576, 784)], {}),  # conv_s2a's GEMM
+    "patch56": (PATCH, "patch", [(64, 56, 56)], {}),  # conv_s2a's patches
+    "patch28": (PATCH, "patch", [(128, 28, 28)], {}),  # conv_s2r's patches
+    "patch14": (PATCH, "patch", [(256, 14, 14)], {}),
     "conv7": (CONV, "conv2d", [(1, 3, 224, 224), (64, 3, 7, 7), (64,)], {"P": 3, "S": 2}),
     "mm256": (MATMUL, "matmul", [(256, 256), (256, 256)], {}),
     "mm1024": (MATMUL, "matmul", [(1024, 1024), (1024, 1024)], {}),

@@ -29,6 +29,7 @@ from tcc.codegen_cpu.llvm_types import (
     I8,
     I32,
     I64,
+    ICMP,
     PTR,
     int_vector,
     lane_mask,
@@ -42,7 +43,7 @@ from tcc.codegen_cpu.llvm_types import (
 )
 from tcc.dtypes import DType
 from tcc.errors import TccCompileError
-from tcc.ir.expr import Binary, Cast, Const, Expr, Load, Select, Unary, Var
+from tcc.ir.expr import Binary, Cast, Const, Expr, Load, Select, Unary, Var, free_vars
 from tcc.ir.loops import Buffer, LoopFunc, Stmt, Store
 from tcc.passes.loops.loopnest import flat_coeff, flat_terms
 from tcc.target import CpuTarget
@@ -305,6 +306,37 @@ class _FunctionBuilder(LoopEmitter, MathEmitter):
             return self.builder.add(self._splat(value, lanes), iota)
         return value
 
+    def _e_Binary(self, e: Binary) -> ir.Value:
+        lanes = self._lane_compare(e)
+        return lanes if lanes is not None else MathEmitter._e_Binary(self, e)
+
+    def _lane_compare(self, e: Binary) -> ir.Value | None:
+        """An i64 comparison affine in the vector index (a padding test on a patch row's lanes,
+        ``x_v*2 + s - 1 >= 0``) as ``c * lane OP base``: a constant i32 vector against one
+        scalar, clamped to i32 (``|c * lane| < 2^30``, so the clamp keeps every outcome). The
+        i64 form costs 7 registers and a dozen ops per 28 lanes, and LLVM re-evaluated it in
+        the loop of rows; this one is 4 compares it hoists. None where it does not apply."""
+        if self.vec is None or self.lane0 or e.op not in ICMP or e.a.dtype != dtypes.i64:
+            return None
+        coef = _lane_coefficient(e.a, self.vec[0]), _lane_coefficient(e.b, self.vec[0])
+        if None in coef or coef[0] == coef[1]:
+            return None
+        c, lanes = coef[0] - coef[1], self.vec[1]
+        if abs(c) * lanes >= 1 << 30:
+            return None
+        saved, self.lane0 = self.lane0, True
+        try:
+            left, right = self._expr(e.a), self._expr(e.b)
+        finally:
+            self.lane0 = saved
+        b = self.builder
+        bound = b.sub(right, left)  # lane l compares c*l with right - left (both at lane 0)
+        low, high = ir.Constant(I64, -(1 << 31)), ir.Constant(I64, (1 << 31) - 1)
+        bound = b.select(b.icmp_signed("<", bound, low), low, bound)
+        bound = b.select(b.icmp_signed(">", bound, high), high, bound)
+        steps = int_vector(I32, tuple(c * lane for lane in range(lanes)))
+        return b.icmp_signed(ICMP[e.op], steps, self._splat(b.trunc(bound, I32), lanes))
+
     def _e_Load(self, e: Load) -> ir.Value:
         buf, base = self.buffers[e.buffer]
         b = self.builder
@@ -454,6 +486,20 @@ def _spreads(stride: int | None, lanes: int) -> bool:
     """Whether lanes ``stride`` apart load as one wide masked load and a shuffle: small strides,
     and vectors of 16 lanes or more (a 14-lane stride-2 conv row measured slower than a gather)."""
     return stride is not None and 1 < stride <= MAX_SPREAD_STRIDE and lanes >= 16
+
+
+def _lane_coefficient(e: Expr, var: str) -> int | None:
+    """``c`` where ``e`` is ``c * var`` plus terms free of ``var``; None otherwise."""
+    terms = flat_terms((e,), (1,))
+    if terms is None:
+        return None
+    coef = 0
+    for atom, k in terms.atoms.items():
+        if isinstance(atom, Var) and atom.name == var:
+            coef += k
+        elif var in free_vars(atom):
+            return None
+    return coef
 
 
 def _conjuncts(e: Expr) -> set[Expr]:
