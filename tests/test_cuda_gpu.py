@@ -1,6 +1,7 @@
 """The CUDA backend on a GPU: every example against the reference, framework tensors in place,
 and the error paths (each a TccError, device memory back where it was). Skipped without a GPU."""
 
+import gc
 from pathlib import Path
 
 import numpy as np
@@ -178,7 +179,10 @@ def test_bf16_and_f16_with_torch(rng):
 # ---------------------------------------------------------------- errors
 
 def _memory():
+    """(tcc's device bytes, PyTorch's): after a collection, so that tensors of earlier tests that
+    a garbage cycle kept alive are not freed between two readings (seen under xdist on the H100)."""
     torch = _torch()
+    gc.collect()
     torch.cuda.synchronize()
     return tcc.cuda.allocated_bytes(), torch.cuda.memory_allocated()
 
@@ -508,7 +512,6 @@ def test_workspaces_of_concurrent_streams_do_not_alias(rng):
 def test_workspaces_per_shape_and_freed_with_their_kernel(rng):
     """Two shapes of one op: a kernel and a workspace each, reused by repeat calls; a kernel's
     workspaces go when the kernel does."""
-    import gc
 
     from tcc.codegen_cuda import driver
     from tcc.runtime import cuda as cuda_backend
