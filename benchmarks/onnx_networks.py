@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 # PyTorch's OpenMP threads spin at a barrier after each call (libgomp's default), holding the cores
 # that the next runner in the interleaved loop needs: on 2 cores that made tcc and onnxruntime
@@ -69,7 +70,9 @@ def report(medians: dict[str, tuple[float, float, float]], anchor: str, what: st
               f"(quartiles {q1 * 1e3:.3f}-{q3 * 1e3:.3f} ms)")
 
 
-def bench(name: str, batch: int, repeat: int, threads: int | None) -> None:
+def compile_model(name: str, batch: int, target: str) -> tuple[Any, torch.Tensor, bytes, Any, float, float]:
+    """The model with random weights, an input, its ONNX export, tcc's compiled callable, and the
+    cold (empty cache) and warm (disk cache only, as a new process finds it) import+compile times."""
     make, shape = MODELS[name]
     model = onnx_models.randomized(make())
     x = torch.randn(shape(batch))
@@ -77,12 +80,17 @@ def bench(name: str, batch: int, repeat: int, threads: int | None) -> None:
     with tempfile.TemporaryDirectory() as cache_dir:
         os.environ["TCC_CACHE_DIR"] = cache_dir
         start = time.perf_counter()
-        compiled = tcc.onnx.load(data)
+        compiled = tcc.onnx.load(data, target=target)
         cold = time.perf_counter() - start
         cache.MEMORY.clear()  # a new process: only the disk cache is warm
         start = time.perf_counter()
-        compiled = tcc.onnx.load(data)
+        compiled = tcc.onnx.load(data, target=target)
         warm = time.perf_counter() - start
+    return model, x, data, compiled, cold, warm
+
+
+def bench(name: str, batch: int, repeat: int, threads: int | None) -> None:
+    model, x, data, compiled, cold, warm = compile_model(name, batch, "cpu")
     xn = x.numpy()
     options = ort.SessionOptions()
     if threads:
@@ -105,7 +113,7 @@ def bench(name: str, batch: int, repeat: int, threads: int | None) -> None:
 
 def gpu_kernel_ms(fn, calls: int) -> tuple[float, int]:
     """The GPU kernel time per call (ms) and kernels per call, from torch.profiler's CUDA events."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile  # only the --cuda rows profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
@@ -116,19 +124,7 @@ def gpu_kernel_ms(fn, calls: int) -> tuple[float, int]:
 
 def bench_cuda(name: str, batch: int, repeat: int) -> None:
     """tcc on CUDA against eager PyTorch on CUDA (see the module docstring)."""
-    make, shape = MODELS[name]
-    model = onnx_models.randomized(make())
-    x = torch.randn(shape(batch))
-    data = onnx_models.export(model, x)
-    with tempfile.TemporaryDirectory() as cache_dir:
-        os.environ["TCC_CACHE_DIR"] = cache_dir
-        start = time.perf_counter()
-        compiled = tcc.onnx.load(data, target="cuda")
-        cold = time.perf_counter() - start
-        cache.MEMORY.clear()
-        start = time.perf_counter()
-        compiled = tcc.onnx.load(data, target="cuda")
-        warm = time.perf_counter() - start
+    model, x, _, compiled, cold, warm = compile_model(name, batch, "cuda")
     gpu_model, xg = model.cuda().eval(), x.cuda()
     with torch.no_grad():
         expected = gpu_model(xg)
