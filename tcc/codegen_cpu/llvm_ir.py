@@ -394,18 +394,17 @@ class _FunctionBuilder(LoopEmitter, MathEmitter):
         mask = self._splat(mask, lanes)
         other = self._splat(other, lanes)
         ptr = self._element(buf, base, indices, lane0=True, inbounds=False)
-        align = ir.Constant(I32, buf.dtype.itemsize)
-        if stride == 1:
-            return self._masked_load(ptr, vty, mask, other, buf.dtype.itemsize)
-        if _spreads(stride, lanes):
-            return self._spread_load(ptr, vty, stride, mask, other, buf.dtype.itemsize)
         size = buf.dtype.itemsize
+        if stride == 1:
+            return self._masked_load(ptr, vty, mask, other, size)
+        if _spreads(stride, lanes):
+            return self._spread_load(ptr, vty, stride, mask, other, size)
         offsets = ir.Constant(ir.VectorType(I64, lanes), [lane * stride * size for lane in range(lanes)])
         pty = ir.VectorType(PTR, lanes)
         ptrs = b.inttoptr(b.add(self._splat(b.ptrtoint(ptr, I64), lanes), offsets), pty)
         fn = self._declare(f"llvm.masked.gather.{type_suffix(vty)}.v{lanes}p0",
                            ir.FunctionType(vty, [pty, I32, mask.type, vty]))
-        return b.call(fn, [ptrs, align, mask, other])
+        return b.call(fn, [ptrs, ir.Constant(I32, size), mask, other])
 
     def _spread_load(self, ptr: ir.Value, vty: ir.VectorType, stride: int, mask: ir.Value, other: ir.Value,
                      align: int) -> ir.Value:
