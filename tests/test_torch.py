@@ -216,7 +216,7 @@ def test_eager_calls_go_straight_to_the_kernel_unless_something_watches_the_disp
     """A plain CPU call skips torch's dispatcher (its cost is the call overhead,
     benchmarks/torch_overhead.py), also when it records a graph; a dispatch mode, vmap, the
     profiler and tensor subclasses still go through it, with the same values."""
-    from torch.utils._python_dispatch import TorchDispatchMode
+    from dispatch_seen import Seen
 
     ops = tcc.torch.library(EXAMPLES / "matmul.tc", namespace="tcc_test_fast")
     matmul = ops.matmul
@@ -226,15 +226,6 @@ def test_eager_calls_go_straight_to_the_kernel_unless_something_watches_the_disp
     a, b = torch.randn(5, 3), torch.randn(3, 7)
     torch.testing.assert_close(matmul(a, b), a @ b)
     assert not dispatched
-
-    class Seen(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops.append(str(func))
-            return func(*args, **(kwargs or {}))
 
     with Seen() as mode:
         torch.testing.assert_close(matmul(a, b), a @ b)

@@ -115,16 +115,7 @@ def test_scalars_and_several_results(path, monkeypatch):
 def test_what_watches_the_dispatcher_gets_it(path):
     """A dispatch mode, the profiler and a tensor subclass see the registered operator, also for a
     signature the eager path knows; the values are the same."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Seen(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops.append(str(func))
-            return func(*args, **(kwargs or {}))
+    from dispatch_seen import Seen
 
     class Sub(torch.Tensor):
         pass
