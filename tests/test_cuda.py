@@ -302,3 +302,28 @@ def test_negated_negative_constants_compile():
     op = tcc.compile(src, target="cuda").f
     assert "--" not in op.stage_text(dict(N=7), "cuda").split("tcc_f_k")[1]
     assert ".entry" in op.stage_text(dict(N=7), "ptx")
+
+
+# Fuzz seed 17157: NVRTC 13.0 itself crashed (SIGSEGV in NVVM) on this kernel while tcc_floordiv
+# returned early; the product's loop of f64 tanh next to `(K // X1[0]) % 3` is what it needs.
+_NVRTC_CRASHER = """
+op fz0(X1: i64[N], X2: f32[K, K]) -> (Y0: bf16[K, K], Y1: f32[N, K, N]) {
+    T3: f64[K, 4]
+    T3[i, j] = X1[j % (N)]
+    T4: f16[K, K]
+    T4[i, j] = (T3[i, i % (4)] - T3[i, 0])
+    Y0[i, j] = (sum[k1: K](min[k2: N](2)) / (abs(max[k3](bf16(T3[k3, (j + 1) % (4)]))) + 1.0))
+    Y1[i, j, l] = prod[k1]((1.0 + 0.05 * tanh((select((X1[k1] > -3) and (X2[j, j] != 0.5), f32(X1[i % (N)]), T4[j, j]) / (abs(((K // X1[0]) % 3)) + 1.0)))))
+}
+"""
+
+
+def test_nvrtc_survives_floordiv_by_a_loaded_divisor(tmp_path):
+    """In a child process, so that a crash of NVRTC fails this test instead of ending pytest."""
+    code = tcc.compile(_NVRTC_CRASHER, target="cuda").fz0.stage_text(dict(K=5, N=5), "cuda")
+    (tmp_path / "k.cu").write_text(code)
+    script = ("import sys; from tcc.codegen_cuda import nvrtc; "
+              "print(nvrtc.compile_cubin(open(sys.argv[1]).read(), 'sm_90')[:4])")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "k.cu")], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0 and "ELF" in done.stdout, (done.returncode, done.stderr[-2000:])

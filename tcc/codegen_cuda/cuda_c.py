@@ -88,10 +88,12 @@ TCC_D unsigned long long tcc_wgmma_desc(const void* p, unsigned lead, unsigned s
 }
 template <typename T> TCC_D T tcc_max(T a, T b) { return (a != a || b != b) ? a + b : (a > b ? a : b); }
 template <typename T> TCC_D T tcc_min(T a, T b) { return (a != a || b != b) ? a + b : (a < b ? a : b); }
-template <typename T> TCC_D T tcc_floordiv(T a, T b) {  // Python's //: 0 for b == 0, wraps for MIN // -1
-  if (b == 0) return 0;
-  if (b == -1) return (T)(0ull - (unsigned long long)a);
-  T q = a / b, r = a % b;
+// Python's //: 0 for b == 0, wraps for MIN // -1. Selects, not early returns: NVRTC 13.0's NVVM
+// crashed (SIGSEGV) on the early-return form inlined next to tcc_mod with a divisor read from memory
+// (fuzz seed 17157; tests/test_cuda.py::test_nvrtc_survives_floordiv_by_a_loaded_divisor).
+template <typename T> TCC_D T tcc_floordiv(T a, T b) {
+  T q = b == 0 ? (T)0 : b == -1 ? (T)(0ull - (unsigned long long)a) : a / b;
+  T r = (b == 0 || b == -1) ? (T)0 : (T)(a - q * b);
   return (r != 0 && ((r < 0) != (b < 0))) ? (T)(q - 1) : q;
 }
 template <typename T> TCC_D T tcc_mod(T a, T b) {  // Python's %: takes the divisor's sign, 0 for b == 0
