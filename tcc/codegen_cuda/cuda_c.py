@@ -243,11 +243,17 @@ class _Kernel(MatrixStatements):
         self.block = self._block_size()
         aligned = is_aligned_variant(self.root)
         params, decls, prologue = [], [], []
+        barrier = any(isinstance(s, Barrier) for s in walk_stmts(self.root))
         for buf in self.buffers.values():
             if buf.name in reads or buf.name in writes:
                 const = "const " if buf.name not in writes else ""
                 ctype = f"{const}{_MEMORY_TYPE[buf.dtype.name]}*"
-                decls.append(f"{ctype} __restrict__ {c_name(buf.name)}")
+                # A buffer that threads write and then read across a barrier (the nests of a merged
+                # kernel) is not __restrict__: NVVM then moved a read of another thread's store
+                # above the barrier (train_cnn's softmax gradient read a stale value in 31 of 32 rows).
+                shared_through_barrier = barrier and buf.name in reads and buf.name in writes
+                restrict = "" if shared_through_barrier else " __restrict__"
+                decls.append(f"{ctype}{restrict} {c_name(buf.name)}")
                 params.append((buf.name, "p"))
                 if aligned:  # checked at launch: lets the compiler merge loads into 16-byte ones
                     prologue.append(f"    {c_name(buf.name)} = ({ctype})__builtin_assume_aligned("
