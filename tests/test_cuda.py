@@ -313,7 +313,9 @@ op fz0(X1: i64[N], X2: f32[K, K]) -> (Y0: bf16[K, K], Y1: f32[N, K, N]) {
     T4: f16[K, K]
     T4[i, j] = (T3[i, i % (4)] - T3[i, 0])
     Y0[i, j] = (sum[k1: K](min[k2: N](2)) / (abs(max[k3](bf16(T3[k3, (j + 1) % (4)]))) + 1.0))
-    Y1[i, j, l] = prod[k1]((1.0 + 0.05 * tanh((select((X1[k1] > -3) and (X2[j, j] != 0.5), f32(X1[i % (N)]), T4[j, j]) / (abs(((K // X1[0]) % 3)) + 1.0)))))
+    Y1[i, j, l] = prod[k1]((1.0 + 0.05 * tanh((select((X1[k1] > -3) and (X2[j, j] != 0.5),
+                                                     f32(X1[i % (N)]), T4[j, j])
+                                              / (abs(((K // X1[0]) % 3)) + 1.0)))))
 }
 """
 
