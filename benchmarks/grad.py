@@ -10,7 +10,9 @@ the two times in the same round.
 
 With ``--cuda``, the same on the GPU: the tcc ops compiled for target ``cuda`` on PyTorch CUDA
 tensors (what ``tcc.torch`` runs, results allocated by PyTorch) against PyTorch's (cuDNN) kernels,
-each call followed by ``torch.cuda.synchronize()`` (target for ``bwd``: <= 1.5x PyTorch).
+each call followed by ``torch.cuda.synchronize()`` (target for ``bwd``: <= 1.5x PyTorch). TF32 is
+off on both sides (cuDNN's default allows it for convolutions; tcc's f32 is f32), so both compute
+the same f32 products; ``--tf32`` compares tcc's default against cuDNN with TF32 allowed instead.
 
     python benchmarks/grad.py [--runs 10] [--quick] [--layer 3x3/2] [--cuda]
 """
@@ -85,12 +87,15 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one small layer, for a smoke test")
     parser.add_argument("--layer", default="", help="only the layers whose name contains this")
     parser.add_argument("--cuda", action="store_true", help="on the GPU (tcc target cuda against cuDNN)")
+    parser.add_argument("--tf32", action="store_true", help="let cuDNN use TF32 (its default; tcc stays f32)")
     opts = parser.parse_args()
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = opts.tf32
     if opts.cuda and not (torch.cuda.is_available() and tcc.cuda.is_available()):
         sys.exit("--cuda: no usable CUDA GPU (torch or tcc.cuda)")
     torch.set_num_threads(2)
     rng = np.random.default_rng(0)
-    where = f"on {torch.cuda.get_device_name()}" if opts.cuda else "with 2 threads"
+    where = f"on {torch.cuda.get_device_name()}, cuDNN TF32 {'on' if opts.tf32 else 'off'}" if opts.cuda \
+        else "with 2 threads"
     print(f"medians of {opts.runs} interleaved runs; PyTorch {torch.__version__} {where}\n")
     print(f"{'layer':26} {'pass':4} {'tcc ms':>8} {'torch ms':>8} {'/ torch':>8} {'/ hand':>7}")
     layers = {k: v for k, v in (QUICK if opts.quick else LAYERS).items() if opts.layer in k}
