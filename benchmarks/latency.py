@@ -119,19 +119,25 @@ def _medians(runs: list[dict]) -> tuple[float, float]:
 
 
 def per_call(fns: list[Callable[[], object]], rounds: int = 41, batch: int = 2000,
-             clock: Callable[[], float] = time.thread_time) -> list[float]:
+             clock: Callable[[], float] = time.thread_time,
+             settle: Callable[[], object] = lambda: None) -> list[float]:
     """Median seconds per call of each function, timed in interleaved batches; by default in this
     thread's CPU time, so that other processes on a shared machine do not count (the CUDA rows,
-    which wait for the device, use wall-clock time)."""
+    which wait for the device, use wall-clock time). ``settle`` runs before each batch's clock
+    starts and before it stops (the CUDA rows: a device synchronisation), so that each batch pays
+    for the device work it queued, and none of the batch before it (else the launches of the
+    batch after an anchor of two kernels a call waited for that anchor's queue to drain)."""
     times: list[list[float]] = [[] for _ in fns]
     for fn in fns:
         for _ in range(batch // 10):
             fn()
     for _ in range(rounds):
         for fn, ts in zip(fns, times):
+            settle()
             s = clock()
             for _ in range(batch):
                 fn()
+            settle()
             ts.append((clock() - s) / batch)
     return [statistics.median(ts) for ts in times]
 
@@ -186,19 +192,19 @@ def cuda_calls() -> None:
     lib.axpy(a, x, y, out=z)
     torch.cuda.synchronize()
     torch.testing.assert_close(z, a * x + y)
-    new, into, anchor = per_call([lambda: lib.axpy(a, x, y), lambda: lib.axpy(a, x, y, out=z), lambda: a * x + y],
-                                 clock=time.perf_counter)
-    torch.cuda.synchronize()
-    bare, typed = per_call([bare_launch(lib, a, x, y, z), bare_launch(lib, a, x, y, z, typed=True)],
-                           clock=time.perf_counter)
+    sync = torch.cuda.synchronize
+    new, into, anchor, bare, typed = per_call(
+        [lambda: lib.axpy(a, x, y), lambda: lib.axpy(a, x, y, out=z), lambda: a * x + y,
+         bare_launch(lib, a, x, y, z), bare_launch(lib, a, x, y, z, typed=True)],
+        clock=time.perf_counter, settle=sync)
     torch.cuda.synchronize()
     row("cuda call, 256 elements", new * 1e6, "µs", f"torch a*x+y {anchor * 1e6:.2f} µs")
     row("cuda call, 256 elements, out=", into * 1e6, "µs",
-        f"torch a*x+y {anchor * 1e6:.2f} µs; bare cuLaunchKernel {bare * 1e6:.2f} µs "
+        f"{(into - bare) * 1e6:+.2f} µs over a bare cuLaunchKernel {bare * 1e6:.2f} µs (goal ≤ +5); "
+        f"torch a*x+y {anchor * 1e6:.2f} µs "
         f"(through ctypes' argument types: {typed * 1e6:.2f} µs)")
     twins = tcc.compile(TWINS, target="cuda")
     torch.testing.assert_close(twins.with_t(x), twins.without_t(x))
-    sync = torch.cuda.synchronize
     with_t, without_t = per_call([lambda: (twins.with_t(x, out=z), sync()),
                                   lambda: (twins.without_t(x, out=z), sync())], clock=time.perf_counter)
     row("cuda call + sync, an intermediate, out=", with_t * 1e6, "µs", f"none {without_t * 1e6:.2f} µs")
