@@ -56,10 +56,18 @@ def _partials(op, sizes) -> list:
 
 
 def test_few_tiles_and_a_long_reduction_fill_the_chip(lib):
-    sizes = dict(M=128, N=128, K=65536)  # one 128 x 128 tile: 128 chunks of 512
+    sizes = dict(M=128, N=128, K=65536)  # one 128 x 128 tile: 256 chunks of 256, two blocks per SM
     tiles, *combine = _kernels(lib.mm, sizes)
-    assert tiles.extent == Const(128, tiles.extent.dtype) and len(combine) == 2  # (aligned and plain)
-    assert [p.shape for p in _partials(lib.mm, sizes)] == [(128, 128, 128)]
+    assert tiles.extent == Const(256, tiles.extent.dtype) and len(combine) == 2  # (aligned and plain)
+    assert [p.shape for p in _partials(lib.mm, sizes)] == [(256, 128, 128)]
+
+
+def test_split_k_never_starts_a_second_wave(lib):
+    """Five 64 x 128 tiles on 132 multiprocessors, two blocks each: at most 264 blocks (265 would
+    leave one block for a second wave), and no fewer than whole chunks of five allow."""
+    sizes = dict(M=64, N=576, K=25088)  # a 3x3 64->64 convolution's weight gradient at batch 8
+    tiles, *_ = _kernels(lib.mm, sizes)
+    assert 2 * 132 - 2 * 5 <= int(tiles.extent.value) <= 2 * 132
     text = lib.mm.stage_text(sizes, "scheduled")
     assert "partial[chunk, i, j] = acct[" in text and "C[i, j] = acc" in text
 

@@ -88,7 +88,7 @@ def _reads(e: Expr, acc: Buffer) -> bool:
 def chunks(outputs: int, length: int, sms: int, per_sm: int = BLOCKS_PER_SM, min_chunk: int = MIN_CHUNK) -> int:
     """Chunks per output: enough blocks to fill ``sms`` multiprocessors (``per_sm`` blocks on
     each), each chunk at least ``min_chunk`` long (else the combining kernel dominates). Split-K
-    (:mod:`.split_k`) cuts a contraction's k-steps the same way."""
+    (:mod:`.split_k`) cuts a contraction's k-steps by its own rule: its blocks are heavier."""
     want = -(-sms * per_sm // max(outputs, 1))
     return max(1, min(want, length // min_chunk))
 
