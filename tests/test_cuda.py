@@ -56,7 +56,7 @@ def test_example_compiles_to_cubin(name, case):
     lowered = op.lowered(op.bindings_for(tuple(args), cparams))
     artifact = rt.build(lowered.scheduled, {"arch": "sm_90"})
     kernel = rt.load(name, artifact)  # parses; loading a module waits for a GPU
-    assert kernel.meta["arch"] == "sm_90" and kernel.cubin.startswith(b"\x7fELF")
+    assert kernel.meta["arch"] == "sm_90" and all(c.startswith(b"\x7fELF") for c in kernel.cubins)
     assert kernel.meta["kernels"], "every example launches at least one kernel"
     for k in kernel.meta["kernels"]:
         assert k["block"] % 32 == 0 and k["grid"] >= 1
@@ -329,3 +329,29 @@ def test_nvrtc_survives_floordiv_by_a_loaded_divisor(tmp_path):
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "k.cu")], capture_output=True,
                           text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0 and "ELF" in done.stdout, (done.returncode, done.stderr[-2000:])
+
+
+_THREE_KERNELS = """
+op three(A: f32[M, K], B: f32[K, N], X: f32[M]) -> (C: f32[M, N], S: f32[M], Y: f32[M]) {
+    C[i, j] = sum[k](A[i, k] * B[k, j])
+    S[i] = sum[j](C[i, j] * C[i, j])
+    Y[i] = exp(X[i]) + S[(i + 1) % M]
+}
+"""
+
+
+def test_a_large_program_compiles_as_several_units(monkeypatch):
+    """Each unit is the preamble and some kernels, every kernel in exactly one unit; the artifact
+    holds one cubin per unit and names each kernel's."""
+    op = tcc.compile(_THREE_KERNELS, target="cuda").three
+    func = op.lowered(dict(M=300, K=40, N=70)).scheduled
+    program = cuda_c.generate(func)
+    assert len(program.kernels) >= 3
+    units = program.units(3)
+    assert sorted(k for _, kernels in units for k in kernels) == list(range(len(program.kernels)))
+    monkeypatch.setattr(rt, "UNIT_CHARS", 1)
+    monkeypatch.setattr(rt, "_compile_threads", lambda: 3)
+    meta, cubins = rt._parse(rt.build(func, {"arch": "sm_90"}))
+    assert len(cubins) == len(units) == len(meta["modules"]) and all(c.startswith(b"\x7fELF") for c in cubins)
+    for k in meta["kernels"]:  # each kernel is defined in the cubin its entry names
+        assert k["name"].encode() in cubins[k["module"]]

@@ -73,7 +73,7 @@ def test_split_k_never_starts_a_second_wave(lib):
 
 
 def test_full_grids_and_short_reductions_keep_one_kernel(lib):
-    for sizes in (dict(M=1024, N=1024, K=65536), dict(M=64, N=64, K=200)):
+    for sizes in (dict(M=2048, N=2048, K=65536), dict(M=64, N=64, K=200)):
         assert len(_kernels(lib.mm, sizes)) == 1 and not _partials(lib.mm, sizes)
 
 

@@ -155,6 +155,23 @@ class CudaProgram:
     temps: list[tuple[str, int]]  # global intermediates: (name, bytes)
     line_spans: dict[int, object] = field(default_factory=dict)
     arch_specific: bool = False  # uses sm_90a instructions (wgmma): compile for sm_90a, not sm_90
+    kernel_texts: list[str] = field(default_factory=list)  # each kernel's C, in ``kernels``' order
+
+    def units(self, count: int) -> list[tuple[str, list[int]]]:
+        """The program cut into at most ``count`` sources that compile on their own (the preamble
+        and some of the kernels), balanced by length: (source, indices of its kernels). NVRTC
+        compiles one program on one thread, and a whole network's kernels took it ~4 s per
+        ResNet-18 (session 7); separate programs compile on several."""
+        count = max(1, min(count, len(self.kernel_texts)))
+        if count == 1:
+            return [(self.source, list(range(len(self.kernels))))]
+        groups: list[list[int]] = [[] for _ in range(count)]
+        sizes = [0] * count
+        for i in sorted(range(len(self.kernel_texts)), key=lambda i: -len(self.kernel_texts[i])):
+            least = sizes.index(min(sizes))
+            groups[least].append(i)
+            sizes[least] += len(self.kernel_texts[i])
+        return [("\n".join([PREAMBLE, *(self.kernel_texts[i] for i in sorted(g))]), sorted(g)) for g in groups if g]
 
 
 def generate(func: LoopFunc) -> CudaProgram:
@@ -163,7 +180,7 @@ def generate(func: LoopFunc) -> CudaProgram:
     buffers = {p.name: p for p in func.params if isinstance(p, Buffer)} | {t.name: t for t in temps}
     scalars = [p for p in func.params if isinstance(p, Var)]
     stmts = list(body.stmts) if isinstance(body, Seq) else [body]
-    lines = [PREAMBLE]
+    texts: list[str] = []
     kernels = []
     for i, kernel in enumerate(stmts):
         if not (isinstance(kernel, For) and kernel.kind == "block.x"):
@@ -172,11 +189,11 @@ def generate(func: LoopFunc) -> CudaProgram:
         used = _pair_used(stmts, i)
         info, text = _Kernel(f"tcc_{func.name}_k{i}", kernel, buffers, scalars, used).emit()
         kernels.append(info)
-        lines.append(text)
-    source = "\n".join(lines)
+        texts.append(text)
+    source = "\n".join([PREAMBLE, *texts])
     specific = any(isinstance(s, WarpgroupMma) for s in walk_stmts(body))
     return CudaProgram(source, kernels, [(t.name, max(1, t.size * t.dtype.itemsize)) for t in temps],
-                       arch_specific=specific)
+                       arch_specific=specific, kernel_texts=texts)
 
 
 def _peel(s: Stmt) -> tuple[list[Buffer], Stmt]:

@@ -15,8 +15,10 @@ import functools
 import importlib
 import importlib.metadata
 import math
+import os
 import threading
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -97,23 +99,47 @@ def _code_arch(program: Any, options: dict[str, Any]) -> str:
     return arch + "a" if program.arch_specific and not arch.endswith("a") else arch
 
 
+UNIT_CHARS = 24_000  # CUDA C per separately compiled unit, at least (NVRTC's fixed cost per program)
+
+
 def build(func: LoopFunc, options: dict[str, Any] | None = None) -> bytes:
-    """The artifact the cache stores: a JSON launch plan, then the cubin."""
+    """The artifact the cache stores: a JSON launch plan, then the cubins (one per compile unit)."""
     arch = _arch(options or {})
     program = _cuda_c().generate(func)
-    cubin = nvrtc.compile_cubin(program.source, _code_arch(program, options or {}))
-    meta = {"arch": arch, "temps": program.temps,
+    units = program.units(min(_compile_threads(), len(program.source) // UNIT_CHARS))
+    code_arch = _code_arch(program, options or {})
+    if len(units) == 1:
+        cubins = [nvrtc.compile_cubin(units[0][0], code_arch)]
+    else:  # NVRTC lets go of the GIL while it compiles
+        with ThreadPoolExecutor(len(units), thread_name_prefix="tcc-nvrtc") as pool:
+            cubins = list(pool.map(lambda unit: nvrtc.compile_cubin(unit[0], code_arch), units))
+    module_of = {k: m for m, (_, kernels) in enumerate(units) for k in kernels}
+    meta = {"arch": arch, "temps": program.temps, "modules": [len(c) for c in cubins],
             "kernels": [{"name": k.name, "grid": k.grid, "block": k.block, "params": k.params,
-                         "aligned": k.aligned, "shared": k.shared} for k in program.kernels]}
-    return pack_artifact(_MAGIC, meta, cubin)
+                         "aligned": k.aligned, "shared": k.shared, "module": module_of[i]}
+                        for i, k in enumerate(program.kernels)]}
+    return pack_artifact(_MAGIC, meta, b"".join(cubins))
 
 
-def _parse(artifact: bytes) -> tuple[dict[str, Any], bytes]:
+def _compile_threads() -> int:
+    """The CPUs this process may use: the compile units of a large program."""
     try:
-        meta, cubin = unpack_artifact(_MAGIC, artifact)
-        if not cubin.startswith(b"\x7fELF"):
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # (not Linux)
+        return os.cpu_count() or 1
+
+
+def _parse(artifact: bytes) -> tuple[dict[str, Any], list[bytes]]:
+    try:
+        meta, payload = unpack_artifact(_MAGIC, artifact)
+        sizes = meta.get("modules", [len(payload)])
+        if sum(sizes) != len(payload):
+            raise ValueError("truncated")
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        cubins = [payload[s:s + n] for s, n in zip(starts, sizes)]
+        if not all(c.startswith(b"\x7fELF") for c in cubins):
             raise ValueError("no cubin")
-        return meta, cubin
+        return meta, cubins
     except ValueError as exc:  # (UnicodeDecodeError and json's errors are ValueErrors)
         raise TccCompileError(f"unusable CUDA artifact ({exc})") from None
 
@@ -123,7 +149,7 @@ class CudaKernel:
 
     def __init__(self, name: str, artifact: bytes):
         self.name = name
-        self.meta, self.cubin = _parse(artifact)
+        self.meta, self.cubins = _parse(artifact)
         self.temps: list[tuple[str, int]] = [(n, int(b)) for n, b in self.meta["temps"]]
         self._launchers: dict[int, list[driver.Launcher]] = {}
         # (device, stream) -> (the temps it was made for, their pointers): intermediates allocated
@@ -160,9 +186,10 @@ class CudaKernel:
             if ctx.arch != self.meta["arch"]:
                 raise TccRuntimeError(f"op {self.name} was compiled for {self.meta['arch']} but cuda:{device} "
                                       f"is {ctx.arch}", hint=f"tcc.compile(..., target='cuda', arch='{ctx.arch}')")
-            module = driver.load_module(self.cubin, f"op {self.name}")
-            made = [driver.Launcher(module, k["name"], k["grid"], k["block"], [tuple(p) for p in k["params"]],
-                                    int(k.get("shared", 0))) for k in self.meta["kernels"]]
+            modules = [driver.load_module(cubin, f"op {self.name}") for cubin in self.cubins]
+            made = [driver.Launcher(modules[k.get("module", 0)], k["name"], k["grid"], k["block"],
+                                    [tuple(p) for p in k["params"]], int(k.get("shared", 0)))
+                    for k in self.meta["kernels"]]
             found = _pair(made, [bool(k.get("aligned")) for k in self.meta["kernels"]])
             self._launchers[device] = found
         return found
