@@ -241,7 +241,15 @@ class TorchOp:
                 _native_call = module.call
             if self._native is None:
                 self._native = module.new_op()
+                if self._autograd:
+                    self._teach_backward(module)
         return module
+
+    def _teach_backward(self, module: Any) -> None:
+        """Let the C++ eager path take calls that record a graph: their node's backward is
+        ``_native_backward``."""
+        module.learn_backward(self._native, self._native_backward, f"{self.qualname}Backward",
+                              len(self._tensors), self._positions)
 
     def schema(self) -> str:
         """``(Tensor X, float a, *, int S=1) -> Tensor`` from the op's parameters and results."""
@@ -326,6 +334,8 @@ class TorchOp:
         torch.library.register_autograd(self.qualname, self._backward, setup_context=self._setup,
                                         lib=_LIBRARIES[self.namespace])
         self._autograd = True
+        if self._native is not None:
+            self._teach_backward(torch_native.load())
 
     def _derive_grads(self) -> None:
         te = self.te
@@ -356,12 +366,25 @@ class TorchOp:
     def _gradients(self, ctx: Any, needs: tuple[bool, ...], upstream: tuple[Any, ...]) -> tuple[Any, ...]:
         """The gradient of each parameter whose gradient autograd asks for (``needs``), else None,
         from what ``_setup`` (or ``_Graph.forward``) saved in ``ctx``."""
+        saved = iter(ctx.saved_tensors)
+        args = tuple([next(saved) if is_t else s for s, is_t in zip(ctx.scalars, self._tensors)])
+        return self._gradients_of(args, ctx.cparams, needs, upstream)
+
+    def _native_backward(self, args: tuple[Any, ...], upstream: tuple[Any, ...],
+                         needs: tuple[bool, ...]) -> tuple[Any, ...]:
+        """The backward of a call whose graph the C++ eager path recorded (``torch_autograd.cpp``:
+        its node calls this with the call's arguments, the tensors as saved)."""
+        return self._gradients_of(args, {}, needs, upstream)
+
+    def _gradients_of(self, args: tuple[Any, ...], cparams: dict[str, Any], needs: tuple[bool, ...],
+                      upstream: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The gradient of each parameter in ``needs``, else None, running the gradient ops on the
+        call's arguments and the upstream gradients (zeros for those autograd has none of)."""
         if not self._derived:
             self._derive_grads()
-        saved = iter(ctx.saved_tensors)
-        args = [next(saved) if is_t else s for s, is_t in zip(ctx.scalars, self._tensors)]
-        outs = self._empty(tuple(args), ctx.cparams, self._device(tuple(args)))
-        upstream = [torch.zeros_like(o) if g is None else g for g, o in zip(upstream, outs)]
+        if any(g is None for g in upstream):
+            outs = self._empty(args, cparams, self._device(args))
+            upstream = tuple([torch.zeros_like(o) if g is None else g for g, o in zip(upstream, outs)])
         grads: list[Any] = []
         for i, p in enumerate(self.te.params):
             if not (self._tensors[i] and needs[i] and p in self.grads):
@@ -370,7 +393,7 @@ class TorchOp:
             op = self.grads[p]
             if isinstance(op, TccError):
                 raise op
-            grads.append(op(*args, *upstream, **ctx.cparams))
+            grads.append(op(*args, *upstream, **cparams))
         return tuple(grads)
 
 

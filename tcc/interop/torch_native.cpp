@@ -7,8 +7,11 @@
 // `int32_t kernel(void **args)` (the address tcc's ctypes call uses), or, for CUDA tensors,
 // launches the CUDA plan's kernels on PyTorch's current stream. It returns None for every
 // call it does not take (another signature, a tensor that is not a plain contiguous one there,
-// one that records a graph, anything watching torch's dispatcher): the Python path then runs the
-// checked call, which raises tcc's errors naming the argument, and teaches this one its signature.
+// anything watching torch's dispatcher): the Python path then runs the checked call, which raises
+// tcc's errors naming the argument, and teaches this one its signature.
+// A call that records a graph (grad mode on, a tensor argument requiring a gradient) is taken too
+// once the op has a backward (learn_backward): the kernel runs as for any call, then
+// torch_autograd.cpp attaches the graph node, whose backward is the op's Python one.
 // From Python, each input's checks alone cost ~450 ns; here they cost a few nanoseconds.
 
 #include <ATen/PythonTorchFunctionTLS.h>
@@ -20,6 +23,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <torch/csrc/Dtype.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/frontend/tracer.h>
 
@@ -29,7 +33,11 @@
 #include <string>
 #include <vector>
 
+#include "torch_autograd.h"
+
 namespace {
+
+using tcc_torch::Backward;
 
 using Kernel = int32_t (*)(void **);
 
@@ -105,10 +113,13 @@ struct CudaSignature {
   std::vector<Launch> launches;
 };
 
-struct Op {  // one TorchOp's signatures, most recently learned first
+struct Op {  // one TorchOp's signatures, most recently learned first, and its backward
   std::vector<std::shared_ptr<const Signature>> signatures;
   std::vector<std::shared_ptr<const CudaSignature>> cuda;
+  std::shared_ptr<const Backward> backward;  // null: calls that record a graph are Python's
 };
+
+enum class Ran { declined, done, failed };  // failed: a Python exception is set
 
 LaunchFn cu_launch = nullptr;  // cuLaunchKernel, set by setup_cuda()
 PyObject *raw_stream = nullptr;  // torch's current raw stream of a device: f(device) -> int
@@ -133,6 +144,8 @@ bool dispatcher_watched() {
          torch::jit::tracer::isTracing() || at::hasCallbacks();
 }
 
+// grad_mode: whether a tensor requiring a gradient declines the call (a graph that is not recorded
+// here); false when the call records its graph here, or grad mode is off.
 bool take_input(PyObject *obj, const Input &in, void **slots, bool grad_mode) {
   if (!THPVariable_CheckExact(obj)) {  // torch.Tensor or nn.Parameter, no subclass
     return false;
@@ -231,34 +244,32 @@ PyObject *fail(const Signature &sig) {
   return nullptr;
 }
 
-// The call's results (a tensor, or a tuple of them), None when this signature does not take the
-// call, or NULL with a Python exception set.
-PyObject *run(const Signature &sig, PyObject *const *args) {
+// The call's results in `outs`, unless this signature does not take the call (declined) or it
+// failed (a Python exception set). grad_mode: as take_input's.
+Ran run(const Signature &sig, PyObject *const *args, bool grad_mode, std::vector<at::Tensor> *outs) {
   void *slots[kMaxSlots];
   CellValue cells[kMaxSlots];
-  bool grad_mode = at::GradMode::is_enabled();
   for (const Input &in : sig.inputs) {
     if (!take_input(args[in.pos], in, slots, grad_mode)) {
-      Py_RETURN_NONE;
+      return Ran::declined;
     }
   }
   for (size_t i = 0; i < sig.scalars.size(); ++i) {
     const Scalar &s = sig.scalars[i];
     if (!take_scalar(args[s.pos], s, &cells[i])) {
-      Py_RETURN_NONE;
+      return Ran::declined;
     }
     slots[s.slot] = &cells[i];
   }
-  std::vector<at::Tensor> outs;
-  outs.reserve(sig.results.size());
+  outs->reserve(sig.results.size());
   try {
     for (const Result &r : sig.results) {
-      outs.push_back(at::empty(r.sizes, at::TensorOptions().dtype(r.dtype)));
-      slots[r.slot] = outs.back().mutable_data_ptr();
+      outs->push_back(at::empty(r.sizes, at::TensorOptions().dtype(r.dtype)));
+      slots[r.slot] = outs->back().mutable_data_ptr();
     }
   } catch (const std::exception &exc) {
     PyErr_SetString(PyExc_MemoryError, exc.what());
-    return nullptr;
+    return Ran::failed;
   }
   int32_t status;
   if (sig.release_gil) {
@@ -269,9 +280,10 @@ PyObject *run(const Signature &sig, PyObject *const *args) {
     status = sig.kernel(slots);
   }
   if (status != 0) {
-    return fail(sig);
+    fail(sig);
+    return Ran::failed;
   }
-  return wrap(std::move(outs));
+  return Ran::done;
 }
 
 // A scalar argument's value as a kernel parameter of kind ``cell``; false when out of its range.
@@ -280,27 +292,25 @@ bool scalar_cell(PyObject *value, Cell cell, CellValue *out) {
   return take_scalar(value, s, out);
 }
 
-// The call's results on the GPU, None when this signature does not take the call, or NULL with
-// a Python exception set.
-PyObject *run_cuda(const CudaSignature &sig, PyObject *const *args) {
+// The call's results on the GPU in `outs`, as run's.
+Ran run_cuda(const CudaSignature &sig, PyObject *const *args, bool grad_mode, std::vector<at::Tensor> *outs) {
   std::vector<uint64_t> pointers(sig.nargs + sig.results.size(), 0);
-  bool grad_mode = at::GradMode::is_enabled();
   for (const CudaInput &in : sig.inputs) {
     PyObject *obj = args[in.pos];
     if (!THPVariable_CheckExact(obj)) {
-      Py_RETURN_NONE;
+      return Ran::declined;
     }
     const at::Tensor &t = THPVariable_Unpack(obj);
     if (t.scalar_type() != in.dtype || !t.is_cuda() || t.get_device() != sig.device ||
         t.layout() != at::kStrided || !t.sizes().equals(in.sizes) || !t.is_contiguous() || t.is_neg() ||
         t._is_zerotensor() || (grad_mode && t.requires_grad()) || t._fw_grad(0).defined()) {
-      Py_RETURN_NONE;
+      return Ran::declined;
     }
     pointers[in.pos] = reinterpret_cast<uint64_t>(t.const_data_ptr());
   }
   for (const auto &[pos, kind] : sig.scalars) {
     if (Py_TYPE(args[pos]) != kind) {
-      Py_RETURN_NONE;
+      return Ran::declined;
     }
   }
   // every parameter's value first (a scalar out of range declines before anything is allocated)
@@ -312,30 +322,29 @@ PyObject *run_cuda(const CudaSignature &sig, PyObject *const *args) {
       int v = launch.values[i];
       if (launch.cells[i] != Cell::pointer &&
           (v >= sig.nargs || !scalar_cell(args[v], launch.cells[i], &cells[k][i]))) {
-        Py_RETURN_NONE;
+        return Ran::declined;
       }
     }
   }
   PyObject *stream_obj = PyObject_CallFunction(raw_stream, "i", sig.device);
   if (stream_obj == nullptr) {
-    return nullptr;
+    return Ran::failed;
   }
   void *stream = PyLong_AsVoidPtr(stream_obj);
   Py_DECREF(stream_obj);
   if (PyErr_Occurred()) {
-    return nullptr;
+    return Ran::failed;
   }
-  std::vector<at::Tensor> outs;
-  outs.reserve(sig.results.size());
+  outs->reserve(sig.results.size());
   try {
     auto options = at::TensorOptions().device(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(sig.device)));
     for (size_t r = 0; r < sig.results.size(); ++r) {
-      outs.push_back(at::empty(sig.results[r].sizes, options.dtype(sig.results[r].dtype)));
-      pointers[sig.nargs + r] = reinterpret_cast<uint64_t>(outs.back().mutable_data_ptr());
+      outs->push_back(at::empty(sig.results[r].sizes, options.dtype(sig.results[r].dtype)));
+      pointers[sig.nargs + r] = reinterpret_cast<uint64_t>(outs->back().mutable_data_ptr());
     }
   } catch (const std::exception &exc) {
     PyErr_SetString(PyExc_MemoryError, exc.what());
-    return nullptr;
+    return Ran::failed;
   }
   for (size_t k = 0; k < sig.launches.size(); ++k) {
     const Launch &launch = sig.launches[k];
@@ -354,14 +363,26 @@ PyObject *run_cuda(const CudaSignature &sig, PyObject *const *args) {
                         nullptr);
     if (err != 0) {
       if (k == 0) {  // nothing queued yet: the Python path makes the context current, or says why
-        Py_RETURN_NONE;
+        outs->clear();
+        return Ran::declined;
       }
       PyErr_Format(PyExc_RuntimeError, "op %s: launching its kernel %zu failed (CUresult %d)", sig.name.c_str(),
                    k, err);
-      return nullptr;
+      return Ran::failed;
     }
   }
+  return Ran::done;
+}
+
+// The results of a call that ran as Python: with their graph when `backward` is not null.
+PyObject *finish(const std::shared_ptr<const Backward> &backward, PyObject *const *args,
+                 std::vector<at::Tensor> &&outs) {
+  HANDLE_TH_ERRORS
+  if (backward != nullptr) {
+    tcc_torch::record(backward, args, outs);
+  }
   return wrap(std::move(outs));
+  END_HANDLE_TH_ERRORS
 }
 
 // call(op, args): the results, or None for the Python path.
@@ -380,16 +401,29 @@ PyObject *call(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
   PyObject *tuple = argv[1];
   Py_ssize_t nargs = PyTuple_GET_SIZE(tuple);
   PyObject *const *args = &PyTuple_GET_ITEM(tuple, 0);
-  auto signatures = op->signatures;  // a copy: learn() may replace them while a kernel runs unlocked
+  auto backward = op->backward;  // copies (shared): learn() may replace them while a kernel runs unlocked
+  bool graph = false;
+  if (backward != nullptr) {
+    bool takes;
+    graph = tcc_torch::records_graph(*backward, args, nargs, &takes);
+    if (!takes) {
+      Py_RETURN_NONE;
+    }
+    if (!graph) {
+      backward = nullptr;
+    }
+  }
+  bool grad_mode = !graph && at::GradMode::is_enabled();  // a tensor requiring a gradient declines
+  std::vector<at::Tensor> outs;
+  auto signatures = op->signatures;
   for (const auto &sig : signatures) {
     if (sig->nargs != nargs) {
       continue;
     }
-    PyObject *got = run(*sig, args);
-    if (got != Py_None) {
-      return got;
+    Ran ran = run(*sig, args, grad_mode, &outs);
+    if (ran != Ran::declined) {
+      return ran == Ran::failed ? nullptr : finish(backward, args, std::move(outs));
     }
-    Py_DECREF(got);
   }
   if (cu_launch == nullptr) {
     Py_RETURN_NONE;
@@ -399,11 +433,10 @@ PyObject *call(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
     if (sig->nargs != nargs) {
       continue;
     }
-    PyObject *got = run_cuda(*sig, args);
-    if (got != Py_None) {
-      return got;
+    Ran ran = run_cuda(*sig, args, grad_mode, &outs);
+    if (ran != Ran::declined) {
+      return ran == Ran::failed ? nullptr : finish(backward, args, std::move(outs));
     }
-    Py_DECREF(got);
   }
   Py_RETURN_NONE;
 }
@@ -618,6 +651,39 @@ PyObject *setup_cuda(PyObject *, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+// learn_backward(op, fn, name, nargs, tensor positions): from now on a call that records a graph
+// is taken too, its node's backward fn(args, upstream, needs) (TorchOp._native_backward).
+PyObject *learn_backward(PyObject *, PyObject *args) {
+  PyObject *capsule, *fn, *positions;
+  const char *name;
+  Py_ssize_t nargs;
+  if (!PyArg_ParseTuple(args, "OOsnO!", &capsule, &fn, &name, &nargs, &PyList_Type, &positions)) {
+    return nullptr;
+  }
+  Op *op = op_of(capsule);
+  if (op == nullptr) {
+    return nullptr;
+  }
+  std::vector<Py_ssize_t> tensors;
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(positions); ++i) {
+    Py_ssize_t pos = PyLong_AsSsize_t(PyList_GET_ITEM(positions, i));
+    if (pos == -1 && PyErr_Occurred()) {
+      return nullptr;
+    }
+    if (pos < 0 || pos >= nargs || (!tensors.empty() && pos <= tensors.back())) {
+      PyErr_SetString(PyExc_ValueError, "tensor positions: increasing, below nargs");
+      return nullptr;
+    }
+    tensors.push_back(pos);
+  }
+  op->backward = std::make_shared<const Backward>(fn, name, nargs, std::move(tensors));
+  Py_RETURN_NONE;
+}
+
+PyObject *recorded(PyObject *, PyObject *) {
+  return PyLong_FromLongLong(tcc_torch::recorded);
+}
+
 PyObject *forget(PyObject *, PyObject *capsule) {
   Op *op = op_of(capsule);
   if (op == nullptr) {
@@ -645,6 +711,8 @@ PyMethodDef methods[] = {
     {"learn", learn, METH_VARARGS, "learn(op, address, name, nargs, nslots, inputs, scalars, results)"},
     {"learn_cuda", learn_cuda, METH_VARARGS, "learn_cuda(op, name, nargs, device, inputs, scalars, results, launches)"},
     {"setup_cuda", setup_cuda, METH_VARARGS, "setup_cuda(cuLaunchKernel address, raw_stream)"},
+    {"learn_backward", learn_backward, METH_VARARGS, "learn_backward(op, fn, name, nargs, tensor positions)"},
+    {"recorded", recorded, METH_NOARGS, "how many calls recorded their graph in C++"},
     {"forget", forget, METH_O, "forget(op): drop its signatures"},
     {"setup", setup, METH_O, "setup(on_failure)"},
     {"watched", watched, METH_NOARGS, "whether anything watches torch's dispatcher"},
