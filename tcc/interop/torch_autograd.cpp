@@ -25,7 +25,7 @@ using torch::autograd::SavedVariable;
 using torch::autograd::Variable;
 using torch::autograd::variable_list;
 
-long long recorded = 0;
+long long graphs_recorded = 0;
 
 Backward::Backward(PyObject *fn, std::string name, Py_ssize_t nargs, std::vector<Py_ssize_t> tensors)
     : fn(Py_NewRef(fn)), name(std::move(name)), nargs(nargs), tensors(std::move(tensors)) {
@@ -185,7 +185,7 @@ bool records_graph(const Backward &backward, PyObject *const *args, Py_ssize_t n
   }
   bool graph = false;
   for (Py_ssize_t pos : backward.tensors) {
-    if (!THPVariable_Check(args[pos])) {
+    if (!THPVariable_CheckExact(args[pos])) {  // a subclass: the dispatcher's
       *takes = false;
       return false;
     }
@@ -211,7 +211,7 @@ void record(const std::shared_ptr<const Backward> &backward, PyObject *const *ar
       node->add_input_metadata(Node::undefined_input());
     }
   }
-  ++recorded;
+  ++graphs_recorded;
 }
 
 }  // namespace tcc_torch

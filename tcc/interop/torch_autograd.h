@@ -39,6 +39,6 @@ void record(const std::shared_ptr<const Backward> &backward, PyObject *const *ar
             std::vector<at::Tensor> &outs);
 
 // How many calls recorded their graph here (for tests: which path ran).
-extern long long recorded;
+extern long long graphs_recorded;
 
 }  // namespace tcc_torch

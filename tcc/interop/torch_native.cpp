@@ -22,7 +22,6 @@
 #include <Python.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
-#include <torch/csrc/Dtype.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/jit/frontend/tracer.h>
@@ -33,91 +32,11 @@
 #include <string>
 #include <vector>
 
-#include "torch_autograd.h"
+#include "torch_native.h"
 
 namespace {
 
-using tcc_torch::Backward;
-
-using Kernel = int32_t (*)(void **);
-
-struct Input {  // a tensor argument
-  Py_ssize_t pos;  // in the call's arguments
-  int slot;        // in the kernel's argument array
-  at::ScalarType dtype;
-  std::vector<int64_t> sizes;
-};
-
-enum class Cell { f32, f64, i8, i32, i64, boolean, pointer };
-
-struct Scalar {  // a runtime scalar argument: a Python float, int or bool, exactly as first seen
-  Py_ssize_t pos;
-  int slot;
-  PyTypeObject *kind;
-  Cell cell;
-};
-
-struct Result {
-  int slot;
-  at::ScalarType dtype;
-  std::vector<int64_t> sizes;
-  int64_t nbytes;
-};
-
-struct Signature {
-  Kernel kernel;
-  std::string name;  // the kernel's, for errors
-  Py_ssize_t nargs;
-  std::vector<Input> inputs;
-  std::vector<Scalar> scalars;
-  std::vector<Result> results;
-  bool release_gil;  // enough work that other Python threads should run meanwhile
-};
-
-constexpr size_t kMaxSignatures = 16;
-constexpr int64_t kReleaseGilBytes = 1 << 20;
-constexpr int kMaxSlots = 64;
-
-// ---- CUDA: the kernels of tcc's CUDA plan (tcc/runtime/cuda.py), launched with cuLaunchKernel
-// (its address from tcc's driver) on PyTorch's current stream of the tensors' device.
-
-using LaunchFn = int (*)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *,
-                         void **, void **);
-
-struct Kernel1D {  // a CUfunction and its launch shape
-  void *fn;
-  unsigned grid, block, shared;
-};
-
-struct Launch {
-  Kernel1D kernel;
-  bool has_fallback;  // the kernel assumes 16-byte aligned pointers: else run the fallback
-  Kernel1D fallback;
-  std::vector<int> values;  // per parameter: its value's index (arguments, then results)
-  std::vector<Cell> cells;  // per parameter: how it is passed
-};
-
-struct CudaInput {
-  Py_ssize_t pos;
-  at::ScalarType dtype;
-  std::vector<int64_t> sizes;
-};
-
-struct CudaSignature {
-  std::string name;
-  Py_ssize_t nargs;
-  int device;
-  std::vector<CudaInput> inputs;
-  std::vector<std::pair<Py_ssize_t, PyTypeObject *>> scalars;  // (position, Python type)
-  std::vector<Result> results;  // slot unused
-  std::vector<Launch> launches;
-};
-
-struct Op {  // one TorchOp's signatures, most recently learned first, and its backward
-  std::vector<std::shared_ptr<const Signature>> signatures;
-  std::vector<std::shared_ptr<const CudaSignature>> cuda;
-  std::shared_ptr<const Backward> backward;  // null: calls that record a graph are Python's
-};
+using namespace tcc_torch;  // NOLINT(google-build-using-namespace): the tables, in this file's terms
 
 enum class Ran { declined, done, failed };  // failed: a Python exception is set
 
@@ -125,14 +44,6 @@ LaunchFn cu_launch = nullptr;  // cuLaunchKernel, set by setup_cuda()
 PyObject *raw_stream = nullptr;  // torch's current raw stream of a device: f(device) -> int
 
 PyObject *on_failure = nullptr;  // tcc's raise_out_of_memory(kernel name), set by setup()
-
-void free_op(PyObject *capsule) {
-  delete static_cast<Op *>(PyCapsule_GetPointer(capsule, "tcc.torch_native.Op"));
-}
-
-Op *op_of(PyObject *capsule) {
-  return static_cast<Op *>(PyCapsule_GetPointer(capsule, "tcc.torch_native.Op"));
-}
 
 // Whether anything watches torch's dispatcher, so that a call must go through it: torch-function
 // modes, torch-dispatch modes, functorch transforms, the JIT tracer, the profiler (any
@@ -441,204 +352,6 @@ PyObject *call(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
   Py_RETURN_NONE;
 }
 
-PyObject *new_op(PyObject *, PyObject *) {
-  return PyCapsule_New(new Op(), "tcc.torch_native.Op", free_op);
-}
-
-bool read_sizes(PyObject *seq, std::vector<int64_t> *sizes, int64_t *count) {
-  PyObject *fast = PySequence_Fast(seq, "sizes must be a sequence");
-  if (fast == nullptr) {
-    return false;
-  }
-  *count = 1;
-  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); ++i) {
-    long long d = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
-    sizes->push_back(d);
-    *count *= d;
-  }
-  Py_DECREF(fast);
-  return !PyErr_Occurred();
-}
-
-bool read_dtype(PyObject *obj, at::ScalarType *dtype) {
-  if (!THPDtype_Check(obj)) {
-    PyErr_SetString(PyExc_TypeError, "expected a torch.dtype");
-    return false;
-  }
-  *dtype = reinterpret_cast<THPDtype *>(obj)->scalar_type;
-  return true;
-}
-
-// learn(op, kernel_address, name, nargs, nslots, inputs, scalars, results): a signature, tried first
-// from now on. inputs: (position, slot, torch dtype, sizes); scalars: (position, slot, Python
-// type, cell code 0-5 as Cell); results: (slot, torch dtype, sizes).
-PyObject *learn(PyObject *, PyObject *args) {
-  PyObject *capsule, *inputs, *scalars, *results;
-  unsigned long long address;
-  const char *name;
-  Py_ssize_t nargs;
-  int nslots;
-  if (!PyArg_ParseTuple(args, "OKsniO!O!O!", &capsule, &address, &name, &nargs, &nslots, &PyList_Type, &inputs,
-                        &PyList_Type, &scalars, &PyList_Type, &results)) {
-    return nullptr;
-  }
-  Op *op = op_of(capsule);
-  if (op == nullptr) {
-    return nullptr;
-  }
-  if (nslots > kMaxSlots || PyList_GET_SIZE(scalars) > kMaxSlots) {
-    Py_RETURN_FALSE;  // the Python path keeps such calls
-  }
-  auto sig = std::make_shared<Signature>();
-  sig->kernel = reinterpret_cast<Kernel>(static_cast<uintptr_t>(address));
-  sig->name = name;
-  sig->nargs = nargs;
-  int64_t bytes = 0;
-  auto fits = [&](Py_ssize_t pos, int slot) { return 0 <= pos && pos < nargs && 0 <= slot && slot < nslots; };
-  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(inputs); ++i) {
-    Input in;
-    PyObject *dtype, *sizes;
-    int64_t count;
-    if (!PyArg_ParseTuple(PyList_GET_ITEM(inputs, i), "niOO", &in.pos, &in.slot, &dtype, &sizes) ||
-        !read_dtype(dtype, &in.dtype) || !read_sizes(sizes, &in.sizes, &count)) {
-      return nullptr;
-    }
-    if (!fits(in.pos, in.slot)) {
-      Py_RETURN_FALSE;
-    }
-    bytes += count * static_cast<int64_t>(c10::elementSize(in.dtype));
-    sig->inputs.push_back(std::move(in));
-  }
-  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(scalars); ++i) {
-    Scalar s;
-    PyObject *kind;
-    int cell;
-    if (!PyArg_ParseTuple(PyList_GET_ITEM(scalars, i), "niO!i", &s.pos, &s.slot, &PyType_Type, &kind, &cell)) {
-      return nullptr;
-    }
-    if (!fits(s.pos, s.slot) || cell < 0 || cell >= static_cast<int>(Cell::pointer)) {
-      Py_RETURN_FALSE;
-    }
-    s.kind = reinterpret_cast<PyTypeObject *>(kind);
-    s.cell = static_cast<Cell>(cell);
-    sig->scalars.push_back(s);
-  }
-  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(results); ++i) {
-    Result r;
-    PyObject *dtype, *sizes;
-    int64_t count;
-    if (!PyArg_ParseTuple(PyList_GET_ITEM(results, i), "iOO", &r.slot, &dtype, &sizes) ||
-        !read_dtype(dtype, &r.dtype) || !read_sizes(sizes, &r.sizes, &count)) {
-      return nullptr;
-    }
-    if (!fits(0, r.slot)) {
-      Py_RETURN_FALSE;
-    }
-    r.nbytes = count * static_cast<int64_t>(c10::elementSize(r.dtype));
-    bytes += r.nbytes;
-    sig->results.push_back(std::move(r));
-  }
-  sig->release_gil = bytes >= kReleaseGilBytes;
-  auto signatures = op->signatures;
-  signatures.insert(signatures.begin(), std::move(sig));
-  if (signatures.size() > kMaxSignatures) {
-    signatures.pop_back();
-  }
-  op->signatures = std::move(signatures);  // replaced whole: a running call holds its own copy
-  Py_RETURN_TRUE;
-}
-
-bool read_kernel(PyObject *obj, Kernel1D *kernel) {
-  unsigned long long fn;
-  if (!PyArg_ParseTuple(obj, "KIII", &fn, &kernel->grid, &kernel->block, &kernel->shared)) {
-    return false;
-  }
-  kernel->fn = reinterpret_cast<void *>(static_cast<uintptr_t>(fn));
-  return true;
-}
-
-// learn_cuda(op, name, nargs, device, inputs, scalars, results, launches): a CUDA signature.
-// inputs: (position, torch dtype, sizes); scalars: (position, Python type); results: (torch
-// dtype, sizes); launches: ((fn, grid, block, shared), fallback or None, [(value index, cell)]).
-PyObject *learn_cuda(PyObject *, PyObject *args) {
-  PyObject *capsule, *inputs, *scalars, *results, *launches;
-  const char *name;
-  Py_ssize_t nargs;
-  int device;
-  if (!PyArg_ParseTuple(args, "OsniO!O!O!O!", &capsule, &name, &nargs, &device, &PyList_Type, &inputs,
-                        &PyList_Type, &scalars, &PyList_Type, &results, &PyList_Type, &launches)) {
-    return nullptr;
-  }
-  Op *op = op_of(capsule);
-  if (op == nullptr) {
-    return nullptr;
-  }
-  auto sig = std::make_shared<CudaSignature>();
-  sig->name = name;
-  sig->nargs = nargs;
-  sig->device = device;
-  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(inputs); ++i) {
-    CudaInput in;
-    PyObject *dtype, *sizes;
-    int64_t count;
-    if (!PyArg_ParseTuple(PyList_GET_ITEM(inputs, i), "nOO", &in.pos, &dtype, &sizes) ||
-        !read_dtype(dtype, &in.dtype) || !read_sizes(sizes, &in.sizes, &count)) {
-      return nullptr;
-    }
-    sig->inputs.push_back(std::move(in));
-  }
-  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(scalars); ++i) {
-    Py_ssize_t pos;
-    PyObject *kind;
-    if (!PyArg_ParseTuple(PyList_GET_ITEM(scalars, i), "nO!", &pos, &PyType_Type, &kind)) {
-      return nullptr;
-    }
-    sig->scalars.emplace_back(pos, reinterpret_cast<PyTypeObject *>(kind));
-  }
-  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(results); ++i) {
-    Result r{0, at::ScalarType::Float, {}, 0};
-    PyObject *dtype, *sizes;
-    int64_t count;
-    if (!PyArg_ParseTuple(PyList_GET_ITEM(results, i), "OO", &dtype, &sizes) || !read_dtype(dtype, &r.dtype) ||
-        !read_sizes(sizes, &r.sizes, &count)) {
-      return nullptr;
-    }
-    sig->results.push_back(std::move(r));
-  }
-  Py_ssize_t nvalues = nargs + static_cast<Py_ssize_t>(sig->results.size());
-  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(launches); ++i) {
-    Launch launch{};
-    PyObject *kernel, *fallback, *params;
-    if (!PyArg_ParseTuple(PyList_GET_ITEM(launches, i), "OOO!", &kernel, &fallback, &PyList_Type, &params) ||
-        !read_kernel(kernel, &launch.kernel)) {
-      return nullptr;
-    }
-    launch.has_fallback = fallback != Py_None;
-    if (launch.has_fallback && !read_kernel(fallback, &launch.fallback)) {
-      return nullptr;
-    }
-    for (Py_ssize_t j = 0; j < PyList_GET_SIZE(params); ++j) {
-      int value, cell;
-      if (!PyArg_ParseTuple(PyList_GET_ITEM(params, j), "ii", &value, &cell)) {
-        return nullptr;
-      }
-      if (value < 0 || value >= nvalues || cell < 0 || cell > static_cast<int>(Cell::pointer)) {
-        Py_RETURN_FALSE;
-      }
-      launch.values.push_back(value);
-      launch.cells.push_back(static_cast<Cell>(cell));
-    }
-    sig->launches.push_back(std::move(launch));
-  }
-  auto cuda = op->cuda;
-  cuda.insert(cuda.begin(), std::move(sig));
-  if (cuda.size() > kMaxSignatures) {
-    cuda.pop_back();
-  }
-  op->cuda = std::move(cuda);
-  Py_RETURN_TRUE;
-}
-
 // setup_cuda(cuLaunchKernel's address, raw_stream): enables the CUDA signatures.
 PyObject *setup_cuda(PyObject *, PyObject *args) {
   unsigned long long address;
@@ -651,47 +364,8 @@ PyObject *setup_cuda(PyObject *, PyObject *args) {
   Py_RETURN_NONE;
 }
 
-// learn_backward(op, fn, name, nargs, tensor positions): from now on a call that records a graph
-// is taken too, its node's backward fn(args, upstream, needs) (TorchOp._native_backward).
-PyObject *learn_backward(PyObject *, PyObject *args) {
-  PyObject *capsule, *fn, *positions;
-  const char *name;
-  Py_ssize_t nargs;
-  if (!PyArg_ParseTuple(args, "OOsnO!", &capsule, &fn, &name, &nargs, &PyList_Type, &positions)) {
-    return nullptr;
-  }
-  Op *op = op_of(capsule);
-  if (op == nullptr) {
-    return nullptr;
-  }
-  std::vector<Py_ssize_t> tensors;
-  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(positions); ++i) {
-    Py_ssize_t pos = PyLong_AsSsize_t(PyList_GET_ITEM(positions, i));
-    if (pos == -1 && PyErr_Occurred()) {
-      return nullptr;
-    }
-    if (pos < 0 || pos >= nargs || (!tensors.empty() && pos <= tensors.back())) {
-      PyErr_SetString(PyExc_ValueError, "tensor positions: increasing, below nargs");
-      return nullptr;
-    }
-    tensors.push_back(pos);
-  }
-  op->backward = std::make_shared<const Backward>(fn, name, nargs, std::move(tensors));
-  Py_RETURN_NONE;
-}
-
 PyObject *recorded(PyObject *, PyObject *) {
-  return PyLong_FromLongLong(tcc_torch::recorded);
-}
-
-PyObject *forget(PyObject *, PyObject *capsule) {
-  Op *op = op_of(capsule);
-  if (op == nullptr) {
-    return nullptr;
-  }
-  op->signatures = {};
-  op->cuda = {};
-  Py_RETURN_NONE;
+  return PyLong_FromLongLong(graphs_recorded);
 }
 
 // setup(on_failure): called with the kernel's name when a kernel reports failure; it raises.

@@ -33,8 +33,8 @@ from tcc.version import __version__
 
 SOURCE = Path(__file__).with_name("torch_native.cpp")
 # the extension's sources (compiled) and headers: all of them name the build
-SOURCES = [SOURCE, SOURCE.with_name("torch_autograd.cpp")]
-HEADERS = [SOURCE.with_name("torch_autograd.h")]
+SOURCES = [SOURCE, SOURCE.with_name("torch_learn.cpp"), SOURCE.with_name("torch_autograd.cpp")]
+HEADERS = [SOURCE.with_name("torch_native.h"), SOURCE.with_name("torch_autograd.h")]
 _LOCK = threading.Lock()
 _state: dict[str, object] = {}  # "module": the loaded module or None, "reason": why None
 
