@@ -293,3 +293,23 @@ def test_cuda_graphs(path):
     y = torch.randn(33, dtype=torch.float64, device=dev, requires_grad=True)
     ops.two(x, y)
     assert torch.autograd.gradgradcheck(ops.two, (x, y))
+
+
+def test_compiled_autograd(path):
+    """Compiled autograd calls the node's backward as an opaque function of its graph (a runtime
+    scalar lifted into the graph's inputs: other values reuse it)."""
+    compiled_autograd = pytest.importorskip("torch._dynamo.compiled_autograd")
+    ops = fresh_ops(path)
+    x = torch.randn(9, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(9, dtype=torch.float64, requires_grad=True)
+    ops.axpy(0.5, x, y)
+    before = recorded()
+    for a in (0.5, -2.0):
+        x.grad = y.grad = None
+        z, _ = ops.axpy(a, x, y)
+        with compiled_autograd._enable(torch.compile(backend="eager")):
+            (z * z).sum().backward()
+        xd, yd, zd = x.detach(), y.detach(), z.detach()
+        torch.testing.assert_close(x.grad, 2 * zd * a * yd)
+        torch.testing.assert_close(y.grad, 2 * zd * (a * xd + 1))
+    expect_recorded(path, before, 2)
