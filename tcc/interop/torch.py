@@ -14,11 +14,13 @@ floats with their defaults), with
   each itself a ``torch.ops`` operator with a fake kernel, run only for the inputs whose
   gradient autograd asks for (``torch.library.register_autograd``); the gradient operators have a
   backward of their own, derived on first use (double backward);
-- an eager path: ``ops.NAME(...)`` on plain CPU or CUDA tensors that record no graph, with nothing
-  watching torch's dispatcher, runs the kernel without dispatching (``TorchOp.__call__``). A
-  repeat signature is served in C++ (``torch_native``: built once against the installed PyTorch;
-  ``TCC_TORCH_NATIVE=0`` or a failed build leave the Python path: ``_Direct`` on the CPU, the
-  CUDA op's plan on CUDA: inputs in place, ``torch.empty`` results, torch's current stream).
+- an eager path: ``ops.NAME(...)`` on plain CPU or CUDA tensors, with nothing watching torch's
+  dispatcher, runs the kernel without dispatching (``TorchOp.__call__``), and records the graph of
+  a call that needs one itself, with the same backward. A repeat signature is served in C++
+  (``torch_native``: built once against the installed PyTorch; its graph node is
+  ``torch_autograd.cpp``'s, whose backward calls ``_native_backward``); ``TCC_TORCH_NATIVE=0`` or
+  a failed build leave the Python path: ``_Direct`` on the CPU, the CUDA op's plan on CUDA: inputs
+  in place, ``torch.empty`` results, torch's current stream; its graph: ``_Graph``).
 
 This module imports PyTorch; ``import tcc`` does not import it (``tcc.torch`` loads it on first use).
 """
@@ -114,8 +116,8 @@ class TorchOp:
         one that does through ``_Graph``.
         Every other call, and any call of ``torch.ops.<namespace>.<name>``, goes through the
         dispatcher. A repeat of a known signature is the C++ eager path's (``torch_native.cpp``: the
-        same checks, the results and the kernel call in C++) where it is built, else costs its
-        ``_Direct.run``."""
+        same checks, the results and the kernel call in C++; a graph to record, its node from
+        ``torch_autograd.cpp``) where it is built, else costs its ``_Direct.run``."""
         native = self._native
         if native is not None and not cparams and not _compiling():
             outs = _native_call(native, args)
@@ -401,7 +403,8 @@ class _Graph(torch.autograd.Function):
     """The eager path's call that records a graph: the same backward as the one registered with
     ``torch.library.register_autograd`` (``TorchOp._gradients``), without the dispatcher's autograd
     kernel, which costs about three times this Function's ``apply`` (benchmarks/torch_overhead.py).
-    Only eager calls come here: torch.compile, modes and transforms see the registered operator."""
+    Only eager calls that the C++ eager path does not take come here (a first call of a signature,
+    or no C++ path); torch.compile, modes and transforms see the registered operator."""
 
     @staticmethod
     def forward(ctx: Any, op: TorchOp, cparams: dict[str, Any], *args: Any) -> Any:
