@@ -313,3 +313,27 @@ def test_compiled_autograd(path):
         torch.testing.assert_close(x.grad, 2 * zd * a * yd)
         torch.testing.assert_close(y.grad, 2 * zd * (a * xd + 1))
     expect_recorded(path, before, 2)
+
+
+def test_what_watches_the_dispatcher_gets_graph_calls(path):
+    """A dispatch mode, the profiler and a tensor subclass see the registered operator for a call
+    that records a graph too (its autograd is register_autograd's), with the same gradients."""
+    from dispatch_seen import Seen
+
+    class Sub(torch.Tensor):
+        pass
+
+    ops = fresh_ops(path)
+    a, b = torch.randn(5, 3, requires_grad=True), torch.randn(3, 7)
+    ops.matmul(a, b)
+    expected = torch.ones(5, 7) @ b.T
+    before = recorded()
+    with Seen() as mode:
+        ops.matmul(a, b).sum().backward()
+    assert any(ops.matmul.namespace in op for op in mode.ops)
+    with torch.profiler.profile() as prof:
+        ops.matmul(a, b).sum().backward()
+    assert any(ops.matmul.namespace in e.key for e in prof.key_averages())
+    ops.matmul(a.as_subclass(Sub), b).sum().backward()
+    expect_recorded(path, before, 0)
+    torch.testing.assert_close(a.grad, 3 * expected)
