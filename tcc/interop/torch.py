@@ -249,7 +249,8 @@ class TorchOp:
 
     def _teach_backward(self, module: Any) -> None:
         """Let the C++ eager path take calls that record a graph: their node's backward is
-        ``_native_backward``."""
+        ``_native_backward`` (held by this op's C++ table, which this op holds: a cycle that is
+        never collected, like the op itself, which torch's registration keeps for good)."""
         module.learn_backward(self._native, self._native_backward, f"{self.qualname}Backward",
                               len(self._tensors), self._positions)
 

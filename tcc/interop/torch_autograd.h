@@ -27,8 +27,9 @@ struct Backward {
 };
 
 // Whether a call of an op with this backward records a graph: grad mode is on and a tensor
-// argument requires a gradient. `takes` is false when the call's arguments are not tensors where
-// the op has tensor parameters (the Python path then raises its error).
+// argument requires a gradient. `takes` is false when the call's arguments are not plain tensors
+// where the op has tensor parameters (the Python path then raises its error, or dispatches a
+// subclass).
 bool records_graph(const Backward &backward, PyObject *const *args, Py_ssize_t nargs, bool *takes);
 
 // Attach the graph to the results of a call that ran its kernel: one node whose next edges are
