@@ -15,7 +15,11 @@ the two times in the same round):
   the eager path's ``autograd.Function``): its autograd kernel (``torch.library.register_autograd``),
   then the Python CPU kernel.
 - ``... grad`` sides: the same calls with ``a`` requiring a gradient (a graph recorded; its ratio
-  against ``torch.add grad``, the built-in op recording its graph).
+  against ``torch.add grad``, the built-in op recording its graph). ``tcc.torch grad``: the C++
+  eager path runs the kernel and attaches its own autograd node (``torch_autograd.cpp``, whose
+  backward calls the op's Python one); ``tcc.torch py grad``: the op of ``tcc.torch py``, all
+  Python: its ``autograd.Function`` (``_Graph``) around ``_Direct.run`` (before the C++ node, a
+  C++-path op's call that recorded a graph paid that Function around the C++ forward).
 - ``tcc direct``: the tcc op called on NumPy views with ``out=`` (tcc's own call, the floor of
   the ``tcc.torch`` side); ``tcc direct torch``: the same with the torch tensors themselves.
 - ``Library.impl noop`` / ``custom_op noop``: empty Python operators (``torch.empty_like`` only),
@@ -78,7 +82,8 @@ def sides(device: str) -> dict:
            "tcc.torch py": lambda: python_ops.add(a, b),
            "torch.ops": lambda: dispatched(a, b), "Library.impl noop": lambda: noop(a, b),
            "custom_op noop": lambda: custom(a, b), "torch.add grad": lambda: torch.add(g, b),
-           "tcc.torch grad": lambda: ops.add(g, b), "torch.ops grad": lambda: dispatched(g, b)}
+           "tcc.torch grad": lambda: ops.add(g, b), "tcc.torch py grad": lambda: python_ops.add(g, b),
+           "torch.ops grad": lambda: dispatched(g, b)}
     if device == "cpu":
         c = torch.empty(256)
         an, bn, cn = a.numpy(), b.numpy(), c.numpy()

@@ -14,11 +14,13 @@ floats with their defaults), with
   each itself a ``torch.ops`` operator with a fake kernel, run only for the inputs whose
   gradient autograd asks for (``torch.library.register_autograd``); the gradient operators have a
   backward of their own, derived on first use (double backward);
-- an eager path: ``ops.NAME(...)`` on plain CPU or CUDA tensors that record no graph, with nothing
-  watching torch's dispatcher, runs the kernel without dispatching (``TorchOp.__call__``). A
-  repeat signature is served in C++ (``torch_native``: built once against the installed PyTorch;
-  ``TCC_TORCH_NATIVE=0`` or a failed build leave the Python path: ``_Direct`` on the CPU, the
-  CUDA op's plan on CUDA: inputs in place, ``torch.empty`` results, torch's current stream).
+- an eager path: ``ops.NAME(...)`` on plain CPU or CUDA tensors, with nothing watching torch's
+  dispatcher, runs the kernel without dispatching (``TorchOp.__call__``), and records the graph of
+  a call that needs one itself, with the same backward. A repeat signature is served in C++
+  (``torch_native``: built once against the installed PyTorch; its graph node is
+  ``torch_autograd.cpp``'s, whose backward calls ``_native_backward``); ``TCC_TORCH_NATIVE=0`` or
+  a failed build leave the Python path: ``_Direct`` on the CPU, the CUDA op's plan on CUDA: inputs
+  in place, ``torch.empty`` results, torch's current stream; its graph: ``_Graph``).
 
 This module imports PyTorch; ``import tcc`` does not import it (``tcc.torch`` loads it on first use).
 """
@@ -114,8 +116,8 @@ class TorchOp:
         one that does through ``_Graph``.
         Every other call, and any call of ``torch.ops.<namespace>.<name>``, goes through the
         dispatcher. A repeat of a known signature is the C++ eager path's (``torch_native.cpp``: the
-        same checks, the results and the kernel call in C++) where it is built, else costs its
-        ``_Direct.run``."""
+        same checks, the results and the kernel call in C++; a graph to record, its node from
+        ``torch_autograd.cpp``) where it is built, else costs its ``_Direct.run``."""
         native = self._native
         if native is not None and not cparams and not _compiling():
             outs = _native_call(native, args)
@@ -241,7 +243,16 @@ class TorchOp:
                 _native_call = module.call
             if self._native is None:
                 self._native = module.new_op()
+                if self._autograd:
+                    self._teach_backward(module)
         return module
+
+    def _teach_backward(self, module: Any) -> None:
+        """Let the C++ eager path take calls that record a graph: their node's backward is
+        ``_native_backward`` (held by this op's C++ table, which this op holds: a cycle that is
+        never collected, like the op itself, which torch's registration keeps for good)."""
+        module.learn_backward(self._native, self._native_backward, f"{self.qualname}Backward",
+                              len(self._tensors), self._positions)
 
     def schema(self) -> str:
         """``(Tensor X, float a, *, int S=1) -> Tensor`` from the op's parameters and results."""
@@ -326,6 +337,8 @@ class TorchOp:
         torch.library.register_autograd(self.qualname, self._backward, setup_context=self._setup,
                                         lib=_LIBRARIES[self.namespace])
         self._autograd = True
+        if self._native is not None:
+            self._teach_backward(torch_native.load())
 
     def _derive_grads(self) -> None:
         te = self.te
@@ -356,12 +369,25 @@ class TorchOp:
     def _gradients(self, ctx: Any, needs: tuple[bool, ...], upstream: tuple[Any, ...]) -> tuple[Any, ...]:
         """The gradient of each parameter whose gradient autograd asks for (``needs``), else None,
         from what ``_setup`` (or ``_Graph.forward``) saved in ``ctx``."""
+        saved = iter(ctx.saved_tensors)
+        args = tuple([next(saved) if is_t else s for s, is_t in zip(ctx.scalars, self._tensors)])
+        return self._gradients_of(args, ctx.cparams, needs, upstream)
+
+    def _native_backward(self, args: tuple[Any, ...], upstream: tuple[Any, ...],
+                         needs: tuple[bool, ...]) -> tuple[Any, ...]:
+        """The backward of a call whose graph the C++ eager path recorded (``torch_autograd.cpp``:
+        its node calls this with the call's arguments, the tensors as saved)."""
+        return self._gradients_of(args, {}, needs, upstream)
+
+    def _gradients_of(self, args: tuple[Any, ...], cparams: dict[str, Any], needs: tuple[bool, ...],
+                      upstream: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The gradient of each parameter in ``needs``, else None, running the gradient ops on the
+        call's arguments and the upstream gradients (zeros for those autograd has none of)."""
         if not self._derived:
             self._derive_grads()
-        saved = iter(ctx.saved_tensors)
-        args = [next(saved) if is_t else s for s, is_t in zip(ctx.scalars, self._tensors)]
-        outs = self._empty(tuple(args), ctx.cparams, self._device(tuple(args)))
-        upstream = [torch.zeros_like(o) if g is None else g for g, o in zip(upstream, outs)]
+        if any(g is None for g in upstream):
+            outs = self._empty(args, cparams, self._device(args))
+            upstream = tuple([torch.zeros_like(o) if g is None else g for g, o in zip(upstream, outs)])
         grads: list[Any] = []
         for i, p in enumerate(self.te.params):
             if not (self._tensors[i] and needs[i] and p in self.grads):
@@ -370,7 +396,7 @@ class TorchOp:
             op = self.grads[p]
             if isinstance(op, TccError):
                 raise op
-            grads.append(op(*args, *upstream, **ctx.cparams))
+            grads.append(op(*args, *upstream, **cparams))
         return tuple(grads)
 
 
@@ -378,7 +404,8 @@ class _Graph(torch.autograd.Function):
     """The eager path's call that records a graph: the same backward as the one registered with
     ``torch.library.register_autograd`` (``TorchOp._gradients``), without the dispatcher's autograd
     kernel, which costs about three times this Function's ``apply`` (benchmarks/torch_overhead.py).
-    Only eager calls come here: torch.compile, modes and transforms see the registered operator."""
+    Only eager calls that the C++ eager path does not take come here (a first call of a signature,
+    or no C++ path); torch.compile, modes and transforms see the registered operator."""
 
     @staticmethod
     def forward(ctx: Any, op: TorchOp, cparams: dict[str, Any], *args: Any) -> Any:

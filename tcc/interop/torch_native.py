@@ -32,6 +32,9 @@ from tcc.paths import cache_dir
 from tcc.version import __version__
 
 SOURCE = Path(__file__).with_name("torch_native.cpp")
+# the extension's sources (compiled) and headers: all of them name the build
+SOURCES = [SOURCE, SOURCE.with_name("torch_learn.cpp"), SOURCE.with_name("torch_autograd.cpp")]
+HEADERS = [SOURCE.with_name("torch_native.h"), SOURCE.with_name("torch_autograd.h")]
 _LOCK = threading.Lock()
 _state: dict[str, object] = {}  # "module": the loaded module or None, "reason": why None
 
@@ -67,7 +70,7 @@ def status() -> str:
 
 def _name() -> str:
     """The module's name, which is also its build directory's: a digest of what it depends on."""
-    text = SOURCE.read_bytes()
+    text = b"".join(path.read_bytes() for path in SOURCES + HEADERS)
     key = f"{torch.__version__}|{__version__}|{sys.version}|{sys.platform}".encode()
     return "tcc_torch_native_" + hashlib.sha256(key + text).hexdigest()[:16]
 
@@ -89,7 +92,7 @@ def _build() -> ModuleType:
     path = os.environ.get("PATH", "")
     os.environ["PATH"] = _with_ninja(path)
     try:
-        return cpp_extension.load(name=name, sources=[str(SOURCE)], build_directory=str(folder),
+        return cpp_extension.load(name=name, sources=[str(path) for path in SOURCES], build_directory=str(folder),
                                   extra_cflags=["-O2"], verbose=False)
     finally:
         os.environ["PATH"] = path
