@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 import tcc
@@ -12,6 +14,12 @@ TWO_CORE_CACHES = {1: 32 << 10, 2: 1 << 20, 3: 8 << 20}
 # The same for a Python subprocess a test starts: prepend it to the script.
 TWO_CORE_HOST = ("from tcc import target as _t\n_t.host_cores = lambda: 2\n"
                  f"_t.host_caches = lambda: {TWO_CORE_CACHES!r}\n")
+
+
+def child_pythonpath(*first: object) -> str:
+    """PYTHONPATH for a child Python: these folders first, then the parent's own (packages installed
+    with ``--target`` on the GPU machine live there)."""
+    return os.pathsep.join([*(str(f) for f in first), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
 def check_op(source: str, name: str, bindings: dict, rng: np.random.Generator, target: str = "cpu",

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import child_pythonpath
 
 import tcc
 from tcc.runtime import cache, cpu
@@ -96,7 +97,7 @@ print("ok")
 
 
 def test_two_processes_compiling_at_once(fresh_cache):
-    env = {**os.environ, "TCC_CACHE_DIR": str(fresh_cache), "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "TCC_CACHE_DIR": str(fresh_cache), "PYTHONPATH": child_pythonpath(ROOT)}
     procs = [subprocess.Popen([sys.executable, "-c", WORKER, SRC], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(3)]
     for p in procs:

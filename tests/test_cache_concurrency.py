@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import TWO_CORE_HOST
+from helpers import TWO_CORE_HOST, child_pythonpath
 
 import tcc
 from tcc import compiler
@@ -107,7 +107,7 @@ print("ok")
 
 
 def test_four_processes_share_one_empty_cache_dir(fresh_cache):
-    env = {**os.environ, "TCC_CACHE_DIR": str(fresh_cache), "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "TCC_CACHE_DIR": str(fresh_cache), "PYTHONPATH": child_pythonpath(ROOT)}
     procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(ROOT / "tests"), str(i)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(4)]
     for p in procs:

@@ -10,6 +10,7 @@ from pathlib import Path
 import gpu_sim
 import numpy as np
 import pytest
+from helpers import child_pythonpath
 from test_examples import CASES
 
 import tcc
@@ -219,7 +220,7 @@ def test_the_cuda_runtime_imports_no_code_generator():
             "'tcc.codegen_cuda.gemm', 'tcc.codegen_cuda.tensorcore', 'cuda.bindings.nvrtc', "
             "'cuda.bindings.driver'))))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          env={**os.environ, "PYTHONPATH": child_pythonpath(ROOT)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "[]"
 
@@ -291,7 +292,7 @@ def test_cache_key_does_not_load_nvrtc():
     script = ("import sys; from tcc.runtime import cuda; key = cuda.host_key({'arch': 'sm_90'}); "
               "assert 'nvrtc-pip-' in key, key; assert 'cuda.bindings.nvrtc' not in sys.modules; print('ok')")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(EXAMPLES.parent)})
+                         env={**os.environ, "PYTHONPATH": child_pythonpath(EXAMPLES.parent)})
     assert out.stdout.strip() == "ok", out.stderr
 
 
@@ -327,7 +328,7 @@ def test_nvrtc_survives_floordiv_by_a_loaded_divisor(tmp_path):
     script = ("import sys; from tcc.codegen_cuda import nvrtc; "
               "print(nvrtc.compile_cubin(open(sys.argv[1]).read(), 'sm_90')[:4])")
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "k.cu")], capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": child_pythonpath(ROOT)})
     assert done.returncode == 0 and "ELF" in done.stdout, (done.returncode, done.stderr[-2000:])
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import TWO_CORE_HOST, check_op
+from helpers import TWO_CORE_HOST, check_op, child_pythonpath
 from test_schedule import MATMUL
 
 import tcc
@@ -70,7 +70,7 @@ def test_cli_tune_then_a_second_process_uses_the_winner(fresh_cache, capsys):
         "assert op.lowered(dict(M=64, K=48, N=40)).tuning is not None\n"
         "assert (op(a, b) == 48).all()\n"
         "print('ok')\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": child_pythonpath(ROOT)}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr
 
