@@ -281,8 +281,22 @@ bool records_graph(const Backward &backward, PyObject *const *args, Py_ssize_t n
   return graph;
 }
 
+// Graph nodes are held by std::shared_ptr up to PyTorch 2.11 and by c10::intrusive_ptr after:
+// a new node in whichever pointer an Edge holds.
+template <typename Ptr> struct NewNode;
+template <typename T> struct NewNode<std::shared_ptr<T>> {
+  template <typename N, typename... Args> static std::shared_ptr<N> make(Args &&...args) {
+    return std::make_shared<N>(std::forward<Args>(args)...);
+  }
+};
+template <typename T, typename Null> struct NewNode<c10::intrusive_ptr<T, Null>> {
+  template <typename N, typename... Args> static c10::intrusive_ptr<N> make(Args &&...args) {
+    return c10::make_intrusive<N>(std::forward<Args>(args)...);
+  }
+};
+
 void record(const std::shared_ptr<const Backward> &backward, PyObject *const *args, std::vector<at::Tensor> &outs) {
-  auto node = c10::make_intrusive<TccBackward>(backward);
+  auto node = NewNode<decltype(torch::autograd::Edge::function)>::make<TccBackward>(backward);
   torch::autograd::edge_list edges;
   edges.reserve(backward->tensors.size());
   node->saved_.reserve(backward->tensors.size());
