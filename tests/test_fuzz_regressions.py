@@ -6,6 +6,7 @@ import pytest
 from helpers import check_op
 
 import tcc
+from tcc.ir.loops import Allocate, walk_stmts
 from tcc.testing import random_args, reference_results
 
 
@@ -291,3 +292,25 @@ def test_padded_depthwise_conv_rows_of_any_width(pad, size, rng):
              .replace("Xp[n, f,", "Xp[n, c,").replace("Wt[f, r, s]", "Wt[f, c, r, s]").replace("b: f32[C]", "b: f32[F]")
              .replace("f32[N, C, (H", "f32[N, F, (H"),
              "fz2", dict(N=1, C=4, F=2, H=8, W=6, KH=5, KW=5, P=pad), rng)
+
+
+PAD_OF_A_PAD = """
+op fz(X: f32[K, N]) -> Y: f64[K, N] {
+    T: f64[N, N]
+    T[i, j] = f64(X[i, j]) * 2.0 + f64(j)
+    Xp5 = pad(T, [2, 0], [0, 0])
+    Xp7 = pad(Xp5, [1, 1], [0, 0])
+    Y[i, j] = sum[k1: K](Xp7[j + 1, j + 1]) + Xp7[i, j]
+}
+"""
+
+
+@pytest.mark.parametrize("sizes", [dict(K=3, N=3), dict(K=7, N=7), dict(K=1, N=1), dict(K=33, N=33)])
+def test_a_pad_of_a_pad_keeps_its_tensor_whole(sizes, rng):
+    """Fuzz seed 20050: fusion saw reads of ``pad(T)`` but not of ``pad(pad(T))``, so it grouped
+    ``T`` with its reader and kept one element of ``T`` per iteration (a wrong answer, or the loop
+    verifier's "load from unknown buffer" on CUDA)."""
+    check_op(PAD_OF_A_PAD, "fz", sizes, rng)
+    func = tcc.compile(PAD_OF_A_PAD, target="cuda").fz.lowered(sizes).scheduled
+    assert any(isinstance(s, Allocate) and s.buffer.name == "T" and s.buffer.scope == "global"
+               for s in walk_stmts(func.body))

@@ -327,16 +327,30 @@ def _row_local(group: list[Compute], c: Compute, k: int, op: OpTE) -> bool:
         lead = read.indices[:k]
         if len(lead) < k or [getattr(i, "name", None) for i in lead] != own:
             return False
-        pad = op.pads.get(read.tensor)
-        if pad is not None and not all(_zero(w) for w in (*pad.lo[:k], *pad.hi[:k])):
+        if not all(_zero(w) for pad in _pads_of(op, read.tensor) for w in (*pad.lo[:k], *pad.hi[:k])):
             return False  # padding a shared dim shifts which iteration's values are read
     return True
 
 
 def _reads_of(op: OpTE, body: Expr, tensors: set[str]) -> list[Read]:
-    """Reads in ``body`` of ``tensors`` or of pad views of them."""
-    return [n for n in walk(body) if isinstance(n, Read)
-            and (n.tensor in tensors or (n.tensor in op.pads and op.pads[n.tensor].source in tensors))]
+    """Reads in ``body`` of ``tensors`` or of pad views of them (a pad of a pad too: fuzz seed
+    20050 read ``pad(pad(T))`` in a group that kept one element of ``T`` per iteration)."""
+    return [n for n in walk(body) if isinstance(n, Read) and _viewed(op, n.tensor) in tensors]
+
+
+def _pads_of(op: OpTE, tensor: str) -> list:
+    """The pad views between ``tensor`` and what it views, outermost first (none for a tensor)."""
+    pads = []
+    while tensor in op.pads:
+        pads.append(op.pads[tensor])
+        tensor = op.pads[tensor].source
+    return pads
+
+
+def _viewed(op: OpTE, tensor: str) -> str:
+    """The tensor that ``tensor`` is, or that its pad views read in the end."""
+    pads = _pads_of(op, tensor)
+    return pads[-1].source if pads else tensor
 
 
 def _zero(e: Expr) -> bool:
