@@ -56,10 +56,10 @@ def _partials(op, sizes) -> list:
 
 
 def test_few_tiles_and_a_long_reduction_fill_the_chip(lib):
-    sizes = dict(M=128, N=128, K=65536)  # one 128 x 128 tile: 256 chunks of 256, two blocks per SM
+    sizes = dict(M=128, N=128, K=65536)  # one 128 x 128 tile: 128 chunks of 512, one block per SM
     tiles, *combine = _kernels(lib.mm, sizes)
-    assert tiles.extent == Const(256, tiles.extent.dtype) and len(combine) == 2  # (aligned and plain)
-    assert [p.shape for p in _partials(lib.mm, sizes)] == [(256, 128, 128)]
+    assert tiles.extent == Const(128, tiles.extent.dtype) and len(combine) == 2  # (aligned and plain)
+    assert [p.shape for p in _partials(lib.mm, sizes)] == [(128, 128, 128)]
 
 
 def test_split_k_never_starts_a_second_wave(lib):
