@@ -70,6 +70,23 @@ def _even_k_blocks(k: int, kc: int) -> int:
     return k // blocks if k % blocks == 0 else kc
 
 
+def column_tile(n: int, nr: int, lanes: int) -> int:
+    """The register tile's columns for ``n`` columns (``nr`` at most): whole vectors of ``lanes``,
+    with a tail (``n`` modulo the tile) of whole vectors or at most one. A row of the tile wider
+    than one vector but not a whole number of them is a vector type LLVM splits badly: with
+    AVX-512 (znver4) a 17- to 31-lane tile row was kept in memory and rebuilt lane by lane every
+    k step (the 49 columns of a 3x3 conv at 7x7 as 32 + 17: 16 ms against 3.1 ms as 3 x 16 + 1;
+    a 24-column matmul 12.2 ms against 0.75 ms as 16 + 8). Applied with AVX-512 only: with AVX2
+    the 1.5-vector rows run well (12, 13 and 41 columns as 12, 13 and 16 + 16 + 9 were 23% faster
+    than as whole vectors and a tail)."""
+    width = min(nr, n)
+    if width > lanes and width % lanes:
+        width -= width % lanes
+    while width > lanes and n % width > lanes and n % width % lanes:
+        width -= lanes
+    return width
+
+
 def even_block(extent: int, tile: int, budget: int) -> int:
     """The cache block of ``extent`` for a ``budget`` (a multiple of ``tile``): the largest multiple
     of ``tile`` from half the budget to a quarter above it that divides ``extent``, else the budget. Each
@@ -248,6 +265,8 @@ def schedule_gemm(func: LoopFunc, tensor: str, info: dict, p: dict[str, int], ta
     axis = None if batch_parallel or nthreads == 1 else _parallel_axis(m, n, mr, nr, nthreads)
     per_m = -(-m // nthreads) if axis == "ip" else m
     per_n = -(-n // nthreads) if axis == "jp" else n
+    if target.vector_bytes == 64:
+        nr = column_tile(per_n, nr, target.vector_bytes // info["itemsize"])
     mc = even_block(per_m, mr, max(mr, min(mc, per_m) // mr * mr))
     nc = even_block(per_n, nr, max(nr, min(nc, per_n) // nr * nr))
     for loop, factor, outer, inner in ((i, per_m, "ip", "i1"), (t["i1"], mc, "io", "i2"), (t["i2"], mr, "ir", "ii"),
