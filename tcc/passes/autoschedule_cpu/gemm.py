@@ -289,7 +289,7 @@ def schedule_gemm(func: LoopFunc, tensor: str, info: dict, p: dict[str, int], ta
     if kt <= kc:  # one k block: each register tile is loaded once, right after C is zeroed
         func = trace(f"init {c_tile} in registers", init_in_registers(func, c_tile))
     try:  # an epilogue reading C back is applied as the (last k block's) tile is stored
-        func = trace(f"epilogue of {c_tile} in its tile stores", store_epilogue(func, c_tile))
+        func = trace(f"epilogue of {c_tile} in its tile stores", store_epilogue(func, c_tile, t["jj"]))
     except TccScheduleError:
         pass
     func = trace(f"unroll {t['ii']}", unroll(func, t["ii"]))
