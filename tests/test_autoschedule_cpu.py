@@ -199,6 +199,21 @@ def test_avx512_column_tiles_match_reference(n, rng, monkeypatch, fresh_cache):
     assert (widths or n < 16) and not any(16 < w < 32 for w in widths)
 
 
+@pytest.mark.parametrize("vector_bytes", [64, 32])
+def test_one_column_tiles_run_along_their_rows(vector_bytes, rng, monkeypatch, fresh_cache):
+    """A register tile one column wide (the tail of 49 = 3 x 16 + 1 columns, a GEMM of one
+    column) is vectorised along its rows: one vector of packed A per k step, not mr scalars."""
+    monkeypatch.setattr(target.CpuTarget, "vector_bytes", property(lambda self: vector_bytes))
+    matmul = (EXAMPLES / "matmul.tc").read_text()
+    z = np.zeros
+    # (few enough flops for one thread, whose columns are not split between threads)
+    text = tcc.compile(matmul).matmul.lower(z((37, 33), np.float32), z((33, 49), np.float32), stage="scheduled")
+    assert "for ii_lanes in " in text and "for jj in 0..16:  # vector" in text
+    for n in (1, 17, 49):
+        check_op(matmul, "matmul", dict(M=37, K=129, N=n), rng)
+    check_op(SRC, "conv2d_relu", dict(N=1, C=9, H=7, W=7, F=29, KH=3, KW=3, P=1), rng)
+
+
 QK = """op qk(Q: f32[B, M, D], K: f32[B, N, D]) -> S: f32[B, M, N] {
     S[b, i, j] = sum[d](Q[b, i, d] * K[b, j, d])
 }"""

@@ -292,9 +292,36 @@ def schedule_gemm(func: LoopFunc, tensor: str, info: dict, p: dict[str, int], ta
         func = trace(f"epilogue of {c_tile} in its tile stores", store_epilogue(func, c_tile, t["jj"]))
     except TccScheduleError:
         pass
-    func = trace(f"unroll {t['ii']}", unroll(func, t["ii"]))
-    func = trace(f"vectorize {t['jj']}", vectorize(func, t["jj"]))
+    func, rows = column_rows(func, t["ii"], t["jj"])
+    if rows is not None:
+        func = trace(f"vectorize {rows} (one-column tiles: their rows are the lanes)", vectorize(func, rows))
+    names = loop_names(func.body)
+    if t["ii"] in names:
+        func = trace(f"unroll {t['ii']}", unroll(func, t["ii"]))
+    if t["jj"] in names:
+        func = trace(f"vectorize {t['jj']}", vectorize(func, t["jj"]))
     return trace("contract", contract(func))
+
+
+def column_rows(func: LoopFunc, ii: str, jj: str) -> tuple[LoopFunc, str | None]:
+    """``func`` with each register tile of one column (``ii`` around a ``jj`` of one iteration:
+    the tail of 49 columns in tiles of 16) renamed to vectorise along its rows, and that loop's
+    name (None if there is none). Its column as a vector is one lane wide: each k step was ``mr``
+    scalar multiply-adds on ``mr`` broadcasts of A; along the rows it is one vector multiply-add
+    of a row of packed A (whose ``mr`` values lie side by side) and one broadcast of B."""
+    rows, one = fresh(func, f"{ii}_lanes"), fresh(func, f"{jj}_one")
+    found = False
+
+    def visit(s: Stmt) -> Stmt | None:
+        nonlocal found
+        if isinstance(s, For) and s.var.name == ii and isinstance(s.body, For) and s.body.var.name == jj \
+                and int(getattr(s.body.extent, "value", 0)) == 1:
+            found = True
+            return _rename_loops(s, {ii: rows, jj: one})
+        return None
+
+    func = replace(func, body=map_stmt(func.body, visit))
+    return func, rows if found else None
 
 
 TILE_LOOPS = ("ip", "i1", "io", "i2", "ir", "ii", "jp", "j0", "jo", "j1", "jr", "jj", "ko", "kk")
