@@ -12,7 +12,9 @@ the input read lacks: output channels), so depthwise convolutions stay direct; a
 one batch element's patches fit in ``MAX_PATCH_BYTES``. The patch tensor's leading index is the
 batch, and fusion groups it with the GEMM under one batch loop, so only one batch element's
 patches per thread exist at a time (the CPU runs whole images on each thread when the batch has
-one per thread): the peak extra memory is ``threads * C*R*S*OY*OX*itemsize`` whatever the batch.
+one per thread): the peak extra memory is ``threads * C*R*S*OY*OX*itemsize`` whatever the batch,
+except where one image's pixels fill the vector lanes badly (7x7 layers): there the batch leads
+the GEMM's columns, within ``FOLD_MAX_BYTES`` of patches (``_promote_columns``).
 Strided windows with more than ``ROW_BLOCK_FROM`` of patches per batch element are gathered and
 multiplied a block of output rows at a time (``_row_block``), each block's patches in L2.
 
