@@ -285,9 +285,11 @@ def schedule_gemm(func: LoopFunc, tensor: str, info: dict, p: dict[str, int], ta
     a_at = t["jp"] if _pack_a_once(per_m, kt, n, nc, info["itemsize"]) else t["io"]
     func = trace(f"cache {info['a']} at {a_at}", cache(func, info["a"], a_at))
     c_tile = tensor if _direct(func, tensor) else f"{tensor}_acc"
+    before = set(func.buffers())
     func = trace(f"cache {c_tile} at {t['jr']}", cache(func, c_tile, t["jr"]))
+    tiles = set(func.buffers()) - before
     if kt <= kc:  # one k block: each register tile is loaded once, right after C is zeroed
-        func = trace(f"init {c_tile} in registers", init_in_registers(func, c_tile))
+        func = trace(f"init {c_tile} in registers", init_in_registers(func, c_tile, tiles))
     try:  # an epilogue reading C back is applied as the (last k block's) tile is stored
         func = trace(f"epilogue of {c_tile} in its tile stores", store_epilogue(func, c_tile, t["jj"]))
     except TccScheduleError:
