@@ -51,6 +51,9 @@ CASES = {  # name: (source, op, input shapes, compile-time parameters)
     "patch28": (PATCH, "patch", [(128, 28, 28)], {}),  # conv_s2r's patches
     "patch14": (PATCH, "patch", [(256, 14, 14)], {}),
     "conv7": (CONV, "conv2d", [(1, 3, 224, 224), (64, 3, 7, 7), (64,)], {"P": 3, "S": 2}),
+    "conv512": (CONV, "conv2d", [(1, 512, 7, 7), (512, 512, 3, 3), (512,)], {"P": 1}),  # ResNet-18 layer4: 49 columns
+    "conv512b8": (CONV, "conv2d", [(8, 512, 7, 7), (512, 512, 3, 3), (512,)], {"P": 1}),  # the same at batch 8
+    "mm24": (MATMUL, "matmul", [(512, 2304), (2304, 24)], {}),  # a 24-column tile row (AVX-512: 16 + 8)
     "mm256": (MATMUL, "matmul", [(256, 256), (256, 256)], {}),
     "mm1024": (MATMUL, "matmul", [(1024, 1024), (1024, 1024)], {}),
     "mm257": (MATMUL, "matmul", [(257, 129), (129, 263)], {}),

@@ -1,5 +1,6 @@
 """The CPU auto-scheduler on convolutions: im2col's GEMM, nested in the batch loop, is scheduled."""
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -8,7 +9,8 @@ from helpers import check_op
 
 import tcc
 from tcc import target
-from tcc.passes.autoschedule_cpu.gemm import gemm_params
+from tcc.codegen_cpu import jit
+from tcc.passes.autoschedule_cpu.gemm import column_tile, gemm_params
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SRC = (EXAMPLES / "conv2d_relu.tc").read_text()
@@ -31,8 +33,10 @@ def test_nested_conv_gemm_is_scheduled():
     assert text.index("Xp_patches_c1[") > batch  # the patches are packed (cache B at ko) per batch element
     assert "Wt_c1[" in text and "Y_gemm_c1[ii, jj] = Y_gemm_c1[ii, jj] + " in text  # A packed, C in registers
     assert "for kk in 0..45:" in text  # c, r, s fused into one k loop
-    # 29 rows at 2 threads: tiles of 8 rows (12 would pad 15 rows to 24)
-    assert "for jj in 0..32:  # vector" in text and "for ii in 0..8:  # unroll" in text
+    # 29 rows at 2 threads: tiles of 8 rows (12 would pad 15 rows to 24); 437 columns: two vectors
+    # with AVX2, one with AVX-512 (two would leave a 21-lane tail, see column_tile)
+    lanes = target.CpuTarget.of_host(*jit.host()).vector_bytes // 4
+    assert f"for jj in 0..{32 if lanes == 8 else 16}:  # vector" in text and "for ii in 0..8:  # unroll" in text
     # the patches are gathered from X straight into the packed panels (no whole patch tensor);
     # one k block: the panel's rows loop over c, r, s (no divisions), c innermost (r, s mask)
     assert "allocate Xp_patches:" not in text
@@ -170,6 +174,44 @@ def test_avx2_register_tiles_match_reference(shapes, rng, monkeypatch, fresh_cac
     monkeypatch.setattr(target.CpuTarget, "vector_bytes", property(lambda self: 32))
     check_op(SRC, "conv2d_relu", shapes, rng)
     check_op((EXAMPLES / "matmul.tc").read_text(), "matmul", dict(M=37, K=129, N=33), rng)
+
+
+@pytest.mark.parametrize("n, nr, lanes, width", [(49, 32, 16, 16), (24, 32, 16, 16), (25, 32, 16, 16),
+                                                  (41, 32, 16, 32), (64, 32, 16, 32), (9, 32, 16, 9),
+                                                  (196, 32, 16, 32), (784, 32, 16, 32), (1, 32, 16, 1)])
+def test_column_tile_is_whole_vectors_and_one_partial_tail(n, nr, lanes, width):
+    """A register tile's row is whole vectors, its tail whole vectors or at most one: 49 columns
+    are 3 x 16 + 1 rather than 32 + 17 (a 17-lane row LLVM rebuilt lane by lane with AVX-512)."""
+    assert column_tile(n, nr, lanes) == width
+
+
+@pytest.mark.parametrize("n", [1, 7, 24, 33, 49])
+def test_avx512_column_tiles_match_reference(n, rng, monkeypatch, fresh_cache):
+    """With 16-lane vectors no tile row is 17 to 31 lanes wide (the split vectors ran 5-16x
+    slower); the results match the reference at odd and round widths."""
+    monkeypatch.setattr(target.CpuTarget, "vector_bytes", property(lambda self: 64))
+    matmul = (EXAMPLES / "matmul.tc").read_text()
+    check_op(matmul, "matmul", dict(M=37, K=129, N=n), rng)
+    check_op(SRC, "conv2d_relu", dict(N=1, C=9, H=7, W=7, F=33, KH=3, KW=3, P=1), rng)
+    z = np.zeros
+    text = tcc.compile(matmul).matmul.lower(z((37, 129), np.float32), z((129, n), np.float32), stage="scheduled")
+    widths = {int(w) for w in re.findall(r"for jj\w* in 0\.\.(\d+):  # vector", text)}
+    assert (widths or n < 16) and not any(16 < w < 32 for w in widths)
+
+
+@pytest.mark.parametrize("vector_bytes", [64, 32])
+def test_one_column_tiles_run_along_their_rows(vector_bytes, rng, monkeypatch, fresh_cache):
+    """A register tile one column wide (the tail of 49 = 3 x 16 + 1 columns, a GEMM of one
+    column) is vectorised along its rows: one vector of packed A per k step, not mr scalars."""
+    monkeypatch.setattr(target.CpuTarget, "vector_bytes", property(lambda self: vector_bytes))
+    matmul = (EXAMPLES / "matmul.tc").read_text()
+    z = np.zeros
+    # (few enough flops for one thread, whose columns are not split between threads)
+    text = tcc.compile(matmul).matmul.lower(z((37, 33), np.float32), z((33, 49), np.float32), stage="scheduled")
+    assert "for ii_lanes in " in text and "for jj in 0..16:  # vector" in text
+    for n in (1, 17, 49):
+        check_op(matmul, "matmul", dict(M=37, K=129, N=n), rng)
+    check_op(SRC, "conv2d_relu", dict(N=1, C=9, H=7, W=7, F=29, KH=3, KW=3, P=1), rng)
 
 
 QK = """op qk(Q: f32[B, M, D], K: f32[B, N, D]) -> S: f32[B, M, N] {

@@ -140,6 +140,31 @@ def test_auto_picks_im2col_for_resnet_like_layers():
     assert "Xp_patches, Y_gemm kept per outer iteration" in text  # one batch element at a time
 
 
+@pytest.mark.parametrize("shapes, folded", [
+    (dict(N=3, C=5, H=7, W=7, F=33, KH=3, KW=3, P=1), True),  # 49 pixels: 31% of 16-lane vectors empty
+    (dict(N=2, C=9, H=13, W=14, F=17, KH=3, KW=3, P=1, S=2), True),  # stride 2, 7x7 outputs
+    (dict(N=3, C=6, H=14, W=14, F=8, KH=1, KW=1, S=2, P=0), True),  # ResNet's 1x1 downsample at 7x7
+    (dict(N=2, C=4, H=14, W=14, F=7, KH=3, KW=3, P=1), False),  # 196 pixels: 14% empty
+    (dict(N=1, C=5, H=7, W=7, F=33, KH=3, KW=3, P=1), False),  # one image: nothing to fold
+])
+def test_batch_joins_the_columns_of_narrow_images(shapes, folded, rng):
+    """Where one image's pixels fill the GEMM's vectors badly (7x7) the batch leads the columns:
+    one GEMM of N*49 columns; its epilogue (bias, relu) then runs as a pass of its own, since the
+    tile's lanes may belong to two images. Checked against the reference at odd sizes."""
+    src = (EXAMPLES / "conv2d_relu.tc").read_text()
+    text = check(src, "conv2d_relu", shapes, "auto", rng)
+    assert "into columns n, y, x" in text if folded else "into columns y, x" in text
+    check((EXAMPLES / "conv2d.tc").read_text(), "conv2d", shapes, "auto", rng)
+
+
+def test_batch_fold_keeps_to_its_patch_budget():
+    """A batch whose patches would pass FOLD_MAX_BYTES stays a loop of per-image GEMMs."""
+    op = tcc.compile((EXAMPLES / "conv2d.tc").read_text()).conv2d
+    base = dict(C=512, H=7, W=7, F=512, KH=3, KW=3, S=1, P=1, D=1)
+    assert "into columns n, y, x" in op.stage_text(dict(N=8, **base), "fused")
+    assert "into columns y, x" in op.stage_text(dict(N=64, **base), "fused")
+
+
 def test_unknown_lowering_is_an_error():
     with pytest.raises(tcc.TccError, match="unknown convolution lowering 'fft'"):
         tcc.compile((EXAMPLES / "conv2d.tc").read_text(), conv="fft").conv2d(

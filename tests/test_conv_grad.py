@@ -11,7 +11,10 @@ import tcc
 
 SRC = (Path(__file__).resolve().parent.parent / "examples" / "conv2d_grad.tc").read_text()
 CASES = [dict(N=1, C=2, H=5, W=6, F=3, KH=3, KW=3), dict(N=2, C=3, H=9, W=8, F=2, KH=3, KW=2, S=2, P=1),
-         dict(N=1, C=1, H=7, W=7, F=2, KH=3, KW=3, S=3, P=2), dict(N=2, C=2, H=6, W=5, F=4, KH=1, KW=1)]
+         dict(N=1, C=1, H=7, W=7, F=2, KH=3, KW=3, S=3, P=2), dict(N=2, C=2, H=6, W=5, F=4, KH=1, KW=1),
+         # 6x6 phases: the batch joins their GEMMs' columns, one phase's result is then read per
+         # image by a group (whose slice init_in_registers once zeroed as if it were a tile)
+         dict(N=2, C=8, H=12, W=12, F=16, KH=3, KW=3, S=2, P=1)]
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -169,6 +169,21 @@ def test_running_without_a_gpu_is_a_clean_error():
         lib.axpy(2.0, x, x)
 
 
+def test_batch_folded_im2col_on_cuda_runs_in_the_simulator():
+    """Two 7x7 images: im2col makes the batch lead the GEMM's columns (one GEMM of 98 columns,
+    see te/im2col.py::_promote_columns); the CUDA schedule of that graph, run by the simulator,
+    matches the CPU."""
+    rng = np.random.default_rng(8)
+    x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((2, 5, 7, 7), (16, 5, 3, 3), (16,)))
+    op = tcc.compile(EXAMPLES / "conv2d.tc", target="cuda", conv="im2col").conv2d
+    assert "into columns n, y, x" in op.stage_text({**op.te.cparams, "N": 2, "C": 5, "H": 7, "W": 7, "F": 16,
+                                                     "KH": 3, "KW": 3, "P": 1}, "fused")
+    arrays = {"X": x, "Wt": w, "b": b, "Y": np.full((2, 16, 7, 7), np.nan, np.float32)}
+    gpu_sim.run(op.lowered(op.bindings_for((x, w, b), {"P": 1})).scheduled, arrays)
+    np.testing.assert_allclose(arrays["Y"], tcc.compile(EXAMPLES / "conv2d.tc").conv2d(x, w, b, P=1),
+                               rtol=1e-4, atol=1e-4)
+
+
 def test_im2col_on_cuda_runs_in_the_simulator():
     """conv="im2col" on CUDA: fusion keeps the patch GEMM out of the batch loop's group there, so
     the patches are one global buffer and each statement a kernel; checked by the CPU simulator

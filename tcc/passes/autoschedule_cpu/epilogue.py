@@ -21,11 +21,16 @@ from tcc import dtypes
 from tcc.errors import TccScheduleError
 from tcc.ir.expr import Binary, Const, Expr, Load, Var, free_vars, substitute, transform
 from tcc.ir.loops import Allocate, For, If, Let, LoopFunc, Seq, Stmt, Store, map_stmt, seq, walk_stmts
-from tcc.passes.loops.loopnest import loads, nest_loops, outermost_nests, stores
+from tcc.passes.loops.loopnest import flat_coeff, loads, nest_loops, outermost_nests, stores
 
 
-def store_epilogue(func: LoopFunc, target: str) -> LoopFunc:
+def store_epilogue(func: LoopFunc, target: str, lanes: str | None = None) -> LoopFunc:
     """Fold the nest that reads ``target`` back into ``target``'s register-tile write-backs.
+
+    ``lanes``: the tile's column loop (to be vectorised); a fold whose store would not be affine
+    in it is refused, since each lane would then be stored on its own (a GEMM over the pixels of
+    several images: ``Y[j // 49, f, j % 49]``, whose per-lane addresses took LLVM 1.5 s more per
+    kernel than a separate epilogue pass over the result, which runs whole vectors).
 
     With several k blocks each tile is written back once per block: the write-back of the last
     block applies the epilogue and writes the result (``if ko == last``), the others keep
@@ -34,16 +39,16 @@ def store_epilogue(func: LoopFunc, target: str) -> LoopFunc:
     With one k block the result of the epilogue is itself written once per element, from the
     tile: an elementwise nest that reads it back next (``gelu(X @ W + b)``: fusion keeps
     ``X @ W + b`` apart since GELU reads it twice) folds in the same way, and so on."""
-    func, out, once = _store_epilogue(func, target)
+    func, out, once = _store_epilogue(func, target, lanes)
     while once and out not in {p.name for p in func.params}:
         try:
-            func, out, once = _store_epilogue(func, out)
+            func, out, once = _store_epilogue(func, out, lanes)
         except TccScheduleError:
             break
     return func
 
 
-def _store_epilogue(func: LoopFunc, target: str) -> tuple[LoopFunc, str, bool]:
+def _store_epilogue(func: LoopFunc, target: str, lanes: str | None) -> tuple[LoopFunc, str, bool]:
     """One fold: the new function, the epilogue's result, and whether the write-backs store
     each of its elements once (one k block)."""
     if target in {p.name for p in func.params}:
@@ -58,7 +63,8 @@ def _store_epilogue(func: LoopFunc, target: str) -> tuple[LoopFunc, str, bool]:
     others = {ld.buffer for ld in loads(epilogue)} - {target}
     if others & written or _mentions(producer, out.buffer):
         raise TccScheduleError(f"the epilogue of {target} reads what the GEMM writes")
-    shape = func.buffers()[target].shape
+    buffers = func.buffers()
+    shape, out_shape = buffers[target].shape, buffers[out.buffer].shape
     if math.prod(extents.values()) != math.prod(shape):
         raise TccScheduleError(f"the epilogue of {target} does not read each element once")
     k_block = _k_block_loop(producer, target)
@@ -69,8 +75,10 @@ def _store_epilogue(func: LoopFunc, target: str) -> tuple[LoopFunc, str, bool]:
             if mapping is None or set(mapping) != set(names):
                 raise TccScheduleError(f"the epilogue of {target} reads it through an index it cannot invert")
             value = transform(out.value, lambda n: s.value if n == read else None)
-            return Store(out.buffer, tuple(substitute(i, mapping) for i in out.indices),
-                         substitute(value, mapping), span=out.span)
+            indices = tuple(substitute(i, mapping) for i in out.indices)
+            if lanes is not None and flat_coeff(indices, out_shape, lanes) is None:
+                raise TccScheduleError(f"the epilogue of {target} would store the tile's lanes one by one")
+            return Store(out.buffer, indices, substitute(value, mapping), span=out.span)
         return None
 
     def fold(s: Stmt, k_loop: For | None) -> Stmt:

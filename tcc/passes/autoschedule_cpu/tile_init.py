@@ -17,12 +17,14 @@ from tcc.ir.loops import For, LoopFunc, Seq, Stmt, Store, map_stmt, walk_stmts
 from tcc.passes.loops.loopnest import stores
 
 
-def init_in_registers(func: LoopFunc, target: str) -> LoopFunc:
-    """Drop ``target``'s init nest and fill its register tiles with the init value (the caller
-    guarantees that every element's tile is loaded once: a single k block)."""
+def init_in_registers(func: LoopFunc, target: str, tiles: set[str]) -> LoopFunc:
+    """Drop ``target``'s init nest and fill its register tiles (the local buffers ``tiles``) with
+    the init value (the caller guarantees that every element's tile is loaded once: a single k
+    block). Only the tiles: another local buffer filled from ``target`` (a group's per-image
+    slice of a convolution whose GEMM runs over the whole batch) reads the finished result."""
     init = _init_nest(func, target)
     value = stores(init)[0].value
-    local = {b.name for b in func.buffers().values() if b.scope == "local"}
+    local = {b.name for b in func.buffers().values() if b.scope == "local"} & tiles
 
     def node(s: Stmt) -> Stmt | None:
         if s == init:
