@@ -336,7 +336,9 @@ PyObject *call(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
       return ran == Ran::failed ? nullptr : finish(backward, args, std::move(outs));
     }
   }
-  if (cu_launch == nullptr) {
+  // CUDA calls that record a graph take the Python path (its autograd.Function), the one that
+  // has run on GPUs and under DistributedDataParallel; this node has run only on the CPU.
+  if (cu_launch == nullptr || graph) {
     Py_RETURN_NONE;
   }
   auto cuda = op->cuda;
