@@ -92,7 +92,7 @@ def _build() -> ModuleType:
     path = os.environ.get("PATH", "")
     os.environ["PATH"] = _with_ninja(path)
     try:
-        return cpp_extension.load(name=name, sources=[str(path) for path in SOURCES], build_directory=str(folder),
+        return cpp_extension.load(name=name, sources=[str(source) for source in SOURCES], build_directory=str(folder),
                                   extra_cflags=["-O2"], verbose=False)
     finally:
         os.environ["PATH"] = path

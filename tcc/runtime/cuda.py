@@ -14,6 +14,7 @@ import contextlib
 import functools
 import importlib
 import importlib.metadata
+import itertools
 import math
 import os
 import threading
@@ -135,8 +136,8 @@ def _parse(artifact: bytes) -> tuple[dict[str, Any], list[bytes]]:
         sizes = meta.get("modules", [len(payload)])
         if sum(sizes) != len(payload):
             raise ValueError("truncated")
-        starts = [sum(sizes[:i]) for i in range(len(sizes))]
-        cubins = [payload[s:s + n] for s, n in zip(starts, sizes)]
+        ends = list(itertools.accumulate(sizes))
+        cubins = [payload[end - n:end] for end, n in zip(ends, sizes)]
         if not all(c.startswith(b"\x7fELF") for c in cubins):
             raise ValueError("no cubin")
         return meta, cubins

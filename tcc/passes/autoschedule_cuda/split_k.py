@@ -67,7 +67,7 @@ def plan(c: gemm.Contraction, sms: int, tile: tuple[int, int, int] | None = None
     per = -(-steps // s)
     split = Plan(tile, -(-steps // per), per)
     plain = _time(ordinary, _grid(ordinary, m, n, batch), -(-k // ordinary[2]), sms)
-    if _time(tile, _grid(tile, m, n, batch) * split.chunks, per, sms) * SPLIT_COST > plain:
+    if _time(tile, grid * split.chunks, per, sms) * SPLIT_COST > plain:
         return None
     return split
 
