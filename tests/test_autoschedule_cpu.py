@@ -30,17 +30,24 @@ def test_nested_conv_gemm_is_scheduled():
     x, w, b = np.zeros((2, 5, 23, 19), np.float32), np.zeros((29, 5, 3, 3), np.float32), np.zeros(29, np.float32)
     text = op.lower(x, w, b, stage="scheduled")
     batch = text.index("for n")
-    assert text.index("Xp_patches_c1[") > batch  # the patches are packed (cache B at ko) per batch element
-    assert "Wt_c1[" in text and "Y_gemm_c1[ii, jj] = Y_gemm_c1[ii, jj] + " in text  # A packed, C in registers
-    assert "for kk in 0..45:" in text  # c, r, s fused into one k loop
     # 29 rows at 2 threads: tiles of 8 rows (12 would pad 15 rows to 24); 437 columns: two vectors
-    # with AVX2, one with AVX-512 (two would leave a 21-lane tail, see column_tile)
+    # with AVX2; with AVX-512 three, each its own vector (two would leave a 21-lane tail, one
+    # would load more than it multiplies: see gemm_params and column_tile)
     lanes = target.CpuTarget.of_host(*jit.host()).vector_bytes // 4
-    assert f"for jj in 0..{32 if lanes == 8 else 16}:  # vector" in text and "for ii in 0..8:  # unroll" in text
+    column = "jj" if lanes == 8 else "jj_vec * 16 + jj_lane"
+    assert text.index("Xp_patches_c1[") > batch  # the patches are packed (cache B at ko) per batch element
+    # A packed, C in registers
+    assert "Wt_c1[" in text and f"Y_gemm_c1[ii, {column}] = Y_gemm_c1[ii, {column}] + " in text
+    assert "for kk in 0..45:" in text  # c, r, s fused into one k loop
+    if lanes == 8:
+        assert "for jj in 0..32:  # vector" in text
+    else:
+        assert "for jj_vec in 0..3:  # unroll" in text and "for jj_lane in 0..16:  # vector" in text
+    assert "for ii in 0..8:  # unroll" in text
     # the patches are gathered from X straight into the packed panels (no whole patch tensor);
     # one k block: the panel's rows loop over c, r, s (no divisions), c innermost (r, s mask)
     assert "allocate Xp_patches:" not in text
-    pack = text.index("Xp_patches_c1[jr, (kk_row_row * 3 + kk_row_col) * 3 + kk_col, jj] = select(")
+    pack = text.index(f"Xp_patches_c1[jr, (kk_row_row * 3 + kk_row_col) * 3 + kk_col, {column}] = select(")
     assert text.rindex("for kk_col in 0..3:", 0, pack) < text.rindex("for kk_row_row in 0..5:", 0, pack)
     parallel = [line.strip() for line in text.splitlines() if "# parallel" in line]
     if target.host_cores() > 2:  # fewer images than threads: the statements inside fork
@@ -167,6 +174,24 @@ def test_register_tile_fits_the_host_vectors(vector_bytes, tile, monkeypatch):
     assert (p["mr"], p["nr"]) == tile and p["mc"] % p["mr"] == 0 and p["nc"] % p["nr"] == 0
 
 
+@pytest.mark.parametrize("n, tile", [(49, (8, 48)), (437, (8, 48)), (3136, (12, 32)), (196, (12, 32)), (24, (12, 32))])
+def test_avx512_three_vector_tile_where_two_fit_badly(n, tile, monkeypatch, rng, fresh_cache):
+    """49 columns (a 7x7 layer) get 8 x 48 tiles, not 12 x 16 ones; columns that two-vector
+    tiles fit keep them. The three vectors of a tile row are separate vectors (one 48-lane
+    vector spilled), and the results match the reference."""
+    monkeypatch.setattr(target.CpuTarget, "vector_bytes", property(lambda self: 64))
+    p = gemm_params(512, n, 4608, 4, target.CpuTarget(cores=1))
+    assert (p["mr"], p["nr"]) == tile
+    if n == 49:
+        matmul = (EXAMPLES / "matmul.tc").read_text()
+        z = np.zeros
+        text = tcc.compile(matmul).matmul.lower(z((512, 33), np.float32), z((33, 49), np.float32), stage="scheduled")
+        assert "for jj_vec in 0..3:  # unroll" in text and "for jj_lane in 0..16:  # vector" in text
+        check_op(matmul, "matmul", dict(M=37, K=129, N=49), rng)
+        check_op(matmul, "matmul", dict(M=41, K=7, N=97), rng)
+        check_op(SRC, "conv2d_relu", dict(N=2, C=33, H=7, W=7, F=29, KH=3, KW=3, P=1), rng)
+
+
 @pytest.mark.parametrize("shapes", [dict(N=1, C=7, H=9, W=9, F=33, KH=3, KW=3),
                                     dict(N=2, C=13, H=7, W=7, F=64, KH=3, KW=3)])
 def test_avx2_register_tiles_match_reference(shapes, rng, monkeypatch, fresh_cache):
@@ -208,7 +233,8 @@ def test_one_column_tiles_run_along_their_rows(vector_bytes, rng, monkeypatch, f
     z = np.zeros
     # (few enough flops for one thread, whose columns are not split between threads)
     text = tcc.compile(matmul).matmul.lower(z((37, 33), np.float32), z((33, 49), np.float32), stage="scheduled")
-    assert "for ii_lanes in " in text and "for jj in 0..16:  # vector" in text
+    columns = "for jj_lane in 0..16:  # vector" if vector_bytes == 64 else "for jj in 0..16:  # vector"
+    assert "for ii_lanes in " in text and columns in text  # (AVX-512: 48 + 1 columns, AVX2: 3 x 16 + 1)
     for n in (1, 17, 49):
         check_op(matmul, "matmul", dict(M=37, K=129, N=n), rng)
     check_op(SRC, "conv2d_relu", dict(N=1, C=9, H=7, W=7, F=29, KH=3, KW=3, P=1), rng)

@@ -45,11 +45,21 @@ def gemm_params(m: int, n: int, k: int, itemsize: int, target: CpuTarget) -> dic
     from L1 (nr lanes x 4 bytes x kc <= L1; up to 4 such blocks run as one: matmul 1000 and 1024
     ~5% faster), mc x kc block of A in an eighth of L2 and kc x nc panel of B in a quarter
     (measured on the 2 MiB-L2 development host: A in a quarter was 20-25% slower at 2048; B in an
-    eighth 7% slower on a 3x3 conv, in a half 4% slower)."""
+    eighth 7% slower on a 3x3 conv, in a half 4% slower).
+
+    With AVX-512, columns that two-vector tiles fit badly but three-vector ones well get an
+    ``8 x 48`` tile (24 accumulators; 3 loads and 8 broadcasts per 24 multiply-adds): the 49
+    pixels of a 7x7 layer had made ``12 x 16`` tiles (13 loads per 12 multiply-adds), and a 3x3
+    conv on 512 (or 256 -> 512) channels at 7x7 ran 5-12% faster on one znver4 core
+    (interleaved, thread time). Where two-vector tiles fit (3136, 784, 196 columns) three-vector
+    ones were no faster."""
     l1, l2 = target.cache_bytes(1), target.cache_bytes(2)
     wide = target.vector_bytes == 64
     nr = (32 if wide else 16) if itemsize == 4 else (16 if wide else 8)
     mr = _register_rows(m, target.cores, (12, 8) if wide else (6, 4))
+    lanes = target.vector_bytes // itemsize
+    if wide and column_tile(n, nr, lanes) < nr and column_tile(n, 3 * lanes, lanes) == 3 * lanes:
+        nr, mr = 3 * lanes, 8  # 49 columns (a 7x7 layer): 48 + 1, not 3 x 16 + 1
     kc = max(16, min(256, l1 // (nr * itemsize)))
     if k <= ONE_K_BLOCK * kc:  # one k block: no pass to zero C, no reloads of C, the epilogue in the tile store
         kc = k
@@ -300,9 +310,22 @@ def schedule_gemm(func: LoopFunc, tensor: str, info: dict, p: dict[str, int], ta
     names = loop_names(func.body)
     if t["ii"] in names:
         func = trace(f"unroll {t['ii']}", unroll(func, t["ii"]))
-    if t["jj"] in names:
+    lanes = target.vector_bytes // info["itemsize"]
+    if t["jj"] in names and nr > 2 * lanes:
+        func = _vector_columns(func, t["jj"], lanes, trace)
+    elif t["jj"] in names:
         func = trace(f"vectorize {t['jj']}", vectorize(func, t["jj"]))
     return trace("contract", contract(func))
+
+
+def _vector_columns(func: LoopFunc, jj: str, lanes: int, trace: Trace) -> LoopFunc:
+    """A register tile row of more than two vectors as that many vectors, one per unrolled
+    iteration: LLVM splits a 64-lane row into zmm registers badly and a 48-lane one worse (both
+    spilled the whole tile each k step: 5 GFLOP/s on a 3x3 conv at 7x7 on 512 channels)."""
+    jv, jl = fresh(func, f"{jj}_vec"), fresh(func, f"{jj}_lane")
+    func = trace(f"split {jj} by {lanes} -> {jv}, {jl}", split(func, jj, lanes, jv, jl))
+    func = trace(f"unroll {jv}", unroll(func, jv))
+    return trace(f"vectorize {jl}", vectorize(func, jl))
 
 
 def column_rows(func: LoopFunc, ii: str, jj: str) -> tuple[LoopFunc, str | None]:
