@@ -15,10 +15,9 @@ the two times in the same round):
   the eager path's ``autograd.Function``): its autograd kernel (``torch.library.register_autograd``),
   then the Python CPU kernel.
 - ``... grad`` sides: the same calls with ``a`` requiring a gradient (a graph recorded; its ratio
-  against ``torch.add grad``, the built-in op recording its graph). ``tcc.torch grad``: on the
-  CPU the C++ eager path runs the kernel and attaches its own autograd node
-  (``torch_autograd.cpp``, whose backward calls the op's Python one; CUDA calls keep the
-  Function below); ``tcc.torch py grad``: the op of ``tcc.torch py``, all Python: its
+  against ``torch.add grad``, the built-in op recording its graph). ``tcc.torch grad``: the C++
+  eager path runs the kernel and attaches its own autograd node (``torch_autograd.cpp``, whose
+  backward calls the op's Python one); ``tcc.torch py grad``: the op of ``tcc.torch py``, all Python: its
   ``autograd.Function`` (``_Graph``) around ``_Direct.run`` (before the C++ node, a C++-path
   op's call that recorded a graph paid that Function around the C++ forward).
 - ``tcc direct``: the tcc op called on NumPy views with ``out=`` (tcc's own call, the floor of

@@ -336,9 +336,7 @@ PyObject *call(PyObject *, PyObject *const *argv, Py_ssize_t argc) {
       return ran == Ran::failed ? nullptr : finish(backward, args, std::move(outs));
     }
   }
-  // CUDA calls that record a graph take the Python path (its autograd.Function), the one that
-  // has run on GPUs and under DistributedDataParallel; this node has run only on the CPU.
-  if (cu_launch == nullptr || graph) {
+  if (cu_launch == nullptr) {
     Py_RETURN_NONE;
   }
   auto cuda = op->cuda;
