@@ -5,8 +5,9 @@
 
 For each model and batch: import + compile time cold (an empty cache directory) and warm (the
 same directory again, as a new process would find it), then run times measured side by side,
-interleaved, as medians, with ratios to onnxruntime. Models come from examples/onnx_models.py
-(random weights, exported with torch.onnx).
+interleaved, as medians, with ratios to onnxruntime (its threads not spinning between runs; with
+more than one thread, onnxruntime as it comes, spinning, is also timed on its own: ``ort spinning``).
+Models come from examples/onnx_models.py (random weights, exported with torch.onnx).
 
 ``--cuda``: ``tcc.onnx.load(..., target="cuda")`` against the same model in eager PyTorch on the
 GPU: the largest difference of the outputs, medians of interleaved calls each ended by
@@ -29,8 +30,8 @@ from typing import Any
 # PyTorch's OpenMP threads spin at a barrier after each call (libgomp's default), holding the cores
 # that the next runner in the interleaved loop needs: on 2 cores that made tcc and onnxruntime
 # 10-35x slower after torch ran (the encoder block, batch 1: tcc 171 ms and onnxruntime 46 ms
-# spinning, 4.8 ms and 3.7 ms passive). tcc's own
-# OpenMP threads wait passively; set before torch loads its OpenMP runtime.
+# spinning, 4.8 ms and 3.7 ms passive). tcc's own OpenMP threads wait passively; set before torch
+# loads its OpenMP runtime. (onnxruntime's threads spin too: see ort_session.)
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np  # noqa: E402
@@ -92,10 +93,7 @@ def compile_model(name: str, batch: int, target: str) -> tuple[Any, torch.Tensor
 def bench(name: str, batch: int, repeat: int, threads: int | None) -> None:
     model, x, data, compiled, cold, warm = compile_model(name, batch, "cpu")
     xn = x.numpy()
-    options = ort.SessionOptions()
-    if threads:
-        options.intra_op_num_threads = threads
-    session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+    session = ort_session(data, threads, spinning=False)
     runs = {"tcc": lambda: compiled(xn), "onnxruntime": lambda: session.run(None, {"x": xn})}
     with torch.no_grad():
         runs["torch-cpu"] = lambda: model(x)
@@ -104,11 +102,26 @@ def bench(name: str, batch: int, repeat: int, threads: int | None) -> None:
         # one thread each: each call runs on this thread, whose CPU time leaves out the time the
         # OS gave other processes (the shared VM's load), unlike the wall clock
         cpu = interleaved(runs, repeat, time.thread_time) if threads == 1 else None
+    if threads != 1:  # onnxruntime as it comes (its threads spin between runs), on its own
+        spinning = ort_session(data, threads, spinning=True)
+        medians["ort spinning"] = interleaved({"alone": lambda: spinning.run(None, {"x": xn})}, repeat)["alone"]
     print(f"{name} batch {batch}: import+compile cold {cold:.2f} s, warm {warm:.3f} s; max |tcc - ort| {err:.2g}; "
           f"load average {os.getloadavg()[0]:.1f}")
     report(medians, "onnxruntime")
     if cpu is not None:
         report(cpu, "onnxruntime", ", thread CPU time")
+
+
+def ort_session(data: bytes, threads: int | None, spinning: bool) -> ort.InferenceSession:
+    """An onnxruntime CPU session. Its intra-op threads spin after each run by default, holding
+    the cores the next runner of the interleaved loop needs (on 2 cores, the encoder block at
+    batch 8: tcc 20.6 ms right after onnxruntime, 11.4 ms on its own); without spinning its own
+    time was unchanged (12.6-12.7 ms), and the spinning session is timed on its own besides."""
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
 
 
 def gpu_kernel_ms(fn, calls: int) -> tuple[float, int]:
