@@ -314,3 +314,23 @@ def test_a_pad_of_a_pad_keeps_its_tensor_whole(sizes, rng):
     func = tcc.compile(PAD_OF_A_PAD, target="cuda").fz.lowered(sizes).scheduled
     assert any(isinstance(s, Allocate) and s.buffer.name == "T" and s.buffer.scope == "global"
                for s in walk_stmts(func.body))
+
+
+WINOGRAD_INPUT = """
+op fz(X: f32[C, H, W], BT: f32[4, 4]) -> V: f32[4, 4, C, H // 2, W // 2] {
+    Xp = pad(X, [0, 1, 1], [0, 1, 1])
+    R: f32[4, 4, C, H // 2, W // 2]
+    R[i, l, c, ty, tx] = sum[k: 4](BT[i, k] * Xp[c, 2*ty + k, 2*tx + l])
+    V[i, j, c, ty, tx] = sum[l: 4](BT[j, l] * R[i, l, c, ty, tx])
+}
+"""
+
+
+@pytest.mark.parametrize("sizes", [dict(C=32, H=16, W=16), dict(C=16, H=32, W=32), dict(C=7, H=10, W=14),
+                                   dict(C=33, H=2, W=2), dict(C=1, H=34, W=66), dict(C=9, H=30, W=46)])
+def test_merged_pixels_are_not_inlined_as_separate_indices(sizes, rng):
+    """A Winograd input transform: ``V``'s GEMM merged its last two loops into one pixel loop,
+    reading ``R[i, l, c, 0, p]`` (right for R's row-major buffer); then R, a read-back of its own
+    GEMM's result, was inlined into V's packing with ``ty := 0, tx := p``, as if p stayed within a
+    row: ``R_gemm[i, ((0*4 + l)*32 + c)*8 + p]`` (a wrong answer: relative error ~1)."""
+    check_op(WINOGRAD_INPUT, "fz", sizes, rng)

@@ -7,6 +7,10 @@ free of y and x) and the accessed buffer's last dim is x's extent ``W``, the ele
 ``ey * W + ex`` is also ``a * W + (y * W + x) + b``: the access becomes ``(a, p + b)`` for one
 pixel loop ``p = y * W + x`` over ``H * W``. Row-major addresses, so the iterations touch the same
 elements in the same order and the result is unchanged.
+
+The merged access is right for a buffer's addresses only: an intermediate that a later pass may
+inline (:func:`tcc.passes.loops.inline.inline` substitutes the indices one by one, ``x := p`` with
+``p`` past the row) keeps its two loops.
 """
 
 from __future__ import annotations
@@ -15,18 +19,21 @@ from dataclasses import replace
 
 from tcc.ir.expr import Const, Expr, Load, Var, const, free_vars, substitute, transform, walk
 from tcc.ir.loops import For, LoopFunc, Stmt, Store, map_stmt, stmt_exprs, walk_stmts
+from tcc.passes.loops.inline import elementwise_producer
 from tcc.passes.loops.loopnest import fresh, linear_coeff, map_exprs
 
 
 def merge_pixels(func: LoopFunc, nest: For, y: str, x: str) -> LoopFunc:
     """``func`` with loops ``y`` and directly inside it ``x`` of ``nest`` merged (unchanged if illegal)."""
-    merged = merge_loops(nest, y, x, fresh(func, f"{y}{x}"), func.buffers())
+    params = {p.name for p in func.params}
+    inlinable = {name for name in func.buffers() if name not in params and elementwise_producer(func.body, name)}
+    merged = merge_loops(nest, y, x, fresh(func, f"{y}{x}"), func.buffers(), inlinable)
     if merged is None:
         return func
     return replace(func, body=map_stmt(func.body, lambda s: merged if s == nest else None))
 
 
-def merge_loops(nest: For, y: str, x: str, name: str, buffers: dict) -> Stmt | None:
+def merge_loops(nest: For, y: str, x: str, name: str, buffers: dict, inlinable: set[str] = frozenset()) -> Stmt | None:
     loop_y = next((f for f in walk_stmts(nest) if isinstance(f, For) and f.var.name == y), None)
     if loop_y is None or not (isinstance(loop_y.body, For) and loop_y.body.var.name == x):
         return None
@@ -34,7 +41,7 @@ def merge_loops(nest: For, y: str, x: str, name: str, buffers: dict) -> Stmt | N
     if not (isinstance(loop_y.extent, Const) and isinstance(loop_x.extent, Const)):
         return None
     width = int(loop_x.extent.value)
-    if not _mergeable(loop_x.body, y, x, width, buffers):
+    if not _mergeable(loop_x.body, y, x, width, buffers, inlinable):
         return None
     p = Var(name)
     body = _rewrite(loop_x.body, y, x, p)
@@ -54,12 +61,13 @@ def _accesses(s: Stmt) -> list[tuple[str, tuple[Expr, ...]]]:
     return out
 
 
-def _mergeable(body: Stmt, y: str, x: str, width: int, buffers: dict) -> bool:
+def _mergeable(body: Stmt, y: str, x: str, width: int, buffers: dict, inlinable: set[str]) -> bool:
     for name, idx in _accesses(body):
         used = set().union(*(free_vars(i) for i in idx)) if idx else set()
         if not used & {y, x}:
             continue
-        if len(idx) < 2 or buffers[name].shape[-1] != width or any(free_vars(i) & {y, x} for i in idx[:-2]):
+        if name in inlinable or len(idx) < 2 or buffers[name].shape[-1] != width \
+                or any(free_vars(i) & {y, x} for i in idx[:-2]):
             return False
         ey, ex = idx[-2], idx[-1]
         if linear_coeff(ey, y) != 1 or x in free_vars(ey) or linear_coeff(ex, x) != 1 or y in free_vars(ex):

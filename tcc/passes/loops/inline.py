@@ -18,7 +18,7 @@ def inline(func: LoopFunc, tensor: str, span: Span | None = None) -> LoopFunc:
         raise TccScheduleError(f"op {func.name} has no tensor {tensor!r}", span)
     if any(p.name == tensor for p in func.params):
         raise TccScheduleError(f"{tensor} is an input or result of {func.name}; only intermediates inline", span)
-    nest = _producer(func.body, tensor)
+    nest = elementwise_producer(func.body, tensor)
     if nest is None:
         raise TccScheduleError(f"{tensor} is not defined by a plain elementwise statement; it cannot be inlined",
                                span, "reductions stay materialised; use compute_at to fuse them")
@@ -48,7 +48,9 @@ def _defines(s: For, tensor: str) -> bool:
     return any(st.buffer == tensor for st in stores(s))
 
 
-def _producer(body: Stmt, tensor: str) -> tuple[list[For], Store] | None:
+def elementwise_producer(body: Stmt, tensor: str) -> tuple[list[For], Store] | None:
+    """The loops and store of the plain elementwise nest defining ``tensor`` (one store at the loop
+    variables, in order), which :func:`inline` may substitute into its readers; None if none."""
     for s in walk_stmts(body):  # outer loops first: a group loop around the nest is skipped
         if isinstance(s, For) and _defines(s, tensor):
             loops = []
