@@ -6,7 +6,9 @@ has is drawn: every dtype (f16 and bf16 included) and cast, every operator and m
 ``select``, ``and/or/not``, reductions (several per statement, nested, over outer axes, with
 inferred or explicit extents), intermediates read once, twice or never (declared or inferred),
 strided, offset, reversed, modular and constant indices, ``pad`` views, compile-time parameters
-in shapes and indices, several results, odd, size-1 and zero-size dimensions.
+in shapes and indices, several results, odd, size-1 and zero-size dimensions. Templates add the
+shapes the compiler specialises for (GEMMs, convolutions, row chains), and two such contractions
+chained through an intermediate.
 
 The generator only writes programs whose answer does not hinge on rounding: operations that are
 discontinuous in their operands (``floor``, ``ceil``, ``//``, ``%``, comparisons, casts to
@@ -422,7 +424,9 @@ def _template(rnd: random.Random, name: str, bf16: bool) -> tuple[str, dict[str,
     size = lambda: rnd.choice([1, 2, 3, 7, 8, 16, 33, 64, 100])  # noqa: E731
     epilogue = rnd.choice(["", " + b[{c}]", "", " * 0.5"])
     relu = rnd.random() < 0.4
-    kind = rnd.choice(["matmul", "bmm", "conv1d", "conv2d", "depthwise", "grouped", "rows"])
+    kind = rnd.choice(["matmul", "bmm", "conv1d", "conv2d", "depthwise", "grouped", "rows", "chain"])
+    if kind == "chain":
+        return _chain(rnd, name, dt, out, size)
     if kind == "matmul":
         e = epilogue.format(c="j")
         body = f"sum[k](A[i, k] * B[k, j]){e}"
@@ -474,6 +478,33 @@ def _template(rnd: random.Random, name: str, bf16: bool) -> tuple[str, dict[str,
     bias = f", b: {dt}[{'C' if kind == 'depthwise' else 'F'}]" if "b[" in e else ""
     binds.update(S=S, P=P, D=D)
     return src.replace("{bias}", bias).replace("{body}", body), binds
+
+
+def _chain(rnd: random.Random, name: str, dt: str, out: str, size) -> tuple[str, dict[str, int]]:
+    """Two contractions through a kept intermediate, large enough for both to be GEMMs: a matmul
+    chain, a convolution feeding a 1x1 one, or a strided window transform read back with batch
+    axes (a Winograd input transform, which found merged pixel loops inlined wrongly)."""
+    big = lambda: rnd.choice([8, 16, 33, 64])  # noqa: E731
+    kind = rnd.choice(["mm", "conv", "window"])
+    if kind == "mm":
+        src = (f"op {name}(A: {dt}[M, K], B: {dt}[K, N], D: {dt}[N, L]) -> C: {out}[M, L] {{\n"
+               f"    T[i, j] = sum[k](A[i, k] * B[k, j])\n    C[i, l] = sum[j](T[i, j] * D[j, l])\n}}")
+        return src, {"M": big(), "K": size(), "N": big(), "L": size()}
+    if kind == "conv":
+        z = "sum[c, r, s](Xp[n, c, y + r, x + s] * W1[f, c, r, s])"
+        z = f"max({z}, 0.0)" if rnd.random() < 0.5 else z
+        src = (f"op {name}(X: {dt}[N, C, H, W], W1: {dt}[F, C, 3, 3], W2: {dt}[G, F]) -> Y: {out}[N, G, H, W] {{\n"
+               f"    Xp = pad(X, [0, 0, 1, 1])\n    Z[n, f, y, x] = {z}\n"
+               f"    Y[n, g, y, x] = sum[f](Z[n, f, y, x] * W2[g, f])\n}}")
+        return src, {"N": rnd.choice([1, 2]), "C": rnd.choice([3, 8, 16]), "H": rnd.choice([5, 8, 16, 17]),
+                     "W": rnd.choice([5, 8, 16, 23]), "F": big(), "G": rnd.choice([1, 7, 16])}
+    stride = rnd.choice([1, 2])
+    src = (f"op {name}(X: {dt}[C, H, W], T: {dt}[4, 4]) -> V: {out}[4, 4, C, H // 2, W // 2] {{\n"
+           f"    Xp = pad(X, [0, 1, 1], [0, 3, 3])\n"
+           f"    R: {dt}[4, 4, C, H // 2, W // 2]\n"
+           f"    R[i, l, c, ty, tx] = sum[k: 4](T[i, k] * Xp[c, {stride}*ty + k, {stride}*tx + l])\n"
+           f"    V[i, j, c, ty, tx] = sum[l: 4](T[j, l] * R[i, l, c, ty, tx])\n}}")
+    return src, {"C": rnd.choice([1, 7, 16, 32]), "H": rnd.choice([2, 9, 16, 30]), "W": rnd.choice([2, 14, 16, 46])}
 
 
 def generate(seed: int, bf16: bool = False) -> Program:
