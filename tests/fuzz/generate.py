@@ -316,8 +316,8 @@ class _Context:
             return Value(f"-{a.text}" if a.text[0] != "-" else f"-({a.text})", a.kind, a.exact, a.mag)
         if fn == "abs":
             return Value(f"abs({a.text})", a.kind, a.exact, a.mag)
-        if fn == "exp":
-            return Value(f"exp(min({a.text}, 4.0))", "float", False, 55.0)
+        if fn == "exp":  # exp turns its argument's absolute error into relative error: keep it <= 1
+            return Value(f"exp(min({a.text}, 1.0))", "float", False, 2.8)
         if fn == "log":
             return Value(f"log(abs({a.text}) + 1.0)", "float", False, 10.0)
         if fn == "sqrt":
