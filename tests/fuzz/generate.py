@@ -485,7 +485,24 @@ def _chain(rnd: random.Random, name: str, dt: str, out: str, size) -> tuple[str,
     chain, a convolution feeding a 1x1 one, or a strided window transform read back with batch
     axes (a Winograd input transform, which found merged pixel loops inlined wrongly)."""
     big = lambda: rnd.choice([8, 16, 33, 64])  # noqa: E731
-    kind = rnd.choice(["mm", "conv", "window"])
+    kind = rnd.choice(["mm", "conv", "window", "block", "attention"])
+    if kind == "block":  # two 3x3 convolutions through a padded intermediate (a ResNet block)
+        s1 = rnd.choice([1, 2])
+        src = (f"op {name}(X: {dt}[N, C, H, W], W1: {dt}[F, C, 3, 3], W2: {dt}[F, F, 3, 3]) -> "
+               f"Y: {out}[N, F, (H - 1) // {s1} + 1, (W - 1) // {s1} + 1] {{\n"
+               f"    Xp = pad(X, [0, 0, 1, 1])\n"
+               f"    Z[n, f, y, x] = max(sum[c, r, s](Xp[n, c, y*{s1} + r, x*{s1} + s] * W1[f, c, r, s]), 0.0)\n"
+               f"    Zp = pad(Z, [0, 0, 1, 1])\n"
+               f"    Y[n, g, y, x] = sum[f, r, s](Zp[n, f, y + r, x + s] * W2[g, f, r, s]) + Z[n, g, y, x]\n}}")
+        return src, {"N": rnd.choice([1, 2]), "C": rnd.choice([3, 8]), "H": rnd.choice([5, 8, 14, 17]),
+                     "W": rnd.choice([7, 8, 14, 23]), "F": rnd.choice([8, 16, 33])}
+    if kind == "attention":  # Q @ K^T, a softmax over its rows, then @ V
+        src = (f"op {name}(Q: {dt}[B, M, D], K: {dt}[B, N, D], V: {dt}[B, N, E]) -> O: {out}[B, M, E] {{\n"
+               f"    S[b, i, j] = sum[d](Q[b, i, d] * K[b, j, d]) * 0.125\n"
+               f"    m[b, i] = max[j](S[b, i, j])\n    e[b, i, j] = exp(S[b, i, j] - m[b, i])\n"
+               f"    z[b, i] = sum[j](e[b, i, j])\n"
+               f"    O[b, i, l] = sum[j](e[b, i, j] * V[b, j, l]) / z[b, i]\n}}")
+        return src, {"B": rnd.choice([1, 2]), "M": big(), "N": big(), "D": rnd.choice([8, 16, 33]), "E": big()}
     if kind == "mm":
         src = (f"op {name}(A: {dt}[M, K], B: {dt}[K, N], D: {dt}[N, L]) -> C: {out}[M, L] {{\n"
                f"    T[i, j] = sum[k](A[i, k] * B[k, j])\n    C[i, l] = sum[j](T[i, j] * D[j, l])\n}}")
