@@ -170,14 +170,15 @@ def _input_shape(vi, given: dict[str, Sequence[int]]) -> tuple[int, ...]:
 
 
 def translate(model: Any, input_shapes: dict[str, Sequence[int]] | None = None,
-              constants: dict[str, Any] | None = None) -> Program:
+              constants: dict[str, Any] | None = None, winograd: bool = False) -> Program:
     """The tcc program of an ONNX model (no compilation). ``constants`` fixes graph inputs to
-    values known at import (a Reshape's shape given as an input, say)."""
+    values known at import (a Reshape's shape given as an input, say); ``winograd``: 3x3
+    convolutions by Winograd's F(2x2, 3x3) where that is faster (tcc.interop.onnx_winograd)."""
     onnx = _onnx()
     model = _read_model(model)
     graph = model.graph
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 21)
-    program = Program()
+    program = Program(winograd=winograd)
     env: dict[str, Value | None] = {"": None}
     weights = {t.name: onnx.numpy_helper.to_array(t) for t in graph.initializer}
     for name, value in (constants or {}).items():
@@ -422,7 +423,7 @@ def load(model: Any, target: str | Target = "cpu", input_shapes: dict[str, Seque
     kernels (see ``OnnxModel.compile``). ``options`` go to ``tcc.compile``.
     """
     proto = _read_model(model)
-    program = translate(proto, input_shapes, constants)
+    program = translate(proto, input_shapes, constants, winograd=target_kind(target) == "cpu")
     given = set(constants or {}) | {t.name for t in proto.graph.initializer}
     inputs = [vi.name for vi in proto.graph.input if vi.name not in given]
     compiled = OnnxModel(program, target, inputs, [vi.name for vi in proto.graph.output], options)

@@ -118,6 +118,7 @@ class Program:
     results: list[tuple[str, str, tuple[int, ...]]] = field(default_factory=list)
     statements: list[Statement] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what the import decided (folds, views)
+    winograd: bool = False  # 3x3 convolutions by Winograd's F(2x2, 3x3) where it pays (CPU)
     _names: set[str] = field(default_factory=set)
     _statements: int = 0
 

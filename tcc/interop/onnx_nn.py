@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tcc.interop import onnx_winograd
 from tcc.interop.onnx_graph import Node, Program, Value, broadcast_read, broadcast_shape, float_literal
 from tcc.interop.onnx_ops import cast_text, is_float, reduce_text
 from tcc.interop.onnx_shapes import reshape_view
@@ -152,6 +153,8 @@ def conv(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
     if channels != w.shape[1] * group or filters % group:
         raise node.error(f"{channels} input channels, weights {list(w.shape)} and group={group} do not fit")
     strides, dilations, lo, hi, outs = _window(node, x.shape[2:], kernel)
+    if p.winograd and onnx_winograd.applies(node, x, w, bias, strides, dilations, lo, hi):
+        return [onnx_winograd.conv(p, node, x, w, bias)]
     xp = _padded(p, x, lo, hi, node.outputs[0] + "_in")
     cg, fg = w.shape[1], filters // group
     rs = [f"r{d}" for d in range(nd)]
