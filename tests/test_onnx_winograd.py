@@ -55,13 +55,17 @@ def test_winograd_blocks_match_ort_and_torch(n, c, f, h, w, stride, rng):
         np.testing.assert_allclose(got, model(x).numpy(), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("c, f, h, w", [(8, 16, 16, 16), (16, 8, 16, 16), (16, 16, 7, 9), (64, 64, 56, 56)])
-def test_direct_where_winograd_does_not_pay(c, f, h, w, rng):
+@pytest.mark.parametrize("n, c, f, h, w", [(1, 8, 16, 16, 16), (1, 16, 8, 16, 16), (1, 16, 16, 7, 9),
+                                           (1, 64, 64, 56, 56), (8, 128, 128, 28, 28)])
+def test_direct_where_winograd_does_not_pay(n, c, f, h, w, rng):
     """Few channels, a side under 8 pixels (7x7 layers: tiles padded to 8x8) or a transformed
-    image over ``MAX_TILES_BYTES`` (64 channels at 56x56) keep the direct convolution."""
+    input over ``MAX_TILES_BYTES`` (64 channels at 56x56; 128 at 28x28 at batch 8, 1.6 MiB an
+    image) keep the direct convolution; 128 channels at 28x28 at batch 1 take Winograd's."""
     model = onnx_models.randomized(torch.nn.Conv2d(c, f, 3, 1, 1)).eval()
-    x = torch.from_numpy(rng.standard_normal([1, c, h, w]).astype(np.float32))
+    x = torch.from_numpy(rng.standard_normal([n, c, h, w]).astype(np.float32))
     assert _winograd_notes(onnx_models.export(model, x)) == []
+    if n == 8:
+        assert len(_winograd_notes(onnx_models.export(model, x[:1]))) == 1
 
 
 def test_cuda_keeps_the_direct_convolution(rng):

@@ -10,11 +10,16 @@ they do into a direct convolution's.
 
 Used where it measured faster on one Zen 4 core (interleaved with the direct convolution, the
 three stages as tcc.onnx cuts them into kernels): 3x3, stride 1, pad 1, f32, at least
-``MIN_CHANNELS`` channels in and out and ``MIN_SIDE`` pixels a side. 256 channels at 14x14 took
-0.66x the direct convolution's time, 128 at 28x28 0.69x, 64 at 56x56 0.85x; 512 at 7x7 (tiles
-padded to 8x8, 16 GEMM columns) 1.15x, so it stays direct. F(2x2, 3x3)'s rounding stays within
-a few f32 ulps of the direct sum (relative error 1-2e-6 on those layers). CUDA keeps the direct
-convolution: its implicit-GEMM kernels are already ahead of cuDNN on these layers.
+``MIN_CHANNELS`` channels in and out, ``MIN_SIDE`` pixels a side, and the transformed input of
+the call within ``MAX_TILES_BYTES``. Alone, 256 channels at 14x14 took 0.66x the direct
+convolution's time and 128 at 28x28 0.69x; 512 at 7x7 (tiles padded to 8x8, 16 GEMM columns)
+1.15x, so it stays direct. In ResNet-18 (one thread, interleaved in one process) the 64-channel
+layers at 56x56 (3 MiB of transformed input an image) ran slower than direct, and at batch 8 the
+whole batch's transforms (12.8 MiB at 28x28), though faster on one thread (1.04x onnxruntime
+against 1.10x), made two threads slower (1.34x against 1.23-1.24x): hence the budget per call.
+F(2x2, 3x3)'s rounding stays within a few f32 ulps of the direct sum (relative error 1-2e-6 on
+those layers). CUDA keeps the direct convolution: its implicit-GEMM kernels already run these
+layers ahead of eager PyTorch.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from tcc.interop.onnx_graph import Node, Program, Value
 
 MIN_CHANNELS = 16
 MIN_SIDE = 8
-MAX_TILES_BYTES = 2 << 20  # one image's transformed input at most (a 3x3 conv on 64 channels at 56x56: 3 MiB)
+MAX_TILES_BYTES = 2 << 20  # the transformed input at most (a 3x3 conv on 64 channels at 56x56: 3 MiB an image)
 
 B_T = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], np.float64)
 G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]], np.float64)
@@ -39,7 +44,7 @@ def applies(node: Node, x: Value, w: Value, bias: Value | None, strides: list[in
             and node.attrs.get("group", 1) == 1 and strides == [1, 1] and dilations == [1, 1]
             and lo == [1, 1] and hi == [1, 1] and x.shape[1] >= MIN_CHANNELS and w.shape[0] >= MIN_CHANNELS
             and min(x.shape[2:]) >= MIN_SIDE and (bias is None or bias.const is not None)
-            and 16 * x.shape[1] * -(-x.shape[2] // 2) * -(-x.shape[3] // 2) * 4 <= MAX_TILES_BYTES)
+            and 16 * x.shape[0] * x.shape[1] * -(-x.shape[2] // 2) * -(-x.shape[3] // 2) * 4 <= MAX_TILES_BYTES)
 
 
 def conv(p: Program, node: Node, x: Value, w: Value, bias: Value | None) -> Value:
