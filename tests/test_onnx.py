@@ -380,3 +380,15 @@ def test_float16_and_int_graphs(rng):
     feeds = {"a": rng.standard_normal([7, 33]).astype(np.float16), "b": rng.standard_normal([33, 5]).astype(np.float16),
              "p": rng.integers(-20, 20, [3, 9]).astype(np.int32), "q": q}
     check_against_ort(model, rng, feeds, rtol=1e-2, atol=1e-3)  # Div on ints rounds toward zero, as in ONNX
+
+
+def test_a_strided_constant_is_read_as_its_values(rng):
+    """A constant given as a strided view (``constants={"w": a[:, ::2]}``, or a transposed array)
+    is the values the view shows: the kernel was handed the view's buffer as if contiguous."""
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])],
+                       [("x", TensorProto.FLOAT, [65, 97]), ("w", TensorProto.FLOAT, [97, 33])],
+                       [("y", TensorProto.FLOAT, [65, 33])])  # a GEMM: its constant weights are packed once
+    w = rng.standard_normal((33, 194)).astype(np.float32).T[::2]  # (97, 33), neither C- nor F-contiguous
+    x = rng.standard_normal((65, 97)).astype(np.float32)
+    got = tcc.onnx.load(model, constants={"w": w})(x)
+    np.testing.assert_allclose(got, x @ w, rtol=1e-4, atol=1e-4)

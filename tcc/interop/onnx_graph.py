@@ -149,8 +149,10 @@ class Program:
 
     def constant(self, array: np.ndarray, dtype: str, hint: str = "c") -> Value:
         """A value known at import: a literal when it is one finite number, else a parameter
-        bound to the array (made when a statement first reads it)."""
-        array = np.asarray(array, dtype=NUMPY_DTYPES[dtype])
+        bound to the array (made when a statement first reads it), C-contiguous: the model's
+        calls hand the kernels its buffer as it is (a strided view of the weights, given through
+        ``constants=`` or made at import, was read as if contiguous)."""
+        array = np.ascontiguousarray(array, dtype=NUMPY_DTYPES[dtype])
         value = Value(array.shape, dtype, lambda idx: "", const=array)
         first = array.reshape(-1)[0] if array.size else None
         uniform = array.size > 0 and (array.size <= INLINE_LIMIT or bool(np.all(array == first)))

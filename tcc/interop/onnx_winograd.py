@@ -54,7 +54,7 @@ def conv(p: Program, node: Node, x: Value, w: Value, bias: Value | None) -> Valu
     th, tw = -(-h // 2), -(-wd // 2)
     cols = 2 * tw + 3  # the padded input's columns that the row pass keeps
     out = node.outputs[0]
-    u = p.constant(np.einsum("ik,fckl,jl->ijfc", G, w.const.astype(np.float64), G), "f32", out + "_wino_u")
+    u = p.constant((G @ w.const.astype(np.float64) @ G.T).transpose(2, 3, 0, 1), "f32", out + "_wino_u")
     bt, at = p.constant(B_T, "f32", "wino_bt"), p.constant(A_T, "f32", "wino_at")
     xp = p.pad(x, [0, 0, 1, 1], [0, 0, 2 * th + 1 - h, 2 * tw + 2 - wd], out + "_in")
 
