@@ -152,7 +152,9 @@ class Program:
         bound to the array (made when a statement first reads it), C-contiguous: the model's
         calls hand the kernels its buffer as it is (a strided view of the weights, given through
         ``constants=`` or made at import, was read as if contiguous)."""
-        array = np.ascontiguousarray(array, dtype=NUMPY_DTYPES[dtype])
+        array = np.asarray(array, dtype=NUMPY_DTYPES[dtype])
+        if not array.flags.c_contiguous:  # (np.ascontiguousarray would make a 0-d array 1-d)
+            array = array.copy(order="C")
         value = Value(array.shape, dtype, lambda idx: "", const=array)
         first = array.reshape(-1)[0] if array.size else None
         uniform = array.size > 0 and (array.size <= INLINE_LIMIT or bool(np.all(array == first)))
