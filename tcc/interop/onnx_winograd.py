@@ -54,7 +54,8 @@ def conv(p: Program, node: Node, x: Value, w: Value, bias: Value | None) -> Valu
     th, tw = -(-h // 2), -(-wd // 2)
     cols = 2 * tw + 3  # the padded input's columns that the row pass keeps
     out = node.outputs[0]
-    u = p.constant((G @ w.const.astype(np.float64) @ G.T).transpose(2, 3, 0, 1), "f32", out + "_wino_u")
+    gw = np.tensordot(G, w.const.astype(np.float64), axes=([1], [2]))  # [i, f, c, l]
+    u = p.constant(np.tensordot(gw, G, axes=([3], [1])).transpose(0, 3, 1, 2), "f32", out + "_wino_u")  # [i, j, f, c]
     bt, at = p.constant(B_T, "f32", "wino_bt"), p.constant(A_T, "f32", "wino_at")
     xp = p.pad(x, [0, 0, 1, 1], [0, 0, 2 * th + 1 - h, 2 * tw + 2 - wd], out + "_in")
 
