@@ -366,7 +366,7 @@ def test_a_large_program_compiles_as_several_units(monkeypatch):
     units = program.units(3)
     assert sorted(k for _, kernels in units for k in kernels) == list(range(len(program.kernels)))
     monkeypatch.setattr(rt, "UNIT_CHARS", 1)
-    monkeypatch.setattr(rt, "_compile_threads", lambda: 3)
+    monkeypatch.setattr(rt, "host_cores", lambda: 3)
     meta, cubins = rt._parse(rt.build(func, {"arch": "sm_90"}))
     assert len(cubins) == len(units) == len(meta["modules"]) and all(c.startswith(b"\x7fELF") for c in cubins)
     for k in meta["kernels"]:  # each kernel is defined in the cubin its entry names

@@ -14,6 +14,8 @@ import pytest
 import tcc
 
 torch = pytest.importorskip("torch")
+from torch_paths import eager_path  # noqa: E402, F401  (the fixture "path")
+
 from tcc.interop import torch_native  # noqa: E402  (imports torch: after the skip)
 
 OPS = """
@@ -34,16 +36,6 @@ op shifted(X: f64[N]) -> Y: f64[N] {
 """
 _NAMESPACES = count()
 SIZES = [(1, 1, 1), (7, 33, 5), (33, 7, 1)]
-
-
-@pytest.fixture(params=["native", "python"])
-def path(request, monkeypatch):
-    """Which eager path serves the test's fresh operators."""
-    if request.param == "python":
-        monkeypatch.setenv("TCC_TORCH_NATIVE", "0")
-    elif torch_native.load() is None:
-        pytest.skip(f"the C++ eager path cannot be built here: {torch_native.status()}")
-    return request.param
 
 
 def fresh_ops(path: str):

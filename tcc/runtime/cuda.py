@@ -16,7 +16,6 @@ import importlib
 import importlib.metadata
 import itertools
 import math
-import os
 import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -35,7 +34,7 @@ from tcc.runtime.cache import pack_artifact, unpack_artifact
 from tcc.runtime.cuda_plan import SYNC, raw_stream
 from tcc.runtime.cuda_plan import make_plan as make_plan  # the backend's fast path (tcc.compiler.Op)
 from tcc.runtime.cuda_tensors import DeviceTensor, as_array, torch_dtypes
-from tcc.target import CudaTarget
+from tcc.target import CudaTarget, host_cores
 
 STAGES = ("ast", "te", "fused", "loops", "scheduled", "cuda", "ptx")
 _MAGIC = b"TCC-CUBIN-1\n"
@@ -107,7 +106,7 @@ def build(func: LoopFunc, options: dict[str, Any] | None = None) -> bytes:
     """The artifact the cache stores: a JSON launch plan, then the cubins (one per compile unit)."""
     arch = _arch(options or {})
     program = _cuda_c().generate(func)
-    units = program.units(min(_compile_threads(), len(program.source) // UNIT_CHARS))
+    units = program.units(min(host_cores(), len(program.source) // UNIT_CHARS))
     code_arch = _code_arch(program, options or {})
     if len(units) == 1:
         cubins = [nvrtc.compile_cubin(units[0][0], code_arch)]
@@ -120,14 +119,6 @@ def build(func: LoopFunc, options: dict[str, Any] | None = None) -> bytes:
                          "aligned": k.aligned, "shared": k.shared, "module": module_of[i]}
                         for i, k in enumerate(program.kernels)]}
     return pack_artifact(_MAGIC, meta, b"".join(cubins))
-
-
-def _compile_threads() -> int:
-    """The CPUs this process may use: the compile units of a large program."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # (not Linux)
-        return os.cpu_count() or 1
 
 
 def _parse(artifact: bytes) -> tuple[dict[str, Any], list[bytes]]:

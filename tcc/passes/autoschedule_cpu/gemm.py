@@ -275,8 +275,9 @@ def schedule_gemm(func: LoopFunc, tensor: str, info: dict, p: dict[str, int], ta
     axis = None if batch_parallel or nthreads == 1 else _parallel_axis(m, n, mr, nr, nthreads)
     per_m = -(-m // nthreads) if axis == "ip" else m
     per_n = -(-n // nthreads) if axis == "jp" else n
+    lanes = target.vector_bytes // info["itemsize"]
     if target.vector_bytes == 64:
-        nr = column_tile(per_n, nr, target.vector_bytes // info["itemsize"])
+        nr = column_tile(per_n, nr, lanes)
     mc = even_block(per_m, mr, max(mr, min(mc, per_m) // mr * mr))
     nc = even_block(per_n, nr, max(nr, min(nc, per_n) // nr * nr))
     for loop, factor, outer, inner in ((i, per_m, "ip", "i1"), (t["i1"], mc, "io", "i2"), (t["i2"], mr, "ir", "ii"),
@@ -310,7 +311,6 @@ def schedule_gemm(func: LoopFunc, tensor: str, info: dict, p: dict[str, int], ta
     names = loop_names(func.body)
     if t["ii"] in names:
         func = trace(f"unroll {t['ii']}", unroll(func, t["ii"]))
-    lanes = target.vector_bytes // info["itemsize"]
     if t["jj"] in names and nr > 2 * lanes:
         func = _vector_columns(func, t["jj"], lanes, trace)
     elif t["jj"] in names:

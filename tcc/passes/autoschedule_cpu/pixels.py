@@ -26,7 +26,7 @@ from tcc.passes.loops.loopnest import fresh, linear_coeff, map_exprs
 def merge_pixels(func: LoopFunc, nest: For, y: str, x: str) -> LoopFunc:
     """``func`` with loops ``y`` and directly inside it ``x`` of ``nest`` merged (unchanged if illegal)."""
     params = {p.name for p in func.params}
-    inlinable = {name for name in func.buffers() if name not in params and elementwise_producer(func.body, name)}
+    inlinable = {name for name, _ in _accesses(nest) if name not in params and elementwise_producer(func.body, name)}
     merged = merge_loops(nest, y, x, fresh(func, f"{y}{x}"), func.buffers(), inlinable)
     if merged is None:
         return func
