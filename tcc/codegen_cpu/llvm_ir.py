@@ -350,11 +350,12 @@ class _FunctionBuilder(LoopEmitter, MathEmitter):
         if stride == 1:
             ptr = self._element(buf, base, e.indices, lane0=True)
             return self._from_memory(b.load(ptr, typ=vty, align=buf.dtype.itemsize), buf.dtype)
-        if _spreads(stride, lanes):
+        if stride is not None and 1 < stride <= MAX_SPREAD_STRIDE:
             ptr = self._element(buf, base, e.indices, lane0=True)
-            every = splat_constant(I1, lanes, True)
-            out = self._spread_load(ptr, vty, stride, every, splat_constant(ty, lanes, None), buf.dtype.itemsize)
-            return self._from_memory(out, buf.dtype)
+            return self._from_memory(self._strided_load(ptr, vty, stride, buf.dtype.itemsize), buf.dtype)
+        interleaved = self._interleaved_load(buf, base, e.indices, vty)
+        if interleaved is not None:
+            return self._from_memory(interleaved, buf.dtype)
         out = splat_constant(ty, lanes, None)
         for lane in range(lanes):  # a gather, one lane at a time
             with self._lane(lane):
@@ -405,6 +406,57 @@ class _FunctionBuilder(LoopEmitter, MathEmitter):
         fn = self._declare(f"llvm.masked.gather.{type_suffix(vty)}.v{lanes}p0",
                            ir.FunctionType(vty, [pty, I32, mask.type, vty]))
         return b.call(fn, [ptrs, ir.Constant(I32, size), mask, other])
+
+    def _interleaved_load(self, buf: Buffer, base: ir.Value, indices: tuple[Expr, ...],
+                          vty: ir.VectorType) -> ir.Value | None:
+        """Lanes whose address reads the vector index ``v`` as ``v // 2`` and ``v % 2`` (a row of
+        Winograd's 2x2 output tiles: even columns from one tile element, odd from the other):
+        each residue's lanes are ``v // 2``-affine, so they load as one vector (contiguous, spread
+        or a splat) and a shuffle interleaves the two. Per lane it was a scalar load and an insert
+        each (126 ``vinsertps`` in one output transform). None: not this form."""
+        var, lanes = self.vec[0], vty.count
+        flat = flat_terms(indices, buf.shape)
+        if flat is None or lanes % 2:
+            return None
+        step = 0  # elements between lanes 2q + r and 2q + 2 + r
+        for atom, coef in flat.atoms.items():
+            if isinstance(atom, Var) and atom.name == var:
+                step += 2 * coef
+            elif isinstance(atom, Binary) and atom.op in ("floordiv", "mod") and isinstance(atom.a, Var) \
+                    and atom.a.name == var and isinstance(atom.b, Const) and atom.b.value == 2:
+                step += coef if atom.op == "floordiv" else 0
+            elif var in free_vars(atom):
+                return None
+        half = ir.VectorType(vty.element, lanes // 2)
+        if not 0 <= step <= MAX_SPREAD_STRIDE:
+            return None
+        parts = []
+        for residue in (0, 1):
+            with self._lane(residue):
+                ptr = self._element(buf, base, indices, lane0=True)
+            align = buf.dtype.itemsize
+            if step == 0:
+                parts.append(self._splat(self.builder.load(ptr, typ=vty.element, align=align), half.count))
+            elif step == 1:
+                parts.append(self.builder.load(ptr, typ=half, align=align))
+            else:
+                parts.append(self._strided_load(ptr, half, step, align))
+        return self.builder.shuffle_vector(parts[0], parts[1],
+                                           lane_mask([lane % 2 * half.count + lane // 2 for lane in range(lanes)]))
+
+    def _strided_load(self, ptr: ir.Value, vty: ir.VectorType, stride: int, align: int) -> ir.Value:
+        """Lanes ``stride`` elements apart, unguarded. 16 lanes or more (a pooling window's row):
+        one masked load of ``lanes * stride`` elements (see ``_spread_load``). Fewer (Winograd's
+        stride-2 tile columns, 14 or 7 lanes): one plain load from the first lane's element to
+        the last's, then a shuffle; nothing outside that range is touched. A lane at a time
+        (before) it was a scalar load and an insert each."""
+        b = self.builder
+        if _spreads(stride, vty.count):
+            every = splat_constant(I1, vty.count, True)
+            return self._spread_load(ptr, vty, stride, every, splat_constant(vty.element, vty.count, None), align)
+        span = ir.VectorType(vty.element, (vty.count - 1) * stride + 1)
+        loaded = b.load(ptr, typ=span, align=align)
+        return b.shuffle_vector(loaded, loaded, lane_mask([lane * stride for lane in range(vty.count)]))
 
     def _spread_load(self, ptr: ir.Value, vty: ir.VectorType, stride: int, mask: ir.Value, other: ir.Value,
                      align: int) -> ir.Value:

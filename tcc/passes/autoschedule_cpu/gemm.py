@@ -18,7 +18,7 @@ from tcc.ir.expr import Binary, Cast, Expr, Load, Var, free_vars
 from tcc.ir.loops import Allocate, For, LoopFunc, Seq, Stmt, Store, map_stmt, walk_stmts
 from tcc.passes.autoschedule_cpu.epilogue import store_epilogue
 from tcc.passes.autoschedule_cpu.pixels import merge_pixels
-from tcc.passes.autoschedule_cpu.tile_init import init_in_registers
+from tcc.passes.autoschedule_cpu.tile_init import init_in_first_block, init_in_registers
 from tcc.passes.loops.cache import cache
 from tcc.passes.loops.fuse import fuse
 from tcc.passes.loops.loopnest import fresh, linear_coeff, loop_names, subst
@@ -301,6 +301,9 @@ def schedule_gemm(func: LoopFunc, tensor: str, info: dict, p: dict[str, int], ta
     tiles = set(func.buffers()) - before
     if kt <= kc:  # one k block: each register tile is loaded once, right after C is zeroed
         func = trace(f"init {c_tile} in registers", init_in_registers(func, c_tile, tiles))
+    else:  # the first k block's tiles start at zero: no pass (and fork) to zero C first
+        func = trace(f"init {c_tile} in the first k block's registers",
+                     init_in_first_block(func, c_tile, tiles, t["ko"]))
     try:  # an epilogue reading C back is applied as the (last k block's) tile is stored
         func = trace(f"epilogue of {c_tile} in its tile stores", store_epilogue(func, c_tile, t["jj"]))
     except TccScheduleError:
