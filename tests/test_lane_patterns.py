@@ -29,6 +29,15 @@ schedule interleave_spread cpu {
     vectorize(j)
 }
 """
+INTERLEAVE_SPLIT = """
+op interleave_split(A: f32[N, 2, M], B: f32[N, 2 * M]) -> Y: f32[N, 2 * M] {
+    Y[i, j] = A[i, j % 2, j // 2] - B[i, j]
+}
+schedule interleave_split cpu {
+    split(j, 16, jo, ji)
+    vectorize(ji)
+}
+"""
 STRIDED = """
 op strided(A: f32[N, K]) -> Y: f32[N, (K - 4) // 2 + 1] {
     Y[i, j] = A[i, 2 * j] - 0.5 * A[i, 2 * j + 3]
@@ -48,6 +57,15 @@ def test_interleaved_lanes(m, rng):
 @pytest.mark.parametrize("m", [2, 8, 14, 62])
 def test_interleaved_lanes_with_a_stride(m, rng):
     check_op(INTERLEAVE_SPREAD, "interleave_spread", {"N": 2, "M": m}, rng)
+
+
+@pytest.mark.parametrize("m", [8, 15, 31, 100])
+def test_interleaved_lanes_of_a_split_row(m, rng):
+    """``j = 16 * jo + ji`` (and ``16 * jo + 16 + ji`` in the tail): ``j % 2`` is still ``ji % 2``."""
+    check_op(INTERLEAVE_SPLIT, "interleave_split", {"N": 3, "M": m}, rng)
+    op = tcc.compile(INTERLEAVE_SPLIT)["interleave_split"]
+    text = op.lower(np.zeros((3, 2, m), np.float32), np.zeros((3, 2 * m), np.float32), stage="llvm")
+    assert "insertelement" not in text
 
 
 @pytest.mark.parametrize("k", [4, 9, 29, 31, 64, 1001])

@@ -422,8 +422,8 @@ class _FunctionBuilder(LoopEmitter, MathEmitter):
         for atom, coef in flat.atoms.items():
             if isinstance(atom, Var) and atom.name == var:
                 step += 2 * coef
-            elif isinstance(atom, Binary) and atom.op in ("floordiv", "mod") and isinstance(atom.a, Var) \
-                    and atom.a.name == var and isinstance(atom.b, Const) and atom.b.value == 2:
+            elif isinstance(atom, Binary) and atom.op in ("floordiv", "mod") and isinstance(atom.b, Const) \
+                    and atom.b.value == 2 and _lane_plus_even(atom.a, var):
                 step += coef if atom.op == "floordiv" else 0
             elif var in free_vars(atom):
                 return None
@@ -537,6 +537,21 @@ def _spreads(stride: int | None, lanes: int) -> bool:
     """Whether lanes ``stride`` apart load as one wide masked load and a shuffle: small strides,
     and vectors of 16 lanes or more (a 14-lane stride-2 conv row measured slower than a gather)."""
     return stride is not None and 1 < stride <= MAX_SPREAD_STRIDE and lanes >= 16
+
+
+def _lane_plus_even(e: Expr, var: str) -> bool:
+    """Whether ``e`` is ``var`` plus even terms (``32 * o + v``, ``32 + v``): then ``e % 2`` is
+    ``var % 2`` and ``e // 2`` grows by one as ``var`` grows by two."""
+    terms = flat_terms((e,), (1,))
+    if terms is None or terms.constant % 2:
+        return False
+    for atom, k in terms.atoms.items():
+        if isinstance(atom, Var) and atom.name == var:
+            if k != 1:
+                return False
+        elif var in free_vars(atom) or k % 2:
+            return False
+    return any(isinstance(atom, Var) and atom.name == var for atom in terms.atoms)
 
 
 def _lane_coefficient(e: Expr, var: str) -> int | None:
