@@ -11,12 +11,14 @@ they do into a direct convolution's.
 Used where it measured faster on one Zen 4 core (interleaved with the direct convolution, the
 three stages as tcc.onnx cuts them into kernels): 3x3, stride 1, pad 1, f32, at least
 ``MIN_CHANNELS`` channels in and out, ``MIN_SIDE`` pixels a side, and the transformed input of
-the call within ``MAX_TILES_BYTES``. Alone, 256 channels at 14x14 took 0.66x the direct
+one image within ``MAX_TILES_BYTES``. Alone, 256 channels at 14x14 took 0.66x the direct
 convolution's time and 128 at 28x28 0.69x; 512 at 7x7 (tiles padded to 8x8, 16 GEMM columns)
-1.15x, so it stays direct. In ResNet-18 (one thread, interleaved in one process) the 64-channel
-layers at 56x56 (3 MiB of transformed input an image) ran slower than direct, and at batch 8 the
-whole batch's transforms (12.8 MiB at 28x28), though faster on one thread (1.04x onnxruntime
-against 1.10x), made two threads slower (1.34x against 1.23-1.24x): hence the budget per call.
+1.15x, so it stays direct. In ResNet-18 (interleaved in one process) the 64-channel layers at
+56x56 (3 MiB of transformed input an image) ran no faster than direct (0.97-1.01x the model's
+time on one thread, the transforms' rows out of L2). The products are laid out image first
+(``[n, i, j, f, ty, tx]``): the batched GEMMs then split the images over the threads, and at
+batch 8 the model ran 0.86-0.88x its all-direct time on two threads (0.96x on one); laid out
+``[i, j, n, ...]`` (one GEMM's columns spanning the batch) two threads had run it 1.09x slower.
 F(2x2, 3x3)'s rounding stays within a few f32 ulps of the direct sum (relative error 1-2e-6 on
 those layers). CUDA keeps the direct convolution: its implicit-GEMM kernels already run these
 layers ahead of eager PyTorch.
@@ -30,7 +32,7 @@ from tcc.interop.onnx_graph import Node, Program, Value
 
 MIN_CHANNELS = 16
 MIN_SIDE = 8
-MAX_TILES_BYTES = 2 << 20  # the transformed input at most (a 3x3 conv on 64 channels at 56x56: 3 MiB an image)
+MAX_TILES_BYTES = 2 << 20  # an image's transformed input at most (a 3x3 conv on 64 channels at 56x56: 3 MiB)
 
 B_T = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], np.float64)
 G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]], np.float64)
@@ -44,7 +46,7 @@ def applies(node: Node, x: Value, w: Value, bias: Value | None, strides: list[in
             and node.attrs.get("group", 1) == 1 and strides == [1, 1] and dilations == [1, 1]
             and lo == [1, 1] and hi == [1, 1] and x.shape[1] >= MIN_CHANNELS and w.shape[0] >= MIN_CHANNELS
             and min(x.shape[2:]) >= MIN_SIDE and (bias is None or bias.const is not None)
-            and 16 * x.shape[0] * x.shape[1] * -(-x.shape[2] // 2) * -(-x.shape[3] // 2) * 4 <= MAX_TILES_BYTES)
+            and 16 * x.shape[1] * -(-x.shape[2] // 2) * -(-x.shape[3] // 2) * 4 <= MAX_TILES_BYTES)
 
 
 def conv(p: Program, node: Node, x: Value, w: Value, bias: Value | None) -> Value:
@@ -71,15 +73,15 @@ def conv(p: Program, node: Node, x: Value, w: Value, bias: Value | None) -> Valu
 
     v = p.emit(out + "_wino_in", (n, 4, 4, c, th, tw), "f32", tiles)
 
-    def products(idx: list[str]) -> str:  # laid out [i, j, n, ...]: fusion keeps the GEMMs apart
-        i, j, b, fo, ty, tx = idx
+    def products(idx: list[str]) -> str:  # image first: the threads take whole images' GEMMs
+        b, i, j, fo, ty, tx = idx
         return f"sum[c: {c}]({u.read([i, j, fo, 'c'])} * {v.read([b, i, j, 'c', ty, tx])})"
 
-    m = p.emit(out + "_wino_gemm", (4, 4, n, f, th, tw), "f32", products)
+    m = p.emit(out + "_wino_gemm", (n, 4, 4, f, th, tw), "f32", products)
 
     def back_columns(idx: list[str]) -> str:  # (m A)[i, a] of tile (ty, tx)
         b, i, a, fo, ty, tx = idx
-        return " + ".join(f"{at.read([a, str(k)])} * {m.read([i, str(k), b, fo, ty, tx])}" for k in range(4))
+        return " + ".join(f"{at.read([a, str(k)])} * {m.read([b, i, str(k), fo, ty, tx])}" for k in range(4))
 
     q = p.emit(out + "_wino_out", (n, 4, 2, f, th, tw), "f32", back_columns)
 
