@@ -1,4 +1,10 @@
-"""fuse: two perfectly nested loops become one over the product of their extents."""
+"""fuse: two perfectly nested loops become one over the product of their extents.
+
+Both must still be plain serial loops: the fused loop takes no kind from either (a vector loop
+fused with its neighbour would be a vector of their product's lanes, 4096 in one fuzzed
+schedule, which LLVM took minutes to lower; a parallel one would run iterations in parallel that
+were never checked to be independent). Fuse first, then vectorize, unroll, parallelise or bind.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +16,21 @@ from tcc.ir.loops import For, LoopFunc, Stmt
 from tcc.passes.loops.loopnest import const_extent, fresh, on_loops, require_loop, subst
 
 
+_AFTER = {"vector": "vectorize", "parallel": "parallelise", "unroll": "unroll"}
+
+
 def fuse(func: LoopFunc, outer: str, inner: str, name: str | None = None, span: Span | None = None) -> LoopFunc:
     """``for outer: for inner: body`` -> ``for name: body[outer := name // Ei, inner := name % Ei]``."""
     for loop in require_loop(func, outer, span):
         if not (isinstance(loop.body, For) and loop.body.var.name == inner):
             raise TccScheduleError(f"cannot fuse {outer} and {inner}: {inner} is not the only statement "
                                    f"directly inside {outer}", span, "fuse a loop with the loop right inside it")
+        for part in (loop, loop.body):
+            if part.kind != "serial":
+                verb = _AFTER.get(part.kind, f"bind it to {part.kind}")
+                raise TccScheduleError(f"cannot fuse {outer} and {inner}: {part.var.name} is already {part.kind}",
+                                       span, f"fuse {outer} and {inner} first, then {verb} the fused loop"
+                                       if part.kind in _AFTER else f"fuse {outer} and {inner} first, then {verb}")
         const_extent(loop, span)
         const_extent(loop.body, span)
     fused = name or fresh(func, f"{outer}_{inner}")
