@@ -15,7 +15,6 @@ from tcc.ir.expr import Binary, Var, const
 from tcc.ir.loops import For, LoopFunc, Stmt
 from tcc.passes.loops.loopnest import const_extent, fresh, on_loops, require_loop, subst
 
-
 _AFTER = {"vector": "vectorize", "parallel": "parallelise", "unroll": "unroll"}
 
 
