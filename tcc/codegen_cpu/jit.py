@@ -74,9 +74,13 @@ def _passive_wait():
     """libgomp reads its wait policy once, when it loads: make its threads sleep at once instead of
     spinning (~0.3 ms by default) at barriers. On a shared machine a spinning thread holds a core
     that the preempted thread it waits for needs: measured with another process busy on one of 2
-    cores, a 256 matmul took 16 ms spinning and 0.4 ms passive, a 7x7 conv 32 ms and 4 ms. A single
-    fork per call loses ~10 us to the wake-up. The variable is set only while libgomp loads (other
-    OpenMP runtimes, e.g. PyTorch's, keep theirs), and not where the user chose a policy."""
+    cores, a 256 matmul took 16 ms spinning and 0.4 ms passive, a 7x7 conv 32 ms and 4 ms. The
+    price is the wake-up of a sleeping thread at a call's first fork: 10 us on the development
+    host, 70-80 us on a 2-vCPU VM (ResNet-18 on two threads about 10% slower than spinning there).
+    The variable is set only while libgomp loads, and not where the user chose a policy. Where
+    PyTorch was imported first, ``libgomp.so.1`` is already its bundled copy (the same soname),
+    loaded with the policy PyTorch's import read (spinning, unless ``OMP_WAIT_POLICY`` was set):
+    tcc's parallel loops then share PyTorch's threads and this has no effect."""
     if any(k in os.environ for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")):
         yield
         return
