@@ -155,9 +155,10 @@ def _parallelize_items(func: LoopFunc, body: Stmt, cores: int, trace: Trace) -> 
     for item in items(body):
         if not (isinstance(item, For) and item.kind == "serial"):
             continue
-        if not _has_parallel(item) and (_work(item) >= PARALLEL_MIN_WORK or _whole_group(item)):
+        whole = _whole_group(item)
+        if not _has_parallel(item) and (whole or _work(item) >= PARALLEL_MIN_WORK):
             try:
-                func = _parallel_widened(func, item, cores, trace, whole=_whole_group(item))
+                func = _parallel_widened(func, item, cores, trace, whole=whole)
                 continue
             except TccScheduleError:
                 pass
@@ -221,10 +222,12 @@ def _inside(func: LoopFunc, inner: str, outer: str) -> bool:
 
 
 def _whole_group(item: For) -> bool:
-    """A group loop (several statements with their buffers: Winograd's transforms, im2col's patches
-    and GEMM) with enough work in all its statements to fork once for all of them. Forking per
-    statement instead costs a thread wake-up each (70 us measured on a 2-vCPU VM with the team
-    asleep: a ResNet-18 call forked 73 times)."""
+    """A group loop (several statements with their buffers: Winograd's rows and the tiles read
+    from them) with enough work in all its statements to fork once for all of them, each thread
+    keeping its own buffers. ``_work`` (extents times the *sum* of the inner loops' extents) rates
+    such a group far too small, and its statements forked one by one, per row of B^T: 73 forks a
+    ResNet-18 call, 43 with this. Counting stores this way for every statement would also fork small
+    GEMMs that ``_work`` keeps serial (a 1x1 conv of 174 kFLOP), so it is used for groups only."""
     return is_group(item) and _holds_buffers(item) and _store_work(item) >= PARALLEL_MIN_WORK
 
 

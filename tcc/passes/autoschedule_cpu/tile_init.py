@@ -11,6 +11,7 @@ blocks load what the block before stored. The additions per element are unchange
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from tcc import dtypes
@@ -25,16 +26,12 @@ def init_in_registers(func: LoopFunc, target: str, tiles: set[str]) -> LoopFunc:
     the init value (the caller guarantees that every element's tile is loaded once: a single k
     block). Only the tiles: another local buffer filled from ``target`` (a group's per-image
     slice of a convolution whose GEMM runs over the whole batch) reads the finished result."""
-    init = _init_nest(func, target)
-    value = stores(init)[0].value
-    local = {b.name for b in func.buffers().values() if b.scope == "local"} & tiles
+    init, value, tile_load = _tile_loads(func, target, tiles)
 
     def node(s: Stmt) -> Stmt | None:
         if s == init:
             return Seq(())
-        if isinstance(s, Store) and s.buffer in local and isinstance(s.value, Load) and s.value.buffer == target:
-            return replace(s, value=value)
-        return None
+        return replace(s, value=value) if tile_load(s) else None
 
     return replace(func, body=map_stmt(func.body, node))
 
@@ -43,12 +40,7 @@ def init_in_first_block(func: LoopFunc, target: str, tiles: set[str], k_block: s
     """Drop ``target``'s init nest; in the first k block (``k_block == 0``) its register tiles
     (the local buffers ``tiles``) start at the init value instead of loading ``target``. A k
     tail (a second ``k_block`` loop after the first in one sequence) keeps its loads."""
-    init = _init_nest(func, target)
-    value = stores(init)[0].value
-    local = {b.name for b in func.buffers().values() if b.scope == "local"} & tiles
-
-    def tile_load(s: Stmt) -> bool:
-        return isinstance(s, Store) and s.buffer in local and isinstance(s.value, Load) and s.value.buffer == target
+    init, value, tile_load = _tile_loads(func, target, tiles)
 
     def branch(s: Stmt, cond: Expr) -> Stmt:
         """The outermost nests that only load tiles, as ``if cond: tiles = identity else: as before``."""
@@ -84,6 +76,17 @@ def init_in_first_block(func: LoopFunc, target: str, tiles: set[str], k_block: s
         return s
 
     return replace(func, body=rewrite(func.body))
+
+
+def _tile_loads(func: LoopFunc, target: str, tiles: set[str]) -> tuple[For, Expr, Callable[[Stmt], bool]]:
+    """``target``'s init nest, the value it stores, and a test for a store that loads a register
+    tile (one of the local buffers ``tiles``) from ``target``."""
+    init = _init_nest(func, target)
+    local = {b.name for b in func.buffers().values() if b.scope == "local"} & tiles
+
+    def tile_load(s: Stmt) -> bool:
+        return isinstance(s, Store) and s.buffer in local and isinstance(s.value, Load) and s.value.buffer == target
+    return init, stores(init)[0].value, tile_load
 
 
 def _init_nest(func: LoopFunc, target: str) -> For:

@@ -15,7 +15,8 @@ from tcc.ir.expr import Binary, Var, const
 from tcc.ir.loops import For, LoopFunc, Stmt
 from tcc.passes.loops.loopnest import const_extent, fresh, on_loops, require_loop, subst
 
-_AFTER = {"vector": "vectorize", "parallel": "parallelise", "unroll": "unroll"}
+_AFTER = {kind: f"{verb} the fused loop" for kind, verb in
+          (("vector", "vectorize"), ("parallel", "parallelise"), ("unroll", "unroll"))}
 
 
 def fuse(func: LoopFunc, outer: str, inner: str, name: str | None = None, span: Span | None = None) -> LoopFunc:
@@ -26,10 +27,9 @@ def fuse(func: LoopFunc, outer: str, inner: str, name: str | None = None, span: 
                                    f"directly inside {outer}", span, "fuse a loop with the loop right inside it")
         for part in (loop, loop.body):
             if part.kind != "serial":
-                verb = _AFTER.get(part.kind, f"bind it to {part.kind}")
+                then = _AFTER.get(part.kind, f"bind it to {part.kind}")
                 raise TccScheduleError(f"cannot fuse {outer} and {inner}: {part.var.name} is already {part.kind}",
-                                       span, f"fuse {outer} and {inner} first, then {verb} the fused loop"
-                                       if part.kind in _AFTER else f"fuse {outer} and {inner} first, then {verb}")
+                                       span, f"fuse {outer} and {inner} first, then {then}")
         const_extent(loop, span)
         const_extent(loop.body, span)
     fused = name or fresh(func, f"{outer}_{inner}")
