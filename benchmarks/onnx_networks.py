@@ -27,12 +27,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-# PyTorch's OpenMP threads spin at a barrier after each call (libgomp's default), holding the cores
+# PyTorch's OpenMP threads spin for ~3 ms after each call (libgomp's default), holding the cores
 # that the next runner in the interleaved loop needs: on 2 cores that made tcc and onnxruntime
 # 10-35x slower after torch ran (the encoder block, batch 1: tcc 171 ms and onnxruntime 46 ms
-# spinning, 4.8 ms and 3.7 ms passive). tcc's own OpenMP threads wait passively; set before torch
-# loads its OpenMP runtime. (onnxruntime's threads spin too: see ort_session.)
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# spinning, 4.8 ms and 3.7 ms passive). torch is imported first, so tcc's parallel loops run on
+# torch's libgomp: it loads with tcc's own short spin (tcc.codegen_cpu.jit.SPIN_COUNT), set before
+# torch loads it. (onnxruntime's threads spin too: see ort_session.)
+from tcc.codegen_cpu.jit import SPIN_COUNT  # before torch; loads no OpenMP runtime
+
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ.setdefault("GOMP_SPINCOUNT", str(SPIN_COUNT))
 
 import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
@@ -48,6 +52,12 @@ MODELS = {
     "resnet18": (lambda: onnx_models.ResNet(), lambda b: (b, 3, 224, 224)),
     "encoder": (lambda: onnx_models.EncoderBlock(), lambda b: (b, 128, 256)),
 }
+
+
+def wait_policy() -> str:
+    """The OpenMP wait settings libgomp (torch's, shared with tcc) loaded with."""
+    chosen = [f"{k}={os.environ[k]}" for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if k in os.environ]
+    return ", ".join(chosen) or "libgomp's default"
 
 
 def interleaved(runs: dict, repeat: int, clock=time.perf_counter) -> dict[str, tuple[float, float, float]]:
@@ -187,7 +197,7 @@ def main() -> None:
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:args.threads])
         torch.set_num_threads(args.threads)
     print(f"threads: torch {torch.get_num_threads()}, tcc {len(os.sched_getaffinity(0))}, cpus {os.cpu_count()}, "
-          f"load average {os.getloadavg()[0]:.1f}, OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}")
+          f"load average {os.getloadavg()[0]:.1f}, OpenMP wait: {wait_policy()}")
     for name in args.models:
         for batch in args.batches:
             bench(name, batch, args.repeat, args.threads)

@@ -19,7 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see benchmarks/onnx_networks.py
+from tcc.codegen_cpu.jit import SPIN_COUNT  # loads no OpenMP runtime
+
+if "OMP_WAIT_POLICY" not in os.environ:  # tcc's own short spin for torch's libgomp: see onnx_networks.py
+    os.environ.setdefault("GOMP_SPINCOUNT", str(SPIN_COUNT))
 
 import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402

@@ -35,7 +35,7 @@ def load_thread_runtime() -> bool:
     Without it, loops marked parallel run serially: slower, never wrong.
     """
     _init()
-    with _passive_wait():
+    with _short_spin():
         for find in (lambda: "libgomp.so.1", lambda: ctypes.util.find_library("gomp")):  # the search runs ldconfig
             name = find()
             if not name:
@@ -69,26 +69,33 @@ def load_soft_float_runtime() -> None:
                           hint="install the GCC runtime library (libgcc-s1)")
 
 
+# libgomp's GOMP_SPINCOUNT for tcc's thread team: ~30-50 us of spinning on a 2-vCPU Zen 4 VM
+SPIN_COUNT = 3000
+
+
 @contextlib.contextmanager
-def _passive_wait():
-    """libgomp reads its wait policy once, when it loads: make its threads sleep at once instead of
-    spinning (~0.3 ms by default) at barriers. On a shared machine a spinning thread holds a core
-    that the preempted thread it waits for needs: measured with another process busy on one of 2
-    cores, a 256 matmul took 16 ms spinning and 0.4 ms passive, a 7x7 conv 32 ms and 4 ms. The
-    price is the wake-up of a sleeping thread at a call's first fork: 10 us on the development
-    host, 70-80 us on a 2-vCPU VM (ResNet-18 on two threads about 10% slower than spinning there).
-    The variable is set only while libgomp loads, and not where the user chose a policy. Where
-    PyTorch was imported first, ``libgomp.so.1`` is already its bundled copy (the same soname),
-    loaded with the policy PyTorch's import read (spinning, unless ``OMP_WAIT_POLICY`` was set):
-    tcc's parallel loops then share PyTorch's threads and this has no effect."""
+def _short_spin():
+    """libgomp reads its wait policy once, when it loads: make its threads spin ``SPIN_COUNT``
+    times (tens of microseconds) after a parallel loop, then sleep. That spans the gap to the next
+    kernel of a model's call, or to the next op called back to back, so that the next fork finds
+    its threads awake: a fork cost 60-75 us where they slept at once (a sleeping vCPU's wake-up, a
+    2-vCPU VM) and 4 us after a 20 us gap with this spin. ResNet-18 on two threads ran ~5% faster
+    than sleeping at once. libgomp's own default spins ~100x longer (about 3 ms), which on a
+    shared machine holds a core that a preempted thread needs: with another process busy on one
+    of 2 cores, a 256 matmul took 16 ms that way and 0.4-0.5 ms sleeping at once, 0.5-0.6 ms with
+    this spin (10x this spin: 0.8-1.0 ms). The variable is set only while libgomp loads, and not
+    where the user chose a policy (``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT``). Where PyTorch was
+    imported first, ``libgomp.so.1`` is already its bundled copy (the same soname), loaded with
+    the policy PyTorch's import read: tcc's parallel loops then share PyTorch's threads and this
+    has no effect."""
     if any(k in os.environ for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")):
         yield
         return
-    os.environ["OMP_WAIT_POLICY"] = "passive"
+    os.environ["GOMP_SPINCOUNT"] = str(SPIN_COUNT)
     try:
         yield
     finally:
-        del os.environ["OMP_WAIT_POLICY"]
+        del os.environ["GOMP_SPINCOUNT"]
 
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
