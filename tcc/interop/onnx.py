@@ -35,6 +35,7 @@ from tcc.interop import onnx_shapes as shapes
 from tcc.interop.onnx_build import Workers
 from tcc.interop.onnx_graph import NUMPY_DTYPES, NeedsValue, Node, OnnxImportError, Program, Value
 from tcc.interop.onnx_kernels import Kernel
+from tcc.interop.onnx_memory import Arena, Arenas, BufferPlan
 from tcc.interop.onnx_ops import ONNX_DTYPES, tcc_dtype
 from tcc.runtime import cache
 from tcc.runtime.binding import as_host_array
@@ -255,6 +256,7 @@ class OnnxModel:
         self._weights = dict(program.weights)
         self._results = tuple(name for name, _, _ in program.results)
         self._on_device = self.target != "cuda"  # CUDA weights are copied over once, on the first call
+        self._arenas: Arenas | None = None  # buffers for the intermediates, planned on the first call (CPU)
         self.compile_seconds = 0.0
 
     def __repr__(self) -> str:
@@ -364,15 +366,36 @@ class OnnxModel:
             self._on_device = True
         calls = self.__dict__.get("_calls") or self.compile()._calls
         values = {**self._weights, **dict(zip(self._inputs, args))}
-        last = len(calls) - 1
-        for n, (op, params, results) in enumerate(calls):
-            direct = n == last and results == self._results  # the last kernel writes the outputs
-            got = op(*[values[p] for p in params], out=out if direct else None)
-            values.update(zip(results, got) if len(results) > 1 else ((results[0], got),))
+        arena = self._arenas.take() if self._arenas is not None else None
+        try:
+            self._run_kernels(calls, values, arena, out)
+        finally:
+            if arena is not None:
+                self._arenas.give_back(arena)
+        if self._arenas is None and self.target == "cpu":  # the first call: plan the buffers of the next ones
+            layouts = {name: (values[name].shape, values[name].dtype) for _, _, results in calls for name in results}
+            self._arenas = Arenas(BufferPlan([(params, results) for _, params, results in calls], layouts,
+                                             self._results))
         outputs = [values[name] for name in self._results]
         if out is not None and not (calls and calls[-1][2] == self._results):
             outputs = _copy_out(outputs, out)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def _run_kernels(self, calls: list[tuple[Op, tuple[str, ...], tuple[str, ...]]], values: dict[str, Any],
+                     arena: Arena | None, out: Any) -> None:
+        """Run the kernels in order, adding their results to ``values``; intermediates go to the
+        arena's buffers where there is one (``tcc.interop.onnx_memory``)."""
+        last = len(calls) - 1
+        for n, (op, params, results) in enumerate(calls):
+            if n == last and results == self._results:  # the last kernel writes the outputs
+                into = out
+            else:
+                into = arena.outputs(results) if arena is not None else None
+            got = op(*[values[p] for p in params], out=into)
+            got = got if len(results) > 1 else (got,)
+            if arena is not None:
+                arena.keep(results, got)
+            values.update(zip(results, got))
 
     def lower(self, stage: str = "fused") -> str:
         """The text of any compilation stage (``te fused loops scheduled llvm asm cuda ptx``): up to
