@@ -46,10 +46,6 @@ class BufferPlan:
         self.layouts.append(layout)
         return len(self.layouts) - 1
 
-    def nbytes(self) -> int:
-        """The bytes one arena holds once every slot is made."""
-        return sum(int(np.prod(shape)) * dtype.itemsize for shape, dtype in self.layouts)
-
 
 class Arena:
     """One set of slot arrays, made on first use."""
