@@ -56,21 +56,22 @@ def test_winograd_blocks_match_ort_and_torch(n, c, f, h, w, stride, rng):
 
 
 @pytest.mark.parametrize("n, c, f, h, w", [(1, 8, 16, 16, 16), (1, 16, 8, 16, 16), (1, 16, 16, 7, 9),
-                                           (1, 64, 64, 56, 56), (8, 64, 64, 56, 56)])
+                                           (1, 128, 64, 56, 56), (8, 128, 128, 56, 56)])
 def test_direct_where_winograd_does_not_pay(n, c, f, h, w, rng):
     """Few channels, a side under 8 pixels (7x7 layers: tiles padded to 8x8) or an image's
-    transformed input over ``MAX_TILES_BYTES`` (64 channels at 56x56: 3 MiB) keep the direct
+    transformed input over ``MAX_TILES_BYTES`` (128 channels at 56x56: 6.4 MiB) keep the direct
     convolution, at any batch."""
     model = onnx_models.randomized(torch.nn.Conv2d(c, f, 3, 1, 1)).eval()
     x = torch.from_numpy(rng.standard_normal([n, c, h, w]).astype(np.float32))
     assert _winograd_notes(onnx_models.export(model, x)) == []
 
 
-def test_the_budget_is_per_image(rng):
-    """128 channels at 28x28 (1.6 MiB of transformed input an image) take Winograd's at batch 8
-    too, and match onnxruntime there."""
-    model = onnx_models.randomized(torch.nn.Conv2d(128, 128, 3, 1, 1)).eval()
-    x = torch.from_numpy(rng.standard_normal([8, 128, 28, 28]).astype(np.float32))
+@pytest.mark.parametrize("n, c, side", [(8, 128, 28), (2, 64, 56)])
+def test_the_budget_is_per_image(n, c, side, rng):
+    """128 channels at 28x28 (1.6 MiB of transformed input an image) and 64 at 56x56 (3 MiB) take
+    Winograd's at a batch of several images too, and match onnxruntime there."""
+    model = onnx_models.randomized(torch.nn.Conv2d(c, c, 3, 1, 1)).eval()
+    x = torch.from_numpy(rng.standard_normal([n, c, side, side]).astype(np.float32))
     data = onnx_models.export(model, x)
     assert len(_winograd_notes(data)) == 1
     expected = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})[0]

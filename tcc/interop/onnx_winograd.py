@@ -13,9 +13,12 @@ three stages as tcc.onnx cuts them into kernels): 3x3, stride 1, pad 1, f32, at 
 ``MIN_CHANNELS`` channels in and out, ``MIN_SIDE`` pixels a side, and the transformed input of
 one image within ``MAX_TILES_BYTES``. Alone, 256 channels at 14x14 took 0.66x the direct
 convolution's time and 128 at 28x28 0.69x; 512 at 7x7 (tiles padded to 8x8, 16 GEMM columns)
-1.15x, so it stays direct. In ResNet-18 (interleaved in one process) the 64-channel layers at
-56x56 (3 MiB of transformed input an image) ran no faster than direct (0.97-1.01x the model's
-time on one thread, the transforms' rows out of L2). The products are laid out image first
+1.15x, so it stays direct. The 64-channel layers at 56x56 (3 MiB of transformed input an image)
+had run ResNet-18 no faster than direct (0.97-1.01x on one thread); since a model keeps its
+intermediates' buffers between calls (``tcc.interop.onnx_memory``: the transformed inputs and
+products had been page-faulted afresh on every call) they run it 0.93-0.95x as long on one
+thread and two, at batch 1 and 8 (interleaved in one process, against the 2 MiB budget that kept
+them direct). Larger images or more channels (128 at 56x56: 6.4 MiB) stay direct. The products are laid out image first
 (``[n, i, j, f, ty, tx]``): the batched GEMMs then split the images over the threads, and at
 batch 8 the model ran 0.86-0.88x its all-direct time on two threads (0.96x on one); laid out
 ``[i, j, n, ...]`` (one GEMM's columns spanning the batch) two threads had run it 1.09x slower.
@@ -32,7 +35,7 @@ from tcc.interop.onnx_graph import Node, Program, Value
 
 MIN_CHANNELS = 16
 MIN_SIDE = 8
-MAX_TILES_BYTES = 2 << 20  # an image's transformed input at most (a 3x3 conv on 64 channels at 56x56: 3 MiB)
+MAX_TILES_BYTES = 4 << 20  # an image's transformed input at most (a 3x3 conv on 64 channels at 56x56: 3 MiB)
 
 B_T = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], np.float64)
 G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]], np.float64)
