@@ -124,3 +124,18 @@ def test_calls_on_several_threads_at_once_get_their_own_buffers(rng):
     for t in threads:
         t.join()
     assert not failures
+
+
+def test_released_buffers_are_planned_again(rng):
+    model = residual_model()
+    compiled = tcc.onnx.load(model)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = rng.standard_normal(SHAPE).astype(np.float32)
+    compiled(x)
+    compiled(x)
+    compiled.release_buffers()
+    assert compiled._arenas is None
+    for _ in range(2):
+        x = rng.standard_normal(SHAPE).astype(np.float32)
+        np.testing.assert_allclose(compiled(x), session.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)
+    assert compiled._arenas is not None
