@@ -156,6 +156,7 @@ def ddp_worker(rank: int, nproc: int, device: str, steps: int, port: int) -> Non
             if err > 1e-4:
                 raise SystemExit(f"rank {rank}: DDP gradients differ from one process's ({err:.2e})")
             opt.step()
+        dist.barrier()  # no rank tears gloo down while the other still talks to it (it aborted 1 run in 8)
     finally:
         dist.destroy_process_group()
 
