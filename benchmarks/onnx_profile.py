@@ -19,20 +19,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from tcc.codegen_cpu.jit import SPIN_COUNT  # loads no OpenMP runtime
-
-if "OMP_WAIT_POLICY" not in os.environ:  # tcc's own short spin for torch's libgomp: see onnx_networks.py
-    os.environ.setdefault("GOMP_SPINCOUNT", str(SPIN_COUNT))
-
-import numpy as np  # noqa: E402
-import onnxruntime as ort  # noqa: E402
-import torch  # noqa: E402
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from onnx_networks import MODELS  # noqa: E402
+from onnx_networks import MODELS  # noqa: E402 - first: it sets libgomp's wait policy before torch loads
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+import numpy as np  # noqa: E402
 import onnx_models  # noqa: E402
+import onnxruntime as ort  # noqa: E402
+import torch  # noqa: E402
 
 import tcc  # noqa: E402
 

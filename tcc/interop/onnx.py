@@ -373,13 +373,17 @@ class OnnxModel:
             if arena is not None:
                 self._arenas.give_back(arena)
         if self._arenas is None and self.target == "cpu":  # the first call: plan the buffers of the next ones
-            layouts = {name: (values[name].shape, values[name].dtype) for _, _, results in calls for name in results}
-            self._arenas = Arenas(BufferPlan([(params, results) for _, params, results in calls], layouts,
-                                             self._results))
+            self._arenas = self._plan_buffers(calls, values)
         outputs = [values[name] for name in self._results]
         if out is not None and not (calls and calls[-1][2] == self._results):
             outputs = _copy_out(outputs, out)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def _plan_buffers(self, calls: list[tuple[Op, tuple[str, ...], tuple[str, ...]]],
+                      values: dict[str, Any]) -> Arenas:
+        """The buffer plan for the intermediates, from the shapes and dtypes of one call's ``values``."""
+        layouts = {name: (values[name].shape, values[name].dtype) for _, _, results in calls for name in results}
+        return Arenas(BufferPlan([(params, results) for _, params, results in calls], layouts, self._results))
 
     def release_buffers(self) -> None:
         """Let go of the intermediates' buffers kept between calls (``tcc.interop.onnx_memory``:

@@ -38,7 +38,7 @@ class BufferPlan:
                     continue
                 spare = free.get(layouts[name])
                 self.slot_of[name] = spare.pop() if spare else self._new_slot(layouts[name])
-                freed_after.setdefault(max(n, last_read.get(name, n)), []).append(name)
+                freed_after.setdefault(last_read.get(name, n), []).append(name)  # unread: free at once
             for name in freed_after.pop(n, []):
                 free.setdefault(layouts[name], []).append(self.slot_of[name])
 
