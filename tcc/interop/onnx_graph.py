@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tcc.errors import TccError
+from tcc.frontend.unparse import Ex, access, call, num, unparse, var
 
-Read = Callable[[Sequence[str]], str]
+Read = Callable[[Sequence[Ex]], Ex]
 RESERVED = {"op", "pad", "value", "and", "or", "not", "sum", "max", "min", "prod", "select", "exp", "log",
             "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "erf", "abs", "floor", "ceil", "pow",
             "f16", "bf16", "f32", "f64", "i8", "i32", "i64", "bool", "schedule"}
@@ -88,7 +89,7 @@ class Value:
 
 @dataclass
 class Statement:
-    """One statement of the op's body: ``text`` defines ``name`` (after ``decl``, the
+    """One statement of the op's body, printed: ``text`` defines ``name`` (after ``decl``, the
     declaration line of an intermediate), or ``name`` is a ``pad`` view of ``pad_of``."""
 
     name: str
@@ -137,7 +138,7 @@ class Program:
 
     # ------------------------------------------------------------ values
     def tensor_value(self, name: str, shape: tuple[int, ...], dtype: str) -> Value:
-        return Value(tuple(shape), dtype, lambda idx, n=name: f"{n}[{', '.join(idx)}]", tensor=name)
+        return Value(tuple(shape), dtype, lambda idx, n=name: access(n, idx), tensor=name)
 
     def add_input(self, onnx_name: str, shape: tuple[int, ...], dtype: str) -> Value:
         name = self.fresh(onnx_name)
@@ -155,41 +156,41 @@ class Program:
         array = np.asarray(array, dtype=NUMPY_DTYPES[dtype])
         if not array.flags.c_contiguous:  # (np.ascontiguousarray would make a 0-d array 1-d)
             array = array.copy(order="C")
-        value = Value(array.shape, dtype, lambda idx: "", const=array)
+        value = Value(array.shape, dtype, lambda idx: num(0), const=array)
         first = array.reshape(-1)[0] if array.size else None
         uniform = array.size > 0 and (array.size <= INLINE_LIMIT or bool(np.all(array == first)))
-        if uniform and (text := _literal(first, dtype)) is not None:
-            value.read = lambda idx, t=text: t
+        if uniform and (literal := _literal(first, dtype)) is not None:
+            value.read = lambda idx, t=literal: t
             return value
 
-        def read(idx: Sequence[str]) -> str:
+        def read(idx: Sequence[Ex]) -> Ex:
             if value.tensor is None:
                 value.tensor = self.fresh(hint)
                 self.params.append((value.tensor, dtype, array.shape))
                 self.weights[value.tensor] = array
-            return f"{value.tensor}[{', '.join(idx)}]"
+            return access(value.tensor, idx)
 
         value.read = read
         return value
 
-    def emit(self, hint: str, shape: Sequence[int], dtype: str, body: Callable[[list[str]], str]) -> Value:
+    def emit(self, hint: str, shape: Sequence[int], dtype: str, body: Callable[[list[Ex]], Ex]) -> Value:
         """A statement ``T[i0, ...] = body(i0, ...)`` defining a new intermediate."""
         name = self.fresh(hint)
         idx = self.index_names(len(shape))
         decl = f"{name}: {dtype}[{', '.join(map(str, shape))}]"
-        self.statements.append(Statement(name, f"{name}[{', '.join(idx)}] = {body(idx)}", decl))
+        self.statements.append(Statement(name, f"{unparse(access(name, idx).node)} = {body(idx)}", decl))
         return self.tensor_value(name, tuple(shape), dtype)
 
     def materialize(self, value: Value, hint: str) -> str:
         """The name of a tcc tensor holding ``value`` (a copy statement for a view)."""
         if value.const is not None and value.tensor is None and value.size > INLINE_LIMIT:
-            value.read(["0"] * value.rank)  # makes the parameter
+            value.read([num(0)] * value.rank)  # makes the parameter
         if value.tensor is not None:
             return value.tensor
         copy = self.emit(hint, value.shape, value.dtype, value.read)
         return copy.tensor  # type: ignore[return-value]
 
-    def pad(self, value: Value, lo: Sequence[int], hi: Sequence[int], hint: str, fill: str | None = None) -> Value:
+    def pad(self, value: Value, lo: Sequence[int], hi: Sequence[int], hint: str, fill: Ex | None = None) -> Value:
         """A ``pad`` view of ``value``: reads outside it give ``fill`` (0 by default)."""
         source = self.materialize(value, hint)
         name = self.fresh(hint + "_pad")
@@ -197,19 +198,19 @@ class Program:
         lists = f"[{', '.join(map(str, lo))}], [{', '.join(map(str, hi))}]"
         self.statements.append(Statement(name, f"{name} = pad({source}, {lists}{fill_text})", pad_of=source))
         shape = tuple(n + a + b for n, a, b in zip(value.shape, lo, hi))
-        return Value(shape, value.dtype, lambda idx: f"{name}[{', '.join(idx)}]")
+        return Value(shape, value.dtype, lambda idx: access(name, idx))
 
     def add_result(self, onnx_name: str, value: Value) -> None:
         name = self.fresh(onnx_name)
         idx = self.index_names(value.rank)
         self.results.append((name, value.dtype, value.shape))
-        self.statements.append(Statement(name, f"{name}[{', '.join(idx)}] = {value.read(idx)}"))
+        self.statements.append(Statement(name, f"{access(name, idx)} = {value.read(idx)}"))
 
-    def index_names(self, rank: int) -> list[str]:
+    def index_names(self, rank: int) -> list[Ex]:
         """Each statement's own index names (``i0_7, i1_7``): the CPU auto-scheduler transforms
         same-named loops of different statements together, which breaks on big programs."""
         self._statements += 1
-        return [f"i{d}_{self._statements}" for d in range(rank)]
+        return [var(f"i{d}_{self._statements}") for d in range(rank)]
 
     # ------------------------------------------------------------ text
     def source(self) -> str:
@@ -225,27 +226,19 @@ class Program:
 
 
 
-def _literal(x, dtype: str) -> str | None:
-    """``x`` as tcc source of dtype ``dtype``, or None when it has no literal (NaN)."""
+def _literal(x, dtype: str) -> Ex | None:
+    """``x`` as an expression of dtype ``dtype``, or None when it has no literal (NaN)."""
     if dtype == "bool":
-        return "(1 == 1)" if bool(x) else "(1 == 0)"
+        return num(1).eq(1 if bool(x) else 0)
     if dtype.startswith("i"):
-        return f"{dtype}({int(x)})"
+        return call(dtype, int(x))
     x = float(x)
-    if math.isnan(x):
-        return None
-    if math.isinf(x):
-        return f"{dtype}({'-' if x < 0 else ''}1e400)"
-    text = repr(x)
-    return f"{dtype}({text})" if x >= 0 else f"{dtype}(-{text[1:]})"
+    return None if math.isnan(x) else call(dtype, x)
 
 
-def float_literal(x: float) -> str:
-    """A weak float literal (keeps the other operand's dtype): ``0.5``, ``(-0.5)``."""
-    x = float(x)
-    if math.isinf(x):
-        return "1e400" if x > 0 else "(-1e400)"
-    return repr(x) if x >= 0 else f"(-{repr(x)[1:]})"
+def float_literal(x: float) -> Ex:
+    """A weak float literal (keeps the other operand's dtype): ``0.5``, ``-0.5``."""
+    return num(float(x))
 
 
 def broadcast_shape(node: Node, *shapes: tuple[int, ...]) -> tuple[int, ...]:
@@ -260,12 +253,12 @@ def broadcast_shape(node: Node, *shapes: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(out)
 
 
-def broadcast_read(value: Value, idx: Sequence[str], shape: Sequence[int]) -> str:
+def broadcast_read(value: Value, idx: Sequence[Ex], shape: Sequence[int]) -> Ex:
     """Read ``value`` at the index ``idx`` of a result of ``shape``, under NumPy broadcasting
     (a dim of 1 against a longer one reads 0; matching dims keep their index, so fusion sees
     every loop index)."""
     offset = len(idx) - value.rank
-    return value.read([idx[offset + d] if value.shape[d] == shape[offset + d] else "0" for d in range(value.rank)])
+    return value.read([idx[offset + d] if value.shape[d] == shape[offset + d] else num(0) for d in range(value.rank)])
 
 
 def view(source: Value, shape: Sequence[int], read: Read) -> Value:

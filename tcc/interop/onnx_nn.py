@@ -14,24 +14,25 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tcc.frontend.unparse import Ex, all_of, call, num, reduction, select, var
 from tcc.interop import onnx_winograd
 from tcc.interop.onnx_graph import Node, Program, Value, broadcast_read, broadcast_shape, float_literal
-from tcc.interop.onnx_ops import cast_text, is_float, reduce_text
+from tcc.interop.onnx_ops import cast_to, is_float, reduce_over, zero
 from tcc.interop.onnx_shapes import reshape_view
 
 # ---------------------------------------------------------------- matrix products
 
 
-def _sum_cast(text: str, dtype: str) -> str:
+def _sum_cast(total: Ex, dtype: str) -> Ex:
     """A sum of ``dtype`` values; tcc sums small ints (and rounds f16 once) into the wider type."""
-    return text if dtype in ("f32", "f64", "i64") else cast_text(text, dtype)
+    return total if dtype in ("f32", "f64", "i64") else cast_to(total, dtype)
 
 
 def gemm_operand(p: Program, v: Value, hint: str) -> Value:
     """``v`` as a GEMM operand: a view whose reads divide or wrap indices (a reshape that merges
     dims) is copied first, so that the product reads affine indices the GEMM scheduler tiles.
     (Fusion may still inline the producer of the view into the copy.)"""
-    probe = v.read([f"i{d}" for d in range(v.rank)])
+    probe = str(v.read([var(f"i{d}") for d in range(v.rank)]))
     if v.tensor is None and v.const is None and ("//" in probe or "%" in probe):
         return p.tensor_value(p.materialize(v, hint), v.shape, v.dtype)
     return v
@@ -48,17 +49,18 @@ def matmul(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
     shape = (*batch, a_shape[-2], b_shape[-1])
     k = a_shape[-1]
 
-    def read(v: Value, vshape: tuple[int, ...], idx: Sequence[str], row: str, col: str) -> str:
-        if v.rank == 1:
-            return v.read([col if v is a else row])
+    def read(v: Value, vshape: tuple[int, ...], idx: Sequence[Ex], row: Ex, col: Ex, lhs: bool) -> Ex:
+        if v.rank == 1:  # a vector on the left is a row (read along its columns), on the right a column
+            return v.read([col if lhs else row])
         nb = len(vshape) - 2
-        batch_idx = [idx[len(batch) - nb + d] if vshape[d] == batch[len(batch) - nb + d] else "0" for d in range(nb)]
+        batch_idx = [idx[len(batch) - nb + d] if vshape[d] == batch[len(batch) - nb + d] else num(0)
+                     for d in range(nb)]
         return v.read([*batch_idx, row, col])
 
-    def body(idx: list[str]) -> str:
-        i, j = idx[-2], idx[-1]
-        return _sum_cast(f"sum[k0: {k}]({read(a, a_shape, idx, i, 'k0')} * {read(b, b_shape, idx, 'k0', j)})",
-                         a.dtype)
+    def body(idx: list[Ex]) -> Ex:
+        i, j, k0 = idx[-2], idx[-1], var("k0")
+        product = read(a, a_shape, idx, i, k0, lhs=True) * read(b, b_shape, idx, k0, j, lhs=False)
+        return _sum_cast(reduction("sum", [("k0", k)], product), a.dtype)
 
     out_shape = shape[:-2] + (() if a.rank == 1 else (shape[-2],)) + (() if b.rank == 1 else (shape[-1],))
     if out_shape == shape:
@@ -78,17 +80,17 @@ def gemm(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
     if k != k2:
         raise node.error(f"inner dimensions differ: {list(a.shape)} and {list(b.shape)} (transA={ta}, transB={tb})")
 
-    def body(idx: list[str]) -> str:
-        i, j = idx
-        lhs = a.read(["k0", i] if ta else [i, "k0"])
-        rhs = b.read([j, "k0"] if tb else ["k0", j])
-        text = _sum_cast(f"sum[k0: {k}]({lhs} * {rhs})", a.dtype)
+    def body(idx: list[Ex]) -> Ex:
+        i, j, k0 = idx[0], idx[1], var("k0")
+        lhs = a.read([k0, i] if ta else [i, k0])
+        rhs = b.read([j, k0] if tb else [k0, j])
+        total = _sum_cast(reduction("sum", [("k0", k)], lhs * rhs), a.dtype)
         if alpha != 1.0:
-            text = f"{text} * {float_literal(alpha)}"
+            total = total * float_literal(alpha)
         if c is not None and beta != 0.0:
             bias = broadcast_read(c, idx, (m, n))
-            text = f"{text} + {bias}" if beta == 1.0 else f"{text} + {bias} * {float_literal(beta)}"
-        return text
+            total = total + (bias if beta == 1.0 else bias * float_literal(beta))
+        return total
 
     return [p.emit(node.outputs[0], (m, n), a.dtype, body)]
 
@@ -129,13 +131,16 @@ def _window(node: Node, spatial: Sequence[int], kernel: Sequence[int], ceil_mode
     return strides, dilations, lo, hi, outs
 
 
-def _tap(out: str, r: str, stride: int, dilation: int) -> str:
-    a = out if stride == 1 else f"{out} * {stride}"
-    b = r if dilation == 1 else f"{r} * {dilation}"
-    return f"{a} + {b}"
+def _tap(out: Ex, r: Ex, stride: int, dilation: int) -> Ex:
+    """The input position of window tap ``r`` of output position ``out``."""
+    return out * stride + r * dilation
 
 
-def _padded(p: Program, x: Value, lo: Sequence[int], hi: Sequence[int], hint: str, fill: str | None = None) -> Value:
+def _extents(names: Sequence[str], sizes: Sequence[int]) -> list[tuple[str, int]]:
+    return list(zip(names, sizes))
+
+
+def _padded(p: Program, x: Value, lo: Sequence[int], hi: Sequence[int], hint: str, fill: Ex | None = None) -> Value:
     if not any(lo) and not any(hi):
         return x
     return p.pad(x, [0, 0, *lo], [0, 0, *hi], hint, fill)
@@ -159,14 +164,13 @@ def conv(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
     cg, fg = w.shape[1], filters // group
     rs = [f"r{d}" for d in range(nd)]
 
-    def body(idx: list[str]) -> str:
-        n, f, ys = idx[0], idx[1], idx[2:]
-        c = "c" if group == 1 else f"{f} // {fg} * {cg} + c" if cg > 1 else f"{f} // {fg}"
-        taps = [_tap(y, r, s, dl) for y, r, s, dl in zip(ys, rs, strides, dilations)]
-        extents = ", ".join([f"c: {cg}"] + [f"{r}: {k}" for r, k in zip(rs, kernel)])
-        text = f"sum[{extents}]({xp.read([n, c, *taps])} * {w.read([f, 'c', *rs])})"
-        text = _sum_cast(text, x.dtype)
-        return f"{text} + {bias.read([f])}" if bias is not None else text
+    def body(idx: list[Ex]) -> Ex:
+        n, f, ys, c = idx[0], idx[1], idx[2:], var("c")
+        channel = c if group == 1 else f // fg * cg + c if cg > 1 else f // fg
+        taps = [_tap(y, var(r), s, dl) for y, r, s, dl in zip(ys, rs, strides, dilations)]
+        product = xp.read([n, channel, *taps]) * w.read([f, c, *map(var, rs)])
+        total = _sum_cast(reduction("sum", [("c", cg), *_extents(rs, kernel)], product), x.dtype)
+        return total + bias.read([f]) if bias is not None else total
 
     return [p.emit(node.outputs[0], (x.shape[0], filters, *outs), x.dtype, body)]
 
@@ -207,25 +211,23 @@ def conv_transpose(p: Program, node: Node, args: list[Value | None]) -> list[Val
     xp = _padded(p, x, pad_lo, pad_hi, node.outputs[0] + "_in")
     rs = [f"r{d}" for d in range(nd)]
 
-    def body(idx: list[str]) -> str:
-        n, f, ys = idx[0], idx[1], idx[2:]
-        c = "c" if group == 1 else f"{f} // {fg} * {cg} + c"
+    def body(idx: list[Ex]) -> Ex:
+        n, f, ys, c = idx[0], idx[1], idx[2:], var("c")
+        channel = c if group == 1 else f // fg * cg + c
         reads, conds = [], []
         for d, (y, r) in enumerate(zip(ys, rs)):
-            num = f"{y} + {lo[d]}" if lo[d] else y
-            num = f"{num} - {r}" if dilations[d] == 1 else f"{num} - {r} * {dilations[d]}"
+            pos = y + lo[d] - var(r) * dilations[d]
             if strides[d] == 1:
-                reads.append(f"{num} + {pad_lo[d]}" if pad_lo[d] else num)
+                reads.append(pos + pad_lo[d])
             else:
-                reads.append(f"({num}) // {strides[d]} + {pad_lo[d]}" if pad_lo[d] else f"({num}) // {strides[d]}")
-                conds.append(f"({num}) % {strides[d]} == 0")
-        wf = f if group == 1 else f"{f} % {fg}"
-        term = f"{xp.read([n, c, *reads])} * {w.read([c, wf, *rs])}"
+                reads.append(pos // strides[d] + pad_lo[d])
+                conds.append((pos % strides[d]).eq(0))
+        wf = f if group == 1 else f % fg
+        term = xp.read([n, channel, *reads]) * w.read([channel, wf, *map(var, rs)])
         if conds:
-            term = f"select({' and '.join(conds)}, {term}, {'0.0' if is_float(x.dtype) else '0'})"
-        extents = ", ".join([f"c: {cg}"] + [f"{r}: {k}" for r, k in zip(rs, kernel)])
-        text = _sum_cast(f"sum[{extents}]({term})", x.dtype)
-        return f"{text} + {bias.read([f])}" if bias is not None else text
+            term = select(all_of(conds), term, zero(x.dtype))
+        total = _sum_cast(reduction("sum", [("c", cg), *_extents(rs, kernel)], term), x.dtype)
+        return total + bias.read([f]) if bias is not None else total
 
     return [p.emit(node.outputs[0], (x.shape[0], fg * group, *outs), x.dtype, body)]
 
@@ -242,35 +244,33 @@ def max_pool(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
     kernel = list(node.attrs["kernel_shape"])
     strides, dilations, lo, hi, outs = _window(node, x.shape[2:], kernel, bool(node.attrs.get("ceil_mode", 0)))
     hi = _reach(hi, outs, strides, kernel, dilations, x.shape[2:], lo)
-    low = "(-1e400)" if is_float(x.dtype) else str(np.iinfo(x.dtype.replace("i", "int")).min)
+    low = num(float("-inf")) if is_float(x.dtype) else num(int(np.iinfo(x.dtype.replace("i", "int")).min))
     xp = _padded(p, x, lo, hi, node.outputs[0] + "_in", low)
     rs = [f"r{d}" for d in range(len(kernel))]
     with_indices = len(node.outputs) > 1 and bool(node.outputs[1])
     if not with_indices and separable(kernel, dilations):
         return [_separable_max(p, node.outputs[0], xp, kernel, strides, outs)]
 
-    def body(idx: list[str]) -> str:
-        taps = [_tap(y, r, s, dl) for y, r, s, dl in zip(idx[2:], rs, strides, dilations)]
-        extents = ", ".join(f"{r}: {k}" for r, k in zip(rs, kernel))
-        return f"max[{extents}]({xp.read([idx[0], idx[1], *taps])})"
+    def body(idx: list[Ex]) -> Ex:
+        taps = [_tap(y, var(r), s, dl) for y, r, s, dl in zip(idx[2:], rs, strides, dilations)]
+        return reduction("max", _extents(rs, kernel), xp.read([idx[0], idx[1], *taps]))
 
     y = p.emit(node.outputs[0], (*x.shape[:2], *outs), x.dtype, body)
     if not with_indices:
         return [y]
     column_major = bool(node.attrs.get("storage_order", 0))
 
-    def argmax(idx: list[str]) -> str:
+    def argmax(idx: list[Ex]) -> Ex:
         """The flat index of the first input element equal to the window's maximum."""
-        taps = [_tap(o, r, s, dl) for o, r, s, dl in zip(idx[2:], rs, strides, dilations)]
+        taps = [_tap(o, var(r), s, dl) for o, r, s, dl in zip(idx[2:], rs, strides, dilations)]
         spatial = x.shape[2:]
-        pos = [f"({t} - {low})" if low else f"({t})" for t, low in zip(taps, lo)]
+        pos = [t - before for t, before in zip(taps, lo)]
         order = list(range(len(pos)))[::-1] if column_major else list(range(len(pos)))
-        flat = f"(i64({idx[0]}) * {x.shape[1]} + {idx[1]})"
+        flat = call("i64", idx[0]) * x.shape[1] + idx[1]
         for d in order:
-            flat = f"({flat} * {spatial[d]} + {pos[d]})"
-        extents = ", ".join(f"{r}: {k}" for r, k in zip(rs, kernel))
-        hit = f"{xp.read([idx[0], idx[1], *taps])} == {y.read(idx)}"
-        return f"min[{extents}](select({hit}, {flat}, i64({2**62})))"
+            flat = flat * spatial[d] + pos[d]
+        hit = xp.read([idx[0], idx[1], *taps]).eq(y.read(idx))
+        return reduction("min", _extents(rs, kernel), select(hit, flat, call("i64", 2**62)))
 
     return [y, p.emit(node.outputs[1], y.shape, "i64", argmax)]
 
@@ -289,10 +289,10 @@ def _separable_max(p: Program, name: str, xp: Value, kernel: Sequence[int], stri
     strided tap is a wide masked load and a shuffle). Max is exact, so the result is the same.
     Fusion keeps the row maxima apart (a reduction read inside a reduction)."""
     n, c, rows = xp.shape[0], xp.shape[1], xp.shape[2]
-    across = p.emit(name + "_rows", (n, c, rows, outs[1]), xp.dtype, lambda idx: (
-        f"max[r1: {kernel[1]}]({xp.read([idx[0], idx[1], idx[2], _tap(idx[3], 'r1', strides[1], 1)])})"))
-    return p.emit(name, (n, c, *outs), xp.dtype, lambda idx: (
-        f"max[r0: {kernel[0]}]({across.read([idx[0], idx[1], _tap(idx[2], 'r0', strides[0], 1), idx[3]])})"))
+    across = p.emit(name + "_rows", (n, c, rows, outs[1]), xp.dtype, lambda idx: reduction(
+        "max", [("r1", kernel[1])], xp.read([idx[0], idx[1], idx[2], _tap(idx[3], var("r1"), strides[1], 1)])))
+    return p.emit(name, (n, c, *outs), xp.dtype, lambda idx: reduction(
+        "max", [("r0", kernel[0])], across.read([idx[0], idx[1], _tap(idx[2], var("r0"), strides[0], 1), idx[3]])))
 
 
 def average_pool(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
@@ -311,11 +311,13 @@ def average_pool(p: Program, node: Node, args: list[Value | None]) -> list[Value
         divisors.append(p.constant(counts.astype(np.float64), x.dtype, node.outputs[0] + f"_count{d}"))
     rs = [f"r{d}" for d in range(len(kernel))]
 
-    def body(idx: list[str]) -> str:
-        taps = [_tap(y, r, s, dl) for y, r, s, dl in zip(idx[2:], rs, strides, dilations)]
-        extents = ", ".join(f"{r}: {k}" for r, k in zip(rs, kernel))
-        total = _sum_cast(f"sum[{extents}]({xp.read([idx[0], idx[1], *taps])})", x.dtype)
-        return f"{total} / ({' * '.join(v.read([y]) for v, y in zip(divisors, idx[2:]))})"
+    def body(idx: list[Ex]) -> Ex:
+        taps = [_tap(y, var(r), s, dl) for y, r, s, dl in zip(idx[2:], rs, strides, dilations)]
+        total = _sum_cast(reduction("sum", _extents(rs, kernel), xp.read([idx[0], idx[1], *taps])), x.dtype)
+        count = divisors[0].read([idx[2]])
+        for v, y in zip(divisors[1:], idx[3:]):
+            count = count * v.read([y])
+        return total / count
 
     return [p.emit(node.outputs[0], (*x.shape[:2], *outs), x.dtype, body)]
 
@@ -326,33 +328,33 @@ def global_average_pool(p: Program, node: Node, args: list[Value | None]) -> lis
     count = math.prod(x.shape[2:])
     shape = (*x.shape[:2], *([1] * len(axes)))
     return [p.emit(node.outputs[0], shape, x.dtype,
-                   lambda idx: f"{_sum_cast(reduce_text('sum', x, axes, idx, x.read), x.dtype)} / {count}")]
+                   lambda idx: _sum_cast(reduce_over("sum", x, axes, idx, x.read), x.dtype) / count)]
 
 
 # ---------------------------------------------------------------- normalisation
 
 
 def batch_norm(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
-    x, scale, bias, mean, var = args[:5]
+    x, scale, bias, mean, variance = args[:5]
     if node.attrs.get("training_mode", 0) or len([o for o in node.outputs if o]) > 1:
         raise node.error("training mode is not supported", hint="export the model in inference mode")
     eps = node.attrs.get("epsilon", 1e-5)
 
-    def channel(v: Value, idx: Sequence[str]) -> str:
-        return v.read([idx[1]]) if x.rank > 1 else v.read(["0"])
+    def channel(v: Value, idx: Sequence[Ex]) -> Ex:
+        return v.read([idx[1]]) if x.rank > 1 else v.read([num(0)])
 
-    if all(v.const is not None for v in (scale, bias, mean, var)):
-        s = scale.const.astype(np.float64) / np.sqrt(var.const.astype(np.float64) + eps)
+    if all(v.const is not None for v in (scale, bias, mean, variance)):
+        s = scale.const.astype(np.float64) / np.sqrt(variance.const.astype(np.float64) + eps)
         t = bias.const.astype(np.float64) - mean.const.astype(np.float64) * s
         sv = p.constant(s, x.dtype, node.outputs[0] + "_scale")
         tv = p.constant(t, x.dtype, node.outputs[0] + "_shift")
         p.notes.append(f"{node.where()}: scale and shift precomputed from constant statistics")
         return [p.emit(node.outputs[0], x.shape, x.dtype,
-                       lambda idx: f"{x.read(idx)} * {channel(sv, idx)} + {channel(tv, idx)}")]
+                       lambda idx: x.read(idx) * channel(sv, idx) + channel(tv, idx))]
 
-    def body(idx: list[str]) -> str:
-        return (f"({x.read(idx)} - {channel(mean, idx)}) / sqrt({channel(var, idx)} + {float_literal(eps)}) "
-                f"* {channel(scale, idx)} + {channel(bias, idx)}")
+    def body(idx: list[Ex]) -> Ex:
+        deviation = (x.read(idx) - channel(mean, idx)) / call("sqrt", channel(variance, idx) + float_literal(eps))
+        return deviation * channel(scale, idx) + channel(bias, idx)
 
     return [p.emit(node.outputs[0], x.shape, x.dtype, body)]
 
@@ -369,24 +371,24 @@ def layer_norm(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
     kept = tuple(n if d < axis else 1 for d, n in enumerate(x.shape))
     name = node.outputs[0] or "layernorm"
 
-    def xs(idx: Sequence[str]) -> str:
-        return x.read(idx) if x.dtype == stash else f"{stash}({x.read(idx)})"
+    def xs(idx: Sequence[Ex]) -> Ex:
+        return x.read(idx) if x.dtype == stash else call(stash, x.read(idx))
 
-    mu = p.emit(name + "_mean", kept, stash, lambda idx: f"{reduce_text('sum', x, axes, idx, xs)} / {count}")
-    var = p.emit(name + "_var", kept, stash, lambda idx: reduce_text(
-        "sum", x, axes, idx, lambda full: f"({xs(full)} - {mu.read(idx)}) ** 2") + f" / {count}")
-    inv = p.emit(name + "_inv", kept, stash, lambda idx: f"1.0 / sqrt({var.read(idx)} + {eps})")
+    mu = p.emit(name + "_mean", kept, stash, lambda idx: reduce_over("sum", x, axes, idx, xs) / count)
+    variance = p.emit(name + "_var", kept, stash, lambda idx: reduce_over(
+        "sum", x, axes, idx, lambda full: (xs(full) - mu.read(idx)) ** 2) / count)
+    inv = p.emit(name + "_inv", kept, stash, lambda idx: 1.0 / call("sqrt", variance.read(idx) + eps))
     tail = x.shape[axis:]
 
-    def affine(v: Value, idx: Sequence[str]) -> str:
+    def affine(v: Value, idx: Sequence[Ex]) -> Ex:
         return broadcast_read(v, idx[axis:], tail) if v.rank <= len(tail) else broadcast_read(v, idx, x.shape)
 
-    def body(idx: list[str]) -> str:
-        kept_idx = [i if d < axis else "0" for d, i in enumerate(idx)]
-        norm = f"({xs(idx)} - {mu.read(kept_idx)}) * {inv.read(kept_idx)}"
-        norm = norm if x.dtype == stash else f"{x.dtype}({norm})"
-        text = f"{norm} * {affine(scale, idx)}"
-        return f"{text} + {affine(bias, idx)}" if bias is not None else text
+    def body(idx: list[Ex]) -> Ex:
+        kept_idx = [i if d < axis else num(0) for d, i in enumerate(idx)]
+        norm = (xs(idx) - mu.read(kept_idx)) * inv.read(kept_idx)
+        norm = norm if x.dtype == stash else call(x.dtype, norm)
+        scaled = norm * affine(scale, idx)
+        return scaled + affine(bias, idx) if bias is not None else scaled
 
     outputs = [p.emit(name, x.shape, x.dtype, body)]
     if len(node.outputs) > 1 and node.outputs[1]:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from tcc.frontend.unparse import Ex, add_all, call, num, reduction, select, var
 from tcc.interop.onnx_graph import (
     NUMPY_DTYPES,
     NeedsValue,
@@ -61,41 +62,40 @@ def norm_axis(node: Node, axis: int, rank: int) -> int:
     return axis % rank if rank else 0
 
 
-def cast_text(text: str, dtype: str) -> str:
-    return f"{dtype}({text})"
+def cast_to(e: Ex, dtype: str) -> Ex:
+    return call(dtype, e)
 
 
 def is_float(dtype: str) -> bool:
     return dtype.startswith("f") or dtype == "bf16"
 
 
-def zero(dtype: str) -> str:
-    return "0.0" if is_float(dtype) else "0"
+def zero(dtype: str) -> Ex:
+    return num(0.0) if is_float(dtype) else num(0)
 
 
 def small_known(args: Sequence[Value | None]) -> bool:
     return all(a is None or (a.const is not None and a.size <= FOLD_LIMIT) for a in args)
 
 
-def elementwise(p: Program, node: Node, args: Sequence[Value], dtype: str, template: Callable[..., str]) -> Value:
+def elementwise(p: Program, node: Node, args: Sequence[Value], dtype: str, template: Callable[..., Ex]) -> Value:
     """One statement over the broadcast shape of ``args``: ``template(read0, read1, ...)``."""
     shape = broadcast_shape(node, *(a.shape for a in args))
-    return p.emit(node.outputs[0], shape, dtype,
-                  lambda idx: template(*(f"({broadcast_read(a, idx, shape)})" for a in args)))
+    return p.emit(node.outputs[0], shape, dtype, lambda idx: template(*(broadcast_read(a, idx, shape) for a in args)))
 
 
 # ---------------------------------------------------------------- elementwise
 
-UNARY: dict[str, tuple[Callable[[str, str], str], Callable]] = {
-    "Neg": (lambda x, t: f"-{x}", np.negative),
-    "Abs": (lambda x, t: f"abs({x})", np.abs),
-    "Sqrt": (lambda x, t: f"sqrt({x})", np.sqrt),
-    "Exp": (lambda x, t: f"exp({x})", np.exp),
-    "Log": (lambda x, t: f"log({x})", np.log),
-    "Erf": (lambda x, t: f"erf({x})", None),
-    "Sigmoid": (lambda x, t: f"sigmoid({x})", None),
-    "Tanh": (lambda x, t: f"tanh({x})", np.tanh),
-    "Relu": (lambda x, t: f"max({x}, {zero(t)})", lambda a: np.maximum(a, 0).astype(a.dtype)),
+UNARY: dict[str, tuple[Callable[[Ex, str], Ex], Callable]] = {
+    "Neg": (lambda x, t: -x, np.negative),
+    "Abs": (lambda x, t: call("abs", x), np.abs),
+    "Sqrt": (lambda x, t: call("sqrt", x), np.sqrt),
+    "Exp": (lambda x, t: call("exp", x), np.exp),
+    "Log": (lambda x, t: call("log", x), np.log),
+    "Erf": (lambda x, t: call("erf", x), None),
+    "Sigmoid": (lambda x, t: call("sigmoid", x), None),
+    "Tanh": (lambda x, t: call("tanh", x), np.tanh),
+    "Relu": (lambda x, t: call("max", x, zero(t)), lambda a: np.maximum(a, 0).astype(a.dtype)),
 }
 
 
@@ -107,9 +107,10 @@ def unary(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
     return [elementwise(p, node, [x], x.dtype, lambda a: template(a, x.dtype))]
 
 
-def _trunc_div(a: str, b: str) -> str:
+def _trunc_div(a: Ex, b: Ex) -> Ex:
     """Integer division rounding toward zero, as ONNX (and C) divide."""
-    return f"select(({a} % {b} != 0) and (({a} < 0) != ({b} < 0)), {a} // {b} + 1, {a} // {b})"
+    inexact = (a % b).ne(0).and_(a.lt(0).ne(b.lt(0)))
+    return select(inexact, a // b + 1, a // b)
 
 
 BINARY_FOLD = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Equal": np.equal, "Less": np.less,
@@ -127,47 +128,47 @@ def binary(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
             result = np.trunc(a.const / np.where(b.const == 0, 1, b.const)).astype(a.const.dtype)
         return [p.constant(result, a.dtype, node.outputs[0])]
     if op in ("Equal", "Less", "Greater"):
-        sign = {"Equal": "==", "Less": "<", "Greater": ">"}[op]
-        return [elementwise(p, node, [a, b], "bool", lambda x, y: f"{x} {sign} {y}")]
+        compare = {"Equal": Ex.eq, "Less": Ex.lt, "Greater": Ex.gt}[op]
+        return [elementwise(p, node, [a, b], "bool", compare)]
     if op == "Div" and not is_float(a.dtype):
         return [elementwise(p, node, [a, b], a.dtype, _trunc_div)]
     if op == "Pow":
         return [elementwise(p, node, [a, b], a.dtype, lambda x, y: _pow(x, y, a.dtype, b.dtype))]
-    sign = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/"}[op]
-    return [elementwise(p, node, [a, b], a.dtype, lambda x, y: f"{x} {sign} {y}")]
+    arithmetic = {"Add": Ex.__add__, "Sub": Ex.__sub__, "Mul": Ex.__mul__, "Div": Ex.__truediv__}[op]
+    return [elementwise(p, node, [a, b], a.dtype, arithmetic)]
 
 
-def _pow(x: str, y: str, xt: str, yt: str) -> str:
+def _pow(x: Ex, y: Ex, xt: str, yt: str) -> Ex:
     if xt == yt:
-        return f"{x} ** {y}"
+        return x ** y
     if is_float(xt):
-        return f"{x} ** {xt}({y})"
-    return f"{xt}(f64({x}) ** f64({y}))"
+        return x ** call(xt, y)
+    return call(xt, call("f64", x) ** call("f64", y))
 
 
 def variadic_sum(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
     present = [a for a in args if a is not None]
-    return [elementwise(p, node, present, present[0].dtype, lambda *xs: " + ".join(xs))]
+    return [elementwise(p, node, present, present[0].dtype, lambda *xs: add_all(xs))]
 
 
 def where(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
     c, a, b = args
-    return [elementwise(p, node, [c, a, b], a.dtype, lambda x, y, z: f"select({x}, {y}, {z})")]
+    return [elementwise(p, node, [c, a, b], a.dtype, select)]
 
 
 def leaky_relu(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
     x, alpha = args[0], float_literal(node.attrs.get("alpha", 0.01))
-    return [elementwise(p, node, [x], x.dtype, lambda a: f"select({a} < 0, {a} * {alpha}, {a})")]
+    return [elementwise(p, node, [x], x.dtype, lambda a: select(a.lt(0), a * alpha, a))]
 
 
 def gelu(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
     x, approximate = args[0], node.attrs.get("approximate", "none")
     if approximate == "tanh":
-        def body(a: str) -> str:
-            return f"0.5 * {a} * (1.0 + tanh({math.sqrt(2 / math.pi)!r} * ({a} + 0.044715 * {a} * {a} * {a})))"
+        def body(a: Ex) -> Ex:
+            return 0.5 * a * (1.0 + call("tanh", math.sqrt(2 / math.pi) * (a + 0.044715 * a * a * a)))
     elif approximate == "none":
-        def body(a: str) -> str:
-            return f"0.5 * {a} * (1.0 + erf({a} * {1 / math.sqrt(2)!r}))"
+        def body(a: Ex) -> Ex:
+            return 0.5 * a * (1.0 + call("erf", a * (1 / math.sqrt(2))))
     else:
         raise node.error(f"approximate={approximate!r} is not supported", hint="use 'none' or 'tanh'")
     return [elementwise(p, node, [x], x.dtype, body)]
@@ -185,10 +186,10 @@ def clip(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
         hi_v = args[2] if len(args) > 2 else None
     bounds = [v for v in (lo_v, hi_v) if v is not None]
 
-    def body(a: str, *rest: str) -> str:
+    def body(a: Ex, *rest: Ex) -> Ex:
         it = iter(rest)
-        text = f"max({a}, {next(it)})" if lo_v is not None else a
-        return f"min({text}, {next(it)})" if hi_v is not None else text
+        clipped = call("max", a, next(it)) if lo_v is not None else a
+        return call("min", clipped, next(it)) if hi_v is not None else clipped
 
     return [elementwise(p, node, [x, *bounds], x.dtype, body)]
 
@@ -219,10 +220,10 @@ def cast(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
     if to == x.dtype:
         return [x]
     if to == "bool":
-        return [elementwise(p, node, [x], to, lambda a: f"{a} != 0")]
+        return [elementwise(p, node, [x], to, lambda a: a.ne(0))]
     if to == "f16" and x.dtype == "f64":  # through f32: tcc's CPU f64 -> f16 cast crashes (see docs/onnx.md)
-        return [elementwise(p, node, [x], to, lambda a: f"f16(f32({a}))")]
-    return [elementwise(p, node, [x], to, lambda a: cast_text(a, to))]
+        return [elementwise(p, node, [x], to, lambda a: call("f16", call("f32", a)))]
+    return [elementwise(p, node, [x], to, lambda a: cast_to(a, to))]
 
 
 def identity(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
@@ -274,21 +275,23 @@ def shape_of(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
 # ---------------------------------------------------------------- reductions
 
 
-def reduce_text(kind: str, x: Value, axes: Sequence[int], idx: Sequence[str], body: Callable[[list[str]], str],
-                prefix: str = "k") -> str:
-    """``kind[k0: n0, ...](body(full index))`` where the reduced positions of ``idx`` become k's."""
+def reduce_over(kind: str, x: Value, axes: Sequence[int], idx: Sequence[Ex], body: Callable[[list[Ex]], Ex],
+                prefix: str = "k") -> Ex:
+    """``kind[k0: n0, ...](body(full index))`` where the reduced positions of ``idx`` become k's;
+    just ``body(idx)`` when there is no axis to reduce (a rank-0 input)."""
     ks = {a: f"{prefix}{n}" for n, a in enumerate(axes)}
-    full = [ks.get(d, idx[d] if d < len(idx) else "0") for d in range(x.rank)]
-    extents = ", ".join(f"{ks[a]}: {x.shape[a]}" for a in axes)
-    return f"{kind}[{extents}]({body(full)})"
+    full = [var(ks[d]) if d in ks else idx[d] if d < len(idx) else num(0) for d in range(x.rank)]
+    if not axes:
+        return body(full)
+    return reduction(kind, [(ks[a], x.shape[a]) for a in axes], body(full))
 
 
-def keep_index(idx: Sequence[str], rank: int, axes: Sequence[int], keepdims: bool) -> list[str]:
+def keep_index(idx: Sequence[Ex], rank: int, axes: Sequence[int], keepdims: bool) -> list[Ex]:
     """The input index of a reduction's output index ``idx`` (reduced positions filled later)."""
     if keepdims:
         return list(idx)
     it = iter(idx)
-    return ["0" if d in axes else next(it) for d in range(rank)]
+    return [num(0) if d in axes else next(it) for d in range(rank)]
 
 
 def reduce(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
@@ -306,17 +309,17 @@ def reduce(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
 
     read = x.read
     if x.dtype == "bool":  # any(): the largest of 0/1 is positive
-        kind, read = "max", (lambda full: f"select({x.read(full)}, 1, 0)")
+        kind, read = "max", (lambda full: select(x.read(full), 1, 0))
 
-    def body(idx: list[str]) -> str:
-        text = reduce_text(kind, x, axes, keep_index(idx, x.rank, axes, keepdims), read)
+    def body(idx: list[Ex]) -> Ex:
+        total = reduce_over(kind, x, axes, keep_index(idx, x.rank, axes, keepdims), read)
         if x.dtype == "bool":
-            return f"{text} > 0"
+            return total.gt(0)
         if node.op_type == "ReduceMean":
-            text = f"{text} / {count}"
+            total = total / count
         # tcc sums small ints into i64 and divides ints into f64: cast those back to the input's type
         keeps_type = x.dtype in ("f32", "f64") or x.dtype == "i64" and node.op_type != "ReduceMean"
-        return text if keeps_type else cast_text(text, x.dtype)
+        return total if keeps_type else cast_to(total, x.dtype)
 
     if node.op_type == "ReduceMax" and count == 0 and not is_float(x.dtype) and x.dtype != "bool":
         raise node.error("ReduceMax over an empty set of integers has no value")
@@ -329,12 +332,13 @@ def softmax(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
     axes = [axis] if node.opset >= 13 else list(range(axis, x.rank))
     kept = tuple(1 if d in axes else n for d, n in enumerate(x.shape))
     name = node.outputs[0]
-    m = p.emit(name + "_max", kept, x.dtype, lambda idx: reduce_text("max", x, axes, idx, x.read))
-    e = p.emit(name + "_exp", x.shape, x.dtype, lambda idx: f"exp({x.read(idx)} - {broadcast_read(m, idx, x.shape)})")
-    s = p.emit(name + "_sum", kept, x.dtype, lambda idx: reduce_text("sum", e, axes, idx, e.read))
+    m = p.emit(name + "_max", kept, x.dtype, lambda idx: reduce_over("max", x, axes, idx, x.read))
+    e = p.emit(name + "_exp", x.shape, x.dtype,
+               lambda idx: call("exp", x.read(idx) - broadcast_read(m, idx, x.shape)))
+    s = p.emit(name + "_sum", kept, x.dtype, lambda idx: reduce_over("sum", e, axes, idx, e.read))
     if node.op_type == "LogSoftmax":
-        def log_softmax(idx: list[str]) -> str:
-            return f"{x.read(idx)} - {broadcast_read(m, idx, x.shape)} - log({broadcast_read(s, idx, x.shape)})"
+        def log_softmax(idx: list[Ex]) -> Ex:
+            return x.read(idx) - broadcast_read(m, idx, x.shape) - call("log", broadcast_read(s, idx, x.shape))
 
         return [p.emit(name, x.shape, x.dtype, log_softmax)]
-    return [p.emit(name, x.shape, x.dtype, lambda idx: f"{e.read(idx)} / {broadcast_read(s, idx, x.shape)}")]
+    return [p.emit(name, x.shape, x.dtype, lambda idx: e.read(idx) / broadcast_read(s, idx, x.shape))]

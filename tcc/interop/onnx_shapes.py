@@ -11,8 +11,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tcc.frontend.unparse import Ex, add_all, num, reduction, select, var
 from tcc.interop.onnx_graph import NUMPY_DTYPES, Node, Program, Value, view
-from tcc.interop.onnx_ops import axes_of, cast_text, const_of, norm_axis, zero
+from tcc.interop.onnx_ops import axes_of, cast_to, const_of, norm_axis, zero
 
 
 def transpose(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
@@ -36,22 +37,22 @@ def reshape_view(p: Program, x: Value, shape: Sequence[int], hint: str) -> Value
         return x
     groups = _reshape_groups(x.shape, shape)
 
-    def read(idx: Sequence[str]) -> str:
-        src: list[str] = []
+    def read(idx: Sequence[Ex]) -> Ex:
+        src: list[Ex] = []
         for ins, outs in groups:
             terms, stride = [], 1
             for d in reversed(outs):
-                if shape[d] != 1 and idx[d] != "0":
-                    terms.append(idx[d] if stride == 1 else f"{idx[d]} * {stride}")
+                if shape[d] != 1 and idx[d].int_value != 0:
+                    terms.append(idx[d] * stride)
                 stride *= shape[d]
-            flat = " + ".join(reversed(terms)) or "0"
+            flat = add_all(terms[::-1])
             stride, outer = math.prod(x.shape[d] for d in ins), 1
             for d in ins:
                 stride //= x.shape[d]
-                text = flat if stride == 1 else f"({flat}) // {stride}"
+                part = flat if stride == 1 else flat // stride
                 if outer > 1:  # the flat index runs past this dim only when a larger one sits outside it
-                    text = f"({text}) % {x.shape[d]}"
-                src.append(text if x.shape[d] != 1 else "0")
+                    part = part % x.shape[d]
+                src.append(part if x.shape[d] != 1 else num(0))
                 outer *= x.shape[d]
         return x.read(src)
 
@@ -163,17 +164,15 @@ def slice_(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
                             step[d]) for d in range(x.rank))
         return [p.constant(x.const[index].reshape(shape), x.dtype, node.outputs[0])]
 
-    def read(idx: Sequence[str]) -> str:
-        return x.read([_affine(first[d], step[d], idx[d]) if x.shape[d] != 1 else "0" for d in range(x.rank)])
+    def read(idx: Sequence[Ex]) -> Ex:
+        return x.read([_affine(first[d], step[d], idx[d]) if x.shape[d] != 1 else num(0) for d in range(x.rank)])
 
     return [view(x, shape, read)]
 
 
-def _affine(start: int, step: int, var: str) -> str:
-    term = var if step == 1 else f"{var} * {step}" if step > 0 else f"-{var}" if step == -1 else f"-{var} * {-step}"
-    if start == 0:
-        return term
-    return f"{start} + {term}" if step < 0 else f"{var} + {start}" if step == 1 else f"{start} + {term}"
+def _affine(start: int, step: int, index: Ex) -> Ex:
+    """``start + step * index``, the source position of a slice's ``index``."""
+    return index * step + start if step > 0 else start - index * -step
 
 
 def gather(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
@@ -192,17 +191,18 @@ def gather(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
         if flat.size == 1 or k == 1 and flat.size > 1 and len(set(np.diff(flat).tolist())) == 1:
             start, step = int(flat[0]), int(flat[1] - flat[0]) if flat.size > 1 else 0
 
-            def read(idx: Sequence[str]) -> str:
-                pos = str(start) if k == 0 or step == 0 else _affine(start, step, idx[axis])
+            def read(idx: Sequence[Ex]) -> Ex:
+                pos = num(start) if k == 0 or step == 0 else _affine(start, step, idx[axis])
                 return x.read([*idx[:axis], pos, *idx[axis + k:]])
 
             return [view(x, shape, read)]
 
-    def body(idx: list[str]) -> str:
+    def body(idx: list[Ex]) -> Ex:
         i = indices.read(idx[axis:axis + k])
-        picked = x.read([*idx[:axis], "k0", *idx[axis + k:]])
-        text = f"sum[k0: {n}](select(select({i} < 0, {i} + {n}, {i}) == k0, {picked}, {zero(x.dtype)}))"
-        return text if x.dtype in ("f32", "f64", "i64") else cast_text(text, x.dtype)
+        picked = x.read([*idx[:axis], var("k0"), *idx[axis + k:]])
+        hit = select(i.lt(0), i + n, i).eq(var("k0"))
+        total = reduction("sum", [("k0", n)], select(hit, picked, zero(x.dtype)))
+        return total if x.dtype in ("f32", "f64", "i64") else cast_to(total, x.dtype)
 
     if x.dtype == "bool":
         raise node.error("Gather of booleans with indices known only at run time is not supported")
@@ -229,11 +229,11 @@ def concat(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
         offset += a.shape[axis]
         offsets.append(offset)
 
-    def body(idx: list[str]) -> str:
-        text = padded[-1].read(idx)
+    def body(idx: list[Ex]) -> Ex:
+        picked = padded[-1].read(idx)
         for a, end in zip(reversed(padded[:-1]), reversed(offsets[:-1])):
-            text = f"select({idx[axis]} < {end}, {a.read(idx)}, {text})"
-        return text
+            picked = select(idx[axis].lt(end), a.read(idx), picked)
+        return picked
 
     return [p.emit(node.outputs[0], shape, parts[0].dtype, body)]
 

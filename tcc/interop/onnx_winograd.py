@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tcc.frontend.unparse import Ex, add_all, num, reduction, var
 from tcc.interop.onnx_graph import Node, Program, Value
 
 MIN_CHANNELS = 16
@@ -64,35 +65,36 @@ def conv(p: Program, node: Node, x: Value, w: Value, bias: Value | None) -> Valu
     bt, at = p.constant(B_T, "f32", "wino_bt"), p.constant(A_T, "f32", "wino_at")
     xp = p.pad(x, [0, 0, 1, 1], [0, 0, 2 * th + 1 - h, 2 * tw + 2 - wd], out + "_in")
 
-    def rows(idx: list[str]) -> str:  # (B^T d)[i, x] of each tile row ty, at every column
+    def rows(idx: list[Ex]) -> Ex:  # (B^T d)[i, x] of each tile row ty, at every column
         b, i, ch, ty, col = idx
-        return " + ".join(f"{bt.read([i, str(k)])} * {xp.read([b, ch, f'2 * {ty} + {k}', col])}" for k in range(4))
+        return add_all([bt.read([i, num(k)]) * xp.read([b, ch, 2 * ty + k, col]) for k in range(4)])
 
     r = p.emit(out + "_wino_rows", (n, 4, c, th, cols), "f32", rows)
 
-    def tiles(idx: list[str]) -> str:  # (B^T d B)[i, j] of tile (ty, tx)
+    def tiles(idx: list[Ex]) -> Ex:  # (B^T d B)[i, j] of tile (ty, tx)
         b, i, j, ch, ty, tx = idx
-        return " + ".join(f"{bt.read([j, str(k)])} * {r.read([b, i, ch, ty, f'2 * {tx} + {k}'])}" for k in range(4))
+        return add_all([bt.read([j, num(k)]) * r.read([b, i, ch, ty, 2 * tx + k]) for k in range(4)])
 
     v = p.emit(out + "_wino_in", (n, 4, 4, c, th, tw), "f32", tiles)
 
-    def products(idx: list[str]) -> str:  # image first: the threads take whole images' GEMMs
+    def products(idx: list[Ex]) -> Ex:  # image first: the threads take whole images' GEMMs
         b, i, j, fo, ty, tx = idx
-        return f"sum[c: {c}]({u.read([i, j, fo, 'c'])} * {v.read([b, i, j, 'c', ty, tx])})"
+        return reduction("sum", [("c", c)], u.read([i, j, fo, var("c")]) * v.read([b, i, j, var("c"), ty, tx]))
 
     m = p.emit(out + "_wino_gemm", (n, 4, 4, f, th, tw), "f32", products)
 
-    def back_columns(idx: list[str]) -> str:  # (m A)[i, a] of tile (ty, tx)
+    def back_columns(idx: list[Ex]) -> Ex:  # (m A)[i, a] of tile (ty, tx)
         b, i, a, fo, ty, tx = idx
-        return " + ".join(f"{at.read([a, str(k)])} * {m.read([b, i, str(k), fo, ty, tx])}" for k in range(4))
+        return add_all([at.read([a, num(k)]) * m.read([b, i, num(k), fo, ty, tx]) for k in range(4)])
 
     q = p.emit(out + "_wino_out", (n, 4, 2, f, th, tw), "f32", back_columns)
 
-    def outputs(idx: list[str]) -> str:  # (A^T m A)[y % 2, x % 2], plus the bias. A sum, not four
+    def outputs(idx: list[Ex]) -> Ex:  # (A^T m A)[y % 2, x % 2], plus the bias. A sum, not four
         b, fo, y, col = idx  # terms: a convolution read beside it (a downsample) then stays a GEMM
-        tile = q.read([b, "k", f"{col} % 2", fo, f"{y} // 2", f"{col} // 2"])
-        text = f"sum[k: 4]({at.read([f'{y} % 2', 'k'])} * {tile})"
-        return f"{text} + {bias.read([fo])}" if bias is not None else text
+        k = var("k")
+        tile = q.read([b, k, col % 2, fo, y // 2, col // 2])
+        total = reduction("sum", [("k", 4)], at.read([y % 2, k]) * tile)
+        return total + bias.read([fo]) if bias is not None else total
 
     p.notes.append(f"{node.where()}: Conv as Winograd F(2x2, 3x3) ({c} -> {f} channels at {h}x{wd})")
     return p.emit(out, (n, f, h, wd), "f32", outputs)
