@@ -19,7 +19,7 @@ import numpy as np
 from tcc.dtypes import DType
 from tcc.ir.expr import Binary, Call, Cast, Const, Expr, Read, Reduce, Select, Unary, Var, walk
 from tcc.ir.te import OpTE
-from tcc.passes.te.bounds import check_bounds
+from tcc.passes.te.bounds import prove_bounds
 from tcc.stack import deep
 
 _MATH = {
@@ -109,7 +109,7 @@ def run(op: OpTE, args: Mapping[str, np.ndarray | int | float]) -> dict[str, np.
 
 
 def _run(op: OpTE, args: Mapping[str, np.ndarray | int | float]) -> dict[str, np.ndarray]:
-    check_bounds(op)
+    op = prove_bounds(op)  # both sides of a select are evaluated: reads proved under its condition are clamped
     env: dict[str, np.ndarray] = {}
     for name in op.inputs:
         env[name] = np.asarray(args[name]).astype(wide(op.tensors[name].dtype))

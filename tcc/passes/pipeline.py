@@ -21,7 +21,7 @@ from tcc.ir.te import OpTE, verify_op
 from tcc.passes.loops.hoist_constants import hoist_constants
 from tcc.passes.loops.schedule import Step, apply_schedule, check_gpu_schedule
 from tcc.passes.loops.tensorize import tensorize_marked
-from tcc.passes.te.bounds import check_bounds
+from tcc.passes.te.bounds import prove_bounds
 from tcc.passes.te.fusion import group_statements, inline_intermediates
 from tcc.passes.te.im2col import im2col
 from tcc.passes.te.lower import lower
@@ -85,8 +85,7 @@ def lower_op(op: OpTE, bindings: dict[str, int | float], target: Target, conv: s
     te = trace("specialize", specialize(op, bindings))
     te = trace("phases", split_phases(te))
     verify_op(te)
-    check_bounds(te)
-    trace.note("bounds", "all reads proved in bounds")
+    te = trace("bounds", prove_bounds(te))  # every read proved; those proved under a select clamped
     te = trace("inline", inline_intermediates(te))
     te = trace("im2col", im2col(te, conv))
     te = trace("group", group_statements(te, gemms=not isinstance(target, CudaTarget)))

@@ -3,19 +3,31 @@
 Each index variable ranges over ``[0, extent - 1]``; intervals propagate through index
 arithmetic. A read whose interval may leave its tensor is an error at the read's span
 (reads of a ``pad`` view are checked against the padded shape: the view guards the rest).
+
+Inside ``select(c, a, b)`` the reads of ``a`` are proved under ``c`` and those of ``b`` under
+``not c`` (``select(d < H, X[d + H], X[d - H])`` is in bounds for ``d < 2 * H``). Both sides of a
+select may still be evaluated (a vector select computes both), so a read proved only under its
+condition has its index clamped into the tensor: where the condition holds the clamp changes
+nothing, and elsewhere the load stays inside the tensor and its value is discarded. A side that
+no index satisfies becomes a constant.
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import replace
 
 from tcc.errors import TccBoundsError
 from tcc.ir.expr import Binary, Cast, Const, Expr, Read, Reduce, Select, Unary, Var, format_expr
 from tcc.ir.te import OpTE
 
-Interval = tuple[int, int]
+Interval = tuple[float, float]  # integer bounds; -inf / inf where a side is unknown
+Ranges = dict[str, Interval]
+UNKNOWN: Interval = (-math.inf, math.inf)
 
 
-def interval(e: Expr, ranges: dict[str, Interval]) -> Interval | None:
-    """The range of values ``e`` takes, or None when it cannot be bounded."""
+def interval(e: Expr, ranges: Ranges) -> Interval | None:
+    """The range of values ``e`` takes, or None when it cannot be bounded at all."""
     if isinstance(e, Const):
         return (int(e.value), int(e.value)) if not e.dtype.is_float else None
     if isinstance(e, Var):
@@ -26,28 +38,30 @@ def interval(e: Expr, ranges: dict[str, Interval]) -> Interval | None:
         a = interval(e.a, ranges)
         return None if a is None else (-a[1], -a[0])
     if isinstance(e, Select):
-        a, b = interval(e.a, ranges), interval(e.b, ranges)
+        a, b = interval(e.a, refine(e.cond, ranges, True)), interval(e.b, refine(e.cond, ranges, False))
         return None if a is None or b is None else (min(a[0], b[0]), max(a[1], b[1]))
     if isinstance(e, Binary):
         return _binary(e, ranges)
     return None
 
 
-def _binary(e: Binary, ranges: dict[str, Interval]) -> Interval | None:
+def _binary(e: Binary, ranges: Ranges) -> Interval | None:
     a, b = interval(e.a, ranges), interval(e.b, ranges)
+    if e.op in ("max", "min"):  # a clamp bounds a side even of an unknown value
+        a, b = a or UNKNOWN, b or UNKNOWN
+        pick = max if e.op == "max" else min
+        return (pick(a[0], b[0]), pick(a[1], b[1]))
     if a is None or b is None:
         return None
     if e.op == "add":
         return (a[0] + b[0], a[1] + b[1])
     if e.op == "sub":
         return (a[0] - b[1], a[1] - b[0])
+    if not all(map(math.isfinite, (*a, *b))):
+        return None
     if e.op == "mul":
         products = [x * y for x in a for y in b]
         return (min(products), max(products))
-    if e.op == "max":
-        return (max(a[0], b[0]), max(a[1], b[1]))
-    if e.op == "min":
-        return (min(a[0], b[0]), min(a[1], b[1]))
     if e.op == "floordiv" and b[0] > 0:
         quotients = [x // y for x in a for y in b]
         return (min(quotients), max(quotients))
@@ -58,46 +72,144 @@ def _binary(e: Binary, ranges: dict[str, Interval]) -> Interval | None:
     return None
 
 
-def check_bounds(op: OpTE) -> None:
-    """Raise :class:`TccBoundsError` at the first read that may fall outside its tensor."""
+# ---------------------------------------------------------------- conditions
+
+_FLIPPED = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq", "ne": "ne"}
+_NEGATED = {"lt": "ge", "le": "gt", "gt": "le", "ge": "lt", "eq": "ne", "ne": "eq"}
+
+
+def refine(cond: Expr, ranges: Ranges, holds: bool) -> Ranges:
+    """``ranges`` narrowed by knowing that ``cond`` is ``holds``: comparisons of an index variable
+    with a bounded expression, and their ``and``/``or``/``not`` compositions."""
+    if isinstance(cond, Unary) and cond.op == "not":
+        return refine(cond.a, ranges, not holds)
+    if not isinstance(cond, Binary):
+        return ranges
+    if cond.op in ("and", "or"):
+        if (cond.op == "and") == holds:  # both sides are known: a and b true, or a or b false
+            return refine(cond.b, refine(cond.a, ranges, holds), holds)
+        return ranges
+    if cond.op not in _NEGATED:
+        return ranges
+    op = cond.op if holds else _NEGATED[cond.op]
+    if isinstance(cond.a, Var) and cond.a.name in ranges:
+        return _narrow(ranges, cond.a.name, op, interval(cond.b, ranges))
+    if isinstance(cond.b, Var) and cond.b.name in ranges:
+        return _narrow(ranges, cond.b.name, _FLIPPED[op], interval(cond.a, ranges))
+    return ranges
+
+
+def _narrow(ranges: Ranges, name: str, op: str, bound: Interval | None) -> Ranges:
+    """``name op bound``: the variable's range cut to where that can hold."""
+    if bound is None:
+        return ranges
+    lo, hi = ranges[name]
+    if op == "lt":
+        hi = min(hi, bound[1] - 1)
+    elif op == "le":
+        hi = min(hi, bound[1])
+    elif op == "gt":
+        lo = max(lo, bound[0] + 1)
+    elif op == "ge":
+        lo = max(lo, bound[0])
+    elif op == "eq":
+        lo, hi = max(lo, bound[0]), min(hi, bound[1])
+    elif op == "ne" and bound[0] == bound[1]:  # select(t == 0, ..., H[t - 1]): an end cut off
+        lo, hi = lo + (lo == bound[0]), hi - (hi == bound[0])
+    return {**ranges, name: (lo, hi)}
+
+
+def _empty(ranges: Ranges) -> bool:
+    return any(lo > hi for lo, hi in ranges.values())
+
+
+# ---------------------------------------------------------------- the pass
+
+
+def prove_bounds(op: OpTE) -> OpTE:
+    """``op`` with every read proved in bounds (else :class:`TccBoundsError` at the first read
+    that may leave its tensor), and reads proved only under a select's condition clamped."""
+    computes = []
     for c in op.computes:
-        ranges = {}
-        empty = False
+        ranges: Ranges = {}
         for ax in c.axes:
-            n = int(ax.extent.value)  # type: ignore[attr-defined]
-            empty |= n == 0
-            ranges[ax.var.name] = (0, n - 1)
-        if not empty:
-            _check(c.body, op, ranges)
+            ranges[ax.var.name] = (0, int(ax.extent.value) - 1)  # type: ignore[attr-defined]
+        body = c.body if _empty(ranges) else _Prover(op).prove(c.body, ranges, ranges)
+        computes.append(replace(c, body=body))
+    return replace(op, computes=computes)
 
 
-def _check(e: Expr, op: OpTE, ranges: dict[str, Interval]) -> None:
-    if isinstance(e, Reduce):
-        inner = dict(ranges)
-        for ax in e.axes:
-            n = int(ax.extent.value)  # type: ignore[attr-defined]
-            if n == 0:
-                return
-            inner[ax.var.name] = (0, n - 1)
-        _check(e.body, op, inner)
-        return
-    if isinstance(e, Read):
-        _check_read(e, op, ranges)
-    for c in e.children():
-        _check(c, op, ranges)
+class _Prover:
+    """One walk of a statement: ``ranges`` as refined by the selects around a node, ``plain``
+    without them (a read that needs the refinement is clamped)."""
+
+    def __init__(self, op: OpTE):
+        self.op = op
+
+    def prove(self, e: Expr, ranges: Ranges, plain: Ranges) -> Expr:
+        if isinstance(e, Reduce):
+            inner = {ax.var.name: (0, int(ax.extent.value) - 1) for ax in e.axes}  # type: ignore[attr-defined]
+            if _empty(inner):
+                return e
+            return replace(e, body=self.prove(e.body, {**ranges, **inner}, {**plain, **inner}))
+        if isinstance(e, Select):
+            cond = self.prove(e.cond, ranges, plain)
+            taken, other = refine(e.cond, ranges, True), refine(e.cond, ranges, False)
+            a = _unused(e.a) if _empty(taken) else self.prove(e.a, taken, plain)
+            b = _unused(e.b) if _empty(other) else self.prove(e.b, other, plain)
+            return replace(e, cond=cond, a=a, b=b)
+        if isinstance(e, Read):
+            indices = tuple(self.prove(i, ranges, plain) for i in e.indices)
+            return replace(e, indices=self._read(e, indices, ranges, plain))
+        children = e.children()
+        if not children:
+            return e
+        rebuilt = {id(c): self.prove(c, ranges, plain) for c in children}
+        if all(rebuilt[id(c)] is c for c in children):
+            return e
+        return _with_children(e, rebuilt)
+
+    def _read(self, e: Read, indices: tuple[Expr, ...], ranges: Ranges, plain: Ranges) -> tuple[Expr, ...]:
+        shape = self.op.tensors[e.tensor].concrete_shape()
+        proved = []
+        for dim, (idx, size) in enumerate(zip(indices, shape)):
+            _require(e, dim, idx, size, interval(idx, ranges))
+            within = interval(idx, plain)
+            needs_clamp = within is None or within[0] < 0 or within[1] >= size
+            proved.append(_clamp(idx, size) if needs_clamp else idx)
+        return tuple(proved)
 
 
-def _check_read(e: Read, op: OpTE, ranges: dict[str, Interval]) -> None:
-    shape = op.tensors[e.tensor].concrete_shape()
-    for dim, (idx, size) in enumerate(zip(e.indices, shape)):
-        span = interval(idx, ranges)
-        if span is None:
-            raise TccBoundsError(
-                f"cannot prove index {dim} of {e.tensor} ({format_expr(idx)}) in bounds", e.span,
-                "use affine indices of index variables, or pad the tensor: Xp = pad(X, [...])")
-        lo, hi = span
-        if lo < 0 or hi >= size:
-            raise TccBoundsError(
-                f"index {dim} of {e.tensor} ({format_expr(idx)}) takes values in [{lo}, {hi}] but "
-                f"{e.tensor} has size {size} in that dim", e.span,
-                "pad the tensor (Xp = pad(X, [...])) or shrink the result's shape")
+def _require(e: Read, dim: int, idx: Expr, size: int, span: Interval | None) -> None:
+    if span is None or not all(map(math.isfinite, span)):
+        raise TccBoundsError(
+            f"cannot prove index {dim} of {e.tensor} ({format_expr(idx)}) in bounds", e.span,
+            "use affine indices of index variables, or pad the tensor: Xp = pad(X, [...])")
+    lo, hi = span
+    if lo < 0 or hi >= size:
+        raise TccBoundsError(
+            f"index {dim} of {e.tensor} ({format_expr(idx)}) takes values in [{int(lo)}, {int(hi)}] but "
+            f"{e.tensor} has size {size} in that dim", e.span,
+            "pad the tensor (Xp = pad(X, [...])) or shrink the result's shape")
+
+
+def _unused(e: Expr) -> Expr:
+    """A select's side that is never chosen: a constant, so that it reads nothing (its reads may
+    leave their tensors, and both sides of a select may be evaluated)."""
+    return Const(False if e.dtype.is_bool else 0.0 if e.dtype.is_float else 0, e.dtype)
+
+
+def _clamp(idx: Expr, size: int) -> Expr:
+    low = Binary("max", idx, Const(0, idx.dtype), idx.dtype)
+    return Binary("min", low, Const(size - 1, idx.dtype), idx.dtype)
+
+
+def _with_children(e: Expr, rebuilt: dict[int, Expr]) -> Expr:
+    """``e`` with each child replaced by its rebuilt form (fields that hold expressions)."""
+    changes = {}
+    for name, value in vars(e).items():
+        if isinstance(value, Expr):
+            changes[name] = rebuilt.get(id(value), value)
+        elif isinstance(value, tuple) and value and all(isinstance(v, Expr) for v in value):
+            changes[name] = tuple(rebuilt.get(id(v), v) for v in value)
+    return replace(e, **changes)
