@@ -6,6 +6,7 @@
     tcc tune FILE --op NAME [-D ...] [--shape ...] [--trials N] [--target cuda]
     tcc bench FILE [--op NAME ...] [-D ...] [--shape ...] [--target cuda] [--roofline [--png PATH]]
     tcc onnx MODEL.onnx [--stage fused] [--run [--check]] [--shape INPUT=1x3x224x224]
+    tcc cache info|clear
 
 ``lower`` and ``run`` take ``--schedule "split(i, 32); ..."`` (replacing the file's schedule).
 
@@ -28,6 +29,8 @@ from tcc.compiler import Library, Op
 from tcc.errors import TccArgumentError, TccError, TccRuntimeError
 from tcc.interop.onnx_check import run_against_onnxruntime
 from tcc.passes.te.specialize import specialize
+from tcc.paths import cache_dir
+from tcc.runtime import cache_size
 from tcc.runtime.binding import bind_cparams, bind_shapes, check_sizes
 from tcc.stack import deep
 from tcc.testing import max_relative_error, random_args, reference_results, tolerance
@@ -96,6 +99,10 @@ def _parser() -> argparse.ArgumentParser:
     onnx.add_argument("--check", action="store_true", help="with --run: compare with onnxruntime")
     onnx.add_argument("--seed", type=int, default=None, help="random seed for the inputs")
     onnx.set_defaults(func=cmd_onnx)
+
+    disk = sub.add_parser("cache", help="the disk cache: what it holds (info) or remove it (clear)")
+    disk.add_argument("action", choices=("info", "clear"))
+    disk.set_defaults(func=cmd_cache)
     return parser
 
 
@@ -270,6 +277,21 @@ def cmd_onnx(args: argparse.Namespace) -> int:
             print(f"import: {note}")
         return 0
     return run_against_onnxruntime(model, args.model, args.check, args.seed)
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    """``tcc cache info``: the directory, its entries by kind and the cap; ``tcc cache clear``:
+    remove every file tcc keeps there."""
+    root = cache_dir()
+    if root is None:
+        print("the disk cache is off (TCC_CACHE_DIR is empty)")
+        return 0
+    if args.action == "info":
+        print(cache_size.report(root))
+        return 0
+    files, nbytes = cache_size.clear(root)
+    print(f"removed {files} file{'s' if files != 1 else ''} ({cache_size.format_bytes(nbytes)}) from {root}")
+    return 0
 
 
 # ---------------------------------------------------------------- helpers
