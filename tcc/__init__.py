@@ -5,9 +5,11 @@ from tcc.autodiff import grad, grad_source
 from tcc.compiler import Library, Op, compile
 from tcc.errors import TccError
 from tcc.interop import onnx  # imports the onnx package only when a model is loaded
+from tcc.threads import get_num_threads, set_num_threads
 from tcc.version import __version__
 
-__all__ = ["Library", "Op", "TccError", "__version__", "compile", "cuda", "grad", "grad_source", "onnx"]
+__all__ = ["Library", "Op", "TccError", "__version__", "compile", "cuda", "get_num_threads", "grad", "grad_source",
+           "onnx", "set_num_threads"]
 
 
 def __getattr__(name: str):

@@ -23,6 +23,7 @@ from tcc.frontend.schedules import Schedule, module_schedules, schedule_from_tex
 from tcc.frontend.sema import analyze
 from tcc.ir.loops import format_func
 from tcc.ir.te import OpTE, format_op
+from tcc.opdoc import docstring, header, signature
 from tcc.passes.pipeline import Lowered, lower_op
 from tcc.passes.te.fusion import format_fused
 from tcc.passes.te.im2col import CHOICES as CONV_CHOICES
@@ -212,7 +213,12 @@ class Library:
         return iter(self._ops.values())
 
     def __dir__(self) -> list[str]:
-        return [*super().__dir__(), *self._ops]
+        return sorted({*super().__dir__(), *self._ops})  # each op once: most are instance attributes too
+
+    def __repr__(self) -> str:
+        sources = {op.ast.span.source.filename for op in self._ops.values() if op.ast.span is not None}
+        where = f" from {sources.pop()}" if len(sources) == 1 and "<string>" not in sources else ""
+        return f"<tcc library{where} on {self.target}: {', '.join(self._ops) or 'no ops'}>"
 
     @property
     def ops(self) -> dict[str, Op]:
@@ -236,9 +242,12 @@ class Op:
         self._keys: dict[tuple, str] = {}  # bindings -> cache key, so repeat calls skip the pipeline
         self._solved: dict[tuple, tuple[dict, dict]] = {}  # shapes + parameters -> symbols, result shapes
         self._plans = Plans(self._backend.make_plan)  # repeat calls with a checked signature skip binding and checks
+        # help(lib.NAME), lib.NAME.__doc__ and inspect.signature(lib.NAME) describe this op, not the class
+        self.__doc__ = docstring(te, ast, target)
+        self.__signature__ = signature(te)
 
     def __repr__(self) -> str:
-        return f"<tcc op {self.name} ({self.target})>"
+        return f"<tcc op {header(self.ast).removeprefix('op ')} on {self.target}>"
 
     def schedule(self, text: str) -> Op:
         """A new op with this schedule (steps separated by ``;`` or newlines, spelled as in a

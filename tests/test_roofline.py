@@ -1,6 +1,8 @@
 """``tcc bench --roofline``: FLOPs and bytes counted from the TE, the machine's peaks measured once
 and cached, the table and the plot; and the counts checked against the formulas they stand for."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -54,16 +56,22 @@ def test_floor_and_fraction():
     assert compute_bound.bound == "f32 math" and compute_bound.fraction == pytest.approx(0.5)
 
 
+def fake_peaks(monkeypatch, *results: dict[str, float]) -> list[int]:
+    """Measurements of the CPU's peaks return ``results`` in turn (the last one after them);
+    the list returned counts them."""
+    measured: list[int] = []
+
+    def measure():
+        measured.append(1)
+        return dict(results[min(len(measured), len(results)) - 1])
+    monkeypatch.setattr(roofline, "_cpu_peaks", measure)
+    return measured
+
+
 def test_bench_roofline_on_the_cpu(fresh_cache, tmp_path, capsys, monkeypatch):
     path = tmp_path / "ops.tc"
     path.write_text(MATMUL + "\n" + SOFTMAX)
-    measured = []
-    real = roofline._cpu_peaks
-
-    def counted():
-        measured.append(1)
-        return real()
-    monkeypatch.setattr(roofline, "_cpu_peaks", counted)
+    measured = fake_peaks(monkeypatch, {"bytes": 2e10, "f32": 1e12})
     png = tmp_path / "r.png"
     argv = ["bench", str(path), "-D", "M=64", "-D", "K=33", "-D", "N=48", "-D", "C=65", "--repeat", "3",
             "--roofline", "--png", str(png)]
@@ -96,3 +104,72 @@ def test_cost_needs_sizes():
     with pytest.raises(tcc.TccError, match="concrete sizes"):
         roofline.cost(op.te, CpuTarget())
     assert np.isinf(roofline.Cost(0, 0, "f32").intensity)
+
+
+BUSY = {"bytes": 1e9, "f32": 3e9}  # what a measurement on a machine busy with other work may give
+IDLE = {"bytes": 2e10, "f32": 2e11}
+HOST = CpuTarget(cores=2)  # expects about 2 cores x 16 lanes x 2 FMA pipes x 2 flop x 2 GHz
+
+
+def test_an_implausible_peak_is_measured_again(fresh_cache, monkeypatch):
+    assert BUSY["f32"] < roofline.expected_f32(HOST) / roofline.FAR_BELOW < IDLE["f32"]
+    measured = fake_peaks(monkeypatch, BUSY, IDLE)
+    assert roofline.peaks(HOST, "host") == IDLE and len(measured) == 2
+    assert roofline.peaks(HOST, "host") == IDLE and len(measured) == 2  # stored, plausible: kept
+
+
+def test_a_peak_that_stays_implausible_is_kept(fresh_cache, monkeypatch):
+    """A machine that never reaches the expected order is measured ATTEMPTS times, not at each use."""
+    measured = fake_peaks(monkeypatch, BUSY)
+    assert roofline.peaks(HOST, "host") == BUSY and len(measured) == roofline.ATTEMPTS
+    assert roofline.peaks(HOST, "host") == BUSY and len(measured) == roofline.ATTEMPTS
+
+
+def test_a_kernel_faster_than_the_peak_has_it_measured_again(fresh_cache, monkeypatch):
+    """The stored f32 peak below a rate a kernel reached: measured again, and the ceiling is at
+    least that rate, so no kernel is placed above 100% of its compute floor."""
+    measured = fake_peaks(monkeypatch, IDLE, {"bytes": 2e10, "f32": 1e11})
+    roofline.peaks(HOST, "host")
+    kernel = roofline.Cost(flops=6 * 10**11, nbytes=10**6, arith="f32")  # 3e11 FLOP/s in 2 s
+    peak = roofline.peaks(HOST, "host", at_least=roofline.reached([(kernel, 2.0)]))
+    assert len(measured) == 2 and peak["f32"] == 3e11 and peak["bytes"] == 2e10
+    assert roofline.place("k", kernel, 2.0, peak).fraction == pytest.approx(1.0)
+    assert roofline.peaks(HOST, "host") == peak and len(measured) == 2  # stored
+
+
+def test_peaks_are_kept_per_target(fresh_cache, monkeypatch):
+    measured = fake_peaks(monkeypatch, IDLE)
+    roofline.peaks(HOST, "host")
+    roofline.peaks(CpuTarget(cores=4), "host")
+    roofline.peaks(HOST, "host")
+    assert len(measured) == 2
+
+
+def test_measure_peaks_measures_anew(fresh_cache, monkeypatch, tmp_path, capsys):
+    measured = fake_peaks(monkeypatch, IDLE, {"bytes": 3e10, "f32": 1.5e11})
+    path = tmp_path / "mm.tc"
+    path.write_text(MATMUL)
+    argv = ["bench", str(path), "-D", "M=8", "-D", "K=8", "-D", "N=8", "--repeat", "1",
+            "--png", str(tmp_path / "r.png")]
+    assert main([*argv, "--roofline"]) == 0 and len(measured) == 1
+    assert main([*argv, "--measure-peaks"]) == 0 and len(measured) == 2
+    assert "bandwidth 30.0 GB/s, f32 0.15 TFLOP/s" in capsys.readouterr().out  # the new measurement, not a max
+
+
+def test_the_best_burst_counts(monkeypatch):
+    """A probe slowed by other work in its first bursts is timed at its best burst."""
+    monkeypatch.setattr(roofline, "PAUSE_S", 0.0)
+    delays = iter([0.05] * 4 + [0.001] * 100)  # the warm-up and the first burst's three runs are slow
+    best = roofline._best(lambda: time.sleep(next(delays)), 3)
+    assert best < 0.02
+
+
+def test_the_cpu_probes_measure(fresh_cache):
+    """The real probes: positive numbers, the caller's thread count left as it was."""
+    tcc.set_num_threads(1)
+    try:
+        peak = roofline._cpu_peaks()
+        assert tcc.get_num_threads() == 1
+    finally:
+        tcc.set_num_threads(None)
+    assert peak["bytes"] > 1e8 and peak["f32"] > 1e8

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import llvmlite.binding as llvm
 
+from tcc import threads
 from tcc.errors import TccCompileError
 
 _LOCK = threading.Lock()
@@ -29,8 +30,10 @@ def _init() -> None:
 
 
 @functools.cache
-def load_thread_runtime() -> bool:
-    """Load libgomp for ``GOMP_parallel`` (its persistent thread team costs ~1 us per fork).
+def thread_runtime() -> ctypes.CDLL | None:
+    """libgomp, loaded for ``GOMP_parallel`` (its persistent thread team costs ~1 us per fork),
+    with the thread-count cell (:mod:`tcc.threads`) that parallel loops read made known to the
+    linker; None where it cannot be loaded.
 
     Without it, loops marked parallel run serially: slower, never wrong.
     """
@@ -41,14 +44,25 @@ def load_thread_runtime() -> bool:
             if not name:
                 continue
             try:
-                ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
+                library = ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
                 llvm.load_library_permanently(name)
-                return True
-            except OSError:
+            except (OSError, RuntimeError):
                 continue
-            except RuntimeError:
-                continue
-    return False
+            llvm.add_symbol(threads.SYMBOL, threads.address())
+            return library
+    return None
+
+
+def load_thread_runtime() -> bool:
+    """Whether libgomp is loaded (loading it on the first call)."""
+    return thread_runtime() is not None
+
+
+def default_threads() -> int:
+    """The threads a parallel loop runs on when :func:`tcc.set_num_threads` asked for none:
+    libgomp's default (``OMP_NUM_THREADS``, else every CPU the process may use); 1 without libgomp."""
+    library = thread_runtime()
+    return int(library.omp_get_max_threads()) if library is not None else 1
 
 
 @functools.cache

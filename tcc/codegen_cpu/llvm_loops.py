@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from llvmlite import ir
 
+from tcc import threads
 from tcc.codegen_cpu.jit import load_thread_runtime
 from tcc.codegen_cpu.llvm_types import I32, I64, PTR, local_name, loop_metadata, memory_type
 from tcc.errors import TccCompileError
@@ -129,10 +130,16 @@ class LoopEmitter:
         fn.linkage = "internal"
         self._outline_body(s, fn, ctx_ty, names, bufs)
         gomp = self._declare("GOMP_parallel", ir.FunctionType(ir.VoidType(), [PTR, PTR, I32, I32]))
-        b.call(gomp, [fn, ctx, ir.Constant(I32, 0), ir.Constant(I32, 0)])
+        b.call(gomp, [fn, ctx, b.load(self._thread_count(), typ=I32), ir.Constant(I32, 0)])
         failed = b.icmp_signed("!=", b.load(status, typ=I32), ir.Constant(I32, 0))
         with b.if_then(failed, likely=False):
             self._fail()
+
+    def _thread_count(self) -> ir.GlobalVariable:
+        """The process-wide cell that ``tcc.set_num_threads`` writes (0: libgomp's default), read
+        before each parallel loop so that a new count applies to every later call without a rebuild."""
+        cell = self.module.globals.get(threads.SYMBOL)
+        return cell if cell is not None else ir.GlobalVariable(self.module, I32, threads.SYMBOL)
 
     def _outline_body(self, s: For, fn: ir.Function, ctx_ty: ir.Type, names: list[str], bufs: list[str]) -> None:
         saved = (self.fn, self.entry, self.builder, self.vars, self.buffers, self.status)

@@ -16,7 +16,7 @@ import numpy as np
 
 from tcc import dtypes
 from tcc.errors import TccArgumentError, TccShapeError
-from tcc.ir.expr import Const, Var, substitute
+from tcc.ir.expr import Binary, Const, Unary, Var, substitute
 from tcc.ir.te import OpTE
 from tcc.passes.simplify import evaluate_int
 
@@ -124,7 +124,7 @@ def result_shapes(op: OpTE, bindings: dict[str, int | float]) -> dict[str, tuple
     for r in op.results:
         dims = []
         for dim, expr in enumerate(op.tensors[r].shape):
-            value = evaluate_int(substitute(expr, _consts(bindings)))
+            value = dim_value(op, r, dim, expr, bindings)
             if value is None or value < 0:
                 raise TccShapeError(f"result {r} of {op.name} would have dim {dim} = {value} for "
                                     f"{_fmt(bindings)}", op.tensors[r].span,
@@ -132,6 +132,63 @@ def result_shapes(op: OpTE, bindings: dict[str, int | float]) -> dict[str, tuple
             dims.append(value)
         shapes[r] = tuple(dims)
     return shapes
+
+
+I64_RANGE = range(-(1 << 63), 1 << 63)  # what the generated code's sizes and offsets hold
+
+
+class _Overflow(Exception):
+    """A step of a shape expression whose value does not fit 64 bits."""
+
+    def __init__(self, step: str, value: int):
+        super().__init__(step)
+        self.step, self.value = step, value
+
+
+_EXACT = {"add": (lambda a, b: a + b, "+"), "sub": (lambda a, b: a - b, "-"), "mul": (lambda a, b: a * b, "*"),
+          "floordiv": (lambda a, b: a // b, "//"), "mod": (lambda a, b: a % b, "%"),
+          "max": (max, "max"), "min": (min, "min")}
+
+
+def dim_value(op: OpTE, name: str, dim: int, expr, bindings: dict[str, int | float]) -> int | None:
+    """A tensor dim's value for ``bindings``, in Python's unbounded integers: the generated code
+    computes sizes in 64 bits, so a dim (or a step of its expression) beyond them is a shape
+    error here, not a size that wrapped around (``N * R`` with ``R = 2**62`` is 0 in 64 bits).
+    None where the expression is not an integer of the bindings."""
+    try:
+        return _exact(expr, bindings)
+    except _Overflow as exc:
+        tensor = op.tensors[name]
+        what = {"input": "argument", "result": "result"}.get(tensor.kind, "intermediate")
+        raise TccShapeError(f"{what} {name} of {op.name}: dim {dim} overflows 64-bit integers "
+                            f"({exc.step} = {exc.value}) "
+                            f"for {_fmt(bindings)}", tensor.span,
+                            "use smaller sizes or parameters: a tensor's dims, and every step of computing "
+                            "them, must fit in a signed 64-bit integer") from None
+
+
+def _exact(e, bindings: dict[str, int | float]) -> int | None:
+    if isinstance(e, Const):
+        return e.value if isinstance(e.value, int) and not isinstance(e.value, bool) else None
+    if isinstance(e, Var):
+        value = bindings.get(e.name)
+        return value if isinstance(value, int) else None
+    if isinstance(e, Unary) and e.op == "neg":
+        a = _exact(e.a, bindings)
+        return None if a is None else _fits(-a, f"-{a}")
+    if isinstance(e, Binary) and e.op in _EXACT:
+        a, b = _exact(e.a, bindings), _exact(e.b, bindings)
+        if a is None or b is None or (e.op in ("floordiv", "mod") and b == 0):
+            return None
+        fn, sign = _EXACT[e.op]
+        return _fits(fn(a, b), f"{sign}({a}, {b})" if sign.isalpha() else f"{a} {sign} {b}")
+    return evaluate_int(substitute(e, _consts(bindings)))
+
+
+def _fits(value: int, step: str) -> int:
+    if value not in I64_RANGE:
+        raise _Overflow(step, value)
+    return value
 
 
 INDEX_LIMIT = 1 << 62  # bytes: element offsets are 64-bit integers in the generated code
@@ -142,11 +199,10 @@ def check_sizes(op: OpTE, bindings: dict[str, int | float]) -> None:
     ``tcc run``'s random data) larger than the machine's memory, and any tensor, intermediates
     included, too large for 64-bit offsets."""
     memory = physical_memory()
-    consts = _consts(bindings)
     for name, tensor in op.tensors.items():
         if tensor.kind == "pad":
             continue
-        dims = [evaluate_int(substitute(d, consts)) for d in tensor.shape]
+        dims = [dim_value(op, name, dim, d, bindings) for dim, d in enumerate(tensor.shape)]
         if any(d is None or d < 0 for d in dims):
             continue  # reported with its location by the shape checks
         nbytes = math.prod(dims) * tensor.dtype.itemsize
@@ -188,7 +244,7 @@ def _bind_dim(op: OpTE, name: str, dim: int, expr, size: int, bindings: dict, wh
         bindings[expr.name] = size
         where[expr.name] = (name, dim)
         return
-    expected = evaluate_int(substitute(expr, _consts(bindings)))
+    expected = dim_value(op, name, dim, expr, bindings)
     if expected == size:
         return
     if isinstance(expr, Var) and expr.name in where:

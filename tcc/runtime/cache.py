@@ -4,7 +4,8 @@ A key holds everything that changes the generated code: the compiler version, th
 specialised TE text (which holds shapes, dtypes and parameter values), the target, the
 host CPU and every codegen option. Disk entries are written to a temporary file and
 renamed into place, so concurrent processes never see half an entry; each entry carries a
-checksum, so a corrupt or truncated one is treated as a miss and recompiled.
+checksum, so a corrupt or truncated one is treated as a miss and recompiled. The entries' total
+size is capped (least recently used go first: :mod:`tcc.runtime.cache_size`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tcc.paths import cache_dir
+from tcc.runtime import cache_size
 from tcc.version import __version__
 
 _MAGIC = b"TCC-CACHE-1\n"
@@ -107,6 +109,7 @@ class DiskCache:
         digest, payload = data[len(_MAGIC):header], data[header:]
         if hashlib.sha256(payload).digest() != digest:
             return None
+        cache_size.mark_used(self._path(key, suffix))
         return payload
 
     def put(self, key: str, payload: bytes, suffix: str = ".bin") -> None:
@@ -119,7 +122,9 @@ class DiskCache:
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
             with os.fdopen(fd, "wb") as f:
                 f.write(_MAGIC + hashlib.sha256(payload).digest() + payload)
+            cache_size.mark_used(tmp)
             os.replace(tmp, path)
+            cache_size.note_written(self.root, len(payload))
         except OSError as exc:  # a read-only or full cache directory only costs a recompile next time
             if tmp is not None:
                 with contextlib.suppress(OSError):

@@ -155,12 +155,16 @@ def invoke(kernel: CpuKernel, op, bound, out: Any) -> list[Any]:
     values: dict[str, Any] = dict(bound.scalars)
     inputs = []
     for name, arr in bound.arrays.items():
-        contiguous = np.ascontiguousarray(arr)
+        contiguous = _contiguous(op, name, arr)
         values[name] = contiguous
         inputs.append(contiguous)
     if kernel.prepared is not None:
         position = {name: i for i, name in enumerate(op.params)}
-        kernel.prepare(values, tuple(bound.args[position[n]] for n in kernel.prepared.sources))
+        try:
+            kernel.prepare(values, tuple(bound.args[position[n]] for n in kernel.prepared.sources))
+        except MemoryError:
+            raise TccRuntimeError(f"op {op.name}: out of memory preparing the constant parameters "
+                                  f"{', '.join(kernel.prepared.sources)}", op.span, "use smaller inputs") from None
     results, copies = [], []
     for name, target, view in zip(op.results, targets, views):
         shape, dtype = bound.result_shapes[name], op.tensors[name].dtype.numpy
@@ -199,6 +203,16 @@ def _allocate(op, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndar
     except (MemoryError, ValueError) as exc:
         raise TccRuntimeError(f"cannot allocate result {name} of {op.name}: {dtype.name}{list(shape)} "
                               f"({exc})", op.tensors[name].span, "use smaller inputs") from None
+
+
+def _contiguous(op, name: str, arr: np.ndarray) -> np.ndarray:
+    """``arr`` C-contiguous (a strided input is copied: memory that may not be there)."""
+    try:
+        return np.ascontiguousarray(arr)
+    except MemoryError:
+        raise TccRuntimeError(f"op {op.name}: out of memory copying the strided argument {name} "
+                              f"({arr.dtype}{list(arr.shape)}) to contiguous memory", op.tensors[name].span,
+                              "pass a C-contiguous array (no copy) or use smaller inputs") from None
 
 
 def _check_out(op, bound, out: Any) -> tuple[list[Any], list[np.ndarray | None]]:
