@@ -17,6 +17,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from tcc.dtypes import DType
+from tcc.ir import philox
 from tcc.ir.expr import Binary, Call, Cast, Const, Expr, Read, Reduce, Select, Unary, Var, walk
 from tcc.ir.te import OpTE
 from tcc.passes.te.bounds import prove_bounds
@@ -189,6 +190,9 @@ class _Statement:
         if isinstance(e, Unary):
             a = self._eval(e.a)
             return np.logical_not(a) if e.op == "not" else _wrap(np.negative(a), e.dtype)
+        if isinstance(e, Call) and e.fn == "philox":
+            seed, *counter = (self._eval(a) for a in e.args[1:])
+            return philox.word(int(e.args[0].value), seed, tuple(counter))  # type: ignore[attr-defined]
         if isinstance(e, Call):
             return _wrap(np.asarray(_MATH[e.fn](self._eval(e.args[0]))), e.dtype)  # abs(i8 -128) is -128
         if isinstance(e, Cast):

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from tcc.ir import philox
 from tcc.ir.expr import Binary, Call, Cast, Const, Expr, Load, Select, Unary, Var
 from tcc.ir.loops import (
     Allocate,
@@ -51,9 +52,9 @@ _BINARY = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a
            "mod": lambda a, b: a % b if b else 0, "pow": lambda a, b: a ** b}
 
 
-def run(func: LoopFunc, arrays: dict[str, np.ndarray], aligned: bool = True) -> None:
-    """Run the scheduled ``func`` on ``arrays`` (its buffer parameters by name, updated in place);
-    of a kernel and its fallback, the first (``aligned``) or the second."""
+def run(func: LoopFunc, arrays: dict[str, np.ndarray], aligned: bool = True, scalars: dict | None = None) -> None:
+    """Run the scheduled ``func`` on ``arrays`` (its buffer parameters by name, updated in place)
+    and its runtime ``scalars``; of a kernel and its fallback, the first (``aligned``) or the second."""
     memory = {name: a.reshape(-1) for name, a in arrays.items()}
     buffers = {p.name: p for p in func.params if isinstance(p, Buffer)}
     body = func.body
@@ -71,7 +72,7 @@ def run(func: LoopFunc, arrays: dict[str, np.ndarray], aligned: bool = True) -> 
             continue
         skip = variant
         for b in range(_int(kernel.extent, {})):
-            _Block(buffers, memory).run(kernel.body, {kernel.var.name: b})
+            _Block(buffers, memory).run(kernel.body, {**(scalars or {}), kernel.var.name: b})
 
 
 def _int(e: Expr, env: dict) -> int:
@@ -102,6 +103,9 @@ class _Eval:
             return self.expr(e.a) if self.expr(e.cond) else self.expr(e.b)
         if isinstance(e, Unary):
             return -self.expr(e.a) if e.op == "neg" else not self.expr(e.a)
+        if isinstance(e, Call) and e.fn == "philox":
+            seed, *counter = (self.expr(a) for a in e.args[1:])
+            return int(philox.word(int(e.args[0].value), seed, tuple(counter)))
         if isinstance(e, Call) and e.fn in _MATH and len(e.args) == 1:  # (math functions, as the reference has them)
             return _NP[e.dtype.name](_MATH[e.fn](np.float64(self.expr(e.args[0]))))
         raise NotImplementedError(f"simulating {type(e).__name__}")

@@ -10,8 +10,9 @@ from collections.abc import Callable
 from llvmlite import ir
 
 from tcc import dtypes
-from tcc.codegen_cpu.llvm_types import I1, I32, ICMP, lane_mask, like, llvm_const
+from tcc.codegen_cpu.llvm_types import I1, I32, I64, ICMP, lane_mask, like, llvm_const
 from tcc.errors import TccCompileError
+from tcc.ir import philox
 from tcc.ir.expr import Binary, Call, Const, Expr, Var
 
 _LIBM = {"tanh", "erf"}
@@ -253,6 +254,8 @@ class MathEmitter:
         return fn
 
     def _e_Call(self, e: Call) -> ir.Value:
+        if e.fn == "philox":
+            return self._philox(e)
         x = self._expr(e.args[0])
         b = self.builder
         if not e.dtype.is_float:  # abs / floor / ceil of an integer
@@ -263,6 +266,30 @@ class MathEmitter:
             wide = b.fpext(x, like(x.type, ir.FloatType()))
             return b.fptrunc(self._math(e.fn, wide), like(x.type, ir.HalfType()))
         return self._math(e.fn, x)
+
+    def _philox(self, e: Call) -> ir.Value:
+        """Output word ``e.args[0]`` of Philox-4x32-10 (``tcc.ir.philox``), on 64-bit lanes: each
+        32-bit product is exact in 64 bits, its high word a shift. Vectorises like any integer
+        arithmetic."""
+        b = self.builder
+        values = []
+        for a in e.args[1:]:
+            v = self._expr(a)
+            element = v.type.element if isinstance(v.type, ir.VectorType) else v.type
+            values.append(b.sext(v, like(v.type, I64)) if element.width < 64 else v)
+        seed, *counter = self._unify(*values)
+        t = seed.type
+        mask, half = llvm_const(t, philox.MASK), llvm_const(t, 32)
+        c = [b.and_(x, mask) for x in counter]
+        key = [b.and_(seed, mask), b.lshr(seed, half)]
+        for r in range(philox.ROUNDS):
+            if r:
+                key = [b.and_(b.add(k, llvm_const(t, bump)), mask) for k, bump in zip(key, philox.KEY_BUMPS)]
+            p0 = b.mul(c[0], llvm_const(t, philox.MULTIPLIERS[0]))
+            p1 = b.mul(c[2], llvm_const(t, philox.MULTIPLIERS[1]))
+            c = [b.xor(b.xor(b.lshr(p1, half), c[1]), key[0]), b.and_(p1, mask),
+                 b.xor(b.xor(b.lshr(p0, half), c[3]), key[1]), b.and_(p0, mask)]
+        return c[int(e.args[0].value)]  # type: ignore[attr-defined]
 
     def _math(self, fn: str, x: ir.Value) -> ir.Value:
         b = self.builder

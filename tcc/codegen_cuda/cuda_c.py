@@ -26,6 +26,7 @@ from tcc.codegen_cuda.cuda_matrix import MatrixStatements
 from tcc.codegen_cuda.names import c_name
 from tcc.dtypes import DType
 from tcc.errors import TccCompileError
+from tcc.ir import philox
 from tcc.ir.expr import Binary, Call, Cast, Const, Expr, Load, Select, Unary, Var, walk
 from tcc.ir.loops import (
     Allocate,
@@ -131,6 +132,20 @@ template <typename T, typename F> TCC_D T tcc_block_allreduce(T v, F op) {
   for (int w = 1; w < (int)(blockDim.x >> 5); ++w) v = op(v, partial[w]);
   return v;
 }
+"""
+PREAMBLE += f"""// Philox-4x32-10 (tcc/ir/philox.py): word ``word`` of the block for key ``seed``, counter i0..i3
+TCC_D long long tcc_philox(int word, long long seed, long long i0, long long i1, long long i2, long long i3) {{
+  unsigned k0 = (unsigned)seed, k1 = (unsigned)((unsigned long long)seed >> 32);
+  unsigned c0 = (unsigned)i0, c1 = (unsigned)i1, c2 = (unsigned)i2, c3 = (unsigned)i3;
+#pragma unroll
+  for (int r = 0; r < {philox.ROUNDS}; ++r) {{
+    if (r) {{ k0 += {philox.KEY_BUMPS[0]}u; k1 += {philox.KEY_BUMPS[1]}u; }}
+    unsigned hi0 = __umulhi({philox.MULTIPLIERS[0]}u, c0), lo0 = {philox.MULTIPLIERS[0]}u * c0;
+    unsigned hi1 = __umulhi({philox.MULTIPLIERS[1]}u, c2), lo1 = {philox.MULTIPLIERS[1]}u * c2;
+    c0 = hi1 ^ c1 ^ k0; c1 = lo1; c2 = hi0 ^ c3 ^ k1; c3 = lo0;
+  }}
+  return (long long)(word == 0 ? c0 : word == 1 ? c1 : word == 2 ? c2 : c3);
+}}
 """
 
 
@@ -471,6 +486,8 @@ class _Kernel(MatrixStatements):
         raise TccCompileError(f"internal error: float operator {op}")
 
     def _e_Call(self, e: Call) -> str:
+        if e.fn == "philox":
+            return f"tcc_philox({', '.join(self._expr(a) for a in e.args)})"
         x = self._expr(e.args[0])
         if not e.dtype.is_float:  # abs / floor / ceil of an integer
             return _wrap(f"({x} < 0 ? -({x}) : {x})", e.dtype) if e.fn == "abs" else x

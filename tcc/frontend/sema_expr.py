@@ -14,10 +14,12 @@ from tcc import dtypes
 from tcc.dtypes import DType
 from tcc.errors import Span, TccNameError, TccShapeError, TccSyntaxError, TccTypeError
 from tcc.frontend import ast
+from tcc.ir import philox
 from tcc.ir.expr import (
     ARITH_OPS,
     COMPARE_OPS,
     MATH_FUNCS,
+    RANDOM_FUNCS,
     REDUCE_OPS,
     Binary,
     Call,
@@ -243,11 +245,42 @@ class ExprAnalyzer:
             dtype = a.dtype if (a.dtype.is_float or keeps_int) else dtypes.f64
             weak = a.weak if (a.dtype.is_float or keeps_int) else ("f" if a.weak else None)
             return Typed(Call(fn, (cast(a.expr, dtype),), dtype), weak)
+        if fn in RANDOM_FUNCS:
+            return Typed(self._random(n, args))
         if fn in REDUCE_OPS:
             raise TccSyntaxError(f"{fn} is a reduction and needs its indices", n.span,
                                  f"write {fn}[k](expr), or max(a, b) / min(a, b) for two values")
-        known = list(dtypes.ALL) + ["max", "min", "pow", "select", *MATH_FUNCS]
+        known = list(dtypes.ALL) + ["max", "min", "pow", "select", *MATH_FUNCS, *RANDOM_FUNCS]
         raise TccNameError(f"unknown function {fn!r}", n.span, suggest(fn, known))
+
+    def _random(self, n: ast.CallExpr, args: list[Typed]) -> Expr:
+        """``rand``/``randn(seed, i, ...)`` as f32 expressions over Philox words, ``philox(word,
+        seed, i, ...)`` as one word: the generator is one TE call (``tcc.ir.philox``), so every
+        target computes the same bits and the reference is the oracle of its arithmetic."""
+        first = 1 if n.fn == "philox" else 0
+        word = None
+        if n.fn == "philox":
+            w = n.args[0] if n.args else None
+            if not (isinstance(w, ast.Num) and not w.is_float and 0 <= w.value < philox.COUNTERS):
+                raise TccTypeError("philox's first argument is the output word: 0, 1, 2 or 3", n.span)
+            word = int(w.value)
+        counted = len(args) - first - 1
+        if not 1 <= counted <= philox.COUNTERS:
+            raise TccTypeError(f"{n.fn} takes a seed and 1 to {philox.COUNTERS} indices, got {len(args) - first}",
+                               n.span, f"{n.fn}(seed, i, j) draws one value per (i, j) for each seed")
+        for a, node in zip(args[first:], n.args[first:]):
+            if not a.dtype.is_int:
+                raise TccTypeError(f"{n.fn}'s seed and indices are integers, not {a.dtype}", node.span,
+                                   "convert with i64(x)")
+        ints = [cast(a.expr, dtypes.i64) for a in args[first:]]
+        counter = ints[1:] + [Const(0, dtypes.i64)] * (philox.COUNTERS - counted)
+
+        def bits(k: int) -> Expr:
+            return Call("philox", (Const(k, dtypes.i64), ints[0], *counter), dtypes.i64)
+
+        if word is not None:
+            return bits(word)
+        return _uniform(bits(0)) if n.fn == "rand" else _normal(bits(0), bits(1))
 
     def _arity(self, n: ast.CallExpr, count: int) -> None:
         if len(n.args) != count:
@@ -284,3 +317,24 @@ class ExprAnalyzer:
         acc = dtypes.f32 if half else result
         expr = in_f32(body.expr) if half else body.expr
         return Typed(Reduce(n.op, tuple(axes), cast(expr, acc), result, acc, n.span))
+
+
+def _unit(bits: Expr, offset: int) -> Expr:
+    """``(bits >> 8) + offset`` times 2**-24 in f32: exact, so the same on every target."""
+    top = Binary("floordiv", bits, Const(256, dtypes.i64), dtypes.i64)
+    if offset:
+        top = Binary("add", top, Const(offset, dtypes.i64), dtypes.i64)
+    return Binary("mul", cast(top, dtypes.f32), Const(2.0 ** -24, dtypes.f32), dtypes.f32)
+
+
+def _uniform(bits: Expr) -> Expr:
+    """A uniform f32 in [0, 1) from a 32-bit word."""
+    return _unit(bits, 0)
+
+
+def _normal(first: Expr, second: Expr) -> Expr:
+    """A standard normal f32 by Box-Muller: ``sqrt(-2 log u) cos(2 pi v)``, u in (0, 1]."""
+    f32 = dtypes.f32
+    radius = Call("sqrt", (Binary("mul", Const(-2.0, f32), Call("log", (_unit(first, 1),), f32), f32),), f32)
+    angle = Binary("mul", Const(6.283185307179586, f32), _unit(second, 0), f32)
+    return Binary("mul", radius, Call("cos", (angle,), f32), f32)

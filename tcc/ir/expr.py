@@ -22,6 +22,7 @@ ARITH_OPS = ("add", "sub", "mul", "div", "floordiv", "mod", "pow", "max", "min")
 COMPARE_OPS = ("lt", "le", "gt", "ge", "eq", "ne")
 MATH_FUNCS = ("exp", "log", "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "erf", "abs",
               "floor", "ceil")
+RANDOM_FUNCS = ("rand", "randn", "philox")  # counter-based: pure functions of a seed and indices
 REDUCE_OPS = ("sum", "max", "min", "prod")
 
 _SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/", "floordiv": "//", "mod": "%",
