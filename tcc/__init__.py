@@ -1,10 +1,12 @@
 """tcc: a small tensor compiler. ``tcc.compile(source, target="cpu")`` gives a library of ops."""
 
-from tcc import cuda  # tcc.cuda.Array; imports no CUDA library until used
+from tcc import (
+    cuda,  # tcc.cuda.Array; imports no CUDA library until used
+    onnx,  # imports the onnx package only when a model is loaded
+)
 from tcc.autodiff import grad, grad_source
 from tcc.compiler import Library, Op, compile
 from tcc.errors import TccError
-from tcc.interop import onnx  # imports the onnx package only when a model is loaded
 from tcc.threads import get_num_threads, set_num_threads
 from tcc.version import __version__
 
@@ -16,7 +18,7 @@ def __getattr__(name: str):
     """``tcc.torch`` (PyTorch custom ops) is imported on first use: PyTorch is an optional, heavy
     dependency that ``import tcc`` must not load."""
     if name == "torch":
-        import tcc.interop.torch as module  # optional dependency, loaded lazily on purpose
+        import tcc.torch as module  # optional dependency, loaded lazily on purpose
 
         globals()["torch"] = module  # later lookups skip this function
         return module

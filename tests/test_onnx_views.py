@@ -132,3 +132,12 @@ def test_gather_constant_index_reshape(rng):
     model = make_model(nodes, [("x", F32, [9, 4])], [("y", F32, [2, 8])],
                        {"idx": np.array([8, 6, 4, 2], np.int64), "s": np.array([2, 8], np.int64)})
     check_against_ort(model, rng)
+
+
+def test_the_public_modules_import_by_name():
+    """``import tcc.onnx`` and ``import tcc.torch`` work, not only attribute access after ``import tcc``."""
+    import importlib
+
+    assert importlib.import_module("tcc.onnx").load is tcc.onnx.load
+    pytest.importorskip("torch")
+    assert callable(importlib.import_module("tcc.torch").library)

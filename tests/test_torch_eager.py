@@ -13,7 +13,8 @@ import tcc
 torch = pytest.importorskip("torch")
 from torch_paths import eager_path  # noqa: E402, F401  (the fixture "path")
 
-from tcc.interop import torch_native  # noqa: E402  (imports torch: after the skip)
+from tcc.interop import torch as torch_interop  # noqa: E402  (imports torch: after the skip)
+from tcc.interop import torch_native  # noqa: E402
 
 OPS = """
 op matmul(A: f32[M, K], B: f32[K, N]) -> C: f32[M, N] {
@@ -39,7 +40,7 @@ def served_natively(op, path: str, monkeypatch) -> None:
     call (``_Direct.run``) is made to fail, so a repeat that reaches it shows."""
     assert (op._native is not None) == (path == "native")
     if path == "native":
-        monkeypatch.setattr(tcc.torch._Direct, "run", lambda *a: pytest.fail("the Python path ran"))
+        monkeypatch.setattr(torch_interop._Direct, "run", lambda *a: pytest.fail("the Python path ran"))
 
 
 @pytest.mark.parametrize("m,k,n", [(1, 1, 1), (7, 33, 5), (16, 64, 32)])

@@ -16,7 +16,8 @@ import tcc
 torch = pytest.importorskip("torch")
 from torch_paths import eager_path  # noqa: E402, F401  (the fixture "path")
 
-from tcc.interop import torch_native  # noqa: E402  (imports torch: after the skip)
+from tcc.interop import torch as torch_interop  # noqa: E402  (imports torch: after the skip)
+from tcc.interop import torch_native  # noqa: E402
 
 OPS = """
 op matmul(A: f32[M, K], B: f32[K, N]) -> C: f32[M, N] {
@@ -83,7 +84,7 @@ def test_both_paths_agree():
         xs, ys = x.clone().requires_grad_(), y.clone().requires_grad_()
         ops.two(xs, ys)  # the first call of a signature is the Python path's
         before = recorded()
-        p, q = ops.two(xs, ys) if native else tcc.torch._record(ops.two, {}, xs, ys)
+        p, q = ops.two(xs, ys) if native else torch_interop._record(ops.two, {}, xs, ys)
         assert recorded() - before == (1 if native else 0)
         (p * 3 + q).sum().backward()
         grads.append((xs.grad, ys.grad))
