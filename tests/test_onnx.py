@@ -258,10 +258,13 @@ def test_cuda_matches_cpu(rng):
     np.testing.assert_allclose(got, tcc.onnx.load(data)(x), rtol=1e-3, atol=1e-3)
 
 
-def test_unsupported_operator_names_the_node():
-    model = make_model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Hardmax", ["r"], ["y"], name="hm")],
-                       [("x", F32, [2, 3])], [("y", F32, [2, 3])])
-    with pytest.raises(OnnxImportError, match=r"node hm \(Hardmax\): operator not supported"):
+def test_unsupported_operators_are_listed_at_once():
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Hardmax", ["r"], ["h"], name="hm"),
+             helper.make_node("LpNormalization", ["h"], ["l"], name="lp"),
+             helper.make_node("Hardmax", ["l"], ["y"], name="hm2")]
+    model = make_model(nodes, [("x", F32, [2, 3])], [("y", F32, [2, 3])])
+    with pytest.raises(OnnxImportError, match=r"operators not supported by tcc: Hardmax \(2 nodes: hm, hm2\); "
+                                              r"LpNormalization \(1 node: lp\)"):
         tcc.onnx.load(model)
 
 

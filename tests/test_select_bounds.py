@@ -58,3 +58,16 @@ def test_a_branch_never_taken_is_not_proved(rng):
     """``select(i < 0, X[i - 5], X[i])``: no index satisfies the condition, nothing is read there."""
     source = "op f(X: f32[N]) -> Y: f32[N] {\n    Y[i] = select(i < 0, X[i - 5], X[i])\n}"
     check_op(source, "f", {"N": 7}, rng)
+
+
+@pytest.mark.parametrize("n", [1, 7, 33])
+def test_conditions_on_an_offset_variable(rng, n):
+    """``t - 1 >= 0`` narrows ``t`` as ``t >= 1`` does; reflect padding written with offsets."""
+    source = """
+op f(X: f32[N]) -> Y: f32[N + 4] {
+    Y[i] = select(i - 2 < 0, X[2 - i], select(i - 2 > N - 1, X[2 * (N - 1) - (i - 2)], X[i - 2]))
+}
+"""
+    if n >= 3:
+        check_op(source, "f", {"N": n}, rng)
+    check_op("op g(X: f32[N]) -> Y: f32[N] {\n    Y[t] = select(t - 1 >= 0, X[t - 1], 0.0)\n}", "g", {"N": n}, rng)

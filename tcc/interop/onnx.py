@@ -29,6 +29,7 @@ from tcc.compiler import Library, Op, check_options
 from tcc.compiler import compile as tcc_compile
 from tcc.errors import TccArgumentError
 from tcc.interop import onnx_kernels as kernels
+from tcc.interop import onnx_math as math_ops
 from tcc.interop import onnx_nn as nn
 from tcc.interop import onnx_ops as ops
 from tcc.interop import onnx_shapes as shapes
@@ -59,6 +60,15 @@ HANDLERS: dict[str, Handler] = {
     "MatMul": nn.matmul, "Gemm": nn.gemm, "Conv": nn.conv, "ConvTranspose": nn.conv_transpose,
     "MaxPool": nn.max_pool, "AveragePool": nn.average_pool, "GlobalAveragePool": nn.global_average_pool,
     "BatchNormalization": nn.batch_norm, "LayerNormalization": nn.layer_norm,
+    "InstanceNormalization": nn.instance_norm,
+    **{name: ops.reduce for name in ops.REDUCTIONS}, "ArgMax": ops.arg_extreme, "ArgMin": ops.arg_extreme,
+    **{name: math_ops.logic for name in math_ops.LOGIC}, "Not": math_ops.not_,
+    "IsNaN": math_ops.is_nan, "IsInf": math_ops.is_inf, "Mod": math_ops.mod, "Sign": math_ops.sign,
+    "Reciprocal": math_ops.reciprocal, "Round": math_ops.round_,
+    **{name: math_ops.variadic for name in ("Min", "Max", "Mean")},
+    **{name: math_ops.activation for name in math_ops.ACTIVATIONS}, "PRelu": math_ops.prelu,
+    "Expand": shapes.expand, "Tile": shapes.tile, "Pad": shapes.pad, "Range": shapes.range_,
+    "Trilu": shapes.trilu,
 }
 
 
@@ -111,14 +121,20 @@ def _attrs(proto) -> dict:
 
 
 def _nodes(graph, opset: int) -> list[Node]:
+    missing: dict[str, list[str]] = {}
+    for proto in graph.node:
+        if proto.domain in ("", "ai.onnx") and proto.op_type not in HANDLERS:
+            missing.setdefault(proto.op_type, []).append(proto.name or "(unnamed)")
+    if missing:  # every one at once: a user converting a model sees the whole list
+        listed = "; ".join(f"{op} ({len(names)} node{'s' * (len(names) > 1)}: {', '.join(names[:3])}"
+                           f"{', ...' if len(names) > 3 else ''})" for op, names in sorted(missing.items()))
+        raise OnnxImportError(f"operators not supported by tcc: {listed}",
+                              hint=f"supported: {', '.join(sorted(HANDLERS))}")
     nodes = []
     for proto in graph.node:
         node = Node(proto.op_type, proto.name, list(proto.input), list(proto.output), _attrs(proto), opset)
         if proto.domain not in ("", "ai.onnx"):
             raise node.error(f"operator domain {proto.domain!r} is not supported", hint="tcc imports ai.onnx only")
-        if node.op_type not in HANDLERS:
-            raise node.error("operator not supported by tcc",
-                             hint=f"supported: {', '.join(sorted(HANDLERS))}")
         if any(v is None for v in node.attrs.values()):
             bad = [k for k, v in node.attrs.items() if v is None]
             raise node.error(f"attribute {', '.join(bad)} (a graph or sparse tensor) is not supported")

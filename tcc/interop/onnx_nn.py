@@ -396,3 +396,31 @@ def layer_norm(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
     if len(node.outputs) > 2 and node.outputs[2]:
         outputs.append(inv)
     return outputs
+
+
+def instance_norm(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
+    """Each image's channel normalised over its spatial positions, then scaled and shifted."""
+    x, scale, bias = args[0], args[1], args[2]
+    if x.rank < 3 or not is_float(x.dtype):
+        raise node.error(f"InstanceNormalization takes float inputs [N, C, ...], got {x.dtype}{list(x.shape)}")
+    axes = list(range(2, x.rank))
+    count = math.prod(x.shape[2:])
+    kept = (*x.shape[:2], *[1] * len(axes))
+    eps = float_literal(node.attrs.get("epsilon", 1e-5))
+    name = node.outputs[0]
+
+    def wide(idx: Sequence[Ex]) -> Ex:
+        return x.read(idx) if x.dtype in ("f32", "f64") else call("f32", x.read(idx))
+
+    stash = x.dtype if x.dtype in ("f32", "f64") else "f32"
+    mu = p.emit(name + "_mean", kept, stash, lambda idx: reduce_over("sum", x, axes, idx, wide) / count)
+    variance = p.emit(name + "_var", kept, stash, lambda idx: reduce_over(
+        "sum", x, axes, idx, lambda full: (wide(full) - mu.read(idx)) ** 2) / count)
+
+    def body(idx: list[Ex]) -> Ex:
+        stats = [*idx[:2], *[num(0)] * len(axes)]
+        norm = (wide(idx) - mu.read(stats)) / call("sqrt", variance.read(stats) + eps)
+        y = norm * scale.read([idx[1]]) + bias.read([idx[1]])
+        return y if x.dtype == stash else call(x.dtype, y)
+
+    return [p.emit(name, x.shape, x.dtype, body)]

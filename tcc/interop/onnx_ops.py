@@ -79,9 +79,13 @@ def small_known(args: Sequence[Value | None]) -> bool:
 
 
 def elementwise(p: Program, node: Node, args: Sequence[Value], dtype: str, template: Callable[..., Ex]) -> Value:
-    """One statement over the broadcast shape of ``args``: ``template(read0, read1, ...)``."""
+    """One statement over the broadcast shape of ``args``: ``template(read0, read1, ...)``. It
+    remembers a graph input it computes from, so that an import needing its value (shape
+    arithmetic on a shape given as an input) asks for that input's value."""
     shape = broadcast_shape(node, *(a.shape for a in args))
-    return p.emit(node.outputs[0], shape, dtype, lambda idx: template(*(broadcast_read(a, idx, shape) for a in args)))
+    value = p.emit(node.outputs[0], shape, dtype, lambda idx: template(*(broadcast_read(a, idx, shape) for a in args)))
+    value.input_name = next((a.input_name for a in args if a.const is None and a.input_name), None)
+    return value
 
 
 # ---------------------------------------------------------------- elementwise
@@ -294,6 +298,21 @@ def keep_index(idx: Sequence[Ex], rank: int, axes: Sequence[int], keepdims: bool
     return [num(0) if d in axes else next(it) for d in range(rank)]
 
 
+# Reduce*: (the reduction, what each element contributes, what the total becomes)
+REDUCTIONS: dict[str, tuple[str, Callable[[Ex], Ex] | None, Callable[[Ex, int], Ex] | None]] = {
+    "ReduceSum": ("sum", None, None),
+    "ReduceMean": ("sum", None, lambda total, count: total / count),
+    "ReduceMax": ("max", None, None),
+    "ReduceMin": ("min", None, None),
+    "ReduceProd": ("prod", None, None),
+    "ReduceL1": ("sum", lambda x: call("abs", x), None),
+    "ReduceL2": ("sum", lambda x: x * x, lambda total, count: call("sqrt", total)),
+    "ReduceSumSquare": ("sum", lambda x: x * x, None),
+    "ReduceLogSum": ("sum", None, lambda total, count: call("log", total)),
+    "ReduceLogSumExp": ("sum", None, None),  # around the maximum: see _log_sum_exp
+}
+
+
 def reduce(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
     x = args[0]
     axes = axes_of(node, args, 1, x.rank)
@@ -305,25 +324,74 @@ def reduce(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
     keepdims = bool(node.attrs.get("keepdims", 1))
     shape = tuple(1 if d in axes else n for d, n in enumerate(x.shape) if keepdims or d not in axes)
     count = math.prod(x.shape[a] for a in axes)
-    kind = {"ReduceSum": "sum", "ReduceMean": "sum", "ReduceMax": "max"}[node.op_type]
-
-    read = x.read
-    if x.dtype == "bool":  # any(): the largest of 0/1 is positive
-        kind, read = "max", (lambda full: select(x.read(full), 1, 0))
+    kind, term, finish = REDUCTIONS[node.op_type]
+    if kind in ("max", "min") and count == 0 and not is_float(x.dtype) and x.dtype != "bool":
+        raise node.error(f"{node.op_type} over an empty set of integers has no value")
+    if x.dtype == "bool":
+        if kind not in ("max", "min"):
+            raise node.error(f"{node.op_type} of bools is not defined", hint="Cast them first")
+        # any() and all(): the largest (smallest) of 0/1 is positive
+        return [p.emit(node.outputs[0], shape, "bool", lambda idx: reduce_over(
+            kind, x, axes, keep_index(idx, x.rank, axes, keepdims), lambda full: select(x.read(full), 1, 0)).gt(0))]
+    if node.op_type == "ReduceLogSumExp":
+        return [_log_sum_exp(p, node, x, axes, keepdims, shape)]
 
     def body(idx: list[Ex]) -> Ex:
+        read = x.read if term is None else (lambda full: term(x.read(full)))
         total = reduce_over(kind, x, axes, keep_index(idx, x.rank, axes, keepdims), read)
-        if x.dtype == "bool":
-            return total.gt(0)
-        if node.op_type == "ReduceMean":
-            total = total / count
+        if finish is not None:
+            total = finish(total, count)
         # tcc sums small ints into i64 and divides ints into f64: cast those back to the input's type
-        keeps_type = x.dtype in ("f32", "f64") or x.dtype == "i64" and node.op_type != "ReduceMean"
+        keeps_type = x.dtype in ("f32", "f64") or x.dtype == "i64" and finish is None
         return total if keeps_type else cast_to(total, x.dtype)
 
-    if node.op_type == "ReduceMax" and count == 0 and not is_float(x.dtype) and x.dtype != "bool":
-        raise node.error("ReduceMax over an empty set of integers has no value")
     return [p.emit(node.outputs[0], shape, x.dtype, body)]
+
+
+def _log_sum_exp(p: Program, node: Node, x: Value, axes: list[int], keepdims: bool, shape: tuple[int, ...]) -> Value:
+    """``m + log(sum(exp(x - m)))`` with ``m`` the maximum: no overflow."""
+    if not is_float(x.dtype):
+        raise node.error(f"ReduceLogSumExp takes floats, got {x.dtype}")
+    kept = tuple(1 if d in axes else n for d, n in enumerate(x.shape))
+    m = p.emit(node.outputs[0] + "_max", kept, x.dtype, lambda idx: reduce_over("max", x, axes, idx, x.read))
+
+    def body(idx: list[Ex]) -> Ex:
+        full = keep_index(idx, x.rank, axes, keepdims)
+        top = m.read([num(0) if d in axes else i for d, i in enumerate(full)])
+        total = reduce_over("sum", x, axes, full, lambda at: call("exp", x.read(at) - m.read(
+            [num(0) if d in axes else i for d, i in enumerate(at)])))
+        return top + call("log", total)
+
+    return p.emit(node.outputs[0], shape, x.dtype, body)
+
+
+def arg_extreme(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
+    """ArgMax / ArgMin: the first (or, with select_last_index, the last) position of the extreme."""
+    x = args[0]
+    if x.dtype == "bool":
+        raise node.error(f"{node.op_type} of bools is not supported", hint="Cast them first")
+    axis = norm_axis(node, node.attrs.get("axis", 0), x.rank)
+    keepdims = bool(node.attrs.get("keepdims", 1))
+    n = x.shape[axis]
+    if n == 0:
+        raise node.error(f"{node.op_type} over an empty axis")
+    kind = "max" if node.op_type == "ArgMax" else "min"
+    kept = tuple(1 if d == axis else size for d, size in enumerate(x.shape))
+    extreme = p.emit(node.outputs[0] + "_" + kind, kept, x.dtype,
+                     lambda idx: reduce_over(kind, x, [axis], idx, x.read))
+    last = bool(node.attrs.get("select_last_index", 0))
+    shape = tuple(size for d, size in enumerate(kept) if keepdims or d != axis)
+
+    def body(idx: list[Ex]) -> Ex:
+        full = keep_index(idx, x.rank, [axis], keepdims)
+        k = var("k0")
+        at = [k if d == axis else i for d, i in enumerate(full)]
+        hit = x.read(at).eq(extreme.read([num(0) if d == axis else i for d, i in enumerate(full)]))
+        position = call("i64", k)
+        return reduction("max" if last else "min", [("k0", n)],
+                         select(hit, position, call("i64", -1 if last else n)))
+
+    return [p.emit(node.outputs[0], shape, "i64", body)]
 
 
 def softmax(p: Program, node: Node, args: list[Value | None]) -> list[Value]:

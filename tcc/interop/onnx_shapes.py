@@ -11,9 +11,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tcc.frontend.unparse import Ex, add_all, num, reduction, select, var
-from tcc.interop.onnx_graph import NUMPY_DTYPES, Node, Program, Value, view
-from tcc.interop.onnx_ops import axes_of, cast_to, const_of, norm_axis, zero
+from tcc.frontend.unparse import Ex, add_all, call, num, reduction, select, var
+from tcc.interop.onnx_graph import NUMPY_DTYPES, Node, Program, Value, broadcast_read, broadcast_shape, view
+from tcc.interop.onnx_ops import axes_of, cast_to, const_of, is_float, norm_axis, zero
 
 
 def transpose(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
@@ -235,7 +235,9 @@ def concat(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
             picked = select(idx[axis].lt(end), a.read(idx), picked)
         return picked
 
-    return [p.emit(node.outputs[0], shape, parts[0].dtype, body)]
+    joined = p.emit(node.outputs[0], shape, parts[0].dtype, body)
+    joined.input_name = next((a.input_name for a in parts if a.const is None and a.input_name), None)
+    return [joined]
 
 
 def split(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
@@ -263,3 +265,101 @@ def split(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
                 [_affine(s, 1, i) if d == axis else i for d, i in enumerate(idx)])))
         start += int(size)
     return outputs
+
+
+def expand(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
+    """Broadcast to a shape (NumPy's rules, either side may be 1): a view."""
+    x = args[0]
+    target = tuple(int(d) for d in const_of(node, args[1], "shape").reshape(-1))
+    shape = broadcast_shape(node, x.shape, target)
+    if x.const is not None:
+        return [p.constant(np.broadcast_to(x.const, shape), x.dtype, node.outputs[0])]
+    return [view(x, shape, lambda idx: broadcast_read(x, idx, shape))]
+
+
+def tile(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
+    x = args[0]
+    repeats = [int(r) for r in const_of(node, args[1], "repeats").reshape(-1)]
+    if len(repeats) != x.rank or min(repeats, default=1) < 0:
+        raise node.error(f"repeats {repeats} do not fit rank {x.rank}")
+    if x.const is not None:
+        return [p.constant(np.tile(x.const, repeats), x.dtype, node.outputs[0])]
+    shape = [n * r for n, r in zip(x.shape, repeats)]
+    return [view(x, shape, lambda idx: x.read([i % n if r > 1 else i for i, n, r in zip(idx, x.shape, repeats)]))]
+
+
+def pad(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
+    """constant, edge, reflect and wrap padding; negative pads crop."""
+    x = args[0]
+    pads = list(node.attrs["pads"]) if node.opset < 11 else \
+        [int(v) for v in const_of(node, args[1], "pads").reshape(-1)]
+    axes = list(range(x.rank))
+    if len(args) > 3 and args[3] is not None:
+        axes = [norm_axis(node, int(a), x.rank) for a in const_of(node, args[3], "axes").reshape(-1)]
+    if len(pads) != 2 * len(axes):
+        raise node.error(f"pads {pads} do not fit {len(axes)} axes")
+    lo, hi = [0] * x.rank, [0] * x.rank
+    for k, a in enumerate(axes):
+        lo[a], hi[a] = pads[k], pads[k + len(axes)]
+    mode = node.attrs.get("mode", "constant")
+    fill = node.attrs.get("value", 0.0) if node.opset < 11 else \
+        const_of(node, args[2], "constant_value").reshape(-1)[0] if len(args) > 2 and args[2] is not None else 0
+    shape = [n + a + b for n, a, b in zip(x.shape, lo, hi)]
+    if min(shape, default=1) < 0 or mode == "reflect" and any(max(a, b) >= n for n, a, b in zip(x.shape, lo, hi)):
+        raise node.error(f"pads {pads} do not fit shape {list(x.shape)} in mode {mode!r}")
+    if mode not in ("constant", "edge", "reflect", "wrap"):
+        raise node.error(f"mode={mode!r} is not supported", hint="tcc pads in constant, edge, reflect and wrap modes")
+
+    def source(i: Ex, n: int, before: int) -> Ex:
+        j = i - before
+        if mode == "edge":
+            return call("min", call("max", j, 0), n - 1)
+        if mode == "wrap":
+            return j % n
+        return select(j.lt(0), -j, select(j.gt(n - 1), 2 * (n - 1) - j, j))  # reflect
+
+    if mode == "constant":
+        grow_lo, grow_hi = [max(a, 0) for a in lo], [max(b, 0) for b in hi]
+        cropped = view(x, [n - max(-a, 0) - max(-b, 0) for n, a, b in zip(x.shape, lo, hi)],
+                       lambda idx: x.read([i + max(-a, 0) for i, a in zip(idx, lo)]))
+        if not any(grow_lo) and not any(grow_hi):
+            return [cropped]
+        return [p.pad(cropped, grow_lo, grow_hi, node.outputs[0], _fill_literal(fill, x.dtype))]
+    return [view(x, shape, lambda idx: x.read([source(i, n, a) if a or b else i
+                                               for i, n, a, b in zip(idx, x.shape, lo, hi)]))]
+
+
+def _fill_literal(value, dtype: str) -> Ex | None:
+    value = float(value) if is_float(dtype) else int(value)
+    if value == 0:
+        return None
+    return call(dtype, value) if not is_float(dtype) else num(value)
+
+
+def range_(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
+    start, limit, delta = (const_of(node, a, what).reshape(-1)[0]
+                           for a, what in zip(args, ("start", "limit", "delta")))
+    if delta == 0:
+        raise node.error("Range with delta 0")
+    count = max(int(np.ceil((limit - start) / delta)), 0)
+    values = start + np.arange(count) * delta
+    return [p.constant(values.astype(args[0].const.dtype), args[0].dtype, node.outputs[0])]
+
+
+def trilu(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
+    """The upper (or lower) triangle of the last two dims, from diagonal ``k``; 0 elsewhere."""
+    x = args[0]
+    k = int(const_of(node, args[1], "k").reshape(-1)[0]) if len(args) > 1 and args[1] is not None else 0
+    upper = node.attrs.get("upper", 1)
+    if x.rank < 2:
+        raise node.error(f"Trilu needs rank 2 or more, got {x.rank}")
+    if x.const is not None:
+        return [p.constant(np.triu(x.const, k) if upper else np.tril(x.const, k), x.dtype, node.outputs[0])]
+
+    def body(idx: list[Ex]) -> Ex:
+        diagonal = idx[-1] - idx[-2]
+        kept = diagonal.ge(k) if upper else diagonal.le(k)
+        empty = num(1).eq(0) if x.dtype == "bool" else zero(x.dtype)
+        return select(kept, x.read(idx), empty)
+
+    return [p.emit(node.outputs[0], x.shape, x.dtype, body)]

@@ -92,11 +92,25 @@ def refine(cond: Expr, ranges: Ranges, holds: bool) -> Ranges:
     if cond.op not in _NEGATED:
         return ranges
     op = cond.op if holds else _NEGATED[cond.op]
-    if isinstance(cond.a, Var) and cond.a.name in ranges:
-        return _narrow(ranges, cond.a.name, op, interval(cond.b, ranges))
-    if isinstance(cond.b, Var) and cond.b.name in ranges:
-        return _narrow(ranges, cond.b.name, _FLIPPED[op], interval(cond.a, ranges))
+    for side, other, relation in ((cond.a, cond.b, op), (cond.b, cond.a, _FLIPPED[op])):
+        isolated = _isolate(side, ranges)
+        bound = interval(other, ranges)
+        if isolated is not None and bound is not None:
+            name, offset = isolated
+            return _narrow(ranges, name, relation, (bound[0] - offset, bound[1] - offset))
     return ranges
+
+
+def _isolate(e: Expr, ranges: Ranges) -> tuple[str, int] | None:
+    """``(v, c)`` when ``e`` is ``v + c`` (or ``v``, ``c + v``, ``v - c``) of an index variable."""
+    if isinstance(e, Var) and e.name in ranges:
+        return e.name, 0
+    if isinstance(e, Binary) and e.op in ("add", "sub"):
+        for var, const, sign in ((e.a, e.b, 1 if e.op == "add" else -1), (e.b, e.a, 1)):
+            if isinstance(var, Var) and var.name in ranges and isinstance(const, Const) \
+                    and not const.dtype.is_float and (e.op == "add" or var is e.a):
+                return var.name, sign * int(const.value)
+    return None
 
 
 def _narrow(ranges: Ranges, name: str, op: str, bound: Interval | None) -> Ranges:
