@@ -33,10 +33,24 @@ def run(seeds: range, workers: int = 2, timeout: float = 120.0) -> list[dict]:
 
 
 def summary(outcomes: list[dict]) -> str:
+    """The counts by status, then the failures by kind (the error and its place, the operator
+    whose output mismatched), most frequent first."""
     counts = collections.Counter(o["status"] for o in outcomes)
     valid = len(outcomes) - counts["invalid"]
-    return (f"fuzz onnx: {valid} graphs: " + ", ".join(f"{counts[k]} {k}" for k in ("ok", "refused", *FAILURES))
+    kinds = collections.Counter(kind(o) for o in outcomes if o["status"] in FAILURES)
+    head = (f"fuzz onnx: {valid} graphs: " + ", ".join(f"{counts[k]} {k}" for k in ("ok", "refused", *FAILURES))
             + f" ({counts['invalid']} more discarded: onnxruntime or onnx.checker refused them)")
+    return "\n".join([head] + [f"{n:6d} {k}" for k, n in kinds.most_common()])
+
+
+def kind(outcome: dict) -> str:
+    """A failure's kind: ``error TccBoundsError at passes/te/bounds.py:100``, ``mismatch MatMul``."""
+    status, detail = outcome["status"], outcome["detail"]
+    if status == "mismatch":
+        return f"mismatch {detail.split(' output ')[0]}"
+    if status == "error":
+        return f"error {detail.split(':')[0]} at {detail.split(' at ')[-1]}"
+    return status
 
 
 def show(seed: int) -> int:

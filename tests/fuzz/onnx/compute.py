@@ -94,7 +94,10 @@ def binary(g: Graph) -> bool:
     if x.dtype == "i8" and op not in ("Add", "Sub"):
         return False
     if op == "Sum":
-        args = [x] + [operand(g, x) for _ in range(g.rng.randint(0, 2))]
+        args = [x]
+        for _ in range(g.rng.randint(0, 2)):
+            y = operand(g, x)
+            args.append(y if all(_broadcasts(a.shape, y.shape) for a in args) else x)
     elif op == "Div":
         args = [x, _away_from_zero(g, operand(g, x))]
     elif op == "Pow":
