@@ -20,7 +20,10 @@ from fuzz.pool import run_seeds
 
 
 def signature(status: str, detail: str) -> tuple[str, str]:
-    """What makes two failures the same: the status, and an error's type and place."""
+    """What makes two failures the same: the status, and an error's type and place or the
+    operator whose output mismatched."""
+    if status == "mismatch":
+        return status, detail.split(" output ")[0]
     if status != "error":
         return status, ""
     return status, re.sub(r":.* at ", " at ", detail.split(":")[0] + ":" + detail.split(" at ")[-1])
