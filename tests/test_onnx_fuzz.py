@@ -168,3 +168,4 @@ def test_max_pool_with_ceil_mode_and_uneven_pads_does_not_abort(tmp_path):
     onnx.save(model, tmp_path / "g.onnx")
     outcome = next(run_seeds([{"seed": 0, "model": str(tmp_path / "g.onnx")}], 1, 300, module="fuzz.onnx.worker"))
     assert outcome["status"] == "ok", outcome["detail"]
+
