@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench fuzz tables clean
+.PHONY: demo test lint bench fuzz fuzz-onnx tables clean
 N ?= 5000
 TARGET ?= cpu
 
@@ -31,6 +31,10 @@ lint: $(STAMP)
 # The differential fuzzer (tests/fuzz): N random programs against the reference, in worker processes.
 fuzz: $(STAMP)
 	PYTHONPATH=tests $(BIN)/python -m fuzz -n $(N) --target $(TARGET) --schedules 1
+
+# The ONNX differential fuzzer (tests/fuzz/onnx): N random ONNX graphs, tcc against onnxruntime.
+fuzz-onnx: $(STAMP)
+	PYTHONPATH=tests $(BIN)/python -m fuzz.onnx -n $(N)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/latency.py

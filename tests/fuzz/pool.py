@@ -20,8 +20,9 @@ TESTS_DIR = str(Path(__file__).resolve().parent.parent)
 
 
 class _Worker:
-    def __init__(self, env: dict[str, str]):
-        self.proc = subprocess.Popen([sys.executable, "-m", "fuzz.worker"], stdin=subprocess.PIPE,
+    def __init__(self, env: dict[str, str], module: str):
+        self.module = module
+        self.proc = subprocess.Popen([sys.executable, "-m", module], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, text=True)
         self.job: dict | None = None
         self.started = 0.0
@@ -38,13 +39,14 @@ class _Worker:
 
 
 def run_seeds(jobs: Iterable[dict], workers: int = 2, timeout: float = 120.0,
-              env: dict[str, str] | None = None) -> Iterator[dict]:
-    """Yield one outcome (a dict, see ``fuzz.check.Outcome``) per job, in completion order."""
+              env: dict[str, str] | None = None, module: str = "fuzz.worker") -> Iterator[dict]:
+    """Yield one outcome (a dict, see ``fuzz.check.Outcome``) per job, in completion order.
+    ``module`` is the worker's (``fuzz.onnx.worker`` for ONNX graphs)."""
     env = {**os.environ, **(env or {})}
     env["PYTHONPATH"] = TESTS_DIR + os.pathsep + env.get("PYTHONPATH", "")
     pending = iter(jobs)
     sel = selectors.DefaultSelector()
-    pool = [_Worker(env) for _ in range(workers)]
+    pool = [_Worker(env, module) for _ in range(workers)]
     try:
         for w in pool:
             _feed(w, pending, sel)
@@ -87,6 +89,6 @@ def _died(w: _Worker, status: str) -> dict:
 
 
 def _replace(pool: list[_Worker], w: _Worker, env: dict[str, str]) -> _Worker:
-    fresh = _Worker(env)
+    fresh = _Worker(env, w.module)
     pool[pool.index(w)] = fresh
     return fresh
