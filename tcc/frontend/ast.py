@@ -102,9 +102,17 @@ class CParam(Node):
 
 
 @dataclass
+class TypeParam(Node):
+    """``T: float`` in an op's brackets: a dtype the op is generic over (``float``, ``int``, ``any``)."""
+
+    name: str
+    kind: str
+
+
+@dataclass
 class OpDef(Node):
     name: str
-    cparams: list[CParam]
+    cparams: list[CParam | TypeParam]
     params: list[Param]
     results: list[Param]
     body: list[Node]

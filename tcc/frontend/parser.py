@@ -196,6 +196,9 @@ class _ToAst(Transformer):
     def cparam(self, meta, name, value):
         return self._with(ast.CParam(str(name), value.value), meta)
 
+    def type_param(self, meta, name, kind):
+        return self._with(ast.TypeParam(str(name), str(kind)), meta)
+
     def neg_number(self, meta, tok):
         num = _number(tok)
         num.value = -num.value

@@ -13,7 +13,7 @@ from dataclasses import replace
 from tcc import dtypes
 from tcc.dtypes import DType
 from tcc.errors import Source, Span, TccNameError, TccShapeError, TccSyntaxError, TccTypeError
-from tcc.frontend import ast
+from tcc.frontend import ast, generic
 from tcc.frontend.ranges import RangeCheck, RangeSource, affine_extent, ast_children, index_add
 from tcc.frontend.sema_expr import HALF, ExprAnalyzer, Typed, check_literal, not_reserved, suggest
 from tcc.ir.expr import (
@@ -28,14 +28,23 @@ from tcc.ir.te import Compute, OpTE, Pad, Scalar, Tensor
 
 
 def analyze(module: ast.Module, source: Source) -> dict[str, OpTE]:
-    """Check every op of a module and build its TE IR."""
+    """Check every op of a module and build its TE IR (an op generic over dtypes: for the binding
+    its body is checked with, see :mod:`tcc.frontend.generic`; calls build the others)."""
     ops: dict[str, OpTE] = {}
     for op_def in module.ops:
         if op_def.name in ops:
             raise TccNameError(f"op {op_def.name!r} is defined twice", op_def.span,
                                "rename one of them")
-        ops[op_def.name] = _OpAnalyzer(op_def, source).run()
+        if generic.type_params(op_def):
+            generic.check_generic(op_def)
+            op_def = generic.bind(op_def, generic.checked_binding(op_def))
+        ops[op_def.name] = analyze_op(op_def, source)
     return ops
+
+
+def analyze_op(op_def: ast.OpDef, source: Source) -> OpTE:
+    """One op's TE IR (its type parameters, if any, already bound)."""
+    return _OpAnalyzer(op_def, source).run()
 
 
 def _dtype(name: str, span: Span | None) -> DType:
