@@ -18,9 +18,11 @@ from tcc.codegen_cuda.nvrtc import check_arch
 from tcc.errors import Source, Span, TccArgumentError, TccError, TccSyntaxError
 from tcc.frontend import ast
 from tcc.frontend.ast import OpDef, format_ast
+from tcc.frontend.generic import type_params
 from tcc.frontend.parser import parse
 from tcc.frontend.schedules import Schedule, module_schedules, schedule_from_text
 from tcc.frontend.sema import analyze
+from tcc.generic_op import GenericOp
 from tcc.ir.loops import format_func
 from tcc.ir.te import OpTE, format_op
 from tcc.opdoc import docstring, header, signature
@@ -194,11 +196,18 @@ class Library:
                  schedules: dict[str, Schedule] | None = None, tune: bool | int = False):
         self.target = target
         self.options = dict(options)
-        self._ops = {name: Op(te, asts[name], target, self.options, (schedules or {}).get(name), tune)
-                     for name, te in ops.items()}
+        self._ops = {name: self._op(te, asts[name], (schedules or {}).get(name), tune) for name, te in ops.items()}
         for name, op in self._ops.items():  # plain attributes: ``lib.axpy`` in a loop costs no __getattr__
             if name not in self.__dict__ and not hasattr(type(self), name):
                 self.__dict__[name] = op
+
+    def _op(self, te: OpTE, definition: OpDef, schedule: Schedule | None, tune: bool | int) -> Op | GenericOp:
+        """An op, or one generic over dtypes that makes an op per binding of its type parameters."""
+        if not type_params(definition):
+            return Op(te, definition, self.target, self.options, schedule, tune)
+        source = definition.span.source if definition.span is not None else None
+        return GenericOp(definition, source, lambda bound_te, bound: Op(bound_te, bound, self.target, self.options,
+                                                                        schedule, tune))
 
     def __getattr__(self, name: str) -> Op:
         ops = self.__dict__.get("_ops", {})
@@ -333,11 +342,14 @@ class Op:
 
     @functools.cached_property
     def _te_text(self) -> str:
-        """What the op's checked TE is a pure function of: its name and its file's text. (Printing
-        the TE instead would recurse as deep as its expressions: a deep-stack thread per warm start.)"""
+        """What the op's checked TE is a pure function of: its name, its file's text and its
+        parameters' dtypes (which differ between the bindings of a generic op's type parameters).
+        (Printing the TE instead would recurse as deep as its expressions: a deep-stack thread per
+        warm start.)"""
         span = self.ast.span
         if span is not None:
-            return f"{self.name}\0{span.source.text}"
+            types = ",".join(f"{p.name}:{p.dtype}" for p in [*self.ast.params, *self.ast.results])
+            return f"{self.name}\0{types}\0{span.source.text}"
         return deep(format_op, self.te)
 
     def machine_key(self) -> str:
