@@ -33,6 +33,7 @@ from tcc.passes.te.specialize import specialize
 from tcc.passes.trace import Trace
 from tcc.runtime import cache
 from tcc.runtime.binding import BoundCall, bind, bind_cparams
+from tcc.runtime.index_checks import checked_op, run_checks
 from tcc.runtime.plans import Plans
 from tcc.stack import deep
 from tcc.target import KINDS as TARGETS  # noqa: F401 - tcc.interop.onnx checks targets against it
@@ -250,6 +251,7 @@ class Op:
         self._backend = target_module(target)
         self._keys: dict[tuple, str] = {}  # bindings -> cache key, so repeat calls skip the pipeline
         self._solved: dict[tuple, tuple[dict, dict]] = {}  # shapes + parameters -> symbols, result shapes
+        self._checks: dict[tuple, OpTE | None] = {}  # bindings -> the op with its index checks
         self._plans = Plans(self._backend.make_plan)  # repeat calls with a checked signature skip binding and checks
         # help(lib.NAME), lib.NAME.__doc__ and inspect.signature(lib.NAME) describe this op, not the class
         self.__doc__ = docstring(te, ast, target)
@@ -272,10 +274,21 @@ class Op:
         results = self._plans.run(args, cparams, out)
         if results is None:
             bound = self._bind(args, cparams)
+            checked = self._index_checks(bound.bindings)
+            if checked is not None:  # indices read from data: checked before anything runs
+                run_checks(checked, bound)
             kernel = self.kernel(bound.bindings)
             results = self._backend.invoke(kernel, self.te, bound, out)
-            self._plans.learn(kernel, self.te, bound, args, cparams, out)
+            if checked is None:  # a plan skips binding, and so would skip the checks
+                self._plans.learn(kernel, self.te, bound, args, cparams, out)
         return results[0] if len(results) == 1 else tuple(results)
+
+    def _index_checks(self, bindings: dict[str, int | float]) -> OpTE | None:
+        """The op specialised with the index checks its calls need (None: none), per binding."""
+        memo = tuple(sorted(bindings.items()))
+        if memo not in self._checks:
+            self._checks[memo] = deep(checked_op, self.te, bindings)
+        return self._checks[memo]
 
     def _bind(self, args: tuple[Any, ...], cparams: dict[str, Any]) -> BoundCall:
         te = self.te

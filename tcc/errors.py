@@ -103,6 +103,12 @@ class TccArgumentError(TccError):
     kind = "argument error"
 
 
+class TccIndexError(TccError):
+    """An index read from data (or a runtime scalar) that falls outside its tensor at a call."""
+
+    kind = "index error"
+
+
 class TccScheduleError(TccError):
     kind = "schedule error"
 

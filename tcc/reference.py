@@ -16,10 +16,27 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from tcc import dtypes
 from tcc.dtypes import DType
+from tcc.errors import TccIndexError
 from tcc.ir import philox
-from tcc.ir.expr import Binary, Call, Cast, Const, Expr, Read, Reduce, Select, Unary, Var, walk
-from tcc.ir.te import OpTE
+from tcc.ir.expr import (
+    Binary,
+    Call,
+    Cast,
+    Const,
+    Expr,
+    IterVar,
+    Read,
+    Reduce,
+    Select,
+    Unary,
+    Var,
+    format_expr,
+    substitute,
+    walk,
+)
+from tcc.ir.te import Compute, OpTE
 from tcc.passes.te.bounds import prove_bounds
 from tcc.stack import deep
 
@@ -111,17 +128,55 @@ def run(op: OpTE, args: Mapping[str, np.ndarray | int | float]) -> dict[str, np.
 
 def _run(op: OpTE, args: Mapping[str, np.ndarray | int | float]) -> dict[str, np.ndarray]:
     op = prove_bounds(op)  # both sides of a select are evaluated: reads proved under its condition are clamped
-    env: dict[str, np.ndarray] = {}
-    for name in op.inputs:
-        env[name] = np.asarray(args[name]).astype(wide(op.tensors[name].dtype))
-    scalars = {name: store(np.asarray(args[name]), s.dtype).astype(wide(s.dtype))  # a scalar has its dtype
-               for name, s in op.scalars.items()}
+    env, scalars = _environment(op, args)
+    check_indices(op, env, scalars)
     with np.errstate(all="ignore"):
         for c in op.computes:
             tensor = op.tensors[c.tensor]
             value = _Statement(op, env, scalars, c).evaluate()
             env[c.tensor] = store(value, tensor.dtype).astype(wide(tensor.dtype))
     return {r: store(env[r], op.tensors[r].dtype) for r in op.results}
+
+
+def _environment(op: OpTE, args: Mapping[str, np.ndarray | int | float]
+                 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The inputs in their wide types, and the scalars (each rounded to its dtype first)."""
+    env = {name: np.asarray(args[name]).astype(wide(op.tensors[name].dtype)) for name in op.inputs if name in args}
+    scalars = {name: store(np.asarray(args[name]), s.dtype).astype(wide(s.dtype))
+               for name, s in op.scalars.items()}
+    return env, scalars
+
+
+def check_indices(op: OpTE, env: dict[str, np.ndarray], scalars: dict[str, np.ndarray]) -> None:
+    """Raise :class:`TccIndexError` for the first index that reads data (``op.index_checks``, made
+    by the bounds pass) and leaves its tensor: the index evaluated at every point of its variables'
+    ranges, one vectorised pass over the index tensor, before anything is computed."""
+    for check in op.index_checks:
+        values = index_values(op, check, env, scalars)
+        bad = np.flatnonzero((values < 0) | (values >= check.size))
+        if bad.size:
+            raise _index_error(check, values, int(bad[0]))
+
+
+def index_values(op: OpTE, check, env: dict[str, np.ndarray], scalars: dict[str, np.ndarray]) -> np.ndarray:
+    """``check.index`` at every point of ``check.ranges`` (one grid dimension a variable)."""
+    shifted = substitute(check.index, {v: Binary("add", Var(v, dtypes.i64), Const(lo, dtypes.i64), dtypes.i64)
+                                       for v, lo, _ in check.ranges})
+    axes = tuple(IterVar(Var(v, dtypes.i64), Const(hi - lo + 1, dtypes.i64)) for v, lo, hi in check.ranges)
+    statement = _Statement(op, env, scalars, Compute("<index>", axes, shifted))
+    with np.errstate(all="ignore"):
+        return statement.evaluate().astype(np.int64).reshape(-1)
+
+
+def _index_error(check, values: np.ndarray, flat: int) -> TccIndexError:
+    shape = tuple(hi - lo + 1 for _, lo, hi in check.ranges)
+    position = np.unravel_index(flat, shape) if shape else ()
+    where = ", ".join(f"{v}={lo + int(p)}" for (v, lo, _), p in zip(check.ranges, position))
+    return TccIndexError(
+        f"index {check.dim} of {check.tensor} ({format_expr(check.index)}) is {int(values[flat])}"
+        f"{' at ' + where if where else ''}, outside [0, {check.size})", check.span,
+        "indices read from data must be in range (negative values are errors, not wrap-arounds); "
+        "nothing was computed or written")
 
 
 def _pad(op: OpTE, pad, env: dict[str, np.ndarray]) -> np.ndarray:

@@ -76,6 +76,7 @@ class OpTE:
     span: Span | None = None
     bindings: dict[str, int | float] = field(default_factory=dict)  # set by specialisation
     range_checks: list = field(default_factory=list)  # sema.RangeCheck: inferred ranges to agree
+    index_checks: list = field(default_factory=list)  # bounds.IndexCheck: data indices checked at the call
     groups: list = field(default_factory=list)  # fusion.FusionGroup: computes sharing outer loops
     fusion_notes: list = field(default_factory=list)  # fusion decisions and why, for the fused stage
 

@@ -15,10 +15,10 @@ no index satisfies becomes a constant.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
-from tcc.errors import TccBoundsError
-from tcc.ir.expr import Binary, Cast, Const, Expr, Read, Reduce, Select, Unary, Var, format_expr
+from tcc.errors import Span, TccBoundsError
+from tcc.ir.expr import Binary, Cast, Const, Expr, Read, Reduce, Select, Unary, Var, format_expr, free_vars, walk
 from tcc.ir.te import OpTE
 
 Interval = tuple[float, float]  # integer bounds; -inf / inf where a side is unknown
@@ -140,17 +140,34 @@ def _empty(ranges: Ranges) -> bool:
 # ---------------------------------------------------------------- the pass
 
 
+@dataclass(frozen=True)
+class IndexCheck:
+    """An index of ``tensor`` (dim ``dim``, of size ``size``) that reads data or a runtime scalar,
+    so no interval proves it: the call evaluates ``index`` at every point of ``ranges`` (the index
+    variables it uses, as the selects around it narrow them) before anything runs."""
+
+    tensor: str
+    dim: int
+    size: int
+    index: Expr
+    ranges: tuple[tuple[str, int, int], ...]
+    span: Span | None = field(default=None, compare=False)
+
+
 def prove_bounds(op: OpTE) -> OpTE:
     """``op`` with every read proved in bounds (else :class:`TccBoundsError` at the first read
-    that may leave its tensor), and reads proved only under a select's condition clamped."""
-    computes = []
+    that may leave its tensor), reads proved only under a select's condition clamped, and the
+    indices that read data listed in ``index_checks`` for the call to check."""
+    computes, checks = [], []
     for c in op.computes:
         ranges: Ranges = {}
         for ax in c.axes:
             ranges[ax.var.name] = (0, int(ax.extent.value) - 1)  # type: ignore[attr-defined]
-        body = c.body if _empty(ranges) else _Prover(op).prove(c.body, ranges, ranges)
+        prover = _Prover(op)
+        body = c.body if _empty(ranges) else prover.prove(c.body, ranges, ranges)
         computes.append(replace(c, body=body))
-    return replace(op, computes=computes)
+        checks += prover.checks
+    return replace(op, computes=computes, index_checks=checks)
 
 
 class _Prover:
@@ -159,6 +176,7 @@ class _Prover:
 
     def __init__(self, op: OpTE):
         self.op = op
+        self.checks: list[IndexCheck] = []
 
     def prove(self, e: Expr, ranges: Ranges, plain: Ranges) -> Expr:
         if isinstance(e, Reduce):
@@ -187,15 +205,40 @@ class _Prover:
         shape = self.op.tensors[e.tensor].concrete_shape()
         proved = []
         for dim, (idx, size) in enumerate(zip(indices, shape)):
-            _require(e, dim, idx, size, interval(idx, ranges))
+            span = interval(idx, ranges)
+            if not _finite(span) and self._reads_data(e, dim, idx):
+                used = sorted(free_vars(idx) & set(ranges))
+                self.checks.append(IndexCheck(e.tensor, dim, size, idx, tuple(
+                    (v, int(ranges[v][0]), int(ranges[v][1])) for v in used), e.span))
+                proved.append(idx)
+                continue
+            _require(e, dim, idx, size, span)
             within = interval(idx, plain)
             needs_clamp = within is None or within[0] < 0 or within[1] >= size
             proved.append(_clamp(idx, size) if needs_clamp else idx)
         return tuple(proved)
 
 
+    def _reads_data(self, e: Read, dim: int, idx: Expr) -> bool:
+        """Whether ``idx`` depends on data only the call knows: an input tensor's values or a
+        runtime scalar. One that reads a tensor the op computes cannot be checked before the call."""
+        scalars = {n.name for n in walk(idx) if isinstance(n, Var) and n.name in self.op.scalars}
+        reads = [n for n in walk(idx) if isinstance(n, Read)]
+        computed = [r.tensor for r in reads if r.tensor not in self.op.inputs]
+        if computed:
+            raise TccBoundsError(
+                f"index {dim} of {e.tensor} ({format_expr(idx)}) reads {computed[0]}, which this op computes: "
+                "its values cannot be checked before the call", e.span,
+                f"clamp it into range: min(max(..., 0), size - 1), or pass {computed[0]} as an input")
+        return bool(scalars or reads)
+
+
+def _finite(span: Interval | None) -> bool:
+    return span is not None and all(map(math.isfinite, span))
+
+
 def _require(e: Read, dim: int, idx: Expr, size: int, span: Interval | None) -> None:
-    if span is None or not all(map(math.isfinite, span)):
+    if not _finite(span):
         raise TccBoundsError(
             f"cannot prove index {dim} of {e.tensor} ({format_expr(idx)}) in bounds", e.span,
             "use affine indices of index variables, or pad the tensor: Xp = pad(X, [...])")

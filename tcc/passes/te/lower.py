@@ -158,8 +158,8 @@ class _Lowering:
         """Lower ``e``; reductions in it append their loops to ``prelude``."""
         if isinstance(e, Reduce):
             return self._reduce(e, prelude, allocs)
-        if isinstance(e, Read):
-            return self._read(e)
+        if isinstance(e, Read):  # its indices may read data (E[idx[n], d]): lowered first
+            return self._read(replace(e, indices=tuple(self._expr(i, prelude, allocs) for i in e.indices)))
         updates = {}
         for f in fields(e):
             value = getattr(e, f.name)

@@ -1,0 +1,53 @@
+"""Indices read from data, checked at the call.
+
+``E[idx[n], d]`` and ``X[start + i, d]`` cannot be proved in bounds when the op compiles: the bounds
+pass lists them (``OpTE.index_checks``) and every call evaluates them, with the reference
+interpreter's NumPy evaluator, over the ranges of the variables they use: one vectorised pass over
+the index tensor, before the kernel runs, so an out-of-range index is a ``TccIndexError`` and no
+result (nor ``out=``) is written. The hot loop itself has no check. On CUDA the index tensors are
+copied to the host for the check (they are small next to what they index).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tcc.errors import TccArgumentError
+from tcc.ir.expr import Read, walk
+from tcc.ir.te import OpTE
+from tcc.passes.te.bounds import prove_bounds
+from tcc.passes.te.specialize import specialize
+from tcc.reference import check_indices, store, wide
+from tcc.runtime.binding import BoundCall
+
+
+def checked_op(te: OpTE, bindings: dict[str, int | float]) -> OpTE | None:
+    """The op specialised for ``bindings`` with its index checks, or None when it has none."""
+    proved = prove_bounds(specialize(te, bindings))
+    return proved if proved.index_checks else None
+
+
+def run_checks(proved: OpTE, bound: BoundCall) -> None:
+    """Raise ``TccIndexError`` if an index read from data falls outside its tensor in this call."""
+    read = {n.tensor for c in proved.index_checks for n in walk(c.index) if isinstance(n, Read)}
+    env = {name: host_value(bound.arrays[name], name).astype(wide(proved.tensors[name].dtype)) for name in read}
+    scalars = {name: store(np.asarray(value), proved.scalars[name].dtype).astype(wide(proved.scalars[name].dtype))
+               for name, value in bound.scalars.items() if name in proved.scalars}
+    check_indices(proved, env, scalars)
+
+
+def host_value(array: Any, name: str) -> np.ndarray:
+    """A host copy of an argument: a NumPy array as it is, a device tensor copied over."""
+    if isinstance(array, np.ndarray):
+        return array
+    owner, kind = getattr(array, "owner", array), getattr(array, "kind", None)
+    if kind == "torch":
+        return owner.detach().cpu().numpy()
+    if kind == "tcc":
+        return owner.to_numpy()
+    if kind == "cupy":
+        return owner.get()
+    raise TccArgumentError(f"{name} is read as indices, and tcc cannot copy this kind of device array to check them",
+                           hint="pass a PyTorch, CuPy or tcc.cuda array")

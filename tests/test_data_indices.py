@@ -1,0 +1,100 @@
+"""Indices that read data (gather) and runtime-scalar offsets, as DSL.md writes them: checked at
+the call (a TccIndexError naming the tensor, position and value, with nothing written), clamped
+indices unchecked, against NumPy and the reference at odd sizes; CUDA through NVRTC and the GPU
+simulator."""
+
+from __future__ import annotations
+
+import gpu_sim
+import numpy as np
+import pytest
+from test_dsl_contract import step11_ops
+
+import tcc
+from tcc.errors import TccBoundsError, TccIndexError
+from tcc.testing import reference_results
+
+GATHERS = "".join(step11_ops().get(name, "") for name in ("embedding", "pick", "window")) or """
+op embedding(E: f32[V, D], idx: i64[N]) -> Y: f32[N, D] {
+    Y[n, d] = E[idx[n], d]
+}
+op pick(X: f32[N, C], lab: i64[N]) -> Y: f32[N] {
+    Y[n] = X[n, lab[n]]
+}
+op window[L = 1](X: f32[T, D], start: i64) -> Y: f32[L, D] {
+    Y[i, d] = X[start + i, d]
+}
+"""
+
+
+@pytest.mark.parametrize("v,d,n", [(1, 1, 1), (7, 33, 7), (1000, 64, 33), (33, 7, 1000)])
+def test_embedding_lookup(rng, v, d, n):
+    op = tcc.compile(GATHERS).embedding
+    E, idx = rng.standard_normal((v, d)).astype(np.float32), rng.integers(0, v, n)
+    out = np.full((n, d), np.nan, np.float32)
+    np.testing.assert_array_equal(op(E, idx, out=out), E[idx])
+    np.testing.assert_array_equal(reference_results(op.te, [E, idx], {"V": v, "D": d, "N": n})[0], E[idx])
+
+
+@pytest.mark.parametrize("n,c", [(1, 1), (7, 33), (1000, 7)])
+def test_label_pick_and_window(rng, n, c):
+    lib = tcc.compile(GATHERS)
+    X, lab = rng.standard_normal((n, c)).astype(np.float32), rng.integers(0, c, n)
+    np.testing.assert_array_equal(lib.pick(X, lab), X[np.arange(n), lab])
+    start = int(rng.integers(0, n))
+    np.testing.assert_array_equal(lib.window(X, start, L=n - start), X[start:])
+
+
+@pytest.mark.parametrize("bad", [-1, 1000, 2**40])
+def test_out_of_range_index_is_an_error_and_writes_nothing(rng, bad):
+    op = tcc.compile(GATHERS).embedding
+    E, idx = rng.standard_normal((1000, 8)).astype(np.float32), rng.integers(0, 1000, 33)
+    idx[17] = bad
+    out = np.full((33, 8), 7.0, np.float32)
+    with pytest.raises(TccIndexError, match=rf"index 0 of E \(idx\[n\]\) is {bad} at n=17, outside \[0, 1000\)"):
+        op(E, idx, out=out)
+    assert (out == 7.0).all()
+    with pytest.raises(TccIndexError):  # the oracle refuses the same call
+        reference_results(op.te, [E, idx], {"V": 1000, "D": 8, "N": 33})
+
+
+def test_runtime_scalar_offset_out_of_range():
+    X = np.zeros((7, 3), np.float32)
+    with pytest.raises(TccIndexError, match=r"index 0 of X \(start \+ i\) is 7 at i=2"):
+        tcc.compile(GATHERS).window(X, 5, L=3)
+
+
+def test_clamped_index_is_not_checked(rng):
+    """``min(max(idx[n], 0), V - 1)`` is proved in range: no check, and out-of-range ids clamp."""
+    op = tcc.compile("op f(E: f32[V, D], idx: i64[N]) -> Y: f32[N, D] {\n"
+                     "    Y[n, d] = E[min(max(idx[n], 0), V - 1), d]\n}").f
+    E, idx = rng.standard_normal((9, 4)).astype(np.float32), np.array([-3, 4, 20])
+    np.testing.assert_array_equal(op(E, idx), E[np.clip(idx, 0, 8)])
+    assert op._index_checks({"V": 9, "D": 4, "N": 3}) is None
+
+
+def test_an_index_read_under_select_is_checked_where_the_select_takes_it(rng):
+    """``select(n < K, E[idx[n]], 0)``: only positions n < K are read, so only they are checked."""
+    op = tcc.compile("op f[K = 2](E: f32[V], idx: i64[N]) -> Y: f32[N] {\n"
+                     "    Y[n] = select(n < K, E[idx[n]], 0.0)\n}").f
+    E = rng.standard_normal(5).astype(np.float32)
+    got = op(E, np.array([1, 3, 99, -7]), K=2)
+    np.testing.assert_array_equal(got, [E[1], E[3], 0, 0])
+    with pytest.raises(TccIndexError, match="is 99 at n=2"):
+        op(E, np.array([1, 3, 99, -7]), K=3)
+
+
+def test_an_index_reading_a_computed_tensor_is_a_compile_error():
+    source = "op f(E: f32[V], idx: i64[N]) -> Y: f32[N] {\n    j[n] = idx[n] + 1\n    Y[n] = E[j[n]]\n}"
+    with pytest.raises(TccBoundsError, match="which this op computes"):
+        tcc.compile(source).f(np.zeros(4, np.float32), np.zeros(2, np.int64))
+
+
+def test_gathers_on_cuda_match_the_cpu(rng):
+    pytest.importorskip("cuda.bindings.nvrtc")
+    E, idx = rng.standard_normal((33, 7)).astype(np.float32), rng.integers(0, 33, 9)
+    op = tcc.compile(GATHERS, target="cuda", arch="sm_90").embedding
+    arrays = {"E": E, "idx": idx, "Y": np.full((9, 7), np.nan, np.float32)}
+    gpu_sim.run(op.lowered(op.bindings_for((E, idx), {})).scheduled, arrays)
+    np.testing.assert_array_equal(arrays["Y"], E[idx])
+    assert "idx[" in op.lower(E, idx, stage="cuda") or "idx" in op.lower(E, idx, stage="cuda")
