@@ -231,7 +231,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def _median_time(op: Op, bindings: dict[str, int | float], repeat: int) -> float:
     inputs = random_args(op.te, bindings, np.random.default_rng(0))
-    on_gpu = op.target == "cuda"
+    on_gpu = op.target.is_gpu
     if on_gpu:
         inputs = [tcc.cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in inputs]
     cparams = {k: v for k, v in bindings.items() if k in op.te.cparams}

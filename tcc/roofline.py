@@ -28,7 +28,7 @@ from tcc.ir.expr import Binary, Call, Expr, IterVar, Read, Reduce, Select, Unary
 from tcc.ir.te import OpTE
 from tcc.passes.simplify import evaluate_int
 from tcc.runtime import cache
-from tcc.target import CudaTarget, Target
+from tcc.target import Target
 
 PEAKS_KEY = "peaks-v1"
 HALF = ("f16", "bf16")
@@ -66,7 +66,7 @@ def cost(te: OpTE, target: Target) -> Cost:
     nbytes = sum(math.prod(_int(d) for d in t.shape) * t.dtype.itemsize
                  for t in te.tensors.values() if t.kind in ("input", "result"))
     half = any(t.dtype.name in HALF for t in te.tensors.values() if t.kind == "input")
-    return Cost(flops, nbytes, "f16" if half and isinstance(target, CudaTarget) else "f32")
+    return Cost(flops, nbytes, "f16" if half and target.is_gpu else "f32")
 
 
 def _int(e: Expr) -> int:
@@ -143,7 +143,7 @@ def peaks(target: Target, machine_key: str) -> dict[str, float]:
     stored = disk.get_json(key)
     if isinstance(stored, dict) and all(isinstance(stored.get(k), float) for k in ("bytes", "f32")):
         return stored
-    measured = _cuda_peaks() if isinstance(target, CudaTarget) else _cpu_peaks()
+    measured = _cuda_peaks() if target.is_gpu else _cpu_peaks()
     disk.put_json(key, measured)
     return measured
 

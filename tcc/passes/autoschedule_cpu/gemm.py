@@ -15,13 +15,13 @@ from dataclasses import replace
 
 from tcc.errors import TccScheduleError
 from tcc.ir.expr import Binary, Cast, Expr, Load, Var, free_vars
+from tcc.ir.loopnest import fresh, linear_coeff, loop_names, subst
 from tcc.ir.loops import Allocate, For, LoopFunc, Seq, Stmt, Store, map_stmt, walk_stmts
 from tcc.passes.autoschedule_cpu.epilogue import store_epilogue
 from tcc.passes.autoschedule_cpu.pixels import merge_pixels
 from tcc.passes.autoschedule_cpu.tile_init import init_in_first_block, init_in_registers
 from tcc.passes.loops.cache import cache
 from tcc.passes.loops.fuse import fuse
-from tcc.passes.loops.loopnest import fresh, linear_coeff, loop_names, subst
 from tcc.passes.loops.parallel import parallel
 from tcc.passes.loops.reduction import decompose_reduction
 from tcc.passes.loops.reorder import reorder
