@@ -115,3 +115,19 @@ def test_any_target_gives_the_right_answer(sms, rng):
         out = np.full(1, np.nan, np.float32)
         op(*args, out=out)
         assert_matches(out, expected, op.te.tensors["Y"].dtype)
+
+
+def test_an_avx2_target_gets_avx2_code_on_any_host(rng):
+    """The CpuTarget alone decides LLVM's CPU and features: no AVX-512 register (zmm) in its
+    assembly, whatever this host has, and the kernel still computes the right numbers here."""
+    avx2 = CpuTarget(isa="haswell", features="+avx,+avx2,+fma,+f16c,-avx512f,-avx512dq,-avx512bw,-avx512vl")
+    op = tcc.compile(MATMUL, target=avx2).mm
+    args = [np.ones((64, 64), np.float32)] * 2
+    text = op.lower(*args, stage="asm")
+    assert "ymm" in text and "zmm" not in text
+    bindings = dict(M=37, K=19, N=45)
+    args = random_args(op.te, bindings, rng)
+    assert_matches(op(*args), reference_results(op.te, args, bindings)[0], op.te.tensors["C"].dtype, "C")
+    host = tcc.compile(MATMUL).mm
+    if host.target.avx512:
+        assert "zmm" in host.lower(*[np.ones((64, 64), np.float32)] * 2, stage="asm")
