@@ -27,7 +27,7 @@ import numpy as np
 from tcc import cuda
 from tcc.errors import TccError, TccRuntimeError
 from tcc.ir.te import OpTE
-from tcc.passes.autoschedule_cpu.gemm import contractions, gemm_params
+from tcc.passes.autoschedule_cpu.gemm import GemmNest, contractions, gemm_params
 from tcc.passes.autoschedule_cuda.gemm import SEARCH_TILES, fits
 from tcc.passes.autoschedule_cuda.schedule import KERNEL_KINDS, CudaTuning
 from tcc.passes.pipeline import Lowered, Tuning
@@ -112,7 +112,7 @@ def tunable(lowered: Lowered) -> bool:
     """CPU: a contraction large enough for the GEMM schedule; GPU: any kernel (block sizes)."""
     if lowered.target.is_gpu:
         return bool(kernel_kinds(lowered))
-    return any(info["flops"] >= GEMM_MIN_FLOPS for info in contractions(lowered.loops).values())
+    return any(info.flops >= GEMM_MIN_FLOPS for info in contractions(lowered.loops).values())
 
 
 def kernel_kinds(lowered: Lowered) -> set[str]:
@@ -172,9 +172,9 @@ def _space(lowered: Lowered) -> tuple[dict[str, int], tuple[Stage, ...], Callabl
         stages: tuple[Stage, ...] = (_cuda_tiles, _cuda_stages) if "gemm" in kernel_kinds(lowered) else ()
         return {"bm": 0, "bn": 0, "bk": 0, "stages": default.stages, "warps": default.warps}, \
             (*stages, _cuda_warps), _cuda_tuning
-    infos = [i for i in contractions(lowered.loops).values() if i["flops"] >= GEMM_MIN_FLOPS]
-    largest = max(infos, key=lambda i: i["flops"])
-    base = gemm_params(largest["m"], largest["n"], largest["k"], largest["itemsize"], lowered.target)
+    infos = [i for i in contractions(lowered.loops).values() if i.flops >= GEMM_MIN_FLOPS]
+    largest = max(infos, key=lambda i: i.flops)
+    base = gemm_params(largest.m, largest.n, largest.k, largest.itemsize, lowered.target)
     return {**base, "unroll": 1}, CPU_STAGES, lambda candidate: _tuning(candidate, infos)
 
 
@@ -189,9 +189,9 @@ def candidates(lowered: Lowered, trials: int = DEFAULT_TRIALS) -> list[Tuning]:
     return list(seen.values())[:trials]
 
 
-def _tuning(candidate: dict[str, int], infos: list[dict]) -> Tuning:
+def _tuning(candidate: dict[str, int], infos: list[GemmNest]) -> Tuning:
     tiles = {k: v for k, v in candidate.items() if k != "unroll"}
-    return Tuning({info["tensor"]: dict(tiles) for info in infos}, candidate["unroll"])
+    return Tuning({info.tensor: dict(tiles) for info in infos}, candidate["unroll"])
 
 
 def _register_tiles(best: dict[str, int]) -> Iterator[dict[str, int]]:

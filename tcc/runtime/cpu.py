@@ -108,6 +108,12 @@ class CpuKernel:
         self.prepared = None if prepare is None else Prepared(
             self._object.function(prepare["symbol"]), prepare["sources"], prepare["buffers"])
 
+    @property
+    def address(self) -> int:
+        """The kernel's entry point, ``int kernel(void **args)``: what a caller outside Python (the
+        torch C++ eager path) calls with the argument array a :class:`Plan` lays out."""
+        return int(ctypes.cast(self.fn, ctypes.c_void_p).value or 0)
+
     def prepare(self, values: dict[str, Any], objects: tuple[Any, ...]) -> None:
         """Add the prepared buffers to ``values`` (made now from its constant parameters, unless
         made before for ``objects``: the caller's arguments for them)."""

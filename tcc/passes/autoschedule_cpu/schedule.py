@@ -50,8 +50,8 @@ def autoschedule(func: LoopFunc, target: CpuTarget, params: dict[str, dict[str, 
     """The default CPU schedule; ``params`` (by result tensor) override the contraction tiles."""
     func = trace("merge contraction pixels", merge_contraction_pixels(func))
     for tensor, info in contractions(func).items():
-        if info["flops"] >= GEMM_MIN_FLOPS:
-            chosen = (params or {}).get(tensor) or gemm_params(info["m"], info["n"], info["k"], info["itemsize"],
+        if info.flops >= GEMM_MIN_FLOPS:
+            chosen = (params or {}).get(tensor) or gemm_params(info.m, info.n, info.k, info.itemsize,
                                                               target)
             func = schedule_gemm(func, tensor, info, chosen, target, trace)
     func = trace("gather into packs", gather_into_packs(func))
