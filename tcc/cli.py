@@ -28,6 +28,7 @@ from tcc.compiler import Library, Op
 from tcc.errors import TccArgumentError, TccError, TccRuntimeError
 from tcc.interop.onnx_check import run_against_onnxruntime
 from tcc.passes.te.specialize import specialize
+from tcc.runtime.backend import kinds
 from tcc.runtime.binding import bind_cparams, bind_shapes, check_sizes
 from tcc.stack import deep
 from tcc.testing import max_relative_error, random_args, reference_results, tolerance
@@ -91,7 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     onnx.add_argument("--stage", default=None, choices=ALL_STAGES[1:], help="print this stage of the model's op")
     onnx.add_argument("--shape", action="append", default=[], metavar="INPUT=1x3x224x224",
                       help="the shape of an input the model leaves symbolic")
-    onnx.add_argument("--target", default="cpu", choices=("cpu", "cuda"))
+    onnx.add_argument("--target", default="cpu", choices=kinds())
     onnx.add_argument("--run", action="store_true", help="compile and run on random inputs")
     onnx.add_argument("--check", action="store_true", help="with --run: compare with onnxruntime")
     onnx.add_argument("--seed", type=int, default=None, help="random seed for the inputs")
@@ -107,7 +108,7 @@ def _op_arguments(p: argparse.ArgumentParser, schedule: bool = True, one_op: boo
                    help="a shape symbol or compile-time parameter")
     p.add_argument("--shape", action="append", default=[], metavar="TENSOR=64x32",
                    help="the shape of an input tensor")
-    p.add_argument("--target", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--target", default="cpu", choices=kinds())
     p.add_argument("--arch", default=None, help="CUDA architecture, e.g. sm_90 (target cuda)")
     p.add_argument("--tf32", action="store_true",
                    help="f32 contractions on TF32 tensor cores: faster, operands rounded to 10 bits (target cuda)")
