@@ -219,7 +219,7 @@ def roofline(rows: list[Row], times: list[float], png: str | None) -> None:
     """FLOPs, bytes, intensity, the floor time from the machine's measured ceilings and the
     fraction of it that tcc reaches (tcc.roofline, as ``tcc bench --roofline``); a log-log plot
     with a point per workload when ``png`` is given."""
-    peak = tcc_roofline.peaks(cuda_backend.machine({}), cuda_backend.host_key({}))
+    peak = tcc_roofline.peaks(cuda_backend.machine(), cuda_backend.cache_key(cuda_backend.machine()))
     points = [tcc_roofline.place(row.label, tcc_roofline.Cost(int(row.flops), int(row.nbytes), row.arith), ms / 1e3,
                                  peak) for row, ms in zip(rows, times)]
     print("\n" + tcc_roofline.report(points, peak))

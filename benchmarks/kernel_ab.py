@@ -87,7 +87,7 @@ def build(case: str, out: str) -> None:
     times = []
     for _ in range(3):
         start = time.thread_time()
-        artifact = cpu.build(func, {})
+        artifact = cpu.build(func, op.target)
         times.append(time.thread_time() - start)
     Path(out).write_bytes(artifact)
     print(json.dumps({"build": statistics.median(times)}))
@@ -107,7 +107,7 @@ def compare(case: str, roots: dict[str, Path], rounds: int, scratch: str) -> Non
         builds[label] = json.loads(done.stdout)["build"]
         kernels[label] = cpu.load(CASES[case][1], Path(path).read_bytes())
     op, args, cparams = _op(case, ROOT)
-    bound = op._bind(tuple(args), cparams)
+    bound = op.bind(tuple(args), cparams)
     results = {label: cpu.invoke(k, op.te, bound, None)[0] for label, k in kernels.items()}
     first, *_ = results.values()
     for label, r in results.items():

@@ -32,6 +32,7 @@ from tcc.interop.onnx_check import run_against_onnxruntime
 from tcc.passes.te.specialize import specialize
 from tcc.paths import cache_dir
 from tcc.runtime import cache_size
+from tcc.runtime.backend import kinds
 from tcc.runtime.binding import bind_cparams, bind_shapes, check_sizes
 from tcc.stack import deep
 from tcc.target import Target
@@ -98,7 +99,7 @@ def _parser() -> argparse.ArgumentParser:
     onnx.add_argument("--stage", default=None, choices=ALL_STAGES[1:], help="print this stage of the model's op")
     onnx.add_argument("--shape", action="append", default=[], metavar="INPUT=1x3x224x224",
                       help="the shape of an input the model leaves symbolic")
-    onnx.add_argument("--target", default="cpu", choices=("cpu", "cuda"))
+    onnx.add_argument("--target", default="cpu", choices=kinds())
     onnx.add_argument("--run", action="store_true", help="compile and run on random inputs")
     onnx.add_argument("--check", action="store_true", help="with --run: compare with onnxruntime")
     onnx.add_argument("--seed", type=int, default=None, help="random seed for the inputs")
@@ -118,7 +119,7 @@ def _op_arguments(p: argparse.ArgumentParser, schedule: bool = True, one_op: boo
                    help="a shape symbol or compile-time parameter")
     p.add_argument("--shape", action="append", default=[], metavar="TENSOR=64x32",
                    help="the shape of an input tensor")
-    p.add_argument("--target", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--target", default="cpu", choices=kinds())
     p.add_argument("--arch", default=None, help="CUDA architecture, e.g. sm_90 (target cuda)")
     p.add_argument("--tf32", action="store_true",
                    help="f32 contractions on TF32 tensor cores: faster, operands rounded to 10 bits (target cuda)")
@@ -250,7 +251,7 @@ def _roofline(args: argparse.Namespace, measured: list[tuple[Op, Target, rooflin
 
 def _median_time(op: Op, bindings: dict[str, int | float], repeat: int) -> float:
     inputs = random_args(op.te, bindings, np.random.default_rng(0))
-    on_gpu = op.target == "cuda"
+    on_gpu = op.target.is_gpu
     if on_gpu:
         inputs = [tcc.cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in inputs]
     cparams = {k: v for k, v in bindings.items() if k in op.te.cparams}

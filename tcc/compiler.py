@@ -14,7 +14,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tcc.codegen_cuda.nvrtc import check_arch
 from tcc.errors import Source, Span, TccArgumentError, TccError, TccSyntaxError
 from tcc.frontend import ast
 from tcc.frontend.ast import OpDef, format_ast
@@ -32,33 +31,31 @@ from tcc.passes.te.im2col import CHOICES as CONV_CHOICES
 from tcc.passes.te.specialize import specialize
 from tcc.passes.trace import Trace
 from tcc.runtime import cache
+from tcc.runtime.backend import Backend, backend_for, kinds, kinds_taking
 from tcc.runtime.binding import BoundCall, bind, bind_cparams
 from tcc.runtime.index_checks import checked_op, run_checks
 from tcc.runtime.plans import Plans
 from tcc.stack import deep
-from tcc.target import KINDS as TARGETS  # noqa: F401 - tcc.interop.onnx checks targets against it
-from tcc.target import Target, target_kind
+from tcc.target import Target
 
 MAX_SOURCE_BYTES = 64 << 20
-# tcc.compile's options and the targets they fit (machine: a Target value given as target=)
-OPTIONS = {"conv": ("cpu", "cuda"), "arch": ("cuda",), "machine": ("cpu", "cuda"), "tf32": ("cuda",),
-           "constant_params": ("cpu",)}
+OPTIONS = ("conv", "arch", "tf32", "constant_params")  # of tcc.compile, each taken by some backend
 
 
-def check_options(options: dict[str, Any], target: str) -> None:
+def check_options(options: dict[str, Any], target: str | Target) -> None:
     """Every keyword of ``tcc.compile`` beyond target and tune is known and fits the target."""
+    backend = backend_for(target)
     for name in options:
         if name not in OPTIONS:
             raise TccArgumentError(f"tcc.compile has no option {name!r}",
-                                   hint=f"options: target, tune, {', '.join(o for o in OPTIONS if o != 'machine')}")
-        if target not in OPTIONS[name]:
-            raise TccArgumentError(f"option {name}= is for target {' or '.join(OPTIONS[name])}, not {target!r}",
-                                   hint=f"drop {name}= or use target={OPTIONS[name][0]!r}")
+                                   hint=f"options: target, tune, {', '.join(OPTIONS)}")
+        if name not in backend.options:
+            takers = kinds_taking(name)
+            raise TccArgumentError(f"option {name}= is for target {' or '.join(takers)}, not {backend.kind!r}",
+                                   hint=f"drop {name}= or use target={takers[0]!r}")
     if "conv" in options and options["conv"] not in CONV_CHOICES:
         raise TccArgumentError(f"unknown convolution lowering {options['conv']!r} (conv=)",
                                hint=f"use one of {', '.join(CONV_CHOICES)}")
-    if "arch" in options:
-        check_arch(options["arch"])
     if "constant_params" in options and (isinstance(options["constant_params"], str) or not all(
             isinstance(n, str) for n in options["constant_params"])):
         raise TccArgumentError(f"constant_params= must be a list of parameter names, not "
@@ -124,21 +121,20 @@ def compile(source: str | os.PathLike, target: str | Target = "cpu", tune: bool 
     are built on first call per shape. ``tune=True`` (or a number of trials) searches the
     auto-scheduler's knobs (CPU: GEMM tiles; CUDA: GEMM tile, pipeline depth, block size) on the
     first call per shape, or reuses the winner from the disk cache; an op with a user's schedule
-    is not tuned."""
-    if not isinstance(target, str):
-        options["machine"] = target  # schedules size their work from it; part of the cache key
-    target = target_kind(target)
+    is not tuned. ``target`` is a kind's name (its machine found here) or a Target value; either
+    way one value describes the machine from here on, and it is part of every cache key."""
+    backend = backend_for(target)
     if not isinstance(tune, bool | int) or tune < 0:
         raise TccArgumentError(f"tune={tune!r}: expected True, False or a number of trials")
     check_options(options, target)
+    machine = backend.resolve(None if isinstance(target, str) else target, options)
+    options.pop("arch", None)  # the machine holds it now
     text, filename = read_source(source)
-    module, ops, schedules = deep(_check_module, text, filename, target)
+    module, ops, schedules = deep(_check_module, text, filename, backend)
     if "constant_params" in options:
         options["constant_params"] = _constant_params(options["constant_params"], ops)
     asts = {o.name: o for o in module.ops}
-    if target == "cuda":
-        options.setdefault("conv", "direct")  # im2col's per-batch GEMM buffers have no GPU schedule yet
-    return Library(ops, asts, target, options, schedules, tune)
+    return Library(ops, asts, backend, machine, {**backend.defaults, **options}, schedules, tune)
 
 
 def _constant_params(names: Any, ops: dict[str, OpTE]) -> tuple[str, ...]:
@@ -153,11 +149,11 @@ def _constant_params(names: Any, ops: dict[str, OpTE]) -> tuple[str, ...]:
     return tuple(sorted(set(names)))
 
 
-def _check_module(text: str, filename: str, target: str
+def _check_module(text: str, filename: str, backend: Backend
                   ) -> tuple[ast.Module, dict[str, OpTE], dict[str, Schedule]]:
     module = parse_cached(text, filename)
     ops = analyze(module, module.span.source if module.span else None)
-    return module, ops, module_schedules(module, set(ops), target)
+    return module, ops, module_schedules(module, set(ops), backend, kinds())
 
 
 def parse_cached(text: str, filename: str) -> ast.Module:
@@ -178,23 +174,12 @@ def parse_cached(text: str, filename: str) -> ast.Module:
     return module
 
 
-def target_module(target: str):
-    """The backend of a target kind. Each is imported on first use, not by ``import tcc``: the CPU
-    backend loads LLVM (llvmlite), the CUDA one the driver bindings, and a process needs only its own."""
-    if target == "cuda":
-        from tcc.runtime import cuda
-
-        return cuda
-    from tcc.runtime import cpu
-
-    return cpu
-
-
 class Library:
     """The ops of one source file, as attributes: ``lib.matmul(A, B)``."""
 
-    def __init__(self, ops: dict[str, OpTE], asts: dict[str, OpDef], target: str, options: dict[str, Any],
-                 schedules: dict[str, Schedule] | None = None, tune: bool | int = False):
+    def __init__(self, ops: dict[str, OpTE], asts: dict[str, OpDef], backend: Backend, target: Target,
+                 options: dict[str, Any], schedules: dict[str, Schedule] | None = None, tune: bool | int = False):
+        self.backend = backend
         self.target = target
         self.options = dict(options)
         self._ops = {name: self._op(te, asts[name], (schedules or {}).get(name), tune) for name, te in ops.items()}
@@ -205,10 +190,10 @@ class Library:
     def _op(self, te: OpTE, definition: OpDef, schedule: Schedule | None, tune: bool | int) -> Op | GenericOp:
         """An op, or one generic over dtypes that makes an op per binding of its type parameters."""
         if not type_params(definition):
-            return Op(te, definition, self.target, self.options, schedule, tune)
+            return Op(te, definition, self.backend, self.target, self.options, schedule, tune)
         source = definition.span.source if definition.span is not None else None
-        return GenericOp(definition, source, lambda bound_te, bound: Op(bound_te, bound, self.target, self.options,
-                                                                        schedule, tune))
+        return GenericOp(definition, source, lambda bound_te, bound: Op(
+            bound_te, bound, self.backend, self.target, self.options, schedule, tune))
 
     def __getattr__(self, name: str) -> Op:
         ops = self.__dict__.get("_ops", {})
@@ -228,7 +213,7 @@ class Library:
     def __repr__(self) -> str:
         sources = {op.ast.span.source.filename for op in self._ops.values() if op.ast.span is not None}
         where = f" from {sources.pop()}" if len(sources) == 1 and "<string>" not in sources else ""
-        return f"<tcc library{where} on {self.target}: {', '.join(self._ops) or 'no ops'}>"
+        return f"<tcc library{where} on {self.backend.kind}: {', '.join(self._ops) or 'no ops'}>"
 
     @property
     def ops(self) -> dict[str, Op]:
@@ -236,29 +221,30 @@ class Library:
 
 
 class Op:
-    """One op of a library. Call it on arrays; ``lower`` shows any stage of its compilation."""
+    """One op of a library, compiled by ``backend`` for the machine ``target``. Call it on arrays;
+    ``lower`` shows any stage of its compilation."""
 
-    def __init__(self, te: OpTE, ast: OpDef, target: str, options: dict[str, Any],
+    def __init__(self, te: OpTE, ast: OpDef, backend: Backend, target: Target, options: dict[str, Any],
                  schedule: Schedule | None = None, tune: bool | int = False):
         self.te = te
         self.ast = ast
         self.name = te.name
+        self.backend = backend
         self.target = target
         self._library_options = options
         self.user_schedule = schedule or Schedule()
         self.options = {**options, "conv": self.user_schedule.conv} if self.user_schedule.conv else options
         self.tune = tune if not self.user_schedule.steps else False  # a user's schedule leaves nothing to tune
-        self._backend = target_module(target)
         self._keys: dict[tuple, str] = {}  # bindings -> cache key, so repeat calls skip the pipeline
         self._solved: dict[tuple, tuple[dict, dict]] = {}  # shapes + parameters -> symbols, result shapes
         self._checks: dict[tuple, OpTE | None] = {}  # bindings -> the op with its index checks
-        self._plans = Plans(self._backend.make_plan)  # repeat calls with a checked signature skip binding and checks
+        self.plans = Plans(backend.make_plan)  # repeat calls with a checked signature skip binding and checks
         # help(lib.NAME), lib.NAME.__doc__ and inspect.signature(lib.NAME) describe this op, not the class
-        self.__doc__ = docstring(te, ast, target)
+        self.__doc__ = docstring(te, ast, backend.kind)
         self.__signature__ = signature(te)
 
     def __repr__(self) -> str:
-        return f"<tcc op {header(self.ast).removeprefix('op ')} on {self.target}>"
+        return f"<tcc op {header(self.ast).removeprefix('op ')} on {self.backend.kind}>"
 
     def schedule(self, text: str) -> Op:
         """A new op with this schedule (steps separated by ``;`` or newlines, spelled as in a
@@ -266,21 +252,21 @@ class Op:
         if not isinstance(text, str):
             raise TccArgumentError(f"{self.name}.schedule takes the schedule's text, got {type(text).__name__}",
                                    hint='e.g. op.schedule("split(i, 32, io, ii); vectorize(ii)")')
-        schedule = schedule_from_text(text, self.target)
-        return Op(self.te, self.ast, self.target, self._library_options, schedule, self.tune)
+        schedule = schedule_from_text(text, self.backend)
+        return Op(self.te, self.ast, self.backend, self.target, self._library_options, schedule, self.tune)
 
     # ------------------------------------------------------------ calling
     def __call__(self, *args: Any, out: Any = None, **cparams: Any) -> Any:
-        results = self._plans.run(args, cparams, out)
+        results = self.plans.run(args, cparams, out)
         if results is None:
-            bound = self._bind(args, cparams)
+            bound = self.bind(args, cparams)
             checked = self._index_checks(bound.bindings)
             if checked is not None:  # indices read from data: checked before anything runs
                 run_checks(checked, bound)
             kernel = self.kernel(bound.bindings)
-            results = self._backend.invoke(kernel, self.te, bound, out)
+            results = self.backend.invoke(kernel, self.te, bound, out)
             if checked is None:  # a plan skips binding, and so would skip the checks
-                self._plans.learn(kernel, self.te, bound, args, cparams, out)
+                self.plans.learn(kernel, self.te, bound, args, cparams, out)
         return results[0] if len(results) == 1 else tuple(results)
 
     def _index_checks(self, bindings: dict[str, int | float]) -> OpTE | None:
@@ -290,14 +276,15 @@ class Op:
             self._checks[memo] = deep(checked_op, self.te, bindings)
         return self._checks[memo]
 
-    def _bind(self, args: tuple[Any, ...], cparams: dict[str, Any]) -> BoundCall:
+    def bind(self, args: tuple[Any, ...], cparams: dict[str, Any]) -> BoundCall:
+        """The checked call: arrays (as the backend takes them), scalars, bindings, result shapes."""
         te = self.te
         if len(args) != len(te.params):
             names = ", ".join(te.params)
             raise TccArgumentError(f"{self.name} takes {len(te.params)} argument(s) ({names}), got {len(args)}",
                                    te.span, "pass tensors and scalars positionally, compile-time parameters "
                                             "as keywords")
-        arrays = {name: self._backend.as_array(value, f"argument {name} of {self.name}")
+        arrays = {name: self.backend.as_array(value, f"argument {name} of {self.name}")
                   for name, value in zip(te.params, args) if name in te.tensors}
         return bind(te, args, cparams, arrays, self._solved)
 
@@ -318,26 +305,28 @@ class Op:
         artifact = disk.get(key)
         if artifact is not None:
             try:
-                kernel = self._backend.load(self.name, artifact)
+                kernel = self.backend.load(self.name, artifact)
             except TccError:
                 kernel = None  # a stale or unusable entry: rebuild it below
         if kernel is None:
             artifact = deep(self._build, bindings, lowered)
             disk.put(key, artifact)
-            kernel = self._backend.load(self.name, artifact)
+            kernel = self.backend.load(self.name, artifact)
         cache.MEMORY.put(key, kernel)
         return kernel
 
     def _build(self, bindings: dict[str, int | float], lowered: Lowered | None) -> bytes:
-        return self._backend.build((lowered or self.lowered(bindings)).scheduled, self.options)
+        return self.backend.build((lowered or self.lowered(bindings)).scheduled, self.target)
 
     def lowered(self, bindings: dict[str, int | float],
                 after_pass: Callable[[str, str], None] | None = None) -> Lowered:
-        lowered = lower_op(self.te, bindings, self._backend.machine(self.options), self.options.get("conv", "auto"),
+        lowered = lower_op(self.te, bindings, self.target, self.backend.schedule, self.options.get("conv", "auto"),
                            Trace(after_pass), self.user_schedule.steps, bool(self.options.get("tf32")),
                            frozenset(self.options.get("constant_params", ())))
         if self.tune:
-            from tcc.tune import tuning_for  # imported when an op is tuned, not by every warm start
+            # a downward import (tune knows ops by a Protocol), made here because the tuner loads
+            # every target's auto-scheduler: an op that is not tuned never needs it
+            from tcc.tune import tuning_for
 
             lowered.tuning = tuning_for(self, lowered)
         return lowered
@@ -349,7 +338,7 @@ class Op:
         so strides are not part of it."""
         options = ",".join(f"{k}={v}" for k, v in sorted(self.options.items()))
         tuning = f"tuning={lowered.tuning or ''}" if lowered is not None else "untuned"
-        return cache.make_key(cache.compiler_fingerprint(), self.target, self._backend.host_key(self.options),
+        return cache.make_key(cache.compiler_fingerprint(), self.backend.kind, self.machine_key(),
                               options, self._te_text, repr(sorted(bindings.items())),
                               f"schedule={self.user_schedule}", tuning)
 
@@ -368,19 +357,19 @@ class Op:
     def machine_key(self) -> str:
         """The key of the machine this op compiles for (target, host or device, compiler of the
         backend): what per-machine measurements, such as the roofline's peaks, are kept under."""
-        return self._backend.host_key(self.options)
+        return self.backend.cache_key(self.target)
 
     def base_key(self, lowered: Lowered) -> str:
         """The key of the op's specialisation without its schedule (the tuner stores its winner under it)."""
         options = ",".join(f"{k}={v}" for k, v in sorted(self.options.items()))
-        return cache.make_key(cache.compiler_fingerprint(), self.target, self._backend.host_key(self.options),
+        return cache.make_key(cache.compiler_fingerprint(), self.backend.kind, self.machine_key(),
                               options, format_op(lowered.te))
 
     # ------------------------------------------------------------ inspecting
     def bindings_for(self, args: tuple[Any, ...], cparams: dict[str, Any]) -> dict[str, int | float]:
         if not args:
             return bind_cparams(self.te, cparams)
-        return self._bind(args, cparams).bindings
+        return self.bind(args, cparams).bindings
 
     def lower(self, *args: Any, stage: str = "loops", **cparams: Any) -> str:
         """The text of ``stage`` for these arguments (see ``STAGES`` of the target)."""
@@ -396,9 +385,9 @@ class Op:
 
     def _stage_text(self, bindings: dict[str, int | float], stage: str,
                     after_pass: Callable[[str, str], None] | None) -> str:
-        stages = self._backend.STAGES
+        stages = self.backend.stages
         if stage not in stages:
-            raise TccArgumentError(f"unknown stage {stage!r} for target {self.target}",
+            raise TccArgumentError(f"unknown stage {stage!r} for target {self.backend.kind}",
                                    hint=f"stages: {', '.join(stages)}")
         if stage == "ast":
             return format_ast(self.ast)
@@ -415,4 +404,4 @@ class Op:
             return format_func(lowered.loops)
         if stage == "scheduled":
             return format_func(lowered.scheduled)
-        return self._backend.stage_text(lowered.scheduled, stage, self.options)
+        return self.backend.stage_text(lowered.scheduled, stage, self.target)

@@ -54,7 +54,7 @@ class GenericOp:
 
     def __repr__(self) -> str:
         kinds = ", ".join(f"{t.name}: {t.kind}" for t in generic.type_params(self.ast))
-        return f"<tcc generic op {self.name}[{kinds}] on {self.checked.target}>"
+        return f"<tcc generic op {self.name}[{kinds}] on {self.checked.backend.kind}>"
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in ("checked", "_ops"):

@@ -30,7 +30,7 @@ from tcc.ir.expr import Binary, Call, Expr, IterVar, Read, Reduce, Select, Unary
 from tcc.ir.te import OpTE
 from tcc.passes.simplify import evaluate_int
 from tcc.runtime import cache
-from tcc.target import CudaTarget, Target
+from tcc.target import Target
 
 PEAKS_KEY = "peaks-v1"
 HALF = ("f16", "bf16")
@@ -68,7 +68,7 @@ def cost(te: OpTE, target: Target) -> Cost:
     nbytes = sum(math.prod(_int(d) for d in t.shape) * t.dtype.itemsize
                  for t in te.tensors.values() if t.kind in ("input", "result"))
     half = any(t.dtype.name in HALF for t in te.tensors.values() if t.kind == "input")
-    return Cost(flops, nbytes, "f16" if half and isinstance(target, CudaTarget) else "f32")
+    return Cost(flops, nbytes, "f16" if half and target.is_gpu else "f32")
 
 
 def _int(e: Expr) -> int:
@@ -183,7 +183,7 @@ def _measure(target: Target, previous: dict[str, float]) -> Measured:
     every measurement and ``previous``."""
     best = dict(previous)
     for _ in range(ATTEMPTS):
-        best = _merged(best, _cuda_peaks() if isinstance(target, CudaTarget) else _cpu_peaks())
+        best = _merged(best, _cuda_peaks() if target.is_gpu else _cpu_peaks())
         if not _implausible(best, target):
             return Measured(best, False)
     return Measured(best, True)
@@ -204,7 +204,7 @@ def expected_f32(target: Target) -> float:
     """The order of the target's f32 FLOP/s: a fused multiply-add per vector lane on two pipes at
     2 GHz per core (CPU), or 128 lanes at 1.5 GHz per multiprocessor (CUDA). Real machines differ by
     a small factor either way; a measurement FAR_BELOW under it was disturbed."""
-    if isinstance(target, CudaTarget):
+    if target.is_gpu:
         return target.sms * 128 * 2 * 1.5e9
     return target.cores * (target.vector_bytes // 4) * 2 * 2 * 2e9
 

@@ -16,8 +16,6 @@ import os
 from dataclasses import dataclass, fields, replace
 from typing import ClassVar
 
-from tcc.errors import TccArgumentError
-
 
 def _key(value: object) -> str:
     return ",".join(f"{f.name}={getattr(value, f.name)}" for f in fields(value))  # type: ignore[arg-type]
@@ -33,6 +31,8 @@ class CpuTarget:
     cores: int = 1
     caches: tuple[tuple[int, int], ...] = ((1, 32 << 10), (2, 1 << 20), (3, 8 << 20))
     kind: ClassVar[str] = "cpu"
+    is_gpu: ClassVar[bool] = False
+    shared_memory_per_block: ClassVar[int] = 0  # a CPU has no memory shared by a block of threads
 
     def key(self) -> str:
         return f"cpu:{_key(self)}"
@@ -72,9 +72,16 @@ class CudaTarget:
     max_threads_per_block: int = 1024
     l2_bytes: int = 50 << 20
     kind: ClassVar[str] = "cuda"
+    is_gpu: ClassVar[bool] = True
 
     def key(self) -> str:
         return f"cuda:{_key(self)}"
+
+    @property
+    def shared_memory_per_block(self) -> int:
+        """The shared memory one block may use: the opt-in limit, since the runtime opts every
+        kernel that needs more than the static part in (227 KiB on sm_90, not the static 48)."""
+        return self.shared_per_block_optin
 
     @classmethod
     def for_arch(cls, arch: str) -> CudaTarget:
@@ -132,21 +139,3 @@ def read_caches(root: str) -> dict[int, int]:
 
 
 Target = CpuTarget | CudaTarget
-KINDS = ("cpu", "cuda")
-
-
-def target_kind(target: str | Target) -> str:
-    """``"cpu"`` or ``"cuda"`` for a target string or value (anything else is an argument error)."""
-    if isinstance(target, (CpuTarget, CudaTarget)):
-        return target.kind
-    if isinstance(target, str) and target in KINDS:
-        return target
-    raise TccArgumentError(f"unknown target {target!r}",
-                           hint="use 'cpu', 'cuda', or a tcc.target.CpuTarget / CudaTarget value")
-
-
-def default_target(target: str | Target) -> Target:
-    """The value itself, or the default of the kind a string names (no device or host read)."""
-    if isinstance(target, (CpuTarget, CudaTarget)):
-        return target
-    return CudaTarget() if target_kind(target) == "cuda" else CpuTarget()

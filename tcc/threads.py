@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import ctypes
 import operator
+import os
+from collections.abc import Callable
 
 from tcc.errors import TccArgumentError
 
@@ -47,11 +49,29 @@ def address() -> int:
     return ctypes.addressof(CELL)
 
 
+_DEFAULT: list[Callable[[], int]] = []  # libgomp's default, registered by the CPU backend (codegen_cpu.jit)
+
+
+def use_default(provider: Callable[[], int]) -> None:
+    """Where :func:`get_num_threads` reads the default from: the CPU backend registers libgomp's
+    when it loads (this module sits below it and imports no code generator)."""
+    _DEFAULT[:] = [provider]
+
+
 def get_num_threads() -> int:
     """The threads the parallel loops of the next CPU kernel call run on."""
     requested = requested_threads()
     if requested is not None:
         return requested
-    from tcc.codegen_cpu.jit import default_threads  # LLVM and libgomp load on first use, not with ``import tcc``
+    if _DEFAULT:
+        return _DEFAULT[0]()
+    return _environment_default()
 
-    return default_threads()
+
+def _environment_default() -> int:
+    """libgomp's default before it is loaded: ``OMP_NUM_THREADS``'s first value, else every CPU
+    this process may run on."""
+    first = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    if first.isdigit() and int(first) > 0:
+        return int(first)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -20,24 +20,37 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 
 from tcc import cuda
 from tcc.errors import TccError, TccRuntimeError
-from tcc.passes.autoschedule_cpu.gemm import contractions, gemm_params
-from tcc.passes.autoschedule_cuda import merge_kernels
+from tcc.ir.te import OpTE
+from tcc.passes.autoschedule_cpu.gemm import GemmNest, contractions, gemm_params
 from tcc.passes.autoschedule_cuda.gemm import SEARCH_TILES, fits
-from tcc.passes.autoschedule_cuda.schedule import CudaTuning
-from tcc.passes.pipeline import Lowered, Tuning, schedule
+from tcc.passes.autoschedule_cuda.schedule import KERNEL_KINDS, CudaTuning
+from tcc.passes.pipeline import Lowered, Tuning
 from tcc.passes.te.fusion import GEMM_MIN_FLOPS
 from tcc.passes.trace import Trace
 from tcc.runtime import cache
-from tcc.target import CudaTarget
+from tcc.runtime.backend import Backend
+from tcc.runtime.binding import BoundCall
+from tcc.testing import random_args
 
-if TYPE_CHECKING:
-    from tcc.compiler import Op
+
+class Op(Protocol):
+    """What the tuner needs of an op (``tcc.compiler.Op`` is one; the compiler calls the tuner)."""
+
+    name: str
+    te: OpTE
+    tune: bool | int
+    backend: Backend
+    target: Any
+
+    def base_key(self, lowered: Lowered) -> str: ...
+
+    def bind(self, args: tuple[Any, ...], cparams: dict[str, Any]) -> BoundCall: ...
 
 DEFAULT_TRIALS = 12
 RUNS = 5  # timed runs per candidate; the median is kept
@@ -96,19 +109,17 @@ def tuning_for(op: Op, lowered: Lowered) -> Tuning | None:
 
 
 def tunable(lowered: Lowered) -> bool:
-    """CPU: a contraction large enough for the GEMM schedule; CUDA: any kernel (block sizes)."""
-    if isinstance(lowered.target, CudaTarget):
+    """CPU: a contraction large enough for the GEMM schedule; GPU: any kernel (block sizes)."""
+    if lowered.target.is_gpu:
         return bool(kernel_kinds(lowered))
-    return any(info["flops"] >= GEMM_MIN_FLOPS for info in contractions(lowered.loops).values())
+    return any(info.flops >= GEMM_MIN_FLOPS for info in contractions(lowered.loops).values())
 
 
 def kernel_kinds(lowered: Lowered) -> set[str]:
     """Which of the CUDA auto-scheduler's kernels the op gets (``gemm``, ``flat``, ``row``, ...),
-    from the trace of its default schedule."""
-    kinds: set[str] = set()
-    schedule(lowered.loops, lowered.target, lowered.steps, Tuning(),
-             Trace(lambda name, _text: kinds.add(name.split(":")[0])))
-    return kinds - {"empty", "bound by the user", merge_kernels.PASS}
+    as its default schedule records them; the user's own kernels leave nothing to vary."""
+    default = replace(lowered, tuning=None, trace=Trace(), _scheduled=None).scheduled
+    return set(default.attrs.get(KERNEL_KINDS, ())) - {"bound by the user"}  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------- the search
@@ -117,7 +128,7 @@ def search(op: Op, lowered: Lowered, trials: int = DEFAULT_TRIALS, progress: boo
     """Time up to ``trials`` candidates stage by stage, keeping the fastest (the default first)."""
     from tqdm import tqdm  # imported when tuning, not by every ``import tcc``
 
-    if isinstance(lowered.target, CudaTarget) and not cuda.is_available():
+    if lowered.target.is_gpu and not cuda.is_available():
         raise TccRuntimeError(f"tuning {op.name} for cuda times its candidates on a GPU, and there is none here",
                               op.te.span, "tune on the machine that runs the op: the winner is kept in the disk "
                                           "cache (TCC_CACHE_DIR) for later processes")
@@ -156,14 +167,14 @@ Stage = Callable[[dict[str, int]], Iterator[dict[str, int]]]
 
 def _space(lowered: Lowered) -> tuple[dict[str, int], tuple[Stage, ...], Callable[[dict[str, int]], Tuning]]:
     """(the default candidate, the stages that vary it, candidate -> Tuning) for the op's target."""
-    if isinstance(lowered.target, CudaTarget):
+    if lowered.target.is_gpu:
         default = CudaTuning()
         stages: tuple[Stage, ...] = (_cuda_tiles, _cuda_stages) if "gemm" in kernel_kinds(lowered) else ()
         return {"bm": 0, "bn": 0, "bk": 0, "stages": default.stages, "warps": default.warps}, \
             (*stages, _cuda_warps), _cuda_tuning
-    infos = [i for i in contractions(lowered.loops).values() if i["flops"] >= GEMM_MIN_FLOPS]
-    largest = max(infos, key=lambda i: i["flops"])
-    base = gemm_params(largest["m"], largest["n"], largest["k"], largest["itemsize"], lowered.target)
+    infos = [i for i in contractions(lowered.loops).values() if i.flops >= GEMM_MIN_FLOPS]
+    largest = max(infos, key=lambda i: i.flops)
+    base = gemm_params(largest.m, largest.n, largest.k, largest.itemsize, lowered.target)
     return {**base, "unroll": 1}, CPU_STAGES, lambda candidate: _tuning(candidate, infos)
 
 
@@ -178,9 +189,9 @@ def candidates(lowered: Lowered, trials: int = DEFAULT_TRIALS) -> list[Tuning]:
     return list(seen.values())[:trials]
 
 
-def _tuning(candidate: dict[str, int], infos: list[dict]) -> Tuning:
+def _tuning(candidate: dict[str, int], infos: list[GemmNest]) -> Tuning:
     tiles = {k: v for k, v in candidate.items() if k != "unroll"}
-    return Tuning({info["tensor"]: dict(tiles) for info in infos}, candidate["unroll"])
+    return Tuning({info.tensor: dict(tiles) for info in infos}, candidate["unroll"])
 
 
 def _register_tiles(best: dict[str, int]) -> Iterator[dict[str, int]]:
@@ -237,16 +248,14 @@ def _cuda_tuning(candidate: dict[str, int]) -> Tuning:
 def _timer(op: Op, lowered: Lowered) -> Callable[[Tuning], float | None]:
     """Build a candidate, run it on fixed random inputs, return the median time (None: no build).
     On CUDA the inputs live on the device and each run ends with a synchronisation."""
-    from tcc.testing import random_args  # imported when tuning, not by every ``import tcc``
-
-    on_gpu = isinstance(lowered.target, CudaTarget)
+    on_gpu = lowered.target.is_gpu
     bindings = dict(lowered.te.bindings)
     args = random_args(op.te, bindings, np.random.default_rng(0))
     if on_gpu:
         args = [cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in args]
     cparams = {k: v for k, v in bindings.items() if k in op.te.cparams}
-    bound = op._bind(tuple(args), cparams)
-    backend = op._backend
+    bound = op.bind(tuple(args), cparams)
+    backend = op.backend
 
     def run(kernel) -> None:
         backend.invoke(kernel, op.te, bound, None)
@@ -256,7 +265,7 @@ def _timer(op: Op, lowered: Lowered) -> Callable[[Tuning], float | None]:
     def measure(tuning: Tuning) -> float | None:
         candidate = replace(lowered, tuning=tuning, trace=Trace(), _scheduled=None)
         try:
-            kernel = backend.load(op.name, backend.build(candidate.scheduled, op.options))
+            kernel = backend.load(op.name, backend.build(candidate.scheduled, op.target))
         except TccError:
             return None  # e.g. an unroll the nest does not allow
         run(kernel)  # warm-up: caches, page faults, thread team, module load

@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -24,11 +25,11 @@ def counting_build(monkeypatch) -> list[int]:
     calls = []
     real = cpu.build
 
-    def build(func, options=None):
+    def build(func, target=None):
         calls.append(1)
-        return real(func, options)
+        return real(func, target)
 
-    monkeypatch.setattr(cpu, "build", build)
+    monkeypatch.setattr(cpu, "BACKEND", replace(cpu.BACKEND, build=build))
     return calls
 
 

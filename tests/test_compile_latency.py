@@ -19,8 +19,8 @@ import tcc
 from tcc import dtypes
 from tcc.codegen_cpu.llvm_loops import _holds_loop, _runs_once
 from tcc.ir.expr import Binary, Const, Expr, Var
+from tcc.ir.loopnest import flat_terms
 from tcc.ir.loops import Allocate, Buffer, For, If, Let, Seq, Store, map_stmt, walk_stmts
-from tcc.passes.loops.loopnest import flat_terms
 from tcc.stack import MAX_IDLE, YOUNG_GC, deep
 
 I64 = dtypes.i64

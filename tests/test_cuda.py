@@ -18,6 +18,7 @@ from tcc.codegen_cuda import cuda_c, driver, nvrtc
 from tcc.errors import TccArgumentError, TccCompileError, TccError, TccRuntimeError
 from tcc.ir.loops import For, Seq
 from tcc.runtime import cuda as rt
+from tcc.target import CudaTarget
 from tcc.testing import specialize_inputs
 
 pytest.importorskip("cuda.bindings.nvrtc")
@@ -55,7 +56,7 @@ def test_example_compiles_to_cubin(name, case):
     op = lib[name]
     args, cparams = _fake_args(op, case)
     lowered = op.lowered(op.bindings_for(tuple(args), cparams))
-    artifact = rt.build(lowered.scheduled, {"arch": "sm_90"})
+    artifact = rt.build(lowered.scheduled, CudaTarget.for_arch("sm_90"))
     kernel = rt.load(name, artifact)  # parses; loading a module waits for a GPU
     assert kernel.meta["arch"] == "sm_90" and all(c.startswith(b"\x7fELF") for c in kernel.cubins)
     assert kernel.meta["kernels"], "every example launches at least one kernel"
@@ -108,7 +109,7 @@ def test_semantic_helpers_are_in_the_code():
     """
     lib = tcc.compile(src, target="cuda")
     func = lib.f.lowered({"N": 5}).scheduled
-    code = cuda_c.generate(func).source
+    code = cuda_c.generate(func, lib.f.target).source
     for helper in ("tcc_floordiv(", "tcc_mod(", "tcc_max(", "tcc_round_f16(", "tcc_f32_to_bf16(", "expf("):
         assert helper in code, helper
     assert nvrtc.compile_cubin(code, "sm_90").startswith(b"\x7fELF")
@@ -121,7 +122,7 @@ def test_names_that_are_c_keywords():
     }
     """
     lib = tcc.compile(src, target="cuda")
-    code = cuda_c.generate(lib.f.lowered({"N": 5}).scheduled).source
+    code = cuda_c.generate(lib.f.lowered({"N": 5}).scheduled, lib.f.target).source
     nvrtc.compile_cubin(code)
 
 
@@ -141,15 +142,15 @@ def test_nvrtc_error_shows_the_generated_line():
 def test_corrupt_artifact_is_a_tcc_error():
     lib = tcc.compile(EXAMPLES / "axpy.tc", target="cuda")
     func = lib.axpy.lowered({"N": 8}).scheduled
-    art = rt.build(func, {})
+    art = rt.build(func)
     for bad in (b"", b"junk", art[:40], art[:-len(art) // 2].replace(b"\x7fELF", b"XXXX")):
         with pytest.raises(TccError):
             rt.load("axpy", bad)
 
 
 def test_cache_key_holds_the_arch():
-    a = rt.host_key({"arch": "sm_90"})
-    b = rt.host_key({"arch": "sm_80"})
+    a = rt.BACKEND.cache_key(rt.machine(None, {"arch": "sm_90"}))
+    b = rt.BACKEND.cache_key(rt.machine(None, {"arch": "sm_80"}))
     assert a != b and "nvrtc-" in a
 
 
@@ -272,7 +273,7 @@ def test_tiled_gemms_keep_their_registers():
 
 def _meta(op, bindings: dict) -> tuple[dict, str]:
     """(the launch plan, the PTX) of ``op`` specialised to ``bindings``."""
-    artifact = rt.build(op.lowered(bindings).scheduled, {"arch": "sm_90"})
+    artifact = rt.build(op.lowered(bindings).scheduled, CudaTarget.for_arch("sm_90"))
     return rt._parse(artifact)[0], op.stage_text(bindings, "ptx")
 
 
@@ -304,7 +305,7 @@ def test_cache_key_does_not_load_nvrtc():
         importlib.metadata.version("nvidia-cuda-nvrtc")
     except importlib.metadata.PackageNotFoundError:
         pytest.skip("NVRTC not installed by pip: its version comes from NVRTC itself")
-    script = ("import sys; from tcc.runtime import cuda; key = cuda.host_key({'arch': 'sm_90'}); "
+    script = ("import sys; from tcc.runtime import cuda; key = cuda.cache_key(cuda.machine()); "
               "assert 'nvrtc-pip-' in key, key; assert 'cuda.bindings.nvrtc' not in sys.modules; print('ok')")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": child_pythonpath(EXAMPLES.parent)})
@@ -361,13 +362,13 @@ def test_a_large_program_compiles_as_several_units(monkeypatch):
     holds one cubin per unit and names each kernel's."""
     op = tcc.compile(_THREE_KERNELS, target="cuda").three
     func = op.lowered(dict(M=300, K=40, N=70)).scheduled
-    program = cuda_c.generate(func)
+    program = cuda_c.generate(func, op.target)
     assert len(program.kernels) >= 3
     units = program.units(3)
     assert sorted(k for _, kernels in units for k in kernels) == list(range(len(program.kernels)))
     monkeypatch.setattr(rt, "UNIT_CHARS", 1)
     monkeypatch.setattr(rt, "host_cores", lambda: 3)
-    meta, cubins = rt._parse(rt.build(func, {"arch": "sm_90"}))
+    meta, cubins = rt._parse(rt.build(func, CudaTarget.for_arch("sm_90")))
     assert len(cubins) == len(units) == len(meta["modules"]) and all(c.startswith(b"\x7fELF") for c in cubins)
     for k in meta["kernels"]:  # each kernel is defined in the cubin its entry names
         assert k["name"].encode() in cubins[k["module"]]

@@ -357,7 +357,7 @@ def test_repeat_calls_take_the_plan_and_still_check(rng):
     x, y = torch.randn(1000, device="cuda"), torch.randn(1000, device="cuda")
     for _ in range(3):
         torch.testing.assert_close(lib.axpy(2.0, x, y), 2.0 * x + y)
-    assert lib.axpy._plans, "a checked torch call leaves a plan for the next"
+    assert lib.axpy.plans, "a checked torch call leaves a plan for the next"
     z = torch.empty(1000, device="cuda")
     for _ in range(2):
         assert lib.axpy(3.0, x, y, out=z) is z
@@ -529,7 +529,8 @@ def test_workspaces_per_shape_and_freed_with_their_kernel(rng):
     torch.cuda.synchronize()
     assert tcc.cuda.allocated_bytes() == held
     ctx = driver.context(xs[0].device.index)
-    kernel = cuda_backend.load("with_t", cuda_backend.build(op.lowered({"N": 7777}).scheduled, {"arch": ctx.arch}))
+    target = cuda_backend.machine(None, {"arch": ctx.arch})
+    kernel = cuda_backend.load("with_t", cuda_backend.build(op.lowered({"N": 7777}).scheduled, target))
     kernel.workspace(ctx.ordinal, 0, "with_t")
     assert tcc.cuda.allocated_bytes() == held + 7777 * 4
     del kernel

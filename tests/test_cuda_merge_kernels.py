@@ -10,8 +10,9 @@ import pytest
 
 import tcc
 from tcc.ir.expr import Const
+from tcc.ir.loopnest import subst
 from tcc.ir.loops import Barrier, For, LoopFunc, Seq, walk_stmts
-from tcc.passes.loops.loopnest import subst
+from tcc.target import CudaTarget
 from tcc.testing import assert_matches, random_args, reference_results
 
 pytest.importorskip("cuda.bindings.nvrtc")
@@ -72,7 +73,7 @@ def test_merged_kernels_compile_through_nvrtc():
 
     lib = tcc.compile(OPS, target="cuda")
     for op, sizes in ((lib.with_t, dict(N=33)), (lib.chain, dict(N=200))):
-        meta, (cubin,) = rt._parse(rt.build(op.lowered(sizes).scheduled, {"arch": "sm_90"}))
+        meta, (cubin,) = rt._parse(rt.build(op.lowered(sizes).scheduled, CudaTarget.for_arch("sm_90")))
         assert cubin.startswith(b"\x7fELF") and len(meta["kernels"]) == 1
         assert [name for name, _ in meta["kernels"][0]["params"]][:1] == ["X"]
 

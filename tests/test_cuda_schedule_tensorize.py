@@ -14,6 +14,7 @@ import tcc
 from tcc.errors import TccError, TccScheduleError
 from tcc.ir.loops import Allocate, AsyncCopy, Barrier, For, MatrixLoad, Mma, ProxyFence, WarpgroupMma, walk_stmts
 from tcc.passes.loops.bind_lanes import lanes_of
+from tcc.target import CudaTarget
 from tcc.testing import assert_matches, random_args, reference_results
 
 pytest.importorskip("cuda.bindings.nvrtc")
@@ -74,7 +75,7 @@ def test_the_example_compiles_through_nvrtc(arch):
     op = tcc.compile(EXAMPLES / "matmul_tc.tc", target="cuda", arch=arch).matmul_tc
     for sizes in SIZES[:3]:
         scheduled = op.lowered(sizes).scheduled
-        assert rt._parse(rt.build(scheduled, {"arch": arch}))[1][0].startswith(b"\x7fELF")
+        assert rt._parse(rt.build(scheduled, CudaTarget.for_arch(arch)))[1][0].startswith(b"\x7fELF")
     ptx = op.stage_text(SIZES[1], "ptx")
     assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx and "ldmatrix.sync.aligned" in ptx
     assert "ld.local" not in ptx and "st.local" not in ptx
@@ -92,7 +93,7 @@ def test_a_warpgroup_schedule_reaches_wgmma():
     assert len(wgmma) == 1 and wgmma[0].shape == (64, 128, 16) and wgmma[0].trans_b  # B is [k][n]
     assert sum(isinstance(s, ProxyFence) for s in stmts) == 1
     assert all(s.buffer.swizzle == 128 for s in stmts if isinstance(s, Allocate) and s.buffer.scope == "shared")
-    assert rt._parse(rt.build(func, {"arch": "sm_90"}))[1][0].startswith(b"\x7fELF")
+    assert rt._parse(rt.build(func, CudaTarget.for_arch("sm_90")))[1][0].startswith(b"\x7fELF")
     ptx = op.stage_text(dict(M=256, N=128, K=128), "ptx")
     assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16" in ptx and "ld.local" not in ptx
 
@@ -166,7 +167,7 @@ def test_tails_stay_plain_loops():
         assert sum(isinstance(s, Mma) for s in walk_stmts(func.body)) == 2  # the async kernel and its fallback
         threads = [s for s in walk_stmts(func.body) if isinstance(s, For) and lanes_of(s) is not None]
         assert len(threads) == grids
-        assert rt._parse(rt.build(func, {"arch": "sm_80"}))[1][0].startswith(b"\x7fELF")
+        assert rt._parse(rt.build(func, CudaTarget.for_arch("sm_80")))[1][0].startswith(b"\x7fELF")
 
 
 def test_tiles_start_at_the_identity_only_where_each_is_loaded_once():

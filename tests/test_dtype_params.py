@@ -104,5 +104,5 @@ def test_half_bindings_compile_to_cubin(dtype):
 
     op = tcc.compile(RMSNORM, target="cuda", arch="sm_90").rmsnorm.bound(T=dtype)
     lowered = op.lowered({"N": 64, "D": 96})
-    artifact = rt.build(lowered.scheduled, {"arch": "sm_90"})
+    artifact = rt.build(lowered.scheduled, op.target)
     assert all(c.startswith(b"\x7fELF") for c in rt.load("rmsnorm", artifact).cubins)

@@ -20,13 +20,13 @@ def data(rng, *shape):
 def checked_calls(monkeypatch):
     """How many calls took the checked path (binding and checking every argument)."""
     calls = []
-    real = compiler.Op._bind
+    real = compiler.Op.bind
 
     def bind(self, args, cparams):
         calls.append(1)
         return real(self, args, cparams)
 
-    monkeypatch.setattr(compiler.Op, "_bind", bind)
+    monkeypatch.setattr(compiler.Op, "bind", bind)
     return calls
 
 

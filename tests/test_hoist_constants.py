@@ -12,9 +12,9 @@ import tcc
 from tcc import dtypes
 from tcc.errors import TccArgumentError
 from tcc.ir.expr import Binary, Const, Load, Var
+from tcc.ir.loopnest import loads
 from tcc.ir.loops import Allocate, Buffer, For, LoopFunc, Seq, Store, walk_stmts
 from tcc.passes.loops.hoist_constants import hoist_constants
-from tcc.passes.loops.loopnest import loads
 from tcc.passes.te.fusion import GEMM_MIN_FLOPS
 from tcc.testing import assert_matches, random_args, reference_results
 

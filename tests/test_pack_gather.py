@@ -7,8 +7,8 @@ from helpers import check_op
 import tcc
 from tcc import dtypes
 from tcc.ir.expr import Binary, Const, Var
+from tcc.ir.loopnest import flat_coeff
 from tcc.passes.autoschedule_cpu.pack_gather import _lanes_apart
-from tcc.passes.loops.loopnest import flat_coeff
 
 I64 = dtypes.i64
 

@@ -1,5 +1,7 @@
 """Schedule primitives and the auto-scheduler against the reference, at odd and round sizes."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -7,6 +9,7 @@ import tcc
 from tcc.errors import TccScheduleError
 from tcc.passes import pipeline
 from tcc.passes.loops.schedule import Step
+from tcc.runtime import cpu
 from tcc.testing import assert_matches, random_args, reference_results
 
 MATMUL = "op matmul(A: f32[M, K], B: f32[K, N]) -> C: f32[M, N] { C[i, j] = sum[k](A[i, k] * B[k, j]) }"
@@ -20,8 +23,8 @@ SOFTMAX = """op softmax(X: f32[N, C]) -> Y: f32[N, C] {
 
 def _run(src, name, bindings, rng, steps=None, monkeypatch=None):
     if steps is not None:
-        original = pipeline.schedule
-        monkeypatch.setattr(pipeline, "schedule", lambda f, t, *a, **k: original(f, t, tuple(steps)))
+        scheduled = replace(cpu.BACKEND, schedule=lambda f, t, *a, **k: pipeline.cpu_schedule(f, t, tuple(steps)))
+        monkeypatch.setattr(cpu, "BACKEND", scheduled)
     op = tcc.compile(src)[name]
     args = random_args(op.te, bindings, rng)
     expected = reference_results(op.te, args, bindings)

@@ -11,6 +11,7 @@ from tcc.cli import main
 from tcc.errors import TccArgumentError, TccScheduleError, TccSyntaxError
 from tcc.ir.loops import format_func
 from tcc.passes.loops.schedule import apply_schedule
+from tcc.passes.trace import SILENT
 
 CONV = """op conv2d[P = 1](X: f32[N, C, H, W], Wt: f32[F, C, KH, KW])
     -> Y: f32[N, F, H + 2*P - KH + 1, W + 2*P - KW + 1] {
@@ -49,7 +50,7 @@ def _scheduled(op, bindings):
 def test_spelling_gives_the_loops_of_the_python_steps(text, steps):
     op = tcc.compile(MATMUL).matmul
     bindings = dict(M=7, K=33, N=20)
-    expected = format_func(apply_schedule(op.lowered(bindings).loops, [S(s) for s in steps]))
+    expected = format_func(apply_schedule(op.lowered(bindings).loops, [S(s) for s in steps], SILENT, op.target))
     assert _scheduled(op.schedule(text), bindings) == expected
 
 

@@ -9,8 +9,8 @@ from tcc.passes.autoschedule_cpu.streaming import stream_bytes
 from tcc.runtime.cpu import aligned_empty, machine
 
 SRC = "op fma_relu(A: f32[N], B: f32[N], C: f32[N]) -> Y: f32[N] { Y[i] = max(A[i] * B[i] + C[i], 0.0) }"
-AVX512 = machine({}).avx512
-BIG = stream_bytes(machine({})) // 4 + 7  # elements: past the threshold (4 L2s of the tests' host model), with a tail
+AVX512 = machine().avx512
+BIG = stream_bytes(machine()) // 4 + 7  # elements: past the threshold (4 L2s of the tests' host model), with a tail
 
 
 @pytest.mark.skipif(not AVX512, reason="non-temporal stores are emitted on AVX-512 hosts")

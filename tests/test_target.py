@@ -7,7 +7,8 @@ import pytest
 import tcc
 from tcc.errors import TccArgumentError, TccError
 from tcc.ir.loops import For, walk_stmts
-from tcc.target import CpuTarget, CudaTarget, default_target, target_kind
+from tcc.runtime.backend import backend_for, kinds
+from tcc.target import CpuTarget, CudaTarget
 from tcc.testing import assert_matches, random_args, reference_results
 
 SOURCE = """
@@ -22,11 +23,19 @@ def _grids(op, bindings) -> list[int]:
     return [s.extent.value for s in walk_stmts(func.body) if isinstance(s, For) and s.kind == "block.x"]
 
 
-def test_strings_name_the_default_targets():
-    assert target_kind("cuda") == "cuda" and isinstance(default_target("cpu"), CpuTarget)
-    assert default_target("cuda") == CudaTarget() and CudaTarget().sms == 132
+def test_one_registry_names_the_kinds():
+    """A kind's name and its Target value find the same backend; a target answers for itself."""
+    assert kinds() == ("cpu", "cuda")
+    assert backend_for("cuda") is backend_for(CudaTarget()) and backend_for("cpu").target_type is CpuTarget
+    assert CudaTarget().is_gpu and not CpuTarget().is_gpu and CudaTarget().sms == 132
+    assert CudaTarget().shared_memory_per_block == 227 << 10 and CpuTarget().shared_memory_per_block == 0
+    assert "bind" in backend_for("cuda").primitives and "bind" not in backend_for("cpu").primitives
+    lib = tcc.compile(SOURCE, target="cuda")
+    assert lib.total.backend is backend_for("cuda") and lib.total.target == CudaTarget()
     with pytest.raises(TccArgumentError, match="unknown target 'tpu'"):
         tcc.compile(SOURCE, target="tpu")
+    with pytest.raises(TccArgumentError, match="unknown target"):
+        tcc.compile(SOURCE, target=3)
 
 
 MATMUL = "op mm(A: f32[M, K], B: f32[K, N]) -> C: f32[M, N] { C[i, j] = sum[k](A[i, k] * B[k, j]) }"
@@ -49,9 +58,8 @@ def test_a_cpu_target_value_sizes_the_schedule(cores, rng):
 
 
 def test_a_cpu_target_may_not_ask_for_features_this_cpu_lacks():
-    op = tcc.compile(MATMUL, target=CpuTarget(features="+no-such-feature")).mm
     with pytest.raises(TccArgumentError, match="not on this CPU"):
-        op.lower(np.ones((4, 4), np.float32), np.ones((4, 4), np.float32), stage="scheduled")
+        tcc.compile(MATMUL, target=CpuTarget(features="+no-such-feature"))
 
 
 def test_architecture_defaults():
@@ -91,7 +99,7 @@ def test_the_device_is_read():
     from tcc.codegen_cuda import driver
     from tcc.runtime import cuda as rt
 
-    found = rt.machine({"arch": driver.context(0).arch})
+    found = rt.machine(None, {"arch": driver.context(0).arch})
     assert found.arch == driver.context(0).arch and found.sms >= 1 and found.shared_per_block >= 48 << 10
     assert found.shared_per_block_optin >= found.shared_per_block and found.l2_bytes > 0
 
@@ -107,3 +115,19 @@ def test_any_target_gives_the_right_answer(sms, rng):
         out = np.full(1, np.nan, np.float32)
         op(*args, out=out)
         assert_matches(out, expected, op.te.tensors["Y"].dtype)
+
+
+def test_an_avx2_target_gets_avx2_code_on_any_host(rng):
+    """The CpuTarget alone decides LLVM's CPU and features: no AVX-512 register (zmm) in its
+    assembly, whatever this host has, and the kernel still computes the right numbers here."""
+    avx2 = CpuTarget(isa="haswell", features="+avx,+avx2,+fma,+f16c,-avx512f,-avx512dq,-avx512bw,-avx512vl")
+    op = tcc.compile(MATMUL, target=avx2).mm
+    args = [np.ones((64, 64), np.float32)] * 2
+    text = op.lower(*args, stage="asm")
+    assert "ymm" in text and "zmm" not in text
+    bindings = dict(M=37, K=19, N=45)
+    args = random_args(op.te, bindings, rng)
+    assert_matches(op(*args), reference_results(op.te, args, bindings)[0], op.te.tensors["C"].dtype, "C")
+    host = tcc.compile(MATMUL).mm
+    if host.target.avx512:
+        assert "zmm" in host.lower(*[np.ones((64, 64), np.float32)] * 2, stage="asm")

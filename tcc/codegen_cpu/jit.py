@@ -1,4 +1,7 @@
-"""LLVM IR -> optimised object code for the host -> a callable, through llvmlite's MCJIT.
+"""LLVM IR -> optimised object code for a CpuTarget -> a callable, through llvmlite's MCJIT.
+
+The target value alone decides LLVM's triple, CPU and features: a ``CpuTarget`` for AVX2 gets
+AVX2 code on an AVX-512 host. Only the engine that links a loaded object is the host's.
 
 Object code (not IR) is what the compile cache stores, so a warm start skips LLVM's
 optimiser and code generator entirely and only links the object into a fresh engine.
@@ -18,6 +21,7 @@ import llvmlite.binding as llvm
 
 from tcc import threads
 from tcc.errors import TccCompileError
+from tcc.target import CpuTarget
 
 _LOCK = threading.Lock()
 KERNEL_PROTOTYPE = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p)
@@ -63,6 +67,9 @@ def default_threads() -> int:
     libgomp's default (``OMP_NUM_THREADS``, else every CPU the process may use); 1 without libgomp."""
     library = thread_runtime()
     return int(library.omp_get_max_threads()) if library is not None else 1
+
+
+threads.use_default(default_threads)
 
 
 @functools.cache
@@ -143,18 +150,22 @@ def host() -> tuple[str, str, str]:
     return llvm.get_process_triple(), llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
 
 
-def new_target_machine(opt: int = 3) -> llvm.TargetMachine:
-    triple, cpu, features = host()
-    target = llvm.Target.from_triple(triple)
+def new_target_machine(triple: str, cpu: str, features: str, opt: int = 3) -> llvm.TargetMachine:
+    _init()
+    target = llvm.Target.from_triple(triple or llvm.get_process_triple())
     return target.create_target_machine(cpu=cpu, features=features, opt=opt, reloc="pic",
                                         codemodel="jitdefault")
 
 
 @functools.cache
-def target_machine(opt: int = 3) -> llvm.TargetMachine:
-    """The shared machine for optimising and emitting code at an optimisation level (engines get
-    their own: they own it)."""
-    return new_target_machine(opt)
+def _shared_machine(triple: str, cpu: str, features: str, opt: int) -> llvm.TargetMachine:
+    return new_target_machine(triple, cpu, features, opt)
+
+
+def target_machine(target: CpuTarget, opt: int = 3) -> llvm.TargetMachine:
+    """The shared machine for optimising and emitting code for ``target`` at an optimisation level
+    (engines get their own: they own it)."""
+    return _shared_machine(target.triple, target.isa, target.features, opt)
 
 
 @dataclass(frozen=True)
@@ -181,7 +192,7 @@ FULL = Level(3, 3)
 VECTORIZED = Level(3, 2)
 
 
-def optimize(ir_text: str, level: Level = FULL) -> llvm.ModuleRef:
+def optimize(ir_text: str, target: CpuTarget, level: Level = FULL) -> llvm.ModuleRef:
     """Parse, verify and run LLVM's pipeline at ``level`` on a module. Modules live in LLVM's global
     context, which is not thread-safe (llvmlite releases the GIL in LLVM): one thread at a time."""
     _init()
@@ -191,7 +202,7 @@ def optimize(ir_text: str, level: Level = FULL) -> llvm.ModuleRef:
             mod.verify()
         except RuntimeError as exc:
             raise TccCompileError(f"internal error: generated LLVM IR is invalid: {exc}") from None
-        tm = target_machine(level.codegen)
+        tm = target_machine(target, level.codegen)
         mod.triple = tm.triple
         mod.data_layout = str(tm.target_data)
         pto = llvm.create_pipeline_tuning_options(speed_level=level.passes)
@@ -200,14 +211,14 @@ def optimize(ir_text: str, level: Level = FULL) -> llvm.ModuleRef:
         return mod
 
 
-def emit_object(mod: llvm.ModuleRef, level: Level = FULL) -> bytes:
+def emit_object(mod: llvm.ModuleRef, target: CpuTarget, level: Level = FULL) -> bytes:
     with _LOCK:
-        return target_machine(level.codegen).emit_object(mod)
+        return target_machine(target, level.codegen).emit_object(mod)
 
 
-def emit_assembly(mod: llvm.ModuleRef, level: Level = FULL) -> str:
+def emit_assembly(mod: llvm.ModuleRef, target: CpuTarget, level: Level = FULL) -> str:
     with _LOCK:
-        return target_machine(level.codegen).emit_assembly(mod)
+        return target_machine(target, level.codegen).emit_assembly(mod)
 
 
 class LoadedObject:
@@ -219,7 +230,7 @@ class LoadedObject:
         load_soft_float_runtime()
         keep_freed_memory()
         with _LOCK:
-            self._engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), new_target_machine())
+            self._engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), new_target_machine(*host()))
             self._engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
             self._engine.finalize_object()
 

@@ -45,8 +45,8 @@ from tcc.codegen_cpu.llvm_types import (
 from tcc.dtypes import DType
 from tcc.errors import TccCompileError
 from tcc.ir.expr import Binary, Cast, Const, Expr, Unary, Var, free_vars
+from tcc.ir.loopnest import flat_coeff, flat_terms
 from tcc.ir.loops import Buffer, LoopFunc, Stmt, Store
-from tcc.passes.loops.loopnest import flat_coeff, flat_terms
 from tcc.target import CpuTarget
 
 CACHE_LINE = 64

@@ -12,8 +12,8 @@ from llvmlite import ir
 from tcc import dtypes
 from tcc.codegen_cpu.llvm_types import I1, I32, I64, PTR, lane_mask, memory_type, splat_constant, type_suffix
 from tcc.ir.expr import Binary, Const, Expr, Load, Select, Var, free_vars
+from tcc.ir.loopnest import flat_terms
 from tcc.ir.loops import Buffer
-from tcc.passes.loops.loopnest import flat_terms
 
 MAX_SPREAD_STRIDE = 4  # lanes this far apart load as one wider masked load and a shuffle
 

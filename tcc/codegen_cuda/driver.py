@@ -293,7 +293,7 @@ class Launcher:
         fn = ctypes.c_void_p()
         check(libcuda().cuModuleGetFunction(ctypes.byref(fn), module, name.encode()), f"finding kernel {name}")
         self.fn = fn.value
-        if shared > 48 * 1024:  # above the default limit only after opting in
+        if shared:  # dynamic shared memory beyond the static part is usable only after opting in
             check(libcuda().cuFuncSetAttribute(self.fn, FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared),
                   f"kernel {name}: {shared} bytes of shared memory",
                   "the GPU has less shared memory than the kernel was scheduled for: pass its CudaTarget")

@@ -11,15 +11,15 @@ convolutions before loops exist, so it travels beside the steps.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import Protocol
 
 from tcc.errors import TccScheduleError
 from tcc.frontend import ast
 from tcc.frontend.parser import parse_steps
-from tcc.passes.loops.schedule import Step
+from tcc.ir.step import Step
 
-TARGETS = ("cpu", "cuda")
 CONV_CHOICES = ("im2col", "direct", "auto")
 CACHE_SCOPES = ("local", "global", "shared")
 SHARED_OPTIONS = ("pad", "async", "swizzle")  # of cache(T, L, shared, ...): see tcc/passes/loops/cache_shared.py
@@ -44,11 +44,31 @@ SIGNATURES: dict[str, tuple[str, tuple[str, ...]]] = {
     "bind": ("bind(LOOP, block|thread|warp|warpgroup)", ("NN",)),
     "tensorize": ("tensorize(LOOP, mma.sync|mma.sync.tf32|wgmma|wgmma.tf32)", ("NN",)),
 }
-# what a cuda schedule may say (vectorize and parallel are CPU forms of what bind does there)
-CUDA_PRIMS = frozenset(("split", "tile", "reorder", "fuse", "unroll", "bind", "cache", "compute_at", "inline",
-                        "decompose", "conv", "tensorize"))
 GPU_AXES = ("block", "thread", "warp", "warpgroup")
 MATRIX_INSTRUCTIONS = ("mma.sync", "mma.sync.tf32", "wgmma", "wgmma.tf32")
+
+
+class ScheduleRules(Protocol):
+    """What a target kind's schedules may say: its backend (``tcc.runtime.backend``) answers."""
+
+    kind: str
+    primitives: frozenset[str]
+    cache_scopes: frozenset[str]
+
+
+# why a primitive or a cache scope is missing from a target kind, and what to write there instead
+_NOT_OFFERED = {
+    "parallel": ("parallel is a CPU primitive", "bind(LOOP, thread) runs a loop's iterations on the GPU's threads"),
+    "vectorize": ("vectorize is a CPU primitive", "bind(LOOP, thread) runs a loop's iterations on the GPU's threads"),
+    "bind": ("bind is a GPU primitive", "parallel(LOOP) runs a loop's iterations on the CPU's cores"),
+    "tensorize": ("tensorize maps a tile onto the GPU's matrix units",
+                  "vectorize(LOOP) and unroll(LOOP) build the CPU's register tiles"),
+}
+_NO_SCOPE = {
+    "global": ("cache(..., global) is not supported on {kind}: it would allocate device memory inside a kernel",
+               "cache into local memory"),
+    "shared": ("shared memory is a GPU scope; a {kind} schedule cannot use it", "cache into local or global memory"),
+}
 
 
 @dataclass(frozen=True)
@@ -67,12 +87,12 @@ class Schedule:
         return bool(self.steps) or self.conv is not None
 
 
-def schedule_from_text(text: str, target: str) -> Schedule:
+def schedule_from_text(text: str, target: ScheduleRules) -> Schedule:
     """``op.schedule("split(i, 32); vectorize(i_i)")``: steps separated by ``;`` or newlines."""
     return schedule_from_steps(parse_steps(text), target)
 
 
-def schedule_from_steps(steps: list[ast.SchedStep], target: str) -> Schedule:
+def schedule_from_steps(steps: list[ast.SchedStep], target: ScheduleRules) -> Schedule:
     conv: str | None = None
     loop_steps: list[Step] = []
     for step in steps:
@@ -88,8 +108,10 @@ def schedule_from_steps(steps: list[ast.SchedStep], target: str) -> Schedule:
     return Schedule(tuple(loop_steps), conv)
 
 
-def module_schedules(module: ast.Module, ops: set[str], target: str) -> dict[str, Schedule]:
-    """The schedules of ``target`` by op; other targets' blocks are checked for op and target only."""
+def module_schedules(module: ast.Module, ops: set[str], target: ScheduleRules,
+                     kinds: Collection[str]) -> dict[str, Schedule]:
+    """The schedules of ``target`` by op; blocks for the other ``kinds`` are checked for op and
+    target only."""
     found: dict[str, Schedule] = {}
     seen: set[tuple[str, str]] = set()
     for block in module.schedules:
@@ -97,14 +119,14 @@ def module_schedules(module: ast.Module, ops: set[str], target: str) -> dict[str
         if op not in ops:
             raise TccScheduleError(f"schedule for unknown op {op!r}", block.op.span,
                                    f"ops in this file: {', '.join(sorted(ops)) or 'none'}")
-        if block_target not in TARGETS:
+        if block_target not in kinds:
             raise TccScheduleError(f"unknown target {block_target!r}", block.target.span,
-                                   f"write one of: {', '.join(TARGETS)}")
+                                   f"write one of: {', '.join(kinds)}")
         if (op, block_target) in seen:
             raise TccScheduleError(f"a second schedule for {op} on {block_target}", block.op.span,
                                    "merge the two blocks into one")
         seen.add((op, block_target))
-        if block_target == target:
+        if block_target == target.kind:
             found[op] = schedule_from_steps(block.steps, target)
     return found
 
@@ -129,23 +151,16 @@ def _check_signature(step: ast.SchedStep) -> None:
         _check_arg(step, arg, want, usage)
 
 
-def _check_target(step: ast.SchedStep, target: str) -> None:
-    if target == "cuda" and step.prim not in CUDA_PRIMS:
-        hint = "bind(LOOP, thread) runs a loop's iterations on the GPU's threads" \
-            if step.prim in ("parallel", "vectorize") else f"primitives on cuda: {', '.join(sorted(CUDA_PRIMS))}"
-        raise TccScheduleError(f"{step.prim} is a CPU primitive; a cuda schedule cannot use it", step.span, hint)
-    if target == "cuda" and step.prim == "cache" and len(step.args) == 3 and step.args[2].value == "global":
-        raise TccScheduleError("cache(..., global) is not supported on cuda: it would allocate device memory "
-                               "inside a kernel", step.args[2].span, "cache into local memory")
-    if target == "cpu" and step.prim == "cache" and len(step.args) == 3 and step.args[2].value == "shared":
-        raise TccScheduleError("shared memory is a GPU scope; a cpu schedule cannot use it", step.args[2].span,
-                               "cache into local or global memory")
-    if target == "cpu" and step.prim == "bind":
-        raise TccScheduleError("bind is a GPU primitive; a cpu schedule cannot use it", step.span,
-                               "parallel(LOOP) runs a loop's iterations on the CPU's cores")
-    if target == "cpu" and step.prim == "tensorize":
-        raise TccScheduleError("tensorize maps a tile onto the GPU's matrix units; a cpu schedule cannot use it",
-                               step.span, "vectorize(LOOP) and unroll(LOOP) build the CPU's register tiles")
+def _check_target(step: ast.SchedStep, target: ScheduleRules) -> None:
+    if step.prim not in target.primitives:
+        offered = ", ".join(sorted(target.primitives))
+        what, hint = _NOT_OFFERED.get(step.prim, (f"{step.prim} is not a {target.kind} primitive",
+                                                  f"primitives on {target.kind}: {offered}"))
+        raise TccScheduleError(f"{what}; a {target.kind} schedule cannot use it", step.span, hint)
+    if step.prim == "cache" and len(step.args) == 3 and step.args[2].value not in target.cache_scopes \
+            and step.args[2].value in _NO_SCOPE:
+        what, hint = _NO_SCOPE[str(step.args[2].value)]
+        raise TccScheduleError(what.format(kind=target.kind), step.args[2].span, hint)
     if step.prim == "bind" and step.args[1].value not in GPU_AXES:
         raise TccScheduleError(f"unknown GPU axis {step.args[1].value!r}", step.args[1].span,
                                f"write bind(LOOP, AXIS) with AXIS one of: {', '.join(GPU_AXES)}")

@@ -39,8 +39,9 @@ from tcc.interop.onnx_kernels import Kernel
 from tcc.interop.onnx_memory import Arena, Arenas, BufferPlan
 from tcc.interop.onnx_ops import ONNX_DTYPES, tcc_dtype
 from tcc.runtime import cache
+from tcc.runtime.backend import backend_for
 from tcc.runtime.binding import as_host_array
-from tcc.target import Target, host_cores, target_kind
+from tcc.target import Target, host_cores
 
 __all__ = ["HANDLERS", "NeedsValue", "OnnxImportError", "OnnxModel", "load", "translate"]
 
@@ -260,7 +261,8 @@ class OnnxModel:
                  options: dict[str, Any]):
         self.program = program
         self.source = program.source()
-        self.target = target_kind(target)  # "cpu" or "cuda"; a tcc.target value goes on to tcc.compile
+        self.target = backend_for(target).kind  # a tcc.target value goes on to tcc.compile
+        self._gpu = backend_for(target).is_gpu
         self.input_names = input_names
         self.output_names = output_names
         self._compile_target = target
@@ -271,7 +273,7 @@ class OnnxModel:
         self._inputs = [program.inputs[name] for name in input_names]
         self._weights = dict(program.weights)
         self._results = tuple(name for name, _, _ in program.results)
-        self._on_device = self.target != "cuda"  # CUDA weights are copied over once, on the first call
+        self._on_device = not self._gpu  # CUDA weights are copied over once, on the first call
         self._arenas: Arenas | None = None  # buffers for the intermediates, planned on the first call (CPU)
         self.compile_seconds = 0.0
 
@@ -289,7 +291,7 @@ class OnnxModel:
 
     def _split(self) -> list[Kernel]:
         """The kernels, from the disk cache when this compiler split the same program before."""
-        if self.target == "cuda":
+        if self._gpu:
             return [kernels.whole(self.program)]
         disk = cache.DiskCache(cache.cache_dir())
         key = cache.make_key(cache.compiler_fingerprint(), "onnx-kernels", self.source)
@@ -306,7 +308,7 @@ class OnnxModel:
     def _constants(self, k: Kernel) -> tuple[str, ...]:
         """The kernel's parameters that are weights (constant_params of tcc.compile on the CPU:
         their packing is done once, not per call), by their names in its source."""
-        if self.target != "cpu":
+        if self._gpu:
             return ()
         return tuple(f"x{n}" for n, name in enumerate(k.params) if name in self._weights)
 
@@ -349,7 +351,7 @@ class OnnxModel:
     def _build(self, todo: list[tuple[str, tuple[str, ...]]], jobs: int, done: Callable[[], None]) -> None:
         """Build the kernels ``todo`` here, from the front; from the point where those left look
         like more than ``PARALLEL_AFTER_S`` of work, with workers taking from the back."""
-        parallel = jobs > 1 and self.target == "cpu" and cache.cache_dir() is not None
+        parallel = jobs > 1 and not self._gpu and cache.cache_dir() is not None
         todo, workers, built, start = list(todo), None, 0, time.process_time()
         try:
             while (item := workers.take() if workers else todo.pop(0) if todo else None) is not None:
@@ -388,7 +390,7 @@ class OnnxModel:
         finally:
             if arena is not None:
                 self._arenas.give_back(arena)
-        if self._arenas is None and self.target == "cpu":  # the first call: plan the buffers of the next ones
+        if self._arenas is None and not self._gpu:  # the first call: plan the buffers of the next ones
             self._arenas = self._plan_buffers(calls, values)
         outputs = [values[name] for name in self._results]
         if out is not None and not (calls and calls[-1][2] == self._results):
@@ -471,7 +473,7 @@ def load(model: Any, target: str | Target = "cpu", input_shapes: dict[str, Seque
     kernels (see ``OnnxModel.compile``). ``options`` go to ``tcc.compile``.
     """
     proto = _read_model(model)
-    program = translate(proto, input_shapes, constants, winograd=target_kind(target) == "cpu")
+    program = translate(proto, input_shapes, constants, winograd=not backend_for(target).is_gpu)
     given = set(constants or {}) | {t.name for t in proto.graph.initializer}
     inputs = [vi.name for vi in proto.graph.input if vi.name not in given]
     compiled = OnnxModel(program, target, inputs, [vi.name for vi in proto.graph.output], options)

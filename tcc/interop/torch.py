@@ -158,13 +158,13 @@ class TorchOp:
         (inputs read in place, results from ``torch.empty``, kernels on torch's current stream:
         ``tcc.runtime.cuda.Plan``), else its checked call, which leaves that plan for the next."""
         op = self.cuda_op
-        outs = op._plans.run(args, cparams, None)
+        outs = op.plans.run(args, cparams, None)
         if outs is None:
-            before = op._plans.plans
+            before = op.plans.plans
             got = op(*args, **cparams)
             outs = list(got) if type(got) is tuple else [got]
-            if op._plans.plans is not before and not cparams:  # a new plan: the C++ path may take it
-                self._teach_cuda(op._plans.plans[0], len(args))
+            if op.plans.plans is not before and not cparams:  # a new plan: the C++ path may take it
+                self._teach_cuda(op.plans.plans[0], len(args))
         return outs
 
     def _teach_cuda(self, plan: Any, nargs: int) -> None:
@@ -177,7 +177,7 @@ class TorchOp:
             return
         if not _cuda_ready:
             module.setup_cuda(ctypes.cast(driver.libcuda().cuLaunchKernel, ctypes.c_void_p).value,
-                              cuda_plan._stream_getter())
+                              cuda_plan.stream_getter())
             _cuda_ready.append(True)
         launches = []
         for launcher in plan.launchers:
@@ -228,7 +228,7 @@ class TorchOp:
         plan = direct.plan
         scalars = [(pos, slot, kind, _CELLS[cell_type]) for slot, (pos, kind, cell_type, _) in
                    zip(plan.slots, plan.scalars)]
-        module.learn(self._native, ctypes.cast(plan.kernel.fn, ctypes.c_void_p).value, plan.kernel.name,
+        module.learn(self._native, plan.kernel.address, plan.kernel.name,
                      plan.nargs, len(plan.kernel.params),
                      [(pos, slot, dtype, tuple(shape)) for pos, slot, dtype, shape in direct.inputs],
                      scalars, [(slot, dtype, shape) for slot, shape, dtype in direct.results])
@@ -493,7 +493,7 @@ class _Direct:
 def _learn_direct(op: Op, args: tuple[Any, ...], cparams: dict[str, Any], outs: list[Any]) -> _Direct | None:
     """The direct call for a signature that ``op`` just ran through its plan, if it made one (None
     for strided inputs, or a backend without plans)."""
-    for plan in getattr(op._plans, "plans", ()):
+    for plan in op.plans.plans:
         ins, targets = plan.inputs, plan.outs
         if (getattr(plan, "constants", None) is not None or targets is None or plan.nargs != len(args)
                 or plan.cparams != cparams or len(targets) != len(outs)):

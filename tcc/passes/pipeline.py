@@ -1,9 +1,11 @@
 """The pipeline: every pass in order, one line each (Halide's ``src/Lower.cpp`` is the model).
 
 Two halves. :func:`lower_op` is the same for every target: a checked TE op and concrete
-bindings down to plain loop nests. :func:`schedule` is the target's: the user's schedule steps,
-then the target's auto-scheduler (CPU: tiles, packing, vectors, threads; CUDA: kernels bound
-to blocks and threads). Every pass reports through one :class:`~tcc.passes.trace.Trace`, so
+bindings down to plain loop nests. The schedule is the target's: the user's schedule steps, then
+the target's auto-scheduler (:func:`cpu_schedule`: tiles, packing, vectors, threads;
+:func:`cuda_schedule`: kernels bound to blocks and threads). Each backend names its own
+(``tcc.runtime.backend``), so this module never asks which kind of target it has. Every pass
+reports through one :class:`~tcc.passes.trace.Trace`, so
 ``--print-after-all`` shows the IR after each, ``(unchanged)`` where a pass changed nothing, and
 the auto-schedulers report each of their steps the same way.
 
@@ -13,13 +15,15 @@ disk cache and never needs it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from tcc.ir.loops import LoopFunc, verify_func
+from tcc.ir.step import Step
 from tcc.ir.te import OpTE, verify_op
 from tcc.passes.loops.hoist_constants import hoist_constants
-from tcc.passes.loops.schedule import Step, apply_schedule, check_gpu_schedule
+from tcc.passes.loops.schedule import apply_schedule, check_gpu_schedule
 from tcc.passes.loops.tensorize import tensorize_marked
 from tcc.passes.te.bounds import prove_bounds
 from tcc.passes.te.fusion import group_statements, inline_intermediates
@@ -28,7 +32,7 @@ from tcc.passes.te.lower import lower
 from tcc.passes.te.phases import split_phases
 from tcc.passes.te.specialize import specialize
 from tcc.passes.trace import SILENT, Trace
-from tcc.target import CudaTarget, Target
+from tcc.target import CpuTarget, CudaTarget, Target
 
 if TYPE_CHECKING:
     from tcc.passes.autoschedule_cuda.schedule import CudaTuning
@@ -54,14 +58,19 @@ class Tuning:
         return f"{tiles}; unroll={self.unroll}"
 
 
+# a target's half of the pipeline: (loops, target, user steps, tuning, trace, tf32, constant params) -> loops
+Scheduler = Callable[[LoopFunc, Target, tuple[Step, ...], Tuning, Trace, bool, frozenset[str]], LoopFunc]
+
+
 @dataclass
 class Lowered:
-    """What the target-independent half produced for one specialisation; the schedule runs on
-    first use of :attr:`scheduled`."""
+    """What the target-independent half produced for one specialisation; the target's schedule
+    (its backend's ``schedule``) runs on first use of :attr:`scheduled`."""
 
     te: OpTE  # specialised and fused TE (its fusion decisions in ``fusion_notes``)
     loops: LoopFunc  # plain loop nests, straight from the TE
     target: Target  # the machine the schedule sizes its work for
+    scheduler: Scheduler  # the target's half of the pipeline
     trace: Trace = SILENT
     steps: tuple[Step, ...] = ()  # the user's schedule; empty: the auto-scheduler alone
     tuning: Tuning | None = None  # the tuner's choice for the auto-scheduler (tcc.tune)
@@ -73,13 +82,13 @@ class Lowered:
     def scheduled(self) -> LoopFunc:
         """The loops after the target's schedule."""
         if self._scheduled is None:
-            self._scheduled = schedule(self.loops, self.target, self.steps, self.tuning or Tuning(), self.trace,
-                                       self.tf32, self.constants)
+            self._scheduled = self.scheduler(self.loops, self.target, self.steps, self.tuning or Tuning(),
+                                             self.trace, self.tf32, self.constants)
         return self._scheduled
 
 
-def lower_op(op: OpTE, bindings: dict[str, int | float], target: Target, conv: str = "auto",
-             trace: Trace = SILENT, steps: tuple[Step, ...] = (), tf32: bool = False,
+def lower_op(op: OpTE, bindings: dict[str, int | float], target: Target, scheduler: Scheduler,
+             conv: str = "auto", trace: Trace = SILENT, steps: tuple[Step, ...] = (), tf32: bool = False,
              constants: frozenset[str] = frozenset()) -> Lowered:
     """The passes every target shares: a checked TE op down to loop nests for ``bindings``."""
     te = trace("specialize", specialize(op, bindings))
@@ -88,38 +97,46 @@ def lower_op(op: OpTE, bindings: dict[str, int | float], target: Target, conv: s
     te = trace("bounds", prove_bounds(te))  # every read proved; those proved under a select clamped
     te = trace("inline", inline_intermediates(te))
     te = trace("im2col", im2col(te, conv))
-    te = trace("group", group_statements(te, gemms=not isinstance(target, CudaTarget)))
+    te = trace("group", group_statements(te, gemms=not target.is_gpu))  # GPU contractions stay fused
     loops = trace("lower", lower(te))
     verify_func(loops)
-    return Lowered(te, loops, target, trace, steps, tf32=tf32, constants=constants)
+    return Lowered(te, loops, target, scheduler, trace, steps, tf32=tf32, constants=constants)
 
 
-def schedule(func: LoopFunc, target: Target, steps: tuple[Step, ...] = (), tuning: Tuning = Tuning(),
-             trace: Trace = SILENT, tf32: bool = False, constants: frozenset[str] = frozenset()) -> LoopFunc:
-    """The target's half: the user's steps (each a loop primitive), then the auto-scheduler of
-    ``target`` (on the CPU only where the user wrote no schedule; on CUDA for every nest the
-    user did not bind to blocks, f32 contractions on TF32 tensor cores when ``tf32``); on the
-    CPU, work on the parameters ``constants`` alone (weight packing) then moves into a prepare
-    function run once per set of their values."""
-    # imported when a schedule runs, each target's own: a warm start (its kernels in the disk cache)
-    # never schedules, and a CPU compile does not load the CUDA scheduler (11 ms)
-    scheduled = apply_schedule(func, list(steps), trace)
-    if isinstance(target, CudaTarget):
-        from tcc.passes.autoschedule_cuda.schedule import CudaTuning, schedule_cuda
+# Each target's half is imported when a schedule runs: a warm start (its kernels in the disk cache)
+# never schedules, and a CPU compile does not load the CUDA scheduler (11 ms).
 
-        if steps:
-            check_gpu_schedule(func, scheduled, list(steps))
-        marks = [s for s in steps if s.prim == "tensorize"]
-        if marks:  # the user's marked tiles on matrix units, now that their operands are staged
-            scheduled = trace("tensorize", tensorize_marked(scheduled, marks[0].span))
-        scheduled = schedule_cuda(scheduled, target, tuning.cuda or CudaTuning(), trace, tf32)
-    elif not steps:
-        from tcc.passes.autoschedule_cpu.schedule import autoschedule
+def cpu_schedule(func: LoopFunc, target: CpuTarget, steps: tuple[Step, ...] = (), tuning: Tuning = Tuning(),
+                 trace: Trace = SILENT, tf32: bool = False, constants: frozenset[str] = frozenset()) -> LoopFunc:
+    """The CPU's half: the user's steps (each a loop primitive), else the auto-scheduler; then work
+    on the parameters ``constants`` alone (weight packing) moves into a prepare function run once
+    per set of their values."""
+    from tcc.passes.autoschedule_cpu.schedule import autoschedule
 
+    scheduled = apply_schedule(func, list(steps), trace, target)
+    if not steps:
         scheduled = autoschedule(scheduled, target, tuning.tiles, trace)
         if tuning.unroll > 1:
-            scheduled = apply_schedule(scheduled, [Step("unroll", (GEMM_K_LOOP, "by", tuning.unroll))], trace)
-    if not isinstance(target, CudaTarget) and constants:
+            scheduled = apply_schedule(scheduled, [Step("unroll", (GEMM_K_LOOP, "by", tuning.unroll))], trace, target)
+    if constants:
         scheduled = trace("hoist constants", hoist_constants(scheduled, constants))
+    verify_func(scheduled)
+    return scheduled
+
+
+def cuda_schedule(func: LoopFunc, target: CudaTarget, steps: tuple[Step, ...] = (), tuning: Tuning = Tuning(),
+                  trace: Trace = SILENT, tf32: bool = False, constants: frozenset[str] = frozenset()) -> LoopFunc:
+    """The GPU's half: the user's steps, the tiles they marked for the matrix units, then the
+    auto-scheduler for every nest the user did not bind to blocks (f32 contractions on TF32
+    tensor cores when ``tf32``). ``constants`` changes nothing here yet."""
+    from tcc.passes.autoschedule_cuda.schedule import CudaTuning, schedule_cuda
+
+    scheduled = apply_schedule(func, list(steps), trace, target)
+    if steps:
+        check_gpu_schedule(func, scheduled, list(steps))
+    marks = [s for s in steps if s.prim == "tensorize"]
+    if marks:  # the user's marked tiles on matrix units, now that their operands are staged
+        scheduled = trace("tensorize", tensorize_marked(scheduled, marks[0].span))
+    scheduled = schedule_cuda(scheduled, target, tuning.cuda or CudaTuning(), trace, tf32)
     verify_func(scheduled)
     return scheduled

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import math
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -21,6 +22,8 @@ from tcc.codegen_cpu import jit
 from tcc.codegen_cpu.llvm_ir import build_module, symbol_name
 from tcc.errors import TccArgumentError, TccCompileError, TccRuntimeError, TccTypeError
 from tcc.ir.loops import Buffer, For, LoopFunc, walk_stmts
+from tcc.passes.pipeline import cpu_schedule
+from tcc.runtime.backend import Backend
 from tcc.runtime.binding import as_host_array, out_list
 from tcc.runtime.cache import pack_artifact, unpack_artifact
 from tcc.runtime.plans import same_params
@@ -31,33 +34,31 @@ STAGES = ("ast", "te", "fused", "loops", "scheduled", "llvm", "asm")
 _MAGIC = b"TCC-CPU-1\n"
 
 
-def machine(options: dict[str, Any]) -> CpuTarget:
+def machine(given: CpuTarget | None = None, options: Mapping[str, Any] | None = None) -> CpuTarget:
     """The machine to compile for: the CpuTarget given to tcc.compile, else this host (its CPU and
     features, the cores this process may use, its cache sizes). Kernels run here, so a given
-    target may not ask for features this CPU lacks."""
-    given = options.get("machine")
+    target may not ask for features this CPU lacks (it may leave some out: AVX2 code on an
+    AVX-512 host)."""
     if given is None:
         return CpuTarget.of_host(*jit.host())
-    missing = set(given.features.split(",")) - set(jit.host()[2].split(",")) - {""}
+    missing = {f for f in given.features.split(",") if f.startswith("+")} - set(jit.host()[2].split(","))
     if missing:
         raise TccArgumentError(f"CpuTarget features {', '.join(sorted(missing))} are not on this CPU",
                                hint="kernels run on this machine: drop those features (or give none)")
     return given
 
 
-def host_key(options: dict[str, Any]) -> str:
-    return machine(options).key()
-
-
 def llvm_ir(func: LoopFunc, target: CpuTarget) -> str:
     return str(build_module(func, target))
 
 
-def build(func: LoopFunc, options: dict[str, Any] | None = None) -> bytes:
-    """The artifact the cache stores: the kernel's symbol and parameters, then optimised object code."""
+def build(func: LoopFunc, target: CpuTarget | None = None) -> bytes:
+    """The artifact the cache stores: the kernel's symbol and parameters, then object code for
+    ``target`` (this host where none is given)."""
+    target = target or machine()
     params = [[p.name, isinstance(p, Buffer), p.dtype.name] for p in func.params]
     level = llvm_level(func)
-    obj = jit.emit_object(jit.optimize(llvm_ir(func, machine(options or {})), level), level)
+    obj = jit.emit_object(jit.optimize(llvm_ir(func, target), target, level), target, level)
     meta: dict[str, Any] = {"symbol": symbol_name(func), "params": params}
     prepare = func.attrs.get("prepare")
     if isinstance(prepare, LoopFunc):  # work on constant parameters, hoisted out of the kernel
@@ -90,7 +91,7 @@ def _parse(artifact: bytes) -> tuple[dict[str, Any], bytes]:
 
 def assembly(func: LoopFunc, target: CpuTarget) -> str:
     level = llvm_level(func)
-    return jit.emit_assembly(jit.optimize(llvm_ir(func, target), level), level)
+    return jit.emit_assembly(jit.optimize(llvm_ir(func, target), target, level), target, level)
 
 
 class CpuKernel:
@@ -106,6 +107,12 @@ class CpuKernel:
         prepare = meta["prepare"]
         self.prepared = None if prepare is None else Prepared(
             self._object.function(prepare["symbol"]), prepare["sources"], prepare["buffers"])
+
+    @property
+    def address(self) -> int:
+        """The kernel's entry point, ``int kernel(void **args)``: what a caller outside Python (the
+        torch C++ eager path) calls with the argument array a :class:`Plan` lays out."""
+        return int(ctypes.cast(self.fn, ctypes.c_void_p).value or 0)
 
     def prepare(self, values: dict[str, Any], objects: tuple[Any, ...]) -> None:
         """Add the prepared buffers to ``values`` (made now from its constant parameters, unless
@@ -140,8 +147,7 @@ def load(name: str, artifact: bytes) -> CpuKernel:
     return CpuKernel(name, artifact)
 
 
-def stage_text(func: LoopFunc, stage: str, options: dict[str, Any]) -> str:
-    target = machine(options)
+def stage_text(func: LoopFunc, stage: str, target: CpuTarget) -> str:
     return llvm_ir(func, target) if stage == "llvm" else assembly(func, target)
 
 
@@ -486,3 +492,12 @@ def make_plan(kernel: CpuKernel, op, bound, args: tuple[Any, ...], cparams: dict
                      tuple(slot[n] for n in kernel.prepared.names))
     return Plan(kernel, len(args), dict(cparams), inputs, scalars, [slot[n] for n in kinds], outs, results,
                 constants)
+
+
+BACKEND = Backend(
+    kind="cpu", target_type=CpuTarget, stages=STAGES,
+    primitives=frozenset(("split", "tile", "reorder", "fuse", "unroll", "vectorize", "parallel", "cache", "pack",
+                          "compute_at", "inline", "decompose", "conv")),
+    cache_scopes=frozenset(("local", "global")), options=frozenset(("conv", "constant_params")), defaults={},
+    resolve=machine, schedule=cpu_schedule, build=build, load=load, invoke=invoke, make_plan=make_plan,
+    as_array=as_array, stage_text=stage_text, cache_key=CpuTarget.key)

@@ -1,11 +1,12 @@
 """The CUDA target: build cubin for a scheduled loop function, load it, run it on GPU tensors.
 
 Compiling (``build``, ``stage_text``) needs NVRTC only, no GPU: the architecture comes from
-the ``arch`` option (default ``sm_90``). Running needs a GPU. Device tensors (PyTorch, CuPy,
-anything with ``__cuda_array_interface__``, ``tcc.cuda.Array``) are used in place and the
-results come back as the same kind of tensor; NumPy inputs are copied over and the results
-copied back. Work goes on the caller's current PyTorch (or CuPy) stream, else the legacy
-default stream; nothing synchronises unless host arrays are involved.
+the CudaTarget (``target=CudaTarget(...)``, or ``arch=``, default ``sm_90``). Running needs a
+GPU. Device tensors (PyTorch, CuPy, anything with ``__cuda_array_interface__``,
+``tcc.cuda.Array``) are used in place and the results come back as the same kind of tensor;
+NumPy inputs are copied over and the results copied back. Work goes on the caller's current
+PyTorch (or CuPy) stream, else the legacy default stream; nothing synchronises unless host
+arrays are involved.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ import itertools
 import math
 import threading
 import weakref
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -29,10 +32,11 @@ from tcc.cuda import Array
 from tcc.dtypes import DType
 from tcc.errors import TccArgumentError, TccCompileError, TccRuntimeError
 from tcc.ir.loops import LoopFunc
+from tcc.passes.pipeline import cuda_schedule
+from tcc.runtime.backend import Backend
 from tcc.runtime.binding import out_list
 from tcc.runtime.cache import pack_artifact, unpack_artifact
-from tcc.runtime.cuda_plan import SYNC, raw_stream
-from tcc.runtime.cuda_plan import make_plan as make_plan  # the backend's fast path (tcc.compiler.Op)
+from tcc.runtime.cuda_plan import SYNC, make_plan, raw_stream
 from tcc.runtime.cuda_tensors import DeviceTensor, as_array, torch_dtypes
 from tcc.target import CudaTarget, host_cores
 
@@ -41,16 +45,14 @@ _MAGIC = b"TCC-CUBIN-1\n"
 _NO_LOCK = contextlib.nullcontext()
 
 
-def _arch(options: dict[str, Any]) -> str:
-    given = options.get("machine")
-    return nvrtc.check_arch(options.get("arch", given.arch if isinstance(given, CudaTarget) else nvrtc.DEFAULT_ARCH))
-
-
-def machine(options: dict[str, Any]) -> CudaTarget:
-    """The GPU an op is scheduled for: the one given (``target=CudaTarget(...)``), else device 0
-    where its architecture is the one compiled for, else that architecture's usual part."""
-    given = options.get("machine")
-    return given if isinstance(given, CudaTarget) else _machine(_arch(options))
+def machine(given: CudaTarget | None = None, options: Mapping[str, Any] | None = None) -> CudaTarget:
+    """The GPU an op is scheduled for: the one given (``target=CudaTarget(...)``, its architecture
+    replaced by ``arch=``), else device 0 where its architecture is the one compiled for (``arch=``,
+    default sm_90), else that architecture's usual part."""
+    arch = (options or {}).get("arch")
+    if given is not None:
+        return given if arch is None else replace(given, arch=nvrtc.check_arch(arch))
+    return _machine(nvrtc.check_arch(arch or nvrtc.DEFAULT_ARCH))
 
 
 @functools.cache
@@ -63,8 +65,9 @@ def _machine(arch: str) -> CudaTarget:
     return CudaTarget.for_arch(arch)
 
 
-def host_key(options: dict[str, Any]) -> str:
-    return f"{_arch(options)}/nvrtc-{_nvrtc_version()}/{machine(options).key()}"
+def cache_key(target: CudaTarget) -> str:
+    """The machine and NVRTC: a kernel compiled by another NVRTC is built again."""
+    return f"nvrtc-{_nvrtc_version()}/{target.key()}"
 
 
 @functools.cache
@@ -84,30 +87,32 @@ def _cuda_c() -> Any:
     return importlib.import_module("tcc.codegen_cuda.cuda_c")
 
 
-def cuda_source(func: LoopFunc) -> str:
-    return _cuda_c().generate(func).source
+def cuda_source(func: LoopFunc, target: CudaTarget | None = None) -> str:
+    return _cuda_c().generate(func, target or CudaTarget()).source
 
 
-def stage_text(func: LoopFunc, stage: str, options: dict[str, Any]) -> str:
-    program = _cuda_c().generate(func)
-    return program.source if stage == "cuda" else nvrtc.compile_ptx(program.source, _code_arch(program, options))
+def stage_text(func: LoopFunc, stage: str, target: CudaTarget) -> str:
+    program = _cuda_c().generate(func, target)
+    return program.source if stage == "cuda" else nvrtc.compile_ptx(program.source, _code_arch(program, target))
 
 
-def _code_arch(program: Any, options: dict[str, Any]) -> str:
+def _code_arch(program: Any, target: CudaTarget) -> str:
     """The architecture to compile for: sm_90a where the program uses its own instructions (wgmma)."""
-    arch = _arch(options)
+    arch = target.arch
     return arch + "a" if program.arch_specific and not arch.endswith("a") else arch
 
 
 UNIT_CHARS = 24_000  # CUDA C per separately compiled unit, at least (NVRTC's fixed cost per program)
 
 
-def build(func: LoopFunc, options: dict[str, Any] | None = None) -> bytes:
-    """The artifact the cache stores: a JSON launch plan, then the cubins (one per compile unit)."""
-    arch = _arch(options or {})
-    program = _cuda_c().generate(func)
+def build(func: LoopFunc, target: CudaTarget | None = None) -> bytes:
+    """The artifact the cache stores: a JSON launch plan, then the cubins (one per compile unit)
+    for ``target`` (the default sm_90 part where none is given)."""
+    target = target or CudaTarget()
+    arch = target.arch
+    program = _cuda_c().generate(func, target)
     units = program.units(min(host_cores(), len(program.source) // UNIT_CHARS))
-    code_arch = _code_arch(program, options or {})
+    code_arch = _code_arch(program, target)
     if len(units) == 1:
         cubins = [nvrtc.compile_cubin(units[0][0], code_arch)]
     else:  # NVRTC lets go of the GIL while it compiles
@@ -426,3 +431,13 @@ def _check_out(op, bound, out: Any, kind: str, device: int) -> list[Any]:
         if not on_device and not view.flags.writeable:
             raise TccArgumentError(f"{what} is read-only", op.tensors[name].span)
     return outs
+
+
+BACKEND = Backend(
+    kind="cuda", target_type=CudaTarget, stages=STAGES,
+    primitives=frozenset(("split", "tile", "reorder", "fuse", "unroll", "bind", "cache", "compute_at", "inline",
+                          "decompose", "conv", "tensorize")),
+    cache_scopes=frozenset(("local", "shared")), options=frozenset(("conv", "arch", "tf32")),
+    defaults={"conv": "direct"},  # im2col's per-batch GEMM buffers have no GPU schedule yet
+    resolve=machine, schedule=cuda_schedule, build=build, load=load, invoke=invoke, make_plan=make_plan,
+    as_array=as_array, stage_text=stage_text, cache_key=cache_key)

@@ -187,13 +187,14 @@ def make_plan(kernel: Any, op, bound, args: tuple[Any, ...], cparams: dict[str, 
     inverse = {v: k for k, v in torch_dtypes().items()}
     results = [(bound.result_shapes[r], inverse[op.tensors[r].dtype], slots[r]) for r in op.results]
     return Plan(kernel, driver.context(device), device, len(args), dict(cparams), inputs, scalars, outs, results,
-                [slots[n] for n, _ in kernel.temps], torch.Tensor, torch.device("cuda", device), _stream_getter(),
+                [slots[n] for n, _ in kernel.temps], torch.Tensor, torch.device("cuda", device), stream_getter(),
                 torch.empty, kernel.launchers(device), slots, op.name)
 
 
 @functools.cache
-def _stream_getter() -> Any:
-    """The fastest way to read PyTorch's current raw stream of a device."""
+def stream_getter() -> Any:
+    """The fastest way to read PyTorch's current raw stream of a device: ``getter(device) -> stream``,
+    the stream CUDA plans launch on (public: the torch C++ eager path launches on it too)."""
     import torch
 
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -203,4 +204,4 @@ def _stream_getter() -> Any:
 
 
 def raw_stream(device: int) -> int:
-    return int(_stream_getter()(device))
+    return int(stream_getter()(device))

@@ -3,6 +3,12 @@
 A backend's ``make_plan(kernel, op, bound, args, cparams, out)`` turns one checked call into a
 plan whose ``run(args, cparams, out)`` repeats it for calls of the same signature (and answers
 None for any other); :class:`Plans` keeps the newest few and tries them most recent first.
+
+This is the fast call path that interop builds on (``tcc.interop.torch`` and its C++): an op's
+``plans`` (newest first in ``plans.plans``); a CPU plan's ``kernel.address`` (the entry point),
+argument ``slots``, ``inputs``, ``scalars`` and ``results`` (``tcc.runtime.cpu.Plan``); a CUDA
+plan's ``launchers`` (function, grid, block, shared bytes, parameter order) and the stream it
+launches on, ``tcc.runtime.cuda_plan.stream_getter`` (``tcc.runtime.cuda_plan.Plan``).
 """
 
 from __future__ import annotations

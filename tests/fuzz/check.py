@@ -88,7 +88,7 @@ def _run_case(prog: Program, op, bindings: dict[str, int], data_seed: int) -> tu
     except Exception as exc:  # noqa: BLE001
         return "internal", "reference: " + _describe(exc)
     outs = tuple(np.full(e.shape, np.nan if e.dtype.kind == "f" else 99, e.dtype) for e in expected)
-    if op.target == "cuda":
+    if op.target.is_gpu:
         args, outs, expected = _on_device(op, args, outs, full)
     try:
         got = op(*args, out=outs[0] if len(outs) == 1 else outs, **cparams)
@@ -99,7 +99,7 @@ def _run_case(prog: Program, op, bindings: dict[str, int], data_seed: int) -> tu
     except Exception as exc:  # noqa: BLE001
         return "internal", _describe(exc)
     got = got if isinstance(got, tuple) else (got,)
-    if op.target == "cuda":
+    if op.target.is_gpu:
         got = tuple((g.float() if str(g.dtype) == "torch.bfloat16" else g).cpu().numpy() for g in got)
     spec = specialize(op.te, full)
     for r, g, e in zip(op.te.results, got, expected):

@@ -23,8 +23,8 @@ from dataclasses import replace
 
 from tcc import dtypes
 from tcc.ir.expr import Binary, Const, Expr, Select, Var, free_vars, iadd, substitute, transform, walk
+from tcc.ir.loopnest import linear_coeff, map_exprs, subst
 from tcc.ir.loops import Allocate, For, LoopFunc, Seq, Stmt, Store, map_stmt, seq, stmt_exprs, walk_stmts
-from tcc.passes.loops.loopnest import linear_coeff, map_exprs, subst
 from tcc.passes.te.bounds import Interval, interval
 
 

@@ -20,8 +20,8 @@ from dataclasses import replace
 from tcc import dtypes
 from tcc.errors import TccScheduleError
 from tcc.ir.expr import Binary, Const, Expr, Load, Var, free_vars, substitute, transform
+from tcc.ir.loopnest import flat_coeff, loads, nest_loops, outermost_nests, stores
 from tcc.ir.loops import Allocate, For, If, Let, LoopFunc, Seq, Stmt, Store, map_stmt, seq, walk_stmts
-from tcc.passes.loops.loopnest import flat_coeff, loads, nest_loops, outermost_nests, stores
 
 
 def store_epilogue(func: LoopFunc, target: str, lanes: str | None = None) -> LoopFunc:

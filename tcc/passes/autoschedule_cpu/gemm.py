@@ -11,17 +11,17 @@ Tile sizes come from :func:`gemm_params`; the tuner (tcc.tune) searches around t
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from tcc.errors import TccScheduleError
 from tcc.ir.expr import Binary, Cast, Expr, Load, Var, free_vars
+from tcc.ir.loopnest import fresh, linear_coeff, loop_names, subst
 from tcc.ir.loops import Allocate, For, LoopFunc, Seq, Stmt, Store, map_stmt, walk_stmts
 from tcc.passes.autoschedule_cpu.epilogue import store_epilogue
 from tcc.passes.autoschedule_cpu.pixels import merge_pixels
 from tcc.passes.autoschedule_cpu.tile_init import init_in_first_block, init_in_registers
 from tcc.passes.loops.cache import cache
 from tcc.passes.loops.fuse import fuse
-from tcc.passes.loops.loopnest import fresh, linear_coeff, loop_names, subst
 from tcc.passes.loops.parallel import parallel
 from tcc.passes.loops.reduction import decompose_reduction
 from tcc.passes.loops.reorder import reorder
@@ -127,7 +127,27 @@ def _register_rows(m: int, cores: int, choices: tuple[int, int]) -> int:
 
 # ---------------------------------------------------------------- contractions
 
-def contractions(func: LoopFunc) -> dict[str, dict]:
+@dataclass(frozen=True)
+class GemmNest:
+    """A statement ``C[...] = g(sum[k...](A[...] * B[...]))`` as the GEMM schedule sees it."""
+
+    tensor: str  # C, the result
+    i: str  # the row loop (A's)
+    j: str  # the column loop (B's)
+    k_loops: list[str]  # the reduction loops, outermost first
+    batch: list[str]  # the other output loops
+    m: int
+    n: int
+    k: int  # the extents of i, j and of all k loops together
+    flops: int
+    itemsize: int  # of A's elements
+    a: str
+    b: str  # the operands
+    extents: dict[str, int]  # of every loop of the nest
+    outer: tuple[str, ...] = field(default=())  # the group loops around the nest
+
+
+def contractions(func: LoopFunc) -> dict[str, GemmNest]:
     """Statements ``C[...] = g(sum[k...](A[...] * B[...]))`` with their i, j, k loops.
 
     They are found at the top level and inside group loops (the batch loop im2col and fusion put
@@ -137,7 +157,7 @@ def contractions(func: LoopFunc) -> dict[str, dict]:
     for item, outer in nests(func.body, ()):
         info = _contraction(item)
         if info is not None:
-            found[info["tensor"]] = {**info, "outer": list(outer)}
+            found[info.tensor] = replace(info, outer=tuple(outer))
     return found
 
 
@@ -147,7 +167,7 @@ def merge_contraction_pixels(func: LoopFunc) -> LoopFunc:
     for item, _ in nests(func.body, ()):
         info = _contraction(item)
         names = _output_loops(item)
-        if info is not None and len(names) >= 3 and names[-1] == info["j"] and names[-2] in info["batch"]:
+        if info is not None and len(names) >= 3 and names[-1] == info.j and names[-2] in info.batch:
             func = merge_pixels(func, item, names[-2], names[-1])
     return func
 
@@ -235,10 +255,9 @@ def _contraction(nest: Stmt) -> dict | None:
     total = 1
     for f in axes:
         total *= ext[f.var.name]
-    return {"tensor": final.buffer, "i": i_axes[-1].var.name, "j": j, "k_loops": [f.var.name for f in rloops],
-            "batch": [f.var.name for f in axes if f.var.name not in (i_axes[-1].var.name, j)],
-            "m": m, "n": n, "k": k, "flops": 2 * total * k, "itemsize": a.dtype.itemsize,
-            "a": a.buffer, "b": b.buffer, "extents": ext}
+    return GemmNest(final.buffer, i_axes[-1].var.name, j, [f.var.name for f in rloops],
+                    [f.var.name for f in axes if f.var.name not in (i_axes[-1].var.name, j)],
+                    m, n, k, 2 * total * k, a.dtype.itemsize, a.buffer, b.buffer, ext)
 
 
 def _moves_with(b: Load, j: str) -> bool:
@@ -253,29 +272,29 @@ def _strip(e: Expr) -> Expr:
     return e
 
 
-def schedule_gemm(func: LoopFunc, tensor: str, info: dict, p: dict[str, int], target: CpuTarget,
+def schedule_gemm(func: LoopFunc, tensor: str, info: GemmNest, p: dict[str, int], target: CpuTarget,
                   trace: Trace = SILENT) -> LoopFunc:
     """The BLIS loop nest for one contraction (see the module docstring), step by step."""
     func, info = _uniquify(func, tensor, info)
     t = _tile_names(func)
-    i, j, kloops = info["i"], info["j"], info["k_loops"]
+    i, j, kloops = info.i, info.j, info.k_loops
     func = trace(f"decompose {tensor}", decompose_reduction(func, tensor))
     k = kloops[0]
     for other in kloops[1:]:
         func = trace(f"fuse {k}, {other}", fuse(func, k, other, name=f"{k}_{other}"))
         k = f"{k}_{other}"
-    m, n, kt = info["m"], info["n"], info["k"]
+    m, n, kt = info.m, info.n, info.k
     mr, nr = min(p["mr"], m), min(p["nr"], n)
     kc, mc, nc = min(p["kc"], kt), min(p["mc"], m), min(p["nc"], n)
-    nthreads = target.cores if info["flops"] >= 8 * PARALLEL_MIN_WORK else 1
-    group = _group_parallel(func, info["outer"], nthreads)
-    if group is not None or _inside_parallel(func, info["outer"]):
+    nthreads = target.cores if info.flops >= 8 * PARALLEL_MIN_WORK else 1
+    group = _group_parallel(func, info.outer, nthreads)
+    if group is not None or _inside_parallel(func, info.outer):
         nthreads = 1  # one fork per call: the group loop's iterations (images) go to the threads
-    batch_parallel = [b for b in info["batch"] if info["extents"][b] >= nthreads > 1]
+    batch_parallel = [b for b in info.batch if info.extents[b] >= nthreads > 1]
     axis = None if batch_parallel or nthreads == 1 else _parallel_axis(m, n, mr, nr, nthreads)
     per_m = -(-m // nthreads) if axis == "ip" else m
     per_n = -(-n // nthreads) if axis == "jp" else n
-    lanes = target.vector_bytes // info["itemsize"]
+    lanes = target.vector_bytes // info.itemsize
     if target.vector_bytes == 64:
         nr = column_tile(per_n, nr, lanes)
     mc = even_block(per_m, mr, max(mr, min(mc, per_m) // mr * mr))
@@ -287,14 +306,14 @@ def schedule_gemm(func: LoopFunc, tensor: str, info: dict, p: dict[str, int], ta
                      split(func, loop, factor, t[outer], t[inner]))
     # ir outside jr: one mr x kc micro-panel of A stays in L1 while the kc x nr micro-panels of B
     # stream past it from L2 (jr inside ir measured 5-10% slower on matmul 1024 and the 3x3 conv)
-    nest = [*info["batch"], *(t[x] for x in ("ip", "jp", "jo", "ko", "io", "ir", "jr", "kk", "ii", "jj"))]
+    nest = [*info.batch, *(t[x] for x in ("ip", "jp", "jo", "ko", "io", "ir", "jr", "kk", "ii", "jj"))]
     func = trace(f"reorder {', '.join(nest)}", reorder(func, nest))
     outer = group or (batch_parallel[0] if batch_parallel else None if axis is None else t[axis])
     if outer is not None:  # before caching: packed buffers then belong to each thread
         func = trace(f"parallel {outer}", parallel(func, outer))
-    func = trace(f"cache {info['b']} at {t['ko']}", cache(func, info["b"], t["ko"]))
-    a_at = t["jp"] if _pack_a_once(per_m, kt, n, nc, info["itemsize"]) else t["io"]
-    func = trace(f"cache {info['a']} at {a_at}", cache(func, info["a"], a_at))
+    func = trace(f"cache {info.b} at {t['ko']}", cache(func, info.b, t["ko"]))
+    a_at = t["jp"] if _pack_a_once(per_m, kt, n, nc, info.itemsize) else t["io"]
+    func = trace(f"cache {info.a} at {a_at}", cache(func, info.a, a_at))
     c_tile = tensor if _direct(func, tensor) else f"{tensor}_acc"
     before = set(func.buffers())
     func = trace(f"cache {c_tile} at {t['jr']}", cache(func, c_tile, t["jr"]))
@@ -364,10 +383,10 @@ def _tile_names(func: LoopFunc) -> dict[str, str]:
     return {x: f"{x}{n}" if n > 1 else x for x in TILE_LOOPS}
 
 
-def _uniquify(func: LoopFunc, tensor: str, info: dict) -> tuple[LoopFunc, dict]:
+def _uniquify(func: LoopFunc, tensor: str, info: GemmNest) -> tuple[LoopFunc, GemmNest]:
     """Rename the nest's loops that share a name with another loop of ``func`` (a patch gather's
     ``j``, an epilogue's ``f``), so that splitting them leaves the other statements alone."""
-    nest = next(s for s, _ in nests(func.body, ()) if (c := _contraction(s)) and c["tensor"] == tensor)
+    nest = next(s for s, _ in nests(func.body, ()) if (c := _contraction(s)) and c.tensor == tensor)
     counts: dict[str, int] = {}
     for f in walk_stmts(func.body):
         if isinstance(f, For):
@@ -381,7 +400,7 @@ def _uniquify(func: LoopFunc, tensor: str, info: dict) -> tuple[LoopFunc, dict]:
         return func, info
     renamed = _rename_loops(nest, mapping)
     func = replace(func, body=map_stmt(func.body, lambda s: renamed if s == nest else None))
-    return func, _contraction(renamed) | {"outer": info["outer"]}
+    return func, replace(_contraction(renamed), outer=info.outer)
 
 
 def _rename_loops(s: Stmt, mapping: dict[str, str]) -> Stmt:

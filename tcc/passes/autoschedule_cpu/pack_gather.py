@@ -11,7 +11,7 @@ The copy's loops are then ordered to walk the new source front to back (see
 :func:`tcc.passes.loops.cache.source_order`): for a patch panel that puts the pixel blocks ``jr``
 outside the rows ``kk``, so the per-lane row and column of each pixel (``j // W``, ``j % W``)
 are computed once per block, and each ``kk`` row is one masked contiguous load (the lanes'
-flat offsets are consecutive: see :func:`tcc.passes.loops.loopnest.flat_coeff`).
+flat offsets are consecutive: see :func:`tcc.ir.loopnest.flat_coeff`).
 """
 
 from __future__ import annotations
@@ -22,11 +22,7 @@ from dataclasses import replace
 from tcc import dtypes
 from tcc.errors import TccScheduleError
 from tcc.ir.expr import Binary, Call, Const, Expr, Load, Select, Var, free_vars, transform, walk
-from tcc.ir.loops import Allocate, For, Let, LoopFunc, Seq, Stmt, Store, map_stmt, seq, walk_stmts
-from tcc.passes.autoschedule_cpu.unflatten import divmod_width, split_flat
-from tcc.passes.loops.cache import source_order
-from tcc.passes.loops.inline import inline
-from tcc.passes.loops.loopnest import (
+from tcc.ir.loopnest import (
     add_index,
     div_index,
     flat_coeff,
@@ -40,6 +36,10 @@ from tcc.passes.loops.loopnest import (
     outermost_nests,
     subst,
 )
+from tcc.ir.loops import Allocate, For, Let, LoopFunc, Seq, Stmt, Store, map_stmt, seq, walk_stmts
+from tcc.passes.autoschedule_cpu.unflatten import divmod_width, split_flat
+from tcc.passes.loops.cache import source_order
+from tcc.passes.loops.inline import inline
 from tcc.passes.simplify import simplify
 
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tcc.ir.expr import Const, Expr, Load, Var, const, free_vars, substitute, transform, walk
+from tcc.ir.loopnest import fresh, linear_coeff, map_exprs
 from tcc.ir.loops import For, LoopFunc, Stmt, Store, map_stmt, stmt_exprs, walk_stmts
 from tcc.passes.loops.inline import elementwise_producer
-from tcc.passes.loops.loopnest import fresh, linear_coeff, map_exprs
 
 
 def merge_pixels(func: LoopFunc, nest: For, y: str, x: str) -> LoopFunc:

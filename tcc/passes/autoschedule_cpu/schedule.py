@@ -20,6 +20,7 @@ from dataclasses import replace
 
 from tcc.errors import TccScheduleError
 from tcc.ir.expr import Select, walk
+from tcc.ir.loopnest import fresh, linear_coeff, loads, loop_names, on_loops, stores
 from tcc.ir.loops import Allocate, For, LoopFunc, Stmt, Store, map_stmt, stmt_exprs, walk_stmts
 from tcc.passes.autoschedule_cpu.borders import peel_borders
 from tcc.passes.autoschedule_cpu.gemm import (
@@ -37,7 +38,6 @@ from tcc.passes.autoschedule_cpu.streaming import stream_results
 from tcc.passes.autoschedule_cpu.unflatten import divmod_width, unflatten
 from tcc.passes.loops.compute_at import compute_at
 from tcc.passes.loops.fuse import fuse
-from tcc.passes.loops.loopnest import fresh, linear_coeff, loads, loop_names, on_loops, stores
 from tcc.passes.loops.parallel import parallel
 from tcc.passes.loops.vectorize import vectorize
 from tcc.passes.te.fusion import GEMM_MIN_FLOPS
@@ -50,8 +50,8 @@ def autoschedule(func: LoopFunc, target: CpuTarget, params: dict[str, dict[str, 
     """The default CPU schedule; ``params`` (by result tensor) override the contraction tiles."""
     func = trace("merge contraction pixels", merge_contraction_pixels(func))
     for tensor, info in contractions(func).items():
-        if info["flops"] >= GEMM_MIN_FLOPS:
-            chosen = (params or {}).get(tensor) or gemm_params(info["m"], info["n"], info["k"], info["itemsize"],
+        if info.flops >= GEMM_MIN_FLOPS:
+            chosen = (params or {}).get(tensor) or gemm_params(info.m, info.n, info.k, info.itemsize,
                                                               target)
             func = schedule_gemm(func, tensor, info, chosen, target, trace)
     func = trace("gather into packs", gather_into_packs(func))

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from tcc.ir.loopnest import loads
 from tcc.ir.loops import Buffer, LoopFunc
-from tcc.passes.loops.loopnest import loads
 from tcc.target import CpuTarget
 
 STREAM_L2S = 4  # results of at least this many L2s (8 MiB on the development host, where a

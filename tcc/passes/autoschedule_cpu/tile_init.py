@@ -17,8 +17,8 @@ from dataclasses import replace
 from tcc import dtypes
 from tcc.errors import TccScheduleError
 from tcc.ir.expr import Binary, Const, Expr, Load
+from tcc.ir.loopnest import stores
 from tcc.ir.loops import Allocate, For, If, Let, LoopFunc, Seq, Stmt, Store, map_stmt, seq, walk_stmts
-from tcc.passes.loops.loopnest import stores
 
 
 def init_in_registers(func: LoopFunc, target: str, tiles: set[str]) -> LoopFunc:

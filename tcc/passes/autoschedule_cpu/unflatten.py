@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tcc.ir.expr import Binary, Const, Expr, Var, iadd, imul, transform, walk
+from tcc.ir.loopnest import fresh, map_exprs, subst
 from tcc.ir.loops import For, LoopFunc, Stmt, map_stmt, stmt_exprs, walk_stmts
-from tcc.passes.loops.loopnest import fresh, map_exprs, subst
 
 
 def unflatten(func: LoopFunc, loop: str, width: int) -> LoopFunc:

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 from tcc import dtypes
 from tcc.ir.expr import Binary, Const, Expr, Load, Var, cast, free_vars, transform, walk
+from tcc.ir.loopnest import add_index, div_index, mod_index, mul_index
 from tcc.ir.loops import Allocate, Barrier, Buffer, For, If, Let, Seq, Stmt, Store, seq
-from tcc.passes.loops.loopnest import add_index, div_index, mod_index, mul_index
 from tcc.target import CudaTarget
 
 I64 = dtypes.i64
@@ -141,15 +141,16 @@ class Builder:
     double_buffered = True
 
     def __init__(self, c: Contraction, fresh, decompose, sms: int = SMS, tile: tuple[int, int, int] | None = None,
-                 stages: int | None = None):
+                 stages: int | None = None, shared_bytes: int | None = None):
         self.c = c
         self.fresh = fresh
         self.decompose = self._narrow(decompose) if self.narrow else decompose
         self.m, self.n, self.k = c.size(c.m_axes), c.size(c.n_axes), c.size(c.k_axes)
-        self.bm, self.bn, self.bk = tile or choose_tile(self.m, self.n, c.size(c.batch_axes), self.tiles, sms)
-        self.k_axes = _k_order(c.k_axes, self.bk)
         if stages is not None:  # the tuner's pipeline depth (else the class's)
             self.double_buffered = stages > 1
+        tiles = self.tiles if shared_bytes is None else self._fitting(self.tiles, shared_bytes)
+        self.bm, self.bn, self.bk = tile or choose_tile(self.m, self.n, c.size(c.batch_axes), tiles, sms)
+        self.k_axes = _k_order(c.k_axes, self.bk)
         self.tm, self.tn = self.bm // SIDE, self.bn // SIDE
         names = [fresh(s).name for s in ("xs", "ys", "acct", "xr", "yr", "xst", "yst")]
         self.k_inner = False  # shared tiles are [slot][BK][tile]
@@ -161,6 +162,19 @@ class Builder:
         self.acct = Buffer(names[2], c.acc.dtype, (self.tm, self.tn), "local")
         self.xr = Buffer(names[3], c.x.dtype, (self.tm,), "local")
         self.yr = Buffer(names[4], c.y.dtype, (self.tn,), "local")
+
+    def _fitting(self, tiles: tuple[tuple[int, int, int], ...], budget: int) -> tuple[tuple[int, int, int], ...]:
+        """The tiles whose shared operand slices fit ``budget`` bytes (single-buffered, if no
+        double-buffered one does); the smallest tile where none fits."""
+        def nbytes(tile: tuple[int, int, int]) -> int:
+            bm, bn, bk = tile
+            return (2 if self.double_buffered else 1) * bk * ((bm + PAD) * self.c.x.dtype.itemsize +
+                                                              (bn + PAD) * self.c.y.dtype.itemsize)
+        fitting = tuple(t for t in tiles if nbytes(t) <= budget)
+        if not fitting and self.double_buffered:
+            self.double_buffered = False
+            return self._fitting(tiles, budget)
+        return fitting or tiles[-1:]
 
     def kernel(self) -> Stmt:
         c = self.c

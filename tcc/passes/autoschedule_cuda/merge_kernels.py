@@ -17,8 +17,8 @@ never merged (the launcher picks one of the two).
 from __future__ import annotations
 
 from tcc.ir.expr import Const
+from tcc.ir.loopnest import subst
 from tcc.ir.loops import Allocate, Barrier, For, If, Let, Seq, Stmt, Store, walk_stmts
-from tcc.passes.loops.loopnest import subst
 
 PASS = "merge one-block kernels"  # its name in the trace
 _PLAIN = (Seq, Let, If, Store, Barrier)  # what a merged body may hold (and serial loops, local buffers)

@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 from tcc import dtypes
 from tcc.errors import TccCompileError, TccScheduleError
 from tcc.ir.expr import Binary, Const, Expr, Load, Var, free_vars, walk
+from tcc.ir.loopnest import stores
 from tcc.ir.loops import (
     Allocate,
     Barrier,
@@ -59,7 +60,6 @@ from tcc.passes.autoschedule_cuda import (
     warpgroup,
 )
 from tcc.passes.loops.bind import top_level_nests
-from tcc.passes.loops.loopnest import stores
 from tcc.passes.simplify import evaluate_int
 from tcc.passes.trace import SILENT, Trace
 from tcc.target import CudaTarget
@@ -89,24 +89,33 @@ class CudaTuning:
         return f"tile={tile} stages={self.stages} warps={self.warps}"
 
 
+KERNEL_KINDS = "kernel kinds"  # the scheduled function's attribute: which schedule made each nest's kernels
+
+
 def schedule_cuda(func: LoopFunc, target: CudaTarget, tuning: CudaTuning = CudaTuning(),
                   trace: Trace = SILENT, tf32: bool = False) -> LoopFunc:
     """Bind every statement nest of ``func`` to a grid of blocks and threads, sized for ``target``
     (``tf32``: f32 contractions may run on tensor cores, rounding their operands to TF32); the
-    trace shows the function after each nest becomes its kernels."""
+    trace shows the function after each nest becomes its kernels, and its attribute
+    ``KERNEL_KINDS`` says which schedule made them (``gemm``, ``flat``, ``row``, ...: what the
+    tuner may vary)."""
     temps, private, body = _peel_allocates(func.body)
     body = _sink_private(body, private)
     names = _Names(func)
     shapes = {name: buf.shape for name, buf in func.buffers().items()}
     nests = _nests(body)
     kernels: list[Stmt] = []
+    kinds: list[str] = []
     for i, nest in enumerate(nests):
         kernel, how = _schedule_nest(nest, names, shapes, temps, target, tuning, tf32)
         if kernel is not None:
             kernels.append(kernel)
+            kinds.append(how)
         written = sorted({s.buffer for s in stores(nest)} & ({p.name for p in func.params} | {b.name for b in temps}))
         trace(f"{how}: {', '.join(written)}", _function(func, temps, [*kernels, *nests[i + 1:]]))
-    return trace(merge_kernels.PASS, _function(func, temps, merge_kernels.merge_one_block_kernels(kernels)))
+    scheduled = _function(func, temps, merge_kernels.merge_one_block_kernels(kernels))
+    scheduled.attrs[KERNEL_KINDS] = tuple(kinds)
+    return trace(merge_kernels.PASS, scheduled)
 
 
 def _function(func: LoopFunc, temps: list[Buffer], stmts: list[Stmt]) -> LoopFunc:
@@ -253,7 +262,11 @@ def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]]
         return None, "empty: no launch"
     contraction = gemm.match(nest.axes, nest.body)
     if contraction is not None:
-        return _contraction_kernels(contraction, nest, names, shapes, temps, target, tuning, tf32)
+        kernels, how = _contraction_kernels(contraction, nest, names, shapes, temps, target, tuning, tf32)
+        if shared_bytes(kernels) <= target.shared_memory_per_block:
+            return kernels, how
+        return gemm.Builder(contraction, names.fresh, _decompose, target.sms, None, tuning.stages,
+                            target.shared_memory_per_block).kernel(), "gemm"
     reduction = split_reduction.match(nest.body)
     if reduction is not None:
         split = split_reduction.schedule(nest.axes, nest.extents, reduction, target.sms, names.fresh, _decompose)
@@ -261,9 +274,9 @@ def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]]
             temps.append(split[0])
             return split[1], "split reduction"
     threads = 32 * tuning.warps
-    work = _row_work(nest.body)
+    work = _row_work(nest.body, target.shared_memory_per_block)
     if work is not None and work >= ROW_MIN_REDUCTION and work * ROW_RATIO >= total:
-        return _row_schedule(nest, names, min(threads, MAX_ROW_THREADS)), "row"
+        return _row_schedule(nest, names, min(threads, MAX_ROW_THREADS), work), "row"
     return _flat_schedule(nest, names, threads), "flat"
 
 
@@ -417,10 +430,21 @@ def _flat_kernel(nest: _Nest, names: _Names, cap: int) -> Stmt:
 
 # ---------------------------------------------------------------- row: one block per output element
 
-SHARED_LIMIT = 48 * 1024  # bytes of static shared memory a block may use
+DYNAMIC_ALIGN = 1024  # dynamic shared buffers start on this boundary, plus one alignment slack (cuda_c)
 
 
-def _row_work(body: Stmt) -> int | None:
+def shared_bytes(kernels: Stmt) -> int:
+    """The most shared memory one of ``kernels`` takes, counted as codegen places it when dynamic."""
+    most = 0
+    for kernel in (kernels.stmts if isinstance(kernels, Seq) else [kernels]):
+        sizes = [s.buffer.size * s.buffer.dtype.itemsize for s in walk_stmts(kernel)
+                 if isinstance(s, Allocate) and s.buffer.scope == "shared"]
+        if sizes:
+            most = max(most, sum(-(-n // DYNAMIC_ALIGN) * DYNAMIC_ALIGN for n in sizes) + DYNAMIC_ALIGN)
+    return most
+
+
+def _row_work(body: Stmt, shared_limit: int) -> int | None:
     """The longest loop a row's threads would share, or None if the body does not fit the row form.
 
     The row form is what ``lower`` gives for a reduction (local accumulators, an initialising
@@ -434,7 +458,7 @@ def _row_work(body: Stmt) -> int | None:
             if s.buffer.scope != "local":
                 return None
             if s.buffer.size > 1:
-                shared += s.buffer.size * s.buffer.dtype.itemsize
+                shared += -(-s.buffer.size * s.buffer.dtype.itemsize // DYNAMIC_ALIGN) * DYNAMIC_ALIGN
         elif isinstance(s, For):
             nest = _split_axes(s)
             if not nest.axes or (_reduction_loop(s) is None and len(_spatial_axes(s).axes) < len(nest.axes)):
@@ -442,7 +466,7 @@ def _row_work(body: Stmt) -> int | None:
             longest = max(longest, math.prod(nest.extents))
         elif not isinstance(s, Store):
             return None
-    return longest if longest and shared <= SHARED_LIMIT else None
+    return longest if longest and shared + DYNAMIC_ALIGN <= shared_limit else None
 
 
 def _row_items(body: Stmt) -> list[Stmt]:
@@ -457,10 +481,10 @@ def _row_items(body: Stmt) -> list[Stmt]:
     return out
 
 
-def _row_schedule(nest: _Nest, names: _Names, cap: int) -> Stmt:
+def _row_schedule(nest: _Nest, names: _Names, cap: int, work: int) -> Stmt:
     extents = nest.extents
     total = math.prod(extents)
-    threads = _block_size(_row_work(nest.body) or 1, cap)
+    threads = _block_size(work, cap)
     span = nest.axes[0].span if nest.axes else None
     _grid(total, 1, span)
     bx = names.fresh("bx")

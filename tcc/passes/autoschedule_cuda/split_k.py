@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 from tcc import dtypes
 from tcc.ir.expr import Binary, Const, Expr, Load
+from tcc.ir.loopnest import add_index, div_index, mod_index, mul_index
 from tcc.ir.loops import Allocate, Buffer, For, Let, Stmt, Store, seq
 from tcc.passes.autoschedule_cuda import gemm
-from tcc.passes.loops.loopnest import add_index, div_index, mod_index, mul_index
 
 I64 = dtypes.i64
 MIN_CHUNK_STEPS = 16  # k-steps a chunk walks at least: shorter chunks make kernel 2 dominate

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 from tcc import dtypes
 from tcc.ir.expr import Binary, Const, Expr, Load, Var, walk
+from tcc.ir.loopnest import add_index, div_index, mod_index
 from tcc.ir.loops import Allocate, Buffer, For, If, Let, Seq, Stmt, Store, seq
-from tcc.passes.loops.loopnest import add_index, div_index, mod_index
 
 I64 = dtypes.i64
 THREADS = 256

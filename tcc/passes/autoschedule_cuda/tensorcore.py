@@ -30,9 +30,9 @@ from dataclasses import dataclass, replace
 
 from tcc import dtypes
 from tcc.ir.expr import Binary, Cast, Const, Expr, Load, Var, cast, substitute, transform
+from tcc.ir.loopnest import add_index, div_index, mod_index, mul_index
 from tcc.ir.loops import AsyncCommit, AsyncCopy, AsyncWait, Barrier, Buffer, For, If, Let, Stmt, Store, seq
 from tcc.passes.autoschedule_cuda import gemm
-from tcc.passes.loops.loopnest import add_index, div_index, mod_index, mul_index
 from tcc.passes.loops.tensorize import tensorize
 
 I64 = dtypes.i64

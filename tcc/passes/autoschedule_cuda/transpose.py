@@ -20,8 +20,8 @@ from collections.abc import Callable
 
 from tcc import dtypes
 from tcc.ir.expr import Binary, Const, Expr, Load, Var
+from tcc.ir.loopnest import add_index, div_index, mod_index, mul_index
 from tcc.ir.loops import Allocate, Barrier, Buffer, For, If, Let, Stmt, Store, seq
-from tcc.passes.loops.loopnest import add_index, div_index, mod_index, mul_index
 
 I64 = dtypes.i64
 TILE = 32  # the side of a block's square tile (64 measured no faster on an H100)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from tcc import dtypes
 from tcc.ir.expr import Binary, Cast, Const, Expr, Load, Var
+from tcc.ir.loopnest import add_index, div_index, mod_index, mul_index
 from tcc.ir.loops import (
     AsyncCommit,
     AsyncWait,
@@ -36,7 +37,6 @@ from tcc.ir.loops import (
     seq,
 )
 from tcc.passes.autoschedule_cuda import gemm, tensorcore
-from tcc.passes.loops.loopnest import add_index, div_index, mod_index, mul_index
 
 I64 = dtypes.i64
 F32 = dtypes.f32

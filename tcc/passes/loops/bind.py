@@ -17,9 +17,9 @@ from dataclasses import replace
 from tcc import dtypes
 from tcc.errors import Span, TccScheduleError
 from tcc.ir.expr import Binary, Const, Expr, Var
+from tcc.ir.loopnest import const_extent, on_loops, require_loop
 from tcc.ir.loops import Allocate, Barrier, For, If, Let, LoopFunc, Seq, Stmt, Store, walk_stmts
 from tcc.passes.loops.bind_lanes import LANES, bind_lanes
-from tcc.passes.loops.loopnest import const_extent, on_loops, require_loop
 from tcc.passes.loops.parallel import check_parallel
 
 AXES = {"block": "block.x", "thread": "thread.x", "warp": "thread.x", "warpgroup": "thread.x"}

@@ -25,8 +25,8 @@ from dataclasses import dataclass, replace
 
 from tcc.errors import Span, TccScheduleError
 from tcc.ir.expr import Const, Expr, Var
+from tcc.ir.loopnest import const_extent, div_index, fresh, loops_named, mod_index, subst
 from tcc.ir.loops import For, Let, LoopFunc, Seq, Stmt, map_stmt, walk_stmts
-from tcc.passes.loops.loopnest import const_extent, div_index, fresh, loops_named, mod_index, subst
 
 LANES = {"warp": 32, "warpgroup": 128}
 MAX_THREADS = 1024

@@ -17,6 +17,16 @@ from dataclasses import dataclass, replace
 from tcc import dtypes
 from tcc.errors import Span, TccScheduleError
 from tcc.ir.expr import Const, Expr, Load, free_vars, substitute, transform, walk
+from tcc.ir.loopnest import (
+    const_extent,
+    fresh,
+    in_vector_loop,
+    linear_coeff,
+    loop_names,
+    map_exprs,
+    mod_index,
+    require_loop,
+)
 from tcc.ir.loops import (
     Allocate,
     Barrier,
@@ -38,28 +48,18 @@ from tcc.passes.loops.bind import cooperative, thread_extents, top_level_nests
 from tcc.passes.loops.bind_lanes import lanes_of
 from tcc.passes.loops.cache_shared import OPTIONS, TileCopy, box, check_async, pipelined, retarget, tile_variables
 from tcc.passes.loops.init_tiles import start_at_init
-from tcc.passes.loops.loopnest import (
-    const_extent,
-    fresh,
-    in_vector_loop,
-    linear_coeff,
-    loop_names,
-    map_exprs,
-    mod_index,
-    require_loop,
-)
 from tcc.passes.simplify import evaluate_int
 
 I64 = dtypes.i64
 LOCAL_BYTES = 16 * 1024
-SHARED_BYTES = 48 * 1024  # static shared memory of one CUDA block
 
 
 def cache(func: LoopFunc, tensor: str, at: str, scope: str | None = None, span: Span | None = None,
-          options: tuple[str, ...] = ()) -> LoopFunc:
+          options: tuple[str, ...] = (), shared_bytes: int = 0) -> LoopFunc:
     """Cache the tile of ``tensor`` that loop ``at`` reads; ``options``: ``pad``, ``swizzle``,
     ``async`` for shared tiles inside a thread loop (:mod:`tcc.passes.loops.cache_shared`), ``init``
-    for local tiles of a decomposed reduction (:mod:`tcc.passes.loops.init_tiles`)."""
+    for local tiles of a decomposed reduction (:mod:`tcc.passes.loops.init_tiles`). A shared tile
+    must fit ``shared_bytes``, the shared memory the target gives one block."""
     require_loop(func, at, span)
     for option in options:
         allowed = OPTIONS if scope == "shared" else ("init",) if scope == "local" else ()
@@ -79,7 +79,7 @@ def cache(func: LoopFunc, tensor: str, at: str, scope: str | None = None, span: 
                                f"cache it at a loop inside the scope of {tensor}")
     if scope not in (None, "local", "global", "shared"):
         raise TccScheduleError(f"unknown scope {scope!r}", span, "use local, global or (on cuda) shared")
-    state = _State(func, buffers[tensor], scope, span, options)
+    state = _State(func, buffers[tensor], scope, span, options, shared_bytes)
     body = _doubled(func.body, at) if "async" in options else func.body
     body, pending = _rewrite(body, at, state)
     cached = replace(func, body=_wrap(body, pending))
@@ -108,12 +108,13 @@ def _aligned(s: Stmt) -> bool:
 
 class _State:
     def __init__(self, func: LoopFunc, buf: Buffer, scope: str | None, span: Span | None,
-                 options: tuple[str, ...] = ()):
+                 options: tuple[str, ...] = (), shared_bytes: int = 0):
         self.func = func
         self.buf = buf
         self.scope = scope
         self.span = span
         self.options = options
+        self.shared_bytes = shared_bytes
         self.taken = set(func.buffers())
         self.count = 0
         self.made: list[str] = []  # the buffers this step made
@@ -241,8 +242,8 @@ def _cache_at(loop: For, st: _State, gpu: _Gpu) -> tuple[For, list[Buffer]]:
             _check_injective(indices, loops, st)
         nbytes = st.buf.dtype.itemsize * max(1, math.prod(shape))
         scope = st.scope or ("local" if nbytes <= LOCAL_BYTES else "global")
-        if scope == "shared" and (stored or nbytes > SHARED_BYTES):
-            why = "it is written there" if stored else f"its tile takes {nbytes} bytes, over {SHARED_BYTES}"
+        if scope == "shared" and (stored or nbytes > st.shared_bytes):
+            why = "it is written there" if stored else f"its tile takes {nbytes} bytes, over {st.shared_bytes}"
             raise TccScheduleError(f"cannot cache {st.buf.name} in shared memory at {loop.var.name}: {why}",
                                    st.span, "cache a smaller tile (at an inner loop) or a tensor only read")
         buf = Buffer(st.name(), st.buf.dtype, shape, scope)
@@ -312,9 +313,9 @@ def _cache_block_tile(loop: For, st: _State, gpu: _Gpu) -> tuple[For, list[Buffe
         slots = 2 if use_async else 1
         buf = Buffer(st.name(), st.buf.dtype, (slots, *shape) if slots > 1 else tuple(shape), "shared",
                      128 if "swizzle" in st.options else 0)
-        if buf.size * buf.dtype.itemsize > SHARED_BYTES:
+        if buf.size * buf.dtype.itemsize > st.shared_bytes:
             raise TccScheduleError(f"cannot cache {st.buf.name} in shared memory at {loop.var.name}: its tile takes "
-                                   f"{buf.size * buf.dtype.itemsize} bytes, over {SHARED_BYTES}", st.span,
+                                   f"{buf.size * buf.dtype.itemsize} bytes, over {st.shared_bytes}", st.span,
                                    "cache a smaller tile (at an inner loop)")
         copy = TileCopy(buf, st.buf, region, slots)
         if use_async:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from tcc import dtypes
 from tcc.errors import Span, TccScheduleError
 from tcc.ir.expr import Binary, Const, Expr, Load, Var, free_vars, substitute
+from tcc.ir.loopnest import add_index, const_extent, linear_coeff, mod_index, mul_index, replace_loads
 from tcc.ir.loops import (
     AsyncCommit,
     AsyncCopy,
@@ -48,11 +49,9 @@ from tcc.ir.loops import (
     seq,
 )
 from tcc.passes.loops.bind import shared_out
-from tcc.passes.loops.loopnest import add_index, const_extent, linear_coeff, mod_index, mul_index, replace_loads
 from tcc.passes.simplify import simplify
 
 I64 = dtypes.i64
-SHARED_BYTES = 48 * 1024  # static shared memory of one CUDA block
 OPTIONS = ("pad", "async", "swizzle")
 
 

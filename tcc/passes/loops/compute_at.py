@@ -13,8 +13,8 @@ from dataclasses import replace
 
 from tcc.errors import Span, TccScheduleError
 from tcc.ir.expr import Expr, Load, Var, free_vars, transform, walk
+from tcc.ir.loopnest import allocated, loads, loop_names, map_exprs, stores, subst
 from tcc.ir.loops import Allocate, For, LoopFunc, Seq, Stmt, Store, map_stmt, seq, stmt_exprs, walk_stmts
-from tcc.passes.loops.loopnest import allocated, loads, loop_names, map_exprs, stores, subst
 
 LOCAL_BYTES = 32 * 1024
 

@@ -12,8 +12,8 @@ from dataclasses import replace
 
 from tcc.errors import Span, TccScheduleError
 from tcc.ir.expr import Binary, Var, const
+from tcc.ir.loopnest import const_extent, fresh, on_loops, require_loop, subst
 from tcc.ir.loops import For, LoopFunc, Stmt
-from tcc.passes.loops.loopnest import const_extent, fresh, on_loops, require_loop, subst
 
 _AFTER = {kind: f"{verb} the fused loop" for kind, verb in
           (("vector", "vectorize"), ("parallel", "parallelise"), ("unroll", "unroll"))}

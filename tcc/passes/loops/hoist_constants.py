@@ -30,8 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from tcc.ir.expr import Load, Var, free_vars, transform, unique_name, walk
+from tcc.ir.loopnest import const_extent, fresh, loads, map_exprs, nest_loops
 from tcc.ir.loops import Allocate, Buffer, For, LoopFunc, Seq, Stmt, Store, map_stmt, seq, walk_stmts
-from tcc.passes.loops.loopnest import const_extent, fresh, loads, map_exprs, nest_loops
 
 MAX_GROWTH = 2  # a prepared buffer may hold at most this many times the bytes of the constants it reads
 MIN_BYTES = 1 << 16  # ... or this many bytes, whichever is larger

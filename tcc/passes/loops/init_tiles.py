@@ -14,8 +14,8 @@ from dataclasses import replace
 
 from tcc.errors import Span, TccScheduleError
 from tcc.ir.expr import Const, Expr, Load, free_vars, walk
+from tcc.ir.loopnest import stores
 from tcc.ir.loops import For, Let, LoopFunc, Seq, Stmt, Store, map_stmt, stmt_exprs, walk_stmts
-from tcc.passes.loops.loopnest import stores
 
 
 def start_at_init(func: LoopFunc, tensor: str, tiles: set[str], span: Span | None) -> LoopFunc:

@@ -9,8 +9,8 @@ from dataclasses import replace
 
 from tcc.errors import Span, TccScheduleError
 from tcc.ir.expr import Expr, substitute
+from tcc.ir.loopnest import replace_loads, stores
 from tcc.ir.loops import Allocate, For, LoopFunc, Stmt, Store, map_stmt, seq, walk_stmts
-from tcc.passes.loops.loopnest import replace_loads, stores
 
 
 def inline(func: LoopFunc, tensor: str, span: Span | None = None) -> LoopFunc:

@@ -11,8 +11,8 @@ from dataclasses import replace
 
 from tcc.errors import Span, TccScheduleError
 from tcc.ir.expr import const, free_vars
+from tcc.ir.loopnest import allocated, linear_coeff, loads, on_loops, require_loop, stores
 from tcc.ir.loops import For, LoopFunc, walk_stmts
-from tcc.passes.loops.loopnest import allocated, linear_coeff, loads, on_loops, require_loop, stores
 
 
 def parallel(func: LoopFunc, loop: str, span: Span | None = None) -> LoopFunc:

@@ -13,8 +13,8 @@ from dataclasses import replace
 
 from tcc.errors import Span, TccScheduleError
 from tcc.ir.expr import Expr, Load, Var, const, free_vars, transform
+from tcc.ir.loopnest import linear_coeff, stores, subst
 from tcc.ir.loops import Allocate, Buffer, For, LoopFunc, Seq, Stmt, Store, map_stmt, seq, walk_stmts
-from tcc.passes.loops.loopnest import linear_coeff, stores, subst
 
 
 def decompose_reduction(func: LoopFunc, tensor: str, span: Span | None = None) -> LoopFunc:

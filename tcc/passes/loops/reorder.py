@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 
 from tcc.errors import Span, TccScheduleError
 from tcc.ir.expr import const, free_vars
+from tcc.ir.loopnest import is_seq_of_copies, require_loop, stores
 from tcc.ir.loops import Allocate, For, If, Let, LoopFunc, Seq, Stmt, seq
-from tcc.passes.loops.loopnest import is_seq_of_copies, require_loop, stores
 
 
 @dataclass

@@ -8,17 +8,18 @@ Errors point at the step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
-from tcc.errors import Span, TccScheduleError
+from tcc.errors import TccScheduleError
 from tcc.ir.expr import Cast, Load
+from tcc.ir.loopnest import stores
 from tcc.ir.loops import Allocate, For, LoopFunc, verify_func, walk_stmts
+from tcc.ir.step import Step
 from tcc.passes.loops.bind import bind, check_kernels
 from tcc.passes.loops.cache import cache
 from tcc.passes.loops.compute_at import compute_at
 from tcc.passes.loops.fuse import fuse
 from tcc.passes.loops.inline import inline
-from tcc.passes.loops.loopnest import stores
 from tcc.passes.loops.parallel import parallel
 from tcc.passes.loops.reduction import decompose_reduction
 from tcc.passes.loops.reorder import reorder
@@ -26,20 +27,8 @@ from tcc.passes.loops.split import split
 from tcc.passes.loops.tensorize import mark as mark_tensorize
 from tcc.passes.loops.unroll import unroll
 from tcc.passes.loops.vectorize import vectorize
-from tcc.passes.trace import SILENT, Trace
-
-
-@dataclass(frozen=True)
-class Step:
-    prim: str
-    words: tuple[str | int, ...]
-    names: tuple[str, ...] = ()
-    span: Span | None = field(default=None, compare=False)
-
-    def __str__(self) -> str:
-        text = " ".join([self.prim, *map(str, self.words)])
-        return text + (f" -> {', '.join(self.names)}" if self.names else "")
-
+from tcc.passes.trace import Trace
+from tcc.target import Target
 
 USAGE = {
     "split": "split LOOP by N [-> OUTER, INNER]",
@@ -58,20 +47,22 @@ USAGE = {
 }
 
 
-def apply_schedule(func: LoopFunc, steps: list[Step], trace: Trace = SILENT) -> LoopFunc:
-    """``func`` after each step in turn (each reported through ``trace``)."""
+def apply_schedule(func: LoopFunc, steps: list[Step], trace: Trace, target: Target) -> LoopFunc:
+    """``func`` after each step in turn (each reported through ``trace``), sized for ``target``."""
     for step in steps:
-        func = trace(str(step), apply_step(func, step))
+        func = trace(str(step), apply_step(func, step, target))
     verify_func(func)
     return func
 
 
-def apply_step(func: LoopFunc, step: Step) -> LoopFunc:
+def apply_step(func: LoopFunc, step: Step, target: Target) -> LoopFunc:
     handler = _HANDLERS.get(step.prim)
     if handler is None:
         raise TccScheduleError(f"unknown schedule primitive {step.prim!r}", step.span,
                                "primitives: " + ", ".join(USAGE))
     try:
+        if step.prim == "cache":  # the one primitive that sizes itself by the machine
+            return _cache(func, step, target.shared_memory_per_block)
         return handler(func, step)
     except (ValueError, IndexError, TypeError):
         raise TccScheduleError(f"malformed {step.prim} step: {step}", step.span,
@@ -174,9 +165,9 @@ def _parallel(func: LoopFunc, step: Step) -> LoopFunc:
     return parallel(func, loop, step.span)
 
 
-def _cache(func: LoopFunc, step: Step) -> LoopFunc:
+def _cache(func: LoopFunc, step: Step, shared_bytes: int) -> LoopFunc:
     tensor, loop, rest = _at(step)
-    return cache(func, tensor, loop, rest[0] if rest else None, step.span, tuple(rest[1:]))
+    return cache(func, tensor, loop, rest[0] if rest else None, step.span, tuple(rest[1:]), shared_bytes)
 
 
 def _compute_at(func: LoopFunc, step: Step) -> LoopFunc:

@@ -13,8 +13,8 @@ from dataclasses import replace
 
 from tcc.errors import Span, TccScheduleError
 from tcc.ir.expr import Const, Var, const, iadd, imul
+from tcc.ir.loopnest import const_extent, fresh, loop_names, on_loops, require_loop, subst
 from tcc.ir.loops import For, LoopFunc, Stmt, seq
-from tcc.passes.loops.loopnest import const_extent, fresh, loop_names, on_loops, require_loop, subst
 
 
 def split(func: LoopFunc, loop: str, factor: int, outer: str | None = None, inner: str | None = None,

@@ -36,6 +36,17 @@ from dataclasses import dataclass, replace
 from tcc import dtypes
 from tcc.errors import Span, TccScheduleError
 from tcc.ir.expr import Binary, Cast, Const, Expr, Load, Var, substitute, transform, unique_name, walk
+from tcc.ir.loopnest import (
+    add_index,
+    div_index,
+    linear_coeff,
+    map_exprs,
+    mod_index,
+    mul_index,
+    nest_loops,
+    on_loops,
+    require_loop,
+)
 from tcc.ir.loops import (
     Allocate,
     Buffer,
@@ -54,17 +65,6 @@ from tcc.ir.loops import (
     walk_stmts,
 )
 from tcc.passes.loops.bind_lanes import LANES, Lanes, lanes_of
-from tcc.passes.loops.loopnest import (
-    add_index,
-    div_index,
-    linear_coeff,
-    map_exprs,
-    mod_index,
-    mul_index,
-    nest_loops,
-    on_loops,
-    require_loop,
-)
 
 I64 = dtypes.i64
 I32 = dtypes.i32

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tcc.errors import Span, TccScheduleError
+from tcc.ir.loopnest import const_extent, on_loops, require_loop
 from tcc.ir.loops import LoopFunc
-from tcc.passes.loops.loopnest import const_extent, on_loops, require_loop
 from tcc.passes.loops.split import split
 
 MAX_UNROLL = 256

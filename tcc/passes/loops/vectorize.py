@@ -18,6 +18,17 @@ from dataclasses import replace
 
 from tcc.errors import Span, TccScheduleError
 from tcc.ir.expr import Binary, Expr, Load, Var, const, free_vars, iadd, transform, walk
+from tcc.ir.loopnest import (
+    allocated,
+    const_extent,
+    in_vector_loop,
+    linear_coeff,
+    loops_named,
+    map_exprs,
+    on_loops,
+    require_loop,
+    stores,
+)
 from tcc.ir.loops import (
     Allocate,
     Buffer,
@@ -32,17 +43,6 @@ from tcc.ir.loops import (
     seq,
     stmt_exprs,
     walk_stmts,
-)
-from tcc.passes.loops.loopnest import (
-    allocated,
-    const_extent,
-    in_vector_loop,
-    linear_coeff,
-    loops_named,
-    map_exprs,
-    on_loops,
-    require_loop,
-    stores,
 )
 from tcc.passes.loops.split import split
 from tcc.passes.te.lower import reduce_identity

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field, replace
 from tcc import dtypes
 from tcc.errors import TccScheduleError
 from tcc.ir.expr import Binary, Cast, Const, Expr, IterVar, Read, Reduce, Var, substitute, transform, walk
+from tcc.ir.loopnest import linear_coeff
 from tcc.ir.te import Compute, OpTE, Tensor
-from tcc.passes.loops.loopnest import linear_coeff
 
 MAX_PATCH_BYTES = 32 * 1024 * 1024
 ROW_BLOCK_FROM = 2 * 1024 * 1024  # strided patches of one batch element above this are blocked by rows
