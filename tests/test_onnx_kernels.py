@@ -15,6 +15,7 @@ from test_onnx import _networks, check_against_ort, make_model  # noqa: E402
 
 import tcc  # noqa: E402
 from tcc import compiler  # noqa: E402
+from tcc.interop import onnx as onnx_importer  # noqa: E402
 from tcc.interop import onnx_build, onnx_kernels  # noqa: E402
 from tcc.runtime import cache  # noqa: E402
 
@@ -95,9 +96,9 @@ def test_workers_build_kernels_into_the_disk_cache(rng, fresh_cache, monkeypatch
     nets = _networks()
     net = nets.randomized(nets.ResNet(width=8, blocks=(1, 1), classes=11))
     data = nets.export(net, torch.zeros(1, 3, 33, 35))
-    monkeypatch.setattr(tcc.onnx, "PARALLEL_AFTER_S", 0.0)  # a worker from the first kernel on
+    monkeypatch.setattr(onnx_importer, "PARALLEL_AFTER_S", 0.0)  # a worker from the first kernel on
     started = []
-    monkeypatch.setattr(tcc.onnx, "Workers", lambda *args: started.append(1) or onnx_build.Workers(*args))
+    monkeypatch.setattr(onnx_importer, "Workers", lambda *args: started.append(1) or onnx_build.Workers(*args))
     check_against_ort(onnx.load_from_string(data), rng, rtol=1e-4, atol=1e-4, jobs=2)
     assert started
 
