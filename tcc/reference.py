@@ -133,9 +133,27 @@ def _run(op: OpTE, args: Mapping[str, np.ndarray | int | float]) -> dict[str, np
     with np.errstate(all="ignore"):
         for c in op.computes:
             tensor = op.tensors[c.tensor]
+            if c.sequential:
+                _recurrence(op, env, scalars, c)
+                continue
             value = _Statement(op, env, scalars, c).evaluate()
             env[c.tensor] = store(value, tensor.dtype).astype(wide(tensor.dtype))
     return {r: store(env[r], op.tensors[r].dtype) for r in op.results}
+
+
+def _recurrence(op: OpTE, env: dict[str, np.ndarray], scalars: dict[str, np.ndarray], c: Compute) -> None:
+    """A recurrence, one position of its sequential axis at a time: each step reads only the
+    positions stored before it (the tensor starts as NaN, so a read of anything else shows)."""
+    tensor = op.tensors[c.tensor]
+    shape = tensor.concrete_shape()
+    env[c.tensor] = np.full(shape, np.nan if tensor.dtype.is_float else 0, dtype=wide(tensor.dtype))
+    dim = next(i for i, ax in enumerate(c.axes) if ax.var.name == c.sequential[0])
+    rest = c.axes[:dim] + c.axes[dim + 1:]
+    for k in range(shape[dim]):
+        body = substitute(c.body, {c.axes[dim].var.name: Const(k, dtypes.i64)})
+        value = _Statement(op, env, scalars, Compute(c.tensor, rest, body)).evaluate()
+        position = (slice(None),) * dim + (k,)
+        env[c.tensor][position] = store(value, tensor.dtype).astype(wide(tensor.dtype))
 
 
 def _environment(op: OpTE, args: Mapping[str, np.ndarray | int | float]

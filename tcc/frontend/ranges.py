@@ -138,3 +138,9 @@ def _mul(a: Expr, b: Expr) -> Expr:
     if isinstance(a, Const) and isinstance(b, Const):
         return Const(a.value * b.value, dtypes.i64)
     return Binary("mul", a, b, dtypes.i64)
+
+
+def affine_form(e: Expr, index_vars: set[str]) -> dict[str | None, Expr] | None:
+    """``e`` as {index variable: coefficient, None: the rest}, or None where it is not affine in
+    ``index_vars`` (a recurrence's read ``H[t - 1, d]`` is {t: 1, None: -1} along its first dim)."""
+    return _linear(e, index_vars)

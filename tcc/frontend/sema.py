@@ -15,11 +15,13 @@ from tcc.dtypes import DType
 from tcc.errors import Source, Span, TccNameError, TccShapeError, TccSyntaxError, TccTypeError
 from tcc.frontend import ast, generic
 from tcc.frontend.ranges import RangeCheck, RangeSource, affine_extent, ast_children, index_add
+from tcc.frontend.recurrence import recurrence_axis
 from tcc.frontend.sema_expr import HALF, ExprAnalyzer, Typed, check_literal, not_reserved, suggest
 from tcc.ir.expr import (
     Const,
     Expr,
     IterVar,
+    Read,
     Reduce,
     Var,
     cast,
@@ -68,6 +70,8 @@ class _OpAnalyzer(ExprAnalyzer):
         self.declared: dict[str, Tensor] = {}
         self.defined: set[str] = set()  # tensors that may be read so far
         self.range_checks: list[RangeCheck] = []
+        self.assigning: tuple[str, list[str]] | None = None  # the statement's tensor and its axes
+        self.looks_back: list[str] = []  # axes along which the statement reads its own tensor
 
     # ------------------------------------------------------------ header
     def run(self) -> OpTE:
@@ -174,6 +178,8 @@ class _OpAnalyzer(ExprAnalyzer):
     def _readable(self, name: str, span: Span | None) -> Tensor:
         if name in self.tensors and name in self.defined:
             return self.tensors[name]
+        if self.assigning is not None and name == self.assigning[0]:
+            return self._own(name, span)
         if name in self.tensors or name in self.declared:
             raise TccNameError(f"{name!r} is read before it is assigned", span,
                                "statements run in order: define a tensor before reading it")
@@ -205,7 +211,11 @@ class _OpAnalyzer(ExprAnalyzer):
                                    "choose another index name")
             axes_names.append(idx.id)
         env = {n: Var(n, dtypes.i64) for n in axes_names}
-        value = self._expr(a.value, env, what="an expression")
+        self.assigning, self.looks_back = (name, axes_names), []
+        try:
+            value = self._expr(a.value, env, what="an expression")
+        finally:
+            self.assigning = None
         known = self.tensors.get(name) or self.declared.get(name)
         if known is not None:
             if len(known.shape) != len(axes_names):
@@ -224,7 +234,8 @@ class _OpAnalyzer(ExprAnalyzer):
             body = cast(value.expr, dtype)
         self.tensors[name] = tensor
         self.declared.pop(name, None)
-        self.computes.append(Compute(name, axes, body, a.span))
+        sequential = tuple(n for n in axes_names if n in self.looks_back)
+        self.computes.append(Compute(name, axes, body, a.span, sequential))
         self.defined.add(name)
 
     def _convert(self, value: Typed, dtype: DType, span: Span | None, what: str) -> Expr:
@@ -241,6 +252,26 @@ class _OpAnalyzer(ExprAnalyzer):
         if isinstance(expr, Reduce) and expr.dtype in HALF and dtype.is_float and dtype.bits >= 32:
             expr = replace(expr, dtype=dtypes.f32)  # a half reduction stored wider: its f32 sum rounds once
         return cast(expr, dtype)
+
+    # ------------------------------------------------------------ recurrences
+    def _own(self, name: str, span: Span | None) -> Tensor:
+        """The tensor a statement defines, read by itself (a recurrence): its shape must be known."""
+        known = self.tensors.get(name) or self.declared.get(name)
+        if known is None:
+            raise TccShapeError(f"{name!r} reads itself, so its shape must be known before its statement",
+                                span, f"declare it on its own line first: {name}: f32[...]")
+        return known
+
+    def self_read(self, read: Read) -> None:
+        """Check a statement's read of its own tensor (:mod:`tcc.frontend.recurrence`)."""
+        if self.assigning is None or read.tensor != self.assigning[0]:
+            return
+        axis = recurrence_axis(read.tensor, read.indices, self.assigning[1], read.span)
+        if self.looks_back and axis not in self.looks_back:
+            raise TccShapeError(f"{read.tensor} reads itself earlier along {self.looks_back[0]} and along {axis}: "
+                                "a recurrence runs in order along one axis", read.span,
+                                f"read {read.tensor} at earlier positions along {self.looks_back[0]} only")
+        self.looks_back.append(axis)
 
     # ------------------------------------------------------------ range inference
     def _infer_range(self, var: str, body: ast.Node, where: str, span: Span | None, temp: str | None = None,

@@ -163,7 +163,9 @@ class ExprAnalyzer:
                 raise TccTypeError(f"an index must be an integer expression, not {t.dtype}", idx.span,
                                    "index with index variables, symbols and integers (cast with i64(...))")
             indices.append(cast(t.expr, dtypes.i64))
-        return Typed(Read(n.tensor, tuple(indices), tensor.dtype, n.span))
+        read = Read(n.tensor, tuple(indices), tensor.dtype, n.span)
+        self.self_read(read)
+        return Typed(read)
 
     def _e_UnaryOp(self, n: ast.UnaryOp, env, what, shape_only) -> Typed:
         a = self._expr(n.a, env, what, shape_only)

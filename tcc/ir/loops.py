@@ -212,6 +212,20 @@ class LoopFunc:
         return out
 
 
+SEQUENTIAL = ("sequential", True)  # the annotation of a recurrence's loop: its iterations run in order
+
+
+def is_sequential(s: Stmt) -> bool:
+    """Whether ``s`` is a loop whose iterations must run in ascending order (a recurrence reads
+    what earlier iterations stored): never parallel, vector, reordered or unrolled across."""
+    return isinstance(s, For) and SEQUENTIAL in s.annotations
+
+
+def holds_sequential(s: Stmt) -> bool:
+    """Whether ``s`` is or encloses a sequential loop."""
+    return any(is_sequential(n) for n in walk_stmts(s))
+
+
 def seq(*stmts: Stmt) -> Stmt:
     flat: list[Stmt] = []
     for s in stmts:

@@ -51,12 +51,15 @@ class Scalar:
 
 @dataclass(frozen=True)
 class Compute:
-    """``tensor[axes] = body``."""
+    """``tensor[axes] = body``. A recurrence reads ``tensor`` itself at earlier positions along
+    the axes named in ``sequential``: their iterations must run in ascending order (the others
+    stay independent)."""
 
     tensor: str
     axes: tuple[IterVar, ...]
     body: Expr
     span: Span | None = field(default=None, compare=False, repr=False)
+    sequential: tuple[str, ...] = ()
 
 
 @dataclass
@@ -110,6 +113,8 @@ def format_op(op: OpTE) -> str:
         t = op.tensors[c.tensor]
         axes = ", ".join(f"{ax.var.name}: {format_expr(ax.extent)}" for ax in c.axes)
         kind = "" if t.kind == "result" else f"  # {t.kind}"
+        if c.sequential:
+            kind += f"  # in order along {', '.join(c.sequential)}"
         lines.append(f"    {c.tensor}: {shape(t)} [{axes}] = {format_expr(c.body)}{kind}")
     lines.append("}")
     return "\n".join(lines)
@@ -123,7 +128,7 @@ def verify_op(op: OpTE) -> None:
         _check(t is not None and t.kind in ("result", "temp"), f"{c.tensor} is not computable")
         _check(len(c.axes) == len(t.shape), f"{c.tensor}: {len(c.axes)} axes for rank {len(t.shape)}")
         bound = {ax.var.name for ax in c.axes} | set(op.scalars) | set(op.symbols) | set(op.cparams)
-        _check_expr(c.body, op, defined, bound)
+        _check_expr(c.body, op, defined | ({c.tensor} if c.sequential else set()), bound)
         defined.add(c.tensor)
     for r in op.results:
         _check(r in defined, f"result {r} is never computed")

@@ -21,7 +21,18 @@ from dataclasses import replace
 from tcc.errors import TccScheduleError
 from tcc.ir.expr import Select, walk
 from tcc.ir.loopnest import fresh, linear_coeff, loads, loop_names, on_loops, stores
-from tcc.ir.loops import Allocate, For, LoopFunc, Stmt, Store, map_stmt, stmt_exprs, walk_stmts
+from tcc.ir.loops import (
+    Allocate,
+    For,
+    LoopFunc,
+    Stmt,
+    Store,
+    holds_sequential,
+    is_sequential,
+    map_stmt,
+    stmt_exprs,
+    walk_stmts,
+)
 from tcc.passes.autoschedule_cpu.borders import peel_borders
 from tcc.passes.autoschedule_cpu.gemm import (
     PARALLEL_MIN_WORK,
@@ -71,7 +82,7 @@ def fuse_rows(func: LoopFunc, trace: Trace = SILENT) -> LoopFunc:
     for t in temps:
         body = items(func.body)
         producer = next((s for s in body if isinstance(s, For) and any(st.buffer == t for st in stores(s))), None)
-        if producer is None or producer.kind != "serial":
+        if producer is None or producer.kind != "serial" or holds_sequential(producer):
             continue
         consumer = next((s for s in body[body.index(producer) + 1:] if t in {ld.buffer for ld in loads(s)}), None)
         if not (isinstance(consumer, For) and consumer.var.name == producer.var.name):
@@ -118,7 +129,8 @@ def unroll_masked_rows(func: LoopFunc) -> LoopFunc:
     LLVM, left to itself, kept the loop once the body held an epilogue and computed the masks
     with 64-bit vector compares per vector (the fused depthwise layer ran 1.6x its bare one)."""
     for f in list(walk_stmts(func.body)):
-        if isinstance(f, For) and f.kind == "serial" and isinstance(f.body, For) and f.body.kind == "vector" \
+        if isinstance(f, For) and f.kind == "serial" and not is_sequential(f) and isinstance(f.body, For) \
+                and f.body.kind == "vector" \
                 and 1 < int(getattr(f.extent, "value", 0)) <= MASKED_ROW_UNROLL \
                 and any(isinstance(n, Select) for st in walk_stmts(f.body) for e in stmt_exprs(st) for n in walk(e)):
             func = on_loops(func, f.var.name,
@@ -153,8 +165,8 @@ def _parallelize_items(func: LoopFunc, body: Stmt, cores: int, trace: Trace) -> 
     a parallel GEMM, or has fewer iterations than threads) gets its own statements parallelised
     instead, one fork per statement per iteration."""
     for item in items(body):
-        if not (isinstance(item, For) and item.kind == "serial"):
-            continue
+        if not (isinstance(item, For) and item.kind == "serial") or is_sequential(item):
+            continue  # (a recurrence's outer loop runs in order)
         whole = _whole_group(item)
         if not _has_parallel(item) and (whole or _work(item) >= PARALLEL_MIN_WORK):
             try:
@@ -174,7 +186,7 @@ def _parallel_widened(func: LoopFunc, item: For, cores: int, trace: Trace, whole
     A ``whole`` group's loop must give every thread an iteration, else its statements are
     parallelised one by one instead (the caller's fallback)."""
     extent = int(getattr(item.extent, "value", 0))
-    if extent < 4 * cores and isinstance(item.body, For):
+    if extent < 4 * cores and isinstance(item.body, For) and not is_sequential(item.body):
         name = fresh(func, f"{item.var.name}_{item.body.var.name}")
         try:
             fused = fuse(func, item.var.name, item.body.var.name, name=name)
@@ -196,7 +208,7 @@ def _vector_candidates(func: LoopFunc) -> list[str]:
     """Loops whose variable walks the last dim of what they store (or, innermost, of what they load)."""
     picked: list[str] = []
     for f in walk_stmts(func.body):
-        if not isinstance(f, For) or f.kind != "serial":
+        if not isinstance(f, For) or f.kind != "serial" or is_sequential(f):
             continue
         if int(getattr(f.extent, "value", 0)) < 4 or f.var.name in picked:
             continue

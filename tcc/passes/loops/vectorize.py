@@ -197,6 +197,12 @@ def _reduction_op(func: LoopFunc, loop: str, acc: str, span: Span | None) -> str
     return ops.pop()
 
 
+def _own_lane(read: tuple[Expr, ...], write: tuple[Expr, ...], name: str) -> bool:
+    """Whether each lane reads only elements that no other lane writes: some dim indexes both with
+    one expression that moves with the lane (a recurrence's ``H[t - 1, d]`` against ``H[t, d]``)."""
+    return any(r == w and linear_coeff(r, name) not in (0, None) for r, w in zip(read, write))
+
+
 def _check(f: For, span: Span | None) -> None:
     name = f.var.name
     written: dict[str, set] = {}
@@ -211,7 +217,8 @@ def _check(f: For, span: Span | None) -> None:
     for n in walk_stmts(f.body):
         for e in stmt_exprs(n):
             for ld in walk(e):
-                if isinstance(ld, Load) and ld.buffer in written and ld.indices not in written[ld.buffer]:
+                if isinstance(ld, Load) and ld.buffer in written and ld.indices not in written[ld.buffer] \
+                        and not all(_own_lane(ld.indices, w, name) for w in written[ld.buffer]):
                     raise TccScheduleError(f"loop {name} reads {ld.buffer} at other lanes' elements while "
                                            "writing it", span)
 

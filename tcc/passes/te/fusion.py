@@ -112,6 +112,8 @@ def _inline_verdict(c: Compute, computes: list[Compute], op: OpTE) -> tuple[bool
         return False, "never read"
     if c.tensor in op.results:
         return False, "a result"
+    if c.sequential:
+        return False, f"a recurrence along {', '.join(c.sequential)}: each element reads the one before"
     repeated = [s for s in sites if s[2] > 1]
     has_reduce = any(isinstance(n, Reduce) for n in walk(c.body))
     if repeated and (has_reduce or _cost(c.body) > CHEAP_RECOMPUTE):
@@ -230,7 +232,7 @@ def _groups(op: OpTE, gemms: bool = True) -> list:
     groups: list[list[Compute]] = []
     shared: list[int] = []
     for c in op.computes:
-        if not gemms and gemm_batch_depth(c) < len(c.axes):
+        if c.sequential or (not gemms and gemm_batch_depth(c) < len(c.axes)):
             groups.append([c])
             shared.append(0)  # nothing joins it
             continue

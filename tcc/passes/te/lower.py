@@ -14,7 +14,7 @@ from dataclasses import fields, replace
 from tcc import dtypes
 from tcc.dtypes import DType
 from tcc.ir.expr import Binary, Const, Expr, Load, Read, Reduce, Select, Var, cast, substitute, walk
-from tcc.ir.loops import Allocate, Buffer, For, LoopFunc, Stmt, Store, map_stmt, seq
+from tcc.ir.loops import SEQUENTIAL, Allocate, Buffer, For, LoopFunc, Stmt, Store, map_stmt, seq
 from tcc.ir.te import Compute, OpTE, Pad
 
 I64 = dtypes.i64
@@ -146,7 +146,8 @@ class _Lowering:
         for buf in reversed(allocs):
             inner = Allocate(buf, inner)
         for ax in reversed(c.axes):
-            inner = For(ax.var, ax.extent, inner, span=c.span)
+            notes = (SEQUENTIAL,) if ax.var.name in c.sequential else ()
+            inner = For(ax.var, ax.extent, inner, annotations=notes, span=c.span)
         return inner
 
     def _row_indices(self, tensor: str, indices: tuple[Expr, ...]) -> tuple[Expr, ...]:

@@ -12,7 +12,7 @@ from dataclasses import replace
 from tcc import dtypes
 from tcc.errors import TccShapeError
 from tcc.ir.expr import Const, Expr, IterVar, substitute
-from tcc.ir.te import Compute, OpTE, Pad
+from tcc.ir.te import OpTE, Pad
 from tcc.passes.simplify import evaluate_int, simplify
 
 
@@ -42,7 +42,7 @@ def specialize(op: OpTE, bindings: dict[str, int | float]) -> OpTE:
             dims.append(Const(value, dtypes.i64))
         tensors[name] = replace(t, shape=tuple(dims))
     _check_ranges(op, sub, bindings)
-    computes = [Compute(c.tensor, _axes(c.axes, sub), sub(c.body), c.span) for c in op.computes]
+    computes = [replace(c, axes=_axes(c.axes, sub), body=sub(c.body)) for c in op.computes]
     pads = {n: Pad(n, p.source, tuple(sub(x) for x in p.lo), tuple(sub(x) for x in p.hi), sub(p.value))
             for n, p in op.pads.items()}
     for name, pad in pads.items():
