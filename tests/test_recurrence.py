@@ -135,3 +135,10 @@ def test_an_unguarded_read_is_a_bounds_error():
     source = "op bad(A: f32[T]) -> H: f32[T] {\n    H[t] = A[t] + H[t - 1]\n}\n"
     with pytest.raises(tcc.TccError, match="H"):
         tcc.compile(source).bad(np.zeros(5, np.float32))
+
+
+def test_grad_of_a_recurrence_is_a_clear_error():
+    op = tcc.compile(LINEAR).linear_recurrence
+    with pytest.raises(tcc.TccError, match="H is a recurrence") as info:
+        tcc.grad(op)
+    assert "<string>:3:" in str(info.value)

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import fields, replace
 
 from tcc import dtypes
-from tcc.errors import TccArgumentError
+from tcc.errors import TccArgumentError, TccCompileError
 from tcc.ir.expr import Binary, Cast, Expr, IterVar, Read, Reduce, Var, const, free_vars, walk
 from tcc.ir.te import Compute, OpTE, Pad, Tensor, verify_op
 from tcc.passes.te.grad_expr import fadd, fdiv, fmul, fselect, num, partials
@@ -39,6 +39,7 @@ from tcc.passes.te.grad_tidy import tidy_op
 def derive(op: OpTE, wrt: Sequence[str] | None = None, name: str | None = None) -> OpTE:
     """The gradient op of ``op`` with respect to the tensor inputs ``wrt`` (default: every float one)."""
     wrt = _check_wrt(op, wrt)
+    _check_differentiable(op)
     return _Derivation(op, wrt, name or f"{op.name}_grad").run()
 
 
@@ -56,6 +57,24 @@ def _check_wrt(op: OpTE, wrt: Sequence[str] | None) -> list[str]:
     if len(set(wrt)) != len(wrt) or not wrt:
         raise TccArgumentError(f"wrt= must name distinct inputs of {op.name}, got {wrt}", op.span)
     return wrt
+
+
+def _check_differentiable(op: OpTE) -> None:
+    """Recurrences and reductions whose extent moves with an outer index have no adjoint rule yet:
+    refused, naming the statement, rather than given a wrong gradient."""
+    for c in op.computes:
+        if c.sequential:
+            raise TccCompileError(f"{c.tensor} is a recurrence (it reads itself along {c.sequential[0]}): "
+                                  "tcc.grad cannot differentiate recurrences yet", c.span,
+                                  "differentiate the op without it, or write its adjoint by hand "
+                                  "(a linear recurrence's adjoint is the same recurrence run backwards)")
+        axes = {ax.var.name for ax in c.axes}
+        for r in (n for n in walk(c.body) if isinstance(n, Reduce)):
+            moving = [ax.var.name for ax in r.axes if free_vars(ax.extent) & axes]
+            if moving:
+                raise TccCompileError(f"the extent of {moving[0]} in {c.tensor}'s statement depends on an outer "
+                                      "index: tcc.grad cannot differentiate such reductions yet", r.span or c.span,
+                                      "differentiate the op without it")
 
 
 class _Derivation:
