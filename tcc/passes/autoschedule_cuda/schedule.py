@@ -45,6 +45,8 @@ from tcc.ir.loops import (
     Seq,
     Stmt,
     Store,
+    holds_sequential,
+    is_sequential,
     seq,
     stmt_exprs,
     walk_stmts,
@@ -53,6 +55,7 @@ from tcc.passes.autoschedule_cuda import (
     gemm,
     implicit_conv,
     merge_kernels,
+    recurrence,
     split_k,
     split_reduction,
     tensorcore,
@@ -231,7 +234,7 @@ def _spatial_axes(nest: Stmt) -> _Nest:
     ones threads may share. A user's ``decompose`` leaves reduction loops perfectly nested inside
     the output loops (``Y[i] = Y[i] + ...`` under ``for i, k``); those stay serial in a thread."""
     axes = []
-    while isinstance(nest, For) and nest.kind == "serial" and _disjoint(nest):
+    while isinstance(nest, For) and nest.kind == "serial" and not is_sequential(nest) and _disjoint(nest):
         axes.append(nest)
         nest = nest.body
     return _Nest(axes, nest)
@@ -256,6 +259,8 @@ def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]]
                               "loop nest (from the im2col lowering)", hint="use conv='direct' on target='cuda'")
     if isinstance(stmt, For) and stmt.kind == "block.x":
         return stmt, "bound by the user"  # (checked by tcc.passes.loops.bind.check_kernels)
+    if holds_sequential(stmt):  # a recurrence: threads over its independent axes, each walking the other
+        return _flat_kernel(_spatial_axes(recurrence.sink_sequential(stmt)), names, 32 * tuning.warps), "recurrence"
     nest = _spatial_axes(stmt)
     total = math.prod(nest.extents)
     if total == 0:
