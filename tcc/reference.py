@@ -247,11 +247,15 @@ class _Statement:
             indices = np.broadcast_arrays(*indices) if indices else indices
             return tensor[tuple(indices)] if indices else tensor
         if isinstance(e, Reduce):
-            for ax in e.axes:
-                self.extent[ax.var.name] = int(ax.extent.value)
+            bounds = {ax.var.name: np.asarray(self._eval(ax.extent)) for ax in e.axes}
+            for name, bound in bounds.items():
+                self.extent[name] = max(int(bound.max()), 0)
             if any(self.extent[ax.var.name] == 0 for ax in e.axes):  # an empty reduction: its identity
                 return np.asarray(_identity(e.op, e.dtype), dtype=wide(e.dtype)).reshape((1,) * self.ndim)
             body = np.asarray(self._eval(e.body))
+            for name, bound in bounds.items():  # an extent that moves with an outer index: masked
+                if bound.ndim:
+                    body = np.where(self._grid(name, self.extent[name]) < bound, body, _identity(e.op, e.dtype))
             axes = tuple(self.axis_of[ax.var.name] for ax in e.axes)
             full = list(np.broadcast_shapes(body.shape, (1,) * self.ndim))
             for ax in e.axes:

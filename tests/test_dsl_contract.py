@@ -35,7 +35,7 @@ def step11_ops() -> dict[str, str]:
 
 
 # the ones that work so far
-STEP11_EXAMPLES = ("rope", "dropout", "rmsnorm", "embedding", "pick", "window", "linear_recurrence")
+STEP11_EXAMPLES = ("rope", "dropout", "rmsnorm", "embedding", "pick", "window", "linear_recurrence", "cumsum")
 
 
 @pytest.mark.skipif(not DSL.exists(), reason="shared/DSL.md is not beside this checkout")

@@ -253,6 +253,9 @@ class _OpAnalyzer(ExprAnalyzer):
             expr = replace(expr, dtype=dtypes.f32)  # a half reduction stored wider: its f32 sum rounds once
         return cast(expr, dtype)
 
+    def statement_axes(self) -> list[str]:
+        return self.assigning[1] if self.assigning is not None else []
+
     # ------------------------------------------------------------ recurrences
     def _own(self, name: str, span: Span | None) -> Tensor:
         """The tensor a statement defines, read by itself (a recurrence): its shape must be known."""

@@ -14,6 +14,7 @@ from tcc import dtypes
 from tcc.dtypes import DType
 from tcc.errors import Span, TccNameError, TccShapeError, TccSyntaxError, TccTypeError
 from tcc.frontend import ast
+from tcc.frontend.ranges import affine_form
 from tcc.ir import philox
 from tcc.ir.expr import (
     ARITH_OPS,
@@ -33,6 +34,7 @@ from tcc.ir.expr import (
     Unary,
     Var,
     cast,
+    free_vars,
 )
 
 
@@ -289,6 +291,23 @@ class ExprAnalyzer:
             raise TccTypeError(f"{n.fn} takes {count} argument{'s' if count > 1 else ''}, got {len(n.args)}",
                                n.span)
 
+    def _extent(self, node: ast.Node, what: str) -> Expr:
+        """An explicit reduction extent: shape symbols and parameters, and (``sum[j: i + 1]``, a
+        prefix) affine in the statement's own index variables; never in other reductions' ones."""
+        axes = self.statement_axes()
+        typed = self._expr(node, {n: Var(n, dtypes.i64) for n in axes}, what=what, shape_only=True)
+        if not (typed.dtype.is_int or typed.dtype.is_bool):
+            raise TccTypeError(f"{what} must be an integer expression, not {typed.dtype}", node.span)
+        extent = cast(typed.expr, dtypes.i64)
+        if free_vars(extent) & set(axes) and affine_form(extent, set(axes)) is None:
+            raise TccTypeError(f"{what} must be affine in the statement's indices ({', '.join(axes)})", node.span,
+                               "write it as i + c, i - c or c * i + ...")
+        return extent
+
+    def statement_axes(self) -> list[str]:
+        """The index variables of the statement being analysed (none outside statements)."""
+        return []
+
     def _e_ReduceExpr(self, n: ast.ReduceExpr, env, what, shape_only) -> Typed:
         if shape_only:
             raise TccSyntaxError(f"{what} cannot contain a reduction", n.span)
@@ -305,7 +324,7 @@ class ExprAnalyzer:
         axes = []
         for ax in axes_vars:
             if ax.extent is not None:
-                extent = self._dim(ax.extent, f"the extent of {ax.name}")
+                extent = self._extent(ax.extent, f"the extent of {ax.name}")
             else:
                 extent = self._infer_range(ax.name, n.body, f"{n.op}[{ax.name}]", ax.span)
             axes.append(IterVar(inner[ax.name], extent))

@@ -30,6 +30,7 @@ from tcc.passes.te.fusion import group_statements, inline_intermediates
 from tcc.passes.te.im2col import im2col
 from tcc.passes.te.lower import lower
 from tcc.passes.te.phases import split_phases
+from tcc.passes.te.scans import prefix_scans
 from tcc.passes.te.specialize import specialize
 from tcc.passes.trace import SILENT, Trace
 from tcc.target import CpuTarget, CudaTarget, Target
@@ -93,6 +94,7 @@ def lower_op(op: OpTE, bindings: dict[str, int | float], target: Target, schedul
     """The passes every target shares: a checked TE op down to loop nests for ``bindings``."""
     te = trace("specialize", specialize(op, bindings))
     te = trace("phases", split_phases(te))
+    te = trace("scans", prefix_scans(te))  # prefix reductions (sum[j: i + 1]) as recurrences: linear work
     verify_op(te)
     te = trace("bounds", prove_bounds(te))  # every read proved; those proved under a select clamped
     te = trace("inline", inline_intermediates(te))

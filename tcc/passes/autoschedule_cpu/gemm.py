@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from tcc.errors import TccScheduleError
-from tcc.ir.expr import Binary, Cast, Expr, Load, Var, free_vars
+from tcc.ir.expr import Binary, Cast, Const, Expr, Load, Var, free_vars
 from tcc.ir.loopnest import fresh, linear_coeff, loop_names, subst
 from tcc.ir.loops import Allocate, For, LoopFunc, Seq, Stmt, Store, map_stmt, walk_stmts
 from tcc.passes.autoschedule_cpu.epilogue import store_epilogue
@@ -229,6 +229,8 @@ def _contraction(nest: Stmt) -> dict | None:
         rloops.append(r)
         r = r.body
     if not (rloops and isinstance(r, Store) and r.buffer == s.buffer.name and isinstance(final, Store)):
+        return None
+    if any(not isinstance(f.extent, Const) for f in axes + rloops):  # a triangle (sum[j: i + 1]) is no GEMM
         return None
     value = r.value
     if not (isinstance(value, Binary) and value.op == "add" and isinstance(value.b, Binary) and value.b.op == "mul"):

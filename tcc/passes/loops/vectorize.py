@@ -207,6 +207,9 @@ def _check(f: For, span: Span | None) -> None:
     name = f.var.name
     written: dict[str, set] = {}
     for n in walk_stmts(f.body):
+        if isinstance(n, For) and name in free_vars(n.extent):
+            raise TccScheduleError(f"loop {n.var.name} runs a number of times that depends on {name}; "
+                                   f"{name} cannot be vectorised", span)
         if isinstance(n, If) and name in free_vars(n.cond):
             raise TccScheduleError(f"loop {name} branches on its own index; it cannot be vectorised", span)
         if isinstance(n, Store):

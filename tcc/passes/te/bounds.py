@@ -180,7 +180,7 @@ class _Prover:
 
     def prove(self, e: Expr, ranges: Ranges, plain: Ranges) -> Expr:
         if isinstance(e, Reduce):
-            inner = {ax.var.name: (0, int(ax.extent.value) - 1) for ax in e.axes}  # type: ignore[attr-defined]
+            inner = {ax.var.name: (0, _largest(ax.extent, ranges) - 1) for ax in e.axes}
             if _empty(inner):
                 return e
             return replace(e, body=self.prove(e.body, {**ranges, **inner}, {**plain, **inner}))
@@ -231,6 +231,16 @@ class _Prover:
                 "its values cannot be checked before the call", e.span,
                 f"clamp it into range: min(max(..., 0), size - 1), or pass {computed[0]} as an input")
         return bool(scalars or reads)
+
+
+def _largest(extent: Expr, ranges: Ranges) -> int:
+    """The largest value of a reduction's extent: a constant, or one that moves with the statement's
+    indices (``sum[j: i + 1]``), over their ranges."""
+    span = interval(extent, ranges)
+    if not _finite(span):
+        raise TccBoundsError(f"cannot bound the extent {format_expr(extent)}", None,
+                             "an extent may use the statement's indices, shape symbols and integers")
+    return int(span[1])  # type: ignore[index]
 
 
 def _finite(span: Interval | None) -> bool:
