@@ -34,7 +34,8 @@ def step11_ops() -> dict[str, str]:
     return ops
 
 
-STEP11_EXAMPLES = ("rope", "dropout", "rmsnorm", "embedding", "pick", "window")  # the ones that work so far
+STEP11_EXAMPLES = ("rope", "dropout", "rmsnorm", "embedding", "pick", "window",  # the ones that work so far
+                   "embedding_grad", "histogram")
 
 
 @pytest.mark.skipif(not DSL.exists(), reason="shared/DSL.md is not beside this checkout")
