@@ -17,6 +17,7 @@ from tcc.ir.expr import Binary, Expr, Load, Read, Reduce, Var, format_expr, walk
 LOOP_KINDS = ("serial", "parallel", "vector", "unroll", "block.x", "block.y", "block.z",
               "thread.x", "thread.y", "thread.z")
 SCOPES = ("global", "shared", "local")
+DETERMINISTIC = "deterministic"  # LoopFunc.attrs: accumulations (+=) add in one fixed order on every run
 
 
 @dataclass(frozen=True)
