@@ -135,3 +135,23 @@ def test_grad_of_a_scatter_is_refused_with_the_statement():
     with pytest.raises(tcc.TccError, match=r"dE\[\.\.\.\] \+= \.\.\. \(an accumulation\)") as info:
         tcc.grad(tcc.compile(SCATTERS).embedding_grad)
     assert "dE[idx[n], d] += dY[n, d]" in str(info.value)
+
+
+def test_a_contraction_added_into_a_same_named_intermediate(rng):
+    """A ``+=`` of a GEMM-sized contraction stays a scatter (not the GEMM's tiles), and an
+    intermediate defined and added into over the same loop name is not fused into one loop."""
+    source = """
+op f[M = 1](A: f32[I, K], B: f32[K, J], idx: i64[I]) -> Y: f32[M, J] {
+    t: f32[M, J]
+    t[i, j] = 1.0
+    t[idx[i], j] += sum[k](A[i, k] * B[k, j])
+    Y[m, j] = t[m, j] + 0.5
+}
+"""
+    op = tcc.compile(source).f
+    i, k, j, m = 96, 64, 80, 7
+    A, B = rng.standard_normal((i, k)).astype(np.float32), rng.standard_normal((k, j)).astype(np.float32)
+    idx = rng.integers(0, m, i)
+    t = np.ones((m, j))
+    np.add.at(t, idx, A.astype(np.float64) @ B.astype(np.float64))
+    np.testing.assert_allclose(op(A, B, idx, M=m), t + 0.5, rtol=1e-4, atol=1e-3)

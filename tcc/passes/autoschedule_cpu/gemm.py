@@ -228,7 +228,8 @@ def _contraction(nest: Stmt) -> dict | None:
     while isinstance(r, For):
         rloops.append(r)
         r = r.body
-    if not (rloops and isinstance(r, Store) and r.buffer == s.buffer.name and isinstance(final, Store)):
+    if not (rloops and isinstance(r, Store) and r.buffer == s.buffer.name and isinstance(final, Store)) \
+            or final.accumulate:  # (a += of a contraction: its positions may repeat, not a GEMM's tiles)
         return None
     value = r.value
     if not (isinstance(value, Binary) and value.op == "add" and isinstance(value.b, Binary) and value.b.op == "mul"):
