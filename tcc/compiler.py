@@ -22,7 +22,7 @@ from tcc.frontend.parser import parse
 from tcc.frontend.schedules import Schedule, module_schedules, schedule_from_text
 from tcc.frontend.sema import analyze
 from tcc.generic_op import GenericOp
-from tcc.ir.loops import format_func
+from tcc.ir.loops import DETERMINISTIC, format_func
 from tcc.ir.te import OpTE, format_op
 from tcc.opdoc import docstring, header, signature
 from tcc.passes.pipeline import Lowered, lower_op
@@ -39,7 +39,7 @@ from tcc.stack import deep
 from tcc.target import Target
 
 MAX_SOURCE_BYTES = 64 << 20
-OPTIONS = ("conv", "arch", "tf32", "constant_params")  # of tcc.compile, each taken by some backend
+OPTIONS = ("conv", "arch", "tf32", "constant_params", "deterministic")  # of tcc.compile, each taken by some backend
 
 
 def check_options(options: dict[str, Any], target: str | Target) -> None:
@@ -60,6 +60,9 @@ def check_options(options: dict[str, Any], target: str | Target) -> None:
             isinstance(n, str) for n in options["constant_params"])):
         raise TccArgumentError(f"constant_params= must be a list of parameter names, not "
                                f"{options['constant_params']!r}", hint="e.g. constant_params=['W', 'b']")
+    if "deterministic" in options and not isinstance(options["deterministic"], bool):
+        raise TccArgumentError(f"deterministic= must be True or False, not {options['deterministic']!r}",
+                               hint="deterministic=True makes += statements add in the same order on every run")
     if "tf32" in options and not isinstance(options["tf32"], bool):
         raise TccArgumentError(f"tf32= must be True or False, not {options['tf32']!r}",
                                hint="tf32=True lets f32 contractions round their operands to TF32 on tensor cores")
@@ -323,6 +326,8 @@ class Op:
         lowered = lower_op(self.te, bindings, self.target, self.backend.schedule, self.options.get("conv", "auto"),
                            Trace(after_pass), self.user_schedule.steps, bool(self.options.get("tf32")),
                            frozenset(self.options.get("constant_params", ())))
+        if self.options.get("deterministic"):  # (read by the schedules of += statements)
+            lowered.loops.attrs[DETERMINISTIC] = True
         if self.tune:
             # a downward import (tune knows ops by a Protocol), made here because the tuner loads
             # every target's auto-scheduler: an op that is not tuned never needs it

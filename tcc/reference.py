@@ -136,7 +136,8 @@ def _run(op: OpTE, args: Mapping[str, np.ndarray | int | float]) -> dict[str, np
             if c.sequential:
                 _recurrence(op, env, scalars, c)
                 continue
-            value = _Statement(op, env, scalars, c).evaluate()
+            statement = _Statement(op, env, scalars, c)
+            value = statement.add_into(env[c.tensor]) if c.accumulate else statement.evaluate()
             env[c.tensor] = store(value, tensor.dtype).astype(wide(tensor.dtype))
     return {r: store(env[r], op.tensors[r].dtype) for r in op.results}
 
@@ -226,6 +227,23 @@ class _Statement:
         if value.ndim:
             value = value.reshape(value.shape[: len(out_shape)]) if value.ndim > len(out_shape) else value
         return np.broadcast_to(value, out_shape).copy()
+
+    def add_into(self, target: np.ndarray) -> np.ndarray:
+        """An accumulation: ``target`` plus each point's value at its left-hand position, every
+        hit of a position counted (``np.add.at``)."""
+        value = self.evaluate()
+        out = target.copy()
+        if value.size:
+            positions = tuple(np.broadcast_to(self._statement_dims(i), value.shape) for i in self.compute.lhs)
+            np.add.at(out, positions, value)
+        return out
+
+    def _statement_dims(self, e: Expr) -> np.ndarray:
+        """``e`` (of the statement's own index variables) without the trailing grid dims of its
+        reductions."""
+        a = np.asarray(self._eval(e), dtype=np.int64)
+        count = len(self.compute.axes)
+        return a.reshape(a.shape[:count]) if a.ndim > count else a
 
     def _grid(self, name: str, extent: int) -> np.ndarray:
         shape = [1] * self.ndim

@@ -214,6 +214,10 @@ class _Thread:
             else:
                 self.locals[s.buffer.name] = fresh
             yield from self.run(s.body, env)
+        elif isinstance(s, Store) and s.accumulate:  # atomicAdd: its read and write are one step
+            target = self.locals.get(s.buffer)
+            target = self.block.memory[s.buffer] if target is None else target
+            target[ev.offset(Load(s.buffer, s.indices, s.value.dtype))] += ev.expr(s.addend)
         elif isinstance(s, Store):
             target = self.locals.get(s.buffer)
             target = self.block.memory[s.buffer] if target is None else target

@@ -35,7 +35,8 @@ def step11_ops() -> dict[str, str]:
 
 
 # the ones that work so far
-STEP11_EXAMPLES = ("rope", "dropout", "rmsnorm", "embedding", "pick", "window", "linear_recurrence", "cumsum")
+STEP11_EXAMPLES = ("rope", "dropout", "rmsnorm", "embedding", "pick", "window", "linear_recurrence", "cumsum",
+                   "embedding_grad", "histogram")
 
 
 @pytest.mark.skipif(not DSL.exists(), reason="shared/DSL.md is not beside this checkout")

@@ -43,6 +43,7 @@ from tcc.ir.loops import (
     stmt_exprs,
     walk_stmts,
 )
+from tcc.passes.autoschedule_cuda.scatter import ATOMIC_DTYPES
 from tcc.passes.simplify import evaluate_int
 from tcc.target import CudaTarget
 
@@ -384,6 +385,9 @@ class _Kernel(MatrixStatements):
 
     def _s_Store(self, s: Store, depth: int) -> None:
         buf = self.buffers[s.buffer]
+        if s.accumulate and buf.dtype.name in ATOMIC_DTYPES:
+            self._atomic_add(s, buf, depth)
+            return
         if buf.scope != "local" and _same_memory(s.value, buf, self.buffers):
             value = self._memory_load(s.value)  # a 16-bit copy stays a bit copy
         else:
@@ -391,6 +395,15 @@ class _Kernel(MatrixStatements):
             if buf.scope != "local":
                 value = _to_memory(value, buf.dtype)
         self._line(depth, f"{c_name(s.buffer)}[{self._flat(buf, s.indices)}] = {value};")
+
+    def _atomic_add(self, s: Store, buf: Buffer, depth: int) -> None:
+        """An accumulating store (``+=``, whose threads may hit one element) as ``atomicAdd`` of
+        its addend; i64 through the unsigned 64-bit overload (two's complement adds the same)."""
+        where = f"&{c_name(s.buffer)}[{self._flat(buf, s.indices)}]"
+        value = self._expr(s.addend)
+        if buf.dtype.name == "i64":
+            where, value = f"(unsigned long long*){where}", f"(unsigned long long)({value})"
+        self._line(depth, f"atomicAdd({where}, {value});")
 
     def _memory_load(self, e: Load) -> str:
         return f"{c_name(e.buffer)}[{self._flat(self.buffers[e.buffer], e.indices)}]"

@@ -73,6 +73,15 @@ class Assign(Node):
 
 
 @dataclass
+class Accumulate(Node):
+    """``target[indices] += value``: adds into a tensor an earlier statement defined (a scatter)."""
+
+    target: str
+    indices: list[Node]
+    value: Node
+
+
+@dataclass
 class Decl(Node):
     name: str
     dtype: str

@@ -241,6 +241,10 @@ class _ToAst(Transformer):
         *indices, value = rest
         return self._with(ast.Assign(str(name), [i for i in indices if i is not None], value), meta)
 
+    def accumulate(self, meta, name, *rest):
+        *indices, value = rest
+        return self._with(ast.Accumulate(str(name), [i for i in indices if i is not None], value), meta)
+
     def decl(self, meta, name, dtype, shape):
         return self._with(ast.Decl(str(name), str(dtype), shape), meta)
 

@@ -145,6 +145,8 @@ class _OpAnalyzer(ExprAnalyzer):
             self._pad(stmt)
         elif isinstance(stmt, ast.Assign):
             self._assign(stmt)
+        elif isinstance(stmt, ast.Accumulate):
+            self._accumulate(stmt)
         else:  # pragma: no cover - the grammar has no other statements
             raise TccSyntaxError("unknown statement", stmt.span)
 
@@ -238,6 +240,38 @@ class _OpAnalyzer(ExprAnalyzer):
         self.computes.append(Compute(name, axes, body, a.span, sequential))
         self.defined.add(name)
 
+    def _accumulate(self, a: ast.Accumulate) -> None:
+        """``T[lhs] += value``: its index variables are the free names of the statement, each
+        ranging where it appears alone in an access (the left-hand one included); the value
+        converts to ``T``'s dtype as for ``=``."""
+        name = a.target
+        tensor = self.tensors.get(name)
+        if tensor is None or name not in self.defined or tensor.kind not in ("result", "temp"):
+            why = ("an input is read-only" if tensor is not None and tensor.kind == "input" else
+                   "a pad view is read-only" if name in self.pads else
+                   f"{name!r} is not defined by an earlier statement")
+            raise TccNameError(f"cannot add into {name!r}: {why}", a.span,
+                               f"define it first ({name}[i, ...] = 0), then add with +=")
+        target = ast.Access(name, a.indices, span=a.span)
+        names = _free_names([target, a.value], self._taken())
+        env = {n: Var(n, dtypes.i64) for n in names}
+        axes = tuple(IterVar(env[n], self._accumulate_range(n, target, a)) for n in names)
+        lhs = self._expr(target, env, what="the left-hand side").expr
+        value = self._expr(a.value, env, what="an expression")
+        body = self._convert(value, tensor.dtype, a.value.span, f"the value added into {name}")
+        self.computes.append(Compute(name, axes, body, a.span, lhs=lhs.indices, accumulate=True))
+
+    def _accumulate_range(self, var: str, target: ast.Access, a: ast.Accumulate) -> Expr:
+        sources = self._alone_uses(var, target) + self._alone_uses(var, a.value)
+        if not sources:
+            raise TccShapeError(f"cannot infer the range of index {var!r} of this += statement: it is never "
+                                "used alone as an index", a.span,
+                                f"use {var} alone in an access (X[{var}]), or check the spelling if it "
+                                "is meant to name a tensor, scalar or parameter")
+        if len({s.extent for s in sources}) > 1:
+            self.range_checks.append(RangeCheck(var, f"{a.target} +=", tuple(sources)))
+        return sources[0].extent
+
     def _convert(self, value: Typed, dtype: DType, span: Span | None, what: str) -> Expr:
         """Implicit conversion at a store: NumPy's same-kind rule (no float -> int)."""
         src = value.dtype
@@ -314,6 +348,25 @@ class _OpAnalyzer(ExprAnalyzer):
     # ------------------------------------------------------------ expressions
 
 
-# ---------------------------------------------------------------- affine range inference
+def _free_names(nodes: list[ast.Node], known: set[str]) -> list[str]:
+    """The names of ``nodes`` that are none of ``known`` nor a reduction's own index, in order of
+    first appearance: the index variables of an accumulating statement."""
+    out: list[str] = []
+
+    def visit(node: ast.Node, bound: frozenset[str]) -> None:
+        if isinstance(node, ast.ReduceExpr):
+            for ax in node.axes:
+                if ax.extent is not None:
+                    visit(ax.extent, bound)
+            visit(node.body, bound | {ax.name for ax in node.axes})
+            return
+        if isinstance(node, ast.Name) and node.id not in known and node.id not in bound and node.id not in out:
+            out.append(node.id)
+        for child in ast_children(node):
+            visit(child, bound)
+
+    for n in nodes:
+        visit(n, frozenset())
+    return out
 
 

@@ -12,11 +12,12 @@ from dataclasses import dataclass, field, replace
 
 from tcc.dtypes import DType
 from tcc.errors import Span, TccError
-from tcc.ir.expr import Expr, Load, Read, Reduce, Var, format_expr, walk
+from tcc.ir.expr import Binary, Expr, Load, Read, Reduce, Var, format_expr, walk
 
 LOOP_KINDS = ("serial", "parallel", "vector", "unroll", "block.x", "block.y", "block.z",
               "thread.x", "thread.y", "thread.z")
 SCOPES = ("global", "shared", "local")
+DETERMINISTIC = "deterministic"  # LoopFunc.attrs: accumulations (+=) add in one fixed order on every run
 
 
 @dataclass(frozen=True)
@@ -69,10 +70,20 @@ class Seq(Stmt):
 
 @dataclass(frozen=True)
 class Store(Stmt):
+    """``buffer[indices] = value``. With ``accumulate`` (a ``+=`` statement, a scatter) the value
+    is ``buffer[indices] + addend`` and other iterations of the nest may hit the same element:
+    schedules keep such loops serial, or make the store an atomic add of the addend."""
+
     buffer: str
     indices: tuple[Expr, ...]
     value: Expr
     span: Span | None = field(default=None, compare=False, repr=False)
+    accumulate: bool = False
+
+    @property
+    def addend(self) -> Expr:
+        """What an accumulating store adds (its value is ``buffer[indices] + addend``)."""
+        return self.value.b  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -315,7 +326,8 @@ def _format_stmt(s: Stmt, depth: int, out: list[str]) -> None:
             _format_stmt(c, depth, out)
     elif isinstance(s, Store):
         idx = ", ".join(format_expr(i) for i in s.indices)
-        out.append(f"{pad}{s.buffer}[{idx}] = {format_expr(s.value)}")
+        note = "  # accumulate" if s.accumulate else ""
+        out.append(f"{pad}{s.buffer}[{idx}] = {format_expr(s.value)}{note}")
     elif isinstance(s, Allocate):
         b = s.buffer
         swizzle = f" swizzle={b.swizzle}B" if b.swizzle else ""
@@ -381,6 +393,7 @@ def _verify(s: Stmt, buffers: dict[str, Buffer], scope: set[str], loops: set[str
         _check(s.buffer in buffers, f"store to unknown buffer {s.buffer}")
         _check(len(s.indices) == len(buffers[s.buffer].shape), f"rank mismatch storing {s.buffer}")
         _check(s.value.dtype == buffers[s.buffer].dtype, f"store of {s.value.dtype} into {s.buffer}")
+        _check(not s.accumulate or _adds_to_itself(s), f"accumulating store into {s.buffer} is not a += b")
     if isinstance(s, For):
         _check(s.kind in LOOP_KINDS, f"unknown loop kind {s.kind}")
         _check(s.var.name not in scope, f"loop variable {s.var.name} shadows another")
@@ -398,3 +411,10 @@ def _verify(s: Stmt, buffers: dict[str, Buffer], scope: set[str], loops: set[str
 def _check(cond: bool, message: str) -> None:
     if not cond:
         raise TccError(f"internal error: loop IR verifier: {message}")
+
+
+def _adds_to_itself(s: Store) -> bool:
+    """An accumulating store's value is ``Load(buffer, indices) + addend``."""
+    v = s.value
+    return isinstance(v, Binary) and v.op == "add" and isinstance(v.a, Load) and v.a.buffer == s.buffer \
+        and v.a.indices == s.indices

@@ -21,6 +21,10 @@ def format_source(op: OpTE) -> str:
         lines += _pads_of(op, name)
     for c in op.computes:
         t = op.tensors[c.tensor]
+        if c.accumulate:  # its index variables are inferred again from where they appear alone
+            lhs = ", ".join(source_expr(i) for i in c.target_indices())
+            lines.append(f"    {c.tensor}[{lhs}] += {source_expr(c.body)}")
+            continue
         if t.kind != "result":
             lines.append(f"    {c.tensor}: {_shape(t)}")
         axes = ", ".join(ax.var.name for ax in c.axes)

@@ -51,15 +51,23 @@ class Scalar:
 
 @dataclass(frozen=True)
 class Compute:
-    """``tensor[axes] = body``. A recurrence reads ``tensor`` itself at earlier positions along
-    the axes named in ``sequential``: their iterations must run in ascending order (the others
-    stay independent)."""
+    """``tensor[axes] = body``; or, with ``accumulate``, ``tensor[lhs] += body`` for every point of
+    ``axes`` (a scatter: ``lhs`` may be any index expressions, and several points may hit one
+    position). An accumulation adds into a tensor that an earlier statement defined. A recurrence
+    reads ``tensor`` itself at earlier positions along the axes named in ``sequential``: their
+    iterations must run in ascending order (the others stay independent)."""
 
     tensor: str
     axes: tuple[IterVar, ...]
     body: Expr
     span: Span | None = field(default=None, compare=False, repr=False)
     sequential: tuple[str, ...] = ()
+    lhs: tuple[Expr, ...] | None = None  # the left-hand indices of an accumulation
+    accumulate: bool = False
+
+    def target_indices(self) -> tuple[Expr, ...]:
+        """Where each point stores: ``lhs`` for an accumulation, else the axes themselves."""
+        return self.lhs if self.lhs is not None else tuple(ax.var for ax in self.axes)
 
 
 @dataclass
@@ -86,6 +94,10 @@ class OpTE:
     @property
     def inputs(self) -> list[str]:
         return [p for p in self.params if p in self.tensors]
+
+    def accumulated(self) -> set[str]:
+        """The tensors that an accumulating statement (``+=``) adds into."""
+        return {c.tensor for c in self.computes if c.accumulate}
 
 
 
@@ -115,6 +127,10 @@ def format_op(op: OpTE) -> str:
         kind = "" if t.kind == "result" else f"  # {t.kind}"
         if c.sequential:
             kind += f"  # in order along {', '.join(c.sequential)}"
+        if c.accumulate:
+            lhs = ", ".join(format_expr(i) for i in c.target_indices())
+            lines.append(f"    {c.tensor}[{lhs}] [{axes}] += {format_expr(c.body)}{kind}")
+            continue
         lines.append(f"    {c.tensor}: {shape(t)} [{axes}] = {format_expr(c.body)}{kind}")
     lines.append("}")
     return "\n".join(lines)
@@ -126,9 +142,14 @@ def verify_op(op: OpTE) -> None:
     for c in op.computes:
         t = op.tensors.get(c.tensor)
         _check(t is not None and t.kind in ("result", "temp"), f"{c.tensor} is not computable")
-        _check(len(c.axes) == len(t.shape), f"{c.tensor}: {len(c.axes)} axes for rank {len(t.shape)}")
+        _check(c.accumulate == (c.lhs is not None), f"{c.tensor}: an accumulation needs its left-hand indices")
+        _check(not c.accumulate or c.tensor in defined, f"{c.tensor} accumulated into before it is defined")
+        indices = c.target_indices()
+        _check(len(indices) == len(t.shape), f"{c.tensor}: {len(indices)} indices for rank {len(t.shape)}")
         bound = {ax.var.name for ax in c.axes} | set(op.scalars) | set(op.symbols) | set(op.cparams)
         _check_expr(c.body, op, defined | ({c.tensor} if c.sequential else set()), bound)
+        for idx in c.lhs or ():
+            _check_expr(idx, op, defined, bound)
         defined.add(c.tensor)
     for r in op.results:
         _check(r in defined, f"result {r} is never computed")

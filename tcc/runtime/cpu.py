@@ -498,6 +498,7 @@ BACKEND = Backend(
     kind="cpu", target_type=CpuTarget, stages=STAGES,
     primitives=frozenset(("split", "tile", "reorder", "fuse", "unroll", "vectorize", "parallel", "cache", "pack",
                           "compute_at", "inline", "decompose", "conv")),
-    cache_scopes=frozenset(("local", "global")), options=frozenset(("conv", "constant_params")), defaults={},
+    cache_scopes=frozenset(("local", "global")), options=frozenset(("conv", "constant_params", "deterministic")),
+    defaults={},
     resolve=machine, schedule=cpu_schedule, build=build, load=load, invoke=invoke, make_plan=make_plan,
     as_array=as_array, stage_text=stage_text, cache_key=CpuTarget.key)

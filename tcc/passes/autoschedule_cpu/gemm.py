@@ -228,7 +228,8 @@ def _contraction(nest: Stmt) -> dict | None:
     while isinstance(r, For):
         rloops.append(r)
         r = r.body
-    if not (rloops and isinstance(r, Store) and r.buffer == s.buffer.name and isinstance(final, Store)):
+    if not (rloops and isinstance(r, Store) and r.buffer == s.buffer.name and isinstance(final, Store)) \
+            or final.accumulate:  # (a += of a contraction: its positions may repeat, not a GEMM's tiles)
         return None
     if any(not isinstance(f.extent, Const) for f in axes + rloops):  # a triangle (sum[j: i + 1]) is no GEMM
         return None

@@ -87,6 +87,8 @@ def fuse_rows(func: LoopFunc, trace: Trace = SILENT) -> LoopFunc:
         consumer = next((s for s in body[body.index(producer) + 1:] if t in {ld.buffer for ld in loads(s)}), None)
         if not (isinstance(consumer, For) and consumer.var.name == producer.var.name):
             continue  # only into the consumer's outer loop: deeper, it would be recomputed per outer iteration
+        if any(st.accumulate for st in stores(consumer)):
+            continue  # a += nest (of t itself, or of another tensor) keeps its own order
         try:
             func = trace(f"compute_at {t} at {producer.var.name}", compute_at(func, t, producer.var.name))
         except TccScheduleError:

@@ -35,6 +35,7 @@ from tcc.errors import TccCompileError, TccScheduleError
 from tcc.ir.expr import Binary, Const, Expr, Load, Var, free_vars, walk
 from tcc.ir.loopnest import stores
 from tcc.ir.loops import (
+    DETERMINISTIC,
     Allocate,
     Barrier,
     Buffer,
@@ -56,6 +57,7 @@ from tcc.passes.autoschedule_cuda import (
     implicit_conv,
     merge_kernels,
     recurrence,
+    scatter,
     split_k,
     split_reduction,
     tensorcore,
@@ -109,8 +111,12 @@ def schedule_cuda(func: LoopFunc, target: CudaTarget, tuning: CudaTuning = CudaT
     nests = _nests(body)
     kernels: list[Stmt] = []
     kinds: list[str] = []
+    buffers = func.buffers()
     for i, nest in enumerate(nests):
-        kernel, how = _schedule_nest(nest, names, shapes, temps, target, tuning, tf32)
+        if scatter.accumulates(nest):
+            kernel, how = _scatter_nest(nest, names, buffers, tuning, bool(func.attrs.get(DETERMINISTIC)))
+        else:
+            kernel, how = _schedule_nest(nest, names, shapes, temps, target, tuning, tf32)
         if kernel is not None:
             kernels.append(kernel)
             kinds.append(how)
@@ -283,6 +289,18 @@ def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]]
     if work is not None and work >= ROW_MIN_REDUCTION and work * ROW_RATIO >= total:
         return _row_schedule(nest, names, min(threads, MAX_ROW_THREADS), work), "row"
     return _flat_schedule(nest, names, threads), "flat"
+
+
+def _scatter_nest(stmt: Stmt, names: _Names, buffers: dict[str, Buffer], tuning: CudaTuning,
+                  deterministic: bool) -> tuple[Stmt | None, str]:
+    """A ``+=`` nest: its iterations over threads, adding atomically, or one thread in a fixed
+    order (see :mod:`.scatter`)."""
+    nest = _spatial_axes(stmt)
+    if math.prod(nest.extents) == 0:
+        return None, "empty: no launch"
+    if scatter.needs_serial(stmt, buffers, deterministic):
+        return scatter.serial_kernel(stmt, names.fresh), "scatter in order"
+    return _flat_kernel(nest, names, 32 * tuning.warps), "scatter atomic"
 
 
 def _contraction_kernels(c: gemm.Contraction, nest: _Nest, names: _Names, shapes: dict[str, tuple[int, ...]],

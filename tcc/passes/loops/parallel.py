@@ -13,6 +13,7 @@ from tcc.errors import Span, TccScheduleError
 from tcc.ir.expr import const, free_vars
 from tcc.ir.loopnest import allocated, linear_coeff, loads, on_loops, require_loop, stores
 from tcc.ir.loops import For, LoopFunc, walk_stmts
+from tcc.passes.loops.scatter import check_scatter
 
 
 def parallel(func: LoopFunc, loop: str, span: Span | None = None) -> LoopFunc:
@@ -25,6 +26,7 @@ def check_parallel(func: LoopFunc, loop: For, span: Span | None) -> None:
     name = loop.var.name
     if loop.extent == const(1):
         return  # the tail copy of a split: one iteration cannot race
+    check_scatter(loop, "run in parallel", span)
     if any(isinstance(n, For) and n.kind == "parallel" and n is not loop for n in walk_stmts(loop.body)):
         raise TccScheduleError(f"loop {name} contains a parallel loop; parallel loops do not nest", span)
     for outer in walk_stmts(func.body):

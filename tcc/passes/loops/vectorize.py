@@ -44,6 +44,7 @@ from tcc.ir.loops import (
     stmt_exprs,
     walk_stmts,
 )
+from tcc.passes.loops.scatter import check_scatter
 from tcc.passes.loops.split import split
 from tcc.passes.te.lower import reduce_identity
 
@@ -68,6 +69,7 @@ def vectorize(func: LoopFunc, loop: str, lanes: int | None = None, span: Span | 
                                    f"vectorize by a factor: vectorize {loop} by 16")
         if any(isinstance(s, For) and s.kind in ("vector", "parallel") for s in walk_stmts(f.body)):
             raise TccScheduleError(f"loop {loop} contains a vector or parallel loop", span)
+        check_scatter(f, "vectorise", span)
         width = max(width, n)
     func = on_loops(func, loop, lambda s: replace(s, body=_privatize(s.body, s.var.name, const_extent(s))))
     for acc in sorted(_reduction_buffers(func, loop)):

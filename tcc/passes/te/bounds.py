@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 
 from tcc.errors import Span, TccBoundsError
 from tcc.ir.expr import Binary, Cast, Const, Expr, Read, Reduce, Select, Unary, Var, format_expr, free_vars, walk
-from tcc.ir.te import OpTE
+from tcc.ir.te import Compute, OpTE
 
 Interval = tuple[float, float]  # integer bounds; -inf / inf where a side is unknown
 Ranges = dict[str, Interval]
@@ -165,7 +165,8 @@ def prove_bounds(op: OpTE) -> OpTE:
             ranges[ax.var.name] = (0, int(ax.extent.value) - 1)  # type: ignore[attr-defined]
         prover = _Prover(op)
         body = c.body if _empty(ranges) else prover.prove(c.body, ranges, ranges)
-        computes.append(replace(c, body=body))
+        lhs = c.lhs if c.lhs is None or _empty(ranges) else prover.target(c, ranges)
+        computes.append(replace(c, body=body, lhs=lhs))
         checks += prover.checks
     return replace(op, computes=computes, index_checks=checks)
 
@@ -200,6 +201,12 @@ class _Prover:
         if all(rebuilt[id(c)] is c for c in children):
             return e
         return _with_children(e, rebuilt)
+
+    def target(self, c: Compute, ranges: Ranges) -> tuple[Expr, ...]:
+        """An accumulation's left-hand indices, proved like a read of its tensor: those that read
+        data become index checks, so an out-of-range position fails before anything is written."""
+        dtype = self.op.tensors[c.tensor].dtype
+        return self.prove(Read(c.tensor, c.lhs, dtype, c.span), ranges, ranges).indices
 
     def _read(self, e: Read, indices: tuple[Expr, ...], ranges: Ranges, plain: Ranges) -> tuple[Expr, ...]:
         shape = self.op.tensors[e.tensor].concrete_shape()

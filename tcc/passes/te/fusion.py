@@ -59,6 +59,10 @@ def inline_intermediates(op: OpTE) -> OpTE:
     tensors = dict(op.tensors)
     pads = dict(op.pads)
     for name in [c.tensor for c in op.computes if op.tensors[c.tensor].kind == "temp"]:
+        pinned = _scatter_pinned(op, name)
+        if pinned:
+            notes.append(f"keep {name}: {pinned}")
+            continue
         c = next(x for x in computes if x.tensor == name)  # the current version, after earlier inlining
         source = _copy_of(c, op)
         if source is not None and any(p.source == name for p in pads.values()):
@@ -77,6 +81,23 @@ def inline_intermediates(op: OpTE) -> OpTE:
         else:
             notes.append(f"keep {c.tensor}: {reason}")
     return replace(op, computes=computes, tensors=tensors, pads=pads, fusion_notes=notes)
+
+
+def _scatter_pinned(op: OpTE, name: str) -> str | None:
+    """Why ``name`` must stay a tensor of its own because of an accumulating statement (``+=``),
+    or None: one that is added into has more than one statement (inlining its definition would
+    drop the additions), one read in a left-hand index is where a scatter writes, and one that
+    reads a tensor added into would, moved to its readers, read it after later additions."""
+    added = op.accumulated()
+    if name in added:
+        return "added into by +=: its statements run in order on a tensor of its own"
+    if any(_reads(i, name) for c in op.computes for i in c.lhs or ()):
+        return "read in the left-hand index of a += statement"
+    body = next(c.body for c in op.computes if c.tensor == name)
+    read = sorted(t for t in added if _reads(body, t))
+    if read:
+        return f"reads {read[0]}, which += adds into: it is computed where it stands"
+    return None
 
 
 def _copy_of(c: Compute, op: OpTE) -> str | None:
@@ -232,7 +253,7 @@ def _groups(op: OpTE, gemms: bool = True) -> list:
     groups: list[list[Compute]] = []
     shared: list[int] = []
     for c in op.computes:
-        if c.sequential or (not gemms and gemm_batch_depth(c) < len(c.axes)):
+        if c.sequential or c.accumulate or (not gemms and gemm_batch_depth(c) < len(c.axes)):  # own nests
             groups.append([c])
             shared.append(0)  # nothing joins it
             continue
@@ -249,7 +270,8 @@ def _groups(op: OpTE, gemms: bool = True) -> list:
         if len(members) < 2:
             continue
         names = [m.tensor for m in members]
-        internal = tuple(n for n in names if op.tensors[n].kind == "temp" and _only_read_in(op, n, names))
+        internal = tuple(n for n in names if op.tensors[n].kind == "temp" and _only_read_in(op, n, names)
+                         and n not in op.accumulated())
         out.append(FusionGroup(tuple(names), k, internal))
     return out
 

@@ -40,7 +40,17 @@ def derive(op: OpTE, wrt: Sequence[str] | None = None, name: str | None = None) 
     """The gradient op of ``op`` with respect to the tensor inputs ``wrt`` (default: every float one)."""
     wrt = _check_wrt(op, wrt)
     _check_differentiable(op)
+    _no_scatter(op)
     return _Derivation(op, wrt, name or f"{op.name}_grad").run()
+
+
+def _no_scatter(op: OpTE) -> None:
+    """Accumulating statements (``+=``) are not differentiated yet: refuse, never a wrong value."""
+    for c in op.computes:
+        if c.accumulate:
+            raise TccArgumentError(f"tcc.grad cannot differentiate {op.name}: its statement {c.tensor}[...] += ... "
+                                   "(an accumulation) has no gradient rule yet", c.span,
+                                   "write the op without +=, or give the gradient op by hand")
 
 
 def _check_wrt(op: OpTE, wrt: Sequence[str] | None) -> list[str]:

@@ -57,7 +57,7 @@ def im2col(op: OpTE, mode: str = "auto") -> OpTE:
     tensors = dict(op.tensors)
     notes = list(op.fusion_notes)
     for c in op.computes:
-        new_c, added = _rewrite(c, op, tensors, mode, notes)
+        new_c, added = (c, []) if c.accumulate else _rewrite(c, op, tensors, mode, notes)  # (a scatter's own axes)
         for compute, tensor in added:
             tensors[tensor.name] = tensor
             computes.append(compute)

@@ -79,7 +79,8 @@ class _Lowering:
                 params.append(Var(p, op.scalars[p].dtype))
         params.extend(self._buffer(r) for r in op.results)
         internal = {t for g in op.groups for t in g.internal}
-        temps = [c.tensor for c in op.computes if op.tensors[c.tensor].kind == "temp" and c.tensor not in internal]
+        temps = list(dict.fromkeys(c.tensor for c in op.computes  # (a tensor added into has several statements)
+                                   if op.tensors[c.tensor].kind == "temp" and c.tensor not in internal))
         body = _drop_empty_loops(seq(*self._nests()))
         for name in reversed(temps):
             body = Allocate(self._buffer(name), body)
@@ -141,14 +142,26 @@ class _Lowering:
         allocs: list[Buffer] = []
         prelude: list[Stmt] = []
         value = self._expr(c.body, prelude, allocs)
-        indices = self._row_indices(c.tensor, (*lead, *(ax.var for ax in c.axes)))
-        inner: Stmt = seq(*prelude, Store(c.tensor, indices, value, c.span))
+        if c.accumulate:
+            store = self._accumulate(c, value, prelude, allocs)
+        else:
+            indices = self._row_indices(c.tensor, (*lead, *(ax.var for ax in c.axes)))
+            store = Store(c.tensor, indices, value, c.span)
+        inner: Stmt = seq(*prelude, store)
         for buf in reversed(allocs):
             inner = Allocate(buf, inner)
         for ax in reversed(c.axes):
             notes = (SEQUENTIAL,) if ax.var.name in c.sequential else ()
             inner = For(ax.var, ax.extent, inner, annotations=notes, span=c.span)
         return inner
+
+    def _accumulate(self, c: Compute, value: Expr, prelude: list[Stmt], allocs: list[Buffer]) -> Store:
+        """``T[lhs] = T[lhs] + value``, marked so that schedules know other iterations may hit the
+        same element (a scatter is never in a fusion group: its indices are the tensor's own)."""
+        indices = tuple(self._expr(i, prelude, allocs) for i in c.target_indices())
+        dtype = self.op.tensors[c.tensor].dtype
+        total = Binary("add", Load(c.tensor, indices, dtype), value, dtype)
+        return Store(c.tensor, indices, total, c.span, accumulate=True)
 
     def _row_indices(self, tensor: str, indices: tuple[Expr, ...]) -> tuple[Expr, ...]:
         """Indices into a tensor's buffer: a per-row intermediate drops the shared leading ones."""

@@ -68,7 +68,7 @@ class _Dim:
 
 def split_phases(op: OpTE) -> OpTE:
     """``op`` with each convolution over a dilated tensor split into phase convolutions."""
-    dilations = [_dilation(op, c) for c in op.computes]
+    dilations = [_dilation(op, c) for c in op.computes if c.tensor not in op.accumulated()]
     for dilated in (d for d in dilations if d is not None):  # their computes survive each rewrite
         found = _consumer(op, dilated)
         if found is not None:
@@ -115,6 +115,8 @@ def _consumer(op: OpTE, dilated: _Dilated) -> tuple[Compute, str, list[_Dim]] | 
     if len(readers) != 1 or any(p.source == view for p in op.pads.values()):
         return None
     consumer = readers[0]
+    if consumer.accumulate:  # a scatter keeps its own left-hand positions
+        return None
     body = consumer.body
     reads = [n for n in walk(body) if isinstance(n, Read) and n.tensor == view]
     if not (isinstance(body, Reduce) and body.op == "sum" and len(reads) == 1):

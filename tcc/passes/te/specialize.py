@@ -42,7 +42,7 @@ def specialize(op: OpTE, bindings: dict[str, int | float]) -> OpTE:
             dims.append(Const(value, dtypes.i64))
         tensors[name] = replace(t, shape=tuple(dims))
     _check_ranges(op, sub, bindings)
-    computes = [replace(c, axes=_axes(c.axes, sub), body=sub(c.body)) for c in op.computes]
+    computes = [replace(c, axes=_axes(c.axes, sub), body=sub(c.body), lhs=_lhs(c.lhs, sub)) for c in op.computes]
     pads = {n: Pad(n, p.source, tuple(sub(x) for x in p.lo), tuple(sub(x) for x in p.hi), sub(p.value))
             for n, p in op.pads.items()}
     for name, pad in pads.items():
@@ -56,6 +56,11 @@ def specialize(op: OpTE, bindings: dict[str, int | float]) -> OpTE:
 
 def _axes(axes: tuple[IterVar, ...], sub) -> tuple[IterVar, ...]:
     return tuple(IterVar(ax.var, sub(ax.extent)) for ax in axes)
+
+
+def _lhs(lhs: tuple[Expr, ...] | None, sub) -> tuple[Expr, ...] | None:
+    """An accumulation's left-hand indices, bound (None for an ordinary statement)."""
+    return None if lhs is None else tuple(sub(i) for i in lhs)
 
 
 def _check_ranges(op: OpTE, sub, bindings: dict[str, int | float]) -> None:
