@@ -193,22 +193,41 @@ VECTORIZED = Level(3, 2)
 
 
 def optimize(ir_text: str, target: CpuTarget, level: Level = FULL) -> llvm.ModuleRef:
-    """Parse, verify and run LLVM's pipeline at ``level`` on a module. Modules live in LLVM's global
-    context, which is not thread-safe (llvmlite releases the GIL in LLVM): one thread at a time."""
+    """Parse, verify and run LLVM's pipeline at ``level`` on a module, then verify what the
+    pipeline made. LLVM 22's SROA can emit a shuffle before a value it reads (it merges partial
+    vector stores into an alloca in offset order, not program order: llvm/llvm-project#189680,
+    fixed after 22.1; fuzz seed 1270, a ceil_mode MaxPool's row buffer), and the code generator
+    aborts the process on such IR. Then the pipeline runs again at O1, or O0, which gave valid IR.
+    Modules live in LLVM's global context, which is not thread-safe (llvmlite releases the GIL in
+    LLVM): one thread at a time."""
     _init()
     with _LOCK:
-        try:
-            mod = llvm.parse_assembly(ir_text)
-            mod.verify()
-        except RuntimeError as exc:
-            raise TccCompileError(f"internal error: generated LLVM IR is invalid: {exc}") from None
-        tm = target_machine(target, level.codegen)
-        mod.triple = tm.triple
-        mod.data_layout = str(tm.target_data)
-        pto = llvm.create_pipeline_tuning_options(speed_level=level.passes)
-        pb = llvm.create_pass_builder(tm, pto)
-        pb.getModulePassManager().run(mod, pb)
-        return mod
+        for passes in dict.fromkeys((level.passes, min(level.passes, 1), 0)):
+            mod = _parse(ir_text)
+            _run_pipeline(mod, target_machine(target, level.codegen), passes)
+            try:
+                mod.verify()
+            except RuntimeError:
+                continue
+            return mod
+    raise TccCompileError("internal error: LLVM's optimiser made invalid IR at every level")
+
+
+def _parse(ir_text: str) -> llvm.ModuleRef:
+    try:
+        mod = llvm.parse_assembly(ir_text)
+        mod.verify()
+    except RuntimeError as exc:
+        raise TccCompileError(f"internal error: generated LLVM IR is invalid: {exc}") from None
+    return mod
+
+
+def _run_pipeline(mod: llvm.ModuleRef, tm: llvm.TargetMachine, passes: int) -> None:
+    mod.triple = tm.triple
+    mod.data_layout = str(tm.target_data)
+    pto = llvm.create_pipeline_tuning_options(speed_level=passes)
+    pb = llvm.create_pass_builder(tm, pto)
+    pb.getModulePassManager().run(mod, pb)
 
 
 def emit_object(mod: llvm.ModuleRef, target: CpuTarget, level: Level = FULL) -> bytes:
