@@ -315,16 +315,17 @@ REDUCTIONS: dict[str, tuple[str, Callable[[Ex], Ex] | None, Callable[[Ex, int], 
 
 def reduce(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
     x = args[0]
+    kind, term, finish = REDUCTIONS[node.op_type]
     axes = axes_of(node, args, 1, x.rank)
-    if not axes:  # no axes: all of them, or none at all with noop_with_empty_axes
-        if node.attrs.get("noop_with_empty_axes", 0):
+    if not axes:  # no axes: all of them, or none with noop_with_empty_axes (ReduceL2 is still |x|)
+        noop = node.attrs.get("noop_with_empty_axes", 0)
+        if noop and term is None and finish is None and node.op_type != "ReduceLogSumExp":
             return [x]
-        axes = list(range(x.rank))
+        axes = [] if noop else list(range(x.rank))
     axes = sorted(set(axes))
     keepdims = bool(node.attrs.get("keepdims", 1))
     shape = tuple(1 if d in axes else n for d, n in enumerate(x.shape) if keepdims or d not in axes)
     count = math.prod(x.shape[a] for a in axes)
-    kind, term, finish = REDUCTIONS[node.op_type]
     if kind in ("max", "min") and count == 0 and not is_float(x.dtype) and x.dtype != "bool":
         raise node.error(f"{node.op_type} over an empty set of integers has no value")
     if x.dtype == "bool":
