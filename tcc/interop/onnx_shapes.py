@@ -198,14 +198,16 @@ def gather(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
             return [view(x, shape, read)]
 
     def body(idx: list[Ex]) -> Ex:
+        """The one position the index names, picked by a reduction over the axis (the language
+        has no data-dependent index): a sum of numbers, for bools whether any is true."""
         i = indices.read(idx[axis:axis + k])
         picked = x.read([*idx[:axis], var("k0"), *idx[axis + k:]])
         hit = select(i.lt(0), i + n, i).eq(var("k0"))
+        if x.dtype == "bool":
+            return reduction("max", [("k0", n)], select(hit.and_(picked), 1, 0)).gt(0)
         total = reduction("sum", [("k0", n)], select(hit, picked, zero(x.dtype)))
         return total if x.dtype in ("f32", "f64", "i64") else cast_to(total, x.dtype)
 
-    if x.dtype == "bool":
-        raise node.error("Gather of booleans with indices known only at run time is not supported")
     return [p.emit(node.outputs[0], shape, x.dtype, body)]
 
 
@@ -289,44 +291,57 @@ def tile(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
 
 
 def pad(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
-    """constant, edge, reflect and wrap padding; negative pads crop."""
+    """constant, edge, reflect and wrap padding. Negative pads crop first, then the rest pads
+    what is left (onnxruntime's reading: wrap repeats the cropped axis, edge repeats its ends)."""
     x = args[0]
-    pads = list(node.attrs["pads"]) if node.opset < 11 else \
-        [int(v) for v in const_of(node, args[1], "pads").reshape(-1)]
-    axes = list(range(x.rank))
-    if len(args) > 3 and args[3] is not None:
-        axes = [norm_axis(node, int(a), x.rank) for a in const_of(node, args[3], "axes").reshape(-1)]
-    if len(pads) != 2 * len(axes):
-        raise node.error(f"pads {pads} do not fit {len(axes)} axes")
-    lo, hi = [0] * x.rank, [0] * x.rank
-    for k, a in enumerate(axes):
-        lo[a], hi[a] = pads[k], pads[k + len(axes)]
+    lo, hi = _pads(node, args, x.rank)
     mode = node.attrs.get("mode", "constant")
-    fill = node.attrs.get("value", 0.0) if node.opset < 11 else \
-        const_of(node, args[2], "constant_value").reshape(-1)[0] if len(args) > 2 and args[2] is not None else 0
-    shape = [n + a + b for n, a, b in zip(x.shape, lo, hi)]
-    if min(shape, default=1) < 0 or mode == "reflect" and any(max(a, b) >= n for n, a, b in zip(x.shape, lo, hi)):
-        raise node.error(f"pads {pads} do not fit shape {list(x.shape)} in mode {mode!r}")
     if mode not in ("constant", "edge", "reflect", "wrap"):
         raise node.error(f"mode={mode!r} is not supported", hint="tcc pads in constant, edge, reflect and wrap modes")
-
-    def source(i: Ex, n: int, before: int) -> Ex:
-        j = i - before
-        if mode == "edge":
-            return call("min", call("max", j, 0), n - 1)
-        if mode == "wrap":
-            return j % n
-        return select(j.lt(0), -j, select(j.gt(n - 1), 2 * (n - 1) - j, j))  # reflect
-
+    cut_lo, cut_hi = [max(-a, 0) for a in lo], [max(-b, 0) for b in hi]
+    grow_lo, grow_hi = [max(a, 0) for a in lo], [max(b, 0) for b in hi]
+    kept = [n - a - b for n, a, b in zip(x.shape, cut_lo, cut_hi)]
+    if min(kept, default=1) < 0 or mode != "constant" and any(
+            (a or b) and (m == 0 or mode == "reflect" and max(a, b) >= m) for m, a, b in zip(kept, grow_lo, grow_hi)):
+        raise node.error(f"pads {lo + hi} do not fit shape {list(x.shape)} in mode {mode!r}")
+    cropped = x if not any(cut_lo + cut_hi) else view(
+        x, kept, lambda idx: x.read([i + c if c else i for i, c in zip(idx, cut_lo)]))
+    if not any(grow_lo + grow_hi):
+        return [cropped]
     if mode == "constant":
-        grow_lo, grow_hi = [max(a, 0) for a in lo], [max(b, 0) for b in hi]
-        cropped = view(x, [n - max(-a, 0) - max(-b, 0) for n, a, b in zip(x.shape, lo, hi)],
-                       lambda idx: x.read([i + max(-a, 0) for i, a in zip(idx, lo)]))
-        if not any(grow_lo) and not any(grow_hi):
-            return [cropped]
+        fill = node.attrs.get("value", 0.0) if node.opset < 11 else const_of(node, args[2], "constant_value").reshape(
+            -1)[0] if len(args) > 2 and args[2] is not None else 0
         return [p.pad(cropped, grow_lo, grow_hi, node.outputs[0], _fill_literal(fill, x.dtype))]
-    return [view(x, shape, lambda idx: x.read([source(i, n, a) if a or b else i
-                                               for i, n, a, b in zip(idx, x.shape, lo, hi)]))]
+    shape = [m + a + b for m, a, b in zip(kept, grow_lo, grow_hi)]
+    return [view(cropped, shape, lambda idx: cropped.read([_pad_source(mode, i - a, m) if a or b else i
+                                                           for i, m, a, b in zip(idx, kept, grow_lo, grow_hi)]))]
+
+
+def _pads(node: Node, args: list[Value | None], rank: int) -> tuple[list[int], list[int]]:
+    """The pads before and after each axis (0 for an axis the ``axes`` input leaves out)."""
+    pads = list(node.attrs["pads"]) if node.opset < 11 else \
+        [int(v) for v in const_of(node, args[1], "pads").reshape(-1)]
+    axes = list(range(rank))
+    if len(args) > 3 and args[3] is not None:
+        axes = [norm_axis(node, int(a), rank) for a in const_of(node, args[3], "axes").reshape(-1)]
+    if len(pads) != 2 * len(axes):
+        raise node.error(f"pads {pads} do not fit {len(axes)} axes")
+    lo, hi = [0] * rank, [0] * rank
+    for k, a in enumerate(axes):
+        lo[a], hi[a] = pads[k], pads[k + len(axes)]
+    return lo, hi
+
+
+def _pad_source(mode: str, j: Ex, m: int) -> Ex:
+    """The position in an axis of ``m`` that padding reads for the position ``j`` (from -pad to
+    m - 1 + pad). Reflect's is clamped into the axis, where it already is: the bounds prover
+    narrows an index by a select's condition only when that index is one variable plus a constant."""
+    if mode == "edge":
+        return call("min", call("max", j, 0), m - 1)
+    if mode == "wrap":
+        return j % m
+    folded = select(j.lt(0), -j, select(j.gt(m - 1), 2 * (m - 1) - j, j))
+    return call("min", call("max", folded, 0), m - 1)
 
 
 def _fill_literal(value, dtype: str) -> Ex | None:
