@@ -1,13 +1,16 @@
 """Generators of the computing operators: elementwise (with broadcasting and shared operands),
-comparisons and Where on bools, Cast, reductions (keepdims, rank 0), Softmax, MatMul and Gemm
-(shared operands too), LayerNormalization and BatchNormalization.
+comparisons and Where on bools, Cast, the Reduce* family (keepdims, axes, rank 0), ArgMax and
+ArgMin, Softmax, MatMul and Gemm (shared operands too), Layer-, Batch- and InstanceNormalization.
 
 Operands are kept away from the points where two correct implementations may differ by more than
-rounding: a divisor is ``|b| + 0.5``, Log reads ``|x| + 1``, a float is cast to an integer type
-only when it is small. What is left to differ is tcc's bug.
+rounding: a divisor is ``|b| + 0.5``, Log and ReduceLogSum read ``|x| + 1``, a float is cast to an
+integer type only when it is small, ArgMax reads exact values (a tie is between equal numbers).
+What is left to differ is tcc's bug.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -65,7 +68,7 @@ def operand(g: Graph, x: Val, exact: bool = False) -> Val:
     if r < 0.25:
         return x
     if r < 0.6:
-        other = g.pick(lambda v: v.dtype == x.dtype and v is not x and _broadcasts(v.shape, x.shape)
+        other = g.pick(lambda v: v.dtype == x.dtype and v is not x and broadcasts(v.shape, x.shape)
                        and (v.exact or not exact))
         if other is not None:
             return other
@@ -78,7 +81,7 @@ def operand(g: Graph, x: Val, exact: bool = False) -> Val:
     return g.const(g.random_array(x.dtype, shape), x.dtype)
 
 
-def _broadcasts(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+def broadcasts(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
     try:
         return len(broadcast_shape(a, b)) <= 5
     except ValueError:
@@ -97,9 +100,9 @@ def binary(g: Graph) -> bool:
         args = [x]
         for _ in range(g.rng.randint(0, 2)):
             y = operand(g, x)
-            args.append(y if all(_broadcasts(a.shape, y.shape) for a in args) else x)
+            args.append(y if all(broadcasts(a.shape, y.shape) for a in args) else x)
     elif op == "Div":
-        args = [x, _away_from_zero(g, operand(g, x))]
+        args = [x, away_from_zero(g, operand(g, x))]
     elif op == "Pow":
         x = g.node("Abs", [x], [(x.dtype, x.shape)])[0]
         exponent = np.array(g.rng.choice((2.0, 0.5, 3.0, -1.0, 1.5)))
@@ -113,7 +116,7 @@ def binary(g: Graph) -> bool:
     return True
 
 
-def _away_from_zero(g: Graph, b: Val) -> Val:
+def away_from_zero(g: Graph, b: Val) -> Val:
     """``|b| + 0.5`` (``|b| + 1`` for integers): a divisor that cannot be zero."""
     b = g.node("Abs", [b], [(b.dtype, b.shape)])[0]
     one = g.const(np.array(0.5 if _float(b) else 1), b.dtype)
@@ -132,10 +135,10 @@ def compare(g: Graph) -> bool:
         cond = g.node(op, [x, y], [("bool", broadcast_shape(x.shape, y.shape))])[0]
         if g.rng.random() < 0.5:
             return True
-    a = g.pick(lambda v: v.dtype != "bool" and _broadcasts(v.shape, cond.shape)) or g.input("f32", cond.shape)
+    a = g.pick(lambda v: v.dtype != "bool" and broadcasts(v.shape, cond.shape)) or g.input("f32", cond.shape)
     b = operand(g, a)
     shape = broadcast_shape(cond.shape, a.shape)
-    b = b if _broadcasts(shape, b.shape) else a
+    b = b if broadcasts(shape, b.shape) else a
     shape = broadcast_shape(shape, b.shape)
     g.node("Where", [cond, a, b], [(a.dtype, shape)])
     return True
@@ -143,33 +146,73 @@ def compare(g: Graph) -> bool:
 
 def cast(g: Graph) -> bool:
     """Cast between every pair of types, but from float to integer or bool only of exact values
-    (the float's rounding decides which side of an integer it lands on)."""
+    (the float's rounding decides which side of an integer it lands on). A float narrowed to f16
+    is not exact: where the next node has no f16 kernel, onnxruntime casts its inputs to f32 and
+    then removes the pair Cast(to f16), Cast(to f32), dropping the rounding
+    (Equal(Identity(Cast(x)), Cast(x)) is false for x = -0.59497774: seed 1651)."""
     x = g.pick()
     targets = ["f32", "f16", "f64"] + (["bool", "i32", "i64", "i8"] if x.exact or not _float(x) else [])
     to = g.rng.choice(targets)
-    g.node("Cast", [x], [(to, x.shape)], to=ELEM[to])
+    narrowed = to == "f16" and x.dtype in ("f32", "f64")
+    g.node("Cast", [x], [(to, x.shape)], exact=False if narrowed else None, to=ELEM[to])
     return True
 
 
+# the Reduce* operators, by the types they take here: onnxruntime has no i8 kernels but ReduceMax
+# and ReduceMin's; bool ones only from opset 20; of ints, L2, LogSum and LogSumExp round a float
+# result back to an int (a choice of libraries, left out), and a Mean divides exactly or not
+REDUCE_TYPES = {"ReduceSum": NUMERIC, "ReduceMean": FLOATS, "ReduceMax": NUMERIC + ("i8", "bool"),
+                "ReduceMin": NUMERIC + ("i8", "bool"), "ReduceProd": NUMERIC, "ReduceL1": NUMERIC,
+                "ReduceL2": FLOATS, "ReduceSumSquare": NUMERIC, "ReduceLogSum": FLOATS, "ReduceLogSumExp": FLOATS}
+PROD_LIMIT = 8  # elements a ReduceProd multiplies: f16's range ends at 65504
+
+
 def reduce(g: Graph) -> bool:
-    """ReduceSum/Mean/Max over some axes (or all, or a rank-0 tensor), keepdims either way."""
-    x = g.pick(lambda v: _numeric(v))
+    """Reduce* over some axes (or all, or none with noop_with_empty_axes, or of a rank-0
+    tensor), keepdims either way, axes as an attribute or an input (opset 13 or 18 on)."""
+    op = g.rng.choice(list(REDUCE_TYPES))
+    x = g.pick(lambda v: v.dtype in REDUCE_TYPES[op] and (v.dtype != "bool" or g.opset >= 20))
     if x is None:
         return False
-    op = g.rng.choice(("ReduceSum", "ReduceMax") + (("ReduceMean",) if _float(x) else ()))
-    keep = g.rng.random() < 0.5
     axes = g.rng.sample(range(x.rank), g.rng.randint(0, x.rank)) if x.rank else []
     reduced = set(axes) if axes else set(range(x.rank))
-    shape = [1 if i in reduced else d for i, d in enumerate(x.shape) if keep or i not in reduced]
-    attrs = {"keepdims": int(keep)} if g.rng.random() < 0.8 or not keep else {}
-    spelled = [a - x.rank if g.rng.random() < 0.3 else a for a in axes]
+    if op == "ReduceProd" and math.prod(x.shape[a] for a in reduced) > PROD_LIMIT:
+        return False
+    if op == "ReduceLogSum":  # the log of a positive sum
+        x = g.node("Abs", [x], [(x.dtype, x.shape)])[0]
+        x = g.node("Add", [x, g.const(np.ones(()), x.dtype)], [(x.dtype, x.shape)])[0]
+    keep = g.rng.random() < 0.5
     axes_input = g.opset >= (13 if op == "ReduceSum" else 18)
-    if axes and axes_input:
+    attrs = {"keepdims": int(keep)} if g.rng.random() < 0.8 or not keep else {}
+    if not axes and axes_input and g.rng.random() < 0.2:
+        g.node(op, [x], [(x.dtype, x.shape)], noop_with_empty_axes=1, **attrs)  # no axes: x itself
+        return True
+    shape = [1 if i in reduced else d for i, d in enumerate(x.shape) if keep or i not in reduced]
+    spelled = [a - x.rank if g.rng.random() < 0.3 else a for a in axes]
+    if axes_input and (axes or g.rng.random() < 0.3):  # an empty axes input: all of them
         g.node(op, [x, g.ints(spelled)], [(x.dtype, shape)], **attrs)
     elif axes:
         g.node(op, [x], [(x.dtype, shape)], axes=spelled, **attrs)
     else:
         g.node(op, [x], [(x.dtype, shape)], **attrs)
+    return True
+
+
+def arg_extreme(g: Graph) -> bool:
+    """ArgMax or ArgMin of an exact value (ties only between equal numbers), with keepdims and
+    select_last_index (which tied position wins) either way."""
+    x = g.pick(lambda v: v.exact and v.rank > 0 and v.dtype in NUMERIC + ("i8",))
+    if x is None:
+        return False
+    axis = g.rng.randrange(x.rank)
+    keep = g.rng.random() < 0.5
+    attrs = {"axis": axis - x.rank if g.rng.random() < 0.3 else axis} if axis or g.rng.random() < 0.5 else {}
+    if g.rng.random() < 0.8 or not keep:
+        attrs["keepdims"] = int(keep)
+    if g.rng.random() < 0.6:
+        attrs["select_last_index"] = g.rng.choice((0, 1))
+    shape = [1 if i == axis else d for i, d in enumerate(x.shape) if keep or i != axis]
+    g.node(g.rng.choice(("ArgMax", "ArgMin")), [x], [("i64", shape)], **attrs)
     return True
 
 
@@ -237,11 +280,13 @@ def gemm(g: Graph) -> bool:
 
 
 def normalization(g: Graph) -> bool:
-    """LayerNormalization over the trailing axes; BatchNormalization of a rank >= 2 value."""
+    """LayerNormalization over the trailing axes; BatchNormalization of a rank >= 2 value;
+    InstanceNormalization of a rank >= 3 one."""
     x = g.pick(lambda v: v.dtype in ("f32", "f16") and v.rank >= 2)
     if x is None:
         return False
-    if g.rng.random() < 0.5:
+    kind = g.rng.random()
+    if kind < 0.4:
         axis = g.rng.randint(-x.rank, x.rank - 1)
         tail = x.shape[axis:]
         scale = g.const(g.random_array(x.dtype, tail), x.dtype)
@@ -250,6 +295,10 @@ def normalization(g: Graph) -> bool:
                epsilon=g.rng.choice((1e-5, 1e-3)))
         return True
     c = (x.shape[1],)
+    if kind < 0.7 and x.rank >= 3:
+        scale, bias = (g.const(g.random_array(x.dtype, c), x.dtype) for _ in range(2))
+        g.node("InstanceNormalization", [x, scale, bias], [(x.dtype, x.shape)], epsilon=g.rng.choice((1e-5, 1e-2)))
+        return True
     stats = [g.const(g.random_array(x.dtype, c), x.dtype) for _ in range(3)]
     var = g.const(np.abs(g.random_array(x.dtype, c)), x.dtype)
     g.node("BatchNormalization", [x, *stats, var], [(x.dtype, x.shape)], epsilon=1e-5)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import ModelProto
 
-from fuzz.onnx import compute, views, windows
+from fuzz.onnx import compute, layout, maths, views, windows
 from fuzz.onnx.graph import ELEM, Graph, Val, random_values
 
 # the generators, by weight: views and windows (where the importer's index expressions compose)
@@ -27,6 +27,9 @@ OPERATORS: list[tuple[float, Callable[[Graph], bool]]] = [
     (2, compute.unary), (1, compute.activation), (2.5, compute.binary), (1.5, compute.compare), (1, compute.cast),
     (2, compute.reduce), (1, compute.softmax), (1.5, compute.matmul), (0.7, compute.gemm), (0.7, compute.normalization),
     (2, windows.conv), (0.5, windows.conv_transpose), (2, windows.pool),
+    (0.8, compute.arg_extreme), (2, maths.logic), (0.6, maths.special), (0.8, maths.mod), (1, maths.rounding),
+    (1.2, maths.variadic), (3, maths.activation),
+    (1, layout.expand), (0.8, layout.tile), (1.5, layout.pad), (0.4, layout.range_), (0.6, layout.trilu),
 ]
 OPSETS = (17, 18, 20)
 INPUT_DTYPES = ("f32",) * 6 + ("f16", "f64", "i32", "i64", "i8", "bool")

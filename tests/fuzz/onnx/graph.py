@@ -27,7 +27,9 @@ DIMS = (1, 2, 3, 5, 7)  # odd sizes and 1 (broadcasting, squeezable) more than r
 # only such values may be compared, cast from float to int, or tie in a max
 EXACT_OPS = {"Transpose", "Reshape", "Flatten", "Unsqueeze", "Squeeze", "Slice", "Gather", "Split", "Concat",
              "Identity", "Dropout", "Shape", "ConstantOfShape", "Neg", "Abs", "Relu", "Clip", "MaxPool",
-             "ReduceMax", "Equal", "Less", "Greater", "Where", "Cast"}
+             "ReduceMax", "Equal", "Less", "Greater", "Where", "Cast", "Expand", "Tile", "Pad", "Trilu", "Range",
+             "ReduceMin", "ArgMax", "ArgMin", "Min", "Max", "Sign", "Round", "Mod", "Not", "And", "Or", "Xor",
+             "GreaterOrEqual", "LessOrEqual", "IsNaN", "IsInf"}
 
 
 @dataclass(frozen=True)
@@ -86,16 +88,25 @@ class Graph:
         return self.const(np.array(list(values), np.int64), "i64")
 
     def node(self, op: str, args: Sequence[Val | None], outs: Sequence[tuple[str, Sequence[int]]],
-             **attrs) -> list[Val]:
-        """Append a node; its outputs become values later nodes may read."""
-        exact = all(a.exact for a in args if a is not None) and (
-            op in EXACT_OPS or all(a.dtype not in FLOATS for a in args if a is not None))
+             exact: bool | None = None, **attrs) -> list[Val]:
+        """Append a node; its outputs become values later nodes may read. ``exact`` overrides
+        the rule of EXACT_OPS where the generator knows better (x * 0.5 is exact)."""
+        if exact is None:
+            exact = all(a.exact for a in args if a is not None) and (
+                op in EXACT_OPS or all(a.dtype not in FLOATS for a in args if a is not None))
         results = [Val(self.name(op[:3].lower()), dtype, tuple(shape), exact) for dtype, shape in outs]
         self.nodes.append(helper.make_node(op, ["" if a is None else a.name for a in args],
                                            [r.name for r in results], **attrs))
         self.values.extend(results)
         self.computed.extend(results)
         return results
+
+    def hide(self, v: Val) -> Val:
+        """Keep ``v`` from later nodes and from the graph's outputs: an operand made only for the
+        node that reads it (a tensor of infinities and NaNs for IsInf)."""
+        self.values.remove(v)
+        self.computed.remove(v)
+        return v
 
     def pick(self, ok: Callable[[Val], bool] = lambda v: True) -> Val | None:
         """A value that ``ok`` accepts, the newest one half the time: so that nodes chain into
