@@ -301,17 +301,14 @@ def pad(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
     cut_lo, cut_hi = [max(-a, 0) for a in lo], [max(-b, 0) for b in hi]
     grow_lo, grow_hi = [max(a, 0) for a in lo], [max(b, 0) for b in hi]
     kept = [n - a - b for n, a, b in zip(x.shape, cut_lo, cut_hi)]
-    if min(kept, default=1) < 0 or mode != "constant" and any(
-            (a or b) and (m == 0 or mode == "reflect" and max(a, b) >= m) for m, a, b in zip(kept, grow_lo, grow_hi)):
+    if not all(_pad_fits(mode, m, a, b) for m, a, b in zip(kept, grow_lo, grow_hi)):
         raise node.error(f"pads {lo + hi} do not fit shape {list(x.shape)} in mode {mode!r}")
     cropped = x if not any(cut_lo + cut_hi) else view(
         x, kept, lambda idx: x.read([i + c if c else i for i, c in zip(idx, cut_lo)]))
     if not any(grow_lo + grow_hi):
         return [cropped]
     if mode == "constant":
-        fill = node.attrs.get("value", 0.0) if node.opset < 11 else const_of(node, args[2], "constant_value").reshape(
-            -1)[0] if len(args) > 2 and args[2] is not None else 0
-        return [p.pad(cropped, grow_lo, grow_hi, node.outputs[0], _fill_literal(fill, x.dtype))]
+        return [p.pad(cropped, grow_lo, grow_hi, node.outputs[0], _fill_literal(_pad_value(node, args), x.dtype))]
     shape = [m + a + b for m, a, b in zip(kept, grow_lo, grow_hi)]
     return [view(cropped, shape, lambda idx: cropped.read([_pad_source(mode, i - a, m) if a or b else i
                                                            for i, m, a, b in zip(idx, kept, grow_lo, grow_hi)]))]
@@ -330,6 +327,25 @@ def _pads(node: Node, args: list[Value | None], rank: int) -> tuple[list[int], l
     for k, a in enumerate(axes):
         lo[a], hi[a] = pads[k], pads[k + len(axes)]
     return lo, hi
+
+
+def _pad_fits(mode: str, kept: int, before: int, after: int) -> bool:
+    """Whether an axis cropped to ``kept`` elements can be padded so: edge, reflect and wrap
+    need an element to repeat, and reflect one more than it pads (onnxruntime's limits)."""
+    if kept < 0:
+        return False
+    if mode == "constant" or not before and not after:
+        return True
+    return kept > 0 and (mode != "reflect" or max(before, after) < kept)
+
+
+def _pad_value(node: Node, args: list[Value | None]):
+    """The constant mode's fill: an attribute before opset 11, an optional input from 11 on."""
+    if node.opset < 11:
+        return node.attrs.get("value", 0.0)
+    if len(args) > 2 and args[2] is not None:
+        return const_of(node, args[2], "constant_value").reshape(-1)[0]
+    return 0
 
 
 def _pad_source(mode: str, j: Ex, m: int) -> Ex:
