@@ -224,9 +224,9 @@ def select(cond: Ex, a: Operand, b: Operand) -> Ex:
     return call("select", cond, a, b)
 
 
-def reduction(kind: str, axes: Sequence[tuple[str, int]], body: Operand) -> Ex:
-    """``kind[k0: n0, ...](body)``."""
-    return Ex(ast.ReduceExpr(kind, [ast.Axis(k, num(n).node) for k, n in axes], lift(body).node))
+def reduction(kind: str, axes: Sequence[tuple[str, Operand]], body: Operand) -> Ex:
+    """``kind[k0: n0, ...](body)``; an extent may be an expression (``sum[j: i + 1]``)."""
+    return Ex(ast.ReduceExpr(kind, [ast.Axis(k, lift(n).node) for k, n in axes], lift(body).node))
 
 
 def add_all(terms: Sequence[Operand]) -> Ex:

@@ -28,6 +28,7 @@ from tcc import cuda as tcc_cuda
 from tcc.compiler import Library, Op, check_options
 from tcc.compiler import compile as tcc_compile
 from tcc.errors import TccArgumentError
+from tcc.interop import onnx_index as index
 from tcc.interop import onnx_kernels as kernels
 from tcc.interop import onnx_math as math_ops
 from tcc.interop import onnx_nn as nn
@@ -57,7 +58,8 @@ HANDLERS: dict[str, Handler] = {
     "Softmax": ops.softmax, "LogSoftmax": ops.softmax,
     "Transpose": shapes.transpose, "Reshape": shapes.reshape, "Flatten": shapes.flatten,
     "Unsqueeze": shapes.unsqueeze, "Squeeze": shapes.squeeze, "Slice": shapes.slice_, "Split": shapes.split,
-    "Gather": shapes.gather, "Concat": shapes.concat,
+    "Gather": index.gather, "GatherElements": index.gather_elements, "GatherND": index.gather_nd,
+    "CumSum": index.cumsum, "Concat": shapes.concat,
     "MatMul": nn.matmul, "Gemm": nn.gemm, "Conv": nn.conv, "ConvTranspose": nn.conv_transpose,
     "MaxPool": nn.max_pool, "AveragePool": nn.average_pool, "GlobalAveragePool": nn.global_average_pool,
     "BatchNormalization": nn.batch_norm, "LayerNormalization": nn.layer_norm,

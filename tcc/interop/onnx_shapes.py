@@ -1,7 +1,7 @@
-"""ONNX shape operators as views: Transpose, Reshape, Flatten, Unsqueeze, Squeeze, Slice, Split
-and Gather with constant indices become index expressions over their input (no statement, no
-copy); Concat and Gather with run-time indices are one statement each. On values known at import
-they fold with NumPy.
+"""ONNX shape operators as views: Transpose, Reshape, Flatten, Unsqueeze, Squeeze, Slice, Split,
+Expand, Tile and Pad become index expressions over their input (no statement, no copy); Concat is
+one statement. On values known at import they fold with NumPy. (Gather and its kin, which index
+by data, are in ``onnx_index``.)
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tcc.frontend.unparse import Ex, add_all, call, num, reduction, select, var
+from tcc.frontend.unparse import Ex, add_all, call, num, select
 from tcc.interop.onnx_graph import NUMPY_DTYPES, Node, Program, Value, broadcast_read, broadcast_shape, view
-from tcc.interop.onnx_ops import axes_of, cast_to, const_of, is_float, norm_axis, zero
+from tcc.interop.onnx_ops import axes_of, const_of, is_float, norm_axis, zero
 
 
 def transpose(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
@@ -165,50 +165,14 @@ def slice_(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
         return [p.constant(x.const[index].reshape(shape), x.dtype, node.outputs[0])]
 
     def read(idx: Sequence[Ex]) -> Ex:
-        return x.read([_affine(first[d], step[d], idx[d]) if x.shape[d] != 1 else num(0) for d in range(x.rank)])
+        return x.read([affine_index(first[d], step[d], idx[d]) if x.shape[d] != 1 else num(0) for d in range(x.rank)])
 
     return [view(x, shape, read)]
 
 
-def _affine(start: int, step: int, index: Ex) -> Ex:
+def affine_index(start: int, step: int, index: Ex) -> Ex:
     """``start + step * index``, the source position of a slice's ``index``."""
     return index * step + start if step > 0 else start - index * -step
-
-
-def gather(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
-    x, indices = args[0], args[1]
-    axis = norm_axis(node, node.attrs.get("axis", 0), x.rank)
-    n = x.shape[axis]
-    shape = x.shape[:axis] + indices.shape + x.shape[axis + 1:]
-    k = indices.rank
-    if indices.const is not None:
-        flat = indices.const.reshape(-1).astype(np.int64)
-        if np.any((flat < -n) | (flat >= n)):
-            raise node.error(f"indices out of range for axis {axis} of size {n}")
-        flat = np.where(flat < 0, flat + n, flat)
-        if x.const is not None:
-            return [p.constant(np.take(x.const, flat.reshape(indices.shape), axis=axis), x.dtype, node.outputs[0])]
-        if flat.size == 1 or k == 1 and flat.size > 1 and len(set(np.diff(flat).tolist())) == 1:
-            start, step = int(flat[0]), int(flat[1] - flat[0]) if flat.size > 1 else 0
-
-            def read(idx: Sequence[Ex]) -> Ex:
-                pos = num(start) if k == 0 or step == 0 else _affine(start, step, idx[axis])
-                return x.read([*idx[:axis], pos, *idx[axis + k:]])
-
-            return [view(x, shape, read)]
-
-    def body(idx: list[Ex]) -> Ex:
-        """The one position the index names, picked by a reduction over the axis (the language
-        has no data-dependent index): a sum of numbers, for bools whether any is true."""
-        i = indices.read(idx[axis:axis + k])
-        picked = x.read([*idx[:axis], var("k0"), *idx[axis + k:]])
-        hit = select(i.lt(0), i + n, i).eq(var("k0"))
-        if x.dtype == "bool":
-            return reduction("max", [("k0", n)], select(hit.and_(picked), 1, 0)).gt(0)
-        total = reduction("sum", [("k0", n)], select(hit, picked, zero(x.dtype)))
-        return total if x.dtype in ("f32", "f64", "i64") else cast_to(total, x.dtype)
-
-    return [p.emit(node.outputs[0], shape, x.dtype, body)]
 
 
 def concat(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
@@ -264,7 +228,7 @@ def split(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
             outputs.append(p.constant(np.take(x.const, range(start, start + size), axis=axis), x.dtype, "split"))
         else:
             outputs.append(view(x, shape, lambda idx, s=start: x.read(
-                [_affine(s, 1, i) if d == axis else i for d, i in enumerate(idx)])))
+                [affine_index(s, 1, i) if d == axis else i for d, i in enumerate(idx)])))
         start += int(size)
     return outputs
 

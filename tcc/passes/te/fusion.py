@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from tcc.ir.expr import Binary, Call, Cast, Expr, IterVar, Read, Reduce, Select, Var, substitute, transform, walk
+from tcc.ir.expr import Binary, Call, Cast, Const, Expr, IterVar, Read, Reduce, Select, Var, substitute, transform, walk
 from tcc.ir.te import Compute, OpTE, format_op
 
 EXPENSIVE = {"exp": 8, "log": 8, "sqrt": 4, "rsqrt": 4, "sin": 8, "cos": 8, "tanh": 10, "sigmoid": 10,
@@ -179,8 +179,8 @@ def _read_sites(e: Expr, tensor: str, repeat: int = 1) -> list[tuple[Read, int]]
             used = set().union(*(_vars(i) for i in read.indices)) if read.indices else set()
             factor = 1
             for ax in e.axes:
-                if ax.var.name not in used:
-                    factor *= int(ax.extent.value)  # type: ignore[attr-defined]
+                if ax.var.name not in used and isinstance(ax.extent, Const):  # a moving extent counts once
+                    factor *= int(ax.extent.value)
             out.append((read, repeat * r * factor))
         return out
     if isinstance(e, Read) and e.tensor == tensor:

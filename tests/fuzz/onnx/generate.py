@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import ModelProto
 
-from fuzz.onnx import compute, layout, maths, views, windows
+from fuzz.onnx import compute, indexing, layout, maths, views, windows
 from fuzz.onnx.graph import ELEM, Graph, Val, random_values
 
 # the generators, by weight: views and windows (where the importer's index expressions compose)
@@ -30,6 +30,7 @@ OPERATORS: list[tuple[float, Callable[[Graph], bool]]] = [
     (0.8, compute.arg_extreme), (2, maths.logic), (0.6, maths.special), (0.8, maths.mod), (1, maths.rounding),
     (1.2, maths.variadic), (3, maths.activation),
     (1, layout.expand), (0.8, layout.tile), (1.5, layout.pad), (0.4, layout.range_), (0.6, layout.trilu),
+    (1.2, indexing.gather), (0.8, indexing.gather_elements), (0.6, indexing.gather_nd), (1, indexing.cumsum),
 ]
 OPSETS = (17, 18, 20)
 INPUT_DTYPES = ("f32",) * 6 + ("f16", "f64", "i32", "i64", "i8", "bool")
@@ -71,5 +72,8 @@ def feeds_for(model: ModelProto, seed: int) -> dict[str, np.ndarray]:
     feeds = {}
     for vi in model.graph.input:
         t = vi.type.tensor_type
-        feeds[vi.name] = random_values(rng, dtypes[t.elem_type], [d.dim_value for d in t.shape.dim])
+        shape = [d.dim_value for d in t.shape.dim]
+        n = indexing.index_range(vi.name)
+        feeds[vi.name] = random_values(rng, dtypes[t.elem_type], shape) if n is None else \
+            rng.integers(-n, n, shape).astype(np.int64)
     return feeds
