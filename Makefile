@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench fuzz tables clean
+.PHONY: demo test lint bench fuzz fuzz-grad tables clean
 N ?= 5000
 TARGET ?= cpu
 
@@ -31,6 +31,10 @@ lint: $(STAMP)
 # The differential fuzzer (tests/fuzz): N random programs against the reference, in worker processes.
 fuzz: $(STAMP)
 	PYTHONPATH=tests $(BIN)/python -m fuzz -n $(N) --target $(TARGET) --schedules 1
+
+# tcc.grad against finite differences (float64), first and second order: make fuzz-grad N=2000.
+fuzz-grad: $(STAMP)
+	PYTHONPATH=tests $(BIN)/python -m fuzz --grad -n $(N) --orders 2
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/latency.py

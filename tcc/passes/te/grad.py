@@ -19,7 +19,7 @@ Reductions: ``sum`` passes the adjoint to each term; ``max``/``min`` pass it to 
 equal to the result, split evenly between ties (PyTorch's rule for ``amax``/``amin``; with
 distinct values this is the one arg-max, as in ``max_pool2d``); ``prod`` passes
 ``adjoint * result / term`` (undefined where a term is 0). Reads of a ``pad`` view are reads of
-its source where they fall inside it. Indices must be affine in the index variables.
+its source where they fall inside it. Any integer index differentiates (:mod:`grad_index`).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class _Derivation:
         self.forward: list[Compute] = []
         self.backward: list[Compute] = []
         self.contribs: dict[str, list[Expr]] = {}
-        self.targets = tuple(Var(self.fresh(f"i{d}")) for d in range(max(len(t.shape) for t in op.tensors.values())))
+        self.targets: tuple[Var, ...] = ()
         self.emit = Emitter(self.fresh, self._add_temp, self._add_pad)
 
     def fresh(self, base: str) -> str:
@@ -109,7 +109,11 @@ class _Derivation:
         return active
 
     def _targets(self, tensor: str) -> tuple[Var, ...]:
-        return self.targets[:len(self.tensors[tensor].shape)]
+        """The index variables of ``tensor``'s adjoint (``i0, i1, ...``, shared by every adjoint)."""
+        rank = len(self.tensors[tensor].shape)
+        while len(self.targets) < rank:  # an intermediate of the normalisation may outrank every tensor
+            self.targets += (Var(self.fresh(f"i{len(self.targets)}")),)
+        return self.targets[:rank]
 
     def _finalize(self, tensor: str, result: bool = False) -> str | None:
         """The adjoint of ``tensor`` as one tensor (None: it has none), its contributions summed."""
@@ -144,7 +148,7 @@ class _Derivation:
         for read, value in parts:
             target, indices = self._through_pads(read)
             if target in active:
-                contribution = gather(read, indices, self.tensors[target].shape, self._targets(target), value,
+                contribution = gather(indices, self.tensors[target].shape, self._targets(target), value,
                                       scope, adjoint, self.emit)
                 self.contribs.setdefault(target, []).append(contribution)
 
