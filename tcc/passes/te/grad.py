@@ -29,11 +29,13 @@ from dataclasses import fields, replace
 
 from tcc import dtypes
 from tcc.errors import TccArgumentError
-from tcc.ir.expr import Binary, Cast, Expr, IterVar, Read, Reduce, Var, const, free_vars, walk
+from tcc.ir.expr import Binary, Cast, Const, Expr, IterVar, Read, Reduce, Var, const, free_vars, walk
 from tcc.ir.te import Compute, OpTE, Pad, Tensor, verify_op
 from tcc.passes.te.grad_expr import fadd, fdiv, fmul, fselect, num, partials
 from tcc.passes.te.grad_index import Adjoint, Emitter, gather, iadd, isub
 from tcc.passes.te.grad_tidy import tidy_op
+
+PIECE = 24  # the most nodes a float subexpression keeps inline in the normalised forward
 
 
 def derive(op: OpTE, wrt: Sequence[str] | None = None, name: str | None = None) -> OpTE:
@@ -178,28 +180,38 @@ class _Derivation:
 
     # ------------------------------------------------------------ normalisation
     def _hoist(self, e: Expr, scope: list[IterVar], owner: str) -> Expr:
-        """``e`` with each reduction below its root moved into an intermediate of its own."""
+        """``e`` with each reduction below its root moved into an intermediate of its own, and each
+        float subexpression of more than ``PIECE`` nodes: a derivative copies the values it needs
+        (``tanh``'s ``1 - v*v``, a product's other factor), so a gradient of a deep statement, and
+        above all the gradient of that gradient, would grow with every level; pieces keep it linear."""
         if isinstance(e, Reduce):
-            return replace(e, body=self._lift(e.body, scope + list(e.axes), owner))
-        return self._lift(e, scope, owner)
+            return replace(e, body=self._lift(e.body, scope + list(e.axes), owner, root=True))
+        return self._lift(e, scope, owner, root=True)
 
-    def _lift(self, e: Expr, scope: list[IterVar], owner: str) -> Expr:
+    def _lift(self, e: Expr, scope: list[IterVar], owner: str, root: bool = False) -> Expr:
         if isinstance(e, Reduce):
-            used = free_vars(e) - {ax.var.name for ax in e.axes}
-            axes = [ax for ax in scope if ax.var.name in used]
-            indices: tuple[Expr, ...] = tuple(ax.var for ax in axes)
-            if not axes:  # a rank-0 value: one element
-                axes = [IterVar(Var(self.fresh("z")), const(1))]
-                indices = (const(0),)
-            name = self.fresh(f"{owner}_{e.op}")
-            body = self._hoist(e, scope, owner)
-            self.tensors[name] = Tensor(name, e.dtype, tuple(ax.extent for ax in axes), "temp")
-            self.forward.append(Compute(name, tuple(axes), body))
-            return Read(name, indices, e.dtype)
+            return self._intermediate(e, self._hoist(e, scope, owner), scope, owner, e.op)
         kids = {id(k): self._lift(k, scope, owner) for k in e.children()}
-        if all(kids[id(k)] is k for k in e.children()):
-            return e
-        return _rebuild(e, kids)
+        if not all(kids[id(k)] is k for k in e.children()):
+            e = _rebuild(e, kids)
+        if not root and e.dtype.is_float and not isinstance(e, (Read, Const)) and _size(e) > PIECE \
+                and not any(free_vars(ax.extent) & {a.var.name for a in scope} for ax in scope):
+            return self._intermediate(e, e, scope, owner, "t")
+        return e
+
+    def _intermediate(self, e: Expr, body: Expr, scope: list[IterVar], owner: str, kind: str) -> Read:
+        """A read of a new forward intermediate that holds ``body`` (``e`` hoisted) over the index
+        variables of ``scope`` that ``e`` uses."""
+        used = free_vars(e) - ({ax.var.name for ax in e.axes} if isinstance(e, Reduce) else set())
+        axes = [ax for ax in scope if ax.var.name in used]
+        indices: tuple[Expr, ...] = tuple(ax.var for ax in axes)
+        if not axes:  # a rank-0 value: one element
+            axes = [IterVar(Var(self.fresh("z")), const(1))]
+            indices = (const(0),)
+        name = self.fresh(f"{owner}_{kind}")
+        self.tensors[name] = Tensor(name, e.dtype, tuple(ax.extent for ax in axes), "temp")
+        self.forward.append(Compute(name, tuple(axes), body))
+        return Read(name, indices, e.dtype)
 
     # ------------------------------------------------------------ output
     def _add_temp(self, name: str, dtype, shape: tuple[Expr, ...], axes: tuple[IterVar, ...], body: Expr,
@@ -244,6 +256,10 @@ class _Derivation:
             elif name in defs:
                 todo += [n.tensor for n in walk(defs[name].body) if isinstance(n, Read)]
         return needed
+
+
+def _size(e: Expr) -> int:
+    return sum(1 for _ in walk(e))
 
 
 def _rebuild(e: Expr, kids: dict[int, Expr]) -> Expr:
