@@ -36,7 +36,7 @@ def test_grad_fuzz_batch():
     jobs = [{"seed": s, "grad": True, "orders": 2} for s in range(start, start + CI_GRAD_PROGRAMS)]
     outcomes = list(run_seeds(jobs, workers=2, timeout=300))
     bad = [f"seed {o['seed']}: {o['status']}: {o['detail']}" for o in outcomes
-           if o["status"] not in ("ok", "skipped")]
+           if o["status"] not in ("ok", "skipped", "singular")]
     assert len(outcomes) == CI_GRAD_PROGRAMS
     assert not bad, "\n".join(bad)
     assert sum(o.get("ops", 0) for o in outcomes) >= CI_GRAD_PROGRAMS // 2  # gradients were checked

@@ -32,6 +32,10 @@ OPS = {
                      "    Y[i, j] = sum[k: 3](sum[m: 1](select(j < 0, T[k], X[i, m + i] * X[i, m + i])))\n}", {}),
     # 8: reads through pad views, //, % and a repeated variable under //
     "pad_floordiv": ("op f(X: f64[4]) -> Y: f64[17] { P = pad(X, [1], [1]); Y[j] = P[j // 3] * cos(P[j // 3]) }", {}),
+    # a pad view of a pad view of an intermediate (found by the grad fuzzer: its gradient was 0)
+    "pad_of_pad": ("op f(X: f64[N, K]) -> Y: f64[K, N] {\n    T[i] = i - X[i, 0]\n    P = pad(T, [0], [1])\n"
+                   "    Q = pad(P, [1], [0], value=-1.0)\n    Y[i, j] = Q[j + 2] * Q[j + 1] * X[j, i]\n}",
+                   dict(N=3, K=4)),
     "mod": ("op f(X: f64[N]) -> Y: f64[9] { Y[j] = X[j % N] * X[(j + 1) % N] }", dict(N=4)),
     "floordiv_offset": ("op f(X: f64[6]) -> Y: f64[9] { Y[i] = sigmoid(X[i // 2 + 1]) }", {}),
     "floordiv_diagonal": ("op f(X: f64[5, 9]) -> Y: f64[9] { Y[j] = X[j // 2, j] * X[j // 2, j] }", {}),

@@ -59,13 +59,15 @@ def _grad_main(args: argparse.Namespace) -> int:
     counts: collections.Counter = collections.Counter()
     ops = 0
     with tempfile.TemporaryDirectory(prefix="tcc-fuzz-grad-") as cache:
-        outcomes = run_seeds(jobs, args.workers, args.timeout, env={"TCC_CACHE_DIR": cache})
+        # the Python path of tcc.torch: each fresh cache would build the C++ eager path again
+        env = {"TCC_CACHE_DIR": cache, "TCC_TORCH_NATIVE": "0"}
+        outcomes = run_seeds(jobs, args.workers, args.timeout, env=env)
         for o in tqdm(outcomes, total=args.n, desc="fuzz grad", file=sys.stderr):
             counts[o["status"]] += 1
             ops += o.get("ops", 0)
             if o["status"] in GRAD_FAILURES or (args.show_rejected and o["status"] == "rejected"):
                 tqdm.write(f"seed {o['seed']}: {o['status']}: {o['detail']}")
-    summary = ", ".join(f"{counts[k]} {k}" for k in ("ok", *GRAD_FAILURES, "skipped", "rejected"))
+    summary = ", ".join(f"{counts[k]} {k}" for k in ("ok", *GRAD_FAILURES, "singular", "skipped", "rejected"))
     print(f"fuzz grad (orders 1..{args.orders}{', torch' if args.torch else ''}): {args.n} programs: "
           f"{summary}; {ops} ops' gradients checked")
     return 1 if any(counts[k] for k in GRAD_FAILURES) else 0

@@ -99,16 +99,19 @@ class _Derivation:
 
     def _active(self) -> set[str]:
         """Float tensors whose values depend on a ``wrt`` input."""
-        active = set(self.wrt)
-        for pad in self.op.pads.values():
-            if pad.source in active:
-                active.add(pad.name)
+        active = self._with_views(set(self.wrt))
         for c in self.forward:
             reads = {n.tensor for n in walk(c.body) if isinstance(n, Read)}
             if self.tensors[c.tensor].dtype.is_float and reads & active:
-                active.add(c.tensor)
-                active |= {p.name for p in self.op.pads.values() if p.source == c.tensor}
+                active = self._with_views(active | {c.tensor})
         return active
+
+    def _with_views(self, tensors: set[str]) -> set[str]:
+        """``tensors`` and every pad view of them, pads of pads included."""
+        out = set(tensors)
+        while new := {p.name for p in self.op.pads.values() if p.source in out} - out:
+            out |= new
+        return out
 
     def _targets(self, tensor: str) -> tuple[Var, ...]:
         """The index variables of ``tensor``'s adjoint (``i0, i1, ...``, shared by every adjoint)."""
