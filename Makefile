@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench fuzz fuzz-onnx tables clean
+.PHONY: demo test lint bench fuzz fuzz-onnx fuzz-grad tables clean
 N ?= 5000
 TARGET ?= cpu
 
@@ -35,6 +35,10 @@ fuzz: $(STAMP)
 # The ONNX differential fuzzer (tests/fuzz/onnx): N random ONNX graphs, tcc against onnxruntime.
 fuzz-onnx: $(STAMP)
 	PYTHONPATH=tests $(BIN)/python -m fuzz.onnx -n $(N)
+
+# tcc.grad against finite differences (float64), first and second order: make fuzz-grad N=2000.
+fuzz-grad: $(STAMP)
+	PYTHONPATH=tests $(BIN)/python -m fuzz --grad -n $(N) --orders 2
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/latency.py

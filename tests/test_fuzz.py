@@ -1,6 +1,8 @@
 """A bounded batch of the differential fuzzer (tests/fuzz) in CI: random valid programs, with
-and without random user schedules, each in a worker process, against the reference interpreter.
-``make fuzz N=5000`` runs a long batch; ``TCC_FUZZ_START`` moves this batch to other seeds."""
+and without random user schedules, each in a worker process, against the reference interpreter;
+and a batch of the gradient fuzzer (``tcc.grad``, first and second order, against finite
+differences). ``make fuzz N=5000`` and ``make fuzz-grad N=2000`` run long batches;
+``TCC_FUZZ_START`` moves these batches to other seeds."""
 
 import os
 
@@ -10,6 +12,7 @@ from fuzz.pool import run_seeds
 import tcc
 
 CI_PROGRAMS = 150
+CI_GRAD_PROGRAMS = 30
 FAILURES = ("mismatch", "internal", "crash", "timeout", "rejected")
 
 
@@ -26,6 +29,17 @@ def test_fuzz_batch_on_the_cpu(tmp_path):
     assert len(outcomes) == CI_PROGRAMS
     assert not bad, "\n".join(bad)
     assert sum(o["schedules"] - o["refused"] for o in outcomes) > CI_PROGRAMS // 4  # schedules did run
+
+
+def test_grad_fuzz_batch():
+    start = int(os.environ.get("TCC_FUZZ_START", "0"))
+    jobs = [{"seed": s, "grad": True, "orders": 2} for s in range(start, start + CI_GRAD_PROGRAMS)]
+    outcomes = list(run_seeds(jobs, workers=2, timeout=300))
+    bad = [f"seed {o['seed']}: {o['status']}: {o['detail']}" for o in outcomes
+           if o["status"] not in ("ok", "skipped", "singular")]
+    assert len(outcomes) == CI_GRAD_PROGRAMS
+    assert not bad, "\n".join(bad)
+    assert sum(o.get("ops", 0) for o in outcomes) >= CI_GRAD_PROGRAMS // 2  # gradients were checked
 
 
 @pytest.mark.cuda

@@ -248,12 +248,6 @@ def test_grad_rejects_bad_wrt():
                                                  np.full(3, 2, np.float32)), [0, 2, 4])
 
 
-def test_non_affine_index_is_an_error():
-    op = tcc.compile("op f(X: f32[N]) -> Y: f32[N] { Y[i] = X[i * i % N] }").f
-    with pytest.raises(tcc.TccError, match="not affine"):
-        tcc.grad(op)
-
-
 @pytest.mark.parametrize("m,k,d", [(3, 3, 2), (17, 2, 1), (1, 4, 3), (5, 1, 0)])
 def test_floor_division_index(m, k, d, rng):
     """A read ``X[i // K]`` (nearest upsampling; a dilation in a derived gradient) differentiates

@@ -1,6 +1,9 @@
 """``python -m fuzz -n 5000 [--target cuda] [--schedules 2] [--workers 2]`` (with ``tests`` on
 PYTHONPATH; ``make fuzz N=5000`` does that): fuzz seeds and print every failure and a summary.
-Exit status 1 when any program crashed, timed out, raised an internal error or mismatched."""
+``--grad [--orders 2] [--torch]`` fuzzes ``tcc.grad`` instead (``fuzz.grad_check``: first and
+second order against finite differences in float64; ``make fuzz-grad N=2000``).
+Exit status 1 when any program crashed, timed out, raised an internal error or mismatched (or,
+with ``--grad``, when ``tcc.grad`` refused an op whose forward runs)."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from tqdm import tqdm
 from fuzz.pool import run_seeds
 
 FAILURES = ("mismatch", "internal", "crash", "timeout")
+GRAD_FAILURES = (*FAILURES, "refused")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,7 +29,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per program")
     ap.add_argument("--show-rejected", action="store_true", help="print programs the frontend refused")
+    ap.add_argument("--grad", action="store_true", help="fuzz tcc.grad (float64, CPU) instead")
+    ap.add_argument("--orders", type=int, default=2, help="with --grad: derivative orders to check")
+    ap.add_argument("--torch", action="store_true", help="with --grad: also gradcheck/gradgradcheck via tcc.torch")
     args = ap.parse_args(argv)
+    if args.grad:
+        return _grad_main(args)
     jobs = ({"seed": s, "target": args.target, "schedules": args.schedules, "bf16": args.target == "cuda"}
             for s in range(args.start, args.start + args.n))
     counts: collections.Counter = collections.Counter()
@@ -42,6 +51,26 @@ def main(argv: list[str] | None = None) -> int:
     print(f"fuzz {args.target}: {args.n} programs: {summary}; "
           f"{scheduled} random schedules ({refused} refused as TccScheduleError)")
     return 1 if any(counts[k] for k in FAILURES) else 0
+
+
+def _grad_main(args: argparse.Namespace) -> int:
+    jobs = ({"seed": s, "grad": True, "orders": args.orders, "torch": args.torch}
+            for s in range(args.start, args.start + args.n))
+    counts: collections.Counter = collections.Counter()
+    ops = 0
+    with tempfile.TemporaryDirectory(prefix="tcc-fuzz-grad-") as cache:
+        # the Python path of tcc.torch: each fresh cache would build the C++ eager path again
+        env = {"TCC_CACHE_DIR": cache, "TCC_TORCH_NATIVE": "0"}
+        outcomes = run_seeds(jobs, args.workers, args.timeout, env=env)
+        for o in tqdm(outcomes, total=args.n, desc="fuzz grad", file=sys.stderr):
+            counts[o["status"]] += 1
+            ops += o.get("ops", 0)
+            if o["status"] in GRAD_FAILURES or (args.show_rejected and o["status"] == "rejected"):
+                tqdm.write(f"seed {o['seed']}: {o['status']}: {o['detail']}")
+    summary = ", ".join(f"{counts[k]} {k}" for k in ("ok", *GRAD_FAILURES, "singular", "skipped", "rejected"))
+    print(f"fuzz grad (orders 1..{args.orders}{', torch' if args.torch else ''}): {args.n} programs: "
+          f"{summary}; {ops} ops' gradients checked")
+    return 1 if any(counts[k] for k in GRAD_FAILURES) else 0
 
 
 if __name__ == "__main__":

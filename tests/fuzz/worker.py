@@ -12,6 +12,7 @@ import sys
 
 from fuzz.check import check_program, check_seed
 from fuzz.generate import OpCase, Program
+from fuzz.grad_check import check_grad_seed
 
 
 def main() -> None:
@@ -19,7 +20,9 @@ def main() -> None:
     sys.stdout = sys.stderr  # anything tcc or NumPy prints must not corrupt the protocol
     for line in sys.stdin:
         job = json.loads(line)
-        if "source" in job:  # a given program (the shrinker's)
+        if job.get("grad"):  # tcc.grad to job["orders"] against finite differences
+            outcome = check_grad_seed(job["seed"], job.get("orders", 2), job.get("torch", False))
+        elif "source" in job:  # a given program (the shrinker's)
             prog = Program(job["seed"], job["source"], [OpCase(n, b) for n, b in job["cases"]])
             outcome = check_program(prog, job.get("target", "cpu"), job.get("schedules", 0))
         else:

@@ -19,7 +19,7 @@ Reductions: ``sum`` passes the adjoint to each term; ``max``/``min`` pass it to 
 equal to the result, split evenly between ties (PyTorch's rule for ``amax``/``amin``; with
 distinct values this is the one arg-max, as in ``max_pool2d``); ``prod`` passes
 ``adjoint * result / term`` (undefined where a term is 0). Reads of a ``pad`` view are reads of
-its source where they fall inside it. Indices must be affine in the index variables.
+its source where they fall inside it. Any integer index differentiates (:mod:`grad_index`).
 """
 
 from __future__ import annotations
@@ -29,11 +29,13 @@ from dataclasses import fields, replace
 
 from tcc import dtypes
 from tcc.errors import TccArgumentError, TccCompileError
-from tcc.ir.expr import Binary, Cast, Expr, IterVar, Read, Reduce, Var, const, free_vars, walk
+from tcc.ir.expr import Binary, Cast, Const, Expr, IterVar, Read, Reduce, Var, const, free_vars, walk
 from tcc.ir.te import Compute, OpTE, Pad, Tensor, verify_op
 from tcc.passes.te.grad_expr import fadd, fdiv, fmul, fselect, num, partials
 from tcc.passes.te.grad_index import Adjoint, Emitter, gather, iadd, isub
 from tcc.passes.te.grad_tidy import tidy_op
+
+PIECE = 24  # the most nodes a float subexpression keeps inline in the normalised forward
 
 
 def derive(op: OpTE, wrt: Sequence[str] | None = None, name: str | None = None) -> OpTE:
@@ -96,7 +98,7 @@ class _Derivation:
         self.forward: list[Compute] = []
         self.backward: list[Compute] = []
         self.contribs: dict[str, list[Expr]] = {}
-        self.targets = tuple(Var(self.fresh(f"i{d}")) for d in range(max(len(t.shape) for t in op.tensors.values())))
+        self.targets: tuple[Var, ...] = ()
         self.emit = Emitter(self.fresh, self._add_temp, self._add_pad)
 
     def fresh(self, base: str) -> str:
@@ -126,19 +128,26 @@ class _Derivation:
 
     def _active(self) -> set[str]:
         """Float tensors whose values depend on a ``wrt`` input."""
-        active = set(self.wrt)
-        for pad in self.op.pads.values():
-            if pad.source in active:
-                active.add(pad.name)
+        active = self._with_views(set(self.wrt))
         for c in self.forward:
             reads = {n.tensor for n in walk(c.body) if isinstance(n, Read)}
             if self.tensors[c.tensor].dtype.is_float and reads & active:
-                active.add(c.tensor)
-                active |= {p.name for p in self.op.pads.values() if p.source == c.tensor}
+                active = self._with_views(active | {c.tensor})
         return active
 
+    def _with_views(self, tensors: set[str]) -> set[str]:
+        """``tensors`` and every pad view of them, pads of pads included."""
+        out = set(tensors)
+        while new := {p.name for p in self.op.pads.values() if p.source in out} - out:
+            out |= new
+        return out
+
     def _targets(self, tensor: str) -> tuple[Var, ...]:
-        return self.targets[:len(self.tensors[tensor].shape)]
+        """The index variables of ``tensor``'s adjoint (``i0, i1, ...``, shared by every adjoint)."""
+        rank = len(self.tensors[tensor].shape)
+        while len(self.targets) < rank:  # an intermediate of the normalisation may outrank every tensor
+            self.targets += (Var(self.fresh(f"i{len(self.targets)}")),)
+        return self.targets[:rank]
 
     def _finalize(self, tensor: str, result: bool = False) -> str | None:
         """The adjoint of ``tensor`` as one tensor (None: it has none), its contributions summed."""
@@ -173,7 +182,7 @@ class _Derivation:
         for read, value in parts:
             target, indices = self._through_pads(read)
             if target in active:
-                contribution = gather(read, indices, self.tensors[target].shape, self._targets(target), value,
+                contribution = gather(indices, self.tensors[target].shape, self._targets(target), value,
                                       scope, adjoint, self.emit)
                 self.contribs.setdefault(target, []).append(contribution)
 
@@ -203,28 +212,38 @@ class _Derivation:
 
     # ------------------------------------------------------------ normalisation
     def _hoist(self, e: Expr, scope: list[IterVar], owner: str) -> Expr:
-        """``e`` with each reduction below its root moved into an intermediate of its own."""
+        """``e`` with each reduction below its root moved into an intermediate of its own, and each
+        float subexpression of more than ``PIECE`` nodes: a derivative copies the values it needs
+        (``tanh``'s ``1 - v*v``, a product's other factor), so a gradient of a deep statement, and
+        above all the gradient of that gradient, would grow with every level; pieces keep it linear."""
         if isinstance(e, Reduce):
-            return replace(e, body=self._lift(e.body, scope + list(e.axes), owner))
-        return self._lift(e, scope, owner)
+            return replace(e, body=self._lift(e.body, scope + list(e.axes), owner, root=True))
+        return self._lift(e, scope, owner, root=True)
 
-    def _lift(self, e: Expr, scope: list[IterVar], owner: str) -> Expr:
+    def _lift(self, e: Expr, scope: list[IterVar], owner: str, root: bool = False) -> Expr:
         if isinstance(e, Reduce):
-            used = free_vars(e) - {ax.var.name for ax in e.axes}
-            axes = [ax for ax in scope if ax.var.name in used]
-            indices: tuple[Expr, ...] = tuple(ax.var for ax in axes)
-            if not axes:  # a rank-0 value: one element
-                axes = [IterVar(Var(self.fresh("z")), const(1))]
-                indices = (const(0),)
-            name = self.fresh(f"{owner}_{e.op}")
-            body = self._hoist(e, scope, owner)
-            self.tensors[name] = Tensor(name, e.dtype, tuple(ax.extent for ax in axes), "temp")
-            self.forward.append(Compute(name, tuple(axes), body))
-            return Read(name, indices, e.dtype)
+            return self._intermediate(e, self._hoist(e, scope, owner), scope, owner, e.op)
         kids = {id(k): self._lift(k, scope, owner) for k in e.children()}
-        if all(kids[id(k)] is k for k in e.children()):
-            return e
-        return _rebuild(e, kids)
+        if not all(kids[id(k)] is k for k in e.children()):
+            e = _rebuild(e, kids)
+        if not root and e.dtype.is_float and not isinstance(e, (Read, Const)) and _size(e) > PIECE \
+                and not any(free_vars(ax.extent) & {a.var.name for a in scope} for ax in scope):
+            return self._intermediate(e, e, scope, owner, "t")
+        return e
+
+    def _intermediate(self, e: Expr, body: Expr, scope: list[IterVar], owner: str, kind: str) -> Read:
+        """A read of a new forward intermediate that holds ``body`` (``e`` hoisted) over the index
+        variables of ``scope`` that ``e`` uses."""
+        used = free_vars(e) - ({ax.var.name for ax in e.axes} if isinstance(e, Reduce) else set())
+        axes = [ax for ax in scope if ax.var.name in used]
+        indices: tuple[Expr, ...] = tuple(ax.var for ax in axes)
+        if not axes:  # a rank-0 value: one element
+            axes = [IterVar(Var(self.fresh("z")), const(1))]
+            indices = (const(0),)
+        name = self.fresh(f"{owner}_{kind}")
+        self.tensors[name] = Tensor(name, e.dtype, tuple(ax.extent for ax in axes), "temp")
+        self.forward.append(Compute(name, tuple(axes), body))
+        return Read(name, indices, e.dtype)
 
     # ------------------------------------------------------------ output
     def _add_temp(self, name: str, dtype, shape: tuple[Expr, ...], axes: tuple[IterVar, ...], body: Expr,
@@ -269,6 +288,10 @@ class _Derivation:
             elif name in defs:
                 todo += [n.tensor for n in walk(defs[name].body) if isinstance(n, Read)]
         return needed
+
+
+def _size(e: Expr) -> int:
+    return sum(1 for _ in walk(e))
 
 
 def _rebuild(e: Expr, kids: dict[int, Expr]) -> Expr:

@@ -15,7 +15,13 @@ solved from the affine equations ``e_d(i, k) == a_d``:
   solved indices reach the partial derivative only through ``dT``;
 - anything else (max pooling's ``select(X[.., y*S + r] == T[.., y], ..)``, a read at a constant,
   a diagonal) solves the same way but guards the sum with the solution's conditions and clamps
-  the solved indices into range, so every read stays in bounds.
+  the solved indices into range, so every read stays in bounds;
+- a dim that is not affine (``X[i * i % N]``, the clamped reads of a first gradient, which its
+  own gradient meets), or that could only be solved in terms of another window dim's solution
+  (``X[i + j, 2*i + j]``), is a guard ``index == a``: the sum runs over its variables (a mask,
+  correct for any index, at the cost of the product of the sizes). Divisions ``v // c`` and
+  ``v % c`` are split first (``v := c*q + t``), so upsampling, pad views read at ``P[j // 3]`` and
+  a derived data gradient's dilation read affinely.
 """
 
 from __future__ import annotations
@@ -24,7 +30,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tcc import dtypes
-from tcc.errors import TccError
 from tcc.ir.expr import Binary, Const, Expr, IterVar, Read, Reduce, Unary, Var, free_vars, substitute, transform, walk
 from tcc.passes.simplify import simplify
 from tcc.passes.te.grad_expr import fselect, num
@@ -109,19 +114,15 @@ class _Solve:
     others: Linear  # the dim's other variables (and its rest under None)
 
 
-def gather(read: Read, indices: tuple[Expr, ...], shape: tuple[Expr, ...], targets: tuple[Var, ...],
+def gather(indices: tuple[Expr, ...], shape: tuple[Expr, ...], targets: tuple[Var, ...],
            value: Expr, scope: dict[str, Expr], adjoint: Adjoint, emit: Emitter) -> Expr:
-    """``dA[targets]``'s part from one read ``A[indices]`` whose contribution is ``value`` (a
+    """``dA[targets]``'s part from one read ``A[indices]`` (any integer indices) whose contribution is ``value`` (a
     function of the index variables in ``scope``, name -> extent)."""
-    indices, value, scope = _floordiv_parts(indices, value, scope, emit)
-    forms = []
-    for d, e in enumerate(indices):
+    indices, value, scope = _split_divisions(indices, value, scope, emit)
+    forms: list[Linear | None] = []
+    for e in indices:
         form = linear(e, set(scope))
-        if form is None:
-            raise TccError(f"cannot differentiate through index {d} of {read.tensor} ({e}): it is not affine "
-                           "in the index variables", read.span, "write indices as sums of index variables "
-                           "times constants")
-        forms.append({k: v for k, v in form.items() if not (k is not None and _zero(v))})
+        forms.append(None if form is None else {k: v for k, v in form.items() if not (k is not None and _zero(v))})
     solves, guards = _solve(forms, scope)
     trivial = {s.var for s in solves if _trivial(s, scope, shape)}
     window = [s for s in solves if s.var not in trivial]
@@ -131,27 +132,33 @@ def gather(read: Read, indices: tuple[Expr, ...], shape: tuple[Expr, ...], targe
         return _sum(body, summed, scope)
     if not guards and _windowed(window, value, adjoint, summed):
         return _window_form(solves, trivial, value, scope, summed, shape, targets, adjoint, emit)
-    return _guarded_form(forms, solves, trivial, value, scope, summed, targets)
+    return _guarded_form(indices, forms, solves, trivial, value, scope, summed, targets)
 
 
-def _floordiv_parts(indices: tuple[Expr, ...], value: Expr, scope: dict[str, Expr], emit: Emitter
-                    ) -> tuple[tuple[Expr, ...], Expr, dict[str, Expr]]:
-    """Each index ``v // c`` (``v`` an index variable, ``c`` free of them) as a variable of its own:
-    ``v := c*q + t`` with ``q`` over ``ceil(V / c)`` and ``t`` over ``c``, the value guarded by
-    ``c*q + t < V`` and reading ``v`` clamped. A dilation ``select(u % S == 0, dY[u // S], 0)`` (the
-    data gradient of a strided convolution) then has the affine read ``dY[q]``: its own gradient,
-    for a double backward, is a guarded gather."""
-    for e in indices:
-        if not (isinstance(e, Binary) and e.op == "floordiv" and isinstance(e.a, Var) and e.a.name in scope
-                and not free_vars(e.b) & set(scope)):
+def _split_divisions(indices: tuple[Expr, ...], value: Expr, scope: dict[str, Expr], emit: Emitter
+                     ) -> tuple[tuple[Expr, ...], Expr, dict[str, Expr]]:
+    """Each index variable ``v`` that an index divides (``v // c``, ``v % c``; ``c`` free of index
+    variables) as two of its own: ``v := c*q + t`` with ``q`` over ``ceil(V / c)`` and ``t`` over
+    ``c``, so ``v // c`` is ``q`` and ``v % c`` is ``t``; the value is guarded by ``c*q + t < V``
+    and reads ``v`` clamped. Nearest upsampling ``X[i // K]``, a pad view read at ``P[j // 3]`` and
+    a dilation ``select(u % S == 0, dY[u // S], 0)`` (the data gradient of a strided convolution,
+    so its own gradient in a double backward) then read affinely."""
+    for v, c in _divisions(indices, scope):
+        if v not in scope:  # split already, by another divisor: that division stays a masked dim
             continue
-        v, c, extent = e.a.name, e.b, scope[e.a.name]
+        extent = scope[v]
         q, t = Var(emit.fresh(f"{v}_q")), Var(emit.fresh(f"{v}_t"))
         whole = iadd(imul(c, q), t)
         clamped = simplify(Binary("min", whole, isub(extent, _i(1)), dtypes.i64))
+        parts = {"floordiv": q, "mod": t}
 
-        def split(x: Expr, e: Expr = e, q: Var = q, v: str = v, clamped: Expr = clamped) -> Expr:
-            return substitute(transform(x, lambda n: q if n == e else None), {v: clamped})
+        def part(n: Expr, parts: dict[str, Var] = parts, v: str = v, c: Expr = c) -> Expr | None:
+            if isinstance(n, Binary) and n.op in parts and isinstance(n.a, Var) and n.a.name == v and n.b == c:
+                return parts[n.op]
+            return None
+
+        def split(x: Expr, part=part, v: str = v, clamped: Expr = clamped) -> Expr:
+            return substitute(transform(x, part), {v: clamped})
 
         indices = tuple(split(i) for i in indices)
         value = fselect(_cmp("lt", whole, extent), split(value), num(0))
@@ -163,6 +170,22 @@ def _floordiv_parts(indices: tuple[Expr, ...], value: Expr, scope: dict[str, Exp
     return indices, value, scope
 
 
+def _divisions(indices: tuple[Expr, ...], scope: dict[str, Expr]) -> list[tuple[str, Expr]]:
+    """``(v, c)`` for each ``v // c`` or ``v % c`` in ``indices``: ``v`` an index variable, ``c`` a
+    positive constant or an expression of symbols."""
+    found: list[tuple[str, Expr]] = []
+    for index in indices:
+        for n in walk(index):
+            if not (isinstance(n, Binary) and n.op in ("floordiv", "mod") and isinstance(n.a, Var)
+                    and n.a.name in scope and not free_vars(n.b) & set(scope)):
+                continue
+            if isinstance(n.b, Const) and n.b.value <= 0:
+                continue
+            if all(v != n.a.name for v, _ in found):
+                found.append((n.a.name, n.b))
+    return found
+
+
 def _zero(e: Expr) -> bool:
     return isinstance(e, Const) and e.value == 0
 
@@ -171,24 +194,27 @@ def _one(e: Expr) -> bool:
     return isinstance(e, Const) and e.value == 1
 
 
-def _solve(forms: list[Linear], scope: dict[str, Expr]) -> tuple[list[_Solve], list[int]]:
+def _solve(forms: list[Linear | None], scope: dict[str, Expr]) -> tuple[list[_Solve], list[int]]:
     """Solve single-variable dims first, then one (output-most) variable per window dim; the dims
-    left over (no variable, or all solved already) are guards."""
+    left over (no variable, all solved already, not affine, or solvable only in terms of another
+    window dim's solution, which could close a cycle: ``X[i + j, 2*i + j]``) are guards, their
+    remaining variables summed."""
     solves: list[_Solve] = []
     solved: set[str] = set()
+    windows: set[str] = set()
     guards: list[int] = []
     order = list(scope)
     for d, form in enumerate(forms):
-        names = [k for k in form if k is not None]
+        names = [] if form is None else [k for k in form if k is not None]
         if len(names) == 1 and names[0] not in solved:
             solves.append(_Solve(names[0], d, form[names[0]], {None: form.get(None, _i(0))}))
             solved.add(names[0])
     for d, form in enumerate(forms):
-        names = [k for k in form if k is not None]
-        if len(names) == 1 and any(s.dim == d for s in solves):
+        if any(s.dim == d for s in solves):
             continue
+        names = [] if form is None else [k for k in form if k is not None]
         free = sorted((k for k in names if k not in solved), key=order.index)
-        if not free:
+        if not free or windows & set(names):
             guards.append(d)
             continue
         var = free[0]
@@ -196,6 +222,7 @@ def _solve(forms: list[Linear], scope: dict[str, Expr]) -> tuple[list[_Solve], l
         others.setdefault(None, _i(0))
         solves.append(_Solve(var, d, form[var], others))
         solved.add(var)
+        windows.add(var)
     return solves, guards
 
 
@@ -308,9 +335,11 @@ def _dilated(size: Expr, stride: Expr) -> Expr:
     return imax(iadd(imul(stride, isub(size, _i(1))), _i(1)), _i(0))
 
 
-def _guarded_form(forms: list[Linear], solves: list[_Solve], trivial: set[str], value: Expr,
-                  scope: dict[str, Expr], summed: list[str], targets: tuple[Var, ...]) -> Expr:
-    """Solve, guard the sum with the solution's conditions and clamp the solved indices in range."""
+def _guarded_form(indices: tuple[Expr, ...], forms: list[Linear | None], solves: list[_Solve], trivial: set[str],
+                  value: Expr, scope: dict[str, Expr], summed: list[str], targets: tuple[Var, ...]) -> Expr:
+    """Solve, guard the sum with the solution's conditions and clamp the solved indices in range.
+    A dim left unsolved is a guard ``index == target``, its variables summed: for an index that is
+    not affine (``X[min(max(i, 0), 2)]``, ``X[i * i % N]``) a masked sum over every value of them."""
     exact: dict[str, Expr] = {}
     conds: list[Expr] = []
     for s in solves:
@@ -335,12 +364,16 @@ def _guarded_form(forms: list[Linear], solves: list[_Solve], trivial: set[str], 
                for v, e in exact.items()}
     conds = [substitute(c, exact) for c in conds]
     for d, form in enumerate(forms):
-        if not any(s.dim == d for s in solves):
-            total = form.get(None, _i(0))
-            for k, c in form.items():
-                if k is not None:
-                    total = iadd(total, imul(c, exact.get(k, Var(k))))
-            conds.append(_cmp("eq", total, targets[d]))
+        if any(s.dim == d for s in solves):
+            continue
+        if form is None:  # evaluated where every read it makes is in bounds
+            conds.append(_cmp("eq", substitute(indices[d], clamped), targets[d]))
+            continue
+        total = form.get(None, _i(0))
+        for k, c in form.items():
+            if k is not None:
+                total = iadd(total, imul(c, exact.get(k, Var(k))))
+        conds.append(_cmp("eq", total, targets[d]))
     body = substitute(value, clamped)
     conds = [c for c in conds if not (isinstance(c, Const) and c.value)]
     if conds:
