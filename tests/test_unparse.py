@@ -3,6 +3,8 @@ expression built from parts (a view of a view) keeps its meaning whatever the pa
 
 from __future__ import annotations
 
+import math
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,7 +23,7 @@ def parsed(text: str) -> ast.Node:
 
 def canonical(node: ast.Node) -> ast.Node:
     """The tree as the parser builds it: a negative literal is a negation of a positive one."""
-    if isinstance(node, ast.Num) and node.value < 0:
+    if isinstance(node, ast.Num) and math.copysign(1, node.value) < 0:  # -0.0 too
         return ast.UnaryOp("neg", ast.Num(-node.value, node.is_float))
     if isinstance(node, ast.BinOp):
         return ast.BinOp(node.op, canonical(node.a), canonical(node.b))
