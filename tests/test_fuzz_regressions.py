@@ -6,7 +6,8 @@ import pytest
 from helpers import check_op
 
 import tcc
-from tcc.ir.loops import Allocate, walk_stmts
+from tcc.errors import TccScheduleError
+from tcc.ir.loops import Allocate, For, is_sequential, walk_stmts
 from tcc.testing import random_args, reference_results
 
 
@@ -334,3 +335,25 @@ def test_merged_pixels_are_not_inlined_as_separate_indices(sizes, rng):
     GEMM's result, was inlined into V's packing with ``ty := 0, tx := p``, as if p stayed within a
     row: ``R_gemm[i, ((0*4 + l)*32 + c)*8 + p]`` (a wrong answer: relative error ~1)."""
     check_op(WINOGRAD_INPUT, "fz", sizes, rng)
+
+
+RECURRENCE_BESIDE_A_MAP = """
+op fz(X: f32[M], Z: f32[N], s: i64) -> (Y1: f32[M, N], Y2: f32[M, N]) {
+    Y2[i, j] = X[i] + Z[j]
+    Y1[i, j] = select(i == 0, f32(s) + X[i] + Z[j], 0.5 * Y1[i - 1, j] + f32(3))
+}
+"""
+
+
+def test_a_recurrence_loop_never_runs_in_parallel(rng):
+    """Fuzz seed 161: ``parallel(i)`` marks every loop named ``i``; the CPU scheduler parallelised
+    another statement's ``i`` and with it the recurrence's, whose rows then raced (a NaN now and
+    then: a row read before the one before it was stored). A sequential loop now refuses."""
+    lib = tcc.compile(RECURRENCE_BESIDE_A_MAP)
+    func = lib.fz.lowered(dict(M=300, N=700)).scheduled  # enough work to run Y2's rows in parallel
+    assert not any(isinstance(s, For) and s.kind == "parallel" and is_sequential(s) for s in walk_stmts(func.body))
+    for schedule in ("parallel(i)", "split(i, 2); parallel(i_o)", "fuse(i, j); parallel(i_j)"):
+        with pytest.raises(TccScheduleError, match="recurrence in order"):
+            lib.fz.schedule(schedule).lower(*random_args(lib.fz.te, dict(M=5, N=64), rng), stage="scheduled")
+    for _ in range(5):
+        check_op(RECURRENCE_BESIDE_A_MAP, "fz", dict(M=300, N=700), rng)
