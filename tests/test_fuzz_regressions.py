@@ -357,3 +357,13 @@ def test_a_recurrence_loop_never_runs_in_parallel(rng):
             lib.fz.schedule(schedule).lower(*random_args(lib.fz.te, dict(M=5, N=64), rng), stage="scheduled")
     for _ in range(5):
         check_op(RECURRENCE_BESIDE_A_MAP, "fz", dict(M=300, N=700), rng)
+
+
+def test_a_data_index_checked_under_a_select_is_clamped(rng):
+    """Fuzz seed 104: ``X[I[i]]`` under ``select(i >= 2, ...)`` is checked only where the select
+    takes it, but both sides are computed (the reference's ``np.where``, a vector select): the
+    reference raised NumPy's IndexError and the kernel read outside X. It is now clamped too."""
+    for body in ("select(i >= 2, 0.5, X[I[i]])", "select(i >= 2, 0.5 * Y[i - 1], X[I[i]])"):
+        src = f"op fz(X: f32[N], I: i32[K]) -> Y: f32[K] {{ Y[i] = {body} }}"
+        idx = np.array([0, 2, 1 << 30, -(1 << 30), 7], np.int32)
+        check_op(src, "fz", dict(N=3, K=5), rng, args=[rng.standard_normal(3).astype(np.float32), idx])
