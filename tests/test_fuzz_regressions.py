@@ -367,3 +367,19 @@ def test_a_data_index_checked_under_a_select_is_clamped(rng):
         src = f"op fz(X: f32[N], I: i32[K]) -> Y: f32[K] {{ Y[i] = {body} }}"
         idx = np.array([0, 2, 1 << 30, -(1 << 30), 7], np.int32)
         check_op(src, "fz", dict(N=3, K=5), rng, args=[rng.standard_normal(3).astype(np.float32), idx])
+
+
+SCATTERED_PREFIX = """
+op fz[V = 3](X: f32[N, D], I: i64[N]) -> Y: f32[V, D] {
+    Y[v, d] = 0.0
+    Y[I[n], d] += sum[j: n + 1](X[j, d]) + max[k: n + 1](X[k, d])
+}
+"""
+
+
+@pytest.mark.parametrize("sizes", [dict(N=7, D=5, V=3), dict(N=33, D=64, V=4), dict(N=1, D=1, V=1)])
+def test_a_scatter_takes_prefix_reductions_of_its_own_indices(sizes, rng):
+    """Fuzz seed 19: a reduction extent of a ``+=`` statement's index variable (``sum[j: n + 1]``)
+    was "unknown name 'n'": only ``=`` statements lent their indices to extents."""
+    args = [rng.standard_normal((sizes["N"], sizes["D"])).astype(np.float32), rng.integers(0, sizes["V"], sizes["N"])]
+    check_op(SCATTERED_PREFIX, "fz", sizes, rng, args=args)
