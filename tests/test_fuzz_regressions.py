@@ -383,3 +383,25 @@ def test_a_scatter_takes_prefix_reductions_of_its_own_indices(sizes, rng):
     was "unknown name 'n'": only ``=`` statements lent their indices to extents."""
     args = [rng.standard_normal((sizes["N"], sizes["D"])).astype(np.float32), rng.integers(0, sizes["V"], sizes["N"])]
     check_op(SCATTERED_PREFIX, "fz", sizes, rng, args=args)
+
+
+TRIANGLE = """
+op fz(X: f32[N, M]) -> Y: f32[N, M] {
+    Y[i, j] = sum[k: j + 1](X[i, k] * f32(j)) + max[k: j](X[i, k])
+}
+"""
+
+
+def test_a_triangular_reduction_schedules_on_cuda(rng):
+    """Fuzz (CUDA generation, seed 5): a reduction whose extent moves with ``j`` and whose body
+    uses ``j`` stays a triangular loop; the CUDA row schedule asked its extent and failed with
+    "loop k has no constant extent for the GPU". Each thread now walks its own row's loop;
+    the CPU simulator of CUDA loop IR checks the kernel."""
+    import gpu_sim
+
+    x = rng.standard_normal((5, 7)).astype(np.float32)
+    op = tcc.compile(TRIANGLE, target="cuda").fz
+    arrays = {"X": x, "Y": np.full((5, 7), np.nan, np.float32)}
+    gpu_sim.run(op.lowered(dict(N=5, M=7)).scheduled, arrays)
+    want, = reference_results(op.te, [x], dict(N=5, M=7))
+    np.testing.assert_allclose(arrays["Y"], want, rtol=1e-5, atol=1e-5)
