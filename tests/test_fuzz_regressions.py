@@ -405,3 +405,19 @@ def test_a_triangular_reduction_schedules_on_cuda(rng):
     gpu_sim.run(op.lowered(dict(N=5, M=7)).scheduled, arrays)
     want, = reference_results(op.te, [x], dict(N=5, M=7))
     np.testing.assert_allclose(arrays["Y"], want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_scatter_reads_a_tensor_grouped_with_its_target(rng):
+    """Fuzz seed 2603: ``T2`` shared a loop with ``T5``'s defining statement and counted as read
+    only inside that group, since its reader ``T5 +=`` has the same tensor name; but the ``+=``
+    runs as a nest of its own, so ``T2`` became a per-row buffer it could not see (the loop IR
+    verifier's "load from unknown buffer T2")."""
+    src = """
+    op fz(X1: f32[M, N], o4: i64) -> Y1: f32[N, 3] {
+        T2[i] = tanh(sum[k1: 3](X1[o4 + k1, i]))
+        T5: f32[N, 3]
+        T5[i, j] = X1[0, i]
+        T5[v1, v2] += T2[(v2 + 1) % (N)]
+        Y1[i, j] = T5[i, j]
+    }"""
+    check_op(src, "fz", dict(M=5, N=4), rng, scalars={"o4": 2})
