@@ -421,3 +421,16 @@ def test_a_scatter_reads_a_tensor_grouped_with_its_target(rng):
         Y1[i, j] = T5[i, j]
     }"""
     check_op(src, "fz", dict(M=5, N=4), rng, scalars={"o4": 2})
+
+
+def test_a_loop_named_like_a_flattened_one_may_have_a_moving_extent(rng):
+    """Fuzz seed 2637: ``T[i] = min[k1: K](X[k1 % N])`` has its ``k1`` loop unflattened into rows
+    of N, and unflatten took every loop named ``k1``, the prefix ``max[k1: i]`` of another
+    statement included (its body uses ``i``: a triangular loop, no scan), whose extent is no
+    constant (an AttributeError)."""
+    src = """
+    op fz(I: i32[M], J: i32[N], X: f32[N], Z: f32[K]) -> (T: i8[K], Y: f32[N]) {
+        T[i] = min[k1: K](J[k1 % (N)])
+        Y[i] = X[i] + f32(max[k1: i](I[0] + i))
+    }"""
+    check_op(src, "fz", dict(K=16, M=33, N=8), rng)
