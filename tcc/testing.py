@@ -27,8 +27,9 @@ def tolerance(op: OpTE, result: str, tf32: bool = False) -> float:
     float type it computes in, growing with the square root of its longest chain of reductions
     or of ``+=`` additions into one position (the reference computes in f64). A specialised op
     gives concrete reduction lengths; otherwise 1000 is assumed. ``tf32``: f32 contractions ran on
-    TF32 tensor cores, whose rounding of both factors of every product adds a few TF32 roundings of the result's scale (independent errors
-    grow with the square root of the sum's length, as its magnitude does)."""
+    TF32 tensor cores, whose rounding of both factors of every product adds a few TF32 roundings of
+    the result's scale (independent errors grow with the square root of the sum's length, as its
+    magnitude does)."""
     needed = {result}
     for c in reversed(op.computes):  # the statements the result depends on
         if c.tensor in needed:
