@@ -434,3 +434,12 @@ def test_a_loop_named_like_a_flattened_one_may_have_a_moving_extent(rng):
         Y[i] = X[i] + f32(max[k1: i](I[0] + i))
     }"""
     check_op(src, "fz", dict(K=16, M=33, N=8), rng)
+
+
+@pytest.mark.parametrize("value", ["min[k1: v + 1](X[k1, 0])", "sum[k1: v](X[k1, 0])", "sum[k1: v + 1](X[k1, 1])"])
+def test_a_scatter_of_a_whole_prefix_adds_it(value, rng):
+    """Fuzz seed 2962: ``Y[v] += sum[k: v + 1](...)``, the reduction the whole statement, became
+    the scan ``Y[v] = Y[v - 1] + ...`` itself (as ``=`` would), losing both what ``Y`` held and
+    the addition; the prefix now goes to an intermediate that the ``+=`` adds."""
+    src = f"op fz(X: f32[K, N]) -> Y: f32[K] {{ Y[i] = X[i, 1]\n Y[v] += {value} }}"
+    check_op(src, "fz", dict(K=6, N=3), rng)

@@ -40,7 +40,8 @@ def prefix_scans(op: OpTE) -> OpTE:
                 return None
             r: Reduce = e  # type: ignore[assignment]
             axes = tuple(ax for ax in c.axes if ax.var.name in free_vars(r.body) | {prefix[0]})
-            if r is c.body and len(axes) == len(c.axes) and r.acc_dtype == r.dtype == tensors[c.tensor].dtype:
+            if r is c.body and not c.accumulate and len(axes) == len(c.axes) \
+                    and r.acc_dtype == r.dtype == tensors[c.tensor].dtype:  # (a += adds the prefix: below)
                 made.append(_recurrence(c.tensor, r, axes, *prefix))  # the statement itself
                 return None
             name = _fresh(f"{c.tensor}_prefix", tensors)
