@@ -443,3 +443,12 @@ def test_a_scatter_of_a_whole_prefix_adds_it(value, rng):
     the addition; the prefix now goes to an intermediate that the ``+=`` adds."""
     src = f"op fz(X: f32[K, N]) -> Y: f32[K] {{ Y[i] = X[i, 1]\n Y[v] += {value} }}"
     check_op(src, "fz", dict(K=6, N=3), rng)
+
+
+@pytest.mark.parametrize("body", ["sum[k1: i + 1](sum[k2: i + 1](X[k1, 0]))",
+                                  "sum[k1: i + 1](max[k2: j + 1](X[k1, k2]))"])
+def test_a_prefix_of_a_reduction_whose_extent_moves_is_no_scan(body, rng):
+    """Fuzz seed 796: the scan rewrite asked whether a prefix's body uses ``i`` by the names it
+    reads, missing an inner reduction's extent ``i + 1``: ``sum[k1: i + 1](sum[k2: i + 1](...))``
+    became a running sum of the inner sums at the wrong lengths."""
+    check_op(f"op fz(X: f64[K, J]) -> Y: f64[K, J] {{ Y[i, j] = {body} }}", "fz", dict(K=6, J=5), rng)
