@@ -452,3 +452,18 @@ def test_a_prefix_of_a_reduction_whose_extent_moves_is_no_scan(body, rng):
     reads, missing an inner reduction's extent ``i + 1``: ``sum[k1: i + 1](sum[k2: i + 1](...))``
     became a running sum of the inner sums at the wrong lengths."""
     check_op(f"op fz(X: f64[K, J]) -> Y: f64[K, J] {{ Y[i, j] = {body} }}", "fz", dict(K=6, J=5), rng)
+
+
+def test_a_recurrence_is_not_inlined_by_a_schedule(rng):
+    """Fuzz seed 1132: a user's ``inline(T)`` of a recurrence substituted its defining expression
+    (which reads ``T`` itself) into the reader, leaving loads of a buffer that no longer exists
+    (the loop IR verifier's "load from unknown buffer"). It is now a schedule error."""
+    src = """
+    op fz(X: f32[K, N]) -> Y: f32[N] {
+        T: f64[3, N]
+        T[i, j] = select(j < 1, X[0, j], -0.25 * T[i, j - 1] + X[(i + 1) % (K), j])
+        Y[j] = T[j % (3), N - 1 - j]
+    }"""
+    op = tcc.compile(src).fz.schedule("inline(T)")
+    with pytest.raises(TccScheduleError, match="recurrence"):
+        op.lower(rng.standard_normal((4, 5)).astype(np.float32), stage="scheduled")

@@ -352,8 +352,9 @@ class _Context:
             return Value(f"exp(min({a.text}, 1.0))", "float", False, 2.8)
         if fn == "log":
             return Value(f"log(abs({a.text}) + 1.0)", "float", False, 10.0)
-        if fn == "sqrt":
-            return Value(f"sqrt(abs({a.text}))", "float", False, a.mag ** 0.5 + 1)
+        if fn == "sqrt":  # steep at 0: an inexact argument is kept away from it (fuzz seed 3775)
+            shift = "" if a.exact else " + 1.0"
+            return Value(f"sqrt(abs({a.text}){shift})", "float", False, a.mag ** 0.5 + 1)
         if fn == "rsqrt":
             return Value(f"rsqrt(abs({a.text}) + 1.0)", "float", False, 1.0)
         if fn == "pow":
