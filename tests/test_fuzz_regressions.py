@@ -467,3 +467,18 @@ def test_a_recurrence_is_not_inlined_by_a_schedule(rng):
     op = tcc.compile(src).fz.schedule("inline(T)")
     with pytest.raises(TccScheduleError, match="recurrence"):
         op.lower(rng.standard_normal((4, 5)).astype(np.float32), stage="scheduled")
+
+
+def test_a_tensor_indexed_by_itself_is_not_cached(rng):
+    """Fuzz seeds 2018, 2367: ``cache(I, ...)`` where ``I[I[0, j], j]`` indexes ``I`` by its own
+    values: the inner read was retargeted to the cache first, and the outer one, keyed by its
+    original indices, was then not found (a KeyError). It is now a schedule error."""
+    src = """
+    op fz(X: i32[M], I: i32[M, K]) -> T: i32[3, K] {
+        T[i, j] = X[0] % (I[I[0, j], j] + 5)
+    }"""
+    lib = tcc.compile(src)
+    args = [rng.integers(-9, 9, 4).astype(np.int32), rng.integers(0, 3, (4, 5)).astype(np.int32)]
+    with pytest.raises(TccScheduleError, match="indexed by its own values"):
+        lib.fz.schedule("cache(I, i)").lower(*args, stage="scheduled")
+    check_op(src, "fz", dict(M=4, K=5), rng, args=args)
