@@ -6,9 +6,11 @@ has is drawn: every dtype (f16 and bf16 included) and cast, every operator and m
 ``select``, ``and/or/not``, reductions (several per statement, nested, over outer axes, with
 inferred or explicit extents), intermediates read once, twice or never (declared or inferred),
 strided, offset, reversed, modular and constant indices, ``pad`` views, compile-time parameters
-in shapes and indices, several results, odd, size-1 and zero-size dimensions. Templates add the
-shapes the compiler specialises for (GEMMs, convolutions, row chains), and two such contractions
-chained through an intermediate.
+in shapes and indices, several results, odd, size-1 and zero-size dimensions; indices that read
+data or runtime offsets (in range, or poisoned out of range), ``+=`` scatters with duplicates,
+prefix reductions (scans), recurrences, ``rand``/``randn``/``philox`` and dtype parameters
+(``fuzz.constructs``). Templates (``fuzz.templates``) add the shapes the compiler specialises for
+(GEMMs, convolutions, row chains), and two such contractions chained through an intermediate.
 
 The generator only writes programs whose answer does not hinge on rounding: operations that are
 discontinuous in their operands (``floor``, ``ceil``, ``//``, ``%``, comparisons, casts to
