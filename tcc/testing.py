@@ -9,7 +9,7 @@ import numpy as np
 
 from tcc import reference
 from tcc.dtypes import DType
-from tcc.ir.expr import Binary, Call, Cast, Const, Read, Reduce, Select, Unary, walk
+from tcc.ir.expr import Binary, Call, Cast, Const, Read, Reduce, Select, Unary, Var, walk
 from tcc.ir.te import OpTE
 from tcc.passes.te.specialize import specialize
 from tcc.stack import deep
@@ -25,10 +25,11 @@ def tolerance(op: OpTE, result: str, tf32: bool = False) -> float:
     """The error bound of ``result`` relative to its largest magnitude, from the op itself: a few
     roundings of the least precise type the op stores in, plus the rounding of the least precise
     float type it computes in, growing with the square root of its longest chain of reductions
-    (the reference computes in f64). A specialised op gives concrete reduction lengths; otherwise
-    1000 is assumed. ``tf32``: f32 contractions ran on TF32 tensor cores, whose rounding of both
-    factors of every product adds a few TF32 roundings of the result's scale (independent errors
-    grow with the square root of the sum's length, as its magnitude does)."""
+    or of ``+=`` additions into one position (the reference computes in f64). A specialised op
+    gives concrete reduction lengths; otherwise 1000 is assumed. ``tf32``: f32 contractions ran on
+    TF32 tensor cores, whose rounding of both factors of every product adds a few TF32 roundings of
+    the result's scale (independent errors grow with the square root of the sum's length, as its
+    magnitude does)."""
     needed = {result}
     for c in reversed(op.computes):  # the statements the result depends on
         if c.tensor in needed:
@@ -45,7 +46,9 @@ def tolerance(op: OpTE, result: str, tf32: bool = False) -> float:
         for n in walk(c.body):  # so does every operation (reads and literals are exact)
             if isinstance(n, Binary | Unary | Call | Cast | Select):
                 dtypes_used.add(n.dtype.name)
-        chain = 1
+        chain = _hits(c)
+        if c.accumulate:  # every add rounds to the tensor's dtype
+            dtypes_used.add(op.tensors[c.tensor].dtype.name)
         for n in walk(c.body):
             if isinstance(n, Reduce):  # its accumulator; its result rounds once
                 dtypes_used.add(n.acc_dtype.name)
@@ -57,6 +60,17 @@ def tolerance(op: OpTE, result: str, tf32: bool = False) -> float:
     store = max((UNIT_ROUNDOFF[d] for d in stored if d in UNIT_ROUNDOFF), default=0.0)
     bound = 4 * store + 16 * work * math.sqrt(length)
     return bound + 8 * TF32_ROUNDOFF if tf32 and "f32" in dtypes_used else bound
+
+
+def _hits(c) -> int:
+    """How many values an accumulation (``+=``) may add into one position: its points over the
+    axes that are not a left-hand index of their own (1 for other statements; 1000 per axis of
+    unknown extent)."""
+    if not c.accumulate:
+        return 1
+    own = {i.name for i in c.lhs if isinstance(i, Var)}
+    extents = [ax.extent for ax in c.axes if ax.var.name not in own]
+    return math.prod(int(e.value) if isinstance(e, Const) else 1000 for e in extents)
 
 
 def random_array(shape: tuple[int, ...], dtype: DType, rng: np.random.Generator) -> np.ndarray:

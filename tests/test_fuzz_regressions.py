@@ -6,7 +6,8 @@ import pytest
 from helpers import check_op
 
 import tcc
-from tcc.ir.loops import Allocate, walk_stmts
+from tcc.errors import TccScheduleError
+from tcc.ir.loops import Allocate, For, is_sequential, walk_stmts
 from tcc.testing import random_args, reference_results
 
 
@@ -334,3 +335,150 @@ def test_merged_pixels_are_not_inlined_as_separate_indices(sizes, rng):
     GEMM's result, was inlined into V's packing with ``ty := 0, tx := p``, as if p stayed within a
     row: ``R_gemm[i, ((0*4 + l)*32 + c)*8 + p]`` (a wrong answer: relative error ~1)."""
     check_op(WINOGRAD_INPUT, "fz", sizes, rng)
+
+
+RECURRENCE_BESIDE_A_MAP = """
+op fz(X: f32[M], Z: f32[N], s: i64) -> (Y1: f32[M, N], Y2: f32[M, N]) {
+    Y2[i, j] = X[i] + Z[j]
+    Y1[i, j] = select(i == 0, f32(s) + X[i] + Z[j], 0.5 * Y1[i - 1, j] + f32(3))
+}
+"""
+
+
+def test_a_recurrence_loop_never_runs_in_parallel(rng):
+    """Fuzz seed 161: ``parallel(i)`` marks every loop named ``i``; the CPU scheduler parallelised
+    another statement's ``i`` and with it the recurrence's, whose rows then raced (a NaN now and
+    then: a row read before the one before it was stored). A sequential loop now refuses."""
+    lib = tcc.compile(RECURRENCE_BESIDE_A_MAP)
+    func = lib.fz.lowered(dict(M=300, N=700)).scheduled  # enough work to run Y2's rows in parallel
+    assert not any(isinstance(s, For) and s.kind == "parallel" and is_sequential(s) for s in walk_stmts(func.body))
+    for schedule in ("parallel(i)", "split(i, 2); parallel(i_o)", "fuse(i, j); parallel(i_j)"):
+        with pytest.raises(TccScheduleError, match="recurrence in order"):
+            lib.fz.schedule(schedule).lower(*random_args(lib.fz.te, dict(M=5, N=64), rng), stage="scheduled")
+    for _ in range(5):
+        check_op(RECURRENCE_BESIDE_A_MAP, "fz", dict(M=300, N=700), rng)
+
+
+def test_a_data_index_checked_under_a_select_is_clamped(rng):
+    """Fuzz seed 104: ``X[I[i]]`` under ``select(i >= 2, ...)`` is checked only where the select
+    takes it, but both sides are computed (the reference's ``np.where``, a vector select): the
+    reference raised NumPy's IndexError and the kernel read outside X. It is now clamped too."""
+    for body in ("select(i >= 2, 0.5, X[I[i]])", "select(i >= 2, 0.5 * Y[i - 1], X[I[i]])"):
+        src = f"op fz(X: f32[N], I: i32[K]) -> Y: f32[K] {{ Y[i] = {body} }}"
+        idx = np.array([0, 2, 1 << 30, -(1 << 30), 7], np.int32)
+        check_op(src, "fz", dict(N=3, K=5), rng, args=[rng.standard_normal(3).astype(np.float32), idx])
+
+
+SCATTERED_PREFIX = """
+op fz[V = 3](X: f32[N, D], I: i64[N]) -> Y: f32[V, D] {
+    Y[v, d] = 0.0
+    Y[I[n], d] += sum[j: n + 1](X[j, d]) + max[k: n + 1](X[k, d])
+}
+"""
+
+
+@pytest.mark.parametrize("sizes", [dict(N=7, D=5, V=3), dict(N=33, D=64, V=4), dict(N=1, D=1, V=1)])
+def test_a_scatter_takes_prefix_reductions_of_its_own_indices(sizes, rng):
+    """Fuzz seed 19: a reduction extent of a ``+=`` statement's index variable (``sum[j: n + 1]``)
+    was "unknown name 'n'": only ``=`` statements lent their indices to extents."""
+    args = [rng.standard_normal((sizes["N"], sizes["D"])).astype(np.float32), rng.integers(0, sizes["V"], sizes["N"])]
+    check_op(SCATTERED_PREFIX, "fz", sizes, rng, args=args)
+
+
+TRIANGLE = """
+op fz(X: f32[N, M]) -> Y: f32[N, M] {
+    Y[i, j] = sum[k: j + 1](X[i, k] * f32(j)) + max[k: j](X[i, k])
+}
+"""
+
+
+def test_a_triangular_reduction_schedules_on_cuda(rng):
+    """Fuzz (CUDA generation, seed 5): a reduction whose extent moves with ``j`` and whose body
+    uses ``j`` stays a triangular loop; the CUDA row schedule asked its extent and failed with
+    "loop k has no constant extent for the GPU". Each thread now walks its own row's loop;
+    the CPU simulator of CUDA loop IR checks the kernel."""
+    import gpu_sim
+
+    x = rng.standard_normal((5, 7)).astype(np.float32)
+    op = tcc.compile(TRIANGLE, target="cuda").fz
+    arrays = {"X": x, "Y": np.full((5, 7), np.nan, np.float32)}
+    gpu_sim.run(op.lowered(dict(N=5, M=7)).scheduled, arrays)
+    want, = reference_results(op.te, [x], dict(N=5, M=7))
+    np.testing.assert_allclose(arrays["Y"], want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_scatter_reads_a_tensor_grouped_with_its_target(rng):
+    """Fuzz seed 2603: ``T2`` shared a loop with ``T5``'s defining statement and counted as read
+    only inside that group, since its reader ``T5 +=`` has the same tensor name; but the ``+=``
+    runs as a nest of its own, so ``T2`` became a per-row buffer it could not see (the loop IR
+    verifier's "load from unknown buffer T2")."""
+    src = """
+    op fz(X1: f32[M, N], o4: i64) -> Y1: f32[N, 3] {
+        T2[i] = tanh(sum[k1: 3](X1[o4 + k1, i]))
+        T5: f32[N, 3]
+        T5[i, j] = X1[0, i]
+        T5[v1, v2] += T2[(v2 + 1) % (N)]
+        Y1[i, j] = T5[i, j]
+    }"""
+    check_op(src, "fz", dict(M=5, N=4), rng, scalars={"o4": 2})
+
+
+def test_a_loop_named_like_a_flattened_one_may_have_a_moving_extent(rng):
+    """Fuzz seed 2637: ``T[i] = min[k1: K](X[k1 % N])`` has its ``k1`` loop unflattened into rows
+    of N, and unflatten took every loop named ``k1``, the prefix ``max[k1: i]`` of another
+    statement included (its body uses ``i``: a triangular loop, no scan), whose extent is no
+    constant (an AttributeError)."""
+    src = """
+    op fz(I: i32[M], J: i32[N], X: f32[N], Z: f32[K]) -> (T: i8[K], Y: f32[N]) {
+        T[i] = min[k1: K](J[k1 % (N)])
+        Y[i] = X[i] + f32(max[k1: i](I[0] + i))
+    }"""
+    check_op(src, "fz", dict(K=16, M=33, N=8), rng)
+
+
+@pytest.mark.parametrize("value", ["min[k1: v + 1](X[k1, 0])", "sum[k1: v](X[k1, 0])", "sum[k1: v + 1](X[k1, 1])"])
+def test_a_scatter_of_a_whole_prefix_adds_it(value, rng):
+    """Fuzz seed 2962: ``Y[v] += sum[k: v + 1](...)``, the reduction the whole statement, became
+    the scan ``Y[v] = Y[v - 1] + ...`` itself (as ``=`` would), losing both what ``Y`` held and
+    the addition; the prefix now goes to an intermediate that the ``+=`` adds."""
+    src = f"op fz(X: f32[K, N]) -> Y: f32[K] {{ Y[i] = X[i, 1]\n Y[v] += {value} }}"
+    check_op(src, "fz", dict(K=6, N=3), rng)
+
+
+@pytest.mark.parametrize("body", ["sum[k1: i + 1](sum[k2: i + 1](X[k1, 0]))",
+                                  "sum[k1: i + 1](max[k2: j + 1](X[k1, k2]))"])
+def test_a_prefix_of_a_reduction_whose_extent_moves_is_no_scan(body, rng):
+    """Fuzz seed 796: the scan rewrite asked whether a prefix's body uses ``i`` by the names it
+    reads, missing an inner reduction's extent ``i + 1``: ``sum[k1: i + 1](sum[k2: i + 1](...))``
+    became a running sum of the inner sums at the wrong lengths."""
+    check_op(f"op fz(X: f64[K, J]) -> Y: f64[K, J] {{ Y[i, j] = {body} }}", "fz", dict(K=6, J=5), rng)
+
+
+def test_a_recurrence_is_not_inlined_by_a_schedule(rng):
+    """Fuzz seed 1132: a user's ``inline(T)`` of a recurrence substituted its defining expression
+    (which reads ``T`` itself) into the reader, leaving loads of a buffer that no longer exists
+    (the loop IR verifier's "load from unknown buffer"). It is now a schedule error."""
+    src = """
+    op fz(X: f32[K, N]) -> Y: f32[N] {
+        T: f64[3, N]
+        T[i, j] = select(j < 1, X[0, j], -0.25 * T[i, j - 1] + X[(i + 1) % (K), j])
+        Y[j] = T[j % (3), N - 1 - j]
+    }"""
+    op = tcc.compile(src).fz.schedule("inline(T)")
+    with pytest.raises(TccScheduleError, match="recurrence"):
+        op.lower(rng.standard_normal((4, 5)).astype(np.float32), stage="scheduled")
+
+
+def test_a_tensor_indexed_by_itself_is_not_cached(rng):
+    """Fuzz seeds 2018, 2367: ``cache(I, ...)`` where ``I[I[0, j], j]`` indexes ``I`` by its own
+    values: the inner read was retargeted to the cache first, and the outer one, keyed by its
+    original indices, was then not found (a KeyError). It is now a schedule error."""
+    src = """
+    op fz(X: i32[M], I: i32[M, K]) -> T: i32[3, K] {
+        T[i, j] = X[0] % (I[I[0, j], j] + 5)
+    }"""
+    lib = tcc.compile(src)
+    args = [rng.integers(-9, 9, 4).astype(np.int32), rng.integers(0, 3, (4, 5)).astype(np.int32)]
+    with pytest.raises(TccScheduleError, match="indexed by its own values"):
+        lib.fz.schedule("cache(I, i)").lower(*args, stage="scheduled")
+    check_op(src, "fz", dict(M=4, K=5), rng, args=args)

@@ -71,6 +71,7 @@ class _OpAnalyzer(ExprAnalyzer):
         self.defined: set[str] = set()  # tensors that may be read so far
         self.range_checks: list[RangeCheck] = []
         self.assigning: tuple[str, list[str]] | None = None  # the statement's tensor and its axes
+        self.accumulating: list[str] = []  # the index variables of the += statement being analysed
         self.looks_back: list[str] = []  # axes along which the statement reads its own tensor
 
     # ------------------------------------------------------------ header
@@ -257,7 +258,11 @@ class _OpAnalyzer(ExprAnalyzer):
         env = {n: Var(n, dtypes.i64) for n in names}
         axes = tuple(IterVar(env[n], self._accumulate_range(n, target, a)) for n in names)
         lhs = self._expr(target, env, what="the left-hand side").expr
-        value = self._expr(a.value, env, what="an expression")
+        self.accumulating = names  # (a reduction extent may use them: sum[j: n + 1])
+        try:
+            value = self._expr(a.value, env, what="an expression")
+        finally:
+            self.accumulating = []
         body = self._convert(value, tensor.dtype, a.value.span, f"the value added into {name}")
         self.computes.append(Compute(name, axes, body, a.span, lhs=lhs.indices, accumulate=True))
 
@@ -288,7 +293,7 @@ class _OpAnalyzer(ExprAnalyzer):
         return cast(expr, dtype)
 
     def statement_axes(self) -> list[str]:
-        return self.assigning[1] if self.assigning is not None else []
+        return self.assigning[1] if self.assigning is not None else list(self.accumulating)
 
     # ------------------------------------------------------------ recurrences
     def _own(self, name: str, span: Span | None) -> Tensor:

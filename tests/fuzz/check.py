@@ -5,7 +5,9 @@ This is what a fuzz worker process does for each seed. The outcome is one of:
 exception that is not a ``TccError``, or a ``TccError`` from past the frontend on a valid
 program); ``rejected`` (the frontend or the bounds proof refused the program: a generator bug
 or a tcc bug, reviewed by hand; counted apart). A random schedule that tcc refuses with a
-``TccScheduleError`` is fine; one it accepts must give the right answer.
+``TccScheduleError`` is fine; one it accepts must give the right answer. Where the reference
+raises ``TccIndexError`` (an index input the generator poisoned with a value out of range), the
+op must raise it too and leave its poisoned ``out=`` untouched.
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ from dataclasses import dataclass
 import numpy as np
 
 import tcc
+from fuzz.constructs import Annotations, annotations
 from fuzz.generate import Program, generate
 from tcc.errors import (
     TccBoundsError,
     TccError,
+    TccIndexError,
     TccNameError,
     TccScheduleError,
     TccShapeError,
@@ -51,8 +55,9 @@ def check_seed(seed: int, target: str = "cpu", schedules: int = 0, bf16: bool = 
 
 def check_program(prog: Program, target: str = "cpu", schedules: int = 0) -> Outcome:
     seed = prog.seed
+    deterministic = any(annotations(prog.source, c.name).deterministic for c in prog.cases)
     try:
-        lib = tcc.compile(prog.source, target=target)
+        lib = tcc.compile(prog.source, target=target, deterministic=deterministic)
     except TccError as exc:  # compile() only parses and checks: the frontend refused it
         return Outcome(seed, "rejected", f"{type(exc).__name__}: {exc}")
     except Exception as exc:  # noqa: BLE001 - anything else is a bug to report
@@ -61,12 +66,14 @@ def check_program(prog: Program, target: str = "cpu", schedules: int = 0) -> Out
     rnd = random.Random(seed)
     for case in prog.cases:
         op = lib[case.name]
+        ann = annotations(prog.source, case.name)
+        bound = op.bound(**ann.types) if ann.types else op  # a generic op's binding: the te to check
         variants = [op] + [_random_schedule(op, case.bindings, rnd) for _ in range(schedules)]
         for k, variant in enumerate(variants):
             if variant is None:
                 continue
             out.schedules += k > 0
-            status, detail = _run_case(prog, variant, case.bindings, seed * 1000 + k)
+            status, detail = _run_case(variant, bound.te, ann, case.bindings, seed * 1000 + k)
             if status == "refused":
                 out.refused += 1
                 continue
@@ -76,40 +83,92 @@ def check_program(prog: Program, target: str = "cpu", schedules: int = 0) -> Out
     return out
 
 
-def _run_case(prog: Program, op, bindings: dict[str, int], data_seed: int) -> tuple[str, str]:
+def _run_case(op, te, ann: Annotations, bindings: dict[str, int], data_seed: int) -> tuple[str, str]:
+    """Call ``op`` (of tensor expressions ``te``) on fresh data, index inputs drawn as ``ann``
+    says, against the reference: the same results, or the same ``TccIndexError``."""
     rng = np.random.default_rng(data_seed)
-    cparams = {k: v for k, v in bindings.items() if k in op.te.cparams}
+    cparams = {k: v for k, v in bindings.items() if k in te.cparams}
+    full = {**te.cparams, **bindings}
     try:
-        full = {**op.te.cparams, **bindings}
-        args = random_args(op.te, full, rng)
-        expected = reference_results(op.te, args, full)
+        args = _draw_indices(te, random_args(te, full, rng), ann, rng)
+        expected = _expected(te, args, full)
     except FRONTEND_ERRORS as exc:
         return "rejected", f"{type(exc).__name__}: {exc}"
     except Exception as exc:  # noqa: BLE001
         return "internal", "reference: " + _describe(exc)
-    outs = tuple(np.full(e.shape, np.nan if e.dtype.kind == "f" else 99, e.dtype) for e in expected)
+    spec = specialize(te, full)
+    outs = tuple(np.full(spec.tensors[r].concrete_shape(), np.nan if spec.tensors[r].dtype.is_float else 99,
+                         spec.tensors[r].dtype.numpy if spec.tensors[r].dtype.name != "bf16" else np.float32)
+                 for r in te.results)
     if op.target.is_gpu:
-        args, outs, expected = _on_device(op, args, outs, full)
+        args, outs, expected = _on_device(te, args, outs, full)
     try:
         got = op(*args, out=outs[0] if len(outs) == 1 else outs, **cparams)
     except TccScheduleError:
         return "refused", ""
+    except TccIndexError as exc:
+        if expected is None:
+            return _untouched(te, outs)
+        return "mismatch", f"TccIndexError where the reference gives results: {exc}"
     except FRONTEND_ERRORS as exc:
         return "rejected", f"{type(exc).__name__}: {exc}"
     except Exception as exc:  # noqa: BLE001
         return "internal", _describe(exc)
+    if expected is None:
+        return "mismatch", "no TccIndexError where the reference raises one"
     got = got if isinstance(got, tuple) else (got,)
     if op.target.is_gpu:
-        got = tuple((g.float() if str(g.dtype) == "torch.bfloat16" else g).cpu().numpy() for g in got)
-    spec = specialize(op.te, full)
-    for r, g, e in zip(op.te.results, got, expected):
+        got = tuple(_host(g) for g in got)
+    for r, g, e in zip(te.results, got, expected):
         problem = _compare(np.asarray(g), e, tolerance(spec, r))
         if problem:
             return "mismatch", f"result {r}: {problem}"
     return "ok", ""
 
 
-def _on_device(op, args: list, outs: tuple, bindings: dict) -> tuple[list, tuple, list]:
+def _expected(te, args: list, full: dict) -> list[np.ndarray] | None:
+    """The reference's results; None where it raises ``TccIndexError``."""
+    try:
+        return reference_results(te, args, full)
+    except TccIndexError:
+        return None
+
+
+def _draw_indices(te, args: list, ann: Annotations, rng: np.random.Generator) -> list:
+    """Index inputs (tensors and scalars) drawn in their ranges; the poisoned one gets one value
+    just out of range (-1 or the range's end)."""
+    for i, name in enumerate(te.params):
+        if name not in ann.ranges:
+            continue
+        lo, hi = ann.ranges[name]
+        bad = int(rng.choice([lo - 1, hi]))
+        if name in te.scalars:
+            args[i] = bad if name == ann.poison else int(rng.integers(lo, max(hi, lo + 1)))
+            continue
+        a = rng.integers(lo, max(hi, lo + 1), size=np.shape(args[i])).astype(args[i].dtype)
+        if name == ann.poison and a.size:
+            a.flat[int(rng.integers(a.size))] = bad
+        args[i] = a
+    return args
+
+
+def _untouched(te, outs: tuple) -> tuple[str, str]:
+    """``ok`` if every poisoned output still holds its poison after a ``TccIndexError``."""
+    for r, o in zip(te.results, outs):
+        o = _host(o)
+        if not (np.isnan(o).all() if o.dtype.kind == "f" else (o == np.asarray(99).astype(o.dtype)).all()):
+            return "mismatch", f"TccIndexError raised, but result {r} was written"
+    return "ok", ""
+
+
+def _host(a) -> np.ndarray:
+    """A NumPy copy of a result (a CUDA tensor copied back; bf16 as f32)."""
+    if isinstance(a, np.ndarray):
+        return a
+    return (a.float() if str(a.dtype) == "torch.bfloat16" else a).cpu().numpy()
+
+
+def _on_device(te, args: list, outs: tuple, bindings: dict) -> tuple[list, tuple, list | None]:
     """PyTorch CUDA tensors for a CUDA run (bf16 has no NumPy type): inputs rounded to their
     dtype first, so that the reference sees the very values the GPU does; poisoned outputs."""
     import torch  # only where a GPU run needs it
@@ -117,18 +176,17 @@ def _on_device(op, args: list, outs: tuple, bindings: dict) -> tuple[list, tuple
     dtypes = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32, "f64": torch.float64,
               "i8": torch.int8, "i32": torch.int32, "i64": torch.int64, "bool": torch.bool}
     device_args, host_args = [], []
-    for name, a in zip(op.te.params, args):
-        if name not in op.te.tensors:
+    for name, a in zip(te.params, args):
+        if name not in te.tensors:
             device_args.append(a)
             host_args.append(a)
             continue
-        t = torch.from_numpy(np.ascontiguousarray(a)).to(dtypes[op.te.tensors[name].dtype.name]).cuda()
+        t = torch.from_numpy(np.ascontiguousarray(a)).to(dtypes[te.tensors[name].dtype.name]).cuda()
         device_args.append(t)
         host_args.append(t.float().cpu().numpy() if t.dtype == torch.bfloat16 else t.cpu().numpy())
-    expected = reference_results(op.te, host_args, bindings)
-    device_outs = tuple(torch.full(e.shape, float("nan") if e.dtype.kind == "f" else 99,
-                                   dtype=dtypes[op.te.tensors[r].dtype.name], device="cuda")
-                        for r, e in zip(op.te.results, expected))
+    expected = _expected(te, host_args, bindings)
+    device_outs = tuple(torch.from_numpy(o).to(dtypes[te.tensors[r].dtype.name]).cuda()
+                        for r, o in zip(te.results, outs))
     return device_args, device_outs, expected
 
 

@@ -6,9 +6,11 @@ has is drawn: every dtype (f16 and bf16 included) and cast, every operator and m
 ``select``, ``and/or/not``, reductions (several per statement, nested, over outer axes, with
 inferred or explicit extents), intermediates read once, twice or never (declared or inferred),
 strided, offset, reversed, modular and constant indices, ``pad`` views, compile-time parameters
-in shapes and indices, several results, odd, size-1 and zero-size dimensions. Templates add the
-shapes the compiler specialises for (GEMMs, convolutions, row chains), and two such contractions
-chained through an intermediate.
+in shapes and indices, several results, odd, size-1 and zero-size dimensions; indices that read
+data or runtime offsets (in range, or poisoned out of range), ``+=`` scatters with duplicates,
+prefix reductions (scans), recurrences, ``rand``/``randn``/``philox`` and dtype parameters
+(``fuzz.constructs``). Templates (``fuzz.templates``) add the shapes the compiler specialises for
+(GEMMs, convolutions, row chains), and two such contractions chained through an intermediate.
 
 The generator only writes programs whose answer does not hinge on rounding: operations that are
 discontinuous in their operands (``floor``, ``ceil``, ``//``, ``%``, comparisons, casts to
@@ -21,8 +23,11 @@ against f64 evaluation.
 from __future__ import annotations
 
 import random
-import re
 from dataclasses import dataclass, field
+
+from fuzz import constructs
+from fuzz.constructs import Annotations
+from fuzz.templates import template
 
 FLOATS = ("f32", "f64", "f16")
 INTS = ("i32", "i64", "i8")
@@ -53,6 +58,10 @@ class Tensor:
     dims: list[Dim]
     exact: bool  # its values are exact (inputs, integer or bool data)
     mag: float  # rough bound of its magnitude
+    spelled: str = ""  # "T": declared with the op's dtype parameter (``dtype`` is its binding)
+
+    def decl(self) -> str:
+        return f"{self.spelled or self.dtype}[{', '.join(d.text() for d in self.dims)}]"
 
 
 @dataclass
@@ -88,6 +97,10 @@ class _OpBuilder:
         self.params: dict[str, int] = {}
         self.bf16 = bf16
         self.counter = 0
+        self.index_targets: dict[str, str] = {}  # index input -> the dim base its values fit
+        self.ann = Annotations()
+        self.generic: tuple[str, str] | None = None  # the kind and binding of T
+        self.seed: str | None = None  # the scalar seeding rand/randn/philox
 
     # ------------------------------------------------------------------ header
     def fresh(self, prefix: str) -> str:
@@ -130,6 +143,8 @@ class _OpBuilder:
         if self.rnd.random() < 0.25:
             dt = self.rnd.choice(["f32", "f64", "i32", "i64"])
             self.scalars.append((self.fresh("a"), dt))
+        if self.rnd.random() < 0.35:
+            constructs.add_index_inputs(self)
 
     @property
     def syms(self) -> list[str]:
@@ -160,27 +175,39 @@ class _OpBuilder:
         for v in ("i", "j", "l")[:rank]:
             axes.append((v, self.extent()))
         ctx = _Context(self, dict(axes))
-        value = ctx.expr(depth=self.rnd.randint(1, 4))
         name = result or self.fresh("T")
-        if value.kind == "float" or not value.exact:
-            dtype = self.rnd.choice(["f32", "f32", "f64", "f16"] + (["bf16"] if self.bf16 else []))
-        elif value.kind == "int":
-            dtype = self.rnd.choice(INTS + ("f32", "f64"))
+        recurrent = self.rnd.random() < 0.12
+        if recurrent:  # reads itself: declared
+            value = constructs.recurrence(ctx, name, axes)
         else:
-            dtype = self.rnd.choice(["bool", "i32", "f32"])
+            value = ctx.expr(depth=self.rnd.randint(1, 4))
+        dtype, spelled = self.store_dtype(value)
         inferable = all(ctx.alone(v, value.text) for v, _ in axes)
-        declared = result is None and (not inferable or self.rnd.random() < 0.3)
+        declared = result is None and (recurrent or not inferable or self.rnd.random() < 0.3)
         dims = [Dim(ext) for _, ext in axes]
+        t = Tensor(name, dtype or _kind_dtype(value.kind), dims, False, value.mag, spelled)
         if declared:
-            self.lines.append(f"{name}: {dtype}[{', '.join(d.text() for d in dims)}]")
+            self.lines.append(f"{name}: {t.decl()}")
         elif result is None:
-            dtype = None  # inferred by sema: the expression's own dtype
+            t.dtype, t.spelled = _kind_dtype(value.kind), ""  # inferred by sema: the expression's own dtype
         self.lines.append(f"{name}[{', '.join(v for v, _ in axes)}] = {value.text}")
-        exact = value.exact and (dtype or value.kind) in INTS + ("bool", "int")
-        t = Tensor(name, dtype or _kind_dtype(value.kind), dims, exact, value.mag)
+        t.exact = value.exact and (t.dtype if declared or result else value.kind) in INTS + ("bool", "int")
         if result is None:
             self.tensors.append(t)
+        if self.rnd.random() < 0.2:
+            constructs.add_scatter(self, t)
         return t
+
+    def store_dtype(self, value: Value) -> tuple[str, str]:
+        """The dtype to store ``value`` in (and "T" where it is the dtype parameter's binding)."""
+        if self.generic and self.rnd.random() < 0.4 and (value.kind == "float" or not value.exact) \
+                == (self.generic[0] == "float"):
+            return self.generic[1], "T"
+        if value.kind == "float" or not value.exact:
+            return self.rnd.choice(["f32", "f32", "f64", "f16"] + (["bf16"] if self.bf16 else [])), ""
+        if value.kind == "int":
+            return self.rnd.choice(INTS + ("f32", "f64")), ""
+        return self.rnd.choice(["bool", "i32", "f32"]), ""
 
 
 def _plus(text: str, n: int) -> str:
@@ -199,12 +226,12 @@ class _Context:
     def __init__(self, op: _OpBuilder, axes: dict[str, str]):
         self.op, self.rnd = op, op.rnd
         self.vars: dict[str, str] = dict(axes)  # index variable -> extent (symbol or literal)
+        self.outer = set(axes)  # the statement's own variables (a reduction extent may use them)
         self.nreduce = 0
+        self.excluded = ""  # a tensor not to read (the one a scatter adds into)
+        self.no_data = False  # indices here read no data (inside an index that does)
 
-    @staticmethod
-    def alone(var: str, text: str) -> bool:
-        """Whether ``var`` is a whole index of some read in ``text`` (what range inference uses)."""
-        return re.search(rf"(X|T|Xp)\d+\[([^\[\]]*,\s*)?{var}\s*[,\]]", text) is not None
+    alone = staticmethod(constructs.alone)
 
     # ------------------------------------------------------------------ expressions
     def expr(self, depth: int) -> Value:
@@ -227,6 +254,8 @@ class _Context:
 
     def leaf(self) -> Value:
         r = self.rnd.random()
+        if r < 0.05:
+            return constructs.random_leaf(self)
         if r < 0.75:
             return self.read()
         if r < 0.82:
@@ -245,7 +274,7 @@ class _Context:
 
     def read(self) -> Value:
         for _ in range(8):
-            t = self.rnd.choice(self.op.tensors)
+            t = self.rnd.choice([t for t in self.op.tensors if t.name != self.excluded])
             idx = [self.index(d) for d in t.dims]
             if None not in idx:
                 break
@@ -255,7 +284,12 @@ class _Context:
         return Value(f"{t.name}[{', '.join(idx)}]", kind, t.exact, t.mag)
 
     def index(self, d: Dim) -> str | None:
-        """An index expression in range for dim ``d`` under this statement's variables."""
+        """An index expression in range for dim ``d`` under this statement's variables (one that
+        reads data is in range for the data the checker draws, unless it poisons it)."""
+        if not self.no_data and self.rnd.random() < 0.15:
+            data = constructs.data_index(self, d)
+            if data is not None:
+                return data
         same = [v for v, ext in self.vars.items() if ext == d.base]
         r = self.rnd.random()
         if same and r < 0.75:
@@ -320,8 +354,9 @@ class _Context:
             return Value(f"exp(min({a.text}, 1.0))", "float", False, 2.8)
         if fn == "log":
             return Value(f"log(abs({a.text}) + 1.0)", "float", False, 10.0)
-        if fn == "sqrt":
-            return Value(f"sqrt(abs({a.text}))", "float", False, a.mag ** 0.5 + 1)
+        if fn == "sqrt":  # steep at 0: an inexact argument is kept away from it (fuzz seed 3775)
+            shift = "" if a.exact else " + 1.0"
+            return Value(f"sqrt(abs({a.text}){shift})", "float", False, a.mag ** 0.5 + 1)
         if fn == "rsqrt":
             return Value(f"rsqrt(abs({a.text}) + 1.0)", "float", False, 1.0)
         if fn == "pow":
@@ -384,6 +419,8 @@ class _Context:
         if a.exact and a.kind != "bool" and self.rnd.random() < 0.5 and a.mag < 100:
             dt = self.rnd.choice(INTS if a.mag < 100 else ("i32", "i64"))
             return Value(f"{dt}({a.text})", "int", True, 127.0 if dt == "i8" else a.mag)
+        if self.op.generic and self.op.generic[0] == "float" and self.rnd.random() < 0.3:
+            return Value(f"T({a.text})", "float", a.exact and self.op.generic[1] == "f64", min(a.mag, 60000.0))
         dt = self.rnd.choice(FLOATS + (("bf16",) if self.op.bf16 else ()))
         kind = "float"
         return Value(f"{dt}({a.text})", kind, a.exact and dt == "f64", min(a.mag, 60000.0))
@@ -393,6 +430,8 @@ class _Context:
         k = f"k{self.nreduce}"
         ext = self.op.extent()
         self.vars[k] = ext
+        moving = constructs.moving_extent(self, k) if self.rnd.random() < 0.2 else None
+        ext = self.vars[k]
         body = self.expr(depth - 1)
         del self.vars[k]
         if body.kind == "bool":
@@ -400,7 +439,7 @@ class _Context:
         fn = self.rnd.choice(["sum", "sum", "max", "min", "prod"])
         extent = self.op.sizes.get(ext, None) or (int(ext) if ext.isdigit() else 64)
         explicit = not self.alone(k, body.text) or self.rnd.random() < 0.3
-        axis = f"{k}: {ext}" if explicit else k
+        axis = moving or (f"{k}: {ext}" if explicit else k)
         if fn == "prod":
             if body.kind == "float":
                 body = Value(f"(1.0 + 0.05 * tanh({body.text}))", "float", False, 1.1)
@@ -415,115 +454,6 @@ def _paren(text: str) -> str:
     return f"({text})"
 
 
-def _template(rnd: random.Random, name: str, bf16: bool) -> tuple[str, dict[str, int]]:
-    """One op of the shapes the compiler specialises for: matmul, batched matmul, convolutions
-    (1-D, 2-D, strided, dilated, padded, grouped, depthwise) and row chains, with random sizes,
-    dtype and epilogue; they take the GEMM, im2col, packing and epilogue paths."""
-    dt = rnd.choice(["f32", "f32", "f64", "f16"] + (["bf16"] if bf16 else []))
-    out = "f32" if dt in ("f16", "bf16") and rnd.random() < 0.5 else dt
-    size = lambda: rnd.choice([1, 2, 3, 7, 8, 16, 33, 64, 100])  # noqa: E731
-    epilogue = rnd.choice(["", " + b[{c}]", "", " * 0.5"])
-    relu = rnd.random() < 0.4
-    kind = rnd.choice(["matmul", "bmm", "conv1d", "conv2d", "depthwise", "grouped", "rows", "chain"])
-    if kind == "chain":
-        return _chain(rnd, name, dt, out, size)
-    if kind == "matmul":
-        e = epilogue.format(c="j")
-        body = f"sum[k](A[i, k] * B[k, j]){e}"
-        body = f"max({body}, 0.0)" if relu else body
-        bias = f", b: {dt}[N]" if e.startswith(" + b") else ""
-        src = f"op {name}(A: {dt}[M, K], B: {dt}[K, N]{bias}) -> C: {out}[M, N] {{\n    C[i, j] = {body}\n}}"
-        return src, {"M": size(), "N": size(), "K": size()}
-    if kind == "bmm":
-        src = (f"op {name}(A: {dt}[G, M, K], B: {dt}[G, K, N]) -> C: {out}[G, M, N] {{\n"
-               f"    C[g, i, j] = sum[k](A[g, i, k] * B[g, k, j])\n}}")
-        return src, {"G": rnd.choice([1, 2, 3]), "M": size(), "N": size(), "K": size()}
-    if kind == "rows":
-        src = (f"op {name}(X: {dt}[N, C]) -> Y: {out}[N, C] {{\n    m[n] = max[c](X[n, c])\n"
-               f"    e[n, c] = exp(X[n, c] - m[n])\n    s[n] = sum[c](e[n, c])\n    Y[n, c] = e[n, c] / s[n]\n}}")
-        return src, {"N": size(), "C": size()}
-    S, P, D = rnd.choice([1, 1, 2, 3]), rnd.choice([0, 1, 2]), rnd.choice([1, 1, 2])
-    k = rnd.choice([1, 3, 5])
-    h = max(rnd.choice([k * D + 3, 7, 12, 16, 33]), D * (k - 1) + 1)  # at least one output row
-    cp = "[S = 1, P = 0, D = 1]"
-    e = epilogue.format(c="f")
-    if kind == "conv1d":
-        acc = f"sum[c, r](Xp[n, c, y*S + r*D] * Wt[f, c, r]){e}"
-        shape = "(H + 2*P - D*(KH - 1) - 1) // S + 1"
-        src = (f"op {name}{cp}(X: {dt}[N, C, H], Wt: {dt}[F, C, KH]{{bias}}) -> Y: {out}[N, F, {shape}] {{\n"
-               f"    Xp = pad(X, [0, 0, P])\n    Y[n, f, y] = {{body}}\n}}")
-        binds = {"N": rnd.choice([1, 2]), "C": rnd.choice([1, 3, 8]), "H": h, "F": rnd.choice([1, 4, 16]), "KH": k}
-    else:
-        w = "Wt[f, r, s]" if kind == "depthwise" else "Wt[f, c, r, s]"
-        xc = "f" if kind == "depthwise" else ("(f // (F // G)) * CG + c" if kind == "grouped" else "c")
-        red = "r, s" if kind == "depthwise" else "c, r, s"
-        acc = f"sum[{red}](Xp[n, {xc}, y*S + r*D, x*S + s*D] * {w}){e}"
-        sh = "(H + 2*P - D*(KH - 1) - 1) // S + 1"
-        sw = "(W + 2*P - D*(KW - 1) - 1) // S + 1"
-        wdecl = {"depthwise": f"Wt: {dt}[C, KH, KW]", "grouped": f"Wt: {dt}[F, CG, KH, KW]",
-                 "conv2d": f"Wt: {dt}[F, C, KH, KW]"}[kind]
-        cps = "[S = 1, P = 0, D = 1, G = 1]" if kind == "grouped" else cp
-        fdim = "C" if kind == "depthwise" else "F"
-        src = (f"op {name}{cps}(X: {dt}[N, C, H, W], {wdecl}{{bias}}) -> Y: {out}[N, {fdim}, {sh}, {sw}] {{\n"
-               f"    Xp = pad(X, [0, 0, P, P])\n    Y[n, f, y, x] = {{body}}\n}}")
-        c = rnd.choice([1, 3, 8])
-        w = max(rnd.choice([h, k * D + 1, 9]), D * (k - 1) + 1)  # at least one output column
-        binds = {"N": rnd.choice([1, 2]), "C": c, "H": h, "W": w, "KH": k, "KW": k}
-        if kind == "conv2d":
-            binds["F"] = rnd.choice([1, 4, 16])
-        if kind == "grouped":
-            g = rnd.choice([1, 2])
-            binds.update(G=g, C=4 * g, CG=4, F=2 * g)
-    body = f"max({acc}, 0.0)" if relu else acc
-    bias = f", b: {dt}[{'C' if kind == 'depthwise' else 'F'}]" if "b[" in e else ""
-    binds.update(S=S, P=P, D=D)
-    return src.replace("{bias}", bias).replace("{body}", body), binds
-
-
-def _chain(rnd: random.Random, name: str, dt: str, out: str, size) -> tuple[str, dict[str, int]]:
-    """Two contractions through a kept intermediate, large enough for both to be GEMMs: a matmul
-    chain, a convolution feeding a 1x1 one, or a strided window transform read back with batch
-    axes (a Winograd input transform, which found merged pixel loops inlined wrongly)."""
-    big = lambda: rnd.choice([8, 16, 33, 64])  # noqa: E731
-    kind = rnd.choice(["mm", "conv", "window", "block", "attention"])
-    if kind == "block":  # two 3x3 convolutions through a padded intermediate (a ResNet block)
-        s1 = rnd.choice([1, 2])
-        src = (f"op {name}(X: {dt}[N, C, H, W], W1: {dt}[F, C, 3, 3], W2: {dt}[F, F, 3, 3]) -> "
-               f"Y: {out}[N, F, (H - 1) // {s1} + 1, (W - 1) // {s1} + 1] {{\n"
-               f"    Xp = pad(X, [0, 0, 1, 1])\n"
-               f"    Z[n, f, y, x] = max(sum[c, r, s](Xp[n, c, y*{s1} + r, x*{s1} + s] * W1[f, c, r, s]), 0.0)\n"
-               f"    Zp = pad(Z, [0, 0, 1, 1])\n"
-               f"    Y[n, g, y, x] = sum[f, r, s](Zp[n, f, y + r, x + s] * W2[g, f, r, s]) + Z[n, g, y, x]\n}}")
-        return src, {"N": rnd.choice([1, 2]), "C": rnd.choice([3, 8]), "H": rnd.choice([5, 8, 14, 17]),
-                     "W": rnd.choice([7, 8, 14, 23]), "F": rnd.choice([8, 16, 33])}
-    if kind == "attention":  # Q @ K^T, a softmax over its rows, then @ V
-        src = (f"op {name}(Q: {dt}[B, M, D], K: {dt}[B, N, D], V: {dt}[B, N, E]) -> O: {out}[B, M, E] {{\n"
-               f"    S[b, i, j] = sum[d](Q[b, i, d] * K[b, j, d]) * 0.125\n"
-               f"    m[b, i] = max[j](S[b, i, j])\n    e[b, i, j] = exp(S[b, i, j] - m[b, i])\n"
-               f"    z[b, i] = sum[j](e[b, i, j])\n"
-               f"    O[b, i, l] = sum[j](e[b, i, j] * V[b, j, l]) / z[b, i]\n}}")
-        return src, {"B": rnd.choice([1, 2]), "M": big(), "N": big(), "D": rnd.choice([8, 16, 33]), "E": big()}
-    if kind == "mm":
-        src = (f"op {name}(A: {dt}[M, K], B: {dt}[K, N], D: {dt}[N, L]) -> C: {out}[M, L] {{\n"
-               f"    T[i, j] = sum[k](A[i, k] * B[k, j])\n    C[i, l] = sum[j](T[i, j] * D[j, l])\n}}")
-        return src, {"M": big(), "K": size(), "N": big(), "L": size()}
-    if kind == "conv":
-        z = "sum[c, r, s](Xp[n, c, y + r, x + s] * W1[f, c, r, s])"
-        z = f"max({z}, 0.0)" if rnd.random() < 0.5 else z
-        src = (f"op {name}(X: {dt}[N, C, H, W], W1: {dt}[F, C, 3, 3], W2: {dt}[G, F]) -> Y: {out}[N, G, H, W] {{\n"
-               f"    Xp = pad(X, [0, 0, 1, 1])\n    Z[n, f, y, x] = {z}\n"
-               f"    Y[n, g, y, x] = sum[f](Z[n, f, y, x] * W2[g, f])\n}}")
-        return src, {"N": rnd.choice([1, 2]), "C": rnd.choice([3, 8, 16]), "H": rnd.choice([5, 8, 16, 17]),
-                     "W": rnd.choice([5, 8, 16, 23]), "F": big(), "G": rnd.choice([1, 7, 16])}
-    stride = rnd.choice([1, 2])
-    src = (f"op {name}(X: {dt}[C, H, W], T: {dt}[4, 4]) -> V: {out}[4, 4, C, H // 2, W // 2] {{\n"
-           f"    Xp = pad(X, [0, 1, 1], [0, 3, 3])\n"
-           f"    R: {dt}[4, 4, C, H // 2, W // 2]\n"
-           f"    R[i, l, c, ty, tx] = sum[k: 4](T[i, k] * Xp[c, {stride}*ty + k, {stride}*tx + l])\n"
-           f"    V[i, j, c, ty, tx] = sum[l: 4](T[j, l] * R[i, l, c, ty, tx])\n}}")
-    return src, {"C": rnd.choice([1, 7, 16, 32]), "H": rnd.choice([2, 9, 16, 30]), "W": rnd.choice([2, 14, 16, 46])}
-
-
 def generate(seed: int, bf16: bool = False) -> Program:
     """One random program: a file of one to three ops and the values to call each at."""
     rnd = random.Random(seed)
@@ -534,28 +464,32 @@ def generate(seed: int, bf16: bool = False) -> Program:
     cases: list[OpCase] = []
     for n in range(rnd.choice([1, 1, 1, 2, 3])):
         if rnd.random() < 0.2:
-            text, binds = _template(rnd, f"fz{n}", bf16)
+            text, binds = template(rnd, f"fz{n}", bf16)
             ops.append(text)
             cases.append(OpCase(f"fz{n}", binds))
             continue
         b = _OpBuilder(rnd, f"fz{n}", sizes, bf16)
         b.add_inputs()
+        if rnd.random() < 0.15:
+            constructs.make_generic(b)
         for _ in range(rnd.randint(0, 3)):
             if rnd.random() < 0.3:
                 b.add_pad()
             b.add_statement()
         results = [b.add_statement(result=f"Y{r}") for r in range(rnd.choice([1, 1, 2]))]
+        constructs.maybe_poison(b)
         ops.append(_format_op(b, results))
         cases.append(OpCase(b.name, {**{s: sizes[s] for s in b.syms}, **b.params}))
     return Program(seed, "\n\n".join(ops) + "\n", cases)
 
 
 def _format_op(b: _OpBuilder, results: list[Tensor]) -> str:
-    params = [f"{t.name}: {t.dtype}[{', '.join(d.text() for d in t.dims)}]"
-              for t in b.tensors if t.name in b.inputs]
+    params = [f"{t.name}: {t.decl()}" for t in b.tensors if t.name in b.inputs]
     params += [f"{n}: {dt}" for n, dt in b.scalars]
-    res = [f"{t.name}: {t.dtype}[{', '.join(d.text() for d in t.dims)}]" for t in results]
-    head = f"[P = {b.rnd.choice([0, 1, 2])}]" if b.params else ""
+    res = [f"{t.name}: {t.decl()}" for t in results]
+    cparams = ([f"P = {b.rnd.choice([0, 1, 2])}"] if b.params else []) + \
+        ([f"T: {b.generic[0]}"] if b.generic else [])
+    head = f"[{', '.join(cparams)}]" if cparams else ""
     res_text = res[0] if len(res) == 1 else f"({', '.join(res)})"
     body = "\n    ".join(b.lines)
-    return f"op {b.name}{head}({', '.join(params)}) -> {res_text} {{\n    {body}\n}}"
+    return f"op {b.name}{head}({', '.join(params)}) -> {res_text} {{{b.ann.text()}\n    {body}\n}}"

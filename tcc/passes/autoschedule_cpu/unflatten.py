@@ -21,7 +21,8 @@ def unflatten(func: LoopFunc, loop: str, width: int) -> LoopFunc:
     row, col = fresh(func, f"{loop}_row"), fresh(func, f"{loop}_col")
 
     def node(s: Stmt) -> Stmt | None:
-        if isinstance(s, For) and s.var.name == loop and int(s.extent.value) % width == 0:  # type: ignore[attr-defined]
+        if isinstance(s, For) and s.var.name == loop and isinstance(s.extent, Const) \
+                and int(s.extent.value) % width == 0:  # (another statement's k1 may run 0..i: a prefix)
             return split_flat(s, width, row, col)
         return None
 

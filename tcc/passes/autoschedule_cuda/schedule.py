@@ -486,6 +486,8 @@ def _row_work(body: Stmt, shared_limit: int) -> int | None:
             nest = _split_axes(s)
             if not nest.axes or (_reduction_loop(s) is None and len(_spatial_axes(s).axes) < len(nest.axes)):
                 return None  # threads striding over it would race on what its iterations share
+            if any(evaluate_int(f.extent) is None for f in nest.axes):
+                return None  # a triangular loop (sum[k: j + 1]): each thread walks its own row's
             longest = max(longest, math.prod(nest.extents))
         elif not isinstance(s, Store):
             return None

@@ -230,6 +230,9 @@ def _cache_at(loop: For, st: _State, gpu: _Gpu) -> tuple[For, list[Buffer]]:
     threads = _shared_threads(loop, st, gpu) if st.scope == "shared" else 0
     sites: dict = {}
     _sites(loop.body, st.buf.name, (), sites)
+    if any(_loads(i, st.buf.name) for indices in sites for i in indices):
+        raise TccScheduleError(f"{st.buf.name} is indexed by its own values inside loop {loop.var.name} "
+                               f"({st.buf.name}[{st.buf.name}[...]]); it cannot be cached there", st.span)
     if any(stored for _, _, stored in sites.values()) and len(sites) > 1:
         raise TccScheduleError(f"{st.buf.name} is written inside loop {loop.var.name} and accessed at "
                                f"{len(sites)} different places; caching it would change the result", st.span)

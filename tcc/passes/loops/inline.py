@@ -10,7 +10,7 @@ from dataclasses import replace
 from tcc.errors import Span, TccScheduleError
 from tcc.ir.expr import Expr, substitute
 from tcc.ir.loopnest import replace_loads, stores
-from tcc.ir.loops import Allocate, For, LoopFunc, Stmt, Store, map_stmt, seq, walk_stmts
+from tcc.ir.loops import Allocate, For, LoopFunc, Stmt, Store, is_sequential, map_stmt, seq, walk_stmts
 
 
 def inline(func: LoopFunc, tensor: str, span: Span | None = None) -> LoopFunc:
@@ -23,6 +23,9 @@ def inline(func: LoopFunc, tensor: str, span: Span | None = None) -> LoopFunc:
         raise TccScheduleError(f"{tensor} is not defined by a plain elementwise statement; it cannot be inlined",
                                span, "reductions stay materialised; use compute_at to fuse them")
     loops, store = nest
+    if any(is_sequential(f) for f in loops):
+        raise TccScheduleError(f"{tensor} is a recurrence (each element reads the one before); it cannot be "
+                               "inlined", span)
     if len([st for st in stores(func.body) if st.buffer == tensor]) > 1:
         raise TccScheduleError(f"{tensor} is written by more than one statement (a decomposed reduction?); "
                                "it cannot be inlined", span)

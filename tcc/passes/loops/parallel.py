@@ -12,7 +12,7 @@ from dataclasses import replace
 from tcc.errors import Span, TccScheduleError
 from tcc.ir.expr import const, free_vars
 from tcc.ir.loopnest import allocated, linear_coeff, loads, on_loops, require_loop, stores
-from tcc.ir.loops import For, LoopFunc, walk_stmts
+from tcc.ir.loops import For, LoopFunc, is_sequential, walk_stmts
 from tcc.passes.loops.scatter import check_scatter
 
 
@@ -26,6 +26,9 @@ def check_parallel(func: LoopFunc, loop: For, span: Span | None) -> None:
     name = loop.var.name
     if loop.extent == const(1):
         return  # the tail copy of a split: one iteration cannot race
+    if is_sequential(loop):
+        raise TccScheduleError(f"loop {name} runs a recurrence in order (each iteration reads what the one "
+                               "before stored): it cannot run in parallel", span)
     check_scatter(loop, "run in parallel", span)
     if any(isinstance(n, For) and n.kind == "parallel" and n is not loop for n in walk_stmts(loop.body)):
         raise TccScheduleError(f"loop {name} contains a parallel loop; parallel loops do not nest", span)

@@ -217,7 +217,8 @@ class _Prover:
                 used = sorted(free_vars(idx) & set(ranges))
                 self.checks.append(IndexCheck(e.tensor, dim, size, idx, tuple(
                     (v, int(ranges[v][0]), int(ranges[v][1])) for v in used), e.span))
-                proved.append(idx)
+                narrowed = any(ranges[v] != plain.get(v) for v in used)  # checked only where a select takes it
+                proved.append(_clamp(idx, size) if narrowed else idx)  # (both sides may be computed)
                 continue
             _require(e, dim, idx, size, span)
             within = interval(idx, plain)

@@ -270,7 +270,7 @@ def _groups(op: OpTE, gemms: bool = True) -> list:
         if len(members) < 2:
             continue
         names = [m.tensor for m in members]
-        internal = tuple(n for n in names if op.tensors[n].kind == "temp" and _only_read_in(op, n, names)
+        internal = tuple(n for n in names if op.tensors[n].kind == "temp" and _only_read_in(op, n, members)
                          and n not in op.accumulated())
         out.append(FusionGroup(tuple(names), k, internal))
     return out
@@ -381,8 +381,10 @@ def _zero(e: Expr) -> bool:
     return getattr(e, "value", None) == 0
 
 
-def _only_read_in(op: OpTE, tensor: str, names: list[str]) -> bool:
+def _only_read_in(op: OpTE, tensor: str, members: list[Compute]) -> bool:
+    """Whether only the statements of the group read ``tensor``: a ``+=`` into a member's tensor
+    is a statement of its own, outside the group (fuzz seed 2603)."""
     for c in op.computes:
-        if c.tensor not in names and _reads_of(op, c.body, {tensor}):
+        if not any(c is m for m in members) and _reads_of(op, c.body, {tensor}):
             return False
     return True

@@ -20,7 +20,7 @@ from dataclasses import replace
 
 from tcc import dtypes
 from tcc.frontend.ranges import affine_form
-from tcc.ir.expr import Binary, Const, Expr, IterVar, Read, Reduce, Select, cast, free_vars, substitute, transform
+from tcc.ir.expr import Binary, Const, Expr, IterVar, Read, Reduce, Select, cast, free_vars, substitute, transform, walk
 from tcc.ir.te import Compute, OpTE, Tensor
 from tcc.passes.te.lower import combine, reduce_identity
 
@@ -39,8 +39,9 @@ def prefix_scans(op: OpTE) -> OpTE:
             if prefix is None:
                 return None
             r: Reduce = e  # type: ignore[assignment]
-            axes = tuple(ax for ax in c.axes if ax.var.name in free_vars(r.body) | {prefix[0]})
-            if r is c.body and len(axes) == len(c.axes) and r.acc_dtype == r.dtype == tensors[c.tensor].dtype:
+            axes = tuple(ax for ax in c.axes if ax.var.name in _uses(r.body) | {prefix[0]})
+            if r is c.body and not c.accumulate and len(axes) == len(c.axes) \
+                    and r.acc_dtype == r.dtype == tensors[c.tensor].dtype:  # (a += adds the prefix: below)
                 made.append(_recurrence(c.tensor, r, axes, *prefix))  # the statement itself
                 return None
             name = _fresh(f"{c.tensor}_prefix", tensors)
@@ -71,9 +72,20 @@ def _prefix(e: Expr, c: Compute, scalars: set[str]) -> tuple[str, int] | None:
     coef, rest = form[axis], form.get(None, Const(0, I64))
     if not (isinstance(coef, Const) and coef.value == 1 and isinstance(rest, Const)):
         return None
-    if axis in free_vars(e.body) or free_vars(e.body) - axes - scalars - {e.axes[0].var.name}:
+    used = _uses(e.body)
+    if axis in used or used - axes - scalars - {e.axes[0].var.name}:
         return None
     return axis, int(rest.value)
+
+
+def _uses(e: Expr) -> set[str]:
+    """The variables ``e`` depends on: those it names and those of its reductions' extents
+    (``sum[k: i + 1](X[j])`` depends on ``i``: fuzz seed 796)."""
+    used = free_vars(e)
+    for n in walk(e):
+        if isinstance(n, Reduce):
+            used |= {v for ax in n.axes for v in free_vars(ax.extent)}
+    return used
 
 
 def _recurrence(name: str, r: Reduce, axes: tuple[IterVar, ...], axis: str, shift: int) -> Compute:
