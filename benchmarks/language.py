@@ -132,7 +132,7 @@ def workloads(lib: tcc.Library, device: str, rng: np.random.Generator) -> Iterat
         yield (f"rmsnorm 8192x1024 {name}", lambda R=R, g=g: lib.rmsnorm(R, g),
                lambda R=R, g=g: torch.nn.functional.rms_norm(R, (1024,), g, 1e-6), R.numel() * R.element_size(),
                lambda R=R, g=g: torch.allclose(torch.as_tensor(lib.rmsnorm(R, g)).float(), torch.nn.functional.rms_norm(
-                   R.float(), (1024,), g.float(), 1e-6), atol=3e-2))
+                   R.float(), (1024,), g.float(), 1e-6), rtol=2e-2, atol=3e-2))
     C = t(rng.standard_normal((64, 65536)).astype(np.float32))
     yield ("cumsum 64x65536", lambda: lib.cumsum(C), lambda: torch.cumsum(C, 1), C.numel() * 4,
            lambda: torch.allclose(torch.as_tensor(lib.cumsum(C)), torch.cumsum(C, 1), rtol=1e-3, atol=1e-2))

@@ -21,6 +21,13 @@ SOFTMAX = """op softmax(X: f32[N, C]) -> Y: f32[N, C] {
 }"""
 
 
+@pytest.fixture(autouse=True)
+def _own_cache(fresh_cache):
+    """The tests replace the backend's schedule step: a kernel another test (or an xdist worker
+    sharing the disk cache) built without it must not be found."""
+    yield
+
+
 def _run(src, name, bindings, rng, steps=None, monkeypatch=None):
     if steps is not None:
         scheduled = replace(cpu.BACKEND, schedule=lambda f, t, *a, **k: pipeline.cpu_schedule(f, t, tuple(steps)))
