@@ -10,7 +10,7 @@ from helpers import check_op
 from test_dsl_contract import step11_ops
 
 import tcc
-from tcc.errors import TccShapeError
+from tcc.errors import TccScheduleError, TccShapeError
 from tcc.ir.loops import For, is_sequential, walk_stmts
 
 LINEAR = """
@@ -142,3 +142,17 @@ def test_grad_of_a_recurrence_is_a_clear_error():
     with pytest.raises(tcc.TccError, match="H is a recurrence") as info:
         tcc.grad(op)
     assert "<string>:3:" in str(info.value)
+
+
+def test_a_schedule_keeps_a_recurrence_in_order(rng):
+    """``fuse`` refuses a recurrence's loop (fused, it was bound to threads: CUDA fuzz seed 40336,
+    a prefix sum under "fuse i j"), and ``split`` keeps both halves in order, so neither can
+    be vectorised or parallelised afterwards."""
+    source = "op f(X: f32[N, K]) -> Y: f32[N, K] {\n    Y[i, j] = sum[k: j + 1](X[i, k])\n}"
+    with pytest.raises(TccScheduleError, match="runs in order"):
+        tcc.compile(source).f.schedule("fuse(i, j)")(np.ones((3, 5), np.float32))
+    X = rng.standard_normal((7, 33)).astype(np.float32)
+    split = tcc.compile(source).f.schedule("split(j, 8, jo, ji)")
+    np.testing.assert_allclose(split(X), np.cumsum(X, axis=1), rtol=1e-5, atol=1e-5)
+    with pytest.raises(TccScheduleError):
+        tcc.compile(source).f.schedule("split(j, 8, jo, ji); vectorize(ji)")(X)

@@ -25,8 +25,8 @@ import numpy as np
 import tcc
 from fuzz.check import FRONTEND_ERRORS, _describe
 from fuzz.generate import Program, generate
-from tcc.errors import TccError
-from tcc.ir.expr import Binary, Call, walk
+from tcc.errors import TccError, TccIndexError
+from tcc.ir.expr import Binary, Call, Reduce, free_vars, walk
 from tcc.passes.te.specialize import specialize
 from tcc.testing import random_args, reference_results
 
@@ -45,6 +45,19 @@ class GradOutcome:
 def check_grad_seed(seed: int, orders: int = 2, torch_check: bool = False) -> GradOutcome:
     """The program of ``seed`` in float64, its gradients checked to ``orders`` (1 or 2)."""
     return check_grad_program(generate(seed), orders, torch_check)
+
+
+def underivable(te) -> bool:
+    """Whether ``te`` holds what ``tcc.grad`` refuses by design for now: an accumulation (``+=``),
+    a recurrence, or a reduction whose extent moves with an outer index."""
+    for c in te.computes:
+        if c.accumulate or c.sequential:
+            return True
+        reductions = [n for n in walk(c.body) if isinstance(n, Reduce)]
+        indices = {ax.var.name for ax in c.axes} | {ax.var.name for r in reductions for ax in r.axes}
+        if any(free_vars(ax.extent) & indices for r in reductions for ax in r.axes):
+            return True
+    return False
 
 
 def as_f64(source: str) -> str:
@@ -71,14 +84,16 @@ def check_grad_program(prog: Program, orders: int = 2, torch_check: bool = False
 def check_op_gradients(op, bindings: dict[str, int], seed: int, orders: int, torch_check: bool) -> tuple[str, str]:
     if not any(op.te.tensors[p].dtype.is_float for p in op.te.inputs):
         return "skipped", ""
+    if underivable(op.te):
+        return "skipped", ""  # +=, recurrences, moving extents: tcc.grad says it does not derive them yet
     rng = np.random.default_rng(seed)
     full = {**op.te.cparams, **bindings}
     cparams = {k: v for k, v in bindings.items() if k in op.te.cparams}
     try:
         args = random_args(op.te, full, rng)
         results = reference_results(op.te, args, full)
-    except FRONTEND_ERRORS:
-        return "skipped", ""  # an op the forward refuses at these sizes has no gradient to check
+    except (*FRONTEND_ERRORS, TccIndexError):
+        return "skipped", ""  # an op the forward refuses at these sizes (or data) has no gradient to check
     if not all(np.isfinite(r).all() for r in results if r.dtype.kind == "f"):
         return "skipped", ""  # a log or a division that the random data made infinite
     upstream = [rng.standard_normal(r.shape) if r.dtype.kind == "f" else np.zeros_like(r) for r in results]

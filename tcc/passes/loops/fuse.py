@@ -13,7 +13,7 @@ from dataclasses import replace
 from tcc.errors import Span, TccScheduleError
 from tcc.ir.expr import Binary, Var, const
 from tcc.ir.loopnest import const_extent, fresh, on_loops, require_loop, subst
-from tcc.ir.loops import For, LoopFunc, Stmt
+from tcc.ir.loops import For, LoopFunc, Stmt, is_sequential
 
 _AFTER = {kind: f"{verb} the fused loop" for kind, verb in
           (("vector", "vectorize"), ("parallel", "parallelise"), ("unroll", "unroll"))}
@@ -26,6 +26,10 @@ def fuse(func: LoopFunc, outer: str, inner: str, name: str | None = None, span: 
             raise TccScheduleError(f"cannot fuse {outer} and {inner}: {inner} is not the only statement "
                                    f"directly inside {outer}", span, "fuse a loop with the loop right inside it")
         for part in (loop, loop.body):
+            if is_sequential(part):  # the fused loop would be free to run in parallel, out of order
+                raise TccScheduleError(f"cannot fuse {outer} and {inner}: {part.var.name} runs in order (a recurrence "
+                                       "reads what its earlier iterations stored)", span,
+                                       f"leave {part.var.name} as it is; parallelise the other loops")
             if part.kind != "serial":
                 then = _AFTER.get(part.kind, f"bind it to {part.kind}")
                 raise TccScheduleError(f"cannot fuse {outer} and {inner}: {part.var.name} is already {part.kind}",

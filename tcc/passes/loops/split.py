@@ -14,7 +14,7 @@ from dataclasses import replace
 from tcc.errors import Span, TccScheduleError
 from tcc.ir.expr import Const, Var, const, iadd, imul
 from tcc.ir.loopnest import const_extent, fresh, loop_names, on_loops, require_loop, subst
-from tcc.ir.loops import For, LoopFunc, Stmt, seq
+from tcc.ir.loops import SEQUENTIAL, For, LoopFunc, Stmt, is_sequential, seq
 
 
 def split(func: LoopFunc, loop: str, factor: int, outer: str | None = None, inner: str | None = None,
@@ -43,14 +43,16 @@ def split(func: LoopFunc, loop: str, factor: int, outer: str | None = None, inne
 def split_loop(s: For, factor: int, outer: str, inner: str) -> Stmt:
     extent = int(s.extent.value)  # type: ignore[attr-defined]
     o, i = Var(outer), Var(inner)
+    order = (SEQUENTIAL,) if is_sequential(s) else ()  # both halves of a recurrence's loop run in order
     parts = []
     full, rest = divmod(extent, factor)
     if full:
         body = subst(s.body, {s.var.name: iadd(imul(o, factor), i)})
-        parts.append(replace(s, var=o, extent=const(full), body=For(i, const(factor), body, span=s.span)))
+        parts.append(replace(s, var=o, extent=const(full),
+                             body=For(i, const(factor), body, annotations=order, span=s.span)))
     if rest or not parts:
         body = subst(s.body, {s.var.name: iadd(Const(full * factor, s.var.dtype), i)})
         kind = "serial" if s.kind == "parallel" else s.kind
         parts.append(replace(s, var=o, extent=const(1), kind=kind,
-                             body=For(i, const(rest), body, span=s.span)))
+                             body=For(i, const(rest), body, annotations=order, span=s.span)))
     return seq(*parts)
