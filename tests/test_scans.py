@@ -91,3 +91,15 @@ def test_cumsum_in_the_cuda_simulator(rng):
 def test_grad_of_a_moving_extent_is_a_clear_error():
     with pytest.raises(tcc.TccError, match="depends on an outer index"):
         tcc.grad(tcc.compile(CUMSUM).cumsum)
+
+
+def test_a_decomposed_triangular_reduction_on_cuda(rng):
+    """``decompose`` leaves a triangular reduction loop inside the output loop; the CUDA scheduler
+    keeps it serial in a thread (CUDA fuzz seed 40739: 'no constant extent for the GPU')."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    source = "op f(X: f32[N]) -> Y: f32[N] {\n    Y[i] = sum[k: i + 1](X[i] * X[k])\n}"
+    X = rng.standard_normal(33).astype(np.float32)
+    op = tcc.compile(source, target="cuda", arch="sm_90").f.schedule("decompose(Y)")
+    arrays = {"X": X, "Y": np.full(33, np.nan, np.float32)}
+    gpu_sim.run(op.lowered({"N": 33}).scheduled, arrays)
+    np.testing.assert_allclose(arrays["Y"], X * np.cumsum(X), rtol=1e-5, atol=1e-5)

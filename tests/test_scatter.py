@@ -155,3 +155,14 @@ op f[M = 1](A: f32[I, K], B: f32[K, J], idx: i64[I]) -> Y: f32[M, J] {
     t = np.ones((m, j))
     np.add.at(t, idx, A.astype(np.float64) @ B.astype(np.float64))
     np.testing.assert_allclose(op(A, B, idx, M=m), t + 0.5, rtol=1e-4, atol=1e-3)
+
+
+def test_a_tensor_added_into_is_not_cached():
+    """``cache(T, v1)`` of a ``+=`` target copied a tile the data-chosen positions run past (CUDA fuzz
+    seed 40010: an unspecified launch failure); it is a schedule error on both targets."""
+    source = ("op f(X: f32[N], idx: i64[N]) -> Y: f32[4] {\n    T: f32[4]\n    T[v] = 0.0\n"
+              "    T[idx[n]] += X[n]\n    Y[v] = T[v]\n}")
+    for target in ("cpu", "cuda"):
+        op = tcc.compile(source, target=target).f.schedule("cache(T, n)")
+        with pytest.raises(TccScheduleError, match="added into"):
+            op.lowered({"N": 5}).scheduled

@@ -238,9 +238,11 @@ def _split_axes(nest: Stmt) -> _Nest:
 def _spatial_axes(nest: Stmt) -> _Nest:
     """The perfectly nested loops whose iterations write disjoint elements, outermost first: the
     ones threads may share. A user's ``decompose`` leaves reduction loops perfectly nested inside
-    the output loops (``Y[i] = Y[i] + ...`` under ``for i, k``); those stay serial in a thread."""
+    the output loops (``Y[i] = Y[i] + ...`` under ``for i, k``); those stay serial in a thread, and
+    so does a loop whose extent moves with an outer index (a triangular reduction)."""
     axes = []
-    while isinstance(nest, For) and nest.kind == "serial" and not is_sequential(nest) and _disjoint(nest):
+    while isinstance(nest, For) and nest.kind == "serial" and not is_sequential(nest) \
+            and evaluate_int(nest.extent) is not None and _disjoint(nest):
         axes.append(nest)
         nest = nest.body
     return _Nest(axes, nest)

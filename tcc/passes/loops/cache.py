@@ -233,6 +233,10 @@ def _cache_at(loop: For, st: _State, gpu: _Gpu) -> tuple[For, list[Buffer]]:
     if any(_loads(i, st.buf.name) for indices in sites for i in indices):
         raise TccScheduleError(f"{st.buf.name} is indexed by its own values inside loop {loop.var.name} "
                                f"({st.buf.name}[{st.buf.name}[...]]); it cannot be cached there", st.span)
+    if any(isinstance(n, Store) and n.buffer == st.buf.name and n.accumulate for n in walk_stmts(loop.body)):
+        raise TccScheduleError(f"{st.buf.name} is added into (+=) inside loop {loop.var.name}: its positions come "
+                               "from the data, so no tile of it can be copied", st.span,
+                               f"cache the tensors the += reads, not {st.buf.name}")
     if any(stored for _, _, stored in sites.values()) and len(sites) > 1:
         raise TccScheduleError(f"{st.buf.name} is written inside loop {loop.var.name} and accessed at "
                                f"{len(sites)} different places; caching it would change the result", st.span)
