@@ -165,4 +165,4 @@ def test_a_tensor_added_into_is_not_cached():
     for target in ("cpu", "cuda"):
         op = tcc.compile(source, target=target).f.schedule("cache(T, n)")
         with pytest.raises(TccScheduleError, match="added into"):
-            op.lowered({"N": 5}).scheduled
+            op.lower(np.ones(5, np.float32), np.zeros(5, np.int64), stage="scheduled")
