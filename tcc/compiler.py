@@ -22,6 +22,7 @@ from tcc.frontend.parser import parse
 from tcc.frontend.schedules import Schedule, module_schedules, schedule_from_text
 from tcc.frontend.sema import analyze
 from tcc.generic_op import GenericOp
+from tcc.index_ranges import out_of_range, range_source
 from tcc.ir.loops import DETERMINISTIC, format_func
 from tcc.ir.te import OpTE, format_op
 from tcc.opdoc import docstring, header, signature
@@ -241,6 +242,7 @@ class Op:
         self._keys: dict[tuple, str] = {}  # bindings -> cache key, so repeat calls skip the pipeline
         self._solved: dict[tuple, tuple[dict, dict]] = {}  # shapes + parameters -> symbols, result shapes
         self._checks: dict[tuple, OpTE | None] = {}  # bindings -> the op with its index checks
+        self._ranges: dict[tuple, list] = {}  # bindings -> the GPU ops computing each check's index range
         self.plans = Plans(backend.make_plan)  # repeat calls with a checked signature skip binding and checks
         # help(lib.NAME), lib.NAME.__doc__ and inspect.signature(lib.NAME) describe this op, not the class
         self.__doc__ = docstring(te, ast, backend.kind)
@@ -264,13 +266,26 @@ class Op:
         if results is None:
             bound = self.bind(args, cparams)
             checked = self._index_checks(bound.bindings)
-            if checked is not None:  # indices read from data: checked before anything runs
-                run_checks(checked, bound)
+            if checked is not None and not self._in_range_on_device(checked, bound):
+                run_checks(checked, bound)  # indices read from data: checked before anything runs
             kernel = self.kernel(bound.bindings)
             results = self.backend.invoke(kernel, self.te, bound, out)
             if checked is None:  # a plan skips binding, and so would skip the checks
                 self.plans.learn(kernel, self.te, bound, args, cparams, out)
         return results[0] if len(results) == 1 else tuple(results)
+
+    def _in_range_on_device(self, checked: OpTE, bound: BoundCall) -> bool:
+        """On a GPU, whether every index is in range by its range computed there (no copy of the
+        index tensors); False elsewhere, or when one is out (the host pass then names it)."""
+        if not self.target.is_gpu:
+            return False
+        memo = tuple(sorted(bound.bindings.items()))
+        if memo not in self._ranges:
+            self._ranges[memo] = [(compile(source, target=self.target).index_range, names, check)
+                                  for check in checked.index_checks
+                                  for source, names in [range_source(checked, check)]]
+        arguments = {**dict(zip(self.te.params, bound.args)), **bound.scalars}
+        return not out_of_range(self._ranges[memo], arguments)
 
     def _index_checks(self, bindings: dict[str, int | float]) -> OpTE | None:
         """The op specialised with the index checks its calls need (None: none), per binding."""

@@ -4,8 +4,9 @@
 pass lists them (``OpTE.index_checks``) and every call evaluates them, with the reference
 interpreter's NumPy evaluator, over the ranges of the variables they use: one vectorised pass over
 the index tensor, before the kernel runs, so an out-of-range index is a ``TccIndexError`` and no
-result (nor ``out=``) is written. The hot loop itself has no check. On CUDA the index tensors are
-copied to the host for the check (they are small next to what they index).
+result (nor ``out=``) is written. The hot loop itself has no check. On CUDA the range of each index
+is computed on the device first (``tcc.index_ranges``); this host pass, which copies the index
+tensors over, runs only to name an index found out of range.
 """
 
 from __future__ import annotations
