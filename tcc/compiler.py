@@ -34,7 +34,7 @@ from tcc.passes.trace import Trace
 from tcc.runtime import cache
 from tcc.runtime.backend import Backend, backend_for, kinds, kinds_taking
 from tcc.runtime.binding import BoundCall, bind, bind_cparams
-from tcc.runtime.index_checks import checked_op, run_checks
+from tcc.runtime.index_checks import checked_op, reads_data, run_checks
 from tcc.runtime.plans import Plans
 from tcc.stack import deep
 from tcc.target import Target
@@ -289,10 +289,16 @@ class Op:
 
     def _index_checks(self, bindings: dict[str, int | float]) -> OpTE | None:
         """The op specialised with the index checks its calls need (None: none), per binding."""
+        if not self._reads_data:
+            return None
         memo = tuple(sorted(bindings.items()))
         if memo not in self._checks:
             self._checks[memo] = deep(checked_op, self.te, bindings)
         return self._checks[memo]
+
+    @functools.cached_property
+    def _reads_data(self) -> bool:
+        return reads_data(self.te)
 
     def bind(self, args: tuple[Any, ...], cparams: dict[str, Any]) -> BoundCall:
         """The checked call: arrays (as the backend takes them), scalars, bindings, result shapes."""

@@ -161,9 +161,13 @@ def _environment(op: OpTE, args: Mapping[str, np.ndarray | int | float]
                  ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """The inputs in their wide types, and the scalars (each rounded to its dtype first)."""
     env = {name: np.asarray(args[name]).astype(wide(op.tensors[name].dtype)) for name in op.inputs if name in args}
-    scalars = {name: store(np.asarray(args[name]), s.dtype).astype(wide(s.dtype))
-               for name, s in op.scalars.items()}
-    return env, scalars
+    return env, scalar_values(op, args)
+
+
+def scalar_values(op: OpTE, args: Mapping[str, np.ndarray | int | float]) -> dict[str, np.ndarray]:
+    """The runtime scalars in their wide types, each rounded to its dtype first."""
+    return {name: store(np.asarray(args[name]), s.dtype).astype(wide(s.dtype))
+            for name, s in op.scalars.items() if name in args}
 
 
 def check_indices(op: OpTE, env: dict[str, np.ndarray], scalars: dict[str, np.ndarray]) -> None:

@@ -16,12 +16,24 @@ from typing import Any
 import numpy as np
 
 from tcc.errors import TccArgumentError
-from tcc.ir.expr import Read, walk
+from tcc.ir.expr import Expr, Read, Var, walk
 from tcc.ir.te import OpTE
 from tcc.passes.te.bounds import prove_bounds
 from tcc.passes.te.specialize import specialize
-from tcc.reference import check_indices, store, wide
+from tcc.reference import check_indices, scalar_values, wide
 from tcc.runtime.binding import BoundCall
+
+
+def reads_data(te: OpTE) -> bool:
+    """Whether an index of ``te`` reads a tensor or a runtime scalar: only then can a call need a
+    check, and only then is the op specialised and proved a second time at the call."""
+    def in_index(e: Expr) -> bool:
+        return any(isinstance(n, Read) or isinstance(n, Var) and n.name in te.scalars for n in walk(e))
+
+    indices = [i for c in te.computes for i in c.lhs or ()]  # where a += adds
+    indices += [i for c in te.computes for e in (c.body, *(c.lhs or ())) for n in walk(e) if isinstance(n, Read)
+                for i in n.indices]
+    return any(in_index(i) for i in indices)
 
 
 def checked_op(te: OpTE, bindings: dict[str, int | float]) -> OpTE | None:
@@ -34,9 +46,7 @@ def run_checks(proved: OpTE, bound: BoundCall) -> None:
     """Raise ``TccIndexError`` if an index read from data falls outside its tensor in this call."""
     read = {n.tensor for c in proved.index_checks for n in walk(c.index) if isinstance(n, Read)}
     env = {name: host_value(bound.arrays[name], name).astype(wide(proved.tensors[name].dtype)) for name in read}
-    scalars = {name: store(np.asarray(value), proved.scalars[name].dtype).astype(wide(proved.scalars[name].dtype))
-               for name, value in bound.scalars.items() if name in proved.scalars}
-    check_indices(proved, env, scalars)
+    check_indices(proved, env, scalar_values(proved, bound.scalars))
 
 
 def host_value(array: Any, name: str) -> np.ndarray:

@@ -20,7 +20,21 @@ from dataclasses import replace
 
 from tcc import dtypes
 from tcc.frontend.ranges import affine_form
-from tcc.ir.expr import Binary, Const, Expr, IterVar, Read, Reduce, Select, cast, free_vars, substitute, transform, walk
+from tcc.ir.expr import (
+    Binary,
+    Const,
+    Expr,
+    IterVar,
+    Read,
+    Reduce,
+    Select,
+    cast,
+    free_vars,
+    substitute,
+    transform,
+    unique_name,
+    walk,
+)
 from tcc.ir.te import Compute, OpTE, Tensor
 from tcc.passes.te.lower import combine, reduce_identity
 
@@ -44,7 +58,7 @@ def prefix_scans(op: OpTE) -> OpTE:
                     and r.acc_dtype == r.dtype == tensors[c.tensor].dtype:  # (a += adds the prefix: below)
                 made.append(_recurrence(c.tensor, r, axes, *prefix))  # the statement itself
                 return None
-            name = _fresh(f"{c.tensor}_prefix", tensors)
+            name = unique_name(f"{c.tensor}_prefix", set(tensors))
             tensors[name] = Tensor(name, r.acc_dtype, tuple(ax.extent for ax in axes), "temp", r.span)
             made.append(_recurrence(name, r, axes, *prefix))
             return cast(Read(name, tuple(ax.var for ax in axes), r.acc_dtype, r.span), r.dtype)
@@ -105,10 +119,3 @@ def _recurrence(name: str, r: Reduce, axes: tuple[IterVar, ...], axis: str, shif
                       step, r.acc_dtype)
     return Compute(name, axes, body, r.span, sequential=(axis,))
 
-
-def _fresh(base: str, taken: dict[str, Tensor]) -> str:
-    name, k = base, 0
-    while name in taken:
-        k += 1
-        name = f"{base}{k}"
-    return name
