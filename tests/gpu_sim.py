@@ -26,6 +26,7 @@ from tcc.ir.loops import (
     AsyncCopy,
     AsyncWait,
     Barrier,
+    BlockScan,
     Buffer,
     For,
     If,
@@ -167,6 +168,9 @@ class _Block:
             assert len(kinds) == 1, f"threads diverge at a block-wide point: {kinds}"
             if isinstance(events[0][0], Barrier):  # (copies in flight stay so: the schedule waits first)
                 continue
+            if isinstance(events[0][0], BlockScan):
+                _block_scan(events[0][0], threads, events[0][1])
+                continue
             size = 128 if isinstance(events[0][0], WarpgroupMma) else 32
             for w in range(0, len(threads), size):
                 _warp_statement(events[w:w + size], threads[w:w + size])
@@ -177,6 +181,18 @@ class _Block:
                 for th in threads[1:]:
                     total = _BINARY[op](total, th.locals[acc][0])
                 self.locals[acc][0] = total
+
+
+def _block_scan(s: BlockScan, threads: list, ev: _Eval) -> None:
+    """Each thread's ``buffer[0]``: the combination of the earlier threads' (in thread order);
+    ``buffer[1]``: of all of them."""
+    total = ev.expr(s.identity)
+    for th in threads:
+        value = th.locals[s.buffer][0]
+        th.locals[s.buffer][0] = total
+        total = _BINARY[s.op](total, value)
+    for th in threads:
+        th.locals[s.buffer][1] = total
 
 
 class _Thread:
@@ -222,7 +238,7 @@ class _Thread:
             target = self.locals.get(s.buffer)
             target = self.block.memory[s.buffer] if target is None else target
             target[ev.offset(Load(s.buffer, s.indices, s.value.dtype))] = ev.expr(s.value)
-        elif isinstance(s, (Barrier, MatrixLoad, Mma, WarpgroupMma)):
+        elif isinstance(s, (Barrier, BlockScan, MatrixLoad, Mma, WarpgroupMma)):
             yield (s, ev)
         elif isinstance(s, (WarpgroupSync, ProxyFence)):
             pass  # wgmma runs when issued; the async proxy sees what the thread wrote

@@ -57,6 +57,7 @@ from tcc.passes.autoschedule_cuda import (
     implicit_conv,
     merge_kernels,
     recurrence,
+    scan,
     scatter,
     split_k,
     split_reduction,
@@ -268,7 +269,10 @@ def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]]
     if isinstance(stmt, For) and stmt.kind == "block.x":
         return stmt, "bound by the user"  # (checked by tcc.passes.loops.bind.check_kernels)
     if holds_sequential(stmt):  # a recurrence: threads over its independent axes, each walking the other
-        return _flat_kernel(_spatial_axes(recurrence.sink_sequential(stmt)), names, 32 * tuning.warps), "recurrence"
+        nest = _spatial_axes(recurrence.sink_sequential(stmt))
+        if (prefix := scan.match(nest.body)) is not None:  # an associative one along rows: a block scans each
+            return scan.kernel(prefix, nest.axes, nest.extents, names.fresh, _decompose), "block scan"
+        return _flat_kernel(nest, names, 32 * tuning.warps), "recurrence"
     nest = _spatial_axes(stmt)
     total = math.prod(nest.extents)
     if total == 0:
