@@ -54,9 +54,11 @@ from tcc.ir.loops import (
 )
 from tcc.passes.autoschedule_cuda import (
     gemm,
+    hoist_rows,
     implicit_conv,
     merge_kernels,
     recurrence,
+    row_registers,
     scan,
     scatter,
     split_k,
@@ -263,9 +265,14 @@ def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]]
     """The kernels of one nest and which schedule made them; global intermediates they need are
     appended to ``temps``."""
     inner = next((s for s in walk_stmts(stmt) if isinstance(s, Allocate) and s.buffer.scope == "global"), None)
-    if inner is not None:
-        raise TccCompileError(f"the CUDA backend cannot schedule {inner.buffer.name}, a global buffer made inside a "
-                              "loop nest (from the im2col lowering)", hint="use conv='direct' on target='cuda'")
+    if inner is not None:  # a per-row intermediate too large for the stack: a global row per iteration
+        hoisted = hoist_rows.hoist(stmt, temps)
+        if hoisted is None:
+            raise TccCompileError(f"the CUDA backend cannot schedule {inner.buffer.name}, a global buffer made "
+                                  "inside a loop nest (from the im2col lowering)",
+                                  hint="use conv='direct' on target='cuda'")
+        shapes.update({b.name: b.shape for b in temps})
+        stmt = hoisted
     if isinstance(stmt, For) and stmt.kind == "block.x":
         return stmt, "bound by the user"  # (checked by tcc.passes.loops.bind.check_kernels)
     if holds_sequential(stmt):  # a recurrence: threads over its independent axes, each walking the other
@@ -293,7 +300,7 @@ def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]]
     threads = 32 * tuning.warps
     work = _row_work(nest.body, target.shared_memory_per_block)
     if work is not None and work >= ROW_MIN_REDUCTION and work * ROW_RATIO >= total:
-        return _row_schedule(nest, names, min(threads, MAX_ROW_THREADS), work), "row"
+        return _row_schedule(nest, names, min(threads, MAX_ROW_THREADS), work, shapes), "row"
     return _flat_schedule(nest, names, threads), "flat"
 
 
@@ -512,29 +519,36 @@ def _row_items(body: Stmt) -> list[Stmt]:
     return out
 
 
-def _row_schedule(nest: _Nest, names: _Names, cap: int, work: int) -> Stmt:
+def _row_schedule(nest: _Nest, names: _Names, cap: int, work: int, shapes: dict[str, tuple[int, ...]]) -> Stmt:
     extents = nest.extents
     total = math.prod(extents)
     threads = _block_size(work, cap)
     span = nest.axes[0].span if nest.axes else None
     _grid(total, 1, span)
     bx = names.fresh("bx")
-    body = _decompose(nest.axes, extents, bx, _row_body(nest.body, threads, names))
-    return For(bx, Const(total, I64), body, "block.x", span=span)
+    loops = [s for s in _row_items(nest.body) if isinstance(s, For)]
+    cache = row_registers.plan(nest.body, loops, threads, names.fresh, shapes)
+    body = _row_body(nest.body, threads, names, cache)
+    for buf in cache.inputs.values() if cache else ():
+        body = Allocate(buf, body)
+    return For(bx, Const(total, I64), _decompose(nest.axes, extents, bx, body), "block.x", span=span)
 
 
-def _row_body(s: Stmt, threads: int, names: _Names) -> Stmt:
+def _row_body(s: Stmt, threads: int, names: _Names, cache: row_registers.RowCache | None) -> Stmt:
     """Loops become block-strided (reductions combined across the block); per-row arrays go
-    to shared memory, with a barrier after each loop that writes one."""
+    to registers where each thread touches only its own elements (``cache``), else to shared
+    memory, with a barrier after each loop that writes one."""
     if isinstance(s, Allocate):
+        if cache and s.buffer.name in cache.arrays:
+            return Allocate(cache.arrays[s.buffer.name], _row_body(s.body, threads, names, cache))
         per_thread = s.buffer.size <= 1 and _each_thread_computes(s.buffer.name, s.body)
         buf = s.buffer if per_thread else replace(s.buffer, scope="shared")
-        return Allocate(buf, _row_body(s.body, threads, names))
+        return Allocate(buf, _row_body(s.body, threads, names, cache))
     if isinstance(s, Seq):
-        return seq(*(_row_body(c, threads, names) for c in s.stmts))
+        return seq(*(_row_body(c, threads, names, cache) for c in s.stmts))
     if isinstance(s, For):
         red = _reduction_loop(s)
-        looped = _block_strided(s, threads, names, f"{red[0]}:{red[1]}" if red else None)
+        looped = _block_strided(s, threads, names, f"{red[0]}:{red[1]}" if red else None, cache)
         return looped if red else seq(looped, Barrier())
     return s
 
@@ -571,17 +585,20 @@ def _reduction_loop(s: Stmt) -> tuple[str, str] | None:
     return upd.buffer, value.op
 
 
-def _block_strided(loop: Stmt, threads: int, names: _Names, allreduce: str | None) -> Stmt:
-    """The block's threads stride over the (flattened) loop nest; a reduction then combines."""
+def _block_strided(loop: Stmt, threads: int, names: _Names, allreduce: str | None,
+                   cache: row_registers.RowCache | None = None) -> Stmt:
+    """The block's threads stride over the (flattened) loop nest; a reduction then combines.
+    With a ``cache`` the step loop is unrolled: the thread's register arrays index by it."""
     red = _split_axes(loop)
     extents = red.extents
     length = math.prod(extents)
     tx, step, rid = names.fresh("tx"), names.fresh("rstep"), names.fresh("rid")
     steps = -(-length // threads)
-    inner = _decompose(red.axes, extents, rid, red.body)
+    inner = row_registers.rewrite(red.body, red.axes, step, cache) if cache else red.body
+    inner = _decompose(red.axes, extents, rid, inner)
     inner = _guarded(rid, _linear(step, threads, tx), length, steps * threads, inner)
     span = red.axes[0].span
-    body: Stmt = For(step, Const(steps, I64), inner, span=span) if steps > 1 else \
+    body: Stmt = For(step, Const(steps, I64), inner, "unroll" if cache else "serial", span=span) if steps > 1 else \
         Let(step, Const(0, I64), inner)
     notes = (("allreduce", allreduce),) if allreduce else ()
     return For(tx, Const(threads, I64), body, "thread.x", annotations=notes, span=span)
