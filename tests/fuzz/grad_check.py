@@ -48,10 +48,10 @@ def check_grad_seed(seed: int, orders: int = 2, torch_check: bool = False) -> Gr
 
 
 def underivable(te) -> bool:
-    """Whether ``te`` holds what ``tcc.grad`` refuses by design for now: an accumulation (``+=``),
-    a recurrence, or a reduction whose extent moves with an outer index."""
+    """Whether ``te`` holds what ``tcc.grad`` refuses by design for now: a recurrence, or a
+    reduction whose extent moves with an outer index."""
     for c in te.computes:
-        if c.accumulate or c.sequential:
+        if c.sequential:
             return True
         reductions = [n for n in walk(c.body) if isinstance(n, Reduce)]
         indices = {ax.var.name for ax in c.axes} | {ax.var.name for r in reductions for ax in r.axes}
@@ -81,7 +81,9 @@ def check_grad_program(prog: Program, orders: int = 2, torch_check: bool = False
     return GradOutcome(prog.seed, "ok" if checked else "skipped", "", checked)
 
 
-def check_op_gradients(op, bindings: dict[str, int], seed: int, orders: int, torch_check: bool) -> tuple[str, str]:
+def check_op_gradients(op, bindings: dict[str, int], seed: int, orders: int, torch_check: bool,
+                       args: list | None = None) -> tuple[str, str]:
+    """``op``'s gradients to ``orders`` at ``args`` (default: random ones) against central differences."""
     if not any(op.te.tensors[p].dtype.is_float for p in op.te.inputs):
         return "skipped", ""
     if underivable(op.te):
@@ -90,7 +92,7 @@ def check_op_gradients(op, bindings: dict[str, int], seed: int, orders: int, tor
     full = {**op.te.cparams, **bindings}
     cparams = {k: v for k, v in bindings.items() if k in op.te.cparams}
     try:
-        args = random_args(op.te, full, rng)
+        args = random_args(op.te, full, rng) if args is None else args
         results = reference_results(op.te, args, full)
     except (*FRONTEND_ERRORS, TccIndexError):
         return "skipped", ""  # an op the forward refuses at these sizes (or data) has no gradient to check

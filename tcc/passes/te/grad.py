@@ -25,14 +25,15 @@ its source where they fall inside it. Any integer index differentiates (:mod:`gr
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
 
 from tcc import dtypes
 from tcc.errors import TccArgumentError, TccCompileError
 from tcc.ir.expr import Binary, Cast, Const, Expr, IterVar, Read, Reduce, Var, const, free_vars, walk
 from tcc.ir.te import Compute, OpTE, Pad, Tensor, verify_op
+from tcc.passes.simplify import simplify
 from tcc.passes.te.grad_expr import fadd, fdiv, fmul, fselect, num, partials
-from tcc.passes.te.grad_index import Adjoint, Emitter, gather, iadd, isub
+from tcc.passes.te.grad_index import Adjoint, Emitter, clamp, gather, iadd, isub
 from tcc.passes.te.grad_tidy import tidy_op
 
 PIECE = 24  # the most nodes a float subexpression keeps inline in the normalised forward
@@ -42,17 +43,22 @@ def derive(op: OpTE, wrt: Sequence[str] | None = None, name: str | None = None) 
     """The gradient op of ``op`` with respect to the tensor inputs ``wrt`` (default: every float one)."""
     wrt = _check_wrt(op, wrt)
     _check_differentiable(op)
-    _no_scatter(op)
+    _one_version(op)
     return _Derivation(op, wrt, name or f"{op.name}_grad").run()
 
 
-def _no_scatter(op: OpTE) -> None:
-    """Accumulating statements (``+=``) are not differentiated yet: refuse, never a wrong value."""
-    for c in op.computes:
-        if c.accumulate:
-            raise TccArgumentError(f"tcc.grad cannot differentiate {op.name}: its statement {c.tensor}[...] += ... "
-                                   "(an accumulation) has no gradient rule yet", c.span,
-                                   "write the op without +=, or give the gradient op by hand")
+def _one_version(op: OpTE) -> None:
+    """A tensor that ``+=`` adds into must not be read before its last ``+=``: the gradient op
+    recomputes the forward whole, so it would see only the final values."""
+    last = {c.tensor: k for k, c in enumerate(op.computes) if c.accumulate}
+    first = {}
+    for k, c in enumerate(op.computes):
+        first.setdefault(c.tensor, k)
+        for read in (n for e in (c.body, *(c.lhs or ())) for n in walk(e) if isinstance(n, Read)):
+            if read.tensor in last and first[read.tensor] <= k <= last[read.tensor]:
+                raise TccCompileError(f"{c.tensor}'s statement reads {read.tensor} before the last += into it: "
+                                      "tcc.grad differentiates a tensor's final values only", c.span,
+                                      f"read a copy of {read.tensor}, or add into it after the reads")
 
 
 def _check_wrt(op: OpTE, wrt: Sequence[str] | None) -> list[str]:
@@ -98,6 +104,7 @@ class _Derivation:
         self.forward: list[Compute] = []
         self.backward: list[Compute] = []
         self.contribs: dict[str, list[Expr]] = {}
+        self.scatters: dict[str, list[Scatter]] = {}
         self.targets: tuple[Var, ...] = ()
         self.emit = Emitter(self.fresh, self._add_temp, self._add_pad)
 
@@ -112,7 +119,10 @@ class _Derivation:
     # ------------------------------------------------------------ the sweep
     def run(self) -> OpTE:
         for c in self.op.computes:
-            self.forward.append(replace(c, body=self._hoist(c.body, list(c.axes), c.tensor)))
+            body = self._hoist(c.body, list(c.axes), c.tensor)
+            if c.accumulate and isinstance(body, Reduce):  # a += adds a reduction: hold it in an intermediate
+                body = self._intermediate(c.body, body, list(c.axes), c.tensor, body.op)
+            self.forward.append(replace(c, body=body))
         active = self._active()
         grads = []
         for r in self.op.results:
@@ -123,6 +133,8 @@ class _Derivation:
         for c in reversed(self.forward):
             if c.tensor in active and (adj := self._finalize(c.tensor)) is not None:
                 self._differentiate(c, adj, active)
+                if c.accumulate:  # the statements before it see the same adjoint
+                    self.contribs[c.tensor] = [Read(adj, self._targets(c.tensor), self.tensors[c.tensor].dtype)]
         results = [self._finalize(x, result=True) for x in self.wrt]
         return self._build(grads, results)
 
@@ -154,9 +166,10 @@ class _Derivation:
         parts = self.contribs.pop(tensor, [])
         t = self.tensors[tensor]
         axes = self._targets(tensor)
-        if not parts and not result:
+        scatters = self.scatters.pop(tensor, [])
+        if not parts and not scatters and not result:
             return None
-        if not result and len(parts) == 1 and isinstance(parts[0], Read) and parts[0].indices == axes \
+        if not result and not scatters and len(parts) == 1 and isinstance(parts[0], Read) and parts[0].indices == axes \
                 and self.tensors[parts[0].tensor].shape == t.shape:
             return parts[0].tensor
         body = parts[0] if parts else num(0)
@@ -165,14 +178,29 @@ class _Derivation:
         name = self.fresh(f"d{tensor}")
         self._add_temp(name, t.dtype, t.shape, tuple(IterVar(v, d) for v, d in zip(axes, t.shape)), body,
                        "result" if result else "temp")
+        for scatter in scatters:
+            self._scatter(name, scatter)
         return name
+
+    def _scatter(self, name: str, s: Scatter) -> None:
+        """``name[s.indices] += s.value`` over ``s.scope``. The printed ``+=`` infers each index variable's
+        range from where it appears alone; where that is not exactly its range here, the value is
+        stored first in a tensor over ``s.scope`` read with every variable alone."""
+        value, axes = s.value, tuple(IterVar(Var(n), e) for n, e in s.scope.items())
+        if not _ranges_inferable(name, s.indices, value, s.scope, self.tensors):
+            part = self.fresh(f"{name}_part")
+            self._add_temp(part, self.tensors[name].dtype, tuple(ax.extent for ax in axes), axes, value)
+            value = Read(part, tuple(ax.var for ax in axes), self.tensors[name].dtype)
+        self.backward.append(Compute(name, axes, value, lhs=s.indices, accumulate=True))
 
     def _differentiate(self, c: Compute, adj: str, active: set[str]) -> None:
         t = self.tensors[c.tensor]
         axes = tuple(ax.var for ax in c.axes)
         scope = {ax.var.name: ax.extent for ax in c.axes}
-        upstream = Read(adj, axes, t.dtype)
-        if isinstance(c.body, Reduce):
+        upstream = Read(adj, c.target_indices(), t.dtype)  # for a +=: the adjoint gathered from where it adds
+        if c.accumulate:
+            parts = partials(c.body, upstream)
+        elif isinstance(c.body, Reduce):
             scope.update({ax.var.name: ax.extent for ax in c.body.axes})
             weight = self._reduce_weight(c, Read(c.tensor, axes, t.dtype))
             parts = partials(c.body.body, fmul(upstream, weight))
@@ -181,10 +209,26 @@ class _Derivation:
         adjoint = Adjoint(adj, t.dtype, tuple(v.name for v in axes), t.shape)
         for read, value in parts:
             target, indices = self._through_pads(read)
-            if target in active:
-                contribution = gather(indices, self.tensors[target].shape, self._targets(target), value,
-                                      scope, adjoint, self.emit)
+            if target not in active:
+                continue
+            shape = self.tensors[target].shape
+            contribution = gather(indices, shape, self._targets(target), value, scope, adjoint, self.emit)
+            if contribution is not None:
                 self.contribs.setdefault(target, []).append(contribution)
+                continue
+            if indices != read.indices:  # through a pad: the positions that fall in its border add nothing
+                value = fselect(_inside(indices, shape), value, num(0))
+                indices = tuple(clamp(i, d) for i, d in zip(indices, shape))
+            self._add_scatter(target, Scatter(indices, value, dict(scope)))
+
+    def _add_scatter(self, target: str, new: Scatter) -> None:
+        """Scatters to the same positions over the same points add their values first (one ``+=``)."""
+        found = self.scatters.setdefault(target, [])
+        for k, s in enumerate(found):
+            if s.indices == new.indices and s.scope == new.scope:
+                found[k] = replace(s, value=fadd(s.value, new.value))
+                return
+        found.append(new)
 
     def _reduce_weight(self, c: Compute, value: Read) -> Expr:
         """d(reduction)/d(term): 1 for sum, the ties' share for max/min, result / term for prod."""
@@ -275,9 +319,11 @@ class _Derivation:
 
     def _needed(self) -> set[str]:
         """The forward tensors and pads the backward statements read, transitively."""
-        defs = {c.tensor: c for c in self.forward}
+        defs: dict[str, list[Compute]] = {}
+        for c in self.forward:
+            defs.setdefault(c.tensor, []).append(c)
         needed: set[str] = set()
-        todo = [n.tensor for c in self.backward for n in walk(c.body) if isinstance(n, Read)]
+        todo = [n.tensor for c in self.backward for n in _reads(c)]
         while todo:
             name = todo.pop()
             if name in needed:
@@ -285,9 +331,46 @@ class _Derivation:
             needed.add(name)
             if name in self.pads:
                 todo.append(self.pads[name].source)
-            elif name in defs:
-                todo += [n.tensor for n in walk(defs[name].body) if isinstance(n, Read)]
+            else:
+                todo += [n.tensor for c in defs.get(name, ()) for n in _reads(c)]
         return needed
+
+
+@dataclass(frozen=True)
+class Scatter:
+    """A contribution added where it lands: ``dA[indices] += value`` for every point of ``scope``."""
+
+    indices: tuple[Expr, ...]
+    value: Expr
+    scope: dict[str, Expr]
+
+
+def _reads(c: Compute) -> list[Read]:
+    """The reads of a statement, its left-hand indices' included."""
+    return [n for e in (c.body, *(c.lhs or ())) for n in walk(e) if isinstance(n, Read)]
+
+
+def _inside(indices: tuple[Expr, ...], shape: tuple[Expr, ...]) -> Expr:
+    conds: list[Expr] = []
+    for i, d in zip(indices, shape):
+        conds += [Binary("ge", i, const(0), dtypes.boolean), Binary("lt", i, d, dtypes.boolean)]
+    cond = conds[0]
+    for other in conds[1:]:
+        cond = Binary("and", cond, other, dtypes.boolean)
+    return cond
+
+
+def _ranges_inferable(target: str, lhs: tuple[Expr, ...], value: Expr, scope: dict[str, Expr],
+                      tensors: dict[str, Tensor]) -> bool:
+    """Whether every variable of ``scope`` appears alone in a read of ``value`` or in ``lhs`` at a dim
+    whose size is its extent (as the frontend infers a ``+=`` statement's ranges), and at no other."""
+    found: dict[str, set[Expr]] = {}
+    reads = [n for e in (value, *lhs) for n in walk(e) if isinstance(n, Read)]
+    for tensor, indices in [*((r.tensor, r.indices) for r in reads), (target, lhs)]:
+        for dim, i in enumerate(indices):
+            if isinstance(i, Var) and i.name in scope:
+                found.setdefault(i.name, set()).add(simplify(tensors[tensor].shape[dim]))
+    return all(found.get(v) == {simplify(e)} for v, e in scope.items())
 
 
 def _size(e: Expr) -> int:

@@ -57,6 +57,11 @@ def imax(a: Expr, b: Expr) -> Expr:
     return simplify(Binary("max", a, b, dtypes.i64))
 
 
+def clamp(i: Expr, size: Expr) -> Expr:
+    """``i`` clamped into ``[0, size)``."""
+    return simplify(Binary("min", Binary("max", i, _i(0), dtypes.i64), isub(size, _i(1)), dtypes.i64))
+
+
 def _cmp(op: str, a: Expr, b: Expr) -> Expr:
     return simplify(Binary(op, a, b, dtypes.boolean))
 
@@ -115,9 +120,11 @@ class _Solve:
 
 
 def gather(indices: tuple[Expr, ...], shape: tuple[Expr, ...], targets: tuple[Var, ...],
-           value: Expr, scope: dict[str, Expr], adjoint: Adjoint, emit: Emitter) -> Expr:
+           value: Expr, scope: dict[str, Expr], adjoint: Adjoint, emit: Emitter) -> Expr | None:
     """``dA[targets]``'s part from one read ``A[indices]`` (any integer indices) whose contribution is ``value`` (a
-    function of the index variables in ``scope``, name -> extent)."""
+    function of the index variables in ``scope``, name -> extent); None where a scatter is the better form: a
+    dim that no variable solves would mask a sum over its variables (``E[idx[n], d]``: a sum over ``n`` for
+    every row of ``E``), where ``dA[indices] += value`` does the same work once per point of ``scope``."""
     indices, value, scope = _split_divisions(indices, value, scope, emit)
     forms: list[Linear | None] = []
     for e in indices:
@@ -127,6 +134,8 @@ def gather(indices: tuple[Expr, ...], shape: tuple[Expr, ...], targets: tuple[Va
     trivial = {s.var for s in solves if _trivial(s, scope, shape)}
     window = [s for s in solves if s.var not in trivial]
     summed = [v for v in scope if v not in {s.var for s in solves}]
+    if any(free_vars(indices[d]) & set(summed) for d in guards):
+        return None
     if not window and not guards:
         body = substitute(value, {s.var: targets[s.dim] for s in solves})
         return _sum(body, summed, scope)
@@ -359,9 +368,7 @@ def _guarded_form(indices: tuple[Expr, ...], forms: list[Linear | None], solves:
         conds.append(_cmp("lt", exact[s.var], scope[s.var]))
     for _ in solves:  # a solution may name an index solved after it
         exact = {v: substitute(e, exact) for v, e in exact.items()}
-    clamped = {v: e if v in trivial else
-               simplify(Binary("min", Binary("max", e, _i(0), dtypes.i64), isub(scope[v], _i(1)), dtypes.i64))
-               for v, e in exact.items()}
+    clamped = {v: e if v in trivial else clamp(e, scope[v]) for v, e in exact.items()}
     conds = [substitute(c, exact) for c in conds]
     for d, form in enumerate(forms):
         if any(s.dim == d for s in solves):

@@ -1,0 +1,120 @@
+"""``tcc.grad`` of the language's data-driven forms: gathers by data (their gradient a scatter-add,
+linear in the number of reads), ``+=`` scatters (their gradient a gather of the adjoint), prefix
+sums, recurrences, random numbers and dtype parameters. Each against central differences in
+float64 (first and second order, ``fuzz.grad_check``) on random data at odd sizes with duplicate
+indices, against PyTorch's autograd, and trained through ``tcc.torch``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from fuzz.grad_check import check_op_gradients, run_poisoned
+
+import tcc
+from tcc.ir.te import format_op
+
+GATHERS = """
+op embedding(E: f64[V, D], idx: i64[N]) -> Y: f64[N, D] {
+    Y[n, d] = E[idx[n], d] * E[idx[n], d]
+}
+op pick(X: f64[N, C], lab: i64[N]) -> Y: f64[N] {
+    Y[n] = exp(X[n, lab[n]]) + X[n, 0]
+}
+op window[L = 1](X: f64[T, D], start: i64) -> Y: f64[L, D] {
+    Y[i, d] = sin(X[start + i, d])
+}
+op bag(E: f64[V, D], idx: i64[N, K], W: f64[K]) -> Y: f64[N, D] {
+    Y[n, d] = sum[k](E[idx[n, k], d] * W[k])
+}
+op shifted(E: f64[V], idx: i64[N]) -> Y: f64[N, 2] {
+    Y[n, k] = E[idx[n] + k] * E[idx[n] + k]
+}
+op segment_sum[S = 1](X: f64[N, D], seg: i64[N], W: f64[S, D]) -> Y: f64[S, D] {
+    Y[s, d] = W[s, d]
+    Y[seg[n], d] += X[n, d] * X[n, d]
+}
+op scatter_sum[S = 1](X: f64[N], pos: i64[N, K]) -> Y: f64[S] {
+    Y[s] = 0.0
+    Y[pos[n, k]] += sum[d: 2](X[n] * f64(d + k + 1))
+}
+"""
+
+
+def _ints(rng, high: int, shape) -> np.ndarray:
+    """Indices in [0, high) with duplicates (more draws than values, or a value repeated)."""
+    out = rng.integers(0, high, shape)
+    if out.size > 1:
+        out.flat[-1] = out.flat[0]
+    return out
+
+
+def _fd(op, args: list, bindings: dict, orders: int = 2) -> None:
+    status, detail = check_op_gradients(op, bindings, seed=1, orders=orders, torch_check=False, args=args)
+    assert status == "ok", detail
+
+
+@pytest.mark.parametrize("v,d,n", [(1, 1, 1), (7, 3, 33), (33, 7, 7)])
+def test_embedding_gradient_is_a_scatter_add(rng, v, d, n):
+    op = tcc.compile(GATHERS).embedding
+    grad = tcc.grad(op)
+    scatters = [c for c in grad.te.computes if c.accumulate]
+    assert len(scatters) == 1 and "idx[n]" in format_op(grad.te)  # dE[idx[n], d] += ...: no sum over n per row
+    assert {ax.var.name for ax in scatters[0].axes} == {"n", "d"}
+    E, idx = rng.standard_normal((v, d)), _ints(rng, v, n)
+    dY = rng.standard_normal((n, d))
+    want = np.zeros((v, d))
+    np.add.at(want, idx, 2 * E[idx] * dY)
+    np.testing.assert_allclose(run_poisoned(grad, [E, idx, dY], {"V": v, "D": d, "N": n}, {})[0], want,
+                               rtol=1e-12, atol=1e-12)
+    _fd(op, [E, idx], {"V": v, "D": d, "N": n})
+
+
+@pytest.mark.parametrize("name,bindings,ints", [
+    ("pick", dict(N=7, C=33), {"lab": ("C", (7,))}),
+    ("pick", dict(N=1, C=1), {"lab": ("C", (1,))}),
+    ("bag", dict(V=7, D=3, N=33, K=2), {"idx": ("V", (33, 2))}),
+    ("bag", dict(V=1, D=1, N=1, K=1), {"idx": ("V", (1, 1))}),
+    ("shifted", dict(V=8, N=33), {"idx": (7, (33,))}),
+    ("segment_sum", dict(N=33, D=7, S=7), {"seg": ("S", (33,))}),
+    ("segment_sum", dict(N=1, D=1, S=1), {"seg": ("S", (1,))}),
+    ("scatter_sum", dict(N=7, K=3, S=5), {"pos": ("S", (7, 3))}),
+])
+def test_gathers_and_scatters_match_finite_differences(rng, name, bindings, ints):
+    """First and second order (the second differentiates the first's scatter-add: a gather)."""
+    op = tcc.compile(GATHERS)[name]
+    args = []
+    for p in op.te.inputs:
+        if p in ints:
+            high, shape = ints[p]
+            args.append(_ints(rng, bindings[high] if isinstance(high, str) else high, shape))
+        else:
+            shape = [bindings[str(d)] if str(d) in bindings else int(str(d)) for d in op.te.tensors[p].shape]
+            args.append(rng.standard_normal(shape))
+    _fd(op, args, bindings)
+
+
+@pytest.mark.parametrize("t,length,start", [(9, 4, 5), (7, 1, 0), (33, 33, 0), (1, 1, 0)])
+def test_window_at_a_runtime_offset(rng, t, length, start):
+    op = tcc.compile(GATHERS).window
+    X = rng.standard_normal((t, 3))
+    status, detail = check_op_gradients(op, {"T": t, "D": 3, "L": length}, seed=2, orders=2, torch_check=False,
+                                        args=[X, start])
+    assert status == "ok", detail
+
+
+def test_gathers_match_torch_autograd(rng):
+    """Embedding, label pick and a window at a runtime offset, in f32, against PyTorch's autograd."""
+    torch = pytest.importorskip("torch")
+    lib = tcc.compile(GATHERS.replace("f64", "f32"))
+    E, X = rng.standard_normal((7, 33)).astype(np.float32), rng.standard_normal((33, 7)).astype(np.float32)
+    idx, lab = _ints(rng, 7, 33), _ints(rng, 7, 33)
+    cases = [(lib.embedding, [E, idx], {}, lambda e, i: e[i] * e[i]),
+             (lib.pick, [X, lab], {}, lambda x, i: torch.exp(x[torch.arange(33), i]) + x[:, 0]),
+             (lib.window, [X, 3], {"L": 7}, lambda x, s: torch.sin(x[s:s + 7]))]
+    for op, args, cparams, fn in cases:
+        leaf = torch.tensor(args[0], requires_grad=True)
+        out = fn(leaf, torch.tensor(args[1]) if isinstance(args[1], np.ndarray) else args[1])
+        dy = rng.standard_normal(tuple(out.shape)).astype(np.float32)
+        out.backward(torch.tensor(dy))
+        got = tcc.grad(op)(*args, dy, **cparams)
+        np.testing.assert_allclose(got, leaf.grad.numpy(), rtol=1e-5, atol=1e-5, err_msg=op.name)
