@@ -11,6 +11,7 @@ import pytest
 from fuzz.grad_check import check_op_gradients, run_poisoned
 
 import tcc
+from tcc.ir.expr import Reduce, free_vars, walk
 from tcc.ir.te import format_op
 
 GATHERS = """
@@ -118,3 +119,82 @@ def test_gathers_match_torch_autograd(rng):
         out.backward(torch.tensor(dy))
         got = tcc.grad(op)(*args, dy, **cparams)
         np.testing.assert_allclose(got, leaf.grad.numpy(), rtol=1e-5, atol=1e-5, err_msg=op.name)
+
+
+SCANS = """
+op cumsum(X: f64[B, L]) -> Y: f64[B, L] {
+    Y[b, i] = sum[j: i + 1](X[b, j])
+}
+op exclusive(X: f64[L]) -> Y: f64[L] {
+    Y[i] = X[i] * sum[j: i](exp(X[j]))
+}
+op ahead(W: f64[L], X: f64[L + 2]) -> Y: f64[L] {
+    Y[i] = W[i] * sum[j: i + 3](sin(X[j]))
+}
+op cumprod(X: f64[L]) -> Y: f64[L] {
+    Y[i] = prod[j: i + 1](X[j])
+}
+op linear_recurrence(A: f64[T, D], X: f64[T, D]) -> H: f64[T, D] {
+    H[t, d] = select(t == 0, X[t, d], A[t, d] * H[t - 1, d] + X[t, d])
+}
+op rnn(W: f64[D], X: f64[T, D]) -> H: f64[T, D] {
+    H[t, d] = select(t < 2, tanh(X[t, d]), tanh(W[d] * H[t - 1, d] + X[t, d] * H[t - 2, d]))
+}
+op smoothed(X: f64[T], a: f64[1]) -> Y: f64[T] {
+    S: f64[T]
+    S[t] = select(t == 0, X[t], a[0] * S[t - 1] + (1.0 - a[0]) * X[t])
+    Y[t] = S[t] * S[t]
+}
+"""
+
+
+def _normal_args(op, bindings: dict, rng) -> list:
+    from tcc.testing import specialize_inputs
+
+    shapes = specialize_inputs(op.te, {**op.te.cparams, **bindings})
+    return [rng.standard_normal(shapes[p]) for p in op.te.params]
+
+
+@pytest.mark.parametrize("name,bindings", [
+    ("cumsum", dict(B=3, L=7)), ("cumsum", dict(B=1, L=1)), ("cumsum", dict(B=2, L=33)),
+    ("exclusive", dict(L=1)), ("exclusive", dict(L=7)), ("ahead", dict(L=1)), ("ahead", dict(L=33)),
+    ("cumprod", dict(L=7)), ("linear_recurrence", dict(T=1, D=3)), ("linear_recurrence", dict(T=33, D=7)),
+    ("rnn", dict(T=7, D=3)), ("rnn", dict(T=1, D=1)), ("smoothed", dict(T=33)),
+])
+def test_scans_and_recurrences_match_finite_differences(rng, name, bindings):
+    """First and second order (the second differentiates the first's reversed scan or recurrence)."""
+    op = tcc.compile(SCANS)[name]
+    _fd(op, _normal_args(op, bindings, rng), bindings)
+
+
+@pytest.mark.parametrize("name,bindings", [("cumsum", dict(B=2, L=33)), ("exclusive", dict(L=7)),
+                                           ("ahead", dict(L=7)), ("linear_recurrence", dict(T=33, D=3))])
+def test_gradients_of_scans_are_linear(name, bindings):
+    """Every reduction of the gradient op whose extent moves is a prefix that the scan rewrite turns
+    into a recurrence (no triangular loop is left), and the recurrences run backwards via a reversed axis."""
+    grad = tcc.grad(tcc.compile(SCANS)[name])
+    te = grad.lowered({**grad.te.cparams, **bindings}).te
+    for c in te.computes:
+        for r in (n for n in walk(c.body) if isinstance(n, Reduce)):
+            assert not any(free_vars(ax.extent) for ax in r.axes), format_op(te)
+    assert any(c.sequential for c in te.computes)
+
+
+def test_scans_match_torch_autograd(rng):
+    torch = pytest.importorskip("torch")
+    lib = tcc.compile(SCANS.replace("f64", "f32"))
+    X, A = rng.standard_normal((33, 7)).astype(np.float32), rng.uniform(-1, 1, (33, 7)).astype(np.float32)
+    x = torch.tensor(X, requires_grad=True)
+    y = torch.cumsum(x, 1)
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    y.backward(torch.tensor(dy))
+    np.testing.assert_allclose(tcc.grad(lib.cumsum)(X, dy), x.grad.numpy(), rtol=1e-5, atol=1e-5)
+    a, x = torch.tensor(A, requires_grad=True), torch.tensor(X, requires_grad=True)
+    h, hs = x[0], [x[0]]
+    for t in range(1, 33):
+        h = a[t] * h + x[t]
+        hs.append(h)
+    torch.stack(hs).backward(torch.tensor(dy))
+    da, dx = tcc.grad(lib.linear_recurrence)(A, X, dy)
+    np.testing.assert_allclose(da, a.grad.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dx, x.grad.numpy(), rtol=1e-4, atol=1e-4)

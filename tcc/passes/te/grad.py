@@ -29,11 +29,12 @@ from dataclasses import dataclass, fields, replace
 
 from tcc import dtypes
 from tcc.errors import TccArgumentError, TccCompileError
-from tcc.ir.expr import Binary, Cast, Const, Expr, IterVar, Read, Reduce, Var, const, free_vars, walk
+from tcc.ir.expr import Binary, Cast, Const, Expr, IterVar, Read, Reduce, Select, Var, const, free_vars, walk
 from tcc.ir.te import Compute, OpTE, Pad, Tensor, verify_op
 from tcc.passes.simplify import simplify
 from tcc.passes.te.grad_expr import fadd, fdiv, fmul, fselect, num, partials
 from tcc.passes.te.grad_index import Adjoint, Emitter, clamp, gather, iadd, isub
+from tcc.passes.te.grad_scan import prefix_of, prefix_partials, recurrence_partials
 from tcc.passes.te.grad_tidy import tidy_op
 
 PIECE = 24  # the most nodes a float subexpression keeps inline in the normalised forward
@@ -78,21 +79,15 @@ def _check_wrt(op: OpTE, wrt: Sequence[str] | None) -> list[str]:
 
 
 def _check_differentiable(op: OpTE) -> None:
-    """Recurrences and reductions whose extent moves with an outer index have no adjoint rule yet:
-    refused, naming the statement, rather than given a wrong gradient."""
+    """A recurrence's reads of itself must be outside reductions: the normalisation moves each
+    reduction into an intermediate computed before the statement, which would read the tensor
+    before its recurrence runs."""
     for c in op.computes:
-        if c.sequential:
-            raise TccCompileError(f"{c.tensor} is a recurrence (it reads itself along {c.sequential[0]}): "
-                                  "tcc.grad cannot differentiate recurrences yet", c.span,
-                                  "differentiate the op without it, or write its adjoint by hand "
-                                  "(a linear recurrence's adjoint is the same recurrence run backwards)")
-        axes = {ax.var.name for ax in c.axes}
-        for r in (n for n in walk(c.body) if isinstance(n, Reduce)):
-            moving = [ax.var.name for ax in r.axes if free_vars(ax.extent) & axes]
-            if moving:
-                raise TccCompileError(f"the extent of {moving[0]} in {c.tensor}'s statement depends on an outer "
-                                      "index: tcc.grad cannot differentiate such reductions yet", r.span or c.span,
-                                      "differentiate the op without it")
+        for r in (n for n in walk(c.body) if isinstance(n, Reduce)) if c.sequential else ():
+            if any(isinstance(n, Read) and n.tensor == c.tensor for n in walk(r)):
+                raise TccCompileError(f"{c.tensor} is a recurrence that reads itself inside a reduction: tcc.grad "
+                                      "cannot differentiate that", r.span or c.span,
+                                      f"read {c.tensor} outside the reduction")
 
 
 class _Derivation:
@@ -106,7 +101,8 @@ class _Derivation:
         self.contribs: dict[str, list[Expr]] = {}
         self.scatters: dict[str, list[Scatter]] = {}
         self.targets: tuple[Var, ...] = ()
-        self.emit = Emitter(self.fresh, self._add_temp, self._add_pad)
+        self.emit = Emitter(self.fresh, self._add_temp, self._add_pad,
+                            static=frozenset(op.symbols) | frozenset(op.cparams))
 
     def fresh(self, base: str) -> str:
         name, n = base, 0
@@ -197,8 +193,15 @@ class _Derivation:
         t = self.tensors[c.tensor]
         axes = tuple(ax.var for ax in c.axes)
         scope = {ax.var.name: ax.extent for ax in c.axes}
+        adjoint = Adjoint(adj, t.dtype, tuple(v.name for v in axes), t.shape)
         upstream = Read(adj, c.target_indices(), t.dtype)  # for a +=: the adjoint gathered from where it adds
-        if c.accumulate:
+        prefix = prefix_of(c)
+        if c.sequential:
+            total, parts = recurrence_partials(c, adj, self.emit, partials)
+            adjoint = replace(adjoint, name=total)
+        elif prefix is not None:
+            scope, parts, adjoint = prefix_partials(c, prefix, adjoint, self.emit, partials)
+        elif c.accumulate:
             parts = partials(c.body, upstream)
         elif isinstance(c.body, Reduce):
             scope.update({ax.var.name: ax.extent for ax in c.body.axes})
@@ -206,7 +209,6 @@ class _Derivation:
             parts = partials(c.body.body, fmul(upstream, weight))
         else:
             parts = partials(c.body, upstream, Read(c.tensor, axes, t.dtype))
-        adjoint = Adjoint(adj, t.dtype, tuple(v.name for v in axes), t.shape)
         for read, value in parts:
             target, indices = self._through_pads(read)
             if target not in active:
@@ -218,8 +220,13 @@ class _Derivation:
                 continue
             if indices != read.indices:  # through a pad: the positions that fall in its border add nothing
                 value = fselect(_inside(indices, shape), value, num(0))
-                indices = tuple(clamp(i, d) for i, d in zip(indices, shape))
+            # the read may be in bounds only under a select (whose value is then 0 elsewhere), which a +=
+            # does not see: positions that read no data are clamped, those that do are checked at the call
+            indices = tuple(i if self._reads_data(i) else clamp(i, d) for i, d in zip(indices, shape))
             self._add_scatter(target, Scatter(indices, value, dict(scope)))
+
+    def _reads_data(self, index: Expr) -> bool:
+        return any(isinstance(n, Read) or (isinstance(n, Var) and n.name in self.op.scalars) for n in walk(index))
 
     def _add_scatter(self, target: str, new: Scatter) -> None:
         """Scatters to the same positions over the same points add their values first (one ``+=``)."""
@@ -264,21 +271,34 @@ class _Derivation:
             return replace(e, body=self._lift(e.body, scope + list(e.axes), owner, root=True))
         return self._lift(e, scope, owner, root=True)
 
-    def _lift(self, e: Expr, scope: list[IterVar], owner: str, root: bool = False) -> Expr:
+    def _lift(self, e: Expr, scope: list[IterVar], owner: str, root: bool = False, conds: Guards = ()) -> Expr:
+        """``conds``: the select conditions (and which way each went) around ``e``. A hoisted value
+        keeps them, so that its reads stay where they are proved in bounds (``select(t > 0, ..H[t - 1]..)``)."""
         if isinstance(e, Reduce):
-            return self._intermediate(e, self._hoist(e, scope, owner), scope, owner, e.op)
-        kids = {id(k): self._lift(k, scope, owner) for k in e.children()}
+            hoisted = self._hoist(e, scope, owner)
+            hoisted = replace(hoisted, body=_guarded(hoisted.body, conds))
+            return self._intermediate(hoisted, hoisted, scope, owner, e.op)
+        if isinstance(e, Select):
+            kids = {id(e.cond): self._lift(e.cond, scope, owner, conds=conds),
+                    id(e.a): self._lift(e.a, scope, owner, conds=(*conds, (e.cond, True))),
+                    id(e.b): self._lift(e.b, scope, owner, conds=(*conds, (e.cond, False)))}
+        else:
+            kids = {id(k): self._lift(k, scope, owner, conds=conds) for k in e.children()}
         if not all(kids[id(k)] is k for k in e.children()):
             e = _rebuild(e, kids)
         if not root and e.dtype.is_float and not isinstance(e, (Read, Const)) and _size(e) > PIECE \
-                and not any(free_vars(ax.extent) & {a.var.name for a in scope} for ax in scope):
-            return self._intermediate(e, e, scope, owner, "t")
+                and not any(free_vars(ax.extent) & {a.var.name for a in scope} for ax in scope) \
+                and not any(isinstance(n, Read) and n.tensor == owner for n in walk(e)):  # a recurrence's own read
+            guarded = _guarded(e, conds)
+            return self._intermediate(guarded, guarded, scope, owner, "t")
         return e
 
     def _intermediate(self, e: Expr, body: Expr, scope: list[IterVar], owner: str, kind: str) -> Read:
         """A read of a new forward intermediate that holds ``body`` (``e`` hoisted) over the index
         variables of ``scope`` that ``e`` uses."""
         used = free_vars(e) - ({ax.var.name for ax in e.axes} if isinstance(e, Reduce) else set())
+        if isinstance(e, Reduce):  # a prefix's extent names the statement's index (sum[j: i + 1])
+            used |= {v for ax in e.axes for v in free_vars(ax.extent)}
         axes = [ax for ax in scope if ax.var.name in used]
         indices: tuple[Expr, ...] = tuple(ax.var for ax in axes)
         if not axes:  # a rank-0 value: one element
@@ -291,9 +311,9 @@ class _Derivation:
 
     # ------------------------------------------------------------ output
     def _add_temp(self, name: str, dtype, shape: tuple[Expr, ...], axes: tuple[IterVar, ...], body: Expr,
-                  kind: str = "temp") -> None:
+                  kind: str = "temp", sequential: tuple[str, ...] = ()) -> None:
         self.tensors[name] = Tensor(name, dtype, shape, kind)
-        self.backward.append(Compute(name, axes, body))
+        self.backward.append(Compute(name, axes, body, sequential=sequential))
 
     def _add_pad(self, name: str, source: str, lo: tuple[Expr, ...], hi: tuple[Expr, ...]) -> None:
         src = self.tensors[source]
@@ -371,6 +391,17 @@ def _ranges_inferable(target: str, lhs: tuple[Expr, ...], value: Expr, scope: di
             if isinstance(i, Var) and i.name in scope:
                 found.setdefault(i.name, set()).add(simplify(tensors[tensor].shape[dim]))
     return all(found.get(v) == {simplify(e)} for v, e in scope.items())
+
+
+Guards = tuple[tuple[Expr, bool], ...]
+
+
+def _guarded(e: Expr, conds: Guards) -> Expr:
+    """``e`` where every condition of ``conds`` goes its way, else 0."""
+    zero = num(0) if e.dtype.is_float else Const(0, e.dtype)
+    for cond, taken in reversed(conds):
+        e = Select(cond, e, zero, e.dtype) if taken else Select(cond, zero, e, e.dtype)
+    return e
 
 
 def _size(e: Expr) -> int:
