@@ -198,3 +198,131 @@ def test_scans_match_torch_autograd(rng):
     da, dx = tcc.grad(lib.linear_recurrence)(A, X, dy)
     np.testing.assert_allclose(da, a.grad.numpy(), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(dx, x.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+TRAIN = """
+op embed(E: f32[V, D], idx: i64[N]) -> Y: f32[N, D] {
+    Y[n, d] = E[idx[n], d]
+}
+op xent(X: f32[N, C], lab: i64[N]) -> L: f32[N] {
+    m[n] = max[c](X[n, c])
+    L[n] = log(sum[c](exp(X[n, c] - m[n]))) + m[n] - X[n, lab[n]]
+}
+op decay(a: f32[D], X: f32[T, D]) -> H: f32[T, D] {
+    H[t, d] = select(t == 0, X[t, d], a[d] * H[t - 1, d] + X[t, d])
+}
+"""
+
+
+def test_embedding_and_label_pick_train_like_torch(rng):
+    """A few SGD steps of embedding -> linear -> cross-entropy (a label pick), tcc ops through
+    tcc.torch against torch's own embedding and cross_entropy: the same losses."""
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    ops = tcc.torch.library(TRAIN, namespace="grad_data_train")
+    idx, lab = torch.tensor(_ints(rng, 11, 33)), torch.tensor(_ints(rng, 5, 33))
+    E0, W0 = rng.standard_normal((11, 7)).astype(np.float32), rng.standard_normal((7, 5)).astype(np.float32)
+    losses = []
+    for use_tcc in (True, False):
+        E, W = torch.tensor(E0, requires_grad=True), torch.tensor(W0, requires_grad=True)
+        run = []
+        for _ in range(4):
+            if use_tcc:
+                loss = ops.xent(ops.embed(E, idx) @ W, lab).mean()
+            else:
+                loss = F.cross_entropy(F.embedding(idx, E) @ W, lab)
+            E.grad = W.grad = None
+            loss.backward()
+            with torch.no_grad():
+                E -= 0.5 * E.grad
+                W -= 0.5 * W.grad
+            run.append(float(loss.detach()))
+        losses.append(run)
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
+    assert losses[0][-1] < losses[0][0]
+
+
+def test_linear_recurrence_trains_like_torch(rng):
+    torch = pytest.importorskip("torch")
+    ops = tcc.torch.library(TRAIN, namespace="grad_data_train_rec")
+    X = torch.tensor(rng.standard_normal((33, 7)).astype(np.float32))
+    target = torch.tensor(rng.standard_normal((33, 7)).astype(np.float32))
+    a0 = rng.uniform(-0.5, 0.5, 7).astype(np.float32)
+
+    def torch_decay(a, x):
+        h, hs = x[0], [x[0]]
+        for t in range(1, x.shape[0]):
+            h = a * h + x[t]
+            hs.append(h)
+        return torch.stack(hs)
+
+    losses = []
+    for fn in (ops.decay, torch_decay):
+        a = torch.tensor(a0, requires_grad=True)
+        run = []
+        for _ in range(4):
+            loss = ((fn(a, X) - target) ** 2).mean()
+            a.grad = None
+            loss.backward()
+            with torch.no_grad():
+                a -= 0.05 * a.grad
+            run.append(float(loss.detach()))
+        losses.append(run)
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
+    assert losses[0][-1] < losses[0][0]
+
+
+RANDOM = """
+op dropout(X: f64[N, D], p: f64, seed: i64) -> Y: f64[N, D] {
+    Y[n, d] = select(rand(seed, n, d) < p, 0.0, X[n, d] / (1.0 - p))
+}
+op noisy(X: f64[N]) -> Y: f64[N] {
+    Y[n] = X[n] * X[n] + 0.1 * f64(randn(7, n))
+}
+"""
+
+
+@pytest.mark.parametrize("n,d", [(1, 1), (7, 33), (33, 7)])
+def test_random_numbers_are_constants(rng, n, d):
+    """dropout's gradient drops the same elements (the same ``rand`` values) and scales the rest;
+    ``randn`` added to a value adds nothing to its gradient."""
+    lib = tcc.compile(RANDOM)
+    X, dY = rng.standard_normal((n, d)), rng.standard_normal((n, d))
+    kept = lib.dropout(np.ones((n, d)), 0.3, 1234) != 0
+    got = run_poisoned(tcc.grad(lib.dropout), [X, 0.3, 1234, dY], {"N": n, "D": d}, {})[0]
+    np.testing.assert_array_equal(got, np.where(kept, dY / 0.7, 0.0))
+    assert n * d < 30 or 0.5 < kept.mean() < 0.9
+    _fd(lib.dropout, [X, 0.3, 1234], {"N": n, "D": d})
+    _fd(lib.noisy, [X[:, 0]], {"N": n})
+
+
+GENERIC = """
+op rmsnorm[T: float](X: T[N, D], g: T[D]) -> Y: T[N, D] {
+    r[n] = rsqrt(sum[d](f32(X[n, d]) * f32(X[n, d])) / D + 1e-6)
+    Y[n, d] = T(f32(X[n, d]) * r[n] * f32(g[d]))
+}
+op gated[T: float](X: T[N], g: T[N]) -> Y: T[N] {
+    Y[n] = X[n] * sigmoid(g[n]) * T(2.0)
+}
+"""
+
+
+def test_dtype_parameters_differentiate_per_binding(rng):
+    """tcc.grad of a generic op is generic: each binding (read from the arguments) derives its own
+    gradient op, in its dtype; f32 against PyTorch, f16 against f32."""
+    torch = pytest.importorskip("torch")
+    op = tcc.compile(GENERIC).rmsnorm
+    grad = tcc.grad(op)
+    X, g = rng.standard_normal((7, 33)).astype(np.float32), rng.standard_normal(33).astype(np.float32)
+    dY = rng.standard_normal((7, 33)).astype(np.float32)
+    x, w = torch.tensor(X, requires_grad=True), torch.tensor(g, requires_grad=True)
+    (x * torch.rsqrt((x * x).mean(1, keepdim=True) + 1e-6) * w).backward(torch.tensor(dY))
+    dX, dg = grad(X, g, dY)
+    assert dX.dtype == np.float32
+    np.testing.assert_allclose(dX, x.grad.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dg, w.grad.numpy(), rtol=1e-4, atol=1e-4)
+    half = grad(X.astype(np.float16), g.astype(np.float16), dY.astype(np.float16))
+    assert half[0].dtype == np.float16 and grad.bound(T="f16").te.tensors["dX"].dtype.name == "f16"
+    np.testing.assert_allclose(half[0].astype(np.float32), dX, rtol=2e-2, atol=2e-2 * np.abs(dX).max())
+    gated = tcc.compile(GENERIC).gated.bound(T="f64")  # (rmsnorm computes in f32: too coarse for differences)
+    _fd(gated, [X[0].astype(np.float64), g.astype(np.float64)], {"N": 33})
