@@ -131,10 +131,13 @@ def test_scatter_loops_stay_serial_under_the_primitives():
         vectorize(loops, "n", 8)
 
 
-def test_grad_of_a_scatter_is_refused_with_the_statement():
-    with pytest.raises(tcc.TccError, match=r"dE\[\.\.\.\] \+= \.\.\. \(an accumulation\)") as info:
-        tcc.grad(tcc.compile(SCATTERS).embedding_grad)
-    assert "dE[idx[n], d] += dY[n, d]" in str(info.value)
+def test_grad_of_a_scatter_is_a_gather(rng):
+    """(More in tests/test_grad_data.py.) The gradient of ``dE[idx[n], d] += dY[n, d]`` reads the
+    adjoint where each point added: ``ddY[n, d] = ddE[idx[n], d]``."""
+    grad = tcc.grad(tcc.compile(SCATTERS).embedding_grad)
+    dY, idx, ddE = rng.standard_normal((33, 7)).astype(np.float32), rng.integers(0, 5, 33), \
+        rng.standard_normal((5, 7)).astype(np.float32)
+    np.testing.assert_array_equal(grad(dY, idx, ddE, V=5, out=np.full((33, 7), np.nan, np.float32)), ddE[idx])
 
 
 def test_a_contraction_added_into_a_same_named_intermediate(rng):

@@ -96,20 +96,26 @@ def refine(cond: Expr, ranges: Ranges, holds: bool) -> Ranges:
         isolated = _isolate(side, ranges)
         bound = interval(other, ranges)
         if isolated is not None and bound is not None:
-            name, offset = isolated
-            return _narrow(ranges, name, relation, (bound[0] - offset, bound[1] - offset))
+            name, offset, sign = isolated
+            if sign > 0:
+                return _narrow(ranges, name, relation, (bound[0] - offset, bound[1] - offset))
+            return _narrow(ranges, name, _FLIPPED[relation], (offset - bound[1], offset - bound[0]))
     return ranges
 
 
-def _isolate(e: Expr, ranges: Ranges) -> tuple[str, int] | None:
-    """``(v, c)`` when ``e`` is ``v + c`` (or ``v``, ``c + v``, ``v - c``) of an index variable."""
+def _isolate(e: Expr, ranges: Ranges) -> tuple[str, int, int] | None:
+    """``(v, c, s)`` when ``e`` is ``s*v + c`` with ``s`` 1 or -1 (``v``, ``v + c``, ``c + v``,
+    ``v - c``, ``c - v``: the last from reversed reads, as a gradient of a recurrence makes) of an
+    index variable."""
     if isinstance(e, Var) and e.name in ranges:
-        return e.name, 0
+        return e.name, 0, 1
     if isinstance(e, Binary) and e.op in ("add", "sub"):
         for var, const, sign in ((e.a, e.b, 1 if e.op == "add" else -1), (e.b, e.a, 1)):
             if isinstance(var, Var) and var.name in ranges and isinstance(const, Const) \
-                    and not const.dtype.is_float and (e.op == "add" or var is e.a):
-                return var.name, sign * int(const.value)
+                    and not const.dtype.is_float:
+                if e.op == "add" or var is e.a:
+                    return var.name, sign * int(const.value), 1
+                return var.name, int(const.value), -1  # c - v
     return None
 
 
