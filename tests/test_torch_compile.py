@@ -4,64 +4,22 @@ operators tcc does not take run in PyTorch with the model still right, and ``exp
 """
 
 import copy
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
+from torch_paths import eager_path  # noqa: E402, F401  (the fixture "path")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+from torch_compile_models import CNN, GPT, MLP  # noqa: E402
+
 import tcc.torch  # noqa: E402  (registers backend="tcc")
 from tcc.interop import torch_compile  # noqa: E402
-
-
-class MLP(nn.Module):
-    def __init__(self, d_in=7, hidden=33, d_out=5):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(d_in, hidden), nn.GELU(), nn.Linear(hidden, hidden), nn.Tanh(),
-                                 nn.Linear(hidden, d_out))
-
-    def forward(self, x):
-        return torch.log_softmax(self.net(x), dim=-1)
-
-
-class CNN(nn.Module):
-    def __init__(self, classes=7):
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
-        self.conv2 = nn.Conv2d(8, 16, 3, stride=2, padding=1, bias=False)
-        self.head = nn.Linear(16, classes)
-
-    def forward(self, x):
-        x = torch.relu(self.conv1(x))
-        x = torch.sigmoid(self.conv2(x)) * x[:, :1, ::2, ::2]
-        return self.head(x.mean(dim=(2, 3)))
-
-
-class GPTBlock(nn.Module):
-    """A GPT-2-style block: token and position embeddings, pre-norm causal self-attention and a
-    GELU MLP with residuals, a final norm and the tied output projection."""
-
-    def __init__(self, vocab=37, d=16, heads=2, context=9):
-        super().__init__()
-        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(context, d)
-        self.ln1, self.ln2, self.ln_f = nn.LayerNorm(d), nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-        self.heads = heads
-        self.register_buffer("mask", torch.tril(torch.ones(context, context, dtype=torch.bool)))
-
-    def forward(self, ids):
-        b, t = ids.shape
-        x = self.tok(ids) + self.pos(torch.arange(t))
-        d = x.shape[-1]
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
-        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) / (d // self.heads) ** 0.5
-        att = att.masked_fill(~self.mask[:t, :t], float("-inf")).softmax(dim=-1)
-        x = x + self.proj((att @ v).transpose(1, 2).reshape(b, t, d))
-        x = x + self.out(nn.functional.gelu(self.fc(self.ln2(x)), approximate="tanh"))
-        return self.ln_f(x) @ self.tok.weight.t()
 
 
 def compiled(model):
@@ -112,8 +70,8 @@ def test_cnn_infers_and_trains_as_eager():
 def test_gpt_block_infers_and_trains_as_eager():
     torch.manual_seed(3)
     ids = torch.randint(0, 37, (2, 7))
-    check_inference(GPTBlock(), ids)
-    check_training(GPTBlock().train(), ids, atol=2e-5)
+    check_inference(GPT(), ids)
+    check_training(GPT().train(), ids, atol=2e-5)
 
 
 def test_backward_runs_in_tcc():
@@ -159,7 +117,7 @@ def test_unsupported_operator_falls_back_listed_once():
 
 def test_explain_lists_every_operator_in_tcc():
     torch.manual_seed(6)
-    report = tcc.torch.explain(GPTBlock(), torch.randint(0, 37, (1, 9)))
+    report = tcc.torch.explain(GPT(), torch.randint(0, 37, (1, 9)))
     assert not report.eager and report.partitions == 1
     assert {"embedding.default", "native_layer_norm.default", "_softmax.default", "bmm.default"} <= set(report.tcc)
 
@@ -188,5 +146,31 @@ def test_new_shape_recompiles():
 def test_cuda_tensors_infer_and_train_as_eager():
     torch.manual_seed(9)
     ids = torch.randint(0, 37, (2, 7), device="cuda")
-    check_inference(GPTBlock().cuda(), ids, atol=1e-4)
+    check_inference(GPT().cuda(), ids, atol=1e-4)
     check_training(MLP().cuda(), torch.randn(5, 7, device="cuda"), atol=1e-4)
+
+
+SUM_OF_SQUARES = """
+op sq(X: f32[N]) -> L: f32[] {
+    L[] = sum[i](X[i] * X[i])
+}
+"""
+
+
+@pytest.mark.parametrize("backend", [None, "eager", "aot_eager", "tcc"])
+def test_zero_d_result_of_a_tcc_torch_op(path, backend):
+    """A tcc.torch op with a 0-d result (a scalar loss): repeat eager calls with and without a
+    graph (the second call takes the eager path's learnt signature) and under torch.compile."""
+    op = tcc.torch.op(tcc.compile(SUM_OF_SQUARES).sq, namespace=f"zero_d_{path}_{backend}")
+    torch.manual_seed(10)
+    fn = (lambda x: op(x) * 2.0) if backend is None else torch.compile(lambda x: op(x) * 2.0, backend=backend)
+    torch._dynamo.reset()
+    for n in (7, 7, 1, 33, 33):
+        x = torch.randn(n, requires_grad=True)
+        y = fn(x)
+        assert y.shape == ()
+        torch.testing.assert_close(y, 2.0 * (x * x).sum())
+        y.backward()
+        torch.testing.assert_close(x.grad, 4.0 * x.detach())
+        with torch.no_grad():
+            torch.testing.assert_close(fn(x), 2.0 * (x * x).sum())

@@ -36,6 +36,7 @@ from torch.fx.passes.operator_support import OperatorSupport
 from tcc.errors import TccError
 from tcc.interop.graph import Program
 from tcc.interop.graph_model import GraphModel
+from tcc.interop.torch import is_registered
 from tcc.interop.torch_aten import (
     Lowering,
     Unsupported,
@@ -87,7 +88,8 @@ def _trial(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, str]:
                 env[node] = _stand_in(t.p, node)
             continue
         if not supported(node):
-            refused[node] = f"{operator_name(node)} has no tcc lowering" if node.op == "call_function" else node.op
+            refused[node] = "a tcc.torch op: its own compiled kernel" if is_registered(node.target) else \
+                f"{operator_name(node)} has no tcc lowering" if node.op == "call_function" else node.op
             env[node] = _stand_in(t.p, node)
             continue
         try:
@@ -185,7 +187,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Ca
         if record is not None:
             record.eager[name] += 1
             record.reasons.setdefault(name, why)
-        if name not in _WARNED:
+        if name not in _WARNED and not is_registered(node.target):
             _WARNED.add(name)
             warnings.warn(f"tcc.torch: {name} runs in PyTorch ({why})", stacklevel=2)
     partitioner = CapabilityBasedPartitioner(gm, _Accepted(refused), allows_single_node_partition=True)
