@@ -479,7 +479,8 @@ class _Direct:
             outs = []
             default = _default_dtype()
             for slot, shape, dtype in self.results:  # sizes as arguments, dtype only if needed: parsed fastest
-                r = _empty(*shape) if dtype is default else _empty(*shape, dtype=dtype)
+                sizes = shape or ((),)  # a 0-d result: torch.empty(()) (torch.empty() is refused)
+                r = _empty(*sizes) if dtype is default else _empty(*sizes, dtype=dtype)
                 ptrs[slot] = r.data_ptr()
                 outs.append(r)
             status = plan.kernel.fn(address)
@@ -540,6 +541,11 @@ def library(source: str | os.PathLike | Library, namespace: str = "tcc", **optio
 def native_status() -> str:
     """Which eager path serves repeat calls (CPU and CUDA): "native" (the C++ one) or "python (why)"."""
     return torch_native.status()
+
+
+def is_registered(target: Any) -> bool:
+    """Whether ``target`` (an operator overload of an FX graph) is a tcc op registered here."""
+    return getattr(target, "namespace", None) in _LIBRARIES
 
 
 def _defined(namespace: str, name: str) -> bool:

@@ -1,10 +1,14 @@
-"""The tcc program an ONNX graph becomes: values, names and statements.
+"""The graph engine's program: the tcc op a graph of tensor operators becomes.
 
-The importer walks the graph's nodes in order and writes one tcc ``op``: graph inputs and
-weights are its parameters, every computing node a statement (an intermediate the fusion pass
-may inline), and shape-only nodes (Transpose, Reshape, Slice, ...) *views*: functions from an
-output index to a read of their source, so they cost nothing at run time. Values known at
-import (initializers, Constant, Shape) stay NumPy arrays until a statement reads them.
+Both front doors (``tcc.onnx``, ``torch.compile(backend="tcc")``) speak the engine's operator
+vocabulary, ONNX's operator set: a front door walks its graph in order and calls, for each of its
+operators, the handler (``onnx_ops``, ``onnx_nn``, ``onnx_shapes``, ...) of the equivalent ONNX
+operator with a :class:`Node` (attributes as Python values). The handlers write one tcc ``op``:
+graph inputs and weights are its parameters, every computing node a statement (an intermediate
+the fusion pass may inline), and shape-only nodes (Transpose, Reshape, Slice, ...) *views*:
+functions from an output index to a read of their source, so they cost nothing at run time.
+Values known at import (initializers, Constant, Shape) stay NumPy arrays until a statement reads
+them. ``graph_model.GraphModel`` compiles and runs the result.
 
 Nothing here imports ``onnx``: the handlers see nodes through ``Node``.
 """
@@ -32,7 +36,9 @@ NUMPY_DTYPES = {"f16": np.float16, "f32": np.float32, "f64": np.float64, "i8": n
 
 
 class OnnxImportError(TccError):
-    """A model tcc cannot import: an operator, attribute or element type it does not have."""
+    """A graph tcc cannot import: an operator, attribute or element type it does not have (its
+    name is the ONNX front door's, where users catch it; the torch front door leaves such a node
+    to PyTorch)."""
 
     kind = "onnx import error"
 
@@ -47,7 +53,8 @@ class NeedsValue(OnnxImportError):
 
 @dataclass
 class Node:
-    """One ONNX node as the handlers see it: attributes already decoded to Python values."""
+    """One operator as the handlers see it (an ONNX node, or an ATen call mapped onto one):
+    ``op_type`` the ONNX operator, attributes already decoded to Python values."""
 
     op_type: str
     name: str

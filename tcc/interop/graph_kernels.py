@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from tcc.interop.onnx_graph import Program, Statement
+from tcc.interop.graph import Program, Statement
 from tcc.ir.te import OpTE
 from tcc.passes.te.partition import partition
 
