@@ -33,6 +33,7 @@ from tcc.interop import onnx_kernels as kernels
 from tcc.interop import onnx_math as math_ops
 from tcc.interop import onnx_nn as nn
 from tcc.interop import onnx_ops as ops
+from tcc.interop import onnx_scatter as scatter
 from tcc.interop import onnx_shapes as shapes
 from tcc.interop.onnx_build import Workers
 from tcc.interop.onnx_graph import NUMPY_DTYPES, NeedsValue, Node, OnnxImportError, Program, Value
@@ -60,6 +61,7 @@ HANDLERS: dict[str, Handler] = {
     "Unsqueeze": shapes.unsqueeze, "Squeeze": shapes.squeeze, "Slice": shapes.slice_, "Split": shapes.split,
     "Gather": index.gather, "GatherElements": index.gather_elements, "GatherND": index.gather_nd,
     "CumSum": index.cumsum, "Concat": shapes.concat,
+    "ScatterElements": scatter.scatter_elements, "Scatter": scatter.scatter_elements, "ScatterND": scatter.scatter_nd,
     "MatMul": nn.matmul, "Gemm": nn.gemm, "Conv": nn.conv, "ConvTranspose": nn.conv_transpose,
     "MaxPool": nn.max_pool, "AveragePool": nn.average_pool, "GlobalAveragePool": nn.global_average_pool,
     "BatchNormalization": nn.batch_norm, "LayerNormalization": nn.layer_norm,
