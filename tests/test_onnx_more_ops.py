@@ -59,3 +59,34 @@ def test_rotary_position_out_of_range_is_an_index_error(rng):
     feeds["ids"][0, 3] = 11
     with pytest.raises(TccIndexError):
         compiled(**feeds)
+
+
+@pytest.mark.parametrize("equation,shapes", [
+    ("bij,bjk->bik", [[3, 7, 5], [3, 5, 33]]),
+    ("...ij,...jk->...ik", [[2, 3, 7, 5], [2, 3, 5, 4]]),
+    ("ii->i", [[7, 7]]), ("bii->b", [[3, 5, 5]]),  # diagonals
+    ("ij,kj", [[7, 5], [3, 5]]),  # implicit output: ik
+    ("i,i->", [[1000], [1000]]), ("bhsd->bshd", [[2, 3, 7, 5]]),
+])
+def test_einsum(rng, equation, shapes):
+    names = [f"x{n}" for n in range(len(shapes))]
+    expected = np.einsum(equation, *[np.zeros(s, np.float32) for s in shapes]).shape
+    node = helper.make_node("Einsum", names, ["y"], equation=equation)
+    model = make_model([node], [(n, F32, s) for n, s in zip(names, shapes)], [("y", F32, list(expected))], opset=18)
+    check_against_ort(model, rng, rtol=1e-4, atol=1e-4)
+
+
+def test_einsum_of_integers(rng):
+    node = helper.make_node("Einsum", ["a", "b"], ["y"], equation="ij,jk->ik")
+    model = make_model([node], [("a", I64, [3, 7]), ("b", I64, [7, 5])], [("y", I64, [3, 5])], opset=18)
+    check_against_ort(model, rng)
+
+
+def test_einsum_ellipsis_broadcasts_as_numpy_does(rng):
+    """onnxruntime refuses ellipses of different sizes; ONNX (and NumPy) broadcast them."""
+    import tcc
+
+    node = helper.make_node("Einsum", ["a", "b"], ["y"], equation="...ij,...jk->...ik")
+    model = make_model([node], [("a", F32, [2, 1, 7, 5]), ("b", F32, [3, 5, 4])], [("y", F32, [2, 3, 7, 4])], opset=18)
+    a, b = rng.standard_normal([2, 1, 7, 5]).astype(np.float32), rng.standard_normal([3, 5, 4]).astype(np.float32)
+    np.testing.assert_allclose(tcc.onnx.load(model)(a, b), np.einsum("...ij,...jk->...ik", a, b), rtol=1e-5, atol=1e-5)

@@ -29,6 +29,7 @@ from tcc.compiler import Library, Op, check_options
 from tcc.compiler import compile as tcc_compile
 from tcc.errors import TccArgumentError
 from tcc.interop import onnx_attention as attention
+from tcc.interop import onnx_einsum as einsum
 from tcc.interop import onnx_index as index
 from tcc.interop import onnx_kernels as kernels
 from tcc.interop import onnx_math as math_ops
@@ -75,7 +76,7 @@ HANDLERS: dict[str, Handler] = {
     **{name: math_ops.activation for name in math_ops.ACTIVATIONS}, "PRelu": math_ops.prelu,
     "Expand": shapes.expand, "Tile": shapes.tile, "Pad": shapes.pad, "Range": shapes.range_,
     "Trilu": shapes.trilu,
-    "RMSNormalization": attention.rms_norm, "RotaryEmbedding": attention.rotary_embedding,
+    "Einsum": einsum.einsum, "RMSNormalization": attention.rms_norm, "RotaryEmbedding": attention.rotary_embedding,
 }
 
 
