@@ -69,7 +69,7 @@ def test_mod(rng, elem, fmod):
 
 
 @pytest.mark.parametrize("op", ["Sign", "Reciprocal", "Round", "HardSigmoid", "HardSwish", "Softplus", "Softsign",
-                                "Mish", "Elu", "Celu", "Selu", "ThresholdedRelu"])
+                                "Mish", "Elu", "Celu", "Selu", "ThresholdedRelu", "Sin", "Cos", "Floor", "Ceil"])
 def test_elementwise(rng, op):
     feeds = feeds_for(rng, [X])
     if op == "Round":  # halves, which round to even
@@ -113,6 +113,14 @@ def test_integer_and_bool_reductions(rng):
 def test_arg_extremes(rng, op, attrs):
     inputs = [("x", I64, [5, 9])]  # small integers: ties, so the first/last index matters
     run(one_node(op, inputs, I64, **attrs), rng, inputs)
+
+
+def test_expand_to_a_shape_computed_by_where(rng):
+    """The exporters' -1 replacement (Where(Equal(shape, -1), ones, shape)) folds at import."""
+    nodes = [helper.make_node("Equal", ["s", "m"], ["e"]), helper.make_node("Where", ["e", "one", "s"], ["t"]),
+             helper.make_node("Expand", ["x", "t"], ["y"])]
+    inits = {"s": np.array([4, -1, 7], np.int64), "m": np.array(-1, np.int64), "one": np.array([1, 1, 1], np.int64)}
+    run(make_model(nodes, [("x", F32, [1, 3, 1])], [("y", F32, [4, 3, 7])], inits), rng, [("x", F32, [1, 3, 1])])
 
 
 def test_expand_and_tile(rng):

@@ -22,10 +22,13 @@ from typing import Any
 import numpy as np
 
 from tcc.errors import TccArgumentError
+from tcc.interop import onnx_attention as attention
+from tcc.interop import onnx_einsum as einsum
 from tcc.interop import onnx_index as index
 from tcc.interop import onnx_math as math_ops
 from tcc.interop import onnx_nn as nn
 from tcc.interop import onnx_ops as ops
+from tcc.interop import onnx_scatter as scatter
 from tcc.interop import onnx_shapes as shapes
 from tcc.interop.graph import NUMPY_DTYPES, NeedsValue, Node, OnnxImportError, Program, Value
 from tcc.interop.graph_model import GraphModel
@@ -48,6 +51,7 @@ HANDLERS: dict[str, Handler] = {
     "Unsqueeze": shapes.unsqueeze, "Squeeze": shapes.squeeze, "Slice": shapes.slice_, "Split": shapes.split,
     "Gather": index.gather, "GatherElements": index.gather_elements, "GatherND": index.gather_nd,
     "CumSum": index.cumsum, "Concat": shapes.concat,
+    "ScatterElements": scatter.scatter_elements, "Scatter": scatter.scatter_elements, "ScatterND": scatter.scatter_nd,
     "MatMul": nn.matmul, "Gemm": nn.gemm, "Conv": nn.conv, "ConvTranspose": nn.conv_transpose,
     "MaxPool": nn.max_pool, "AveragePool": nn.average_pool, "GlobalAveragePool": nn.global_average_pool,
     "BatchNormalization": nn.batch_norm, "LayerNormalization": nn.layer_norm,
@@ -60,6 +64,7 @@ HANDLERS: dict[str, Handler] = {
     **{name: math_ops.activation for name in math_ops.ACTIVATIONS}, "PRelu": math_ops.prelu,
     "Expand": shapes.expand, "Tile": shapes.tile, "Pad": shapes.pad, "Range": shapes.range_,
     "Trilu": shapes.trilu,
+    "Einsum": einsum.einsum, "RMSNormalization": attention.rms_norm, "RotaryEmbedding": attention.rotary_embedding,
 }
 
 

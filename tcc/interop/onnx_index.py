@@ -41,17 +41,17 @@ def _checked_at_call(p: Program, indices: Value) -> bool:
     return indices.const is None
 
 
-def _position(p: Program, node: Node, indices: Value, idx: Sequence[Ex], n: int) -> Ex:
+def position(p: Program, node: Node, indices: Value, idx: Sequence[Ex], n: int) -> Ex:
     """Where an index read at ``idx`` points along an axis of size ``n`` (negative: from the end)."""
     if indices.const is not None:
         flat = indices.const.reshape(-1)
         if flat.size and (flat.min() < -n or flat.max() >= n):
             raise node.error(f"indices out of range for an axis of size {n}")
     i = indices.read(idx)
-    position = select(i.lt(0), i + n, i)
+    at = select(i.lt(0), i + n, i)
     if _checked_at_call(p, indices):
-        return position
-    return call("min", call("max", position, 0), n - 1)
+        return at
+    return call("min", call("max", at, 0), n - 1)
 
 
 def gather(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
@@ -79,7 +79,7 @@ def gather(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
         raise node.error(f"Gather from an empty axis {axis}")
 
     def read(idx: Sequence[Ex]) -> Ex:
-        return x.read([*idx[:axis], _position(p, node, indices, idx[axis:axis + k], n), *idx[axis + k:]])
+        return x.read([*idx[:axis], position(p, node, indices, idx[axis:axis + k], n), *idx[axis + k:]])
 
     return [view(x, shape, read)]
 
@@ -94,7 +94,7 @@ def gather_elements(p: Program, node: Node, args: list[Value | None]) -> list[Va
         raise node.error(f"GatherElements from an empty axis {axis}")
 
     def read(idx: Sequence[Ex]) -> Ex:
-        return x.read([_position(p, node, indices, idx, n) if d == axis else i for d, i in enumerate(idx)])
+        return x.read([position(p, node, indices, idx, n) if d == axis else i for d, i in enumerate(idx)])
 
     return [view(x, indices.shape, read)]
 
@@ -110,18 +110,18 @@ def gather_nd(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
 
     def read(idx: Sequence[Ex]) -> Ex:
         batch, inner, rest = idx[:b], idx[b:b + len(middle)], idx[b + len(middle):]
-        picked = [_position(p, node, _component(indices, c), [*batch, *inner], x.shape[b + c])
+        picked = [position(p, node, component(indices, c), [*batch, *inner], x.shape[b + c])
                   for c in range(q)]
         return x.read([*batch, *picked, *rest])
 
     return [view(x, shape, read)]
 
 
-def _component(indices: Value, c: int) -> Value:
+def component(indices: Value, c: int) -> Value:
     """Component ``c`` of the index tuples (the last dim of GatherND's indices)."""
-    component = view(indices, indices.shape[:-1], lambda idx: indices.read([*idx, num(c)]))
-    component.const = indices.const[..., c] if indices.const is not None else None
-    return component
+    part = view(indices, indices.shape[:-1], lambda idx: indices.read([*idx, num(c)]))
+    part.const = indices.const[..., c] if indices.const is not None else None
+    return part
 
 
 def cumsum(p: Program, node: Node, args: list[Value | None]) -> list[Value]:

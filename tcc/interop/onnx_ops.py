@@ -99,6 +99,10 @@ UNARY: dict[str, tuple[Callable[[Ex, str], Ex], Callable]] = {
     "Erf": (lambda x, t: call("erf", x), None),
     "Sigmoid": (lambda x, t: call("sigmoid", x), None),
     "Tanh": (lambda x, t: call("tanh", x), np.tanh),
+    "Sin": (lambda x, t: call("sin", x), np.sin),
+    "Cos": (lambda x, t: call("cos", x), np.cos),
+    "Floor": (lambda x, t: call("floor", x), np.floor),
+    "Ceil": (lambda x, t: call("ceil", x), np.ceil),
     "Relu": (lambda x, t: call("max", x, zero(t)), lambda a: np.maximum(a, 0).astype(a.dtype)),
 }
 
@@ -157,6 +161,8 @@ def variadic_sum(p: Program, node: Node, args: list[Value | None]) -> list[Value
 
 def where(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
     c, a, b = args
+    if small_known([c, a, b]):  # shape arithmetic: exporters replace -1 in a target shape so
+        return [p.constant(np.where(c.const, a.const, b.const), a.dtype, node.outputs[0])]
     return [elementwise(p, node, [c, a, b], a.dtype, select)]
 
 

@@ -332,13 +332,21 @@ def _fill_literal(value, dtype: str) -> Ex | None:
 
 
 def range_(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
+    """``start + i * delta``: an index expression, no stored array. Its scalar inputs decide
+    its length, so they are needed at import (``constants=``, or the call's values through the
+    backend); the values stay known too, for the shape arithmetic that reads them."""
     start, limit, delta = (const_of(node, a, what).reshape(-1)[0]
                            for a, what in zip(args, ("start", "limit", "delta")))
     if delta == 0:
         raise node.error("Range with delta 0")
     count = max(int(np.ceil((limit - start) / delta)), 0)
-    values = start + np.arange(count) * delta
-    return [p.constant(values.astype(args[0].const.dtype), args[0].dtype, node.outputs[0])]
+    dtype = args[0].dtype
+    values = (start + np.arange(count) * delta).astype(args[0].const.dtype)
+    if count <= 1 or not is_float(dtype) and dtype != "i64":
+        return [p.constant(values, dtype, node.outputs[0])]
+    first, step = _fill_literal(start, dtype) or num(0), _fill_literal(delta, dtype)
+    counter = (lambda i: call(dtype, i)) if is_float(dtype) else (lambda i: i)
+    return [Value((count,), dtype, lambda idx: first + counter(idx[0]) * step, const=values)]
 
 
 def trilu(p: Program, node: Node, args: list[Value | None]) -> list[Value]:

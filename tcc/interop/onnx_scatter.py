@@ -1,0 +1,202 @@
+"""ONNX ScatterElements and ScatterND as the language's accumulating statements.
+
+A scatter writes ``updates`` into a copy of ``data`` at positions read from ``indices``. The
+language adds into a tensor at a data position (``Y[I[j, k], k] += U[j, k]``), so:
+
+- ``reduction="add"``: the copy, then one ``+=`` of the updates;
+- ``reduction="none"``: a ``+=`` of each update's own number (plus one) into a zeroed ``i64``
+  tensor ``W`` over the positions, then ``Y = select(W > 0, U[unravel(W - 1)], data)``. Exact for
+  every dtype (bool included), where adding the updates into zeros would turn ``-0.0`` into 0;
+  ONNX leaves duplicate positions undefined here, and they read one update's neighbour;
+- ``mul``, ``max``, ``min``: the language has no multiplying or maximising ``+=``, so a count of
+  hits (a ``+=``) gates a reduction over the updates that land on each position. That
+  reduction is masked (its work grows as positions times updates along the scattered axes):
+  these reductions are rare in exported models.
+
+Indices given at the call are checked by it (a ``TccIndexError`` before anything is written),
+as Gather's are; constant indices at import; computed ones are clamped into the axis.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from tcc.frontend.unparse import Ex, access, all_of, call, num, reduction, select, unparse, var
+from tcc.interop.onnx_graph import Node, Program, Value
+from tcc.interop.onnx_index import component, position
+from tcc.interop.onnx_ops import cast_to, is_float, norm_axis
+
+COMBINE: dict[str, Callable[[Ex, Ex], Ex]] = {
+    "mul": lambda a, b: a * b, "max": lambda a, b: call("max", a, b), "min": lambda a, b: call("min", a, b)}
+REDUCER = {"mul": "prod", "max": "max", "min": "min"}
+
+
+def _reduction(node: Node, dtype: str) -> str:
+    kind = node.attrs.get("reduction", "none")
+    if kind not in ("none", "add", *COMBINE):
+        raise node.error(f"reduction={kind!r} is not an ONNX scatter reduction")
+    if kind != "none" and dtype == "bool":
+        raise node.error(f"reduction={kind!r} on bool data", hint="Cast the data to a number first")
+    return kind
+
+
+def _identity(kind: str, dtype: str) -> Ex:
+    """What a masked-out update contributes to the ``mul``/``max``/``min`` reduction."""
+    if kind == "mul":
+        return num(1.0) if is_float(dtype) else num(1)
+    if is_float(dtype):
+        return num(float("-inf") if kind == "max" else float("inf"))
+    info = np.iinfo(np.dtype(dtype.replace("i", "int")))
+    return num(int(info.min if kind == "max" else info.max))
+
+
+def _add_into(p: Program, target: Value, lhs: Sequence[Ex], rhs: Ex) -> None:
+    """Append ``target[lhs] += rhs`` to the statement that defines ``target``: one statement
+    for the kernel split, which cuts the program at statements."""
+    statement = next(s for s in p.statements if s.name == target.tensor)
+    statement.text += f"\n    {unparse(access(target.tensor, lhs).node)} += {unparse(rhs.node)}"
+
+
+def _flat(idx: Sequence[Ex], shape: Sequence[int]) -> Ex:
+    """The row-major number of the position ``idx`` in ``shape``."""
+    total: Ex = num(0)
+    for i, n in zip(idx, shape):
+        total = total * n + i
+    return total
+
+
+def _unravel(number: Ex, shape: Sequence[int]) -> list[Ex]:
+    """The position of a row-major number in ``shape``, each index clamped into its dim (the
+    number is read from data: the select that uses it computes both its sides)."""
+    idx = []
+    for d, n in enumerate(shape):
+        stride = math.prod(shape[d + 1:])
+        i = number // stride if stride > 1 else number
+        idx.append(call("min", call("max", i % n if d else i, 0), n - 1))
+    return idx
+
+
+def _clamped(idx: Sequence[Ex], box: Sequence[int], shape: Sequence[int]) -> tuple[list[Ex], Ex | None]:
+    """``idx`` (over ``shape``) clamped into ``box``, and the condition that it was inside (None:
+    the box is the whole shape)."""
+    inside = [i.lt(b) for i, b, n in zip(idx, box, shape) if b < n]
+    clamped = [call("min", i, b - 1) if b < n else i for i, b, n in zip(idx, box, shape)]
+    return clamped, (all_of(inside) if inside else None)
+
+
+def _updates(p: Program, node: Node, updates: Value, shape: Sequence[int], data: Value) -> Value:
+    """The updates as a tensor (its plain reads give the ``+=`` its index ranges)."""
+    if tuple(updates.shape) != tuple(shape):
+        raise node.error(f"updates have shape {list(updates.shape)}, expected {list(shape)}")
+    if updates.dtype != data.dtype:
+        raise node.error(f"updates are {updates.dtype}, data {data.dtype}")
+    return p.tensor_value(p.materialize(updates, node.outputs[0] + "_updates"), updates.shape, updates.dtype)
+
+
+def _finish(p: Program, node: Node, x: Value, kind: str, box: Sequence[int], lead: int, positions: Value | None,
+            scattered: Callable[[list[Ex]], Ex]) -> Value:
+    """``Y = select(hit, scattered, data)`` for none/mul/max/min, or ``data + A`` for add, where
+    ``positions`` (over the first ``lead`` dims, within ``box``) counts or numbers the hits."""
+    def body(idx: list[Ex]) -> Ex:
+        at, inside = _clamped(idx, box, x.shape)
+        hit = positions.read(at[:lead]).gt(0)
+        cond = hit if inside is None else inside.and_(hit)
+        return select(cond, scattered(idx), x.read(idx))
+
+    return p.emit(node.outputs[0], x.shape, x.dtype, body)
+
+
+def scatter_elements(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
+    x, indices, updates = args[0], args[1], args[2]
+    axis = norm_axis(node, node.attrs.get("axis", 0), x.rank)
+    kind = _reduction(node, x.dtype)
+    if indices.rank != x.rank or any(a > b for d, (a, b) in enumerate(zip(indices.shape, x.shape)) if d != axis):
+        raise node.error(f"indices {list(indices.shape)} do not fit data {list(x.shape)} along axis {axis}")
+    u = _updates(p, node, updates, indices.shape, x)
+    n = x.shape[axis]
+    box = [n if d == axis else s for d, s in enumerate(indices.shape)]
+
+    def lhs(idx: list[Ex]) -> list[Ex]:
+        return [position(p, node, indices, idx, n) if d == axis else i for d, i in enumerate(idx)]
+
+    if kind == "add" and tuple(box) == x.shape:
+        y = p.emit(node.outputs[0], x.shape, x.dtype, x.read)
+        j = p.index_names(x.rank)
+        _add_into(p, y, lhs(j), u.read(j))
+        return [y]
+    if kind == "add":
+        total = p.emit(node.outputs[0] + "_added", box, x.dtype, lambda idx: num(0.0) if is_float(x.dtype) else num(0))
+        j = p.index_names(x.rank)
+        _add_into(p, total, lhs(j), u.read(j))
+
+        def added(idx: list[Ex]) -> Ex:
+            at, inside = _clamped(idx, box, x.shape)
+            return select(inside, x.read(idx) + total.read(at), x.read(idx))
+
+        return [p.emit(node.outputs[0], x.shape, x.dtype, added)]
+    hits = p.emit(node.outputs[0] + "_hits", box, "i64", lambda idx: num(0))
+    j = p.index_names(x.rank)
+    _add_into(p, hits, lhs(j), _flat(j, indices.shape) + 1 if kind == "none" else num(1))
+    if kind == "none":
+        def scattered(idx: list[Ex]) -> Ex:
+            at, _ = _clamped(idx, box, x.shape)
+            return u.read(_unravel(hits.read(at) - 1, indices.shape))
+    else:
+        def reduced(idx: list[Ex]) -> Ex:
+            along = list(idx)
+            along[axis] = var("k0")
+            picked = select(position(p, node, indices, along, n).eq(idx[axis]), u.read(along),
+                            _identity(kind, x.dtype))
+            total = reduction(REDUCER[kind], [("k0", indices.shape[axis])], picked)
+            return total if kind != "mul" or x.dtype in ("f32", "f64", "i64") else cast_to(total, x.dtype)
+
+        combined = p.emit(node.outputs[0] + "_" + kind, box, x.dtype, reduced)
+
+        def scattered(idx: list[Ex]) -> Ex:
+            at, _ = _clamped(idx, box, x.shape)
+            return COMBINE[kind](x.read(idx), combined.read(at))
+    return [_finish(p, node, x, kind, box, x.rank, hits, scattered)]
+
+
+def scatter_nd(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
+    x, indices, updates = args[0], args[1], args[2]
+    kind = _reduction(node, x.dtype)
+    q = indices.shape[-1] if indices.rank else 0
+    if indices.rank < 1 or not 1 <= q <= x.rank:
+        raise node.error(f"indices {list(indices.shape)} do not fit data {list(x.shape)}")
+    rows = tuple(indices.shape[:-1])
+    u = _updates(p, node, updates, (*rows, *x.shape[q:]), x)
+    components = [component(indices, c) for c in range(q)]
+
+    def lhs(row: list[Ex]) -> list[Ex]:
+        return [position(p, node, components[c], row, x.shape[c]) for c in range(q)]
+
+    if kind == "add":
+        y = p.emit(node.outputs[0], x.shape, x.dtype, x.read)
+        j = p.index_names(len(rows) + x.rank - q)
+        _add_into(p, y, [*lhs(j[:len(rows)]), *j[len(rows):]], u.read(j))
+        return [y]
+    hits = p.emit(node.outputs[0] + "_hits", x.shape[:q], "i64", lambda idx: num(0))
+    j = p.index_names(len(rows))
+    _add_into(p, hits, lhs(j), _flat(j, rows) + 1 if kind == "none" else num(1))
+    if kind == "none":
+        def scattered(idx: list[Ex]) -> Ex:
+            return u.read([*_unravel(hits.read(idx[:q]) - 1, rows), *idx[q:]])
+    else:
+        def reduced(idx: list[Ex]) -> Ex:
+            row = [var(f"k{d}") for d in range(len(rows))]
+            match = all_of([position(p, node, components[c], row, x.shape[c]).eq(idx[c]) for c in range(q)])
+            picked = select(match, u.read([*row, *idx[q:]]), _identity(kind, x.dtype))
+            if not rows:
+                return picked
+            total = reduction(REDUCER[kind], [(f"k{d}", s) for d, s in enumerate(rows)], picked)
+            return total if kind != "mul" or x.dtype in ("f32", "f64", "i64") else cast_to(total, x.dtype)
+
+        combined = p.emit(node.outputs[0] + "_" + kind, x.shape, x.dtype, reduced)
+
+        def scattered(idx: list[Ex]) -> Ex:
+            return COMBINE[kind](x.read(idx), combined.read(idx))
+    return [_finish(p, node, x, kind, x.shape, q, hits, scattered)]

@@ -1,0 +1,92 @@
+"""ONNX operators of transformers and detection heads beyond the basic set: RMSNormalization and
+RotaryEmbedding (opset 23), against onnxruntime on random inputs at odd sizes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_onnx import check_against_ort, make_model
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+from onnx import TensorProto, helper  # noqa: E402
+
+F32, I64 = TensorProto.FLOAT, TensorProto.INT64
+
+
+@pytest.mark.parametrize("axis,shape", [(-1, [3, 7, 33]), (1, [2, 5, 7]), (0, [1, 1000])])
+def test_rms_normalization(rng, axis, shape):
+    scale = rng.standard_normal(shape[axis % len(shape):]).astype(np.float32)
+    node = helper.make_node("RMSNormalization", ["x", "s"], ["y"], axis=axis, epsilon=1e-3)
+    model = make_model([node], [("x", F32, shape)], [("y", F32, shape)], {"s": scale}, opset=23)
+    check_against_ort(model, rng, rtol=1e-4, atol=1e-5)
+
+
+def _rotary_inputs(rng, x_shape, batch, seq, half, with_ids):
+    feeds = {"x": rng.standard_normal(x_shape).astype(np.float32)}
+    positions = 11 if with_ids else None
+    cache_shape = [positions, half] if with_ids else [batch, seq, half]
+    angles = rng.standard_normal(cache_shape).astype(np.float32)
+    feeds["cos"], feeds["sin"] = np.cos(angles), np.sin(angles)
+    if with_ids:
+        feeds["ids"] = rng.integers(0, positions, [batch, seq]).astype(np.int64)
+    return feeds
+
+
+@pytest.mark.parametrize("interleaved", [0, 1])
+@pytest.mark.parametrize("rank,rotary,with_ids", [(4, 0, True), (4, 6, False), (3, 0, False), (3, 4, True)])
+def test_rotary_embedding(rng, interleaved, rank, rotary, with_ids):
+    batch, heads, seq, head = 2, 3, 7, 10
+    x_shape = [batch, heads, seq, head] if rank == 4 else [batch, seq, heads * head]
+    half = (rotary or head) // 2
+    feeds = _rotary_inputs(rng, x_shape, batch, seq, half, with_ids)
+    names = ["x", "cos", "sin", *(["ids"] if with_ids else [])]
+    attrs = {"interleaved": interleaved, "rotary_embedding_dim": rotary, **({"num_heads": heads} if rank == 3 else {})}
+    node = helper.make_node("RotaryEmbedding", names, ["y"], **attrs)
+    inputs = [(n, I64 if n == "ids" else F32, list(feeds[n].shape)) for n in names]
+    model = make_model([node], inputs, [("y", F32, x_shape)], opset=23)
+    check_against_ort(model, rng, feeds=feeds, rtol=1e-5, atol=1e-5)
+
+
+def test_rotary_position_out_of_range_is_an_index_error(rng):
+    import tcc
+    from tcc.errors import TccIndexError
+
+    feeds = _rotary_inputs(rng, [1, 2, 5, 4], 1, 5, 2, True)
+    node = helper.make_node("RotaryEmbedding", ["x", "cos", "sin", "ids"], ["y"])
+    inputs = [(n, I64 if n == "ids" else F32, list(feeds[n].shape)) for n in feeds]
+    compiled = tcc.onnx.load(make_model([node], inputs, [("y", F32, [1, 2, 5, 4])], opset=23))
+    feeds["ids"][0, 3] = 11
+    with pytest.raises(TccIndexError):
+        compiled(**feeds)
+
+
+@pytest.mark.parametrize("equation,shapes", [
+    ("bij,bjk->bik", [[3, 7, 5], [3, 5, 33]]),
+    ("...ij,...jk->...ik", [[2, 3, 7, 5], [2, 3, 5, 4]]),
+    ("ii->i", [[7, 7]]), ("bii->b", [[3, 5, 5]]),  # diagonals
+    ("ij,kj", [[7, 5], [3, 5]]),  # implicit output: ik
+    ("i,i->", [[1000], [1000]]), ("bhsd->bshd", [[2, 3, 7, 5]]),
+])
+def test_einsum(rng, equation, shapes):
+    names = [f"x{n}" for n in range(len(shapes))]
+    expected = np.einsum(equation, *[np.zeros(s, np.float32) for s in shapes]).shape
+    node = helper.make_node("Einsum", names, ["y"], equation=equation)
+    model = make_model([node], [(n, F32, s) for n, s in zip(names, shapes)], [("y", F32, list(expected))], opset=18)
+    check_against_ort(model, rng, rtol=1e-4, atol=1e-4)
+
+
+def test_einsum_of_integers(rng):
+    node = helper.make_node("Einsum", ["a", "b"], ["y"], equation="ij,jk->ik")
+    model = make_model([node], [("a", I64, [3, 7]), ("b", I64, [7, 5])], [("y", I64, [3, 5])], opset=18)
+    check_against_ort(model, rng)
+
+
+def test_einsum_ellipsis_broadcasts_as_numpy_does(rng):
+    """onnxruntime refuses ellipses of different sizes; ONNX (and NumPy) broadcast them."""
+    import tcc
+
+    node = helper.make_node("Einsum", ["a", "b"], ["y"], equation="...ij,...jk->...ik")
+    model = make_model([node], [("a", F32, [2, 1, 7, 5]), ("b", F32, [3, 5, 4])], [("y", F32, [2, 3, 7, 4])], opset=18)
+    a, b = rng.standard_normal([2, 1, 7, 5]).astype(np.float32), rng.standard_normal([3, 5, 4]).astype(np.float32)
+    np.testing.assert_allclose(tcc.onnx.load(model)(a, b), np.einsum("...ij,...jk->...ik", a, b), rtol=1e-5, atol=1e-5)
