@@ -13,7 +13,7 @@ import pytest
 
 import tcc
 from tcc.ir.expr import Load, walk
-from tcc.ir.loops import Allocate, walk_stmts, stmt_exprs
+from tcc.ir.loops import Allocate, stmt_exprs, walk_stmts
 
 pytest.importorskip("cuda.bindings.nvrtc")
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
