@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 
 from tcc.frontend.unparse import Ex, call, num, select
-from tcc.interop.onnx_graph import Node, Program, Value, broadcast_read, float_literal
+from tcc.interop.graph import Node, Program, Value, broadcast_read, float_literal
 from tcc.interop.onnx_index import position
 from tcc.interop.onnx_ops import is_float, norm_axis, reduce_over
 from tcc.interop.onnx_shapes import reshape_view

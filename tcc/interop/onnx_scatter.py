@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from tcc.frontend.unparse import Ex, access, all_of, call, num, reduction, select, unparse, var
-from tcc.interop.onnx_graph import Node, Program, Value
+from tcc.interop.graph import Node, Program, Value
 from tcc.interop.onnx_index import component, position
 from tcc.interop.onnx_ops import cast_to, is_float, norm_axis
 
