@@ -53,6 +53,7 @@ from tcc.ir.loops import (
     walk_stmts,
 )
 from tcc.passes.autoschedule_cuda import (
+    epilogue,
     gemm,
     hoist_rows,
     implicit_conv,
@@ -111,7 +112,7 @@ def schedule_cuda(func: LoopFunc, target: CudaTarget, tuning: CudaTuning = CudaT
     body = _sink_private(body, private)
     names = _Names(func)
     shapes = {name: buf.shape for name, buf in func.buffers().items()}
-    nests = _nests(body)
+    nests = epilogue.fuse(_nests(body), temps)  # element-wise consumers of a reduction join its final store
     kernels: list[Stmt] = []
     kinds: list[str] = []
     buffers = func.buffers()
