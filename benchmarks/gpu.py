@@ -39,6 +39,9 @@ op gemm(A: f32[M, K], B: f32[K, N]) -> C: f32[M, N] {
 op hgemm(A: f16[M, K], B: f16[K, N]) -> C: f32[M, N] {
     C[i, j] = sum[k](f32(A[i, k]) * f32(B[k, j]))
 }
+op hgemm16(A: f16[M, K], B: f16[K, N]) -> C: f16[M, N] {
+    C[i, j] = f16(sum[k](f32(A[i, k]) * f32(B[k, j])))
+}
 op bgemm(A: bf16[M, K], B: bf16[K, N]) -> C: f32[M, N] {
     C[i, j] = sum[k](f32(A[i, k]) * f32(B[k, j]))
 }
@@ -157,6 +160,10 @@ def _rows(lib: tcc.Library, lib_tf32: tcc.Library, only: list[str]) -> list[Row]
             rows.append(Row(f"f16 GEMM {n} (f32 acc/out)", lambda a=a, b=b: lib.hgemm(a, b),
                             lambda a=a, b=b: torch.mm(a, b, out_dtype=torch.float32), 2 * n**3, 8 * n**2,
                             arith="f16"))
+        if want(f"f16 GEMM {n} f16 out"):
+            a, b = torch.randn(n, n, device=dev).half(), torch.randn(n, n, device=dev).half()
+            rows.append(Row(f"f16 GEMM {n} f16 out", lambda a=a, b=b: lib.hgemm16(a, b),
+                            lambda a=a, b=b: torch.mm(a, b), 2 * n**3, 6 * n**2, arith="f16"))
         if want(f"bf16 GEMM {n}"):
             a, b = torch.randn(n, n, device=dev).bfloat16(), torch.randn(n, n, device=dev).bfloat16()
             rows.append(Row(f"bf16 GEMM {n} (f32 acc/out)", lambda a=a, b=b: lib.bgemm(a, b),
