@@ -20,5 +20,5 @@ def grad(op: Op, wrt: Sequence[str] | str | None = None, name: str | None = None
     in that order. It is derived from ``op``'s TE (``tcc.passes.te.grad``), printed as source and
     compiled for ``op``'s target and options; ``grad_op.lower(..., stage=S)`` shows any stage."""
     source = grad_source(op, wrt, name)
-    library = compile(source, target=op.target, **op._library_options)
+    library = compile(source, target=op.target, **op.library_options)
     return library[name or f"{op.name}_grad"]
