@@ -76,6 +76,12 @@ _SIGNATURES: dict[str, list[Any]] = {
 
 
 @functools.cache
+def launch_kernel_address() -> int:
+    """The address of the driver's ``cuLaunchKernel``, for launchers outside Python (C++)."""
+    return int(ctypes.cast(libcuda().cuLaunchKernel, ctypes.c_void_p).value or 0)
+
+
+@functools.cache
 def libcuda() -> Any:
     """The driver library, its functions typed; a clear error where no driver is installed."""
     try:
