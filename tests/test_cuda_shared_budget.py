@@ -1,7 +1,9 @@
-"""Schedules size their shared memory by the target (CudaTarget.shared_memory_per_block), not by a
-constant: given a smaller budget, the auto-scheduler's GEMM tiles, the user's cache(T, L, shared)
-and the CUDA C all keep to it, and the kernels still compute the right numbers (checked by the
-CPU simulator of scheduled CUDA loop IR, tests/gpu_sim.py)."""
+"""Schedules size their work by the target (CudaTarget.shared_memory_per_block, the registers a
+thread may use, max_threads_per_block), not by constants: given a smaller budget, the
+auto-scheduler's GEMM tiles (tensor-core ones too: smaller tiles, fewer slots, never the FMA
+GEMM where a tensor-core tile fits), the user's cache(T, L, shared) and bind, and the CUDA C all
+keep to it, and the kernels still compute the right numbers (checked by the CPU simulator of
+scheduled CUDA loop IR, tests/gpu_sim.py)."""
 
 import gpu_sim
 import numpy as np
