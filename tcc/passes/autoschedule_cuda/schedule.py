@@ -108,7 +108,7 @@ def schedule_cuda(func: LoopFunc, target: CudaTarget, tuning: CudaTuning = CudaT
     body = _sink_private(body, private)
     names = _Names(func)
     shapes = {name: buf.shape for name, buf in func.buffers().items()}
-    nests = _nests(body)
+    nests = top_level_nests(body)
     kernels: list[Stmt] = []
     kinds: list[str] = []
     buffers = func.buffers()
@@ -149,7 +149,7 @@ def _sink_private(body: Stmt, private: list[Buffer]) -> Stmt:
     """A function-level local buffer (a user's ``cache`` with no parallel loop to stop at) moves
     into the one nest that uses it, around the smallest statement holding every use: on the GPU
     each thread of a kernel has its own, so it cannot outlive a kernel."""
-    nests = _nests(body)
+    nests = top_level_nests(body)
     for buf in private:
         users = [i for i, n in enumerate(nests) if _uses(n, buf.name)]
         if len(users) > 1:
@@ -184,10 +184,6 @@ def _sink(s: Stmt, buf: Buffer) -> Stmt:
 
 def _uses_directly(s: Stmt, name: str) -> bool:
     return any(isinstance(n, Load) and n.buffer == name for e in stmt_exprs(s) for n in walk(e))
-
-
-def _nests(body: Stmt) -> list[Stmt]:
-    return top_level_nests(body)
 
 
 class _Names:
@@ -483,9 +479,6 @@ def _flat_kernel(nest: _Nest, names: _Names, cap: int) -> Stmt:
 
 # ---------------------------------------------------------------- row: one block per output element
 
-DYNAMIC_ALIGN = gemm.DYNAMIC_ALIGN
-
-
 def shared_bytes(kernels: Stmt) -> int:
     """The most shared memory one of ``kernels`` takes, counted as codegen places it when dynamic."""
     return max((gemm.shared_footprint([s.buffer for s in walk_stmts(kernel)
@@ -501,13 +494,13 @@ def _row_work(body: Stmt, shared_limit: int) -> int | None:
     and element-wise loops over per-row arrays.
     """
     longest = 0
-    shared = 0
+    shared: list[Buffer] = []  # the per-row arrays, which go to shared memory
     for s in _row_items(body):
         if isinstance(s, Allocate):
             if s.buffer.scope != "local":
                 return None
             if s.buffer.size > 1:
-                shared += -(-s.buffer.size * s.buffer.dtype.itemsize // DYNAMIC_ALIGN) * DYNAMIC_ALIGN
+                shared.append(s.buffer)
         elif isinstance(s, For):
             nest = _split_axes(s)
             if not nest.axes or (_reduction_loop(s) is None and len(_spatial_axes(s).axes) < len(nest.axes)):
@@ -517,7 +510,7 @@ def _row_work(body: Stmt, shared_limit: int) -> int | None:
             longest = max(longest, math.prod(nest.extents))
         elif not isinstance(s, Store):
             return None
-    return longest if longest and shared + DYNAMIC_ALIGN <= shared_limit else None
+    return longest if longest and gemm.shared_footprint(shared) <= shared_limit else None
 
 
 def _row_items(body: Stmt) -> list[Stmt]:
