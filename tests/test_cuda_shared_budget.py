@@ -180,3 +180,29 @@ def test_bind_keeps_to_the_targets_threads_per_block():
     tcc.compile(MATMUL, target="cuda").mm.schedule(steps).lower(a, b, stage="scheduled")
     with pytest.raises(TccScheduleError, match="more than the 128 threads"):
         tcc.compile(MATMUL, target=_part(max_threads_per_block=128)).mm.schedule(steps).lower(a, b, stage="scheduled")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("limit", [100 << 10, 48 << 10])
+@pytest.mark.parametrize("sizes", [(1000, 520, 1032), (129, 72, 200)])
+def test_smaller_tensor_core_tiles_on_the_device(limit, sizes, rng):
+    """On a GPU: the f16 GEMM scheduled for a part of ``limit`` bytes per block (3-slot wgmma at
+    100 KiB on sm_90, mma.sync at 48 KiB) compiles, launches and gives the reference's numbers."""
+    from dataclasses import replace
+
+    from tcc.testing import assert_matches, random_args, reference_results
+    try:
+        if not tcc.cuda.is_available():
+            pytest.skip("no CUDA GPU")
+    except tcc.TccError:
+        pytest.skip("no CUDA GPU")
+    from tcc.runtime import cuda as rt
+
+    target = replace(rt.machine(None, {}), shared_per_block_optin=limit, shared_per_block=min(limit, 48 << 10))
+    op = tcc.compile(HMM, target=target).hmm
+    case = dict(zip("MKN", sizes))
+    args = random_args(op.te, case, rng)
+    (expected,) = reference_results(op.te, args, case)
+    out = np.full((case["M"], case["N"]), np.nan, np.float32)
+    op(*args, out=out)
+    assert_matches(out, expected, op.te.tensors["C"].dtype)
