@@ -28,7 +28,7 @@ def grad(op: Op | GenericOp, wrt: Sequence[str] | str | None = None, name: str |
     if isinstance(op, GenericOp):
         return GenericGrad(op, wrt, name)
     source = grad_source(op, wrt, name)
-    library = compile(source, target=op.target, **op._library_options)
+    library = compile(source, target=op.target, **op.library_options)
     return library[name or f"{op.name}_grad"]
 
 

@@ -153,7 +153,7 @@ class _Program(torch.nn.Module):
                 for n, r in enumerate(results):
                     p.add_result(f"out{n}", env[r])
         self.device = device
-        self.model = GraphModel(p, "cuda" if device.type == "cuda" else "cpu", inputs,
+        self.model = GraphModel(p, device.type, inputs,  # torch names its devices as tcc its targets
                                 [f"out{n}" for n in range(len(p.results))], {})
         self.model.label = "tcc.torch"
 

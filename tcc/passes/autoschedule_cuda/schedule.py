@@ -112,13 +112,14 @@ def schedule_cuda(func: LoopFunc, target: CudaTarget, tuning: CudaTuning = CudaT
     body = _sink_private(body, private)
     names = _Names(func)
     shapes = {name: buf.shape for name, buf in func.buffers().items()}
-    nests = epilogue.fuse(_nests(body), temps)  # element-wise consumers of a reduction join its final store
+    nests = epilogue.fuse(top_level_nests(body), temps)  # element-wise consumers of a reduction join its final store
     kernels: list[Stmt] = []
     kinds: list[str] = []
     buffers = func.buffers()
     for i, nest in enumerate(nests):
         if scatter.accumulates(nest):
-            kernel, how = _scatter_nest(nest, names, buffers, tuning, bool(func.attrs.get(DETERMINISTIC)))
+            kernel, how = _scatter_nest(nest, names, buffers, _threads(tuning, target),
+                                        bool(func.attrs.get(DETERMINISTIC)))
         else:
             kernel, how = _schedule_nest(nest, names, shapes, temps, target, tuning, tf32)
         if kernel is not None:
@@ -152,7 +153,7 @@ def _sink_private(body: Stmt, private: list[Buffer]) -> Stmt:
     """A function-level local buffer (a user's ``cache`` with no parallel loop to stop at) moves
     into the one nest that uses it, around the smallest statement holding every use: on the GPU
     each thread of a kernel has its own, so it cannot outlive a kernel."""
-    nests = _nests(body)
+    nests = top_level_nests(body)
     for buf in private:
         users = [i for i, n in enumerate(nests) if _uses(n, buf.name)]
         if len(users) > 1:
@@ -187,10 +188,6 @@ def _sink(s: Stmt, buf: Buffer) -> Stmt:
 
 def _uses_directly(s: Stmt, name: str) -> bool:
     return any(isinstance(n, Load) and n.buffer == name for e in stmt_exprs(s) for n in walk(e))
-
-
-def _nests(body: Stmt) -> list[Stmt]:
-    return top_level_nests(body)
 
 
 class _Names:
@@ -276,36 +273,38 @@ def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]]
         stmt = hoisted
     if isinstance(stmt, For) and stmt.kind == "block.x":
         return stmt, "bound by the user"  # (checked by tcc.passes.loops.bind.check_kernels)
+    threads = _threads(tuning, target)
     if holds_sequential(stmt):  # a recurrence: threads over its independent axes, each walking the other
         nest = _spatial_axes(recurrence.sink_sequential(stmt))
         if (prefix := scan.match(nest.body)) is not None:  # an associative one along rows: a block scans each
             return scan.kernel(prefix, nest.axes, nest.extents, names.fresh, _decompose), "block scan"
-        return _flat_kernel(nest, names, 32 * tuning.warps), "recurrence"
+        return _flat_kernel(nest, names, threads), "recurrence"
     nest = _spatial_axes(stmt)
     total = math.prod(nest.extents)
     if total == 0:
         return None, "empty: no launch"
     contraction = gemm.match(nest.axes, nest.body)
-    if contraction is not None:
-        kernels, how = _contraction_kernels(contraction, nest, names, shapes, temps, target, tuning, tf32)
-        if shared_bytes(kernels) <= target.shared_memory_per_block:
-            return kernels, how
-        return gemm.Builder(contraction, names.fresh, _decompose, target.sms, None, tuning.stages,
-                            target.shared_memory_per_block).kernel(), "gemm"
+    if contraction is not None and (tiled := _contraction(contraction, nest, names, shapes, temps, target, tuning,
+                                                          tf32)) is not None:
+        return tiled
     reduction = split_reduction.match(nest.body)
     if reduction is not None:
-        split = split_reduction.schedule(nest.axes, nest.extents, reduction, target.sms, names.fresh, _decompose)
+        split = split_reduction.schedule(nest.axes, nest.extents, reduction, target, names.fresh, _decompose)
         if split is not None:
             temps.append(split[0])
             return split[1], "split reduction"
-    threads = 32 * tuning.warps
     work = _row_work(nest.body, target.shared_memory_per_block)
     if work is not None and work >= ROW_MIN_REDUCTION and work * ROW_RATIO >= total:
         return _row_schedule(nest, names, min(threads, MAX_ROW_THREADS), work, shapes), "row"
     return _flat_schedule(nest, names, threads), "flat"
 
 
-def _scatter_nest(stmt: Stmt, names: _Names, buffers: dict[str, Buffer], tuning: CudaTuning,
+def _threads(tuning: CudaTuning, target: CudaTarget) -> int:
+    """The threads of a flat or row kernel's block: the tuner's warps, as many as the target allows."""
+    return min(32 * tuning.warps, target.max_threads_per_block)
+
+
+def _scatter_nest(stmt: Stmt, names: _Names, buffers: dict[str, Buffer], threads: int,
                   deterministic: bool) -> tuple[Stmt | None, str]:
     """A ``+=`` nest: its iterations over threads, adding atomically, or one thread in a fixed
     order (see :mod:`.scatter`)."""
@@ -314,7 +313,24 @@ def _scatter_nest(stmt: Stmt, names: _Names, buffers: dict[str, Buffer], tuning:
         return None, "empty: no launch"
     if scatter.needs_serial(stmt, buffers, deterministic):
         return scatter.serial_kernel(stmt, names.fresh), "scatter in order"
-    return _flat_kernel(nest, names, 32 * tuning.warps), "scatter atomic"
+    return _flat_kernel(nest, names, threads), "scatter atomic"
+
+
+def _contraction(c: gemm.Contraction, nest: _Nest, names: _Names, shapes: dict[str, tuple[int, ...]], temps: list,
+                 target: CudaTarget, tuning: CudaTuning, tf32: bool) -> tuple[Stmt, str] | None:
+    """A contraction's tiled kernels within the target's budgets: the fastest kind that fits
+    (:func:`_contraction_kernels`), else the FMA GEMM in the largest tile that fits, else None
+    (the flat schedule then gives each thread an output: no shared memory)."""
+    made = len(temps)
+    try:
+        kernels, how = _contraction_kernels(c, nest, names, shapes, temps, target, tuning, tf32)
+        if shared_bytes(kernels) <= target.shared_memory_per_block:
+            return kernels, how
+    except gemm.OverBudget:
+        pass
+    del temps[made:]  # the intermediates of kernels not used
+    fma = gemm.fitting(gemm.Builder, c, names.fresh, _decompose, target, None, tuning.stages)
+    return None if fma is None else (fma.kernel(), "gemm")
 
 
 def _contraction_kernels(c: gemm.Contraction, nest: _Nest, names: _Names, shapes: dict[str, tuple[int, ...]],
@@ -322,40 +338,46 @@ def _contraction_kernels(c: gemm.Contraction, nest: _Nest, names: _Names, shapes
     """A contraction's tiled kernel: on tensor cores where its operands are 16-bit floats widened
     to f32, or f32 with ``tf32`` (two kernels where an aligned copy-engine variant exists: it comes
     first, on warpgroup MMA where the architecture has it), else on FMA with the tuner's tile and
-    pipeline depth, split-K where its tiles are too few for the chip (:mod:`.split_k`)."""
+    pipeline depth, split-K where its tiles are too few for the chip (:mod:`.split_k`). Each
+    kind sizes its tiles by the target's budgets; a warpgroup kernel none of whose tiles fits
+    gives way to ``mma.sync`` ones, and :class:`gemm.OverBudget` from a kind that must fit
+    reaches :func:`_contraction`."""
     if tf32 and (f32 := tensorcore.tf32_operands(c)) is not None:
-        if warpgroup.fits(c, target.arch):
-            staged = warpgroup.StagedBuilder(c, names.fresh, _decompose, f32, target.sms).kernel()
+        wide = gemm.fitting(warpgroup.StagedBuilder, c, names.fresh, _decompose, f32, target) \
+            if warpgroup.fits(c, target) else None
+        if wide is not None:
+            staged = wide.kernel()
             fast = _tf32_copy_engine(c, f32, names, shapes, temps, target)
             return seq(*fast, staged) if fast else staged, "tf32 warpgroup gemm"
-        return tensorcore.Builder(c, names.fresh, _decompose, f32, None, target.sms).kernel(), "tf32 tensor-core gemm"
+        return tensorcore.Builder(c, names.fresh, _decompose, f32, None, target).kernel(), "tf32 tensor-core gemm"
     values = tensorcore.operands(c)
     if values is None:
-        if (split := split_k.plan(c, target.sms, tuning.tile)) is not None:
-            return _split_k_kernels(c, nest, split, names, temps, tuning), "split-K gemm"
-        return gemm.Builder(c, names.fresh, _decompose, target.sms, tuning.tile, tuning.stages).kernel(), "gemm"
+        if (split := split_k.plan(c, target, tuning.tile)) is not None:
+            return _split_k_kernels(c, nest, split, names, temps, target, tuning), "split-K gemm"
+        return gemm.Builder(c, names.fresh, _decompose, target, tuning.tile, tuning.stages).kernel(), "gemm"
     fast = tensorcore.fast_layout(c, values, shapes)
     if fast is None and (conv := implicit_conv.plan(c, values, names.fresh)) is not None:
         return implicit_conv.kernels(c, values, conv, names.fresh, _decompose, temps, target), "implicit-gemm conv"
-    staged = tensorcore.Builder(c, names.fresh, _decompose, values, None, target.sms).kernel()
+    staged = tensorcore.Builder(c, names.fresh, _decompose, values, None, target).kernel()
     if fast is None:
         return staged, "tensor-core gemm"
-    if warpgroup.fits(c, target.arch):
-        fast_kernel = warpgroup.Builder(c, names.fresh, _decompose, values, fast, target.sms).kernel()
-        return seq(fast_kernel, staged), "warpgroup gemm"
-    fast_kernel = tensorcore.Builder(c, names.fresh, _decompose, values, fast, target.sms).kernel()
+    wide = gemm.fitting(warpgroup.Builder, c, names.fresh, _decompose, values, fast, target) \
+        if warpgroup.fits(c, target) else None
+    if wide is not None:
+        return seq(wide.kernel(), staged), "warpgroup gemm"
+    fast_kernel = tensorcore.Builder(c, names.fresh, _decompose, values, fast, target).kernel()
     return seq(fast_kernel, staged), "tensor-core gemm"
 
 
 def _split_k_kernels(c: gemm.Contraction, nest: _Nest, split: split_k.Plan, names: _Names, temps: list,
-                     tuning: CudaTuning) -> Stmt:
+                     target: CudaTarget, tuning: CudaTuning) -> Stmt:
     """The tiled GEMM over chunks of the reduction into a partials intermediate, then the flat
     schedule's kernel that adds them up and runs the epilogue."""
     partial = split_k.partials(c, nest.axes, split, names.fresh)
     temps.append(partial)
-    tiles = split_k.Builder(c, names.fresh, _decompose, split, nest.axes, partial, tuning.stages).kernel()
+    tiles = split_k.Builder(c, names.fresh, _decompose, split, nest.axes, partial, target, tuning.stages).kernel()
     combine = split_k.combine(c, nest.axes, split, partial, names.fresh)
-    return seq(tiles, _flat_schedule(_Nest(nest.axes, combine), names, 32 * tuning.warps))
+    return seq(tiles, _flat_schedule(_Nest(nest.axes, combine), names, _threads(tuning, target)))
 
 
 def _tf32_copy_engine(c: gemm.Contraction, values: tuple[Expr, Expr], names: _Names,
@@ -372,11 +394,13 @@ def _tf32_copy_engine(c: gemm.Contraction, values: tuple[Expr, Expr], names: _Na
         shapes = {**shapes, buf.name: buf.shape}
         before = [transpose.kernel(values[1], buf, shapes, names.fresh, c.final.span)]
     fast = tensorcore.fast_layout(c, (x, y), shapes)
-    if fast is None or not fast.k_fast:
+    wide = gemm.fitting(warpgroup.Tf32Builder, c, names.fresh, _decompose, (x, y), fast, target) \
+        if fast is not None and fast.k_fast else None
+    if wide is None:
         return []
     if before:
         temps.append(buf)
-    return [*before, warpgroup.Tf32Builder(c, names.fresh, _decompose, (x, y), fast, target.sms).kernel()]
+    return [*before, wide.kernel()]
 
 
 # ---------------------------------------------------------------- index arithmetic
@@ -408,7 +432,7 @@ def _guarded(index: Var, value: Expr, total: int, covered: int, body: Stmt) -> S
 def _block_size(n: int, cap: int) -> int:
     """A power of two of at least one warp, at most ``cap``, not much over ``n``."""
     size = 32
-    while size < n and size < cap:
+    while size < n and size * 2 <= cap:
         size *= 2
     return size
 
@@ -467,18 +491,11 @@ def _flat_kernel(nest: _Nest, names: _Names, cap: int) -> Stmt:
 
 # ---------------------------------------------------------------- row: one block per output element
 
-DYNAMIC_ALIGN = 1024  # dynamic shared buffers start on this boundary, plus one alignment slack (cuda_c)
-
-
 def shared_bytes(kernels: Stmt) -> int:
     """The most shared memory one of ``kernels`` takes, counted as codegen places it when dynamic."""
-    most = 0
-    for kernel in (kernels.stmts if isinstance(kernels, Seq) else [kernels]):
-        sizes = [s.buffer.size * s.buffer.dtype.itemsize for s in walk_stmts(kernel)
-                 if isinstance(s, Allocate) and s.buffer.scope == "shared"]
-        if sizes:
-            most = max(most, sum(-(-n // DYNAMIC_ALIGN) * DYNAMIC_ALIGN for n in sizes) + DYNAMIC_ALIGN)
-    return most
+    return max((gemm.shared_footprint([s.buffer for s in walk_stmts(kernel)
+                                       if isinstance(s, Allocate) and s.buffer.scope == "shared"])
+                for kernel in (kernels.stmts if isinstance(kernels, Seq) else [kernels])), default=0)
 
 
 def _row_work(body: Stmt, shared_limit: int) -> int | None:
@@ -489,13 +506,13 @@ def _row_work(body: Stmt, shared_limit: int) -> int | None:
     and element-wise loops over per-row arrays.
     """
     longest = 0
-    shared = 0
+    shared: list[Buffer] = []  # the per-row arrays, which go to shared memory
     for s in _row_items(body):
         if isinstance(s, Allocate):
             if s.buffer.scope != "local":
                 return None
             if s.buffer.size > 1:
-                shared += -(-s.buffer.size * s.buffer.dtype.itemsize // DYNAMIC_ALIGN) * DYNAMIC_ALIGN
+                shared.append(s.buffer)
         elif isinstance(s, For):
             nest = _split_axes(s)
             if not nest.axes or (_reduction_loop(s) is None and len(_spatial_axes(s).axes) < len(nest.axes)):
@@ -505,7 +522,7 @@ def _row_work(body: Stmt, shared_limit: int) -> int | None:
             longest = max(longest, math.prod(nest.extents))
         elif not isinstance(s, Store):
             return None
-    return longest if longest and shared + DYNAMIC_ALIGN <= shared_limit else None
+    return longest if longest and gemm.shared_footprint(shared) <= shared_limit else None
 
 
 def _row_items(body: Stmt) -> list[Stmt]:

@@ -28,10 +28,10 @@ from tcc import dtypes
 from tcc.ir.expr import Binary, Const, Expr, Load, Var, walk
 from tcc.ir.loopnest import add_index, div_index, mod_index
 from tcc.ir.loops import Allocate, Buffer, For, If, Let, Seq, Stmt, Store, seq
+from tcc.target import CudaTarget
 
 I64 = dtypes.i64
 THREADS = 256
-BLOCKS_PER_SM = 8  # 8 blocks of 256 threads: a full multiprocessor of an H100
 MIN_CHUNK = THREADS * 16  # elements a chunk reads at least: fewer and the second kernel dominates
 ROW_MIN = 128  # trailing reduction elements a row needs to be strided over by the block's threads
 
@@ -85,21 +85,25 @@ def _reads(e: Expr, acc: Buffer) -> bool:
     return any(isinstance(n, Load) and n.buffer == acc.name for n in walk(e))
 
 
-def chunks(outputs: int, length: int, sms: int, per_sm: int = BLOCKS_PER_SM, min_chunk: int = MIN_CHUNK) -> int:
+def chunks(outputs: int, length: int, sms: int, per_sm: int, min_chunk: int = MIN_CHUNK) -> int:
     """Chunks per output: enough blocks to fill ``sms`` multiprocessors (``per_sm`` blocks on
-    each), each chunk at least ``min_chunk`` long (else the combining kernel dominates). Split-K
-    (:mod:`.split_k`) cuts a contraction's k-steps by its own rule: its blocks are heavier."""
+    each: 8 of 256 threads fill an H100's), each chunk at least ``min_chunk`` long (else the
+    combining kernel dominates). Split-K (:mod:`.split_k`) cuts a contraction's k-steps by its
+    own rule: its blocks are heavier."""
     want = -(-sms * per_sm // max(outputs, 1))
     return max(1, min(want, length // min_chunk))
 
 
-def schedule(axes: list[For], extents: list[int], red: PureReduction, sms: int, fresh: Fresh,
+def schedule(axes: list[For], extents: list[int], red: PureReduction, target: CudaTarget, fresh: Fresh,
              decompose: Decompose) -> tuple[Buffer, Stmt] | None:
     """(the partials buffer, the two kernels) for the output loops ``axes`` over ``red``, or None
-    when one block per output already fills the chip."""
+    when one block per output already fills ``target``'s multiprocessors (or its blocks hold
+    fewer than ``THREADS`` threads)."""
+    if THREADS > target.max_threads_per_block:
+        return None
     outputs = math.prod(extents)
     length = math.prod(red.extents)
-    s = chunks(outputs, length, sms)
+    s = chunks(outputs, length, target.sms, target.max_threads_per_sm // THREADS)
     if s < 2:
         return None
     span = red.axes[0].span
