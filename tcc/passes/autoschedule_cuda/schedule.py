@@ -40,7 +40,6 @@ from tcc.ir.loops import (
     Barrier,
     Buffer,
     For,
-    If,
     Let,
     LoopFunc,
     Seq,
@@ -68,6 +67,7 @@ from tcc.passes.autoschedule_cuda import (
     transpose,
     warpgroup,
 )
+from tcc.passes.autoschedule_cuda.indexing import block_size, decompose, grid, guarded, linear
 from tcc.passes.loops.bind import top_level_nests
 from tcc.passes.simplify import evaluate_int
 from tcc.passes.trace import SILENT, Trace
@@ -76,7 +76,6 @@ from tcc.target import CudaTarget
 I64 = dtypes.i64
 FLAT_THREADS = 256
 MAX_ROW_THREADS = 256
-MAX_GRID_X = 2**31 - 1
 # a row loop at least this long, and long next to the output count, gets one block per row
 ROW_MIN_REDUCTION = 64
 ROW_RATIO = 16
@@ -277,7 +276,7 @@ def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]]
     if holds_sequential(stmt):  # a recurrence: threads over its independent axes, each walking the other
         nest = _spatial_axes(recurrence.sink_sequential(stmt))
         if (prefix := scan.match(nest.body)) is not None:  # an associative one along rows: a block scans each
-            return scan.kernel(prefix, nest.axes, nest.extents, names.fresh, _decompose), "block scan"
+            return scan.kernel(prefix, nest.axes, nest.extents, names.fresh, decompose), "block scan"
         return _flat_kernel(nest, names, threads), "recurrence"
     nest = _spatial_axes(stmt)
     total = math.prod(nest.extents)
@@ -289,7 +288,7 @@ def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]]
         return tiled
     reduction = split_reduction.match(nest.body)
     if reduction is not None:
-        split = split_reduction.schedule(nest.axes, nest.extents, reduction, target, names.fresh, _decompose)
+        split = split_reduction.schedule(nest.axes, nest.extents, reduction, target, names.fresh, decompose)
         if split is not None:
             temps.append(split[0])
             return split[1], "split reduction"
@@ -329,7 +328,7 @@ def _contraction(c: gemm.Contraction, nest: _Nest, names: _Names, shapes: dict[s
     except gemm.OverBudget:
         pass
     del temps[made:]  # the intermediates of kernels not used
-    fma = gemm.fitting(gemm.Builder, c, names.fresh, _decompose, target, None, tuning.stages)
+    fma = gemm.fitting(gemm.Builder, c, names.fresh, decompose, target, None, tuning.stages)
     return None if fma is None else (fma.kernel(), "gemm")
 
 
@@ -343,29 +342,29 @@ def _contraction_kernels(c: gemm.Contraction, nest: _Nest, names: _Names, shapes
     gives way to ``mma.sync`` ones, and :class:`gemm.OverBudget` from a kind that must fit
     reaches :func:`_contraction`."""
     if tf32 and (f32 := tensorcore.tf32_operands(c)) is not None:
-        wide = gemm.fitting(warpgroup.StagedBuilder, c, names.fresh, _decompose, f32, target) \
+        wide = gemm.fitting(warpgroup.StagedBuilder, c, names.fresh, decompose, f32, target) \
             if warpgroup.fits(c, target) else None
         if wide is not None:
             staged = wide.kernel()
             fast = _tf32_copy_engine(c, f32, names, shapes, temps, target)
             return seq(*fast, staged) if fast else staged, "tf32 warpgroup gemm"
-        return tensorcore.Builder(c, names.fresh, _decompose, f32, None, target).kernel(), "tf32 tensor-core gemm"
+        return tensorcore.Builder(c, names.fresh, decompose, f32, None, target).kernel(), "tf32 tensor-core gemm"
     values = tensorcore.operands(c)
     if values is None:
         if (split := split_k.plan(c, target, tuning.tile)) is not None:
             return _split_k_kernels(c, nest, split, names, temps, target, tuning), "split-K gemm"
-        return gemm.Builder(c, names.fresh, _decompose, target, tuning.tile, tuning.stages).kernel(), "gemm"
+        return gemm.Builder(c, names.fresh, decompose, target, tuning.tile, tuning.stages).kernel(), "gemm"
     fast = tensorcore.fast_layout(c, values, shapes)
     if fast is None and (conv := implicit_conv.plan(c, values, names.fresh)) is not None:
-        return implicit_conv.kernels(c, values, conv, names.fresh, _decompose, temps, target), "implicit-gemm conv"
-    staged = tensorcore.Builder(c, names.fresh, _decompose, values, None, target).kernel()
+        return implicit_conv.kernels(c, values, conv, names.fresh, decompose, temps, target), "implicit-gemm conv"
+    staged = tensorcore.Builder(c, names.fresh, decompose, values, None, target).kernel()
     if fast is None:
         return staged, "tensor-core gemm"
-    wide = gemm.fitting(warpgroup.Builder, c, names.fresh, _decompose, values, fast, target) \
+    wide = gemm.fitting(warpgroup.Builder, c, names.fresh, decompose, values, fast, target) \
         if warpgroup.fits(c, target) else None
     if wide is not None:
         return seq(wide.kernel(), staged), "warpgroup gemm"
-    fast_kernel = tensorcore.Builder(c, names.fresh, _decompose, values, fast, target).kernel()
+    fast_kernel = tensorcore.Builder(c, names.fresh, decompose, values, fast, target).kernel()
     return seq(fast_kernel, staged), "tensor-core gemm"
 
 
@@ -375,7 +374,7 @@ def _split_k_kernels(c: gemm.Contraction, nest: _Nest, split: split_k.Plan, name
     schedule's kernel that adds them up and runs the epilogue."""
     partial = split_k.partials(c, nest.axes, split, names.fresh)
     temps.append(partial)
-    tiles = split_k.Builder(c, names.fresh, _decompose, split, nest.axes, partial, target, tuning.stages).kernel()
+    tiles = split_k.Builder(c, names.fresh, decompose, split, nest.axes, partial, target, tuning.stages).kernel()
     combine = split_k.combine(c, nest.axes, split, partial, names.fresh)
     return seq(tiles, _flat_schedule(_Nest(nest.axes, combine), names, _threads(tuning, target)))
 
@@ -394,55 +393,13 @@ def _tf32_copy_engine(c: gemm.Contraction, values: tuple[Expr, Expr], names: _Na
         shapes = {**shapes, buf.name: buf.shape}
         before = [transpose.kernel(values[1], buf, shapes, names.fresh, c.final.span)]
     fast = tensorcore.fast_layout(c, (x, y), shapes)
-    wide = gemm.fitting(warpgroup.Tf32Builder, c, names.fresh, _decompose, (x, y), fast, target) \
+    wide = gemm.fitting(warpgroup.Tf32Builder, c, names.fresh, decompose, (x, y), fast, target) \
         if fast is not None and fast.k_fast else None
     if wide is None:
         return []
     if before:
         temps.append(buf)
     return [*before, wide.kernel()]
-
-
-# ---------------------------------------------------------------- index arithmetic
-
-def _decompose(axes: list[For], extents: list[int], flat: Expr, body: Stmt) -> Stmt:
-    """``Let`` each axis variable be its digit of the row-major ``flat`` index."""
-    stride = 1
-    for ax, ext in reversed(list(zip(axes, extents))):
-        value: Expr = flat
-        if stride != 1:
-            value = Binary("floordiv", value, Const(stride, I64), I64)
-        if ax is not axes[0]:
-            value = Binary("mod", value, Const(ext, I64), I64)
-        body = Let(ax.var, value, body)
-        stride *= ext
-    return body
-
-
-def _linear(outer: Var, size: int, inner: Var) -> Expr:
-    return Binary("add", Binary("mul", outer, Const(size, I64), I64), inner, I64)
-
-
-def _guarded(index: Var, value: Expr, total: int, covered: int, body: Stmt) -> Stmt:
-    """``let index = value; if index < total: body`` (no test when ``covered == total``)."""
-    inner = body if covered == total else If(Binary("lt", index, Const(total, I64), dtypes.boolean), body)
-    return Let(index, value, inner)
-
-
-def _block_size(n: int, cap: int) -> int:
-    """A power of two of at least one warp, at most ``cap``, not much over ``n``."""
-    size = 32
-    while size < n and size * 2 <= cap:
-        size *= 2
-    return size
-
-
-def _grid(total: int, threads: int, span) -> int:
-    blocks = -(-total // threads)
-    if blocks > MAX_GRID_X:
-        raise TccCompileError(f"{total} elements need {blocks} blocks, over CUDA's grid limit", span,
-                              "split the op into smaller pieces")
-    return blocks
 
 
 # ---------------------------------------------------------------- flat: one thread per output element
@@ -463,15 +420,15 @@ def _flat_vector_kernel(nest: _Nest, names: _Names, cap: int) -> Stmt:
     """``VECTOR`` consecutive elements of the innermost axis per thread, pointers assumed aligned."""
     extents = [*nest.extents[:-1], nest.extents[-1] // VECTOR]
     total = math.prod(extents)
-    threads = _block_size(total, cap)
+    threads = block_size(total, cap)
     span = nest.axes[0].span
-    blocks = _grid(total, threads, span)
+    blocks = grid(total, threads, span)
     bx, tx, gid, quad, lane = (names.fresh(s) for s in ("bx", "tx", "gid", "quad", "vl"))
     last = nest.axes[-1]
-    inner = Let(last.var, _linear(quad, VECTOR, lane), nest.body)
+    inner = Let(last.var, linear(quad, VECTOR, lane), nest.body)
     body: Stmt = For(lane, Const(VECTOR, I64), inner, "unroll", span=span)
-    body = _decompose([*nest.axes[:-1], replace(last, var=quad)], extents, gid, body)
-    body = _guarded(gid, _linear(bx, threads, tx), total, blocks * threads, body)
+    body = decompose([*nest.axes[:-1], replace(last, var=quad)], extents, gid, body)
+    body = guarded(gid, linear(bx, threads, tx), total, blocks * threads, body)
     return For(bx, Const(blocks, I64), For(tx, Const(threads, I64), body, "thread.x", span=span),
                "block.x", annotations=(("aligned", True),), span=span)
 
@@ -479,11 +436,11 @@ def _flat_vector_kernel(nest: _Nest, names: _Names, cap: int) -> Stmt:
 def _flat_kernel(nest: _Nest, names: _Names, cap: int) -> Stmt:
     extents = nest.extents
     total = math.prod(extents)
-    threads = _block_size(total, cap)
-    blocks = _grid(total, threads, nest.axes[0].span if nest.axes else None)
+    threads = block_size(total, cap)
+    blocks = grid(total, threads, nest.axes[0].span if nest.axes else None)
     bx, tx, gid = names.fresh("bx"), names.fresh("tx"), names.fresh("gid")
-    body = _decompose(nest.axes, extents, gid, nest.body)
-    body = _guarded(gid, _linear(bx, threads, tx), total, blocks * threads, body)
+    body = decompose(nest.axes, extents, gid, nest.body)
+    body = guarded(gid, linear(bx, threads, tx), total, blocks * threads, body)
     span = nest.axes[0].span if nest.axes else None
     return For(bx, Const(blocks, I64), For(tx, Const(threads, I64), body, "thread.x", span=span),
                "block.x", span=span)
@@ -540,16 +497,16 @@ def _row_items(body: Stmt) -> list[Stmt]:
 def _row_schedule(nest: _Nest, names: _Names, cap: int, work: int, shapes: dict[str, tuple[int, ...]]) -> Stmt:
     extents = nest.extents
     total = math.prod(extents)
-    threads = _block_size(work, cap)
+    threads = block_size(work, cap)
     span = nest.axes[0].span if nest.axes else None
-    _grid(total, 1, span)
+    grid(total, 1, span)
     bx = names.fresh("bx")
     loops = [s for s in _row_items(nest.body) if isinstance(s, For)]
     cache = row_registers.plan(nest.body, loops, threads, names.fresh, shapes)
     body = _row_body(nest.body, threads, names, cache)
     for buf in cache.inputs.values() if cache else ():
         body = Allocate(buf, body)
-    return For(bx, Const(total, I64), _decompose(nest.axes, extents, bx, body), "block.x", span=span)
+    return For(bx, Const(total, I64), decompose(nest.axes, extents, bx, body), "block.x", span=span)
 
 
 def _row_body(s: Stmt, threads: int, names: _Names, cache: row_registers.RowCache | None) -> Stmt:
@@ -613,8 +570,8 @@ def _block_strided(loop: Stmt, threads: int, names: _Names, allreduce: str | Non
     tx, step, rid = names.fresh("tx"), names.fresh("rstep"), names.fresh("rid")
     steps = -(-length // threads)
     inner = row_registers.rewrite(red.body, red.axes, step, cache) if cache else red.body
-    inner = _decompose(red.axes, extents, rid, inner)
-    inner = _guarded(rid, _linear(step, threads, tx), length, steps * threads, inner)
+    inner = decompose(red.axes, extents, rid, inner)
+    inner = guarded(rid, linear(step, threads, tx), length, steps * threads, inner)
     span = red.axes[0].span
     body: Stmt = For(step, Const(steps, I64), inner, "unroll" if cache else "serial", span=span) if steps > 1 else \
         Let(step, Const(0, I64), inner)

@@ -28,6 +28,7 @@ from tcc import dtypes
 from tcc.ir.expr import Binary, Const, Expr, Load, Var, walk
 from tcc.ir.loopnest import add_index, div_index, mod_index
 from tcc.ir.loops import Allocate, Buffer, For, If, Let, Seq, Stmt, Store, seq
+from tcc.passes.autoschedule_cuda.indexing import guarded
 from tcc.target import CudaTarget
 
 I64 = dtypes.i64
@@ -147,7 +148,7 @@ def _chunk_loops(red: PureReduction, s: int, chunk: Var, tx: Var, fresh: Fresh, 
     strided = _block_strided(row_len, tx, fresh, lambda col: decompose(red.axes[split:], extents[split:], col,
                                                                       red.update))
     body = decompose(red.axes[:split], extents[:split], row, strided)
-    return For(rr, Const(per, I64), _guarded(row, add_index(_mul(chunk, per), rr), rows, per * s, body))
+    return For(rr, Const(per, I64), guarded(row, add_index(_mul(chunk, per), rr), rows, per * s, body))
 
 
 def _block_strided(length: int, tx: Var, fresh: Fresh, body: Callable[[Var], Stmt]) -> Stmt:
@@ -170,7 +171,7 @@ def _flat_chunk(red: PureReduction, s: int, chunk: Var, tx: Var, fresh: Fresh, d
     st, rid = fresh("rstep"), fresh("rid")
     body = decompose(red.axes, red.extents, rid, red.update)
     index = add_index(_mul(add_index(_mul(chunk, steps), st), THREADS), tx)
-    return For(st, Const(steps, I64), _guarded(rid, index, length, steps * s * THREADS, body))
+    return For(st, Const(steps, I64), guarded(rid, index, length, steps * s * THREADS, body))
 
 
 def _combine_kernel(axes: list[For], extents: list[int], red: PureReduction, s: int, partial: Buffer,
@@ -181,15 +182,10 @@ def _combine_kernel(axes: list[For], extents: list[int], red: PureReduction, s: 
     acc = Load(red.acc.name, (Const(0, I64),), red.acc.dtype)
     update = Store(red.acc.name, (Const(0, I64),), Binary(red.op, acc, value, red.acc.dtype), red.update.span)
     steps = -(-s // THREADS)
-    inner = _guarded(q, add_index(_mul(st, THREADS), tx), s, steps * THREADS, update)
+    inner = guarded(q, add_index(_mul(st, THREADS), tx), s, steps * THREADS, update)
     body: Stmt = For(st, Const(steps, I64), inner) if steps > 1 else Let(st, Const(0, I64), inner)
     kernel = Allocate(red.acc, seq(_accumulate(red, body, tx, span), *red.finals))
     return For(bx, Const(math.prod(extents), I64), decompose(axes, extents, bx, kernel), "block.x", span=span)
-
-
-def _guarded(index: Var, value: Expr, total: int, covered: int, body: Stmt) -> Stmt:
-    inner = body if covered == total else If(Binary("lt", index, Const(total, I64), dtypes.boolean), body)
-    return Let(index, value, inner)
 
 
 
