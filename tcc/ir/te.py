@@ -97,6 +97,7 @@ class Stream:
     limit: Expr | None = None  # an expression of the rows' variables
     tile: int = 64
     tile_rows: int = 1
+    stage_keys: bool = False  # copy each tile's keys key-last for a block of rows (the CPU's vectors)
 
     @property
     def tensors(self) -> tuple[str, ...]:

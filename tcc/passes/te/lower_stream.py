@@ -24,12 +24,33 @@ import math
 from typing import Protocol
 
 from tcc import dtypes
-from tcc.ir.expr import Binary, Call, Const, Expr, IterVar, Load, Reduce, Select, Var, cast, iadd, imul, substitute
+from tcc.ir.expr import (
+    Binary,
+    Call,
+    Const,
+    Expr,
+    IterVar,
+    Load,
+    Read,
+    Reduce,
+    Select,
+    Var,
+    cast,
+    free_vars,
+    iadd,
+    imul,
+    substitute,
+    transform,
+    walk,
+)
+from tcc.ir.loopnest import map_exprs
 from tcc.ir.loops import SEQUENTIAL, Allocate, Buffer, For, If, Stmt, Store, seq
 from tcc.ir.te import OpTE, Stream
 
 I64 = dtypes.i64
 BOOL = dtypes.boolean
+STREAM = ("stream", True)  # the annotation of a stream's tile loop, which the CPU schedule looks for
+ROWS = ("rows", True)  # a loop over the rows of a block: each row's work is what vectorises
 
 
 class ExprLowering(Protocol):
@@ -57,18 +78,14 @@ class _Nest:
         self.keys = _const(stream.axis.extent)
         self.ti = max(1, min(stream.tile_rows, self.rows))
         self.tj = max(1, min(stream.tile, self.keys))
-        q, j = stream.rows[-1].var.name, stream.axis.var.name
-        self.it, self.ii = self._var(f"{q}_o"), self._var(f"{q}_i")
-        self.jt, self.jj = self._var(f"{j}_o"), self._var(f"{j}_i")
+        self.q, self.j = stream.rows[-1].var.name, stream.axis.var.name
+        self.it, self.ii = self._var(f"{self.q}_o"), self._var(f"{self.q}_i")
+        self.jt = self._var(f"{self.j}_o")
         self.row = iadd(imul(self.it, self.ti), self.ii)
-        key = iadd(imul(self.jt, self.tj), self.jj)
-        ragged = self.keys % self.tj != 0
-        self.key = Binary("min", key, Const(self.keys - 1, I64), I64) if ragged else key  # always a real key
-        self.valid = Binary("lt", key, Const(self.keys, I64), BOOL) if ragged else None
+        self.ragged = self.keys % self.tj != 0
         self.dtype = op.tensors[stream.maximum].dtype
         self.run_max = self._local("run_max", self.dtype, (self.ti,))
         self.p = self._local("p", stream.score.dtype, (self.ti, self.tj))
-        self.step = self._local("step", self.dtype, (3,))  # the tile's new maximum, it made safe, the rescale
         self.run = [self._local(f"run_{x.tensor}", op.tensors[x.tensor].dtype,
                                 (self.ti, *(_const(ax.extent) for ax in x.extra))) for x in stream.sums]
 
@@ -78,9 +95,21 @@ class _Nest:
     def _local(self, base: str, dtype, shape: tuple[int, ...]) -> Buffer:
         return Buffer(self.lw.fresh(base), dtype, shape, "local")
 
+    def _key(self, jj: Var) -> Expr:
+        """The key at position ``jj`` of the tile; past the last key, the last (its score masked)."""
+        key = iadd(imul(self.jt, self.tj), jj)
+        return Binary("min", key, Const(self.keys - 1, I64), I64) if self.ragged else key
+
+    def _valid(self, jj: Var) -> Expr | None:
+        return Binary("lt", iadd(imul(self.jt, self.tj), jj), Const(self.keys, I64), BOOL) if self.ragged else None
+
+    def _at(self, e: Expr, jj: Var) -> Expr:
+        """``e`` (in the stream's variables) at this block's row and key ``jj`` of the tile."""
+        return substitute(e, {self.q: self.row, self.j: self._key(jj)})
+
     def build(self) -> Stmt:
         body: Stmt = seq(self._init(), self._tiles(), self._store())
-        for buf in reversed([self.run_max, self.p, self.step, *self.run]):
+        for buf in reversed([self.run_max, self.p, *self.run]):
             body = Allocate(buf, body)
         body = For(self.it, Const(-(-self.rows // self.ti), I64), body)
         for ax in reversed(self.s.rows[:-1]):
@@ -89,81 +118,159 @@ class _Nest:
 
     # ------------------------------------------------------------ pieces
 
-    def _each_row(self, body: Stmt) -> Stmt:
+    def _each_row(self, body: Stmt, guard: bool = True) -> Stmt:
         """``body`` for each row of the block that exists (the last block may be short)."""
-        if self.rows % self.ti:
+        if guard and self.rows % self.ti:
             body = If(Binary("lt", self.row, Const(self.rows, I64), BOOL), body)
-        return For(self.ii, Const(self.ti, I64), body)
+        ii = self._var(self.ii.name)
+        body = map_exprs(body, lambda e: substitute(e, {self.ii.name: ii}))
+        return For(ii, Const(self.ti, I64), body, annotations=(ROWS,))
 
     def _over(self, axes: tuple[IterVar, ...], body: Stmt) -> Stmt:
+        """``body`` in loops over ``axes``, each with a variable of its own (the schedules
+        address loops by name)."""
+        names = {ax.var.name: self._var(ax.var.name) for ax in axes}
+        body = map_exprs(body, lambda e: substitute(e, names))
         for ax in reversed(axes):
-            body = For(ax.var, ax.extent, body)
+            body = For(names[ax.var.name], ax.extent, body)
         return body
+
+    def _tile_loop(self, base: str, body) -> Stmt:
+        jj = self._var(base)
+        return For(jj, Const(self.tj, I64), body(jj))
 
     def _init(self) -> Stmt:
         parts: list[Stmt] = [Store(self.run_max.name, (self.ii,), Const(-math.inf, self.dtype))]
         for x, buf in zip(self.s.sums, self.run):
             zero = Store(buf.name, (self.ii, *(ax.var for ax in x.extra)), Const(0, buf.dtype))
             parts.append(self._over(x.extra, zero))
-        return For(self.ii, Const(self.ti, I64), seq(*parts))
+        return self._each_row(seq(*parts), guard=False)
 
     def _tiles(self) -> Stmt:
         count: Expr = Const(-(-self.keys // self.tj), I64)
         if self.s.limit is not None:
             last = Binary("min", iadd(imul(self.it, self.ti), self.ti - 1), Const(self.rows - 1, I64), I64)
-            limit = substitute(self.s.limit, {self.s.rows[-1].var.name: last})
+            limit = substitute(self.s.limit, {self.q: last})
             needed = Binary("floordiv", iadd(limit, self.tj - 1), Const(self.tj, I64), I64)
             count = Binary("min", count, Binary("max", needed, Const(0, I64), I64), I64)
-        return For(self.jt, count, self._each_row(self._row_tile()), annotations=(SEQUENTIAL,))
+        tiles, copies, score = self._staged()
+        body: Stmt = seq(*copies, self._each_row(self._row_tile(score)))
+        for buf in tiles:
+            body = Allocate(buf, body)
+        return For(self.jt, count, body, annotations=(SEQUENTIAL, STREAM))
 
-    def _row_tile(self) -> Stmt:
+    def _row_tile(self, score: Stmt) -> Stmt:
         d = self.dtype
-        mx, p, step = self.run_max.name, self.p.name, self.step.name
-        at = (self.ii, self.jj)
+        mx, p = self.run_max.name, self.p.name
+        new, safe, rescale = (self._local(n, d, (1,)) for n in ("new_max", "safe_max", "rescale"))
         zero = (Const(0, I64),)
-        new, safe, rescale = (Load(step, (Const(k, I64),), d) for k in range(3))
-        parts: list[Stmt] = [self._scores(), Store(step, zero, Load(mx, (self.ii,), d))]
-        parts.append(For(self.jj, Const(self.tj, I64),
-                         Store(step, zero, Binary("max", new, cast(Load(p, at, self.p.dtype), d), d))))
-        minus_inf = Binary("eq", new, Const(-math.inf, d), BOOL)
-        parts.append(Store(step, (Const(1, I64),), Select(minus_inf, Const(0.0, d), new, d)))
-        parts.append(Store(step, (Const(2, I64),), _exp(Binary("sub", Load(mx, (self.ii,), d), safe, d))))
-        exps = _exp(Binary("sub", Load(p, at, self.p.dtype), cast(safe, self.p.dtype), self.p.dtype))
-        parts.append(For(self.jj, Const(self.tj, I64), Store(p, at, exps)))
-        parts += [self._sum(x, buf, rescale) for x, buf in zip(self.s.sums, self.run)]
-        parts.append(Store(mx, (self.ii,), new))
-        return seq(*parts)
 
-    def _scores(self) -> Stmt:
-        """``p[r, jj]`` for the tile: the score at each key, ``-inf`` past the last one."""
-        score = substitute(self.s.score, {self.s.rows[-1].var.name: self.row, self.s.axis.var.name: self.key})
+        def at(b: Buffer) -> Load:
+            return Load(b.name, zero, d)
+
+        tile_max = self._reduce("max", lambda jj: cast(Load(p, (self.ii, jj), self.p.dtype), d), d)
+        parts: list[Stmt] = [score, self._assign(new, Binary("max", Load(mx, (self.ii,), d), tile_max, d))]
+        minus_inf = Binary("eq", at(new), Const(-math.inf, d), BOOL)
+        parts.append(Store(safe.name, zero, Select(minus_inf, Const(0.0, d), at(new), d)))
+        parts.append(Store(rescale.name, zero, _exp(Binary("sub", Load(mx, (self.ii,), d), at(safe), d))))
+        parts.append(self._tile_loop(f"{self.j}_e", lambda jj: Store(p, (self.ii, jj), _exp(
+            Binary("sub", Load(p, (self.ii, jj), self.p.dtype), cast(at(safe), self.p.dtype), self.p.dtype)))))
+        parts += [self._sum(x, buf, at(rescale)) for x, buf in zip(self.s.sums, self.run)]
+        parts.append(Store(mx, (self.ii,), at(new)))
+        body: Stmt = seq(*parts)
+        for buf in (rescale, safe, new):
+            body = Allocate(buf, body)
+        return body
+
+    def _reduce(self, op: str, term, dtype) -> Reduce:
+        jj = self._var(f"{self.j}_r")
+        return Reduce(op, (IterVar(jj, Const(self.tj, I64)),), term(jj), dtype, dtype)
+
+    def _assign(self, buf: Buffer, e: Expr, at: tuple[Expr, ...] = (Const(0, I64),)) -> Stmt:
+        """``buf[at] = e``, with the loops of the reductions in ``e`` ahead of it."""
         prelude: list[Stmt] = []
         allocs: list[Buffer] = []
-        value = self.lw.expr(score, prelude, allocs)
-        if self.valid is not None:
-            value = Select(self.valid, value, Const(-math.inf, value.dtype), value.dtype)
-        body: Stmt = seq(*prelude, Store(self.p.name, (self.ii, self.jj), value))
-        for buf in reversed(allocs):
-            body = Allocate(buf, body)
-        return For(self.jj, Const(self.tj, I64), body)
+        value = self.lw.expr(e, prelude, allocs)
+        body: Stmt = seq(*prelude, Store(buf.name, at, value))
+        for b in reversed(allocs):
+            body = Allocate(b, body)
+        return body
+
+    def _staged(self) -> tuple[list[Buffer], list[Stmt], Stmt]:
+        """The tile's scores, ``p[r, jj]``, ``-inf`` past the last key. Where the score is one sum
+        wrapped in elementwise work (``sum[d](Q * K) * scale``), and the stream stages keys, its
+        reads that follow the key but not the row (``K``) are first copied into a tile laid out
+        key-last, once per block of rows; each row then sums over ``d`` outside a loop over the
+        tile's keys that reads that copy at unit stride. Else each score is computed on its own."""
+        red = [n for n in walk(self.s.score) if isinstance(n, Reduce)]
+        if not (self.s.stage_keys and len(red) == 1 and red[0].op == "sum"
+                and not any(isinstance(n, Reduce) for n in walk(red[0].body))):
+            return [], [], self._tile_loop(f"{self.j}_s", self._score_at)
+        r = red[0]
+        own = {ax.var.name for ax in r.axes}
+        staged = {id(n): n for n in walk(r.body) if isinstance(n, Read) and self.j in free_vars(n)
+                  and self.q not in free_vars(n) and free_vars(n) <= {self.j, *own, *self._outer()}}
+        if not staged:
+            return [], [], self._tile_loop(f"{self.j}_s", self._score_at)
+        tiles = {k: self._local(f"{n.tensor}_tile", n.dtype, (*(_const(ax.extent) for ax in r.axes), self.tj))
+                 for k, n in staged.items()}
+        copies = [self._copy(n, tiles[k], r.axes) for k, n in staged.items()]
+        return list(tiles.values()), copies, self._interchanged(r, {k: (tiles[k], n) for k, n in staged.items()})
+
+    def _copy(self, read: Read, tile: Buffer, axes: tuple[IterVar, ...]) -> Stmt:
+        """``tile[d, jj] = K[..., key(jj), d]``: the tile's keys, key-last."""
+        jj = self._var(f"{self.j}_c")
+        value = self.lw.expr(substitute(read, {self.j: self._key(jj)}), [], [])
+        return self._over(axes, For(jj, Const(self.tj, I64), Store(tile.name, (*(ax.var for ax in axes), jj), value)))
+
+    def _outer(self) -> set[str]:
+        return {ax.var.name for ax in self.s.rows[:-1]} | set(self.op.scalars) | set(self.op.symbols)
+
+    def _interchanged(self, r: Reduce, staged: dict) -> Stmt:
+        """``acc[jj] += body`` with the sum's loops outside the tile's keys, then the score."""
+        acc = self._local("score_acc", r.acc_dtype, (self.tj,))
+        jj0, jj1, jj2 = (self._var(f"{self.j}_{k}") for k in ("z", "k", "w"))
+        init = For(jj0, Const(self.tj, I64), Store(acc.name, (jj0,), Const(0, r.acc_dtype)))
+        axes = tuple(ax.var for ax in r.axes)
+
+        def visit(n: Expr) -> Expr | None:
+            hit = staged.get(id(n))
+            return None if hit is None else Load(hit[0].name, (*axes, jj1), n.dtype)
+
+        body = substitute(transform(r.body, visit), {self.q: self.row, self.j: self._key(jj1)})
+        step = Store(acc.name, (jj1,), Binary("add", Load(acc.name, (jj1,), r.acc_dtype),
+                                               cast(self.lw.expr(body, [], []), r.acc_dtype), r.acc_dtype))
+        loops = self._over(r.axes, For(jj1, Const(self.tj, I64), step))
+        summed = cast(Load(acc.name, (jj2,), r.acc_dtype), r.dtype)
+        after = transform(self.s.score, lambda n: summed if n is r else None)
+        final = For(jj2, Const(self.tj, I64), self._score_store(after, jj2))
+        return Allocate(acc, seq(init, loops, final))
+
+    def _score_at(self, jj: Var) -> Stmt:
+        return self._score_store(self.s.score, jj)
+
+    def _score_store(self, score: Expr, jj: Var) -> Stmt:
+        """``p[r, jj] = score`` at key ``jj``, ``-inf`` past the last key."""
+        value = self._at(score, jj)
+        valid = self._valid(jj)
+        if valid is not None:
+            value = Select(valid, value, Const(-math.inf, value.dtype), value.dtype)
+        return self._assign(self.p, value, (self.ii, jj))
 
     def _sum(self, x, buf: Buffer, rescale: Expr) -> Stmt:
         """``run[r, extra] = run[r, extra] * c + sum over the tile of p * weight``."""
         dt = buf.dtype
-        term: Expr = cast(Load(self.p.name, (self.ii, self.jj), self.p.dtype), dt)
-        if x.weight is not None:
-            weight = substitute(x.weight, {self.s.rows[-1].var.name: self.row, self.s.axis.var.name: self.key})
-            term = Binary("mul", term, cast(weight, dt), dt)
-        total = Reduce("sum", (IterVar(self.jj, Const(self.tj, I64)),), term, dt, dt)
+
+        def term(jj: Var) -> Expr:
+            t: Expr = cast(Load(self.p.name, (self.ii, jj), self.p.dtype), dt)
+            if x.weight is not None:
+                t = Binary("mul", t, cast(self._at(x.weight, jj), dt), dt)
+            return t
+
         at = (self.ii, *(ax.var for ax in x.extra))
-        prelude: list[Stmt] = []
-        allocs: list[Buffer] = []
-        value = self.lw.expr(Binary("add", Binary("mul", Load(buf.name, at, dt), cast(rescale, dt), dt), total, dt),
-                             prelude, allocs)
-        body: Stmt = seq(*prelude, Store(buf.name, at, value))
-        for b in reversed(allocs):
-            body = Allocate(b, body)
-        return self._over(x.extra, body)
+        kept = Binary("mul", Load(buf.name, at, dt), cast(rescale, dt), dt)
+        value = Binary("add", kept, self._reduce("sum", term, dt), dt)
+        return self._over(x.extra, self._assign(buf, value, at))
 
     def _store(self) -> Stmt:
         outer = tuple(ax.var for ax in self.s.rows[:-1])

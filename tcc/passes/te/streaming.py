@@ -55,7 +55,7 @@ from tcc.ir.te import Compute, OpTE, Stream, StreamSum, Tensor
 from tcc.target import Target
 
 I64 = dtypes.i64
-CPU_TILE, CPU_ROW_TILE = 64, 8  # keys x queries of a tile: a few KiB of K and V reused from L1
+CPU_TILE, CPU_ROW_TILE = 64, 32  # keys x queries: a 16 KiB key tile and 8 KiB of scores, in L1
 GPU_TILE = 32  # a thread per query row on the GPU (the naive schedule): a tile of scores per thread
 
 
@@ -318,10 +318,11 @@ class _Chain:
             out.append(replace(c, body=self.expand(c.body)) if _reads_any(c.body, self.expandable) else c)
         return out
 
-    def _tiles(self, target: Target) -> tuple[int, int]:
+    def _tiles(self, target: Target) -> tuple[int, int, bool]:
+        """(keys, rows, whether keys are staged) of a tile: a thread per row on the GPU for now."""
         if target.is_gpu:
-            return GPU_TILE, 1
-        return CPU_TILE, CPU_ROW_TILE
+            return GPU_TILE, 1, False
+        return CPU_TILE, CPU_ROW_TILE, True
 
 
 def _points(axes: tuple[IterVar, ...]) -> int:
