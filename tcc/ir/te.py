@@ -98,6 +98,7 @@ class Stream:
     tile: int = 64
     tile_rows: int = 1
     stage_keys: bool = False  # copy each tile's keys key-last for a block of rows (the CPU's vectors)
+    group: int = 1  # rows of a block whose sums are formed together (the CPU's registers)
 
     @property
     def tensors(self) -> tuple[str, ...]:

@@ -8,46 +8,63 @@ output's columns (``V[key, d]`` at unit stride, a probability broadcast). The ge
 (the outermost loop storing at unit stride) would take the loop over the block's rows, whose
 running maxima are stored at unit stride, and fail on everything inside it. The loops are
 chosen here, from the inside of each row: a loop that stores at unit stride in its own body,
-else an innermost loop that reads or writes at unit stride.
+else an innermost loop that reads or writes at unit stride; a tile's 64 keys make one vector.
+The loops over a group's few rows are unrolled: each row's sums sit at constant offsets of a
+small buffer, which LLVM then keeps in vector registers (a matrix product's register tile), and
+products added to sums are fused multiply-adds, as in the GEMM schedule.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tcc.errors import TccScheduleError
-from tcc.ir.loopnest import linear_coeff, loads, stores
+from tcc.ir.loopnest import linear_coeff, loads, on_loops, stores
 from tcc.ir.loops import Allocate, For, If, Let, LoopFunc, Seq, Stmt, Store, walk_stmts
+from tcc.passes.loops.schedule import contract
 from tcc.passes.loops.vectorize import vectorize
-from tcc.passes.te.lower_stream import ROWS, STREAM
+from tcc.passes.te.lower_stream import GROUP, ROWS, STREAM
 from tcc.passes.trace import SILENT, Trace
 
-LANES = 32
+LANES = 32  # a longer loop is split into vectors of this many lanes
+WHOLE = 64  # a loop up to this long is one vector: a group's sums at constant offsets stay in registers
 
 
 def vectorize_streams(func: LoopFunc, trace: Trace = SILENT) -> LoopFunc:
     """Every streaming nest of ``func`` with its rows' loops vectorised (see the module doc)."""
     nests = [f for f in walk_stmts(func.body) if isinstance(f, For) and any(
         isinstance(n, For) and STREAM in n.annotations for n in walk_stmts(f.body)) and ROWS not in f.annotations]
-    picked: list[str] = []
+    picked: list[For] = []
+    unrolled: list[str] = []
     for nest in nests:
-        _pick(nest.body, picked)
-    for name in dict.fromkeys(picked):
+        _pick(nest.body, picked, unrolled)
+    for g in picked:
+        extent = int(getattr(g.extent, "value", 0))
         try:
-            func = trace(f"vectorize {name} by {LANES}", vectorize(func, name, LANES))
+            if extent <= WHOLE:
+                func = trace(f"vectorize {g.var.name}", vectorize(func, g.var.name))
+            else:
+                func = trace(f"vectorize {g.var.name} by {LANES}", vectorize(func, g.var.name, LANES))
         except TccScheduleError:
             continue
-    return func
+    for name in unrolled:
+        func = trace(f"unroll {name}", on_loops(func, name, lambda f: replace(f, kind="unroll")))
+    return trace("contract", contract(func)) if nests else func
 
 
-def _pick(s: Stmt, out: list[str]) -> None:
+def _pick(s: Stmt, out: list[For], unrolled: list[str]) -> None:
     for g in _loops_under(s):
-        if ROWS in g.annotations or STREAM in g.annotations:
-            _pick(g.body, out)
+        if GROUP in g.annotations:
+            unrolled.append(g.var.name)
+            _pick(g.body, out, unrolled)
+        elif ROWS in g.annotations or STREAM in g.annotations:
+            _pick(g.body, out, unrolled)
         elif int(getattr(g.extent, "value", 0)) < 4:
             continue
         elif _stores_unit(g, direct=True) or (not _loops_under(g.body) and (_stores_unit(g) or _loads_unit(g))):
-            out.append(g.var.name)
+            out.append(g)
         else:
-            _pick(g.body, out)
+            _pick(g.body, out, unrolled)
 
 
 def _loops_under(s: Stmt) -> list[For]:

@@ -55,7 +55,7 @@ from tcc.ir.te import Compute, OpTE, Stream, StreamSum, Tensor
 from tcc.target import Target
 
 I64 = dtypes.i64
-CPU_TILE, CPU_ROW_TILE = 64, 32  # keys x queries: a 16 KiB key tile and 8 KiB of scores, in L1
+CPU_TILE, CPU_ROW_TILE = 64, 32  # keys x queries of a tile: a 16 KiB key tile and 8 KiB of scores, in L1
 GPU_TILE = 32  # a thread per query row on the GPU (the naive schedule): a tile of scores per thread
 
 
@@ -318,11 +318,19 @@ class _Chain:
             out.append(replace(c, body=self.expand(c.body)) if _reads_any(c.body, self.expandable) else c)
         return out
 
-    def _tiles(self, target: Target) -> tuple[int, int, bool]:
-        """(keys, rows, whether keys are staged) of a tile: a thread per row on the GPU for now."""
+    def _tiles(self, target: Target) -> tuple[int, int, bool, int]:
+        """(keys, rows, whether keys are staged, rows summed together) of a tile: a thread per row
+        on the GPU for now."""
         if target.is_gpu:
-            return GPU_TILE, 1, False
-        return CPU_TILE, CPU_ROW_TILE, True
+            return GPU_TILE, 1, False, 1
+        return CPU_TILE, CPU_ROW_TILE, True, _register_rows(target)
+
+
+def _register_rows(target: Target) -> int:
+    """Rows whose tile of scores (or of sums) fit half the vector registers together: 4 x 64 f32
+    in 16 of AVX-512's 32 zmm, 1 in 8 of AVX2's 16 ymm."""
+    registers = 32 if target.vector_bytes >= 64 else 16
+    return max(1, registers // 2 * target.vector_bytes // (CPU_TILE * 4))
 
 
 def _points(axes: tuple[IterVar, ...]) -> int:
