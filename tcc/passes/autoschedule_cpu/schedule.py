@@ -46,7 +46,7 @@ from tcc.passes.autoschedule_cpu.gemm import (
     schedule_gemm,
 )
 from tcc.passes.autoschedule_cpu.pack_gather import gather_into_packs
-from tcc.passes.autoschedule_cpu.stream import vectorize_streams
+from tcc.passes.autoschedule_cpu.stream import parallel_streams, vectorize_streams
 from tcc.passes.autoschedule_cpu.streaming import stream_results
 from tcc.passes.autoschedule_cpu.unflatten import divmod_width, unflatten
 from tcc.passes.loops.compute_at import compute_at
@@ -72,6 +72,8 @@ def autoschedule(func: LoopFunc, target: CpuTarget, params: dict[str, dict[str, 
     func = trace("unflatten gathers", unflatten_gathers(func))
     func = trace("peel borders", peel_borders(func))
     func = vectorize_streams(func, trace)
+    if target.cores > 1:
+        func = parallel_streams(func, trace)
     func = vectorize_and_parallelize(func, target, trace)
     return trace("streaming stores", stream_results(func, target))
 

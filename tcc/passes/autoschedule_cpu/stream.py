@@ -19,8 +19,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tcc.errors import TccScheduleError
-from tcc.ir.loopnest import linear_coeff, loads, on_loops, stores
+from tcc.ir.loopnest import fresh, linear_coeff, loads, on_loops, stores
 from tcc.ir.loops import Allocate, For, If, Let, LoopFunc, Seq, Stmt, Store, walk_stmts
+from tcc.passes.autoschedule_cpu.gemm import items
+from tcc.passes.loops.fuse import fuse
+from tcc.passes.loops.parallel import parallel
 from tcc.passes.loops.schedule import contract
 from tcc.passes.loops.vectorize import vectorize
 from tcc.passes.te.lower_stream import GROUP, ROWS, STREAM
@@ -50,6 +53,35 @@ def vectorize_streams(func: LoopFunc, trace: Trace = SILENT) -> LoopFunc:
     for name in unrolled:
         func = trace(f"unroll {name}", on_loops(func, name, lambda f: replace(f, kind="unroll")))
     return trace("contract", contract(func)) if nests else func
+
+
+def parallel_streams(func: LoopFunc, trace: Trace = SILENT) -> LoopFunc:
+    """Each streaming nest's loops over the rows' outer axes and blocks of rows (batch x heads x
+    query blocks) fused into one parallel loop: hundreds of chunks for the thread team to take as
+    they come, where heads alone (8) left a thread that the OS preempts holding up the call."""
+    for item in items(func.body):
+        if not (isinstance(item, For) and any(isinstance(n, For) and STREAM in n.annotations
+                                              for n in walk_stmts(item))):
+            continue
+        names = [item.var.name]
+        loop: Stmt = item
+        while isinstance(loop, For) and isinstance(loop.body, For) and STREAM not in loop.body.annotations \
+                and ROWS not in loop.body.annotations:
+            loop = loop.body
+            names.append(loop.var.name)
+        name = names[0]
+        for inner in names[1:]:
+            fused = fresh(func, f"{name}_{inner}")
+            try:
+                func = trace(f"fuse {name}, {inner}", fuse(func, name, inner, name=fused))
+            except TccScheduleError:
+                break  # (another statement shares the outer loop: the rows' loops so far)
+            name = fused
+        try:
+            func = trace(f"parallel {name}", parallel(func, name))
+        except TccScheduleError:
+            continue  # (the generic step parallelises what it can)
+    return func
 
 
 def _pick(s: Stmt, out: list[For], unrolled: list[str]) -> None:

@@ -120,9 +120,7 @@ class _Nest:
         for buf in reversed([self.run_max, self.rescale, self.p, *self.run]):
             body = Allocate(buf, body)
         body = For(self.it, Const(-(-self.rows // self.ti), I64), body)
-        for ax in reversed(self.s.rows[:-1]):
-            body = For(ax.var, ax.extent, body)
-        return body
+        return self._over(self.s.rows[:-1], body)  # (loops of their own: nothing is computed at them)
 
     # ------------------------------------------------------------ loops
 
