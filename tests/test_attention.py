@@ -228,3 +228,28 @@ def test_on_the_cuda_simulator(rng, causal):
     gpu_sim.run(lowered.scheduled, arrays, scalars={"scale": scale})
     (expected,) = reference_results(op.te, [Q, K, V, scale], bindings)
     assert_matches(arrays["O"], expected, op.te.tensors["O"].dtype, "O")
+
+
+@pytest.mark.parametrize("variant", ["masked", "softcap", "xent"])
+def test_variants_on_the_cuda_simulator(rng, variant):
+    pytest.importorskip("cuda.bindings.nvrtc")
+    source = XENT if variant == "xent" else VARIANTS[variant]
+    name = "linear_xent" if variant == "xent" else variant
+    op = tcc.compile(source, target="cuda", arch="sm_90")[name]
+    bindings = {"N": 7, "K": 8, "C": 45} if variant == "xent" else {"B": 1, "H": 2, "S": 7, "L": 33, "D": 8}
+    args = random_args(op.te, bindings, rng)
+    if variant == "xent":
+        args[2] = rng.integers(0, 45, 7).astype(np.int64)
+    if variant == "masked":
+        args[3] = (rng.random((1, 33)) < 0.6).astype(np.int64)
+        args[3][:, 0] = 1
+    lowered = op.lowered(bindings)
+    assert lowered.te.streams
+    nvrtc.compile_cubin(cuda_c.generate(lowered.scheduled, op.target).source, "sm_90")
+    (expected,) = reference_results(op.te, args, bindings)
+    result = op.te.results[0]
+    arrays = {p: a for p, a in zip(op.te.params, args) if p in op.te.tensors}
+    arrays[result] = np.full(expected.shape, np.nan, expected.dtype)
+    scalars = {p: a for p, a in zip(op.te.params, args) if p in op.te.scalars}
+    gpu_sim.run(lowered.scheduled, arrays, scalars=scalars)
+    assert_matches(arrays[result], expected, op.te.tensors[result].dtype, result)
