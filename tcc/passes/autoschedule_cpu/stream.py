@@ -8,7 +8,8 @@ output's columns (``V[key, d]`` at unit stride, a probability broadcast). The ge
 (the outermost loop storing at unit stride) would take the loop over the block's rows, whose
 running maxima are stored at unit stride, and fail on everything inside it. The loops are
 chosen here, from the inside of each row: a loop that stores at unit stride in its own body,
-else an innermost loop that reads or writes at unit stride; a tile's 64 keys make one vector.
+else an innermost loop that reads or writes at unit stride (up to 64 lanes one vector, longer
+loops vectors of 32).
 The loops over a group's few rows are unrolled: each row's sums sit at constant offsets of a
 small buffer, which LLVM then keeps in vector registers (a matrix product's register tile), and
 products added to sums are fused multiply-adds, as in the GEMM schedule.
