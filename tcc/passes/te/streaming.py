@@ -328,8 +328,8 @@ class _Chain:
 
 def _register_rows(target: Target) -> int:
     """Rows whose tile of scores fit half the vector registers together: 2 x 128 f32 in 16 of
-    AVX-512's 32 zmm (2 x 64 keys x 32 rows: 30 ms of CPU time at B1 H8 S1024 D64; 2 x 128 x 64:
-    26.5; 4 x 64 x 32: 30; 1 x 256 x 64: 49, spilled), 1 on AVX2."""
+    AVX-512's 32 zmm, 1 on AVX2. CPU time at B1 H8 S1024 D64 by (keys, rows, rows together):
+    (64, 32, 4) 30 ms, (128, 32, 2) 28, (128, 64, 2) 26.5, (256, 64, 1) 49 (spilled)."""
     registers = 32 if target.vector_bytes >= 64 else 16
     return max(1, registers // 2 * target.vector_bytes // (CPU_TILE * 4))
 
