@@ -64,6 +64,8 @@ def stream_reductions(op: OpTE, target: Target) -> OpTE:
     notes: list[str] = []
     streams = list(op.streams)
     for name in [c.tensor for c in op.computes if _max_over_one_axis(c)]:
+        if not any(c.tensor == name and _max_over_one_axis(c) for c in op.computes):
+            continue  # (streamed into an earlier chain)
         outcome = _Chain(op, name).fuse(target)
         if isinstance(outcome, str):
             notes.append(f"no stream over {name}: {outcome}")
@@ -77,9 +79,10 @@ def stream_reductions(op: OpTE, target: Target) -> OpTE:
 
 
 def _max_over_one_axis(c: Compute) -> bool:
+    """``c`` is ``m[r] = max[j](...)`` over one axis, for at least one row axis."""
     r = c.body
     return isinstance(r, Reduce) and r.op == "max" and len(r.axes) == 1 and r.dtype.is_float \
-        and r.dtype == r.acc_dtype and not c.accumulate and not c.sequential
+        and r.dtype == r.acc_dtype and not c.accumulate and not c.sequential and len(c.axes) > 0
 
 
 def _describe(s: Stream) -> str:
