@@ -59,7 +59,7 @@ def inline_intermediates(op: OpTE) -> OpTE:
     tensors = dict(op.tensors)
     pads = dict(op.pads)
     for name in [c.tensor for c in op.computes if op.tensors[c.tensor].kind == "temp"]:
-        pinned = _scatter_pinned(op, name)
+        pinned = _scatter_pinned(op, name) or _stream_pinned(op, name)
         if pinned:
             notes.append(f"keep {name}: {pinned}")
             continue
@@ -97,6 +97,18 @@ def _scatter_pinned(op: OpTE, name: str) -> str | None:
     read = sorted(t for t in added if _reads(body, t))
     if read:
         return f"reads {read[0]}, which += adds into: it is computed where it stands"
+    return None
+
+
+def _stream_pinned(op: OpTE, name: str) -> str | None:
+    """Why ``name`` stays as it is because a stream (:mod:`.streaming`) computes or reads it: the
+    stream's score and weights name the tensors they read."""
+    for s in op.streams:
+        if name in s.tensors:
+            return f"computed by the stream over {s.axis.var.name}"
+        members = [c for c in op.computes if c.tensor in s.tensors]
+        if any(_reads(c.body, name) for c in members):
+            return f"read by the stream over {s.axis.var.name}"
     return None
 
 
@@ -252,8 +264,10 @@ def _fresh_reductions(body: Expr, taken: set[str]) -> Expr:
 def _groups(op: OpTE, gemms: bool = True) -> list:
     groups: list[list[Compute]] = []
     shared: list[int] = []
+    streamed = {t for s in op.streams for t in s.tensors}  # lowered together as one nest of their own
     for c in op.computes:
-        if c.sequential or c.accumulate or (not gemms and gemm_batch_depth(c) < len(c.axes)):  # own nests
+        own = c.tensor in streamed or c.sequential or c.accumulate
+        if own or (not gemms and gemm_batch_depth(c) < len(c.axes)):  # own nests
             groups.append([c])
             shared.append(0)  # nothing joins it
             continue
