@@ -34,6 +34,15 @@ op segment_sum[S = 1](X: f64[N, D], seg: i64[N], W: f64[S, D]) -> Y: f64[S, D] {
     Y[s, d] = W[s, d]
     Y[seg[n], d] += X[n, d] * X[n, d]
 }
+op added_after[S = 1](X: f64[S], seg: i64[N], W: f64[N]) -> Z: f64[S] {
+    T[s] = exp(X[s])
+    T[seg[n]] += W[n] * X[seg[n]]
+    Z[s] = T[s] * T[s]
+}
+op recurrence_added[S = 1](X: f64[S], seg: i64[N], W: f64[N]) -> H: f64[S] {
+    H[s] = select(s == 0, X[s], tanh(H[s - 1]) * X[s])
+    H[seg[n]] += W[n] * W[n]
+}
 op scatter_sum[S = 1](X: f64[N], pos: i64[N, K]) -> Y: f64[S] {
     Y[s] = 0.0
     Y[pos[n, k]] += sum[d: 2](X[n] * f64(d + k + 1))
@@ -79,6 +88,8 @@ def test_embedding_gradient_is_a_scatter_add(rng, v, d, n):
     ("segment_sum", dict(N=33, D=7, S=7), {"seg": ("S", (33,))}),
     ("segment_sum", dict(N=1, D=1, S=1), {"seg": ("S", (1,))}),
     ("scatter_sum", dict(N=7, K=3, S=5), {"pos": ("S", (7, 3))}),
+    ("added_after", dict(N=33, S=7), {"seg": ("S", (33,))}),  # exp's derivative reads T before the +=
+    ("recurrence_added", dict(N=7, S=33), {"seg": ("S", (7,))}),  # (grad fuzz: refused, then wrong)
 ])
 def test_gathers_and_scatters_match_finite_differences(rng, name, bindings, ints):
     """First and second order (the second differentiates the first's scatter-add: a gather)."""
@@ -326,3 +337,21 @@ def test_dtype_parameters_differentiate_per_binding(rng):
     np.testing.assert_allclose(half[0].astype(np.float32), dX, rtol=2e-2, atol=2e-2 * np.abs(dX).max())
     gated = tcc.compile(GENERIC).gated.bound(T="f64")  # (rmsnorm computes in f32: too coarse for differences)
     _fd(gated, [X[0].astype(np.float64), g.astype(np.float64)], {"N": 33})
+
+
+def test_inlining_does_not_capture_a_consumer_variable(rng):
+    """An intermediate with a reduction over ``j``, inlined where it is read at ``s[.., j]`` with the
+    consumer's own ``j``: the reduction is renamed before the substitution (grad fuzz seed 158, a
+    recurrence's reversed adjoint: the fused statement compared the sum's ``j`` instead)."""
+    source = """
+op f(D: f64[N, 4], T: f64[N, 2]) -> R: f64[N, 2] {
+    s: f64[N, 2]
+    s[a, b] = sum[i: N, j: 4](select(j == b, D[i, j] * T[a, 0], 0.0))
+    R[r, j] = s[N - 1 - r, j] + 1.0
+}
+"""
+    op = tcc.compile(source).f
+    D, T = rng.standard_normal((5, 4)), rng.standard_normal((5, 2))
+    got = run_poisoned(op, [D, T], {"N": 5}, {})[0]
+    want = (D[:, :2].sum(0)[None, :] * T[::-1, :1]) + 1.0
+    np.testing.assert_allclose(got, want, rtol=1e-12)
