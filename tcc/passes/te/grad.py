@@ -311,7 +311,9 @@ class _Derivation:
         keeps them, so that its reads stay where they are proved in bounds (``select(t > 0, ..H[t - 1]..)``)."""
         if isinstance(e, Reduce):
             hoisted = self._hoist(e, scope, owner)
-            hoisted = replace(hoisted, body=_guarded(hoisted.body, conds))
+            names = {ax.var.name for ax in scope}
+            if not any(free_vars(ax.extent) & names for ax in e.axes):  # (a prefix's body stays free of i)
+                hoisted = replace(hoisted, body=_guarded(hoisted.body, conds))
             return self._intermediate(hoisted, hoisted, scope, owner, e.op)
         if isinstance(e, Select):
             kids = {id(e.cond): self._lift(e.cond, scope, owner, conds=conds),
