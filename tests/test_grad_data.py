@@ -157,6 +157,9 @@ op linear_recurrence(A: f64[T, D], X: f64[T, D]) -> H: f64[T, D] {
 op rnn(W: f64[D], X: f64[T, D]) -> H: f64[T, D] {
     H[t, d] = select(t < 2, tanh(X[t, d]), tanh(W[d] * H[t - 1, d] + X[t, d] * H[t - 2, d]))
 }
+op nested(X: f64[L, 4], W: f64[D]) -> Y: f64[L, D] {
+    Y[i, d] = sum[k: i + 1](exp(max[m: 4](X[k, m])) * W[d])
+}
 op periodic(X: f64[K], Z: f64[N]) -> H: f64[N] {
     H[i] = select(i < 2, Z[i], 0.5 * H[i - 2] * X[i % K] + Z[i])
 }
@@ -180,6 +183,7 @@ def _normal_args(op, bindings: dict, rng) -> list:
     ("exclusive", dict(L=1)), ("exclusive", dict(L=7)), ("ahead", dict(L=1)), ("ahead", dict(L=33)),
     ("cumprod", dict(L=7)), ("linear_recurrence", dict(T=1, D=3)), ("linear_recurrence", dict(T=33, D=7)),
     ("rnn", dict(T=7, D=3)), ("rnn", dict(T=1, D=1)), ("smoothed", dict(T=33)),
+    ("nested", dict(L=7, D=3)),  # the inner max hoisted over k, whose extent i + 1 names i (fuzz 88)
     ("periodic", dict(K=3, N=8)),  # X[i % K] splits i = K*q + t: H[i - 2] under min(K*q + t, N - 1) >= 2 (fuzz 126)
 ])
 def test_scans_and_recurrences_match_finite_differences(rng, name, bindings):

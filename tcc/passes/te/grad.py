@@ -41,6 +41,7 @@ from tcc.ir.expr import (
     Var,
     const,
     free_vars,
+    substitute,
     transform,
     walk,
 )
@@ -336,7 +337,7 @@ class _Derivation:
         used = free_vars(e) - ({ax.var.name for ax in e.axes} if isinstance(e, Reduce) else set())
         if isinstance(e, Reduce):  # a prefix's extent names the statement's index (sum[j: i + 1])
             used |= {v for ax in e.axes for v in free_vars(ax.extent)}
-        axes = [ax for ax in scope if ax.var.name in used]
+        axes = [_widest(ax, scope, used) for ax in scope if ax.var.name in used]
         indices: tuple[Expr, ...] = tuple(ax.var for ax in axes)
         if not axes:  # a rank-0 value: one element
             axes = [IterVar(Var(self.fresh("z")), const(1))]
@@ -431,6 +432,18 @@ def _ranges_inferable(target: str, lhs: tuple[Expr, ...], value: Expr, scope: di
 
 
 Guards = tuple[tuple[Expr, bool], ...]
+
+
+def _widest(ax: IterVar, scope: list[IterVar], used: set[str]) -> IterVar:
+    """``ax`` with an extent that moves with an index the intermediate does not keep (``k: i + 1``
+    under ``sum[k: i + 1]``) replaced by its largest value (the extent is affine: at an end of
+    that index's range); the values past a point's own extent are computed and never read."""
+    moving = [a for a in scope if a.var.name in free_vars(ax.extent) and a.var.name not in used]
+    extent = ax.extent
+    for a in moving:
+        ends = [substitute(extent, {a.var.name: e}) for e in (const(0), isub(a.extent, const(1)))]
+        extent = simplify(Binary("max", ends[0], ends[1], dtypes.i64))
+    return IterVar(ax.var, extent) if moving else ax
 
 
 def _guarded(e: Expr, conds: Guards) -> Expr:
