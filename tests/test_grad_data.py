@@ -369,3 +369,20 @@ op f(D: f64[N, 4], T: f64[N, 2]) -> R: f64[N, 2] {
     got = run_poisoned(op, [D, T], {"N": 5}, {})[0]
     want = (D[:, :2].sum(0)[None, :] * T[::-1, :1]) + 1.0
     np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("name,shapes", [("embedding", [(7, 3)]), ("linear_recurrence", [(5, 2), (5, 2)])])
+def test_gradgradcheck_through_torch(rng, name, shapes):
+    """PyTorch's gradcheck and gradgradcheck of the ops registered through tcc.torch (the double
+    backward derives the gradient of the scatter-add, the reversed scan, the reversed recurrence)."""
+    torch = pytest.importorskip("torch")
+    lib = tcc.compile(GATHERS + SCANS)
+    fn = tcc.torch.op(lib[name], namespace="grad_data_gg", name=name)
+    xs = tuple(torch.tensor(rng.standard_normal(s), requires_grad=True) for s in shapes)
+    extra = (torch.tensor(_ints(rng, 7, 11)),) if name == "embedding" else ()
+
+    def call(*t):
+        return fn(*t, *extra)
+
+    assert torch.autograd.gradcheck(call, xs)
+    assert torch.autograd.gradgradcheck(call, xs)
