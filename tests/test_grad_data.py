@@ -24,6 +24,9 @@ op pick(X: f64[N, C], lab: i64[N]) -> Y: f64[N] {
 op window[L = 1](X: f64[T, D], start: i64) -> Y: f64[L, D] {
     Y[i, d] = sin(X[start + i, d])
 }
+op copy_window[L = 1](X: f64[T, D], start: i64) -> Y: f64[L, D] {
+    Y[i, d] = X[start + i, d] * 2.0
+}
 op bag(E: f64[V, D], idx: i64[N, K], W: f64[K]) -> Y: f64[N, D] {
     Y[n, d] = sum[k](E[idx[n, k], d] * W[k])
 }
@@ -33,6 +36,15 @@ op shifted(E: f64[V], idx: i64[N]) -> Y: f64[N, 2] {
 op segment_sum[S = 1](X: f64[N, D], seg: i64[N], W: f64[S, D]) -> Y: f64[S, D] {
     Y[s, d] = W[s, d]
     Y[seg[n], d] += X[n, d] * X[n, d]
+}
+op added_after[S = 1](X: f64[S], seg: i64[N], W: f64[N]) -> Z: f64[S] {
+    T[s] = exp(X[s])
+    T[seg[n]] += W[n] * X[seg[n]]
+    Z[s] = T[s] * T[s]
+}
+op recurrence_added[S = 1](X: f64[S], seg: i64[N], W: f64[N]) -> H: f64[S] {
+    H[s] = select(s == 0, X[s], tanh(H[s - 1]) * X[s])
+    H[seg[n]] += W[n] * W[n]
 }
 op scatter_sum[S = 1](X: f64[N], pos: i64[N, K]) -> Y: f64[S] {
     Y[s] = 0.0
@@ -79,6 +91,8 @@ def test_embedding_gradient_is_a_scatter_add(rng, v, d, n):
     ("segment_sum", dict(N=33, D=7, S=7), {"seg": ("S", (33,))}),
     ("segment_sum", dict(N=1, D=1, S=1), {"seg": ("S", (1,))}),
     ("scatter_sum", dict(N=7, K=3, S=5), {"pos": ("S", (7, 3))}),
+    ("added_after", dict(N=33, S=7), {"seg": ("S", (33,))}),  # exp's derivative reads T before the +=
+    ("recurrence_added", dict(N=7, S=33), {"seg": ("S", (7,))}),  # (grad fuzz: refused, then wrong)
 ])
 def test_gathers_and_scatters_match_finite_differences(rng, name, bindings, ints):
     """First and second order (the second differentiates the first's scatter-add: a gather)."""
@@ -96,11 +110,14 @@ def test_gathers_and_scatters_match_finite_differences(rng, name, bindings, ints
 
 @pytest.mark.parametrize("t,length,start", [(9, 4, 5), (7, 1, 0), (33, 33, 0), (1, 1, 0)])
 def test_window_at_a_runtime_offset(rng, t, length, start):
-    op = tcc.compile(GATHERS).window
-    X = rng.standard_normal((t, 3))
-    status, detail = check_op_gradients(op, {"T": t, "D": 3, "L": length}, seed=2, orders=2, torch_check=False,
-                                        args=[X, start])
-    assert status == "ok", detail
+    """(The copy's gradient once read dY through a pad whose widths used the runtime offset, which a
+    pad may not: grad fuzz seed 256.)"""
+    for name in ("window", "copy_window"):
+        op = tcc.compile(GATHERS)[name]
+        X = rng.standard_normal((t, 3))
+        status, detail = check_op_gradients(op, {"T": t, "D": 3, "L": length}, seed=2, orders=2, torch_check=False,
+                                            args=[X, start])
+        assert status == "ok", detail
 
 
 def test_gathers_match_torch_autograd(rng):
@@ -140,6 +157,12 @@ op linear_recurrence(A: f64[T, D], X: f64[T, D]) -> H: f64[T, D] {
 op rnn(W: f64[D], X: f64[T, D]) -> H: f64[T, D] {
     H[t, d] = select(t < 2, tanh(X[t, d]), tanh(W[d] * H[t - 1, d] + X[t, d] * H[t - 2, d]))
 }
+op nested(X: f64[L, 4], W: f64[D]) -> Y: f64[L, D] {
+    Y[i, d] = sum[k: i + 1](exp(max[m: 4](X[k, m])) * W[d])
+}
+op periodic(X: f64[K], Z: f64[N]) -> H: f64[N] {
+    H[i] = select(i < 2, Z[i], 0.5 * H[i - 2] * X[i % K] + Z[i])
+}
 op smoothed(X: f64[T], a: f64[1]) -> Y: f64[T] {
     S: f64[T]
     S[t] = select(t == 0, X[t], a[0] * S[t - 1] + (1.0 - a[0]) * X[t])
@@ -160,6 +183,8 @@ def _normal_args(op, bindings: dict, rng) -> list:
     ("exclusive", dict(L=1)), ("exclusive", dict(L=7)), ("ahead", dict(L=1)), ("ahead", dict(L=33)),
     ("cumprod", dict(L=7)), ("linear_recurrence", dict(T=1, D=3)), ("linear_recurrence", dict(T=33, D=7)),
     ("rnn", dict(T=7, D=3)), ("rnn", dict(T=1, D=1)), ("smoothed", dict(T=33)),
+    ("nested", dict(L=7, D=3)),  # the inner max hoisted over k, whose extent i + 1 names i (fuzz 88)
+    ("periodic", dict(K=3, N=8)),  # X[i % K] splits i = K*q + t: H[i - 2] under min(K*q + t, N - 1) >= 2 (fuzz 126)
 ])
 def test_scans_and_recurrences_match_finite_differences(rng, name, bindings):
     """First and second order (the second differentiates the first's reversed scan or recurrence)."""
@@ -326,3 +351,38 @@ def test_dtype_parameters_differentiate_per_binding(rng):
     np.testing.assert_allclose(half[0].astype(np.float32), dX, rtol=2e-2, atol=2e-2 * np.abs(dX).max())
     gated = tcc.compile(GENERIC).gated.bound(T="f64")  # (rmsnorm computes in f32: too coarse for differences)
     _fd(gated, [X[0].astype(np.float64), g.astype(np.float64)], {"N": 33})
+
+
+def test_inlining_does_not_capture_a_consumer_variable(rng):
+    """An intermediate with a reduction over ``j``, inlined where it is read at ``s[.., j]`` with the
+    consumer's own ``j``: the reduction is renamed before the substitution (grad fuzz seed 158, a
+    recurrence's reversed adjoint: the fused statement compared the sum's ``j`` instead)."""
+    source = """
+op f(D: f64[N, 4], T: f64[N, 2]) -> R: f64[N, 2] {
+    s: f64[N, 2]
+    s[a, b] = sum[i: N, j: 4](select(j == b, D[i, j] * T[a, 0], 0.0))
+    R[r, j] = s[N - 1 - r, j] + 1.0
+}
+"""
+    op = tcc.compile(source).f
+    D, T = rng.standard_normal((5, 4)), rng.standard_normal((5, 2))
+    got = run_poisoned(op, [D, T], {"N": 5}, {})[0]
+    want = (D[:, :2].sum(0)[None, :] * T[::-1, :1]) + 1.0
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("name,shapes", [("embedding", [(7, 3)]), ("linear_recurrence", [(5, 2), (5, 2)])])
+def test_gradgradcheck_through_torch(rng, name, shapes):
+    """PyTorch's gradcheck and gradgradcheck of the ops registered through tcc.torch (the double
+    backward derives the gradient of the scatter-add, the reversed scan, the reversed recurrence)."""
+    torch = pytest.importorskip("torch")
+    lib = tcc.compile(GATHERS + SCANS)
+    fn = tcc.torch.op(lib[name], namespace="grad_data_gg", name=name)
+    xs = tuple(torch.tensor(rng.standard_normal(s), requires_grad=True) for s in shapes)
+    extra = (torch.tensor(_ints(rng, 7, 11)),) if name == "embedding" else ()
+
+    def call(*t):
+        return fn(*t, *extra)
+
+    assert torch.autograd.gradcheck(call, xs)
+    assert torch.autograd.gradgradcheck(call, xs)

@@ -23,7 +23,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 import tcc
-from fuzz.check import FRONTEND_ERRORS, _describe
+from fuzz.check import FRONTEND_ERRORS, _describe, _draw_indices
+from fuzz.constructs import Annotations, annotations
 from fuzz.generate import Program, generate
 from tcc.errors import TccError, TccIndexError
 from tcc.ir.expr import Binary, Call, Reduce, walk
@@ -73,8 +74,11 @@ def check_grad_program(prog: Program, orders: int = 2, torch_check: bool = False
         return GradOutcome(prog.seed, "internal", _describe(exc))
     checked = 0
     for case in prog.cases:
+        ann = annotations(as_f64(prog.source), case.name)
         op = lib[case.name]
-        status, detail = check_op_gradients(op, case.bindings, prog.seed, orders, torch_check)
+        op = op.bound(**ann.types) if ann.types else op  # a generic op: its binding (floats made f64)
+        status, detail = check_op_gradients(op, case.bindings, prog.seed, orders, torch_check,
+                                            ann=replace(ann, poison=None))
         if status not in ("ok", "skipped"):
             return GradOutcome(prog.seed, status, f"{case.name}: {detail}", checked)
         checked += status == "ok"
@@ -82,8 +86,9 @@ def check_grad_program(prog: Program, orders: int = 2, torch_check: bool = False
 
 
 def check_op_gradients(op, bindings: dict[str, int], seed: int, orders: int, torch_check: bool,
-                       args: list | None = None) -> tuple[str, str]:
-    """``op``'s gradients to ``orders`` at ``args`` (default: random ones) against central differences."""
+                       args: list | None = None, ann: Annotations | None = None) -> tuple[str, str]:
+    """``op``'s gradients to ``orders`` at ``args`` (default: random ones, index inputs drawn in the
+    ranges ``ann`` gives) against central differences."""
     if not any(op.te.tensors[p].dtype.is_float for p in op.te.inputs):
         return "skipped", ""
     if underivable(op.te):
@@ -92,7 +97,8 @@ def check_op_gradients(op, bindings: dict[str, int], seed: int, orders: int, tor
     full = {**op.te.cparams, **bindings}
     cparams = {k: v for k, v in bindings.items() if k in op.te.cparams}
     try:
-        args = random_args(op.te, full, rng) if args is None else args
+        if args is None:
+            args = _draw_indices(op.te, random_args(op.te, full, rng), ann or Annotations(), rng)
         results = reference_results(op.te, args, full)
     except (*FRONTEND_ERRORS, TccIndexError):
         return "skipped", ""  # an op the forward refuses at these sizes (or data) has no gradient to check

@@ -41,8 +41,18 @@ def interval(e: Expr, ranges: Ranges) -> Interval | None:
         a, b = interval(e.a, refine(e.cond, ranges, True)), interval(e.b, refine(e.cond, ranges, False))
         return None if a is None or b is None else (min(a[0], b[0]), max(a[1], b[1]))
     if isinstance(e, Binary):
-        return _binary(e, ranges)
+        span = _binary(e, ranges)
+        if KEYED in ranges and span is not None and (known := ranges.get(_key(e))) is not None:
+            return (max(span[0], known[0]), min(span[1], known[1]))
+        return span
     return None
+
+
+KEYED = "("  # present in ranges once a condition bounded an expression rather than one variable
+
+
+def _key(e: Expr) -> str:
+    return f"({format_expr(e)})"
 
 
 def _binary(e: Binary, ranges: Ranges) -> Interval | None:
@@ -100,6 +110,13 @@ def refine(cond: Expr, ranges: Ranges, holds: bool) -> Ranges:
             if sign > 0:
                 return _narrow(ranges, name, relation, (bound[0] - offset, bound[1] - offset))
             return _narrow(ranges, name, _FLIPPED[relation], (offset - bound[1], offset - bound[0]))
+    for side, other, relation in ((cond.a, cond.b, op), (cond.b, cond.a, _FLIPPED[op])):
+        # an expression of several variables or a clamp (``min(K*q + t, N - 1) >= 2``, as a gradient's
+        # split index makes): the bound holds for that expression wherever it appears under the select
+        span, bound = interval(side, ranges), interval(other, ranges)
+        if isinstance(side, Binary) and free_vars(side) & ranges.keys() and span is not None and bound is not None:
+            key = _key(side)
+            return _narrow({**ranges, KEYED: (0, 0), key: span}, key, relation, bound)
     return ranges
 
 

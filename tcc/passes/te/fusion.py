@@ -232,7 +232,12 @@ def _inline_into(consumer: Compute, producer: Compute) -> Compute:
     def visit(n: Expr) -> Expr | None:
         if isinstance(n, Read) and n.tensor == producer.tensor:
             mapping = {ax.var.name: idx for ax, idx in zip(producer.axes, n.indices)}
-            return _fresh_reductions(substitute(producer.body, mapping), taken)
+            # renamed before the substitution, which may bring in a consumer variable of the same name
+            # as a reduction's (s[a, b] = sum[j](.. j == b ..) read at s[r, j]: the new j is not the sum's)
+            names = taken | set(mapping)
+            fresh = _fresh_reductions(producer.body, names)
+            taken.update(names)  # (each inlined copy's reductions named apart)
+            return substitute(fresh, mapping)
         return None
 
     return replace(consumer, body=transform(consumer.body, visit))

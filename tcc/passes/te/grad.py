@@ -29,7 +29,22 @@ from dataclasses import dataclass, fields, replace
 
 from tcc import dtypes
 from tcc.errors import TccArgumentError, TccCompileError
-from tcc.ir.expr import Binary, Cast, Const, Expr, IterVar, Read, Reduce, Select, Var, const, free_vars, walk
+from tcc.ir.expr import (
+    Binary,
+    Cast,
+    Const,
+    Expr,
+    IterVar,
+    Read,
+    Reduce,
+    Select,
+    Var,
+    const,
+    free_vars,
+    substitute,
+    transform,
+    walk,
+)
 from tcc.ir.te import Compute, OpTE, Pad, Tensor, verify_op
 from tcc.passes.simplify import simplify
 from tcc.passes.te.grad_expr import fadd, fdiv, fmul, fselect, num, partials
@@ -56,7 +71,8 @@ def _one_version(op: OpTE) -> None:
     for k, c in enumerate(op.computes):
         first.setdefault(c.tensor, k)
         for read in (n for e in (c.body, *(c.lhs or ())) for n in walk(e) if isinstance(n, Read)):
-            if read.tensor in last and first[read.tensor] <= k <= last[read.tensor]:
+            if read.tensor in last and first[read.tensor] <= k <= last[read.tensor] \
+                    and not (k == first[read.tensor] and c.sequential):  # (a recurrence's own reads: its version)
                 raise TccCompileError(f"{c.tensor}'s statement reads {read.tensor} before the last += into it: "
                                       "tcc.grad differentiates a tensor's final values only", c.span,
                                       f"read a copy of {read.tensor}, or add into it after the reads")
@@ -114,7 +130,7 @@ class _Derivation:
 
     # ------------------------------------------------------------ the sweep
     def run(self) -> OpTE:
-        for c in self.op.computes:
+        for c in self._versions():
             body = self._hoist(c.body, list(c.axes), c.tensor)
             if c.accumulate and isinstance(body, Reduce):  # a += adds a reduction: hold it in an intermediate
                 body = self._intermediate(c.body, body, list(c.axes), c.tensor, body.op)
@@ -133,6 +149,26 @@ class _Derivation:
                     self.contribs[c.tensor] = [Read(adj, self._targets(c.tensor), self.tensors[c.tensor].dtype)]
         results = [self._finalize(x, result=True) for x in self.wrt]
         return self._build(grads, results)
+
+    def _versions(self) -> list[Compute]:
+        """The op's statements, each tensor that ``+=`` adds into first computed into a copy of its own
+        (``T_def``, a recurrence reading itself there) and then copied: the derivatives of its
+        defining statement read the values it had before the additions, which the gradient op's
+        recomputed forward overwrites in ``T``."""
+        accumulated = self.op.accumulated()
+        out = []
+        for c in self.op.computes:
+            if c.tensor not in accumulated or c.accumulate:
+                out.append(c)
+                continue
+            t = self.tensors[c.tensor]
+            first = self.fresh(f"{c.tensor}_def")
+            self.tensors[first] = replace(t, name=first, kind="temp")
+            body = transform(c.body, lambda n, first=first, name=c.tensor: replace(n, tensor=first)
+                             if isinstance(n, Read) and n.tensor == name else None)
+            out.append(replace(c, tensor=first, body=body))
+            out.append(Compute(c.tensor, c.axes, Read(first, tuple(ax.var for ax in c.axes), t.dtype), c.span))
+        return out
 
     def _active(self) -> set[str]:
         """Float tensors whose values depend on a ``wrt`` input."""
@@ -276,7 +312,9 @@ class _Derivation:
         keeps them, so that its reads stay where they are proved in bounds (``select(t > 0, ..H[t - 1]..)``)."""
         if isinstance(e, Reduce):
             hoisted = self._hoist(e, scope, owner)
-            hoisted = replace(hoisted, body=_guarded(hoisted.body, conds))
+            names = {ax.var.name for ax in scope}
+            if not any(free_vars(ax.extent) & names for ax in e.axes):  # (a prefix's body stays free of i)
+                hoisted = replace(hoisted, body=_guarded(hoisted.body, conds))
             return self._intermediate(hoisted, hoisted, scope, owner, e.op)
         if isinstance(e, Select):
             kids = {id(e.cond): self._lift(e.cond, scope, owner, conds=conds),
@@ -299,7 +337,7 @@ class _Derivation:
         used = free_vars(e) - ({ax.var.name for ax in e.axes} if isinstance(e, Reduce) else set())
         if isinstance(e, Reduce):  # a prefix's extent names the statement's index (sum[j: i + 1])
             used |= {v for ax in e.axes for v in free_vars(ax.extent)}
-        axes = [ax for ax in scope if ax.var.name in used]
+        axes = [_widest(ax, scope, used) for ax in scope if ax.var.name in used]
         indices: tuple[Expr, ...] = tuple(ax.var for ax in axes)
         if not axes:  # a rank-0 value: one element
             axes = [IterVar(Var(self.fresh("z")), const(1))]
@@ -394,6 +432,18 @@ def _ranges_inferable(target: str, lhs: tuple[Expr, ...], value: Expr, scope: di
 
 
 Guards = tuple[tuple[Expr, bool], ...]
+
+
+def _widest(ax: IterVar, scope: list[IterVar], used: set[str]) -> IterVar:
+    """``ax`` with an extent that moves with an index the intermediate does not keep (``k: i + 1``
+    under ``sum[k: i + 1]``) replaced by its largest value (the extent is affine: at an end of
+    that index's range); the values past a point's own extent are computed and never read."""
+    moving = [a for a in scope if a.var.name in free_vars(ax.extent) and a.var.name not in used]
+    extent = ax.extent
+    for a in moving:
+        ends = [substitute(extent, {a.var.name: e}) for e in (const(0), isub(a.extent, const(1)))]
+        extent = simplify(Binary("max", ends[0], ends[1], dtypes.i64))
+    return IterVar(ax.var, extent) if moving else ax
 
 
 def _guarded(e: Expr, conds: Guards) -> Expr:

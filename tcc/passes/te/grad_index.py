@@ -140,7 +140,7 @@ def gather(indices: tuple[Expr, ...], shape: tuple[Expr, ...], targets: tuple[Va
     if not window and not guards:
         body = substitute(value, {s.var: targets[s.dim] for s in solves})
         return _sum(body, summed, scope)
-    if not guards and _windowed(window, value, adjoint, summed):
+    if not guards and _windowed(window, value, adjoint, summed) and _static_offsets(window, emit.static):
         return _window_form(solves, trivial, value, scope, summed, shape, targets, adjoint, emit)
     return _guarded_form(indices, forms, solves, trivial, value, scope, summed, targets, emit.static)
 
@@ -257,6 +257,12 @@ def _windowed(window: list[_Solve], value: Expr, adjoint: Adjoint, summed: list[
             return False
     stripped = transform(value, lambda n: num(1) if isinstance(n, Read) and n.tensor == adjoint.name else None)
     return not (free_vars(stripped) & ys)
+
+
+def _static_offsets(window: list[_Solve], static: frozenset[str]) -> bool:
+    """Whether the window dims' offsets and strides are constants once bound: they become pad widths,
+    which may not use a runtime scalar (``X[start + i]``: its gradient is the guarded gather)."""
+    return all(free_vars(e) <= static for s in window for e in (s.coef, *s.others.values()))
 
 
 def _window_form(solves: list[_Solve], trivial: set[str], value: Expr, scope: dict[str, Expr], summed: list[str],
