@@ -46,6 +46,8 @@ def check_training(model, *inputs, atol=1e-5):
     torch.testing.assert_close(loss, expected, rtol=1e-5, atol=atol)
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=atol, msg=lambda m, n=name: f"{n}: {m}")
+    for (name, b), c in zip(model.named_buffers(), reference.buffers()):  # batch norm's running statistics
+        torch.testing.assert_close(b, c, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
 
 
 @pytest.mark.parametrize("batch", [1, 6])
@@ -60,11 +62,29 @@ def test_mlp_trains_as_eager():
 
 
 def test_cnn_infers_and_trains_as_eager():
+    """Batch norm with batch statistics (and its running ones updated), the gradients of the
+    convolutions as convolutions in tcc."""
     torch.manual_seed(2)
     model = CNN()
     x = torch.randn(2, 3, 11, 9)
     check_inference(model, x)
-    check_training(model.train(), x)
+    record = torch_compile.Explanation()
+    torch_compile._RECORDS.append(record)
+    try:
+        check_training(model.train(), x)
+    finally:
+        torch_compile._RECORDS.pop()
+    assert record.tcc["convolution_backward.default"] == 2
+    assert record.tcc["_native_batch_norm_legit_functional.default"] == 1
+
+
+def test_resnet_infers_as_eager():
+    """A ResNet (batch norm folded at inference, max pooling, strided and 1x1 convolutions)."""
+    onnx_models = pytest.importorskip("onnx_models")
+    model = onnx_models.randomized(onnx_models.ResNet(width=8, blocks=(1, 1), classes=11))
+    report = tcc.torch.explain(model.eval(), torch.randn(1, 3, 33, 35))
+    assert not report.eager
+    check_inference(model, torch.randn(2, 3, 33, 35), atol=1e-4)
 
 
 def test_gpt_block_infers_and_trains_as_eager():

@@ -19,6 +19,7 @@ for others (``dynamic=False``; a graph with symbolic shapes runs in PyTorch, as 
 
 from __future__ import annotations
 
+import operator
 import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -86,6 +87,10 @@ def _trial(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, str]:
         if node.op in ("placeholder", "output", "get_attr"):
             if node.op != "output":
                 env[node] = _stand_in(t.p, node)
+            continue
+        if node.target is operator.getitem and node.args[0] in refused:
+            refused[node] = refused[node.args[0]]  # a result of a call left to PyTorch
+            env[node] = _stand_in(t.p, node)
             continue
         if not supported(node):
             refused[node] = "a tcc.torch op: its own compiled kernel" if is_registered(node.target) else \
@@ -183,6 +188,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Ca
     refused = _trial(gm)
     record = _RECORDS[-1] if _RECORDS else None
     for node, why in refused.items():
+        if node.target is operator.getitem:
+            continue  # its call is listed
         name = operator_name(node)
         if record is not None:
             record.eager[name] += 1
