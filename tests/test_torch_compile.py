@@ -194,3 +194,23 @@ def test_zero_d_result_of_a_tcc_torch_op(path, backend):
         torch.testing.assert_close(x.grad, 4.0 * x.detach())
         with torch.no_grad():
             torch.testing.assert_close(fn(x), 2.0 * (x * x).sum())
+
+
+def test_inference_weights_follow_parameter_updates():
+    """In inference the parameters are the programs' constant weights (a uniform one a literal):
+    an in-place update, an optimizer step or a loaded state compiles them again from the values."""
+    torch.manual_seed(11)
+    model, ids = GPT().eval(), torch.randint(0, 37, (2, 9))
+    c = compiled(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for change in (None, "scale", "step", "state"):
+        with torch.no_grad():
+            if change == "scale":
+                model.blocks[0].ln1.weight.mul_(1.5)  # all ones before: a literal in the source
+            elif change == "state":
+                model.load_state_dict(GPT().state_dict())
+        if change == "step":
+            model(ids).square().mean().backward()
+            optimizer.step()
+        with torch.no_grad():
+            torch.testing.assert_close(c(ids), model(ids), rtol=1e-4, atol=1e-5)

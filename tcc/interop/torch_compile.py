@@ -19,6 +19,7 @@ for others (``dynamic=False``; a graph with symbolic shapes runs in PyTorch, as 
 
 from __future__ import annotations
 
+import functools
 import operator
 import warnings
 from collections import Counter
@@ -136,20 +137,41 @@ class _Accepted(OperatorSupport):
 
 
 class _Program(torch.nn.Module):
-    """A subgraph's compiled program in the place of the subgraph: torch tensors in and out."""
+    """A subgraph's compiled program in the place of the subgraph: torch tensors in and out.
 
-    def __init__(self, sub: torch.fx.GraphModule, device: torch.device):
+    It compiles on its first call, from the tensors it is given. In an inference graph
+    (``frozen``) on the CPU, the parameters it reads are the program's weights (constant
+    parameters: their GEMM panels packed once, uniform ones written as literals, as ``tcc.onnx``
+    binds a model's initializers); a parameter changed since (its version counter, or another
+    tensor in its place) compiles the program again from the new values."""
+
+    def __init__(self, sub: torch.fx.GraphModule, device: torch.device, frozen: bool):
         super().__init__()
+        self.sub = sub
+        self.device = device
+        self.frozen = frozen and device.type == "cpu"
+        self.model: GraphModel | None = None
+        self.weights: dict[int, tuple[torch.Tensor, int]] = {}  # argument position -> (parameter, its version)
+        self.single = True
+
+    def _build(self, args: Sequence[torch.Tensor]) -> None:
         p = Program()
         t = Lowering(p)
         env: dict[torch.fx.Node, Any] = {}
         inputs = []
-        for node in sub.graph.nodes:
-            if node.op == "placeholder":
-                val = node.meta["val"]
-                env[node] = p.add_input(node.name, static_shape(val.shape), tcc_dtype(val.dtype))
+        self.weights = {n: (a, a._version) for n, a in enumerate(args) if self.frozen and
+                        isinstance(a, torch.nn.Parameter)}
+        placeholders = [node for node in self.sub.graph.nodes if node.op == "placeholder"]
+        for n, node in enumerate(placeholders):
+            val = node.meta["val"]
+            dtype = tcc_dtype(val.dtype)
+            if n in self.weights:
+                env[node] = p.constant(args[n].detach().numpy(), dtype, node.name)
+            else:
+                env[node] = p.add_input(node.name, static_shape(val.shape), dtype)
                 inputs.append(node.name)
-            elif node.op == "call_function":
+        for node in self.sub.graph.nodes:
+            if node.op == "call_function":
                 env[node] = lower_node(t, node, env)
             elif node.op == "output":
                 results = node.args[0]
@@ -157,13 +179,18 @@ class _Program(torch.nn.Module):
                 results = [results] if self.single else list(results)
                 for n, r in enumerate(results):
                     p.add_result(f"out{n}", env[r])
-        self.device = device
-        self.model = GraphModel(p, "cuda" if device.type == "cuda" else "cpu", inputs,
+        self.model = GraphModel(p, "cuda" if self.device.type == "cuda" else "cpu", inputs,
                                 [f"out{n}" for n in range(len(p.results))], {})
         self.model.label = "tcc.torch"
 
+    def _stale(self, args: Sequence[torch.Tensor]) -> bool:
+        return any(args[n] is not w or w._version != version for n, (w, version) in self.weights.items())
+
     def forward(self, *args: torch.Tensor) -> Any:
-        got = self.model(*[a.detach().contiguous() for a in args])
+        if self.model is None or self.weights and self._stale(args):
+            self._build(args)
+        weights = self.weights
+        got = self.model(*[a.detach().contiguous() for n, a in enumerate(args) if n not in weights])  # type: ignore
         outs = [_to_torch(g, self.device) for g in (got if isinstance(got, tuple) else (got,))]
         return outs[0] if self.single else tuple(outs)
 
@@ -182,8 +209,9 @@ def _device(example_inputs: Sequence[Any]) -> torch.device:
     return next(iter(devices)) if len(devices) == 1 else torch.device("cpu")
 
 
-def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
-    """One AOTAutograd graph (forward or backward) with its accepted calls in tcc programs (a boxed
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], inference: bool = False) -> Callable:
+    """One AOTAutograd graph (forward, backward, or ``inference``: a forward that records no
+    graph, whose parameters become constants) with its accepted calls in tcc programs (a boxed
     callable, as AOTAutograd calls it)."""
     refused = _trial(gm)
     record = _RECORDS[-1] if _RECORDS else None
@@ -206,7 +234,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Ca
             if record is not None:
                 record.partitions += 1
                 record.tcc.update(operator_name(n) for n in sub.graph.nodes if n.op == "call_function")
-            setattr(fused, node.target, _Program(sub, device))
+            setattr(fused, node.target, _Program(sub, device, inference))
     if record is not None:
         record.graphs += 1
     fused.recompile()
@@ -214,6 +242,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Ca
 
 
 _aot = aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph,
+                    inference_compiler=functools.partial(compile_graph, inference=True),
                     decompositions=core_aten_decompositions())
 
 
