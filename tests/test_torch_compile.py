@@ -162,6 +162,31 @@ def test_new_shape_recompiles():
             torch.testing.assert_close(c(x), model(x), rtol=1e-4, atol=1e-5)
 
 
+def test_symbolic_shapes_compile_for_each_call():
+    """Dynamo's automatic dynamic shapes (a graph with symbolic sizes after the second shape):
+    each call's shapes compile on their own, in tcc, forward and backward."""
+    torch.manual_seed(12)
+    model = MLP()
+    torch._dynamo.reset()
+    c = torch.compile(model, backend="tcc")
+    record = torch_compile.Explanation()
+    torch_compile._RECORDS.append(record)
+    try:
+        for batch in (2, 5, 1, 5):
+            x = torch.randn(batch, 7)
+            with torch.no_grad():
+                torch.testing.assert_close(c(x), model(x), rtol=1e-4, atol=1e-5)
+            reference = copy.deepcopy(model)
+            c(x).square().mean().backward()
+            reference(x).square().mean().backward()
+            for p, q in zip(model.parameters(), reference.parameters()):
+                torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+            model.zero_grad()
+    finally:
+        torch_compile._RECORDS.pop()
+    assert not record.eager and record.graphs >= 3 * 3  # per shape: inference, forward, backward
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_tensors_infer_and_train_as_eager():
     torch.manual_seed(9)

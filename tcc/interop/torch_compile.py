@@ -13,7 +13,7 @@ become elementwise calls and sums). Each of those graphs comes to :func:`compile
 3. the FX graph then runs as before, its subgraphs replaced by the compiled programs.
 
 Shapes are static: a graph compiles for the shapes it was captured with, and Dynamo recompiles
-for others (``dynamic=False``; a graph with symbolic shapes runs in PyTorch, as the warning says).
+for others; a graph Dynamo captures with symbolic shapes compiles for each call's shapes.
 :func:`explain` compiles a model and tells which operators run where.
 """
 
@@ -248,8 +248,37 @@ _aot = aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph,
 
 def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Callable:
     """The ``torch.compile`` backend (``backend="tcc"`` once ``tcc.torch`` is imported, or
-    ``backend=tcc.torch.backend``)."""
+    ``backend=tcc.torch.backend``). A graph Dynamo made with symbolic shapes is compiled again for
+    each set of shapes it is called with (:class:`_Specialised`)."""
+    if _symbolic(gm):
+        return _Specialised(gm, kwargs)
     return _aot(gm, example_inputs, **kwargs)
+
+
+def _symbolic(gm: torch.fx.GraphModule) -> bool:
+    for node in gm.graph.nodes:
+        value = node.meta.get("example_value") if node.op == "placeholder" else None
+        if isinstance(value, torch.SymInt | torch.SymFloat) or isinstance(value, torch.Tensor) and \
+                not all(isinstance(d, int) for d in value.shape):
+            return True
+    return False
+
+
+class _Specialised:
+    """A graph with symbolic shapes, compiled by AOTAutograd and the engine for the shapes (and
+    integer values) of each call: tcc compiles for static shapes."""
+
+    def __init__(self, gm: torch.fx.GraphModule, kwargs: dict[str, Any]):
+        self.gm, self.kwargs = gm, kwargs
+        self.compiled: dict[tuple, Callable] = {}
+
+    def __call__(self, *args: Any) -> Any:
+        key = (torch.is_grad_enabled(), *((tuple(a.shape), a.dtype, a.requires_grad, a.device)
+                                           if isinstance(a, torch.Tensor) else a for a in args))
+        fn = self.compiled.get(key)
+        if fn is None:
+            fn = self.compiled[key] = _aot(self.gm, list(args), **self.kwargs)
+        return fn(*args)
 
 
 def explain(model: Callable, *inputs: Any, **kw_inputs: Any) -> Explanation:
