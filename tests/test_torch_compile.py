@@ -187,6 +187,26 @@ def test_symbolic_shapes_compile_for_each_call():
     assert not record.eager and record.graphs >= 3 * 3  # per shape: inference, forward, backward
 
 
+def test_programs_compile_for_cuda_without_a_gpu(monkeypatch):
+    """The GPT's forward and backward programs (built here on the CPU) go through the CUDA
+    pipeline to PTX through NVRTC, as they would for CUDA tensors."""
+    pytest.importorskip("cuda.bindings")
+    sources = []
+    build = torch_compile._Program._build
+
+    def keep(self, args):
+        build(self, args)
+        sources.append(self.model.source)
+
+    monkeypatch.setattr(torch_compile._Program, "_build", keep)
+    torch.manual_seed(13)
+    check_training(GPT(d=8, heads=2, context=5), torch.randint(0, 37, (1, 5)))
+    assert len(sources) >= 2  # the forward; the backward, cut by the embedding gradient left to PyTorch
+    for source in sources:
+        op = next(iter(tcc.compile(source, target="cuda", arch="sm_80")))
+        assert ".entry" in op.stage_text({}, "ptx")
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_tensors_infer_and_train_as_eager():
     torch.manual_seed(9)

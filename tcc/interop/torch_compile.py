@@ -196,9 +196,13 @@ class _Program(torch.nn.Module):
 
 
 def _to_torch(x: Any, device: torch.device) -> torch.Tensor:
+    """A result as a torch tensor, without a copy: CPU results are NumPy arrays; CUDA ones torch
+    tensors (the inputs were) or ``tcc.cuda.Array`` (DLPack keeps it alive)."""
+    if isinstance(x, torch.Tensor):
+        return x
     if isinstance(x, np.ndarray | np.generic):
         return torch.from_numpy(np.asarray(x))
-    return torch.as_tensor(x, device=device)  # a tcc CUDA array, through __cuda_array_interface__
+    return torch.from_dlpack(x)
 
 
 # ---------------------------------------------------------------- the backend
