@@ -21,6 +21,7 @@ import numpy as np
 import torch  # the optional dependency of the torch front door
 
 from tcc.errors import TccError
+from tcc.frontend.unparse import call, select
 from tcc.interop.graph import NUMPY_DTYPES, Node, Program, Value
 from tcc.interop.onnx import HANDLERS
 from tcc.interop.onnx_ops import ONNX_DTYPES
@@ -356,6 +357,31 @@ def _convolution_backward(t: Lowering, grad: Value, x: Value, w: Value, bias_siz
     return results
 
 
+def _index_put(t: Lowering, x: Value, indices: Sequence[Value | None], values: Value,
+               accumulate: bool = False) -> Value:
+    """``x`` with ``values`` added at the positions one index tensor gives along the first axis
+    (the gradient of an embedding): a copy of ``x``, then a scatter-add statement. A negative
+    index counts from the end; the position is clamped into the axis, since an index computed in
+    the program cannot be checked before the call (the embedding's decomposition clamps its
+    indices the same way, and its forward checked them)."""
+    if not accumulate or len(indices) != 1 or indices[0] is None:
+        raise Unsupported("index_put other than an accumulation along the first axis")
+    index, n = indices[0], x.shape[0]
+    if index.dtype not in ("i32", "i64") or values.shape != index.shape + x.shape[1:]:
+        raise Unsupported(f"index_put of values {list(values.shape)} at indices {list(index.shape)}")
+    out = t.p.emit(t.node.name, x.shape, x.dtype, x.read)  # type: ignore[union-attr]
+    k = index.rank
+    values = t.cast(values, x.dtype)
+    source = t.p.tensor_value(t.p.materialize(values, t.node.name + "_values"), values.shape, x.dtype)  # type: ignore
+
+    def position(idx: list[Any]) -> list[Any]:
+        i = index.read(idx[:k])
+        return [call("min", call("max", select(i.lt(0), i + n, i), 0), n - 1), *idx[k:]]
+
+    t.p.accumulate(out, values.shape, position, source.read)
+    return out
+
+
 # ---------------------------------------------------------------- shapes
 
 def _view(t: Lowering, x: Value, shape: Sequence[int]) -> Value:
@@ -491,6 +517,7 @@ ATEN: dict[Any, Callable[..., Any]] = {
     aten._native_batch_norm_legit_functional.default: _batch_norm_training,
     aten.max_pool2d_with_indices.default: _max_pool, aten.avg_pool2d.default: _avg_pool,
     aten._adaptive_avg_pool2d.default: _adaptive_avg_pool, aten.convolution_backward.default: _convolution_backward,
+    aten.index_put.default: _index_put,
 }
 
 
