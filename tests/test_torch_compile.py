@@ -68,12 +68,8 @@ def test_cnn_infers_and_trains_as_eager():
     model = CNN()
     x = torch.randn(2, 3, 11, 9)
     check_inference(model, x)
-    record = torch_compile.Explanation()
-    torch_compile._RECORDS.append(record)
-    try:
+    with torch_compile.recording() as record:
         check_training(model.train(), x)
-    finally:
-        torch_compile._RECORDS.pop()
     assert record.tcc["convolution_backward.default"] == 2
     assert record.tcc["_native_batch_norm_legit_functional.default"] == 1
 
@@ -92,24 +88,16 @@ def test_gpt_block_infers_and_trains_as_eager():
     torch.manual_seed(3)
     ids = torch.randint(0, 37, (2, 7))
     check_inference(GPT(), ids)
-    record = torch_compile.Explanation()
-    torch_compile._RECORDS.append(record)
-    try:
+    with torch_compile.recording() as record:
         check_training(GPT().train(), ids, atol=2e-5)
-    finally:
-        torch_compile._RECORDS.pop()
     assert not record.eager and record.tcc["index_put.default"] == 2  # the token and position embeddings
 
 
 def test_backward_runs_in_tcc():
     """The backward graph reaches the engine too: its matrix products and sums are tcc's."""
     torch.manual_seed(4)
-    record = torch_compile.Explanation()
-    torch_compile._RECORDS.append(record)
-    try:
+    with torch_compile.recording() as record:
         check_training(MLP(), torch.randn(3, 7))
-    finally:
-        torch_compile._RECORDS.pop()
     assert record.graphs == 2  # forward and backward
     assert record.tcc["mm.default"] >= 4 and record.tcc["sum.dim_IntList"] >= 2
     assert not record.eager
@@ -176,9 +164,7 @@ def test_symbolic_shapes_compile_for_each_call():
     model = MLP()
     torch._dynamo.reset()
     c = torch.compile(model, backend="tcc")
-    record = torch_compile.Explanation()
-    torch_compile._RECORDS.append(record)
-    try:
+    with torch_compile.recording() as record:
         for batch in (2, 5, 1, 5):
             x = torch.randn(batch, 7)
             with torch.no_grad():
@@ -189,8 +175,6 @@ def test_symbolic_shapes_compile_for_each_call():
             for p, q in zip(model.parameters(), reference.parameters()):
                 torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
             model.zero_grad()
-    finally:
-        torch_compile._RECORDS.pop()
     assert not record.eager and record.graphs >= 3 * 3  # per shape: inference, forward, backward
 
 

@@ -23,7 +23,7 @@ import torch  # the optional dependency of the torch front door
 from tcc.errors import TccError
 from tcc.frontend.unparse import call, select
 from tcc.interop.graph import NUMPY_DTYPES, Node, Program, Value
-from tcc.interop.onnx import HANDLERS
+from tcc.interop.graph_ops import HANDLERS
 from tcc.interop.onnx_ops import ONNX_DTYPES
 
 aten = torch.ops.aten

@@ -19,11 +19,12 @@ for others; a graph Dynamo captures with symbolic shapes compiles for each call'
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
 import warnings
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,7 +50,7 @@ from tcc.interop.torch_aten import (
     tcc_dtype,
 )
 
-__all__ = ["Explanation", "backend", "compile_graph", "explain"]
+__all__ = ["Explanation", "backend", "compile_graph", "explain", "recording"]
 
 _WARNED: set[str] = set()  # operators already reported as left to PyTorch (once per process)
 _RECORDS: list[Explanation] = []  # where explain() collects what the backend did
@@ -285,17 +286,26 @@ class _Specialised:
         return fn(*args)
 
 
+@contextlib.contextmanager
+def recording() -> Iterator[Explanation]:
+    """What the backend compiles inside the block, operator by operator (forward and backward
+    graphs alike)."""
+    _RECORDS.append(Explanation())
+    try:
+        yield _RECORDS[-1]
+    finally:
+        _RECORDS.pop()
+
+
 def explain(model: Callable, *inputs: Any, **kw_inputs: Any) -> Explanation:
     """Compile ``model`` with ``backend="tcc"``, run it once on ``inputs`` (forward only) and say
     which operators ran in tcc and which in PyTorch; printing the result lists them."""
     torch._dynamo.reset()
-    _RECORDS.append(Explanation())
     try:
-        with torch.no_grad():
+        with recording() as record, torch.no_grad():
             torch.compile(model, backend=backend, dynamic=False)(*inputs, **kw_inputs)
-        return _RECORDS[-1]
+        return record
     finally:
-        _RECORDS.pop()
         torch._dynamo.reset()
 
 
