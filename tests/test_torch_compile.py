@@ -130,6 +130,19 @@ def test_unsupported_operator_falls_back_listed_once():
     assert "cummax.default" in str(report) and "in tcc" in str(report)
 
 
+def test_a_program_tcc_fails_to_compile_runs_in_pytorch(monkeypatch):
+    def refuse(self, *args, **kwargs):
+        raise tcc.TccError("internal error: a pass gave up")
+
+    monkeypatch.setattr(torch_compile.GraphModel, "compile", refuse)
+    torch.manual_seed(14)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_inference(MLP(), torch.randn(3, 7))
+        check_training(MLP(), torch.randn(3, 7))
+    assert sum("runs in PyTorch: error: internal error: a pass gave up" in str(w.message) for w in caught) == 3
+
+
 def test_explain_lists_every_operator_in_tcc():
     torch.manual_seed(6)
     report = tcc.torch.explain(GPT(), torch.randint(0, 37, (1, 9)))

@@ -181,6 +181,9 @@ def _leaky_relu(t: Lowering, x: Value, slope: float = 0.01) -> Value:
 
 
 def _to_copy(t: Lowering, x: Value, **kw: Any) -> Value:
+    source = t.node.args[0].meta["val"]  # type: ignore[union-attr]
+    if kw.get("device") is not None and torch.device(kw["device"]) != source.device:
+        raise Unsupported("a copy to another device")
     if kw.get("memory_format") not in (None, torch.contiguous_format, torch.preserve_format):
         raise Unsupported(f"memory_format {kw['memory_format']}")
     return t.cast(x, t.dtype())

@@ -144,7 +144,8 @@ class _Program(torch.nn.Module):
     (``frozen``) on the CPU, the parameters it reads are the program's weights (constant
     parameters: their GEMM panels packed once, uniform ones written as literals, as ``tcc.onnx``
     binds a model's initializers); a parameter changed since (its version counter, or another
-    tensor in its place) compiles the program again from the new values."""
+    tensor in its place) compiles the program again from the new values. A program tcc fails to
+    compile (an error of tcc's) leaves its subgraph to PyTorch, with a warning."""
 
     def __init__(self, sub: torch.fx.GraphModule, device: torch.device, frozen: bool):
         super().__init__()
@@ -152,6 +153,7 @@ class _Program(torch.nn.Module):
         self.device = device
         self.frozen = frozen and device.type == "cpu"
         self.model: GraphModel | None = None
+        self.failed = False  # tcc could not compile it: the subgraph runs in PyTorch
         self.weights: dict[int, tuple[torch.Tensor, int]] = {}  # argument position -> (parameter, its version)
         self.single = True
 
@@ -188,8 +190,17 @@ class _Program(torch.nn.Module):
         return any(args[n] is not w or w._version != version for n, (w, version) in self.weights.items())
 
     def forward(self, *args: torch.Tensor) -> Any:
+        if self.failed:
+            return self.sub(*args)
         if self.model is None or self.weights and self._stale(args):
-            self._build(args)
+            try:
+                self._build(args)
+                self.model.compile()  # type: ignore[union-attr]
+            except TccError as exc:  # a program tcc cannot compile: the subgraph runs in PyTorch
+                self.failed = True
+                warnings.warn(f"tcc.torch: a program of {len(self.sub.graph.nodes)} nodes runs in PyTorch: "
+                              f"{str(exc).splitlines()[0]}", stacklevel=2)
+                return self.sub(*args)
         weights = self.weights
         got = self.model(*[a.detach().contiguous() for n, a in enumerate(args) if n not in weights])  # type: ignore
         outs = [_to_torch(g, self.device) for g in (got if isinstance(got, tuple) else (got,))]
