@@ -25,17 +25,18 @@ class MLP(nn.Module):
 
 
 class CNN(nn.Module):
-    """Two convolutions (one strided, without bias), a gate read through a strided slice, a mean
-    over the image and a linear head."""
+    """Two convolutions (one strided and dilated, without bias), a batch norm, a gate read
+    through a strided slice, a mean over the image and a linear head."""
 
     def __init__(self, channels: int = 3, width: int = 8, classes: int = 7):
         super().__init__()
         self.conv1 = nn.Conv2d(channels, width, 3, padding=1)
-        self.conv2 = nn.Conv2d(width, 2 * width, 3, stride=2, padding=1, bias=False)
+        self.norm = nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, 2 * width, 3, stride=2, padding=2, dilation=2, bias=False)
         self.head = nn.Linear(2 * width, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = torch.relu(self.conv1(x))
+        x = torch.relu(self.norm(self.conv1(x)))
         x = torch.sigmoid(self.conv2(x)) * x[:, :1, ::2, ::2]
         return self.head(x.mean(dim=(2, 3)))
 

@@ -2,7 +2,8 @@
 # On a machine with an NVIDIA GPU, in one call: install what tcc needs, run the whole test suite
 # (CUDA tests included, on WORKERS=8 processes), the CUDA differential fuzzer (FUZZ=200 programs from
 # START), then every GPU-side benchmark (Step 6 workloads with the roofline, the CUDA latency rows,
-# PyTorch call overhead and conv gradients on CUDA, the ONNX networks against eager PyTorch), each
+# PyTorch call overhead and conv gradients on CUDA, the ONNX networks against eager PyTorch,
+# torch.compile(backend="tcc") against eager and Inductor), each
 # under a time limit so that the whole fits one 10-minute device call. Logs go to $OUT (if set) or
 # ./gpu-check-logs; each benchmark's output to its own log.
 #
@@ -74,6 +75,7 @@ if [ "${BENCH:-1}" != 0 ]; then
     run_bench torch_overhead timeout 60 "$PY" torch_overhead.py --cuda --runs 5
     run_bench grad timeout 90 "$PY" grad.py --cuda --runs 5 --layer "3x3 64"
     run_bench onnx_networks timeout 120 "$PY" onnx_networks.py --cuda --repeat 30
+    run_bench models timeout 150 "$PY" models.py --cuda --models mlp cnn gpt --batches 8 --repeat 20
     cd ..
 fi
 echo "gpu_check: pytest exit $status, benchmarks exit $bench"

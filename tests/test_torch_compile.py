@@ -46,6 +46,8 @@ def check_training(model, *inputs, atol=1e-5):
     torch.testing.assert_close(loss, expected, rtol=1e-5, atol=atol)
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=atol, msg=lambda m, n=name: f"{n}: {m}")
+    for (name, b), c in zip(model.named_buffers(), reference.buffers()):  # batch norm's running statistics
+        torch.testing.assert_close(b, c, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
 
 
 @pytest.mark.parametrize("batch", [1, 6])
@@ -60,29 +62,42 @@ def test_mlp_trains_as_eager():
 
 
 def test_cnn_infers_and_trains_as_eager():
+    """Batch norm with batch statistics (and its running ones updated), the gradients of the
+    convolutions as convolutions in tcc."""
     torch.manual_seed(2)
     model = CNN()
     x = torch.randn(2, 3, 11, 9)
     check_inference(model, x)
-    check_training(model.train(), x)
+    with torch_compile.recording() as record:
+        check_training(model.train(), x)
+    assert record.tcc["convolution_backward.default"] == 2
+    assert record.tcc["_native_batch_norm_legit_functional.default"] == 1
+
+
+def test_resnet_infers_as_eager():
+    """A ResNet (batch norm folded at inference, max pooling, strided and 1x1 convolutions)."""
+    onnx_models = pytest.importorskip("onnx_models")
+    model = onnx_models.randomized(onnx_models.ResNet(width=8, blocks=(1, 1), classes=11))
+    report = tcc.torch.explain(model.eval(), torch.randn(1, 3, 33, 35))
+    assert not report.eager
+    check_inference(model, torch.randn(2, 3, 33, 35), atol=1e-4)
 
 
 def test_gpt_block_infers_and_trains_as_eager():
+    """Every call in tcc, the embeddings' gradient (a scatter-add) included."""
     torch.manual_seed(3)
     ids = torch.randint(0, 37, (2, 7))
     check_inference(GPT(), ids)
-    check_training(GPT().train(), ids, atol=2e-5)
+    with torch_compile.recording() as record:
+        check_training(GPT().train(), ids, atol=2e-5)
+    assert not record.eager and record.tcc["index_put.default"] == 2  # the token and position embeddings
 
 
 def test_backward_runs_in_tcc():
     """The backward graph reaches the engine too: its matrix products and sums are tcc's."""
     torch.manual_seed(4)
-    record = torch_compile.Explanation()
-    torch_compile._RECORDS.append(record)
-    try:
+    with torch_compile.recording() as record:
         check_training(MLP(), torch.randn(3, 7))
-    finally:
-        torch_compile._RECORDS.pop()
     assert record.graphs == 2  # forward and backward
     assert record.tcc["mm.default"] >= 4 and record.tcc["sum.dim_IntList"] >= 2
     assert not record.eager
@@ -115,6 +130,19 @@ def test_unsupported_operator_falls_back_listed_once():
     assert "cummax.default" in str(report) and "in tcc" in str(report)
 
 
+def test_a_program_tcc_fails_to_compile_runs_in_pytorch(monkeypatch):
+    def refuse(self, *args, **kwargs):
+        raise tcc.TccError("internal error: a pass gave up")
+
+    monkeypatch.setattr(torch_compile.GraphModel, "compile", refuse)
+    torch.manual_seed(14)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_inference(MLP(), torch.randn(3, 7))
+        check_training(MLP(), torch.randn(3, 7))
+    assert sum("runs in PyTorch: error: internal error: a pass gave up" in str(w.message) for w in caught) == 3
+
+
 def test_explain_lists_every_operator_in_tcc():
     torch.manual_seed(6)
     report = tcc.torch.explain(GPT(), torch.randint(0, 37, (1, 9)))
@@ -140,6 +168,47 @@ def test_new_shape_recompiles():
         for batch in (1, 7, 2):
             x = torch.randn(batch, 7)
             torch.testing.assert_close(c(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_symbolic_shapes_compile_for_each_call():
+    """Dynamo's automatic dynamic shapes (a graph with symbolic sizes after the second shape):
+    each call's shapes compile on their own, in tcc, forward and backward."""
+    torch.manual_seed(12)
+    model = MLP()
+    torch._dynamo.reset()
+    c = torch.compile(model, backend="tcc")
+    with torch_compile.recording() as record:
+        for batch in (2, 5, 1, 5):
+            x = torch.randn(batch, 7)
+            with torch.no_grad():
+                torch.testing.assert_close(c(x), model(x), rtol=1e-4, atol=1e-5)
+            reference = copy.deepcopy(model)
+            c(x).square().mean().backward()
+            reference(x).square().mean().backward()
+            for p, q in zip(model.parameters(), reference.parameters()):
+                torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+            model.zero_grad()
+    assert not record.eager and record.graphs >= 3 * 3  # per shape: inference, forward, backward
+
+
+def test_programs_compile_for_cuda_without_a_gpu(monkeypatch):
+    """The GPT's forward and backward programs (built here on the CPU) go through the CUDA
+    pipeline to PTX through NVRTC, as they would for CUDA tensors."""
+    pytest.importorskip("cuda.bindings")
+    sources = []
+    build = torch_compile._Program._build
+
+    def keep(self, args):
+        build(self, args)
+        sources.append(self.model.source)
+
+    monkeypatch.setattr(torch_compile._Program, "_build", keep)
+    torch.manual_seed(13)
+    check_training(GPT(d=8, heads=2, context=5), torch.randint(0, 37, (1, 5)))
+    assert len(sources) == 2  # forward and backward
+    for source in sources:
+        op = next(iter(tcc.compile(source, target="cuda", arch="sm_80")))
+        assert ".entry" in op.stage_text({}, "ptx")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -174,3 +243,23 @@ def test_zero_d_result_of_a_tcc_torch_op(path, backend):
         torch.testing.assert_close(x.grad, 4.0 * x.detach())
         with torch.no_grad():
             torch.testing.assert_close(fn(x), 2.0 * (x * x).sum())
+
+
+def test_inference_weights_follow_parameter_updates():
+    """In inference the parameters are the programs' constant weights (a uniform one a literal):
+    an in-place update, an optimizer step or a loaded state compiles them again from the values."""
+    torch.manual_seed(11)
+    model, ids = GPT().eval(), torch.randint(0, 37, (2, 9))
+    c = compiled(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for change in (None, "scale", "step", "state"):
+        with torch.no_grad():
+            if change == "scale":
+                model.blocks[0].ln1.weight.mul_(1.5)  # all ones before: a literal in the source
+            elif change == "state":
+                model.load_state_dict(GPT().state_dict())
+        if change == "step":
+            model(ids).square().mean().backward()
+            optimizer.step()
+        with torch.no_grad():
+            torch.testing.assert_close(c(ids), model(ids), rtol=1e-4, atol=1e-5)

@@ -97,22 +97,26 @@ class Value:
 @dataclass
 class Statement:
     """One statement of the op's body, printed: ``text`` defines ``name`` (after ``decl``, the
-    declaration line of an intermediate), or ``name`` is a ``pad`` view of ``pad_of``."""
+    declaration line of an intermediate), adds into it (``accumulates``: a scatter-add after its
+    definition), or ``name`` is a ``pad`` view of ``pad_of``."""
 
     name: str
     text: str
     decl: str | None = None
     pad_of: str | None = None
+    accumulates: bool = False
 
     def lines(self) -> list[str]:
         return [self.decl, self.text] if self.decl else [self.text]
 
     def reads(self) -> list[str]:
         """The names read, in order of first read: the pad's source, or every ``name[`` right of
-        the ``=`` (a superset of the tensors read: the reductions ``sum[``, ``max[`` are in it)."""
+        the ``=`` (a superset of the tensors read: the reductions ``sum[``, ``max[`` are in it);
+        of a scatter-add, every one after its target (its position reads data)."""
         if self.pad_of is not None:
             return [self.pad_of]
-        return list(dict.fromkeys(re.findall(r"([A-Za-z_]\w*)\[", self.text.split("=", 1)[1])))
+        read = self.text[len(self.name):] if self.accumulates else self.text.split("=", 1)[1]
+        return list(dict.fromkeys(re.findall(r"([A-Za-z_]\w*)\[", read)))
 
 
 @dataclass
@@ -187,6 +191,15 @@ class Program:
         decl = f"{name}: {dtype}[{', '.join(map(str, shape))}]"
         self.statements.append(Statement(name, f"{unparse(access(name, idx).node)} = {body(idx)}", decl))
         return self.tensor_value(name, tuple(shape), dtype)
+
+    def accumulate(self, target: Value, shape: Sequence[int], position: Callable[[list[Ex]], list[Ex]],
+                   body: Callable[[list[Ex]], Ex]) -> None:
+        """A statement ``T[position(i0, ...)] += body(i0, ...)`` over the index space ``shape``:
+        a scatter-add into ``target``, an intermediate ``emit`` defined just before (every index
+        must appear alone in one of ``body``'s reads, which gives its range)."""
+        idx = self.index_names(len(shape))
+        lhs = unparse(access(target.tensor, position(idx)).node)  # type: ignore[arg-type]
+        self.statements.append(Statement(target.tensor, f"{lhs} += {body(idx)}", accumulates=True))  # type: ignore
 
     def materialize(self, value: Value, hint: str) -> str:
         """The name of a tcc tensor holding ``value`` (a copy statement for a view)."""

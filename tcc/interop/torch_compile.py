@@ -13,15 +13,18 @@ become elementwise calls and sums). Each of those graphs comes to :func:`compile
 3. the FX graph then runs as before, its subgraphs replaced by the compiled programs.
 
 Shapes are static: a graph compiles for the shapes it was captured with, and Dynamo recompiles
-for others (``dynamic=False``; a graph with symbolic shapes runs in PyTorch, as the warning says).
+for others; a graph Dynamo captures with symbolic shapes compiles for each call's shapes.
 :func:`explain` compiles a model and tells which operators run where.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import operator
 import warnings
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +50,7 @@ from tcc.interop.torch_aten import (
     tcc_dtype,
 )
 
-__all__ = ["Explanation", "backend", "compile_graph", "explain"]
+__all__ = ["Explanation", "backend", "compile_graph", "explain", "recording"]
 
 _WARNED: set[str] = set()  # operators already reported as left to PyTorch (once per process)
 _RECORDS: list[Explanation] = []  # where explain() collects what the backend did
@@ -86,6 +89,10 @@ def _trial(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, str]:
         if node.op in ("placeholder", "output", "get_attr"):
             if node.op != "output":
                 env[node] = _stand_in(t.p, node)
+            continue
+        if node.target is operator.getitem and node.args[0] in refused:
+            refused[node] = refused[node.args[0]]  # a result of a call left to PyTorch
+            env[node] = _stand_in(t.p, node)
             continue
         if not supported(node):
             refused[node] = "a tcc.torch op: its own compiled kernel" if is_registered(node.target) else \
@@ -131,20 +138,43 @@ class _Accepted(OperatorSupport):
 
 
 class _Program(torch.nn.Module):
-    """A subgraph's compiled program in the place of the subgraph: torch tensors in and out."""
+    """A subgraph's compiled program in the place of the subgraph: torch tensors in and out.
 
-    def __init__(self, sub: torch.fx.GraphModule, device: torch.device):
+    It compiles on its first call, from the tensors it is given. In an inference graph
+    (``frozen``) on the CPU, the parameters it reads are the program's weights (constant
+    parameters: their GEMM panels packed once, uniform ones written as literals, as ``tcc.onnx``
+    binds a model's initializers); a parameter changed since (its version counter, or another
+    tensor in its place) compiles the program again from the new values. A program tcc fails to
+    compile (an error of tcc's) leaves its subgraph to PyTorch, with a warning."""
+
+    def __init__(self, sub: torch.fx.GraphModule, device: torch.device, frozen: bool):
         super().__init__()
+        self.sub = sub
+        self.device = device
+        self.frozen = frozen and device.type == "cpu"
+        self.model: GraphModel | None = None
+        self.failed = False  # tcc could not compile it: the subgraph runs in PyTorch
+        self.weights: dict[int, tuple[torch.Tensor, int]] = {}  # argument position -> (parameter, its version)
+        self.single = True
+
+    def _build(self, args: Sequence[torch.Tensor]) -> None:
         p = Program()
         t = Lowering(p)
         env: dict[torch.fx.Node, Any] = {}
         inputs = []
-        for node in sub.graph.nodes:
-            if node.op == "placeholder":
-                val = node.meta["val"]
-                env[node] = p.add_input(node.name, static_shape(val.shape), tcc_dtype(val.dtype))
+        self.weights = {n: (a, a._version) for n, a in enumerate(args) if self.frozen and
+                        isinstance(a, torch.nn.Parameter)}
+        placeholders = [node for node in self.sub.graph.nodes if node.op == "placeholder"]
+        for n, node in enumerate(placeholders):
+            val = node.meta["val"]
+            dtype = tcc_dtype(val.dtype)
+            if n in self.weights:
+                env[node] = p.constant(args[n].detach().numpy(), dtype, node.name)
+            else:
+                env[node] = p.add_input(node.name, static_shape(val.shape), dtype)
                 inputs.append(node.name)
-            elif node.op == "call_function":
+        for node in self.sub.graph.nodes:
+            if node.op == "call_function":
                 env[node] = lower_node(t, node, env)
             elif node.op == "output":
                 results = node.args[0]
@@ -152,21 +182,39 @@ class _Program(torch.nn.Module):
                 results = [results] if self.single else list(results)
                 for n, r in enumerate(results):
                     p.add_result(f"out{n}", env[r])
-        self.device = device
-        self.model = GraphModel(p, device.type, inputs,  # torch names its devices as tcc its targets
+        self.model = GraphModel(p, self.device.type, inputs,  # torch names its devices as tcc its targets
                                 [f"out{n}" for n in range(len(p.results))], {})
         self.model.label = "tcc.torch"
 
+    def _stale(self, args: Sequence[torch.Tensor]) -> bool:
+        return any(args[n] is not w or w._version != version for n, (w, version) in self.weights.items())
+
     def forward(self, *args: torch.Tensor) -> Any:
-        got = self.model(*[a.detach().contiguous() for a in args])
+        if self.failed:
+            return self.sub(*args)
+        if self.model is None or self.weights and self._stale(args):
+            try:
+                self._build(args)
+                self.model.compile()  # type: ignore[union-attr]
+            except TccError as exc:  # a program tcc cannot compile: the subgraph runs in PyTorch
+                self.failed = True
+                warnings.warn(f"tcc.torch: a program of {len(self.sub.graph.nodes)} nodes runs in PyTorch: "
+                              f"{str(exc).splitlines()[0]}", stacklevel=2)
+                return self.sub(*args)
+        weights = self.weights
+        got = self.model(*[a.detach().contiguous() for n, a in enumerate(args) if n not in weights])  # type: ignore
         outs = [_to_torch(g, self.device) for g in (got if isinstance(got, tuple) else (got,))]
         return outs[0] if self.single else tuple(outs)
 
 
 def _to_torch(x: Any, device: torch.device) -> torch.Tensor:
+    """A result as a torch tensor, without a copy: CPU results are NumPy arrays; CUDA ones torch
+    tensors (the inputs were) or ``tcc.cuda.Array`` (DLPack keeps it alive)."""
+    if isinstance(x, torch.Tensor):
+        return x
     if isinstance(x, np.ndarray | np.generic):
         return torch.from_numpy(np.asarray(x))
-    return torch.as_tensor(x, device=device)  # a tcc CUDA array, through __cuda_array_interface__
+    return torch.from_dlpack(x)
 
 
 # ---------------------------------------------------------------- the backend
@@ -177,12 +225,15 @@ def _device(example_inputs: Sequence[Any]) -> torch.device:
     return next(iter(devices)) if len(devices) == 1 else torch.device("cpu")
 
 
-def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
-    """One AOTAutograd graph (forward or backward) with its accepted calls in tcc programs (a boxed
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], inference: bool = False) -> Callable:
+    """One AOTAutograd graph (forward, backward, or ``inference``: a forward that records no
+    graph, whose parameters become constants) with its accepted calls in tcc programs (a boxed
     callable, as AOTAutograd calls it)."""
     refused = _trial(gm)
     record = _RECORDS[-1] if _RECORDS else None
     for node, why in refused.items():
+        if node.target is operator.getitem:
+            continue  # its call is listed
         name = operator_name(node)
         if record is not None:
             record.eager[name] += 1
@@ -199,7 +250,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Ca
             if record is not None:
                 record.partitions += 1
                 record.tcc.update(operator_name(n) for n in sub.graph.nodes if n.op == "call_function")
-            setattr(fused, node.target, _Program(sub, device))
+            setattr(fused, node.target, _Program(sub, device, inference))
     if record is not None:
         record.graphs += 1
     fused.recompile()
@@ -207,26 +258,65 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Ca
 
 
 _aot = aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph,
+                    inference_compiler=functools.partial(compile_graph, inference=True),
                     decompositions=core_aten_decompositions())
 
 
 def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Callable:
     """The ``torch.compile`` backend (``backend="tcc"`` once ``tcc.torch`` is imported, or
-    ``backend=tcc.torch.backend``)."""
+    ``backend=tcc.torch.backend``). A graph Dynamo made with symbolic shapes is compiled again for
+    each set of shapes it is called with (:class:`_Specialised`)."""
+    if _symbolic(gm):
+        return _Specialised(gm, kwargs)
     return _aot(gm, example_inputs, **kwargs)
+
+
+def _symbolic(gm: torch.fx.GraphModule) -> bool:
+    for node in gm.graph.nodes:
+        value = node.meta.get("example_value") if node.op == "placeholder" else None
+        if isinstance(value, torch.SymInt | torch.SymFloat) or isinstance(value, torch.Tensor) and \
+                not all(isinstance(d, int) for d in value.shape):
+            return True
+    return False
+
+
+class _Specialised:
+    """A graph with symbolic shapes, compiled by AOTAutograd and the engine for the shapes (and
+    integer values) of each call: tcc compiles for static shapes."""
+
+    def __init__(self, gm: torch.fx.GraphModule, kwargs: dict[str, Any]):
+        self.gm, self.kwargs = gm, kwargs
+        self.compiled: dict[tuple, Callable] = {}
+
+    def __call__(self, *args: Any) -> Any:
+        key = (torch.is_grad_enabled(), *((tuple(a.shape), a.dtype, a.requires_grad, a.device)
+                                           if isinstance(a, torch.Tensor) else a for a in args))
+        fn = self.compiled.get(key)
+        if fn is None:
+            fn = self.compiled[key] = _aot(self.gm, list(args), **self.kwargs)
+        return fn(*args)
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[Explanation]:
+    """What the backend compiles inside the block, operator by operator (forward and backward
+    graphs alike)."""
+    _RECORDS.append(Explanation())
+    try:
+        yield _RECORDS[-1]
+    finally:
+        _RECORDS.pop()
 
 
 def explain(model: Callable, *inputs: Any, **kw_inputs: Any) -> Explanation:
     """Compile ``model`` with ``backend="tcc"``, run it once on ``inputs`` (forward only) and say
     which operators ran in tcc and which in PyTorch; printing the result lists them."""
     torch._dynamo.reset()
-    _RECORDS.append(Explanation())
     try:
-        with torch.no_grad():
+        with recording() as record, torch.no_grad():
             torch.compile(model, backend=backend, dynamic=False)(*inputs, **kw_inputs)
-        return _RECORDS[-1]
+        return record
     finally:
-        _RECORDS.pop()
         torch._dynamo.reset()
 
 

@@ -402,8 +402,10 @@ def _zero(e: Expr) -> bool:
 
 def _only_read_in(op: OpTE, tensor: str, members: list[Compute]) -> bool:
     """Whether only the statements of the group read ``tensor``: a ``+=`` into a member's tensor
-    is a statement of its own, outside the group (fuzz seed 2603)."""
+    is a statement of its own, outside the group (fuzz seed 2603), and may read it in its
+    left-hand index (a scatter at positions the group computes: the torch.compile importer's
+    embedding gradient lost the positions' buffer)."""
     for c in op.computes:
-        if not any(c is m for m in members) and _reads_of(op, c.body, {tensor}):
+        if not any(c is m for m in members) and any(_reads_of(op, e, {tensor}) for e in (c.body, *(c.lhs or ()))):
             return False
     return True
