@@ -90,3 +90,20 @@ def test_einsum_ellipsis_broadcasts_as_numpy_does(rng):
     model = make_model([node], [("a", F32, [2, 1, 7, 5]), ("b", F32, [3, 5, 4])], [("y", F32, [2, 3, 7, 4])], opset=18)
     a, b = rng.standard_normal([2, 1, 7, 5]).astype(np.float32), rng.standard_normal([3, 5, 4]).astype(np.float32)
     np.testing.assert_allclose(tcc.onnx.load(model)(a, b), np.einsum("...ij,...jk->...ik", a, b), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("largest", [1, 0])
+@pytest.mark.parametrize("shape,axis,k", [([3, 33], -1, 5), ([7, 4], 0, 7), ([1, 1000], 1, 1), ([2, 5, 3], 1, 2)])
+def test_top_k(rng, largest, shape, axis, k):
+    out = [k if d == axis % len(shape) else n for d, n in enumerate(shape)]
+    node = helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=axis, largest=largest)
+    model = make_model([node], [("x", F32, shape)], [("v", F32, out), ("i", I64, out)],
+                       {"k": np.array([k], np.int64)}, opset=18)
+    check_against_ort(model, rng)
+
+
+def test_top_k_ties_go_to_the_lower_index(rng):
+    node = helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=1)
+    model = make_model([node], [("x", I64, [5, 33])], [("v", I64, [5, 9]), ("i", I64, [5, 9])],
+                       {"k": np.array([9], np.int64)}, opset=18)
+    check_against_ort(model, rng, feeds={"x": rng.integers(0, 4, [5, 33]).astype(np.int64)})

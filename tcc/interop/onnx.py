@@ -64,6 +64,7 @@ HANDLERS: dict[str, Handler] = {
     "Gather": index.gather, "GatherElements": index.gather_elements, "GatherND": index.gather_nd,
     "CumSum": index.cumsum, "Concat": shapes.concat,
     "ScatterElements": scatter.scatter_elements, "Scatter": scatter.scatter_elements, "ScatterND": scatter.scatter_nd,
+    "TopK": scatter.top_k,
     "MatMul": nn.matmul, "Gemm": nn.gemm, "Conv": nn.conv, "ConvTranspose": nn.conv_transpose,
     "MaxPool": nn.max_pool, "AveragePool": nn.average_pool, "GlobalAveragePool": nn.global_average_pool,
     "BatchNormalization": nn.batch_norm, "LayerNormalization": nn.layer_norm,

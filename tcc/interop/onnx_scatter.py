@@ -1,4 +1,4 @@
-"""ONNX ScatterElements and ScatterND as the language's accumulating statements.
+"""ONNX ScatterElements, ScatterND and TopK as the language's accumulating statements.
 
 A scatter writes ``updates`` into a copy of ``data`` at positions read from ``indices``. The
 language adds into a tensor at a data position (``Y[I[j, k], k] += U[j, k]``), so:
@@ -27,7 +27,7 @@ import numpy as np
 from tcc.frontend.unparse import Ex, access, all_of, call, num, reduction, select, unparse, var
 from tcc.interop.onnx_graph import Node, Program, Value
 from tcc.interop.onnx_index import component, position
-from tcc.interop.onnx_ops import cast_to, is_float, norm_axis
+from tcc.interop.onnx_ops import cast_to, const_of, is_float, norm_axis
 
 COMBINE: dict[str, Callable[[Ex, Ex], Ex]] = {
     "mul": lambda a, b: a * b, "max": lambda a, b: call("max", a, b), "min": lambda a, b: call("min", a, b)}
@@ -200,3 +200,41 @@ def scatter_nd(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
         def scattered(idx: list[Ex]) -> Ex:
             return COMBINE[kind](x.read(idx), combined.read(idx))
     return [_finish(p, node, x, kind, x.shape, q, hits, scattered)]
+
+
+def top_k(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
+    """The ``k`` largest (or smallest) along an axis, sorted, ties to the lower index (ONNX's
+    order). Each element's rank is the count of those before it in that order (a masked count:
+    work n^2 per row, fine for the small axes exported models sort); a ``+=`` of each element's
+    position (plus one) at its rank then lists the positions in order, and the first ``k`` are
+    the indices, whose reads are the values."""
+    x = args[0]
+    if x.dtype == "bool":
+        raise node.error("TopK of bools is not supported", hint="Cast them first")
+    k = int(node.attrs["k"]) if node.opset < 10 else int(const_of(node, args[1], "k").reshape(-1)[0])
+    axis = norm_axis(node, node.attrs.get("axis", -1), x.rank)
+    n = x.shape[axis]
+    if not 0 <= k <= n:
+        raise node.error(f"k={k} for an axis of {n}")
+    largest = bool(node.attrs.get("largest", 1))
+
+    def rank(idx: list[Ex]) -> Ex:
+        other = [var("k0") if d == axis else i for d, i in enumerate(idx)]
+        a, b = x.read(other), x.read(idx)
+        before = (a.gt(b) if largest else a.lt(b)).or_(a.eq(b).and_(var("k0").lt(idx[axis])))
+        return reduction("sum", [("k0", n)], select(before, call("i64", 1), call("i64", 0)))
+
+    ranks = p.emit(node.outputs[0] + "_rank", x.shape, "i64", rank)
+    order = p.emit(node.outputs[0] + "_order", x.shape, "i64", lambda idx: num(0))
+    j = p.index_names(x.rank)
+    at = call("min", call("max", ranks.read(j), 0), n - 1)
+    _add_into(p, order, [at if d == axis else i for d, i in enumerate(j)], call("i64", j[axis]) + 1)
+    shape = tuple(k if d == axis else s for d, s in enumerate(x.shape))
+    indices = p.emit(node.outputs[-1] if len(node.outputs) > 1 else "indices", shape, "i64",
+                     lambda idx: order.read(idx) - 1)
+
+    def value(idx: list[Ex]) -> Ex:
+        source = call("min", call("max", order.read(idx) - 1, 0), n - 1)
+        return x.read([source if d == axis else i for d, i in enumerate(idx)])
+
+    return [p.emit(node.outputs[0], shape, x.dtype, value), indices]

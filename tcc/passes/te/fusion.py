@@ -383,8 +383,10 @@ def _zero(e: Expr) -> bool:
 
 def _only_read_in(op: OpTE, tensor: str, members: list[Compute]) -> bool:
     """Whether only the statements of the group read ``tensor``: a ``+=`` into a member's tensor
-    is a statement of its own, outside the group (fuzz seed 2603)."""
+    is a statement of its own, outside the group (fuzz seed 2603), and may read it in its
+    left-hand index too (a rank computed beside the zeroed tensor it places into: ONNX TopK)."""
     for c in op.computes:
-        if not any(c is m for m in members) and _reads_of(op, c.body, {tensor}):
+        reads = [c.body, *(c.lhs or ())]
+        if not any(c is m for m in members) and any(_reads_of(op, e, {tensor}) for e in reads):
             return False
     return True
