@@ -107,3 +107,37 @@ def test_top_k_ties_go_to_the_lower_index(rng):
     model = make_model([node], [("x", I64, [5, 33])], [("v", I64, [5, 9]), ("i", I64, [5, 9])],
                        {"k": np.array([9], np.int64)}, opset=18)
     check_against_ort(model, rng, feeds={"x": rng.integers(0, 4, [5, 33]).astype(np.int64)})
+
+
+@pytest.mark.parametrize("mode,transform,nearest", [
+    ("nearest", "asymmetric", "floor"), ("nearest", "half_pixel", "round_prefer_ceil"),
+    ("linear", "half_pixel", None), ("linear", "pytorch_half_pixel", None), ("linear", "align_corners", None),
+    ("cubic", "half_pixel", None), ("cubic", "asymmetric", None)])
+@pytest.mark.parametrize("scales", [(1.0, 1.0, 2.0, 2.0), (1.0, 1.0, 0.5, 1.75), (1.0, 1.0, 3.0, 1.0)])
+def test_resize_by_scales(rng, mode, transform, nearest, scales):
+    """Scales that are binary fractions and sizes they scale to whole ones: onnxruntime rounds
+    some source positions across a nearest tie, and reads align_corners by the rounded size,
+    where ONNX's reference (and tcc) do not."""
+    shape = [2, 3, 8, 4]
+    out = [int(s * n) for s, n in zip(scales, shape)]
+    attrs = {"mode": mode, "coordinate_transformation_mode": transform}
+    attrs |= {"nearest_mode": nearest} if nearest else {}
+    node = helper.make_node("Resize", ["x", "", "scales"], ["y"], **attrs)
+    model = make_model([node], [("x", F32, shape)], [("y", F32, out)],
+                       {"scales": np.array(scales, np.float32)}, opset=19)
+    check_against_ort(model, rng, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("antialias", [0, 1])
+def test_resize_by_sizes(rng, antialias):
+    node = helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], mode="linear", antialias=antialias)
+    model = make_model([node], [("x", F32, [1, 2, 33, 8])], [("y", F32, [1, 2, 7, 13])],
+                       {"sizes": np.array([1, 2, 7, 13], np.int64)}, opset=19)
+    check_against_ort(model, rng, rtol=1e-4, atol=1e-5)
+
+
+def test_resize_nearest_of_integers(rng):
+    node = helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="nearest")
+    model = make_model([node], [("x", TensorProto.INT32, [1, 1, 3, 5])], [("y", TensorProto.INT32, [1, 1, 6, 10])],
+                       {"scales": np.array([1, 1, 2, 2], np.float32)}, opset=19)
+    check_against_ort(model, rng, feeds={"x": rng.integers(-9, 9, [1, 1, 3, 5]).astype(np.int32)})
