@@ -141,3 +141,44 @@ def test_resize_nearest_of_integers(rng):
     model = make_model([node], [("x", TensorProto.INT32, [1, 1, 3, 5])], [("y", TensorProto.INT32, [1, 1, 6, 10])],
                        {"scales": np.array([1, 1, 2, 2], np.float32)}, opset=19)
     check_against_ort(model, rng, feeds={"x": rng.integers(-9, 9, [1, 1, 3, 5]).astype(np.int32)})
+
+
+def _attention_model(q_shape, kv_shape, past=0, mask_shape=None, mask_bool=False, outputs=1, **attrs):
+    names = ["q", "k", "v"]
+    inputs = [("q", F32, q_shape), ("k", F32, kv_shape), ("v", F32, kv_shape)]
+    if mask_shape or past:
+        names.append("mask" if mask_shape else "")
+        if mask_shape:
+            inputs.append(("mask", TensorProto.BOOL if mask_bool else F32, mask_shape))
+    if past:
+        b, h = kv_shape[0], attrs.get("kv_num_heads") or kv_shape[1]
+        d = kv_shape[-1] // h if len(kv_shape) == 3 else kv_shape[-1]
+        names += ["past_k", "past_v"]
+        inputs += [("past_k", F32, [b, h, past, d]), ("past_v", F32, [b, h, past, d])]
+    out_names = ["y", "present_k", "present_v", "qk"][:outputs]
+    node = helper.make_node("Attention", names, out_names, **attrs)
+    session_outputs = [(n, F32, None) for n in out_names]
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
+                              [helper.make_tensor_value_info(n, t, s) for n, t, s in session_outputs])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    model.ir_version = 10
+    return model
+
+
+@pytest.mark.parametrize("case", [
+    dict(q_shape=[2, 4, 7, 8], kv_shape=[2, 2, 7, 8], is_causal=1),  # grouped-query, causal
+    dict(q_shape=[1, 3, 5, 8], kv_shape=[1, 3, 33, 8], mask_shape=[5, 33], scale=0.3),
+    dict(q_shape=[2, 7, 12], kv_shape=[2, 9, 6], q_num_heads=2, kv_num_heads=1, mask_shape=[2, 1, 7, 9],
+         mask_bool=True),
+    dict(q_shape=[1, 2, 3, 4], kv_shape=[1, 2, 3, 4], past=5, mask_shape=[3, 8], outputs=3, is_causal=1),
+    dict(q_shape=[1, 2, 3, 4], kv_shape=[1, 2, 3, 4], past=2, mask_shape=[3, 5], outputs=4, softcap=2.0,
+         qk_matmul_output_mode=2),
+])
+def test_attention(rng, case):
+    model = _attention_model(**case)
+    feeds = {}
+    for vi in model.graph.input:
+        shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+        feeds[vi.name] = rng.random(shape) > 0.3 if vi.type.tensor_type.elem_type == TensorProto.BOOL else \
+            rng.standard_normal(shape).astype(np.float32)
+    check_against_ort(model, rng, feeds=feeds, rtol=1e-4, atol=1e-5)

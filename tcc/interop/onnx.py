@@ -80,6 +80,7 @@ HANDLERS: dict[str, Handler] = {
     "Trilu": shapes.trilu,
     "Einsum": einsum.einsum, "Resize": resize.resize,
     "RMSNormalization": attention.rms_norm, "RotaryEmbedding": attention.rotary_embedding,
+    "Attention": attention.attention,
 }
 
 
