@@ -182,3 +182,12 @@ def test_attention(rng, case):
         feeds[vi.name] = rng.random(shape) > 0.3 if vi.type.tensor_type.elem_type == TensorProto.BOOL else \
             rng.standard_normal(shape).astype(np.float32)
     check_against_ort(model, rng, feeds=feeds, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("exponent", [2.0, 3.0, 0.5, 1.0, 4.0, 2.5])
+def test_pow_by_a_known_exponent(rng, exponent):
+    """GELU's tanh form cubes, variances square: products (and sqrt), not a pow call per element."""
+    node = helper.make_node("Pow", ["x", "e"], ["y"])
+    model = make_model([node], [("x", F32, [3, 33])], [("y", F32, [3, 33])], {"e": np.array(exponent, np.float32)})
+    feeds = {"x": np.abs(rng.standard_normal([3, 33])).astype(np.float32) * 3}
+    check_against_ort(model, rng, feeds=feeds, rtol=1e-6, atol=1e-6)
