@@ -64,7 +64,7 @@ HANDLERS: dict[str, Handler] = {
     "Unsqueeze": shapes.unsqueeze, "Squeeze": shapes.squeeze, "Slice": shapes.slice_, "Split": shapes.split,
     "Gather": index.gather, "GatherElements": index.gather_elements, "GatherND": index.gather_nd,
     "CumSum": index.cumsum, "Concat": shapes.concat,
-    "ScatterElements": scatter.scatter_elements, "Scatter": scatter.scatter_elements, "ScatterND": scatter.scatter_nd,
+    "ScatterElements": scatter.scatter_elements, "ScatterND": scatter.scatter_nd,
     "TopK": scatter.top_k,
     "MatMul": nn.matmul, "Gemm": nn.gemm, "Conv": nn.conv, "ConvTranspose": nn.conv_transpose,
     "MaxPool": nn.max_pool, "AveragePool": nn.average_pool, "GlobalAveragePool": nn.global_average_pool,

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from tcc.frontend import ast
 from tcc.frontend.unparse import Ex, access, all_of, call, num, reduction, select, unparse, var
 from tcc.interop.onnx_graph import Node, Program, Value
 from tcc.interop.onnx_index import component, position
@@ -96,6 +97,29 @@ def _updates(p: Program, node: Node, updates: Value, shape: Sequence[int], data:
     return p.tensor_value(p.materialize(updates, node.outputs[0] + "_updates"), updates.shape, updates.dtype)
 
 
+def _check_constant(node: Node, indices: Value, sizes: Sequence[int]) -> None:
+    """Constant indices out of range are an import error (component ``c`` of the last dim, or
+    the single axis, against ``sizes[c]``)."""
+    if indices.const is None or not indices.const.size:
+        return
+    data = indices.const if len(sizes) == 1 else indices.const.reshape(-1, len(sizes))
+    limits = np.array(sizes)
+    if np.any(data < -limits) or np.any(data >= limits):
+        raise node.error(f"indices out of range for dims of sizes {list(sizes)}")
+
+
+def _plain(p: Program, node: Node, indices: Value) -> Value:
+    """The indices as reads whose every index is a variable of the ``+=``, which is how the
+    statement learns their ranges: a graph input as it is (its positions checked at the call),
+    anything else (a constant, a broadcast view) copied into a tensor first."""
+    probe = [var(f"i{d}") for d in range(indices.rank)]
+    read = indices.read(probe).node
+    if isinstance(read, ast.Access) and all(isinstance(i, ast.Name) for i in read.indices) \
+            and [i.id for i in read.indices] == [v.node.id for v in probe]:
+        return indices
+    return p.tensor_value(p.materialize(indices, node.outputs[0] + "_indices"), indices.shape, indices.dtype)
+
+
 def _finish(p: Program, node: Node, x: Value, kind: str, box: Sequence[int], lead: int, positions: Value | None,
             scattered: Callable[[list[Ex]], Ex]) -> Value:
     """``Y = select(hit, scattered, data)`` for none/mul/max/min, or ``data + A`` for add, where
@@ -117,6 +141,8 @@ def scatter_elements(p: Program, node: Node, args: list[Value | None]) -> list[V
         raise node.error(f"indices {list(indices.shape)} do not fit data {list(x.shape)} along axis {axis}")
     u = _updates(p, node, updates, indices.shape, x)
     n = x.shape[axis]
+    _check_constant(node, indices, [n])
+    indices = _plain(p, node, indices)
     box = [n if d == axis else s for d, s in enumerate(indices.shape)]
 
     def lhs(idx: list[Ex]) -> list[Ex]:
@@ -169,6 +195,8 @@ def scatter_nd(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
         raise node.error(f"indices {list(indices.shape)} do not fit data {list(x.shape)}")
     rows = tuple(indices.shape[:-1])
     u = _updates(p, node, updates, (*rows, *x.shape[q:]), x)
+    _check_constant(node, indices, x.shape[:q])
+    indices = _plain(p, node, indices)
     components = [component(indices, c) for c in range(q)]
 
     def lhs(row: list[Ex]) -> list[Ex]:
