@@ -72,7 +72,7 @@ def rotary_embedding(p: Program, node: Node, args: list[Value | None]) -> list[V
         b, s = idx[0], idx[seq_dim]
         if ids is None:
             return cache.read([b, s, k])
-        return cache.read([position(p, node, ids, [b, s], cache.shape[0]), k])
+        return cache.read([position(p, node, ids, [b, s], cache.shape[0], negative=False), k])
 
     def body(idx: list[Ex]) -> Ex:
         d = idx[3]

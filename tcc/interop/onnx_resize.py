@@ -74,8 +74,8 @@ def _source(mode: str, y: np.ndarray, scale: float, n: int, out: int, roi: tuple
         start, end = roi
         x = np.full(out, (end - start) * (n - 1) / 2) if width == 1 else y * (end - start) * (n - 1) / (width - 1)
         return x + start * (n - 1)
-    if mode == "pytorch_half_pixel":
-        return np.full(out, -0.5) if width == 1 else (y + 0.5) / scale - 0.5
+    if mode == "pytorch_half_pixel":  # the spec's 0 for a length of 1 (ONNX's reference says -0.5)
+        return np.zeros(out) if out == 1 else (y + 0.5) / scale - 0.5
     if mode == "half_pixel_symmetric":
         return n / 2 * (1 - out / width) + (y + 0.5) / scale - 0.5
     return (y + 0.5) / scale - 0.5  # half_pixel

@@ -51,7 +51,9 @@ def _identity(kind: str, dtype: str) -> Ex:
     if is_float(dtype):
         return num(float("-inf") if kind == "max" else float("inf"))
     info = np.iinfo(np.dtype(dtype.replace("i", "int")))
-    return num(int(info.min if kind == "max" else info.max))
+    if kind == "min":
+        return num(int(info.max))
+    return Ex(ast.BinOp("sub", num(int(info.min) + 1).node, num(1).node))  # -2^63 has no literal (unfolded)
 
 
 def _add_into(p: Program, target: Value, lhs: Sequence[Ex], rhs: Ex) -> None:
@@ -239,6 +241,8 @@ def top_k(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
     x = args[0]
     if x.dtype == "bool":
         raise node.error("TopK of bools is not supported", hint="Cast them first")
+    if x.tensor is None:  # read at computed positions: a view indexing by data must be stored first
+        x = p.tensor_value(p.materialize(x, node.outputs[0] + "_input"), x.shape, x.dtype)
     k = int(node.attrs["k"]) if node.opset < 10 else int(const_of(node, args[1], "k").reshape(-1)[0])
     axis = norm_axis(node, node.attrs.get("axis", -1), x.rank)
     n = x.shape[axis]
