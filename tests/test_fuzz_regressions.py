@@ -423,6 +423,20 @@ def test_a_scatter_reads_a_tensor_grouped_with_its_target(rng):
     check_op(src, "fz", dict(M=5, N=4), rng, scalars={"o4": 2})
 
 
+def test_a_scatter_indexed_by_a_tensor_grouped_with_its_target(rng):
+    """ONNX TopK: a rank ``R`` computed beside the zeroed tensor it places into shared its loops
+    with that definition and was kept per row, but the ``+=`` reads it in its left-hand index,
+    as a nest of its own ("load from unknown buffer R")."""
+    src = """
+    op fz(X: f32[M, N]) -> Y: i64[M, N] {
+        R: i64[M, N]
+        R[a, b] = sum[k: N](select(X[a, k] > X[a, b] or X[a, k] == X[a, b] and k < b, i64(1), i64(0)))
+        Y[a, b] = 0
+        Y[c, min(max(R[c, d], 0), N - 1)] += i64(d) + 1
+    }"""
+    check_op(src, "fz", dict(M=3, N=7), rng)
+
+
 def test_a_loop_named_like_a_flattened_one_may_have_a_moving_extent(rng):
     """Fuzz seed 2637: ``T[i] = min[k1: K](X[k1 % N])`` has its ``k1`` loop unflattened into rows
     of N, and unflatten took every loop named ``k1``, the prefix ``max[k1: i]`` of another

@@ -33,7 +33,8 @@ Dropout Identity Constant ConstantOfShape Cast Shape""".split())
 LISTED |= set("""And Or Xor Not IsNaN IsInf GreaterOrEqual LessOrEqual Mod Sign Reciprocal Round Min Max Mean
 HardSigmoid HardSwish Softplus Softsign Mish Elu Celu Selu ThresholdedRelu PRelu ReduceMin ReduceProd ReduceL1 ReduceL2
 ReduceSumSquare ReduceLogSum ReduceLogSumExp ArgMax ArgMin Expand Tile Pad Range Trilu InstanceNormalization
-GatherElements GatherND CumSum ScatterElements ScatterND RMSNormalization RotaryEmbedding Einsum""".split())
+GatherElements GatherND CumSum ScatterElements ScatterND RMSNormalization RotaryEmbedding Einsum TopK Resize
+Sin Cos Floor Ceil Attention""".split())
 TARGET = 0.95  # the share of in-scope cases that must pass
 KNOWN_FAILURES: dict[str, str] = {}  # case -> reason; keep in step with docs/onnx.md
 CPU_TYPES = {t for t, name in ONNX_DTYPES.items() if name != "bf16"}

@@ -209,3 +209,35 @@ def test_gather_of_booleans_by_indices_given_at_run_time():
         y = Gather <axis: int = 1> (x, i)
     }""")
     _assert_ok(model, {"x": np.arange(12).reshape(4, 3) % 3 == 1, "i": np.int64([2, -1, 0, 1, -3])})
+
+
+def test_scatter_nd_max_of_int64():
+    """Fuzz seed 461: the max reduction's identity, -2^63, was printed as a literal the language
+    cannot read (its magnitude is out of range for i64)."""
+    node = helper.make_node("ScatterND", ["x", "i", "u"], ["y"], reduction="max")
+    model = _model([node], [("x", TensorProto.INT64, [3, 2]), ("u", TensorProto.INT64, [2, 2])],
+                   [("y", TensorProto.INT64, [3, 2])], {"i": [[0], [2]]})
+    _assert_ok(model, {"x": np.array([[1, -4], [3, 9], [-7, 2]]), "u": np.array([[5, -9], [-8, 6]])})
+
+
+def test_top_k_of_a_gather_by_run_time_indices():
+    """Fuzz seed 584: TopK reads its input at the positions it computes; the input, a Gather by
+    indices the call gives, read those indices at computed positions, which the call cannot
+    check (a bounds error). TopK now reads a stored copy."""
+    nodes = [helper.make_node("Gather", ["x", "idx"], ["g"]), helper.make_node("TopK", ["g", "k"], ["v", "i"])]
+    model = _model(nodes, [("x", TensorProto.FLOAT, [7]), ("idx", TensorProto.INT64, [5])],
+                   [("v", TensorProto.FLOAT, [3]), ("i", TensorProto.INT64, [3])], {"k": [3]})
+    _assert_ok(model, {"x": np.arange(7, dtype=np.float32) * 1.5 - 4, "idx": np.array([3, -1, 0, 6, 2])})
+
+
+def test_cubic_resize_to_one_row_with_pytorch_half_pixel():
+    """Fuzz seed 550: a length-1 result of pytorch_half_pixel reads from 0, as the spec (and
+    onnxruntime) say; ONNX's reference reads from -0.5, which the cubic taps see."""
+    node = helper.make_node("Resize", ["x", "", "s"], ["y"], mode="cubic",
+                            coordinate_transformation_mode="pytorch_half_pixel")
+    graph = helper.make_graph([node], "bug", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])],
+                              [numpy_helper.from_array(np.array([0.5, 1.0], np.float32), "s")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    model.ir_version = 8
+    _assert_ok(model, {"x": np.array([[1.5, -0.7, 2.0], [0.6, 1.1, -1.9]], np.float32)})

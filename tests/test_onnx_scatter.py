@@ -120,3 +120,40 @@ def test_range_is_an_index_expression(rng, elem, start, limit, delta):
     np.testing.assert_array_equal(got, expected)
     compiled = tcc.onnx.load(model, constants={k: feeds[k] for k in "sld"})
     assert len(compiled.program.weights) == 0  # no stored array: an index expression
+
+
+def test_scatter_in_a_chain(rng):
+    """A scatter between two MatMuls and a Softmax: its tensor is added into, then read."""
+    nodes = [helper.make_node("MatMul", ["x", "v"], ["a"]),
+             helper.make_node("ScatterElements", ["a", "i", "u"], ["s"], axis=0, reduction="add"),
+             helper.make_node("MatMul", ["s", "w"], ["m"]), helper.make_node("Softmax", ["m"], ["y"])]
+    model = make_model(nodes, [("x", F32, [7, 33]), ("i", I64, [3, 33]), ("u", F32, [3, 33])], [("y", F32, [7, 5])],
+                       {"v": rng.standard_normal((33, 33)).astype(np.float32),
+                        "w": rng.standard_normal((33, 5)).astype(np.float32)}, opset=18)
+    feeds = {"x": rng.standard_normal((7, 33)).astype(np.float32), "i": rng.integers(-7, 7, (3, 33)).astype(np.int64),
+             "u": rng.standard_normal((3, 33)).astype(np.float32)}
+    check_against_ort(model, rng, feeds=feeds, rtol=1e-5, atol=1e-5)
+
+
+def test_constant_indices_out_of_range_are_an_import_error(rng):
+    from tcc.interop.graph import OnnxImportError
+
+    for op, i in (("ScatterElements", np.array([[0, 5]])), ("ScatterND", np.array([[1, 0], [2, 9]]))):
+        node = helper.make_node(op, ["x", "i", "u"], ["y"])
+        shape = [1, 2] if op == "ScatterElements" else [2]
+        model = make_model([node], [("x", F32, [5, 4]), ("u", F32, shape)], [("y", F32, [5, 4])], {"i": i}, opset=18)
+        with pytest.raises(OnnxImportError, match="out of range"):
+            tcc.onnx.load(model)
+
+
+def test_uniform_constant_indices(rng):
+    """Indices that are one repeated constant (a literal in the source): the += still learns the
+    ranges of its variables (fuzz seed 1: 'cannot infer the range of index')."""
+    node = helper.make_node("ScatterElements", ["x", "i", "u"], ["y"], axis=0, reduction="add")
+    model = make_model([node], [("x", F32, [3, 5]), ("u", F32, [2, 5])], [("y", F32, [3, 5])],
+                       {"i": np.zeros((2, 5), np.int64)}, opset=18)
+    check_against_ort(model, rng, rtol=1e-5, atol=1e-6)
+    node = helper.make_node("ScatterND", ["x", "i", "u"], ["y"])
+    model = make_model([node], [("x", F32, [3, 5]), ("u", F32, [1, 5])], [("y", F32, [3, 5])],
+                       {"i": np.ones((1, 1), np.int64)}, opset=18)
+    check_against_ort(model, rng)

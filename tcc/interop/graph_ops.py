@@ -16,6 +16,7 @@ from tcc.interop import onnx_index as index
 from tcc.interop import onnx_math as math_ops
 from tcc.interop import onnx_nn as nn
 from tcc.interop import onnx_ops as ops
+from tcc.interop import onnx_resize as resize
 from tcc.interop import onnx_scatter as scatter
 from tcc.interop import onnx_shapes as shapes
 from tcc.interop.graph import Node, Program
@@ -47,6 +48,8 @@ HANDLERS: dict[str, Handler] = {
     **{name: math_ops.activation for name in math_ops.ACTIVATIONS}, "PRelu": math_ops.prelu,
     "Expand": shapes.expand, "Tile": shapes.tile, "Pad": shapes.pad, "Range": shapes.range_,
     "Trilu": shapes.trilu,
-    "ScatterElements": scatter.scatter_elements, "Scatter": scatter.scatter_elements, "ScatterND": scatter.scatter_nd,
-    "Einsum": einsum.einsum, "RMSNormalization": attention.rms_norm, "RotaryEmbedding": attention.rotary_embedding,
+    "ScatterElements": scatter.scatter_elements, "ScatterND": scatter.scatter_nd,
+    "TopK": scatter.top_k, "Einsum": einsum.einsum, "Resize": resize.resize,
+    "RMSNormalization": attention.rms_norm, "RotaryEmbedding": attention.rotary_embedding,
+    "Attention": attention.attention,
 }

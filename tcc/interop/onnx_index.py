@@ -41,14 +41,15 @@ def _checked_at_call(p: Program, indices: Value) -> bool:
     return indices.const is None
 
 
-def position(p: Program, node: Node, indices: Value, idx: Sequence[Ex], n: int) -> Ex:
-    """Where an index read at ``idx`` points along an axis of size ``n`` (negative: from the end)."""
+def position(p: Program, node: Node, indices: Value, idx: Sequence[Ex], n: int, negative: bool = True) -> Ex:
+    """Where an index read at ``idx`` points along an axis of size ``n`` (``negative``: values
+    below 0 count from the end, else they are out of range)."""
     if indices.const is not None:
         flat = indices.const.reshape(-1)
-        if flat.size and (flat.min() < -n or flat.max() >= n):
+        if flat.size and (flat.min() < (-n if negative else 0) or flat.max() >= n):
             raise node.error(f"indices out of range for an axis of size {n}")
     i = indices.read(idx)
-    at = select(i.lt(0), i + n, i)
+    at = select(i.lt(0), i + n, i) if negative else i
     if _checked_at_call(p, indices):
         return at
     return call("min", call("max", at, 0), n - 1)

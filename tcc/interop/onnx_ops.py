@@ -140,10 +140,32 @@ def binary(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
         return [elementwise(p, node, [a, b], "bool", compare)]
     if op == "Div" and not is_float(a.dtype):
         return [elementwise(p, node, [a, b], a.dtype, _trunc_div)]
+    if op == "Pow" and (power := _small_power(a, b)) is not None:
+        return [elementwise(p, node, [a], a.dtype, power)]
     if op == "Pow":
         return [elementwise(p, node, [a, b], a.dtype, lambda x, y: _pow(x, y, a.dtype, b.dtype))]
     arithmetic = {"Add": Ex.__add__, "Sub": Ex.__sub__, "Mul": Ex.__mul__, "Div": Ex.__truediv__}[op]
     return [elementwise(p, node, [a, b], a.dtype, arithmetic)]
+
+
+def _small_power(a: Value, b: Value) -> Callable[[Ex], Ex] | None:
+    """``x ** 2``, ``x ** 3`` (GELU's tanh form, variances) and ``x ** 0.5`` by a known exponent:
+    products and a square root, where ``**`` is a call to pow for each element (30 ns)."""
+    if b.const is None or b.size != 1 or not is_float(a.dtype):
+        return None
+    exponent = float(b.const.reshape(-1)[0])
+    if exponent in (1.0, 2.0, 3.0, 4.0):
+        return lambda x: _product([x] * int(exponent))
+    if exponent == 0.5:
+        return lambda x: call("sqrt", x)
+    return None
+
+
+def _product(factors: Sequence[Ex]) -> Ex:
+    result = factors[0]
+    for f in factors[1:]:
+        result = result * f
+    return result
 
 
 def _pow(x: Ex, y: Ex, xt: str, yt: str) -> Ex:

@@ -1,4 +1,4 @@
-"""ONNX ScatterElements and ScatterND as the language's accumulating statements.
+"""ONNX ScatterElements, ScatterND and TopK as the language's accumulating statements.
 
 A scatter writes ``updates`` into a copy of ``data`` at positions read from ``indices``. The
 language adds into a tensor at a data position (``Y[I[j, k], k] += U[j, k]``), so:
@@ -24,10 +24,11 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from tcc.frontend import ast
 from tcc.frontend.unparse import Ex, access, all_of, call, num, reduction, select, unparse, var
 from tcc.interop.graph import Node, Program, Value
 from tcc.interop.onnx_index import component, position
-from tcc.interop.onnx_ops import cast_to, is_float, norm_axis
+from tcc.interop.onnx_ops import cast_to, const_of, is_float, norm_axis
 
 COMBINE: dict[str, Callable[[Ex, Ex], Ex]] = {
     "mul": lambda a, b: a * b, "max": lambda a, b: call("max", a, b), "min": lambda a, b: call("min", a, b)}
@@ -50,7 +51,9 @@ def _identity(kind: str, dtype: str) -> Ex:
     if is_float(dtype):
         return num(float("-inf") if kind == "max" else float("inf"))
     info = np.iinfo(np.dtype(dtype.replace("i", "int")))
-    return num(int(info.min if kind == "max" else info.max))
+    if kind == "min":
+        return num(int(info.max))
+    return Ex(ast.BinOp("sub", num(int(info.min) + 1).node, num(1).node))  # -2^63 has no literal (unfolded)
 
 
 def _add_into(p: Program, target: Value, lhs: Sequence[Ex], rhs: Ex) -> None:
@@ -96,6 +99,29 @@ def _updates(p: Program, node: Node, updates: Value, shape: Sequence[int], data:
     return p.tensor_value(p.materialize(updates, node.outputs[0] + "_updates"), updates.shape, updates.dtype)
 
 
+def _check_constant(node: Node, indices: Value, sizes: Sequence[int]) -> None:
+    """Constant indices out of range are an import error (component ``c`` of the last dim, or
+    the single axis, against ``sizes[c]``)."""
+    if indices.const is None or not indices.const.size:
+        return
+    data = indices.const if len(sizes) == 1 else indices.const.reshape(-1, len(sizes))
+    limits = np.array(sizes)
+    if np.any(data < -limits) or np.any(data >= limits):
+        raise node.error(f"indices out of range for dims of sizes {list(sizes)}")
+
+
+def _plain(p: Program, node: Node, indices: Value) -> Value:
+    """The indices as reads whose every index is a variable of the ``+=``, which is how the
+    statement learns their ranges: a graph input as it is (its positions checked at the call),
+    anything else (a constant, a broadcast view) copied into a tensor first."""
+    probe = [var(f"i{d}") for d in range(indices.rank)]
+    read = indices.read(probe).node
+    if isinstance(read, ast.Access) and all(isinstance(i, ast.Name) for i in read.indices) \
+            and [i.id for i in read.indices] == [v.node.id for v in probe]:
+        return indices
+    return p.tensor_value(p.materialize(indices, node.outputs[0] + "_indices"), indices.shape, indices.dtype)
+
+
 def _finish(p: Program, node: Node, x: Value, kind: str, box: Sequence[int], lead: int, positions: Value | None,
             scattered: Callable[[list[Ex]], Ex]) -> Value:
     """``Y = select(hit, scattered, data)`` for none/mul/max/min, or ``data + A`` for add, where
@@ -117,6 +143,8 @@ def scatter_elements(p: Program, node: Node, args: list[Value | None]) -> list[V
         raise node.error(f"indices {list(indices.shape)} do not fit data {list(x.shape)} along axis {axis}")
     u = _updates(p, node, updates, indices.shape, x)
     n = x.shape[axis]
+    _check_constant(node, indices, [n])
+    indices = _plain(p, node, indices)
     box = [n if d == axis else s for d, s in enumerate(indices.shape)]
 
     def lhs(idx: list[Ex]) -> list[Ex]:
@@ -169,6 +197,8 @@ def scatter_nd(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
         raise node.error(f"indices {list(indices.shape)} do not fit data {list(x.shape)}")
     rows = tuple(indices.shape[:-1])
     u = _updates(p, node, updates, (*rows, *x.shape[q:]), x)
+    _check_constant(node, indices, x.shape[:q])
+    indices = _plain(p, node, indices)
     components = [component(indices, c) for c in range(q)]
 
     def lhs(row: list[Ex]) -> list[Ex]:
@@ -200,3 +230,43 @@ def scatter_nd(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
         def scattered(idx: list[Ex]) -> Ex:
             return COMBINE[kind](x.read(idx), combined.read(idx))
     return [_finish(p, node, x, kind, x.shape, q, hits, scattered)]
+
+
+def top_k(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
+    """The ``k`` largest (or smallest) along an axis, sorted, ties to the lower index (ONNX's
+    order). Each element's rank is the count of those before it in that order (a masked count:
+    work n^2 per row, fine for the small axes exported models sort); a ``+=`` of each element's
+    position (plus one) at its rank then lists the positions in order, and the first ``k`` are
+    the indices, whose reads are the values."""
+    x = args[0]
+    if x.dtype == "bool":
+        raise node.error("TopK of bools is not supported", hint="Cast them first")
+    if x.tensor is None:  # read at computed positions: a view indexing by data must be stored first
+        x = p.tensor_value(p.materialize(x, node.outputs[0] + "_input"), x.shape, x.dtype)
+    k = int(node.attrs["k"]) if node.opset < 10 else int(const_of(node, args[1], "k").reshape(-1)[0])
+    axis = norm_axis(node, node.attrs.get("axis", -1), x.rank)
+    n = x.shape[axis]
+    if not 0 <= k <= n:
+        raise node.error(f"k={k} for an axis of {n}")
+    largest = bool(node.attrs.get("largest", 1))
+
+    def rank(idx: list[Ex]) -> Ex:
+        other = [var("k0") if d == axis else i for d, i in enumerate(idx)]
+        a, b = x.read(other), x.read(idx)
+        before = (a.gt(b) if largest else a.lt(b)).or_(a.eq(b).and_(var("k0").lt(idx[axis])))
+        return reduction("sum", [("k0", n)], select(before, call("i64", 1), call("i64", 0)))
+
+    ranks = p.emit(node.outputs[0] + "_rank", x.shape, "i64", rank)
+    order = p.emit(node.outputs[0] + "_order", x.shape, "i64", lambda idx: num(0))
+    j = p.index_names(x.rank)
+    at = call("min", call("max", ranks.read(j), 0), n - 1)
+    _add_into(p, order, [at if d == axis else i for d, i in enumerate(j)], call("i64", j[axis]) + 1)
+    shape = tuple(k if d == axis else s for d, s in enumerate(x.shape))
+    indices = p.emit(node.outputs[-1] if len(node.outputs) > 1 else "indices", shape, "i64",
+                     lambda idx: order.read(idx) - 1)
+
+    def value(idx: list[Ex]) -> Ex:
+        source = call("min", call("max", order.read(idx) - 1, 0), n - 1)
+        return x.read([source if d == axis else i for d, i in enumerate(idx)])
+
+    return [p.emit(node.outputs[0], shape, x.dtype, value), indices]

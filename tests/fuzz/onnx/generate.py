@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import ModelProto
 
-from fuzz.onnx import compute, indexing, layout, maths, views, windows
+from fuzz.onnx import compute, extras, indexing, layout, maths, views, windows
 from fuzz.onnx.graph import ELEM, Graph, Val, random_values
 
 # the generators, by weight: views and windows (where the importer's index expressions compose)
@@ -31,8 +31,11 @@ OPERATORS: list[tuple[float, Callable[[Graph], bool]]] = [
     (1.2, maths.variadic), (3, maths.activation),
     (1, layout.expand), (0.8, layout.tile), (1.5, layout.pad), (0.4, layout.range_), (0.6, layout.trilu),
     (1.2, indexing.gather), (0.8, indexing.gather_elements), (0.6, indexing.gather_nd), (1, indexing.cumsum),
+    (0.8, extras.trig_and_rounding), (0.8, extras.scatter_elements), (0.8, extras.scatter_nd), (0.6, extras.top_k),
+    (0.6, extras.einsum), (0.8, extras.resize), (1, extras.rms_norm), (1, extras.rotary_embedding),
+    (1, extras.attention),
 ]
-OPSETS = (17, 18, 20)
+OPSETS = (17, 18, 20, 23)  # 23: RMSNormalization, RotaryEmbedding, Attention
 INPUT_DTYPES = ("f32",) * 6 + ("f16", "f64", "i32", "i64", "i8", "bool")
 
 
