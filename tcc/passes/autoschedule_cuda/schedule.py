@@ -20,7 +20,12 @@ Three schedules, chosen per nest:
   over the block's threads; a reduction loop carries the annotation ``allreduce=ACC:OP``
   that tells codegen to combine the local accumulator ``ACC`` across the block with the
   binary operator ``OP`` (warp shuffles, then shared memory); per-row arrays that fusion
-  made local move to shared memory, with a barrier after each loop that writes them.
+  made local become each thread's registers (:mod:`.row_registers`) or, too large for those,
+  shared memory, with a barrier after each loop that writes them.
+
+Before them an element-wise nest over a reduction's result joins the reduction's final store
+(:mod:`.epilogue`); a recurrence that is a prefix scan along rows gets a block per row
+(:mod:`.scan`).
 
 Last, consecutive kernels of one block each merge into one (:mod:`merge_kernels`).
 """
