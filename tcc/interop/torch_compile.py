@@ -49,6 +49,7 @@ from tcc.interop.torch_aten import (
     supported,
     tcc_dtype,
 )
+from tcc.runtime.backend import backend_for
 
 __all__ = ["Explanation", "backend", "compile_graph", "explain", "recording"]
 
@@ -151,7 +152,8 @@ class _Program(torch.nn.Module):
         super().__init__()
         self.sub = sub
         self.device = device
-        self.frozen = frozen and device.type == "cpu"
+        # weights baked in where the backend packs constant parameters once (the CPU's GEMMs)
+        self.frozen = frozen and "constant_params" in backend_for(device.type).options
         self.model: GraphModel | None = None
         self.failed = False  # tcc could not compile it: the subgraph runs in PyTorch
         self.weights: dict[int, tuple[torch.Tensor, int]] = {}  # argument position -> (parameter, its version)
