@@ -256,3 +256,17 @@ def test_variants_on_the_cuda_simulator(rng, variant):
     scalars = {p: a for p, a in zip(op.te.params, args) if p in op.te.scalars}
     gpu_sim.run(lowered.scheduled, arrays, scalars=scalars)
     assert_matches(arrays[result], expected, op.te.tensors[result].dtype, result)
+
+
+@pytest.mark.parametrize("name,T,bindings", [
+    ("attention", "f16", {"B": 2, "H": 16, "S": 512, "L": 512, "D": 64}),
+    ("causal_attention", "bf16", {"B": 1, "H": 16, "S": 2048, "D": 128}),
+    ("attention", "bf16", {"B": 8, "H": 16, "S": 1, "L": 8192, "D": 128}),  # decoding: one query
+])
+def test_benchmark_shapes_compile_for_cuda(name, T, bindings):
+    """benchmarks/attention.py's GPU workloads: their CUDA C compiles for sm_90."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    op = tcc.compile(ATTENTION + CAUSAL, target="cuda", arch="sm_90")[name].bound(T=T)
+    lowered = op.lowered(bindings)
+    assert lowered.te.streams
+    nvrtc.compile_cubin(cuda_c.generate(lowered.scheduled, op.target).source, "sm_90")
