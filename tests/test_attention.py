@@ -270,3 +270,24 @@ def test_benchmark_shapes_compile_for_cuda(name, T, bindings):
     lowered = op.lowered(bindings)
     assert lowered.te.streams
     nvrtc.compile_cubin(cuda_c.generate(lowered.scheduled, op.target).source, "sm_90")
+
+
+def test_attention_with_its_log_sum_exp(rng):
+    """The output and the row log-sum-exp that a backward pass keeps: both finish the stream's
+    rows, so neither m nor l is stored; the lse is the reference's."""
+    src = """
+op attn_lse(Q: f32[B, S, D], K: f32[B, L, D], V: f32[B, L, D]) -> (O: f32[B, S, D], LSE: f32[B, S]) {
+    s[b, i, j] = select(j <= i + 3, sum[d](Q[b, i, d] * K[b, j, d]) * 0.25, -inf)
+    m[b, i] = max[j](s[b, i, j])
+    e[b, i, j] = exp(s[b, i, j] - m[b, i])
+    l[b, i] = sum[j](e[b, i, j])
+    O[b, i, d] = sum[j](e[b, i, j] * V[b, j, d]) / l[b, i]
+    LSE[b, i] = m[b, i] + log(l[b, i])
+}
+"""
+    op = tcc.compile(src).attn_lse
+    bindings = {"B": 2, "S": 33, "L": 70, "D": 8}
+    _run(op, bindings, random_args(op.te, bindings, rng))
+    (stream,) = op.lowered(bindings).te.streams
+    assert stream.epilogues == ("O", "LSE") and set(stream.internal) == {"m", "l", "O_sum"}
+    assert stream.limit is not None  # j <= i + 3: the tiles past each block's last row + 3 skipped

@@ -87,7 +87,8 @@ def _with_epilogues(op: OpTE, stream: Stream) -> tuple[OpTE, Stream]:
     own = set(stream.tensors)
     k = len(stream.rows)
     end = max(i for i, c in enumerate(op.computes) if c.tensor in own) + 1
-    ready = set(op.inputs) | set(op.pads) | {c.tensor for c in op.computes[:end]}
+    added = {c.tensor for c in op.computes[end:] if c.accumulate}  # (moved above a += it would miss it)
+    ready = set(op.inputs) | set(op.pads) | {c.tensor for c in op.computes[:end]} - added
     chosen: list[Compute] = []
     for c in op.computes[end:]:
         reads = [n for n in walk(c.body) if isinstance(n, Read)]
