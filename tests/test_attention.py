@@ -117,6 +117,8 @@ def test_attention_as_written(rng, S, L, D):
     bindings = {"B": 1, "H": 2, "S": S, "L": L, "D": D}
     _run(op, bindings, random_args(op.te, bindings, rng))
     _streamed(op, bindings, most=2 * S * D, depth=D)
+    func = op.lowered(bindings).scheduled  # the normalisation runs as rows finish: no tensor in memory
+    assert not [b for b in func.buffers().values() if b.scope == "global" and b not in func.params]
 
 
 @pytest.mark.parametrize("S,D", [(1, 8), (7, 8), (33, 64), (130, 64)])
@@ -174,6 +176,7 @@ def test_fused_stage_explains_the_stream():
     text = tcc.compile(CAUSAL).causal_attention.lower(*_zeros(1, 2, 33, 8), np.float32(1), stage="fused")
     notes = text.split("fusion:")[1]
     assert "stream over j: m (running max) and l, O_sum" in notes and "tiles of j at or past i + 1 skipped" in notes
+    assert "O as each row ends (m, l, O_sum never stored)" in notes
 
 
 def _zeros(B: int, H: int, S: int, D: int) -> list[np.ndarray]:
@@ -253,3 +256,38 @@ def test_variants_on_the_cuda_simulator(rng, variant):
     scalars = {p: a for p, a in zip(op.te.params, args) if p in op.te.scalars}
     gpu_sim.run(lowered.scheduled, arrays, scalars=scalars)
     assert_matches(arrays[result], expected, op.te.tensors[result].dtype, result)
+
+
+@pytest.mark.parametrize("name,T,bindings", [
+    ("attention", "f16", {"B": 2, "H": 16, "S": 512, "L": 512, "D": 64}),
+    ("causal_attention", "bf16", {"B": 1, "H": 16, "S": 2048, "D": 128}),
+    ("attention", "bf16", {"B": 8, "H": 16, "S": 1, "L": 8192, "D": 128}),  # decoding: one query
+])
+def test_benchmark_shapes_compile_for_cuda(name, T, bindings):
+    """benchmarks/attention.py's GPU workloads: their CUDA C compiles for sm_90."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    op = tcc.compile(ATTENTION + CAUSAL, target="cuda", arch="sm_90")[name].bound(T=T)
+    lowered = op.lowered(bindings)
+    assert lowered.te.streams
+    nvrtc.compile_cubin(cuda_c.generate(lowered.scheduled, op.target).source, "sm_90")
+
+
+def test_attention_with_its_log_sum_exp(rng):
+    """The output and the row log-sum-exp that a backward pass keeps: both finish the stream's
+    rows, so neither m nor l is stored; the lse is the reference's."""
+    src = """
+op attn_lse(Q: f32[B, S, D], K: f32[B, L, D], V: f32[B, L, D]) -> (O: f32[B, S, D], LSE: f32[B, S]) {
+    s[b, i, j] = select(j <= i + 3, sum[d](Q[b, i, d] * K[b, j, d]) * 0.25, -inf)
+    m[b, i] = max[j](s[b, i, j])
+    e[b, i, j] = exp(s[b, i, j] - m[b, i])
+    l[b, i] = sum[j](e[b, i, j])
+    O[b, i, d] = sum[j](e[b, i, j] * V[b, j, d]) / l[b, i]
+    LSE[b, i] = m[b, i] + log(l[b, i])
+}
+"""
+    op = tcc.compile(src).attn_lse
+    bindings = {"B": 2, "S": 33, "L": 70, "D": 8}
+    _run(op, bindings, random_args(op.te, bindings, rng))
+    (stream,) = op.lowered(bindings).te.streams
+    assert stream.epilogues == ("O", "LSE") and set(stream.internal) == {"m", "l", "O_sum"}
+    assert stream.limit is not None  # j <= i + 3: the tiles past each block's last row + 3 skipped

@@ -99,10 +99,17 @@ class Stream:
     tile_rows: int = 1
     stage_keys: bool = False  # copy each tile's keys key-last for a block of rows (the CPU's vectors)
     group: int = 1  # rows of a block whose sums are formed together (the CPU's registers)
+    epilogues: tuple[str, ...] = ()  # statements after it computed from its rows as they finish
+    internal: tuple[str, ...] = ()  # its tensors read by those alone: never stored
 
     @property
     def tensors(self) -> tuple[str, ...]:
         return (self.maximum, *(s.tensor for s in self.sums))
+
+    @property
+    def statements(self) -> tuple[str, ...]:
+        """The statements it computes, in order: its own, then the epilogues."""
+        return (*self.tensors, *self.epilogues)
 
 
 @dataclass

@@ -9,16 +9,19 @@ import random
 
 def template(rnd: random.Random, name: str, bf16: bool) -> tuple[str, dict[str, int]]:
     """One op of the shapes the compiler specialises for: matmul, batched matmul, convolutions
-    (1-D, 2-D, strided, dilated, padded, grouped, depthwise) and row chains, with random sizes,
-    dtype and epilogue; they take the GEMM, im2col, packing and epilogue paths."""
+    (1-D, 2-D, strided, dilated, padded, grouped, depthwise), row chains and attention, with
+    random sizes, dtype and epilogue; they take the GEMM, im2col, packing, epilogue and streaming
+    paths."""
     dt = rnd.choice(["f32", "f32", "f64", "f16"] + (["bf16"] if bf16 else []))
     out = "f32" if dt in ("f16", "bf16") and rnd.random() < 0.5 else dt
     size = lambda: rnd.choice([1, 2, 3, 7, 8, 16, 33, 64, 100])  # noqa: E731
     epilogue = rnd.choice(["", " + b[{c}]", "", " * 0.5"])
     relu = rnd.random() < 0.4
-    kind = rnd.choice(["matmul", "bmm", "conv1d", "conv2d", "depthwise", "grouped", "rows", "chain"])
+    kind = rnd.choice(["matmul", "bmm", "conv1d", "conv2d", "depthwise", "grouped", "rows", "chain", "attention"])
     if kind == "chain":
         return chain(rnd, name, dt, out, size)
+    if kind == "attention":
+        return attention(rnd, name, dt, size)
     if kind == "matmul":
         e = epilogue.format(c="j")
         body = f"sum[k](A[i, k] * B[k, j]){e}"
@@ -70,6 +73,26 @@ def template(rnd: random.Random, name: str, bf16: bool) -> tuple[str, dict[str, 
     bias = f", b: {dt}[{'C' if kind == 'depthwise' else 'F'}]" if "b[" in e else ""
     binds.update(S=S, P=P, D=D)
     return src.replace("{bias}", bias).replace("{body}", body), binds
+
+
+def attention(rnd: random.Random, name: str, dt: str, size) -> tuple[str, dict[str, int]]:
+    """Attention-shaped chains (a max over the keys, the exponentials of the difference, their sum
+    and a sum weighted by them): the streaming rewrite, plain or with a causal mask, a bias or a
+    soft cap, over keys of another length than the queries."""
+    c = "f64" if dt == "f64" else "f32"  # the softmax's dtype (f32 for f16 and bf16 operands)
+    score = f"sum[d]({c}(Q[b, i, d]) * {c}(K[b, j, d])) * 0.3"
+    variant = rnd.choice(["plain", "causal", "bias", "cap"])
+    if variant == "causal":
+        score = f"select(j <= i, {score}, -inf)"
+    elif variant == "bias":
+        score = f"{score} - 0.1 * {c}(i - j)"
+    elif variant == "cap":
+        score = f"4.0 * tanh({score} / 4.0)"
+    src = (f"op {name}(Q: {dt}[B, S, D], K: {dt}[B, L, D], V: {dt}[B, L, D]) -> O: {dt}[B, S, D] {{\n"
+           f"    s[b, i, j] = {score}\n    m[b, i] = max[j](s[b, i, j])\n"
+           f"    e[b, i, j] = exp(s[b, i, j] - m[b, i])\n    l[b, i] = sum[j](e[b, i, j])\n"
+           f"    O[b, i, d] = {dt}(sum[j](e[b, i, j] * {c}(V[b, j, d])) / l[b, i])\n}}")
+    return src, {"B": rnd.choice([1, 2]), "S": size(), "L": size(), "D": size()}
 
 
 def chain(rnd: random.Random, name: str, dt: str, out: str, size) -> tuple[str, dict[str, int]]:

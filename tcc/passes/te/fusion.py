@@ -104,9 +104,9 @@ def _stream_pinned(op: OpTE, name: str) -> str | None:
     """Why ``name`` stays as it is because a stream (:mod:`.streaming`) computes or reads it: the
     stream's score and weights name the tensors they read."""
     for s in op.streams:
-        if name in s.tensors:
+        if name in s.statements:
             return f"computed by the stream over {s.axis.var.name}"
-        members = [c for c in op.computes if c.tensor in s.tensors]
+        members = [c for c in op.computes if c.tensor in s.statements]
         if any(_reads(c.body, name) for c in members):
             return f"read by the stream over {s.axis.var.name}"
     return None
@@ -269,7 +269,7 @@ def _fresh_reductions(body: Expr, taken: set[str]) -> Expr:
 def _groups(op: OpTE, gemms: bool = True) -> list:
     groups: list[list[Compute]] = []
     shared: list[int] = []
-    streamed = {t for s in op.streams for t in s.tensors}  # lowered together as one nest of their own
+    streamed = {t for s in op.streams for t in s.statements}  # lowered together as one nest of their own
     for c in op.computes:
         own = c.tensor in streamed or c.sequential or c.accumulate
         if own or (not gemms and gemm_batch_depth(c) < len(c.axes)):  # own nests

@@ -79,7 +79,7 @@ class _Lowering:
             else:
                 params.append(Var(p, op.scalars[p].dtype))
         params.extend(self._buffer(r) for r in op.results)
-        internal = {t for g in op.groups for t in g.internal}
+        internal = {t for g in op.groups for t in g.internal} | {t for s in op.streams for t in s.internal}
         temps = list(dict.fromkeys(c.tensor for c in op.computes  # (a tensor added into has several statements)
                                    if op.tensors[c.tensor].kind == "temp" and c.tensor not in internal))
         body = _drop_empty_loops(seq(*self._nests()))
@@ -98,7 +98,7 @@ class _Lowering:
             stream = streams.get(computes[i].tensor)
             if stream is not None:  # its statements, one after the other, in one nest
                 nests.append(stream_nest(stream, self.op, self))
-                i += len(stream.tensors)
+                i += len(stream.statements)
             elif group is None:
                 nests.append(self._statement(computes[i]))
                 i += 1

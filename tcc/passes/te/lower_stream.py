@@ -45,7 +45,7 @@ from tcc.ir.expr import (
 )
 from tcc.ir.loopnest import map_exprs
 from tcc.ir.loops import SEQUENTIAL, Allocate, Buffer, For, If, Stmt, Store, seq
-from tcc.ir.te import OpTE, Stream
+from tcc.ir.te import Compute, OpTE, Stream
 
 I64 = dtypes.i64
 BOOL = dtypes.boolean
@@ -306,20 +306,38 @@ class _Nest:
         return self._assign(self.p, value, (ii, jj))
 
     def _store(self) -> Stmt:
+        """Each finished row: the stream's tensors that others read, and its epilogues computed
+        from the running values in place of those tensors."""
         outer = tuple(ax.var for ax in self.s.rows[:-1])
+        local = {self.s.maximum: self.run_max, **{x.tensor: buf for x, buf in zip(self.s.sums, self.run)}}
 
         def row(ii: Var) -> Stmt:
             at = (*outer, self._row(ii, clamp=False))
-            parts: list[Stmt] = [Store(self.s.maximum, at, Load(self.run_max.name, (ii,), self.dtype))]
-            for x, buf in zip(self.s.sums, self.run):
-                extra = tuple(ax.var for ax in x.extra)
-                value = Load(buf.name, (ii, *extra), buf.dtype)
-                parts.append(self._over(x.extra, Store(x.tensor, (*at, *extra), value)))
+            parts: list[Stmt] = []
+            for name, buf in local.items():
+                if name not in self.s.internal:
+                    extra = next((x.extra for x in self.s.sums if x.tensor == name), ())
+                    value = Load(buf.name, (ii, *(ax.var for ax in extra)), buf.dtype)
+                    parts.append(self._over(extra, Store(name, (*at, *(ax.var for ax in extra)), value)))
+            parts += [self._epilogue(c, ii, at, local) for c in self.op.computes if c.tensor in self.s.epilogues]
             body: Stmt = seq(*parts)
             if self.rows % self.ti:
                 body = If(Binary("lt", self._row(ii, clamp=False), Const(self.rows, I64), BOOL), body)
             return body
         return self._each_row(row)
+
+    def _epilogue(self, c: Compute, ii: Var, at: tuple[Expr, ...], local: dict[str, Buffer]) -> Stmt:
+        """``c`` for row ``ii``: its reads of the stream's tensors are reads of the running values."""
+        k = len(self.s.rows)
+
+        def visit(n: Expr) -> Expr | None:
+            if isinstance(n, Read) and n.tensor in local:
+                return Load(local[n.tensor].name, (ii, *n.indices[k:]), n.dtype)
+            return None
+        body = substitute(transform(c.body, visit), {ax.var.name: v for ax, v in zip(c.axes, at)})
+        extra = c.axes[k:]
+        return self._over(extra, self._assign(Buffer(c.tensor, self.op.tensors[c.tensor].dtype, ()),
+                                              body, (*at, *(ax.var for ax in extra))))
 
 
 def _exp(e: Expr) -> Expr:

@@ -70,12 +70,45 @@ def stream_reductions(op: OpTE, target: Target) -> OpTE:
         if isinstance(outcome, str):
             notes.append(f"no stream over {name}: {outcome}")
             continue
-        op, stream = outcome
+        op, stream = _with_epilogues(*outcome)
         streams.append(stream)
         notes.append(_describe(stream))
     if not notes:
         return op
     return replace(op, streams=streams, fusion_notes=[*op.fusion_notes, *notes])
+
+
+def _with_epilogues(op: OpTE, stream: Stream) -> tuple[OpTE, Stream]:
+    """``stream`` with the statements that only finish its rows (attention's ``O = T(O_sum / l)``)
+    computed as each block of rows ends, and its tensors that only they read never stored: the
+    stream then needs no memory beyond its locals. Such a statement reads the stream's tensors at
+    its own leading indices (the rows), reads nothing else the stream does not precede, and
+    holds no reduction; it moves up to right after the stream."""
+    own = set(stream.tensors)
+    k = len(stream.rows)
+    end = max(i for i, c in enumerate(op.computes) if c.tensor in own) + 1
+    added = {c.tensor for c in op.computes[end:] if c.accumulate}  # (moved above a += it would miss it)
+    ready = set(op.inputs) | set(op.pads) | {c.tensor for c in op.computes[:end]} - added
+    chosen: list[Compute] = []
+    for c in op.computes[end:]:
+        reads = [n for n in walk(c.body) if isinstance(n, Read)]
+        if c.accumulate or c.sequential or not any(r.tensor in own for r in reads) \
+                or any(isinstance(n, Reduce) for n in walk(c.body)) or len(c.axes) < k \
+                or any(a.extent != b.extent for a, b in zip(c.axes, stream.rows)):
+            continue
+        lead = tuple(ax.var for ax in c.axes[:k])
+        if all(r.tensor in own and r.indices[:k] == lead and all(isinstance(i, Var) for i in r.indices[k:])
+               or r.tensor not in own and r.tensor in ready for r in reads):
+            chosen.append(c)
+    if not chosen:
+        return op, stream
+    names = {c.tensor for c in chosen}
+    rest = [c for c in op.computes if c.tensor not in names]
+    readers = {n.tensor for c in rest if c.tensor not in own for n in walk(c.body) if isinstance(n, Read)}
+    internal = tuple(t for t in stream.tensors if op.tensors[t].kind == "temp" and t not in readers)
+    computes = [*rest[:end], *chosen, *rest[end:]]
+    return replace(op, computes=computes), replace(stream, epilogues=tuple(c.tensor for c in chosen),
+                                                   internal=internal)
 
 
 def _max_over_one_axis(c: Compute) -> bool:
@@ -88,8 +121,11 @@ def _max_over_one_axis(c: Compute) -> bool:
 def _describe(s: Stream) -> str:
     sums = ", ".join(x.tensor for x in s.sums)
     skip = f"; tiles of {s.axis.var.name} at or past {format_expr(s.limit)} skipped" if s.limit is not None else ""
+    then = f"; {', '.join(s.epilogues)} as each row ends" if s.epilogues else ""
+    kept = f" ({', '.join(s.internal)} never stored)" if s.internal else ""
     return (f"stream over {s.axis.var.name}: {s.maximum} (running max) and {sums} (sums rescaled as it grows) "
-            f"in one pass, tiles of {s.tile} {s.axis.var.name} x {s.tile_rows} {s.rows[-1].var.name}{skip}")
+            f"in one pass, tiles of {s.tile} {s.axis.var.name} x {s.tile_rows} {s.rows[-1].var.name}{skip}"
+            f"{then}{kept}")
 
 
 @dataclass

@@ -1,0 +1,59 @@
+"""Attention's stream on a CUDA device (skipped without one): DSL.md's attention and causal
+attention in f32, f16 and bf16 at odd sizes and D 8, 64, 128, and the variants, against the
+reference with poisoned outputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_attention import ATTENTION, CAUSAL, VARIANTS, XENT
+
+import tcc
+from tcc.errors import TccError
+from tcc.testing import assert_matches, random_args, reference_results
+
+pytestmark = pytest.mark.cuda
+
+
+@pytest.fixture(scope="module", autouse=True)
+def gpu():
+    try:
+        if not tcc.cuda.is_available():
+            pytest.skip("no CUDA GPU")
+    except TccError:
+        pytest.skip("no CUDA GPU")
+
+
+def _check(op, bindings: dict, args: list) -> None:
+    expected = reference_results(op.te, args, bindings)
+    outs = tuple(np.full(e.shape, np.nan, e.dtype) for e in expected)
+    got = op(*args, out=outs[0] if len(outs) == 1 else outs)
+    got = got if isinstance(got, tuple) else (got,)
+    for r, g, e in zip(op.te.results, got, expected):
+        assert_matches(g, e, op.te.tensors[r].dtype, f"{op.te.name}.{r}")
+
+
+@pytest.mark.parametrize("S,L,D", [(1, 1, 8), (7, 33, 64), (33, 7, 128), (1000, 1000, 64), (1, 1000, 128)])
+@pytest.mark.parametrize("T", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_on_the_device(rng, S, L, D, T, causal):
+    lib = tcc.compile(ATTENTION + CAUSAL, target="cuda")
+    op = (lib.causal_attention if causal else lib.attention).bound(T=T)
+    bindings = {"B": 1, "H": 2, "S": S, "D": D} | ({} if causal else {"L": L})
+    _check(op, bindings, random_args(op.te, bindings, rng))
+
+
+@pytest.mark.parametrize("variant", [*sorted(VARIANTS), "xent"])
+def test_variants_on_the_device(rng, variant):
+    source = XENT if variant == "xent" else VARIANTS[variant]
+    op = tcc.compile(source, target="cuda")["linear_xent" if variant == "xent" else variant]
+    bindings = {"N": 33, "K": 64, "C": 1000} if variant == "xent" else {"B": 2, "H": 3, "S": 33, "L": 70, "D": 64}
+    args = random_args(op.te, bindings, rng)
+    if variant == "xent":
+        args[2] = rng.integers(0, 1000, 33).astype(np.int64)
+    if variant == "masked":
+        args[3] = (rng.random((2, 70)) < 0.6).astype(np.int64)
+        args[3][:, 0] = 1
+    if variant == "softcap":
+        args[3] = np.float32(5.0)
+    _check(op, bindings, args)
