@@ -246,7 +246,8 @@ def test_cubic_resize_to_one_row_with_pytorch_half_pixel():
 def test_gather_by_computed_indices_of_a_gather_by_run_time_ones():
     """The same hole as TopK's (fuzz seed 584) in Gather: an ArgMax's positions into a Gather's
     view read the view's run-time indices at computed positions (a bounds error)."""
-    nodes = [helper.make_node("Gather", ["x", "idx"], ["g"]), helper.make_node("ArgMax", ["s"], ["a"], keepdims=0, axis=1),
+    nodes = [helper.make_node("Gather", ["x", "idx"], ["g"]),
+             helper.make_node("ArgMax", ["s"], ["a"], keepdims=0, axis=1),
              helper.make_node("Gather", ["g", "a"], ["y"])]
     model = _model(nodes, [("x", F32, [7]), ("idx", TensorProto.INT64, [5]), ("s", F32, [3, 5])], [("y", F32, [3])])
     s = np.array([[0.1, 0.9, 0.3, 0.2, 0.5], [0.7, 0.1, 0.2, 0.3, 0.4], [0.1, 0.2, 0.3, 0.4, 0.8]], np.float32)
