@@ -6,7 +6,9 @@ kernel, and reports the medians. Inputs are random (never zeros); every row firs
 result against the anchor (relative error in f64). TF32 is off except in the rows that say TF32
 (``TF32 GEMM``: tcc compiled with ``tf32=True`` against cuBLAS allowed TF32).
 The ratio is tcc throughput over the anchor's (above 1: tcc is faster); for relu(a*b+c) the
-anchor is a device-to-device copy and the ratio compares bytes moved per second.
+anchor is a device-to-device copy and the ratio compares bytes moved per second. Rows that say
+so are also timed against torch.compile (Inductor) of the anchor's code, the compiler a user
+would pick instead (``--no-compile`` skips it): the last two columns.
 
     python benchmarks/gpu.py                 # every row
     python benchmarks/gpu.py -k sum -k GEMM  # rows whose label contains one of the words
@@ -36,6 +38,9 @@ op gemm(A: f32[M, K], B: f32[K, N]) -> C: f32[M, N] {
 }
 op hgemm(A: f16[M, K], B: f16[K, N]) -> C: f32[M, N] {
     C[i, j] = sum[k](f32(A[i, k]) * f32(B[k, j]))
+}
+op hgemm16(A: f16[M, K], B: f16[K, N]) -> C: f16[M, N] {
+    C[i, j] = f16(sum[k](f32(A[i, k]) * f32(B[k, j])))
 }
 op bgemm(A: bf16[M, K], B: bf16[K, N]) -> C: f32[M, N] {
     C[i, j] = sum[k](f32(A[i, k]) * f32(B[k, j]))
@@ -70,6 +75,14 @@ op softmax(X: f32[N, C]) -> Y: f32[N, C] {
     s[n] = sum[c](e[n, c])
     Y[n, c] = e[n, c] / s[n]
 }
+op rmsnorm(X: f32[N, D], g: f32[D]) -> Y: f32[N, D] {
+    r[n] = rsqrt(sum[d](X[n, d] * X[n, d]) / D + 1e-6)
+    Y[n, d] = X[n, d] * r[n] * g[d]
+}
+op linear_gelu(X: f16[M, K], W: f16[N, K], b: f16[N]) -> Y: f16[M, N] {
+    Z[m, n] = sum[k](f32(X[m, k]) * f32(W[n, k])) + f32(b[n])
+    Y[m, n] = f16(0.5 * Z[m, n] * (1.0 + erf(Z[m, n] * 0.7071067811865476)))
+}
 op layernorm(X: f32[N, D], g: f32[D], b: f32[D]) -> Y: f32[N, D] {
     mu[n] = sum[d](X[n, d]) / D
     var[n] = sum[d]((X[n, d] - mu[n]) ** 2) / D
@@ -89,6 +102,7 @@ class Row:
     arith: str = "f32"  # the unit that does the arithmetic: "f32" (FMA pipes) or "f16" (tensor cores)
     their_bytes: float | None = None  # the anchor's bytes where it does other work (the copy)
     tf32: bool = False
+    compiled: Callable[[], torch.Tensor] | None = None  # torch.compile of the anchor's code
 
 
 def _reps(fn: Callable[[], object]) -> int:
@@ -146,6 +160,10 @@ def _rows(lib: tcc.Library, lib_tf32: tcc.Library, only: list[str]) -> list[Row]
             rows.append(Row(f"f16 GEMM {n} (f32 acc/out)", lambda a=a, b=b: lib.hgemm(a, b),
                             lambda a=a, b=b: torch.mm(a, b, out_dtype=torch.float32), 2 * n**3, 8 * n**2,
                             arith="f16"))
+        if want(f"f16 GEMM {n} f16 out"):
+            a, b = torch.randn(n, n, device=dev).half(), torch.randn(n, n, device=dev).half()
+            rows.append(Row(f"f16 GEMM {n} f16 out", lambda a=a, b=b: lib.hgemm16(a, b),
+                            lambda a=a, b=b: torch.mm(a, b), 2 * n**3, 6 * n**2, arith="f16"))
         if want(f"bf16 GEMM {n}"):
             a, b = torch.randn(n, n, device=dev).bfloat16(), torch.randn(n, n, device=dev).bfloat16()
             rows.append(Row(f"bf16 GEMM {n} (f32 acc/out)", lambda a=a, b=b: lib.bgemm(a, b),
@@ -192,12 +210,35 @@ def _rows(lib: tcc.Library, lib_tf32: tcc.Library, only: list[str]) -> list[Row]
                         3 * n, 16 * n, "GB/s", their_bytes=8 * n))
     if want("softmax"):
         rows.append(Row("softmax 8192x8192", lambda: lib.softmax(big), lambda: torch.softmax(big, dim=1),
-                        5 * elems, 2 * nbytes, "GB/s"))  # max, subtract, exp, sum, divide
+                        5 * elems, 2 * nbytes, "GB/s",  # max, subtract, exp, sum, divide
+                        compiled=_compiled(lambda x: torch.softmax(x, dim=1), big)))
+    g, b = torch.randn(8192, device=dev), torch.randn(8192, device=dev)
     if want("layernorm"):
-        g, b = torch.randn(8192, device=dev), torch.randn(8192, device=dev)
         rows.append(Row("layernorm 8192x8192", lambda: lib.layernorm(big, g, b),
-                        lambda: fn.layer_norm(big, (8192,), g, b, 1e-5), 8 * elems, 2 * nbytes, "GB/s"))
+                        lambda: fn.layer_norm(big, (8192,), g, b, 1e-5), 8 * elems, 2 * nbytes, "GB/s",
+                        compiled=_compiled(lambda x, g, b: fn.layer_norm(x, (8192,), g, b, 1e-5), big, g, b)))
+    if want("rmsnorm"):
+        rows.append(Row("rmsnorm 8192x8192", lambda: lib.rmsnorm(big, g),
+                        lambda: fn.rms_norm(big, (8192,), g, 1e-6), 4 * elems, 2 * nbytes, "GB/s",
+                        compiled=_compiled(lambda x, g: fn.rms_norm(x, (8192,), g, 1e-6), big, g)))
+    if want("linear + bias + GELU"):
+        xs, ws, bs = (torch.randn(*s, device=dev).half() for s in ((4096, 4096), (4096, 4096), (4096,)))
+        rows.append(Row("linear + bias + GELU f16 4096^3", lambda: lib.linear_gelu(xs, ws, bs),
+                        lambda: fn.gelu(fn.linear(xs, ws, bs)), 2 * 4096**3, 8 * 4096**2, arith="f16",
+                        compiled=_compiled(lambda x, w, b: fn.gelu(fn.linear(x, w, b)), xs, ws, bs)))
     return rows
+
+
+COMPILE = True  # --no-compile: no torch.compile column
+
+
+def _compiled(fn: Callable[..., torch.Tensor], *args: torch.Tensor) -> Callable[[], torch.Tensor] | None:
+    """torch.compile (Inductor) of ``fn`` on ``args``, compiled now (not inside a timing)."""
+    if not COMPILE:
+        return None
+    compiled = torch.compile(fn)
+    compiled(*args)
+    return lambda: compiled(*args)
 
 
 def measure(row: Row, trials: int) -> tuple[tuple[str, ...], float]:
@@ -212,7 +253,10 @@ def measure(row: Row, trials: int) -> tuple[tuple[str, ...], float]:
         rate, their_rate = row.nbytes / ours / 1e6, (row.their_bytes or row.nbytes) / theirs / 1e6
     cells = (row.label, f"{ours:.3f}", f"{theirs:.3f}", f"{rate:.1f}", f"{their_rate:.1f}", row.unit,
              f"{rate / their_rate:.2f}", err)
-    return cells, ours
+    if row.compiled is None:
+        return (*cells, "-", "-"), ours
+    ours_again, inductor = _interleaved(row.ours, row.compiled, trials)
+    return (*cells, f"{inductor:.3f}", f"{inductor / ours_again:.2f}"), ours
 
 
 def roofline(rows: list[Row], times: list[float], png: str | None) -> None:
@@ -234,11 +278,15 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=7)
     parser.add_argument("--roofline", action="store_true", help="also print each workload against the roofline")
     parser.add_argument("--png", default=None, help="with --roofline: write the plot here")
+    parser.add_argument("--no-compile", action="store_true", help="no torch.compile column")
     args = parser.parse_args()
+    global COMPILE
+    COMPILE = not args.no_compile
     torch.manual_seed(0)
     lib = tcc.compile(SOURCE, target="cuda")
     lib_tf32 = tcc.compile(SOURCE, target="cuda", tf32=True)
-    header = ("workload", "tcc ms", "torch ms", "tcc", "torch", "unit", "ratio", "rel err")
+    header = ("workload", "tcc ms", "torch ms", "tcc", "torch", "unit", "ratio", "rel err", "compile ms",
+              "ratio vs compile")
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header), flush=True)

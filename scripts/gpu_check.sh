@@ -2,13 +2,15 @@
 # On a machine with an NVIDIA GPU, in one call: install what tcc needs, run the whole test suite
 # (CUDA tests included, on WORKERS=8 processes), the CUDA differential fuzzer (FUZZ=200 programs from
 # START), then every GPU-side benchmark (Step 6 workloads with the roofline, the CUDA latency rows,
-# PyTorch call overhead and conv gradients on CUDA, the ONNX networks against eager PyTorch), each
+# PyTorch call overhead and conv gradients on CUDA, the ONNX networks against eager PyTorch,
+# torch.compile(backend="tcc") against eager and Inductor), each
 # under a time limit so that the whole fits one 10-minute device call. Logs go to $OUT (if set) or
 # ./gpu-check-logs; each benchmark's output to its own log.
 #
 #   bash scripts/gpu_check.sh            # tests, then benchmarks
 #   TESTS=0 bash scripts/gpu_check.sh    # benchmarks only
 #   BENCH=0 bash scripts/gpu_check.sh    # tests only
+#   TESTS=0 FUZZ=0 ONLY="gpu attention" bash scripts/gpu_check.sh   # the named benchmarks only
 #
 # Offline machines: put wheels in .whl/ first (lark, llvmlite, ...; see docs); they are installed
 # into /tmp/tcc-site with --no-deps. Online machines: pip installs tcc[cuda,dev] instead.
@@ -64,6 +66,7 @@ bench=0
 if [ "${BENCH:-1}" != 0 ]; then
     run_bench() {  # NAME CMD...: one benchmark, its output in $LOGS/NAME.log, a failure remembered
         local name=$1; shift
+        case " ${ONLY:-$name} " in *" $name "*) ;; *) return ;; esac  # ONLY="gpu scan": those alone
         echo "==== $name: $*"
         "$@" 2>&1 | tee "$LOGS/$name.log"
         [ "${PIPESTATUS[0]}" = 0 ] || bench=1
@@ -74,6 +77,10 @@ if [ "${BENCH:-1}" != 0 ]; then
     run_bench torch_overhead timeout 60 "$PY" torch_overhead.py --cuda --runs 5
     run_bench grad timeout 90 "$PY" grad.py --cuda --runs 5 --layer "3x3 64"
     run_bench onnx_networks timeout 120 "$PY" onnx_networks.py --cuda --repeat 30
+    run_bench models timeout 150 "$PY" models.py --cuda --models mlp cnn gpt --batches 8 --repeat 20
+    run_bench language timeout 150 "$PY" language.py --device cuda --runs 5
+    run_bench scan timeout 60 "$PY" scan.py --device cuda --rows 64 --length 16384
+    run_bench attention timeout 200 "$PY" attention.py --device cuda --seq 2048 4096 --trials 3
     cd ..
 fi
 echo "gpu_check: pytest exit $status, benchmarks exit $bench"

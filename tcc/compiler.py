@@ -235,7 +235,7 @@ class Op:
         self.name = te.name
         self.backend = backend
         self.target = target
-        self._library_options = options
+        self.library_options = options  # the keywords of tcc.compile, for ops derived from this one (tcc.grad)
         self.user_schedule = schedule or Schedule()
         self.options = {**options, "conv": self.user_schedule.conv} if self.user_schedule.conv else options
         self.tune = tune if not self.user_schedule.steps else False  # a user's schedule leaves nothing to tune
@@ -258,7 +258,7 @@ class Op:
             raise TccArgumentError(f"{self.name}.schedule takes the schedule's text, got {type(text).__name__}",
                                    hint='e.g. op.schedule("split(i, 32, io, ii); vectorize(ii)")')
         schedule = schedule_from_text(text, self.backend)
-        return Op(self.te, self.ast, self.backend, self.target, self._library_options, schedule, self.tune)
+        return Op(self.te, self.ast, self.backend, self.target, self.library_options, schedule, self.tune)
 
     # ------------------------------------------------------------ calling
     def __call__(self, *args: Any, out: Any = None, **cparams: Any) -> Any:

@@ -61,16 +61,27 @@ class CpuTarget:
 
 @dataclass(frozen=True)
 class CudaTarget:
-    """An NVIDIA GPU: its architecture and the resources schedules size their work from."""
+    """An NVIDIA GPU: its architecture and the resources schedules size their work from.
+
+    Every limit a CUDA schedule obeys is a field here, read from the device by the driver where
+    there is one (``tcc.codegen_cuda.driver.device_target``) and else the data-centre part of the
+    architecture (:meth:`for_arch`); the defaults are an H100 SXM (sm_90). The tile builders pick
+    the largest tile and pipeline depth whose shared memory and registers fit, the bind pass and
+    the flat and row kernels keep to ``max_threads_per_block``, and the grids are sized for
+    ``sms`` multiprocessors holding ``max_threads_per_sm`` threads each.
+    """
 
     arch: str = "sm_90"
     sms: int = 132  # multiprocessors
     shared_per_block: int = 48 << 10  # static shared memory a block may use
     shared_per_block_optin: int = 227 << 10  # dynamic, after cuFuncSetAttribute
     shared_per_sm: int = 228 << 10
-    registers_per_sm: int = 65536
+    registers_per_sm: int = 65536  # 32-bit registers of one multiprocessor
     max_threads_per_block: int = 1024
     l2_bytes: int = 50 << 20
+    registers_per_block: int = 65536  # the most one block's threads may hold together
+    registers_per_thread: int = 255  # the most one thread may address (the ISA's limit since sm_35)
+    max_threads_per_sm: int = 2048  # threads resident on one multiprocessor at once
     kind: ClassVar[str] = "cuda"
     is_gpu: ClassVar[bool] = True
 
@@ -83,6 +94,16 @@ class CudaTarget:
         kernel that needs more than the static part in (227 KiB on sm_90, not the static 48)."""
         return self.shared_per_block_optin
 
+    def thread_registers(self, threads: int) -> int:
+        """The registers each thread of a ``threads``-thread block may use: the ISA's per-thread
+        limit, or the block's share of the register file where that is smaller."""
+        return min(self.registers_per_thread, self.registers_per_block // threads)
+
+    @property
+    def warpgroup_mma(self) -> bool:
+        """Whether the chip has ``wgmma`` (Hopper: sm_90, sm_90a)."""
+        return self.arch.startswith("sm_90")
+
     @classmethod
     def for_arch(cls, arch: str) -> CudaTarget:
         """The usual data-centre part of an architecture, for compiling where no GPU is read."""
@@ -90,15 +111,19 @@ class CudaTarget:
         return replace(base, arch=arch)
 
 
-# the data-centre parts (V100, T4, A100, A10, L4, H100): multiprocessors, shared memory, L2
+# the data-centre parts (V100, T4, A100, A10, L4, H100), from the CUDA programming guide's table of
+# compute capabilities: multiprocessors, shared memory (static per block, opt-in per block, per
+# multiprocessor), registers per multiprocessor, threads per block, L2; then registers per block
+# and per thread, and resident threads per multiprocessor
 _CUDA_PARTS = {
-    "sm_70": CudaTarget("sm_70", 80, 48 << 10, 96 << 10, 96 << 10, 65536, 1024, 6 << 20),
-    "sm_75": CudaTarget("sm_75", 40, 48 << 10, 64 << 10, 64 << 10, 65536, 1024, 4 << 20),
-    "sm_80": CudaTarget("sm_80", 108, 48 << 10, 163 << 10, 164 << 10, 65536, 1024, 40 << 20),
-    "sm_86": CudaTarget("sm_86", 72, 48 << 10, 99 << 10, 100 << 10, 65536, 1024, 6 << 20),
-    "sm_89": CudaTarget("sm_89", 58, 48 << 10, 99 << 10, 100 << 10, 65536, 1024, 48 << 20),
+    "sm_70": CudaTarget("sm_70", 80, 48 << 10, 96 << 10, 96 << 10, 65536, 1024, 6 << 20, 65536, 255, 2048),
+    "sm_75": CudaTarget("sm_75", 40, 48 << 10, 64 << 10, 64 << 10, 65536, 1024, 4 << 20, 65536, 255, 1024),
+    "sm_80": CudaTarget("sm_80", 108, 48 << 10, 163 << 10, 164 << 10, 65536, 1024, 40 << 20, 65536, 255, 2048),
+    "sm_86": CudaTarget("sm_86", 72, 48 << 10, 99 << 10, 100 << 10, 65536, 1024, 6 << 20, 65536, 255, 1536),
+    "sm_89": CudaTarget("sm_89", 58, 48 << 10, 99 << 10, 100 << 10, 65536, 1024, 48 << 20, 65536, 255, 1536),
     "sm_90": CudaTarget(),
 }
+
 
 def host_cores() -> int:
     """The cores this process may run on."""

@@ -39,11 +39,11 @@ def _a_two_core_host(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
-def _onnx_models_compile_in_process(monkeypatch):
-    """tcc.onnx builds a new model's kernels in worker processes, which schedule for the real host,
-    not the pretend one above: their kernels would be keyed apart and built twice. Tests that
-    exercise the workers start them themselves."""
-    from tcc.interop import onnx
+def _graph_models_compile_in_process(monkeypatch):
+    """The graph engine (tcc.onnx, torch.compile) builds a new model's kernels in worker
+    processes, which schedule for the real host, not the pretend one above: their kernels would
+    be keyed apart and built twice. Tests that exercise the workers start them themselves."""
+    from tcc.interop import graph_model
 
-    monkeypatch.setattr(onnx, "PARALLEL_AFTER_S", float("inf"))
+    monkeypatch.setattr(graph_model, "PARALLEL_AFTER_S", float("inf"))
 

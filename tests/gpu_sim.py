@@ -26,6 +26,7 @@ from tcc.ir.loops import (
     AsyncCopy,
     AsyncWait,
     Barrier,
+    BlockScan,
     Buffer,
     For,
     If,
@@ -39,6 +40,7 @@ from tcc.ir.loops import (
     Store,
     WarpgroupMma,
     WarpgroupSync,
+    walk_stmts,
 )
 from tcc.reference import _MATH
 
@@ -125,6 +127,9 @@ class _Block:
     def __init__(self, buffers: dict[str, Buffer], memory: dict[str, np.ndarray]):
         self.buffers, self.memory = dict(buffers), dict(memory)
         self.locals: dict[str, np.ndarray] = {}  # local buffers allocated outside the thread loops
+        # each thread's own copy of such a buffer that its thread loops store to (a row's values
+        # kept in registers across loops: tcc/passes/autoschedule_cuda/row_registers.py)
+        self.per_thread: dict[int, dict[str, np.ndarray]] = {}
 
     def run(self, s: Stmt, env: dict) -> None:
         ev = _Eval(env, {**self.memory, **self.locals}, self.buffers)
@@ -149,6 +154,8 @@ class _Block:
             if branch is not None:
                 self.run(branch, env)
         elif isinstance(s, Store):  # (all threads store the same value: a reduction's start)
+            for own in self.per_thread.values():
+                own.pop(s.buffer, None)
             target = self.locals.get(s.buffer)
             target = self.memory[s.buffer] if target is None else target
             target[ev.offset(Load(s.buffer, s.indices, s.value.dtype))] = ev.expr(s.value)
@@ -157,7 +164,8 @@ class _Block:
 
     def _threads(self, loop: For, env: dict) -> None:
         """The loop's threads in lockstep, from one barrier or warp-wide statement to the next."""
-        threads = [_Thread(self, {**env, loop.var.name: t}) for t in range(_int(loop.extent, env))]
+        threads = [_Thread(self, {**env, loop.var.name: t}, self.per_thread.get(t, {}))
+                   for t in range(_int(loop.extent, env))]
         runs = [th.run(loop.body) for th in threads]
         while True:
             events = [next(r, None) for r in runs]
@@ -167,23 +175,43 @@ class _Block:
             assert len(kinds) == 1, f"threads diverge at a block-wide point: {kinds}"
             if isinstance(events[0][0], Barrier):  # (copies in flight stay so: the schedule waits first)
                 continue
+            if isinstance(events[0][0], BlockScan):
+                _block_scan(events[0][0], threads, events[0][1])
+                continue
             size = 128 if isinstance(events[0][0], WarpgroupMma) else 32
             for w in range(0, len(threads), size):
                 _warp_statement(events[w:w + size], threads[w:w + size])
+        reduced = set()
         for key, value in loop.annotations:  # ``allreduce=ACC:OP``: every thread's ACC combined
             if key == "allreduce":
                 acc, op = str(value).split(":")
+                reduced.add(acc)
                 total = threads[0].locals[acc][0]
                 for th in threads[1:]:
                     total = _BINARY[op](total, th.locals[acc][0])
                 self.locals[acc][0] = total
+        kept = {s.buffer for s in walk_stmts(loop.body) if isinstance(s, Store) and s.buffer in self.locals} - reduced
+        for t, th in enumerate(threads):
+            self.per_thread.setdefault(t, {}).update({name: th.locals[name] for name in kept})
+
+
+def _block_scan(s: BlockScan, threads: list, ev: _Eval) -> None:
+    """Each thread's ``buffer[0]``: the combination of the earlier threads' (in thread order);
+    ``buffer[1]``: of all of them."""
+    total = ev.expr(s.identity)
+    for th in threads:
+        value = th.locals[s.buffer][0]
+        th.locals[s.buffer][0] = total
+        total = _BINARY[s.op](total, value)
+    for th in threads:
+        th.locals[s.buffer][1] = total
 
 
 class _Thread:
-    def __init__(self, block: _Block, env: dict):
+    def __init__(self, block: _Block, env: dict, own: dict[str, np.ndarray]):
         self.block = block
         self.env = env
-        self.locals = {name: a.copy() for name, a in block.locals.items()}
+        self.locals = {name: a.copy() for name, a in {**block.locals, **own}.items()}
         self.buffers = dict(block.buffers)
         self.groups: list[list[tuple[str, int, np.ndarray]]] = [[]]  # cp.async groups, last one open
 
@@ -222,7 +250,7 @@ class _Thread:
             target = self.locals.get(s.buffer)
             target = self.block.memory[s.buffer] if target is None else target
             target[ev.offset(Load(s.buffer, s.indices, s.value.dtype))] = ev.expr(s.value)
-        elif isinstance(s, (Barrier, MatrixLoad, Mma, WarpgroupMma)):
+        elif isinstance(s, (Barrier, BlockScan, MatrixLoad, Mma, WarpgroupMma)):
             yield (s, ev)
         elif isinstance(s, (WarpgroupSync, ProxyFence)):
             pass  # wgmma runs when issued; the async proxy sees what the thread wrote

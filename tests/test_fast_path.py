@@ -193,3 +193,52 @@ def test_a_transposed_torch_tensor_of_the_same_shape_misses_the_plan(rng, checke
     np.testing.assert_allclose(out.numpy(), (a.t() @ b).numpy(), rtol=1e-4, atol=1e-4)
     op(a, b, out=out.t())  # a transposed out= too
     np.testing.assert_allclose(out.t().numpy(), (a @ b).numpy(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("n", [1, 33])
+def test_a_plans_published_fast_path_repeats_the_call(rng, n):
+    """What interop's eager paths use (``plan.fast_path()``, tcc/runtime/plans.py) is enough to
+    repeat a call by hand: pointers and scalars into an argument array from the pool, one call
+    of the entry point; the result is the op's, into a NaN-poisoned output."""
+    op = tcc.compile(AXPY).axpy
+    x, y, z = data(rng, n), data(rng, n), np.full(n, np.nan, np.float32)
+    op(2.0, x, y, out=z)
+    path = op.plans.plans[0].fast_path()
+    assert (path.nargs, path.params, path.cparams, path.constants) == (3, 4, {}, False)
+    assert [(t.pos, t.numpy, t.dtype, t.shape) for t in path.inputs] == [(1, True, x.dtype, (n,)),
+                                                                         (2, True, y.dtype, (n,))]
+    assert path.address and [(t.pos, t.shape) for t in path.results] == [(0, (n,))]
+    x, y, z = data(rng, n), data(rng, n), np.full(n, np.nan, np.float32)
+    ptrs, cells, address = path.pool.pop() if path.pool else path.new_buffer()
+    for t, a in zip((*path.inputs, *path.results), (x, y, z)):
+        ptrs[t.slot] = a.ctypes.data
+    (pos, kind, _, cell), = cells
+    assert (pos, kind) == (0, float) and [s[:3] for s in path.scalars] == [(0, 0, float)]
+    cell.value = -1.5
+    assert path.call(address) == 0
+    np.testing.assert_allclose(z, -1.5 * x + y, rtol=1e-6, atol=1e-6)
+
+
+def test_a_cuda_plans_fast_path_names_each_launch(monkeypatch):
+    """``CudaFastPath``: each kernel's function, shape and parameters as positions in (arguments,
+    results) with their cell types, its aligned variant's fallback, the stream getter."""
+    import ctypes
+    from types import SimpleNamespace
+
+    from tcc.codegen_cuda import driver
+    from tcc.runtime import cuda_plan
+
+    monkeypatch.setattr(driver, "launch_kernel_address", lambda: 1234)
+    plain = SimpleNamespace(fn=11, grid=4, block=256, shared=0, names=["n", "X", "Z"], fallback=None,
+                            slots=[ctypes.c_int64(), ctypes.c_uint64(), ctypes.c_uint64()])
+    aligned = SimpleNamespace(**{**vars(plain), "fn": 10, "grid": 1, "fallback": plain})
+    stream = lambda device: 0  # noqa: E731
+    plan = cuda_plan.Plan(SimpleNamespace(temps=[]), None, 0, 2, {}, [cuda_plan._Tensor(1, "f32", (8,), 32, 1)],
+                          [(0, int, (0, 9), "i64", 0)], None, [((8,), "f32", 2)], [], object, None, stream, None,
+                          [aligned], {"n": 0, "X": 1, "Z": 2}, "op")
+    path = plan.fast_path()
+    assert path.allocates and not path.intermediates and path.launch_kernel == 1234 and path.stream is stream
+    assert path.scalars == ((0, int),) and [(t.pos, t.slot, t.shape) for t in path.results] == [(0, 2, (8,))]
+    (launch,) = path.launches
+    assert (launch.function, launch.grid, launch.fallback.function, launch.fallback.grid) == (10, 1, 11, 4)
+    assert launch.params == ((0, ctypes.c_int64), (1, ctypes.c_uint64), (2, ctypes.c_uint64))

@@ -103,5 +103,5 @@ def test_onnx_node_conformance():
     assert len(passed) >= TARGET * len(inside)
     assert set(failed) <= set(KNOWN_FAILURES), f"new failures: {sorted(set(failed) - set(KNOWN_FAILURES))}"
     for name in outside:  # tcc refuses these at import with a clean error, never a wrong answer
-        assert outcome[name] is None or outcome[name].startswith("tcc.interop.onnx_graph.OnnxImportError"), \
+        assert outcome[name] is None or outcome[name].startswith("tcc.interop.graph.OnnxImportError"), \
             f"{name}: {outcome[name]}"

@@ -136,7 +136,7 @@ def test_scatter_in_a_chain(rng):
 
 
 def test_constant_indices_out_of_range_are_an_import_error(rng):
-    from tcc.interop.onnx_graph import OnnxImportError
+    from tcc.interop.graph import OnnxImportError
 
     for op, i in (("ScatterElements", np.array([[0, 5]])), ("ScatterND", np.array([[1, 0], [2, 9]]))):
         node = helper.make_node(op, ["x", "i", "u"], ["y"])

@@ -137,11 +137,13 @@ def test_an_unguarded_read_is_a_bounds_error():
         tcc.compile(source).bad(np.zeros(5, np.float32))
 
 
-def test_grad_of_a_recurrence_is_a_clear_error():
-    op = tcc.compile(LINEAR).linear_recurrence
-    with pytest.raises(tcc.TccError, match="H is a recurrence") as info:
-        tcc.grad(op)
-    assert "<string>:3:" in str(info.value)
+def test_grad_of_a_recurrence_reading_itself_in_a_reduction_is_a_clear_error():
+    """(Recurrences differentiate: tests/test_grad_data.py; a read of itself inside a reduction does not.)"""
+    source = ("op f(A: f32[T, D]) -> H: f32[T, D] {\n"
+              "    H[t, d] = select(t == 0, A[t, d], sum[e: 2](H[t - 1, d] * A[t, d]))\n}\n")
+    with pytest.raises(tcc.TccError, match="H is a recurrence that reads itself inside a reduction") as info:
+        tcc.grad(tcc.compile(source).f)
+    assert "<string>:2:" in str(info.value)
 
 
 def test_a_schedule_keeps_a_recurrence_in_order(rng):

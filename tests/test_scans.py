@@ -88,9 +88,11 @@ def test_cumsum_in_the_cuda_simulator(rng):
     np.testing.assert_allclose(arrays["Y"], np.cumsum(X.astype(np.float64), axis=1), rtol=1e-5, atol=1e-5)
 
 
-def test_grad_of_a_moving_extent_is_a_clear_error():
-    with pytest.raises(tcc.TccError, match="depends on an outer index"):
-        tcc.grad(tcc.compile(CUMSUM).cumsum)
+def test_grad_of_a_moving_extent_other_than_a_prefix_is_a_clear_error():
+    """(Prefix sums differentiate: tests/test_grad_data.py; a body that uses the moving index does not.)"""
+    source = "op f(X: f32[N]) -> Y: f32[N] {\n    Y[i] = sum[k: i + 1](X[i] * X[k])\n}"
+    with pytest.raises(tcc.TccError, match="only as a prefix sum or product"):
+        tcc.grad(tcc.compile(source).f)
 
 
 def test_a_decomposed_triangular_reduction_on_cuda(rng):

@@ -131,10 +131,13 @@ def test_scatter_loops_stay_serial_under_the_primitives():
         vectorize(loops, "n", 8)
 
 
-def test_grad_of_a_scatter_is_refused_with_the_statement():
-    with pytest.raises(tcc.TccError, match=r"dE\[\.\.\.\] \+= \.\.\. \(an accumulation\)") as info:
-        tcc.grad(tcc.compile(SCATTERS).embedding_grad)
-    assert "dE[idx[n], d] += dY[n, d]" in str(info.value)
+def test_grad_of_a_scatter_is_a_gather(rng):
+    """(More in tests/test_grad_data.py.) The gradient of ``dE[idx[n], d] += dY[n, d]`` reads the
+    adjoint where each point added: ``ddY[n, d] = ddE[idx[n], d]``."""
+    grad = tcc.grad(tcc.compile(SCATTERS).embedding_grad)
+    dY, idx, ddE = rng.standard_normal((33, 7)).astype(np.float32), rng.integers(0, 5, 33), \
+        rng.standard_normal((5, 7)).astype(np.float32)
+    np.testing.assert_array_equal(grad(dY, idx, ddE, V=5, out=np.full((33, 7), np.nan, np.float32)), ddE[idx])
 
 
 def test_a_contraction_added_into_a_same_named_intermediate(rng):
@@ -166,3 +169,25 @@ def test_a_tensor_added_into_is_not_cached():
         op = tcc.compile(source, target=target).f.schedule("cache(T, n)")
         with pytest.raises(TccScheduleError, match="added into"):
             op.lower(np.ones(5, np.float32), np.zeros(5, np.int64), stage="scheduled")
+
+
+@pytest.mark.parametrize("v,d,n", [(1, 1, 1), (7, 33, 7), (5, 7, 1000)])
+def test_positions_computed_by_a_statement_the_group_would_shrink(rng, v, d, n):
+    """The positions are an intermediate computed over the loop the zero fill runs (same extent):
+    the group pass joined the two and kept one position per iteration, so the scatter after the
+    group read a buffer that no longer existed (the torch.compile importer's embedding gradient)."""
+    op = tcc.compile("""
+op scatter_wrapped(dY: f32[N, D], idx: i64[N]) -> dE: f32[N, D] {
+    J: i64[N]
+    J[n] = select(idx[n] < 0, idx[n] + N, idx[n])
+    dE[v, d] = 0.0
+    dE[min(max(J[n], 0), N - 1), d] += dY[n, d]
+}
+""").scatter_wrapped
+    dY, idx = rng.standard_normal((n, d)).astype(np.float32), rng.integers(-n, n, n)
+    out = np.full((n, d), np.nan, np.float32)
+    op(dY, idx, out=out)
+    expected = embedding_grad(dY, np.where(idx < 0, idx + n, idx), n)
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(reference_results(op.te, [dY, idx], {"D": d, "N": n})[0], expected, rtol=1e-6,
+                               atol=1e-5)

@@ -67,6 +67,13 @@ def test_architecture_defaults():
     assert a100.sms == 108 and a100.arch == "sm_80" and a100.shared_per_block_optin == 163 << 10
     assert CudaTarget.for_arch("sm_90a").sms == 132 and CudaTarget.for_arch("sm_90a").arch == "sm_90a"
     assert CudaTarget.for_arch("sm_120").arch == "sm_120"  # an unknown part: the defaults
+    h100 = CudaTarget.for_arch("sm_90")
+    for part in (a100, h100):  # the budgets every CUDA schedule reads
+        assert part.registers_per_sm == part.registers_per_block == 65536 and part.registers_per_thread == 255
+        assert part.max_threads_per_block == 1024 and part.max_threads_per_sm == 2048
+    assert h100.thread_registers(256) == 255 and h100.thread_registers(1024) == 64
+    assert h100.warpgroup_mma and CudaTarget.for_arch("sm_90a").warpgroup_mma and not a100.warpgroup_mma
+    assert CudaTarget.for_arch("sm_86").max_threads_per_sm == 1536
 
 
 def test_the_grid_follows_the_multiprocessors():
@@ -93,6 +100,17 @@ def _gpu() -> None:
         pytest.skip("no CUDA GPU")
 
 
+def test_blocks_per_multiprocessor_follow_its_threads_and_registers():
+    """A split reduction fills each SM with as many 256-thread blocks as it holds threads for (8 on
+    an H100, 4 on a part of 1024); split-K with as many FMA GEMM blocks as its registers hold."""
+    bindings = dict(M=8192, N=8192)
+    assert _grids(tcc.compile(SOURCE, target=CudaTarget(sms=16, max_threads_per_sm=1024)).total, bindings) == [64, 1]
+    skinny = dict(M=384, K=65536, N=384)  # nine 128 x 128 tiles: split-K's chunks make the grid
+    full = _grids(tcc.compile(MATMUL, target=CudaTarget(sms=100)).mm, skinny)[0]
+    half = _grids(tcc.compile(MATMUL, target=CudaTarget(sms=100, registers_per_sm=32768)).mm, skinny)[0]
+    assert (full, half) == (9 * 22, 9 * 11)  # 2 and 1 blocks on each of the 100 SMs, in whole tiles
+
+
 @pytest.mark.cuda
 def test_the_device_is_read():
     _gpu()
@@ -102,6 +120,7 @@ def test_the_device_is_read():
     found = rt.machine(None, {"arch": driver.context(0).arch})
     assert found.arch == driver.context(0).arch and found.sms >= 1 and found.shared_per_block >= 48 << 10
     assert found.shared_per_block_optin >= found.shared_per_block and found.l2_bytes > 0
+    assert found.registers_per_block >= 32768 and found.max_threads_per_sm >= found.max_threads_per_block >= 1024
 
 
 @pytest.mark.cuda

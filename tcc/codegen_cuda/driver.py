@@ -35,7 +35,8 @@ ERROR_LAUNCH_FAILED = 719
 ATTRIBUTES = {"COMPUTE_CAPABILITY_MAJOR": 75, "COMPUTE_CAPABILITY_MINOR": 76, "MULTIPROCESSOR_COUNT": 16,
               "MAX_SHARED_MEMORY_PER_BLOCK": 8, "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN": 97,
               "MAX_SHARED_MEMORY_PER_MULTIPROCESSOR": 81, "MAX_REGISTERS_PER_MULTIPROCESSOR": 82,
-              "MAX_THREADS_PER_BLOCK": 1, "L2_CACHE_SIZE": 38}
+              "MAX_THREADS_PER_BLOCK": 1, "L2_CACHE_SIZE": 38, "MAX_REGISTERS_PER_BLOCK": 12,
+              "MAX_THREADS_PER_MULTIPROCESSOR": 39}
 MEMPOOL_ATTR_RELEASE_THRESHOLD = 4
 FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
@@ -72,6 +73,12 @@ _SIGNATURES: dict[str, list[Any]] = {
     "cuFuncSetAttribute": [_P, _I, _I],
     "cuLaunchKernel": [_P, _U, _U, _U, _U, _U, _U, _U, _P, _P, _P],
 }
+
+
+@functools.cache
+def launch_kernel_address() -> int:
+    """The address of the driver's ``cuLaunchKernel``, for launchers outside Python (C++)."""
+    return int(ctypes.cast(libcuda().cuLaunchKernel, ctypes.c_void_p).value or 0)
 
 
 @functools.cache
@@ -195,7 +202,9 @@ def device_target(ordinal: int) -> CudaTarget:
     return CudaTarget(ctx.arch, read("MULTIPROCESSOR_COUNT"), read("MAX_SHARED_MEMORY_PER_BLOCK"),
                       read("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"), read("MAX_SHARED_MEMORY_PER_MULTIPROCESSOR"),
                       read("MAX_REGISTERS_PER_MULTIPROCESSOR"), read("MAX_THREADS_PER_BLOCK"),
-                      read("L2_CACHE_SIZE"))
+                      read("L2_CACHE_SIZE"), read("MAX_REGISTERS_PER_BLOCK"),
+                      CudaTarget.for_arch(ctx.arch).registers_per_thread,  # the ISA's, no attribute
+                      read("MAX_THREADS_PER_MULTIPROCESSOR"))
 
 
 def context(ordinal: int) -> Context:

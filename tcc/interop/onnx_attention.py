@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tcc.frontend.unparse import Ex, call, num, reduction, select, var
-from tcc.interop.onnx_graph import Node, Program, Value, broadcast_read, float_literal, view
+from tcc.interop.graph import Node, Program, Value, broadcast_read, float_literal, view
 from tcc.interop.onnx_index import position
 from tcc.interop.onnx_ops import is_float, norm_axis, reduce_over
 from tcc.interop.onnx_shapes import reshape_view

@@ -16,8 +16,8 @@ import onnx  # optional dependency: this module is only imported where onnx is i
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType
 
 from tcc import cuda
+from tcc.interop.graph import NeedsValue
 from tcc.interop.onnx import OnnxModel, load
-from tcc.interop.onnx_graph import NeedsValue
 
 
 class TccRep(BackendRep):

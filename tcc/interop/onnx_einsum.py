@@ -13,7 +13,7 @@ import re
 import numpy as np
 
 from tcc.frontend.unparse import Ex, num, reduction, var
-from tcc.interop.onnx_graph import Node, Program, Value
+from tcc.interop.graph import Node, Program, Value
 from tcc.interop.onnx_ops import cast_to
 
 ELLIPSIS = "."  # one label per dim the ellipsis stands for: ".0", ".1", ...

@@ -18,7 +18,7 @@ import numpy as np
 
 from tcc.frontend import ast
 from tcc.frontend.unparse import Ex, call, num, reduction, select, var
-from tcc.interop.onnx_graph import Node, Program, Value, view
+from tcc.interop.graph import Node, Program, Value, view
 from tcc.interop.onnx_ops import cast_to, const_of, norm_axis
 from tcc.interop.onnx_shapes import affine_index
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import numpy as np
 
 from tcc.frontend.unparse import Ex, call, num, select
-from tcc.interop.onnx_graph import Node, Program, Value, float_literal
+from tcc.interop.graph import Node, Program, Value, float_literal
 from tcc.interop.onnx_ops import elementwise, is_float, small_known, zero
 
 INF = num(float("inf"))

@@ -16,7 +16,7 @@ import numpy as np
 
 from tcc.frontend.unparse import Ex, all_of, call, num, reduction, select, var
 from tcc.interop import onnx_winograd
-from tcc.interop.onnx_graph import Node, Program, Value, broadcast_read, broadcast_shape, float_literal
+from tcc.interop.graph import Node, Program, Value, broadcast_read, broadcast_shape, float_literal
 from tcc.interop.onnx_ops import cast_to, is_float, reduce_over, zero
 from tcc.interop.onnx_shapes import reshape_view
 

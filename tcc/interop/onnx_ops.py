@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from tcc.frontend.unparse import Ex, add_all, call, num, reduction, select, var
-from tcc.interop.onnx_graph import (
+from tcc.interop.graph import (
     NUMPY_DTYPES,
     NeedsValue,
     Node,

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from tcc.frontend.unparse import Ex, call, num, reduction, select, var
-from tcc.interop.onnx_graph import Node, Program, Value, float_literal
+from tcc.interop.graph import Node, Program, Value, float_literal
 from tcc.interop.onnx_ops import const_of, is_float
 
 Coefficients = Callable[[float, float], np.ndarray]

@@ -26,7 +26,7 @@ import numpy as np
 
 from tcc.frontend import ast
 from tcc.frontend.unparse import Ex, access, all_of, call, num, reduction, select, unparse, var
-from tcc.interop.onnx_graph import Node, Program, Value
+from tcc.interop.graph import Node, Program, Value
 from tcc.interop.onnx_index import component, position, readable_at_computed
 from tcc.interop.onnx_ops import cast_to, const_of, is_float, norm_axis
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from tcc.frontend.unparse import Ex, add_all, call, num, select
-from tcc.interop.onnx_graph import NUMPY_DTYPES, Node, Program, Value, broadcast_read, broadcast_shape, view
+from tcc.interop.graph import NUMPY_DTYPES, Node, Program, Value, broadcast_read, broadcast_shape, view
 from tcc.interop.onnx_ops import axes_of, const_of, is_float, norm_axis, zero
 
 

@@ -15,7 +15,7 @@ one image within ``MAX_TILES_BYTES``. Alone, 256 channels at 14x14 took 0.66x th
 convolution's time and 128 at 28x28 0.69x; 512 at 7x7 (tiles padded to 8x8, 16 GEMM columns)
 1.15x, so it stays direct. The 64-channel layers at 56x56 (3 MiB of transformed input an image)
 had run ResNet-18 no faster than direct (0.97-1.01x on one thread); since a model keeps its
-intermediates' buffers between calls (``tcc.interop.onnx_memory``: the transformed inputs and
+intermediates' buffers between calls (``tcc.interop.graph_memory``: the transformed inputs and
 products had been page-faulted afresh on every call) they run it 0.93-0.95x as long on one
 thread and two, at batch 1 and 8 (interleaved in one process, against the 2 MiB budget that kept
 them direct). Larger images or more channels (128 at 56x56: 6.4 MiB) stay direct. The products are laid out image first
@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from tcc.frontend.unparse import Ex, add_all, num, reduction, var
-from tcc.interop.onnx_graph import Node, Program, Value
+from tcc.interop.graph import Node, Program, Value
 
 MIN_CHANNELS = 16
 MIN_SIDE = 8

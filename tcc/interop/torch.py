@@ -36,15 +36,13 @@ import torch  # the optional dependency this module exists for
 
 from tcc import dtypes
 from tcc.autodiff import grad as derive_grad
-from tcc.codegen_cuda import driver
 from tcc.compiler import Library, Op
 from tcc.compiler import compile as tcc_compile
 from tcc.errors import TccArgumentError, TccError
 from tcc.interop import torch_native
-from tcc.runtime import cuda_plan
 from tcc.runtime.binding import bind_cparams, bind_shapes, result_shapes
 from tcc.runtime.cpu import raise_out_of_memory
-from tcc.runtime.plans import same_params
+from tcc.runtime.plans import CpuFastPath, CudaFastPath, CudaLaunch, same_params
 
 _TORCH_DTYPES = {dtypes.f16: torch.float16, dtypes.bf16: torch.bfloat16, dtypes.f32: torch.float32,
                  dtypes.f64: torch.float64, dtypes.i8: torch.int8, dtypes.i32: torch.int32,
@@ -164,33 +162,27 @@ class TorchOp:
             got = op(*args, **cparams)
             outs = list(got) if type(got) is tuple else [got]
             if op.plans.plans is not before and not cparams:  # a new plan: the C++ path may take it
-                self._teach_cuda(op.plans.plans[0], len(args))
+                self._teach_cuda(op.plans.plans[0].fast_path(), len(args))
         return outs
 
-    def _teach_cuda(self, plan: Any, nargs: int) -> None:
+    def _teach_cuda(self, path: CudaFastPath, nargs: int) -> None:
         """Give the C++ eager path a CUDA plan's signature: its kernels, launched by C++ on torch's
         current stream (not a plan with intermediates: their workspace is Python's)."""
-        if plan.outs is not None or plan.nargs != nargs or plan.cparams or plan.kernel.temps or cuda_plan.SYNC:
+        if not path.allocates or path.nargs != nargs or path.cparams or path.intermediates or path.synchronous:
             return
         module = self._native_module()
         if module is None:
             return
         if not _cuda_ready:
-            module.setup_cuda(ctypes.cast(driver.libcuda().cuLaunchKernel, ctypes.c_void_p).value,
-                              cuda_plan.stream_getter())
+            module.setup_cuda(path.launch_kernel, path.stream)
             _cuda_ready.append(True)
-        launches = []
-        for launcher in plan.launchers:
-            order = [plan.slots[name] for name in launcher.names]  # positions in (arguments, results)
-            params = [(value, _CELLS.get(type(slot), -1)) for value, slot in zip(order, launcher.slots)]
-            fallback = launcher.fallback
-            launches.append(((launcher.fn, launcher.grid, launcher.block, launcher.shared),
-                             None if fallback is None else (fallback.fn, fallback.grid, fallback.block,
-                                                            fallback.shared), params))
-        module.learn_cuda(self._native, plan.op, nargs, plan.device,
-                          [(t.pos, t.dtype, tuple(t.shape)) for t in plan.inputs],
-                          [(pos, kind) for pos, kind, *_ in plan.scalars],
-                          [(dtype, tuple(shape)) for shape, dtype, _ in plan.results], launches)
+
+        def launch(k: CudaLaunch) -> tuple[int, int, int, int]:
+            return k.function, k.grid, k.block, k.shared
+        launches = [(launch(k), None if k.fallback is None else launch(k.fallback),
+                     [(pos, _CELLS.get(cell, -1)) for pos, cell in k.params]) for k in path.launches]
+        module.learn_cuda(self._native, path.op, nargs, path.device, [(t.pos, t.dtype, t.shape) for t in path.inputs],
+                          list(path.scalars), [(t.dtype, t.shape) for t in path.results], launches)
 
     def _no_graph(self, args: tuple[Any, ...], cparams: dict[str, Any]) -> list[torch.Tensor]:
         """The results of the CPU kernel on plain CPU tensors, recording no graph: the signature's
@@ -225,11 +217,9 @@ class TorchOp:
         module = None if direct.cparams else self._native_module()
         if module is None:
             return
-        plan = direct.plan
-        scalars = [(pos, slot, kind, _CELLS[cell_type]) for slot, (pos, kind, cell_type, _) in
-                   zip(plan.slots, plan.scalars)]
-        module.learn(self._native, plan.kernel.address, plan.kernel.name,
-                     plan.nargs, len(plan.kernel.params),
+        path = direct.path
+        scalars = [(pos, slot, kind, _CELLS[cell_type]) for pos, slot, kind, cell_type in path.scalars]
+        module.learn(self._native, path.address, path.name, path.nargs, path.params,
                      [(pos, slot, dtype, tuple(shape)) for pos, slot, dtype, shape in direct.inputs],
                      scalars, [(slot, dtype, shape) for slot, shape, dtype in direct.results])
 
@@ -438,18 +428,19 @@ _record = super(torch.autograd.Function, _Graph).apply  # bound to _Graph
 
 
 class _Direct:
-    """The eager path's call for one signature (input shapes and parameters), taken from the plan
-    that tcc's CPU runtime made for it (``tcc.runtime.cpu.Plan``: the kernel, its argument slots,
-    scalar cells and pooled argument arrays). Per call: each input's type, dtype, shape, layout,
-    device and gradient flag, its pointer, each scalar's type (and range), the results' allocation
-    and one foreign call; nothing else is looked up (benchmarks/torch_overhead.py)."""
+    """The eager path's call for one signature (input shapes and parameters), taken from the
+    fast path of the plan that tcc's CPU runtime made for it (``tcc.runtime.plans.CpuFastPath``:
+    the kernel, its argument slots, scalar cells and pooled argument arrays). Per call: each
+    input's type, dtype, shape, layout, device and gradient flag, its pointer, each scalar's type
+    (and range), the results' allocation and one foreign call; nothing else is looked up
+    (benchmarks/torch_overhead.py)."""
 
-    __slots__ = ("plan", "nargs", "cparams", "inputs", "results")
+    __slots__ = ("path", "nargs", "cparams", "inputs", "results")
 
-    def __init__(self, plan: Any, inputs: tuple[tuple[int, int, Any, Any], ...],
+    def __init__(self, path: CpuFastPath, inputs: tuple[tuple[int, int, Any, Any], ...],
                  results: tuple[tuple[int, tuple[int, ...], Any], ...]):
-        self.plan = plan
-        self.nargs, self.cparams = plan.nargs, plan.cparams
+        self.path = path
+        self.nargs, self.cparams = path.nargs, path.cparams
         self.inputs = inputs  # (argument position, slot, torch dtype, torch.Size)
         self.results = results  # (slot, shape, torch dtype)
 
@@ -457,11 +448,11 @@ class _Direct:
         """The results, or None when this call differs from the signature (or needs a graph)."""
         if len(args) != self.nargs or ((cparams or self.cparams) and not same_params(cparams, self.cparams)):
             return None
-        plan = self.plan
+        path = self.path
         try:
-            buffer = plan.pool.pop()
+            buffer = path.pool.pop()
         except IndexError:  # none free: the first call, or other threads hold them all
-            buffer = plan.new_buffer()
+            buffer = path.new_buffer()
         ptrs, cells, address = buffer
         try:
             for pos, slot, dtype, shape in self.inputs:
@@ -479,14 +470,15 @@ class _Direct:
             outs = []
             default = _default_dtype()
             for slot, shape, dtype in self.results:  # sizes as arguments, dtype only if needed: parsed fastest
-                r = _empty(*shape) if dtype is default else _empty(*shape, dtype=dtype)
+                sizes = shape or ((),)  # a 0-d result: torch.empty(()) (torch.empty() is refused)
+                r = _empty(*sizes) if dtype is default else _empty(*sizes, dtype=dtype)
                 ptrs[slot] = r.data_ptr()
                 outs.append(r)
-            status = plan.kernel.fn(address)
+            status = path.call(address)
         finally:
-            plan.pool.append(buffer)
+            path.pool.append(buffer)
         if status != 0:
-            raise_out_of_memory(plan.kernel.name)
+            raise_out_of_memory(path.name)
         return outs
 
 
@@ -494,13 +486,14 @@ def _learn_direct(op: Op, args: tuple[Any, ...], cparams: dict[str, Any], outs: 
     """The direct call for a signature that ``op`` just ran through its plan, if it made one (None
     for strided inputs, or a backend without plans)."""
     for plan in op.plans.plans:
-        ins, targets = plan.inputs, plan.outs
-        if (getattr(plan, "constants", None) is not None or targets is None or plan.nargs != len(args)
-                or plan.cparams != cparams or len(targets) != len(outs)):
+        path = plan.fast_path()
+        ins, targets = path.inputs, path.results
+        if (not isinstance(path, CpuFastPath) or path.constants or targets is None or path.nargs != len(args)
+                or path.cparams != cparams or len(targets) != len(outs)):
             continue
         if all(not t.numpy and t.dtype is args[t.pos].dtype and t.shape == tuple(args[t.pos].shape) for t in ins) \
                 and all(t.shape == tuple(o.shape) and t.dtype is o.dtype for t, o in zip(targets, outs)):
-            return _Direct(plan, tuple((t.pos, t.slot, t.dtype, torch.Size(t.shape)) for t in ins),
+            return _Direct(path, tuple((t.pos, t.slot, t.dtype, torch.Size(t.shape)) for t in ins),
                            tuple((t.slot, t.shape, t.dtype) for t in targets))
     return None
 
@@ -540,6 +533,11 @@ def library(source: str | os.PathLike | Library, namespace: str = "tcc", **optio
 def native_status() -> str:
     """Which eager path serves repeat calls (CPU and CUDA): "native" (the C++ one) or "python (why)"."""
     return torch_native.status()
+
+
+def is_registered(target: Any) -> bool:
+    """Whether ``target`` (an operator overload of an FX graph) is a tcc op registered here."""
+    return getattr(target, "namespace", None) in _LIBRARIES
 
 
 def _defined(namespace: str, name: str) -> bool:

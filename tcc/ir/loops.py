@@ -120,6 +120,18 @@ class Barrier(Stmt):
     """Block-wide barrier (``__syncthreads()`` on CUDA)."""
 
 
+@dataclass(frozen=True)
+class BlockScan(Stmt):
+    """Block-wide exclusive scan: each thread's local ``buffer[0]`` becomes ``op`` over the values
+    the block's earlier threads hold there (``identity`` for the first) and ``buffer[1]`` ``op``
+    over all of them. Every thread of the block reaches it, as a barrier. How the GPU combines a
+    prefix scan's chunks in parallel (:mod:`tcc.passes.autoschedule_cuda.scan`)."""
+
+    buffer: str
+    op: str  # add, mul, max or min
+    identity: Expr
+
+
 # ---------------------------------------------------------------- GPU data movement and matrix units
 # Warp-level statements: all 32 lanes of a warp execute each one together (no lane may be branched
 # around it). Operands are element references: a ``Load`` names the first element a lane supplies
@@ -270,6 +282,8 @@ def stmt_exprs(s: Stmt) -> tuple[Expr, ...]:
         return (s.dst, s.src)
     if isinstance(s, (Mma, WarpgroupMma)):
         return (s.acc, s.a, s.b)
+    if isinstance(s, BlockScan):
+        return (s.identity,)
     return ()
 
 
@@ -344,6 +358,8 @@ def _format_stmt(s: Stmt, depth: int, out: list[str]) -> None:
         _format_stmt(s.body, depth, out)
     elif isinstance(s, Barrier):
         out.append(f"{pad}barrier")
+    elif isinstance(s, BlockScan):
+        out.append(f"{pad}block_scan {s.buffer} ({s.op}, from {format_expr(s.identity)})")
     elif isinstance(s, AsyncCopy):
         when = "" if s.valid is None else f" if {format_expr(s.valid)} else zeros"
         out.append(f"{pad}cp.async {format_expr(s.dst)} <- {format_expr(s.src)} ({s.nbytes} bytes){when}")
@@ -394,6 +410,9 @@ def _verify(s: Stmt, buffers: dict[str, Buffer], scope: set[str], loops: set[str
         _check(len(s.indices) == len(buffers[s.buffer].shape), f"rank mismatch storing {s.buffer}")
         _check(s.value.dtype == buffers[s.buffer].dtype, f"store of {s.value.dtype} into {s.buffer}")
         _check(not s.accumulate or _adds_to_itself(s), f"accumulating store into {s.buffer} is not a += b")
+    if isinstance(s, BlockScan):
+        _check(s.buffer in buffers and buffers[s.buffer].scope == "local" and buffers[s.buffer].size >= 2,
+               f"block scan of {s.buffer}, not a local buffer of two elements")
     if isinstance(s, For):
         _check(s.kind in LOOP_KINDS, f"unknown loop kind {s.kind}")
         _check(s.var.name not in scope, f"loop variable {s.var.name} shadows another")

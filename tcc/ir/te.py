@@ -70,6 +70,41 @@ class Compute:
         return self.lhs if self.lhs is not None else tuple(ax.var for ax in self.axes)
 
 
+@dataclass(frozen=True)
+class StreamSum:
+    """``tensor[rows, extra] = sum[axis](exp(score - max) * weight)`` of a :class:`Stream`
+    (``weight`` None: the plain sum of the exponentials, a softmax denominator)."""
+
+    tensor: str
+    extra: tuple[IterVar, ...]  # the axes beyond the rows (``d`` of attention's output)
+    weight: Expr | None  # in the rows', the extra axes' and the stream axis' variables
+
+
+@dataclass(frozen=True)
+class Stream:
+    """Statements computed together by one pass over ``axis`` (the online-softmax recurrence):
+    ``maximum[rows] = max[axis](score)`` and the ``sums`` of ``exp(score - maximum)``, the
+    maximum kept as a running value and each sum rescaled by ``exp(old - new)`` when it grows, so
+    neither ``score`` nor its exponentials over ``rows x axis`` are ever stored. ``axis`` runs in
+    tiles of ``tile`` and the last row axis in tiles of ``tile_rows``; where ``limit`` is given,
+    ``score`` is ``-inf`` for ``axis >= limit`` (a causal mask) and those tiles are skipped."""
+
+    maximum: str
+    rows: tuple[IterVar, ...]
+    axis: IterVar
+    score: Expr
+    sums: tuple[StreamSum, ...]
+    limit: Expr | None = None  # an expression of the rows' variables
+    tile: int = 64
+    tile_rows: int = 1
+    stage_keys: bool = False  # copy each tile's keys key-last for a block of rows (the CPU's vectors)
+    group: int = 1  # rows of a block whose sums are formed together (the CPU's registers)
+
+    @property
+    def tensors(self) -> tuple[str, ...]:
+        return (self.maximum, *(s.tensor for s in self.sums))
+
+
 @dataclass
 class OpTE:
     """One op in tensor-expression form."""
@@ -90,6 +125,7 @@ class OpTE:
     index_checks: list = field(default_factory=list)  # bounds.IndexCheck: data indices checked at the call
     groups: list = field(default_factory=list)  # fusion.FusionGroup: computes sharing outer loops
     fusion_notes: list = field(default_factory=list)  # fusion decisions and why, for the fused stage
+    streams: list[Stream] = field(default_factory=list)  # statements computed in one streaming pass
 
     @property
     def inputs(self) -> list[str]:
@@ -173,4 +209,4 @@ def _check(cond: bool, message: str) -> None:
         raise TccError(f"internal error: TE verifier: {message}")
 
 
-__all__ = ["Compute", "OpTE", "Pad", "Scalar", "Tensor", "format_op", "verify_op"]
+__all__ = ["Compute", "OpTE", "Pad", "Scalar", "Stream", "StreamSum", "Tensor", "format_op", "verify_op"]

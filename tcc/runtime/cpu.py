@@ -26,7 +26,7 @@ from tcc.passes.pipeline import cpu_schedule
 from tcc.runtime.backend import Backend
 from tcc.runtime.binding import as_host_array, out_list
 from tcc.runtime.cache import pack_artifact, unpack_artifact
-from tcc.runtime.plans import same_params
+from tcc.runtime.plans import CpuFastPath, FastTensor, same_params
 from tcc.runtime.prepared import Prepared
 from tcc.target import CpuTarget
 
@@ -351,6 +351,16 @@ class Plan:
             ptrs[slot] = ctypes.addressof(cell)
             cells.append((pos, kind, bounds, cell))
         return ptrs, cells, ctypes.addressof(ptrs)  # an address passes faster than the array
+
+    def fast_path(self) -> CpuFastPath:
+        """This signature for callers outside tcc's own call (tcc.interop.torch and its C++)."""
+        def tensor(t: _Tensor) -> FastTensor:
+            return FastTensor(t.pos, t.slot, t.dtype, tuple(t.shape), t.numpy)
+        scalars = tuple((pos, slot, kind, cell) for slot, (pos, kind, cell, _) in zip(self.slots, self.scalars))
+        return CpuFastPath(self.kernel.name, self.kernel.address, self.kernel.fn, self.nargs, len(self.kernel.params),
+                           self.cparams, tuple(map(tensor, self.inputs)), scalars,
+                           None if self.outs is None else tuple(map(tensor, self.outs)), self.constants is not None,
+                           self.pool, self.new_buffer)
 
     def __post_init__(self) -> None:
         self.single_out = self.outs[0] if self.outs is not None and len(self.outs) == 1 else None

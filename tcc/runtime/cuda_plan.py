@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 from tcc.codegen_cuda import driver
 from tcc.runtime.cuda_tensors import DeviceTensor, as_array, torch_dtypes
-from tcc.runtime.plans import same_params
+from tcc.runtime.plans import CudaFastPath, CudaLaunch, FastTensor, same_params
 
 SYNC = os.environ.get("TCC_CUDA_SYNC", "") not in ("", "0")  # debugging: synchronise after every call
 _INT_RANGES = {"i32": (-(1 << 31), (1 << 31) - 1), "i64": (-(1 << 63), (1 << 63) - 1), "i8": (-128, 127)}
@@ -66,6 +66,20 @@ class Plan:
 
     def __post_init__(self) -> None:
         self.spans = [(t.slot, t.nbytes) for t in self.inputs]  # for the overlap checks of out=
+
+    def fast_path(self) -> CudaFastPath:
+        """This signature for callers that launch its kernels themselves (tcc.interop.torch's C++)."""
+        def launch(launcher: driver.Launcher) -> CudaLaunch:
+            params = tuple((self.slots[name], type(cell)) for name, cell in zip(launcher.names, launcher.slots))
+            fallback = None if launcher.fallback is None else launch(launcher.fallback)
+            return CudaLaunch(launcher.fn, launcher.grid, launcher.block, launcher.shared, params, fallback)
+        return CudaFastPath(self.op, self.device, self.nargs, self.cparams,
+                            tuple(FastTensor(t.pos, t.slot, t.dtype, tuple(t.shape)) for t in self.inputs),
+                            tuple((pos, kind) for pos, kind, *_ in self.scalars),
+                            tuple(FastTensor(i, slot, dtype, tuple(shape))
+                                  for i, (shape, dtype, slot) in enumerate(self.results)),
+                            self.outs is None, bool(self.kernel.temps), tuple(map(launch, self.launchers)),
+                            driver.launch_kernel_address(), self.stream, SYNC)
 
     def new_block(self) -> tuple[driver.ArgumentBlock, list[tuple[int, type, Any, memoryview, int]]]:
         block = driver.ArgumentBlock(self.launchers, self.slots, self.context)

@@ -18,15 +18,17 @@ generator's pads and index values make it), where no finite answer is right: cou
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 import tcc
-from fuzz.check import FRONTEND_ERRORS, _describe
+from fuzz.check import FRONTEND_ERRORS, _describe, _draw_indices
+from fuzz.constructs import Annotations, annotations
 from fuzz.generate import Program, generate
 from tcc.errors import TccError, TccIndexError
-from tcc.ir.expr import Binary, Call, Reduce, free_vars, walk
+from tcc.ir.expr import Binary, Call, Reduce, walk
+from tcc.passes.te.grad_scan import prefix_of
 from tcc.passes.te.specialize import specialize
 from tcc.testing import random_args, reference_results
 
@@ -48,15 +50,14 @@ def check_grad_seed(seed: int, orders: int = 2, torch_check: bool = False) -> Gr
 
 
 def underivable(te) -> bool:
-    """Whether ``te`` holds what ``tcc.grad`` refuses by design for now: an accumulation (``+=``),
-    a recurrence, or a reduction whose extent moves with an outer index."""
+    """Whether ``te`` holds what ``tcc.grad`` refuses by design: a reduction whose extent moves with an
+    outer index other than a prefix sum or product (``sum[j: i + c](f(j))``, ``f`` not using ``i``)."""
     for c in te.computes:
-        if c.accumulate or c.sequential:
-            return True
-        reductions = [n for n in walk(c.body) if isinstance(n, Reduce)]
-        indices = {ax.var.name for ax in c.axes} | {ax.var.name for r in reductions for ax in r.axes}
-        if any(free_vars(ax.extent) & indices for r in reductions for ax in r.axes):
-            return True
+        for r in (n for n in walk(c.body) if isinstance(n, Reduce)):
+            try:
+                prefix_of(replace(c, body=r))
+            except TccError:
+                return True
     return False
 
 
@@ -73,15 +74,21 @@ def check_grad_program(prog: Program, orders: int = 2, torch_check: bool = False
         return GradOutcome(prog.seed, "internal", _describe(exc))
     checked = 0
     for case in prog.cases:
+        ann = annotations(as_f64(prog.source), case.name)
         op = lib[case.name]
-        status, detail = check_op_gradients(op, case.bindings, prog.seed, orders, torch_check)
+        op = op.bound(**ann.types) if ann.types else op  # a generic op: its binding (floats made f64)
+        status, detail = check_op_gradients(op, case.bindings, prog.seed, orders, torch_check,
+                                            ann=replace(ann, poison=None))
         if status not in ("ok", "skipped"):
             return GradOutcome(prog.seed, status, f"{case.name}: {detail}", checked)
         checked += status == "ok"
     return GradOutcome(prog.seed, "ok" if checked else "skipped", "", checked)
 
 
-def check_op_gradients(op, bindings: dict[str, int], seed: int, orders: int, torch_check: bool) -> tuple[str, str]:
+def check_op_gradients(op, bindings: dict[str, int], seed: int, orders: int, torch_check: bool,
+                       args: list | None = None, ann: Annotations | None = None) -> tuple[str, str]:
+    """``op``'s gradients to ``orders`` at ``args`` (default: random ones, index inputs drawn in the
+    ranges ``ann`` gives) against central differences."""
     if not any(op.te.tensors[p].dtype.is_float for p in op.te.inputs):
         return "skipped", ""
     if underivable(op.te):
@@ -90,7 +97,8 @@ def check_op_gradients(op, bindings: dict[str, int], seed: int, orders: int, tor
     full = {**op.te.cparams, **bindings}
     cparams = {k: v for k, v in bindings.items() if k in op.te.cparams}
     try:
-        args = random_args(op.te, full, rng)
+        if args is None:
+            args = _draw_indices(op.te, random_args(op.te, full, rng), ann or Annotations(), rng)
         results = reference_results(op.te, args, full)
     except (*FRONTEND_ERRORS, TccIndexError):
         return "skipped", ""  # an op the forward refuses at these sizes (or data) has no gradient to check

@@ -9,6 +9,7 @@
   only the border rows and columns keep them (:mod:`.borders`).
 * Every other loop nest gets its unit-stride innermost loop vectorised (reductions with vector
   partial sums) and its outermost loop parallelised when there is enough work.
+* Streaming nests (attention) get each row's loops over keys and columns vectorised (:mod:`.stream`).
 * Large results the kernel only writes are marked for non-temporal stores (:mod:`.streaming`).
 
 Every step is a loop primitive or one of this folder's rewrites, reported through the trace.
@@ -45,6 +46,7 @@ from tcc.passes.autoschedule_cpu.gemm import (
     schedule_gemm,
 )
 from tcc.passes.autoschedule_cpu.pack_gather import gather_into_packs
+from tcc.passes.autoschedule_cpu.stream import parallel_streams, vectorize_streams
 from tcc.passes.autoschedule_cpu.streaming import stream_results
 from tcc.passes.autoschedule_cpu.unflatten import divmod_width, unflatten
 from tcc.passes.loops.compute_at import compute_at
@@ -69,6 +71,9 @@ def autoschedule(func: LoopFunc, target: CpuTarget, params: dict[str, dict[str, 
     func = fuse_rows(func, trace)
     func = trace("unflatten gathers", unflatten_gathers(func))
     func = trace("peel borders", peel_borders(func))
+    func = vectorize_streams(func, trace)
+    if target.cores > 1:
+        func = parallel_streams(func, trace)
     func = vectorize_and_parallelize(func, target, trace)
     return trace("streaming stores", stream_results(func, target))
 

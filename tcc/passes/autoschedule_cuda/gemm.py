@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from tcc import dtypes
 from tcc.ir.expr import Binary, Const, Expr, Load, Var, cast, free_vars, transform, walk
@@ -34,7 +35,13 @@ THREADS = 256
 SIDE = 16  # threads along each side of a tile: THREADS == SIDE * SIDE
 PAD = 4  # floats added to each shared row: the transposed fills then avoid bank conflicts
 RUN = 4  # consecutive tile rows (and columns) a thread owns: one 16-byte shared-memory load
-SMS = CudaTarget().sms  # the default target's multiprocessors, where none is given
+DYNAMIC_ALIGN = 1024  # dynamic shared buffers start on this boundary, plus one alignment slack (cuda_c)
+# registers of a GEMM thread beside its accumulators (operand fragments, staging, addresses): the
+# 128 x 256 wgmma tile's 128 accumulators make 192, which NVRTC fits in the 255 of one thread
+REGISTER_OVERHEAD = 64
+# registers of one FMA GEMM thread as NVRTC compiles it: two 256-thread blocks fit one H100
+# multiprocessor at once (its 65536 registers), which split-K's single wave is sized by
+FMA_REGISTERS = 128
 # (BM, BN, BK): the largest tile that still gives a full grid is chosen; TM = BM / 16, TN = BN / 16
 TILES = ((128, 128, 16), (128, 64, 16), (64, 128, 16), (64, 64, 16), (32, 32, 8))
 MIN_K = 4  # shorter reductions stay one thread per output
@@ -116,7 +123,7 @@ def fits(tile: tuple[int, int, int]) -> bool:
 
 
 def choose_tile(m: int, n: int, batch: int, tiles: tuple[tuple[int, int, int], ...] = TILES,
-                sms: int = SMS) -> tuple[int, int, int]:
+                sms: int = CudaTarget.sms) -> tuple[int, int, int]:
     """The largest (BM, BN, BK) of ``tiles`` that fits the problem and still fills the ``sms``
     multiprocessors of the chip (a grid smaller than that leaves it idle)."""
     fitting = [t for t in tiles if t[0] <= max(m, 32) and t[1] <= max(n, 32)]
@@ -126,55 +133,98 @@ def choose_tile(m: int, n: int, batch: int, tiles: tuple[tuple[int, int, int], .
     return fitting[-1] if fitting else tiles[-1]
 
 
+def shared_footprint(buffers: list[Buffer] | tuple[Buffer, ...]) -> int:
+    """The shared memory ``buffers`` take in one block, placed as codegen places dynamic ones (each
+    on a ``DYNAMIC_ALIGN`` boundary, plus one alignment's slack); nothing for no buffers."""
+    sizes = [b.size * b.dtype.itemsize for b in buffers]
+    return sum(-(-n // DYNAMIC_ALIGN) * DYNAMIC_ALIGN for n in sizes) + DYNAMIC_ALIGN if sizes else 0
+
+
+def resident_blocks(target: CudaTarget) -> int:
+    """The 256-thread FMA GEMM blocks one multiprocessor of ``target`` holds at once: as many as
+    its threads and registers allow (two on an A100 or H100)."""
+    return max(1, min(target.max_threads_per_sm // THREADS, target.registers_per_sm // (THREADS * FMA_REGISTERS)))
+
+
+class OverBudget(Exception):
+    """No tile and pipeline depth of a kernel fits the target's shared memory, registers or
+    threads per block: the caller tries a smaller kind of kernel."""
+
+
+def fitting(builder: type[Builder], *args: Any) -> Builder | None:
+    """``builder(*args)``, or None where none of its tiles fits the target (:class:`OverBudget`)."""
+    try:
+        return builder(*args)
+    except OverBudget:
+        return None
+
+
 # ---------------------------------------------------------------- building the kernel
 
 class Builder:
-    """Builds the kernel of one contraction; ``fresh`` names new variables."""
+    """Builds the kernel of one contraction for ``target``; ``fresh`` names new variables.
+
+    The tile and pipeline depth are the largest that fit the target (:meth:`_configuration`):
+    each kind of kernel lists its ``tiles``, largest first, and the depths it can be built with,
+    deepest first (``stage_options``: the slots of its shared operand tiles); a kind none of
+    whose configurations fits raises :class:`OverBudget` before it names anything."""
 
     tiles = TILES
+    # double-buffered where it fits, else one slot: the next k-step's loads in flight during this
+    # step's products (measured on an H100 with BK = 16: f32 GEMM 8192 0.76 -> 0.81 of cuBLAS; 3x3
+    # conv 0.79 -> 0.85 of cuDNN once the fills' index arithmetic was hoisted, 0.64 -> 0.56 before)
+    stage_options: tuple[int, ...] = (2, 1)
     group_rows = 1  # tile rows per band of the grid's order (see ``kernel``)
     narrow = True  # tile-to-tensor index digits in 32-bit arithmetic where they fit
-    # the next k-step's loads in flight during this step's products (measured on an H100 with
-    # BK = 16: f32 GEMM 8192 0.76 -> 0.81 of cuBLAS; 3x3 conv 0.79 -> 0.85 of cuDNN once the
-    # fills' index arithmetic was hoisted, 0.64 -> 0.56 before). NVRTC 13.0 crashed now and then
-    # on double-buffered f32 kernels in session 2; 96 compiles of these ran clean.
-    double_buffered = True
 
-    def __init__(self, c: Contraction, fresh, decompose, sms: int = SMS, tile: tuple[int, int, int] | None = None,
-                 stages: int | None = None, shared_bytes: int | None = None):
+    def __init__(self, c: Contraction, fresh, decompose, target: CudaTarget,
+                 tile: tuple[int, int, int] | None = None, stages: int | None = None):
         self.c = c
         self.fresh = fresh
+        self.target = target
         self.decompose = self._narrow(decompose) if self.narrow else decompose
         self.m, self.n, self.k = c.size(c.m_axes), c.size(c.n_axes), c.size(c.k_axes)
-        if stages is not None:  # the tuner's pipeline depth (else the class's)
-            self.double_buffered = stages > 1
-        tiles = self.tiles if shared_bytes is None else self._fitting(self.tiles, shared_bytes)
-        self.bm, self.bn, self.bk = tile or choose_tile(self.m, self.n, c.size(c.batch_axes), tiles, sms)
+        (self.bm, self.bn, self.bk), self.stages = self._configuration(tile, stages)
+        self.double_buffered = self.stages > 1
         self.k_axes = _k_order(c.k_axes, self.bk)
         self.tm, self.tn = self.bm // SIDE, self.bn // SIDE
         names = [fresh(s).name for s in ("xs", "ys", "acct", "xr", "yr", "xst", "yst")]
         self.k_inner = False  # shared tiles are [slot][BK][tile]
-        slots = 2 if self.double_buffered else 1
-        self.xs = Buffer(names[0], c.x.dtype, (slots, self.bk, self.bm + PAD), "shared")
-        self.ys = Buffer(names[1], c.y.dtype, (slots, self.bk, self.bn + PAD), "shared")
+        self.xs, self.ys = self.shared_tiles((self.bm, self.bn, self.bk), self.stages, names[0], names[1])
         self.xst = Buffer(names[5], c.x.dtype, (self.bk * self.bm // THREADS,), "local")
         self.yst = Buffer(names[6], c.y.dtype, (self.bk * self.bn // THREADS,), "local")
         self.acct = Buffer(names[2], c.acc.dtype, (self.tm, self.tn), "local")
         self.xr = Buffer(names[3], c.x.dtype, (self.tm,), "local")
         self.yr = Buffer(names[4], c.y.dtype, (self.tn,), "local")
 
-    def _fitting(self, tiles: tuple[tuple[int, int, int], ...], budget: int) -> tuple[tuple[int, int, int], ...]:
-        """The tiles whose shared operand slices fit ``budget`` bytes (single-buffered, if no
-        double-buffered one does); the smallest tile where none fits."""
-        def nbytes(tile: tuple[int, int, int]) -> int:
-            bm, bn, bk = tile
-            return (2 if self.double_buffered else 1) * bk * ((bm + PAD) * self.c.x.dtype.itemsize +
-                                                              (bn + PAD) * self.c.y.dtype.itemsize)
-        fitting = tuple(t for t in tiles if nbytes(t) <= budget)
-        if not fitting and self.double_buffered:
-            self.double_buffered = False
-            return self._fitting(tiles, budget)
-        return fitting or tiles[-1:]
+    def _configuration(self, tile: tuple[int, int, int] | None,
+                       stages: int | None) -> tuple[tuple[int, int, int], int]:
+        """(tile, pipeline depth): the deepest of ``stage_options`` (at most ``stages``, the
+        tuner's) at which some tile fits the target, with the largest such tile that still fills
+        the chip (:func:`choose_tile`); the tuner's ``tile`` where given, at the deepest depth it
+        fits. :class:`OverBudget` where nothing fits, or the block's threads are too many."""
+        depths = [d for d in self.stage_options if stages is None or d <= stages] or self.stage_options[-1:]
+        if THREADS <= self.target.max_threads_per_block:
+            for depth in depths:
+                tiles = tuple(t for t in ((tile,) if tile else self.tiles) if self.fits(t, depth))
+                if tiles:
+                    return tiles[0] if tile else choose_tile(self.m, self.n, self.c.size(self.c.batch_axes), tiles,
+                                                             self.target.sms), depth
+        raise OverBudget(f"{type(self).__name__}: no tile fits {self.target}")
+
+    def fits(self, tile: tuple[int, int, int], depth: int) -> bool:
+        """Whether ``tile`` in ``depth`` slots fits the target: its shared operand tiles, and its
+        accumulators (one per output element of the tile, shared out over the block's threads)
+        with ``REGISTER_OVERHEAD`` in each thread's registers."""
+        registers = tile[0] * tile[1] // THREADS + REGISTER_OVERHEAD
+        return (shared_footprint(self.shared_tiles(tile, depth, "x", "y")) <= self.target.shared_memory_per_block
+                and registers <= self.target.thread_registers(THREADS))
+
+    def shared_tiles(self, tile: tuple[int, int, int], depth: int, x: str, y: str) -> tuple[Buffer, Buffer]:
+        """The shared operand tiles ``x``, ``y`` of ``tile`` in ``depth`` slots: ``[slot][BK][tile + PAD]``."""
+        bm, bn, bk = tile
+        return (Buffer(x, self.c.x.dtype, (depth, bk, bm + PAD), "shared"),
+                Buffer(y, self.c.y.dtype, (depth, bk, bn + PAD), "shared"))
 
     def kernel(self) -> Stmt:
         c = self.c

@@ -108,10 +108,11 @@ def kernels(c: gemm.Contraction, values: tuple[Expr, Expr], p: Plan, fresh, deco
     channels = ext[p.channel.name]
     m = c.m_axes[0]
     weights = Buffer(fresh("Wc").name, values[0].dtype, (ext[m.var.name], taps * channels), "global")
-    temps.extend((image, weights))
     span = c.final.span
-    return seq(_image_kernel(p, image, fresh, span), _weight_kernel(c, values[0], p, weights, fresh, span),
+    made = seq(_image_kernel(p, image, fresh, span), _weight_kernel(c, values[0], p, weights, fresh, span),
                _gemm(c, p, image, weights, fresh, decompose, target))
+    temps.extend((image, weights))  # (once the GEMM fits the target: gemm.OverBudget leaves none behind)
+    return made
 
 
 def _image_kernel(p: Plan, out: Buffer, fresh, span) -> Stmt:
@@ -179,8 +180,8 @@ class Builder(_Copies, tensorcore.Builder):
     tiles = tuple((bm, bn, 64) for bm, bn, _ in tensorcore.TILES)
 
     def __init__(self, c: gemm.Contraction, fresh, decompose, values: tuple[Load, Load], rows: tuple[Var, Var, Var],
-                 narrow: bool, sms: int):
-        super().__init__(c, fresh, decompose, values, tensorcore.FastLayout(True, narrow), sms)
+                 narrow: bool, target: CudaTarget):
+        super().__init__(c, fresh, decompose, values, tensorcore.FastLayout(True, narrow), target)
         self.rows = rows
 
 
@@ -191,8 +192,8 @@ class WarpgroupBuilder(_Copies, warpgroup.Builder):
     tiles = ((128, 256, 64), (128, 128, 64), (128, 64, 64))
 
     def __init__(self, c: gemm.Contraction, fresh, decompose, values: tuple[Load, Load], rows: tuple[Var, Var, Var],
-                 narrow: bool, sms: int):
-        super().__init__(c, fresh, decompose, values, tensorcore.FastLayout(True, narrow), sms)
+                 narrow: bool, target: CudaTarget):
+        super().__init__(c, fresh, decompose, values, tensorcore.FastLayout(True, narrow), target)
         self.rows = rows
 
 
@@ -211,7 +212,9 @@ def _gemm(c: gemm.Contraction, p: Plan, image: Buffer, weights: Buffer, fresh, d
     indices.append(kd[p.channel.name])
     w = Load(weights.name, (fm, k), weights.dtype)
     x = Load(image.name, tuple(indices), image.dtype)
-    if target.arch.startswith("sm_90") and c.size(c.n_axes) >= warpgroup.MIN_SIDE:
+    if target.warpgroup_mma and c.size(c.n_axes) >= warpgroup.MIN_SIDE:
         swapped = replace(c, m_axes=c.n_axes, n_axes=c.m_axes, x=c.y, y=c.x)
-        return WarpgroupBuilder(swapped, fresh, decompose, (x, w), (pixel, fm, k), narrow, target.sms).kernel()
-    return Builder(c, fresh, decompose, (w, x), (fm, pixel, k), narrow, target.sms).kernel()
+        wide = gemm.fitting(WarpgroupBuilder, swapped, fresh, decompose, (x, w), (pixel, fm, k), narrow, target)
+        if wide is not None:
+            return wide.kernel()
+    return Builder(c, fresh, decompose, (w, x), (fm, pixel, k), narrow, target).kernel()

@@ -20,7 +20,12 @@ Three schedules, chosen per nest:
   over the block's threads; a reduction loop carries the annotation ``allreduce=ACC:OP``
   that tells codegen to combine the local accumulator ``ACC`` across the block with the
   binary operator ``OP`` (warp shuffles, then shared memory); per-row arrays that fusion
-  made local move to shared memory, with a barrier after each loop that writes them.
+  made local become each thread's registers (:mod:`.row_registers`) or, too large for those,
+  shared memory, with a barrier after each loop that writes them.
+
+Before them an element-wise nest over a reduction's result joins the reduction's final store
+(:mod:`.epilogue`); a recurrence that is a prefix scan along rows gets a block per row
+(:mod:`.scan`).
 
 Last, consecutive kernels of one block each merge into one (:mod:`merge_kernels`).
 """
@@ -40,7 +45,6 @@ from tcc.ir.loops import (
     Barrier,
     Buffer,
     For,
-    If,
     Let,
     LoopFunc,
     Seq,
@@ -53,10 +57,14 @@ from tcc.ir.loops import (
     walk_stmts,
 )
 from tcc.passes.autoschedule_cuda import (
+    epilogue,
     gemm,
+    hoist_rows,
     implicit_conv,
     merge_kernels,
     recurrence,
+    row_registers,
+    scan,
     scatter,
     split_k,
     split_reduction,
@@ -64,6 +72,7 @@ from tcc.passes.autoschedule_cuda import (
     transpose,
     warpgroup,
 )
+from tcc.passes.autoschedule_cuda.indexing import block_size, decompose, grid, guarded, linear
 from tcc.passes.loops.bind import top_level_nests
 from tcc.passes.simplify import evaluate_int
 from tcc.passes.trace import SILENT, Trace
@@ -72,7 +81,6 @@ from tcc.target import CudaTarget
 I64 = dtypes.i64
 FLAT_THREADS = 256
 MAX_ROW_THREADS = 256
-MAX_GRID_X = 2**31 - 1
 # a row loop at least this long, and long next to the output count, gets one block per row
 ROW_MIN_REDUCTION = 64
 ROW_RATIO = 16
@@ -108,13 +116,14 @@ def schedule_cuda(func: LoopFunc, target: CudaTarget, tuning: CudaTuning = CudaT
     body = _sink_private(body, private)
     names = _Names(func)
     shapes = {name: buf.shape for name, buf in func.buffers().items()}
-    nests = _nests(body)
+    nests = epilogue.fuse(top_level_nests(body), temps)  # element-wise consumers of a reduction join its final store
     kernels: list[Stmt] = []
     kinds: list[str] = []
     buffers = func.buffers()
     for i, nest in enumerate(nests):
         if scatter.accumulates(nest):
-            kernel, how = _scatter_nest(nest, names, buffers, tuning, bool(func.attrs.get(DETERMINISTIC)))
+            kernel, how = _scatter_nest(nest, names, buffers, _threads(tuning, target),
+                                        bool(func.attrs.get(DETERMINISTIC)))
         else:
             kernel, how = _schedule_nest(nest, names, shapes, temps, target, tuning, tf32)
         if kernel is not None:
@@ -148,7 +157,7 @@ def _sink_private(body: Stmt, private: list[Buffer]) -> Stmt:
     """A function-level local buffer (a user's ``cache`` with no parallel loop to stop at) moves
     into the one nest that uses it, around the smallest statement holding every use: on the GPU
     each thread of a kernel has its own, so it cannot outlive a kernel."""
-    nests = _nests(body)
+    nests = top_level_nests(body)
     for buf in private:
         users = [i for i, n in enumerate(nests) if _uses(n, buf.name)]
         if len(users) > 1:
@@ -183,10 +192,6 @@ def _sink(s: Stmt, buf: Buffer) -> Stmt:
 
 def _uses_directly(s: Stmt, name: str) -> bool:
     return any(isinstance(n, Load) and n.buffer == name for e in stmt_exprs(s) for n in walk(e))
-
-
-def _nests(body: Stmt) -> list[Stmt]:
-    return top_level_nests(body)
 
 
 class _Names:
@@ -262,38 +267,48 @@ def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]]
     """The kernels of one nest and which schedule made them; global intermediates they need are
     appended to ``temps``."""
     inner = next((s for s in walk_stmts(stmt) if isinstance(s, Allocate) and s.buffer.scope == "global"), None)
-    if inner is not None:
-        raise TccCompileError(f"the CUDA backend cannot schedule {inner.buffer.name}, a global buffer made inside a "
-                              "loop nest (from the im2col lowering)", hint="use conv='direct' on target='cuda'")
+    if inner is not None:  # a per-row intermediate too large for the stack: a global row per iteration
+        hoisted = hoist_rows.hoist(stmt, temps)
+        if hoisted is None:
+            raise TccCompileError(f"the CUDA backend cannot schedule {inner.buffer.name}, a global buffer made "
+                                  "inside a loop nest (from the im2col lowering)",
+                                  hint="use conv='direct' on target='cuda'")
+        shapes.update({b.name: b.shape for b in temps})
+        stmt = hoisted
     if isinstance(stmt, For) and stmt.kind == "block.x":
         return stmt, "bound by the user"  # (checked by tcc.passes.loops.bind.check_kernels)
+    threads = _threads(tuning, target)
     if holds_sequential(stmt):  # a recurrence: threads over its independent axes, each walking the other
-        return _flat_kernel(_spatial_axes(recurrence.sink_sequential(stmt)), names, 32 * tuning.warps), "recurrence"
+        nest = _spatial_axes(recurrence.sink_sequential(stmt))
+        if (prefix := scan.match(nest.body)) is not None:  # an associative one along rows: a block scans each
+            return scan.kernel(prefix, nest.axes, nest.extents, names.fresh, decompose), "block scan"
+        return _flat_kernel(nest, names, threads), "recurrence"
     nest = _spatial_axes(stmt)
     total = math.prod(nest.extents)
     if total == 0:
         return None, "empty: no launch"
     contraction = gemm.match(nest.axes, nest.body)
-    if contraction is not None:
-        kernels, how = _contraction_kernels(contraction, nest, names, shapes, temps, target, tuning, tf32)
-        if shared_bytes(kernels) <= target.shared_memory_per_block:
-            return kernels, how
-        return gemm.Builder(contraction, names.fresh, _decompose, target.sms, None, tuning.stages,
-                            target.shared_memory_per_block).kernel(), "gemm"
+    if contraction is not None and (tiled := _contraction(contraction, nest, names, shapes, temps, target, tuning,
+                                                          tf32)) is not None:
+        return tiled
     reduction = split_reduction.match(nest.body)
     if reduction is not None:
-        split = split_reduction.schedule(nest.axes, nest.extents, reduction, target.sms, names.fresh, _decompose)
+        split = split_reduction.schedule(nest.axes, nest.extents, reduction, target, names.fresh, decompose)
         if split is not None:
             temps.append(split[0])
             return split[1], "split reduction"
-    threads = 32 * tuning.warps
     work = _row_work(nest.body, target.shared_memory_per_block)
     if work is not None and work >= ROW_MIN_REDUCTION and work * ROW_RATIO >= total:
-        return _row_schedule(nest, names, min(threads, MAX_ROW_THREADS), work), "row"
+        return _row_schedule(nest, names, min(threads, MAX_ROW_THREADS), work, shapes), "row"
     return _flat_schedule(nest, names, threads), "flat"
 
 
-def _scatter_nest(stmt: Stmt, names: _Names, buffers: dict[str, Buffer], tuning: CudaTuning,
+def _threads(tuning: CudaTuning, target: CudaTarget) -> int:
+    """The threads of a flat or row kernel's block: the tuner's warps, as many as the target allows."""
+    return min(32 * tuning.warps, target.max_threads_per_block)
+
+
+def _scatter_nest(stmt: Stmt, names: _Names, buffers: dict[str, Buffer], threads: int,
                   deterministic: bool) -> tuple[Stmt | None, str]:
     """A ``+=`` nest: its iterations over threads, adding atomically, or one thread in a fixed
     order (see :mod:`.scatter`)."""
@@ -302,7 +317,24 @@ def _scatter_nest(stmt: Stmt, names: _Names, buffers: dict[str, Buffer], tuning:
         return None, "empty: no launch"
     if scatter.needs_serial(stmt, buffers, deterministic):
         return scatter.serial_kernel(stmt, names.fresh), "scatter in order"
-    return _flat_kernel(nest, names, 32 * tuning.warps), "scatter atomic"
+    return _flat_kernel(nest, names, threads), "scatter atomic"
+
+
+def _contraction(c: gemm.Contraction, nest: _Nest, names: _Names, shapes: dict[str, tuple[int, ...]], temps: list,
+                 target: CudaTarget, tuning: CudaTuning, tf32: bool) -> tuple[Stmt, str] | None:
+    """A contraction's tiled kernels within the target's budgets: the fastest kind that fits
+    (:func:`_contraction_kernels`), else the FMA GEMM in the largest tile that fits, else None
+    (the flat schedule then gives each thread an output: no shared memory)."""
+    made = len(temps)
+    try:
+        kernels, how = _contraction_kernels(c, nest, names, shapes, temps, target, tuning, tf32)
+        if shared_bytes(kernels) <= target.shared_memory_per_block:
+            return kernels, how
+    except gemm.OverBudget:
+        pass
+    del temps[made:]  # the intermediates of kernels not used
+    fma = gemm.fitting(gemm.Builder, c, names.fresh, decompose, target, None, tuning.stages)
+    return None if fma is None else (fma.kernel(), "gemm")
 
 
 def _contraction_kernels(c: gemm.Contraction, nest: _Nest, names: _Names, shapes: dict[str, tuple[int, ...]],
@@ -310,40 +342,46 @@ def _contraction_kernels(c: gemm.Contraction, nest: _Nest, names: _Names, shapes
     """A contraction's tiled kernel: on tensor cores where its operands are 16-bit floats widened
     to f32, or f32 with ``tf32`` (two kernels where an aligned copy-engine variant exists: it comes
     first, on warpgroup MMA where the architecture has it), else on FMA with the tuner's tile and
-    pipeline depth, split-K where its tiles are too few for the chip (:mod:`.split_k`)."""
+    pipeline depth, split-K where its tiles are too few for the chip (:mod:`.split_k`). Each
+    kind sizes its tiles by the target's budgets; a warpgroup kernel none of whose tiles fits
+    gives way to ``mma.sync`` ones, and :class:`gemm.OverBudget` from a kind that must fit
+    reaches :func:`_contraction`."""
     if tf32 and (f32 := tensorcore.tf32_operands(c)) is not None:
-        if warpgroup.fits(c, target.arch):
-            staged = warpgroup.StagedBuilder(c, names.fresh, _decompose, f32, target.sms).kernel()
+        wide = gemm.fitting(warpgroup.StagedBuilder, c, names.fresh, decompose, f32, target) \
+            if warpgroup.fits(c, target) else None
+        if wide is not None:
+            staged = wide.kernel()
             fast = _tf32_copy_engine(c, f32, names, shapes, temps, target)
             return seq(*fast, staged) if fast else staged, "tf32 warpgroup gemm"
-        return tensorcore.Builder(c, names.fresh, _decompose, f32, None, target.sms).kernel(), "tf32 tensor-core gemm"
+        return tensorcore.Builder(c, names.fresh, decompose, f32, None, target).kernel(), "tf32 tensor-core gemm"
     values = tensorcore.operands(c)
     if values is None:
-        if (split := split_k.plan(c, target.sms, tuning.tile)) is not None:
-            return _split_k_kernels(c, nest, split, names, temps, tuning), "split-K gemm"
-        return gemm.Builder(c, names.fresh, _decompose, target.sms, tuning.tile, tuning.stages).kernel(), "gemm"
+        if (split := split_k.plan(c, target, tuning.tile)) is not None:
+            return _split_k_kernels(c, nest, split, names, temps, target, tuning), "split-K gemm"
+        return gemm.Builder(c, names.fresh, decompose, target, tuning.tile, tuning.stages).kernel(), "gemm"
     fast = tensorcore.fast_layout(c, values, shapes)
     if fast is None and (conv := implicit_conv.plan(c, values, names.fresh)) is not None:
-        return implicit_conv.kernels(c, values, conv, names.fresh, _decompose, temps, target), "implicit-gemm conv"
-    staged = tensorcore.Builder(c, names.fresh, _decompose, values, None, target.sms).kernel()
+        return implicit_conv.kernels(c, values, conv, names.fresh, decompose, temps, target), "implicit-gemm conv"
+    staged = tensorcore.Builder(c, names.fresh, decompose, values, None, target).kernel()
     if fast is None:
         return staged, "tensor-core gemm"
-    if warpgroup.fits(c, target.arch):
-        fast_kernel = warpgroup.Builder(c, names.fresh, _decompose, values, fast, target.sms).kernel()
-        return seq(fast_kernel, staged), "warpgroup gemm"
-    fast_kernel = tensorcore.Builder(c, names.fresh, _decompose, values, fast, target.sms).kernel()
+    wide = gemm.fitting(warpgroup.Builder, c, names.fresh, decompose, values, fast, target) \
+        if warpgroup.fits(c, target) else None
+    if wide is not None:
+        return seq(wide.kernel(), staged), "warpgroup gemm"
+    fast_kernel = tensorcore.Builder(c, names.fresh, decompose, values, fast, target).kernel()
     return seq(fast_kernel, staged), "tensor-core gemm"
 
 
 def _split_k_kernels(c: gemm.Contraction, nest: _Nest, split: split_k.Plan, names: _Names, temps: list,
-                     tuning: CudaTuning) -> Stmt:
+                     target: CudaTarget, tuning: CudaTuning) -> Stmt:
     """The tiled GEMM over chunks of the reduction into a partials intermediate, then the flat
     schedule's kernel that adds them up and runs the epilogue."""
     partial = split_k.partials(c, nest.axes, split, names.fresh)
     temps.append(partial)
-    tiles = split_k.Builder(c, names.fresh, _decompose, split, nest.axes, partial, tuning.stages).kernel()
+    tiles = split_k.Builder(c, names.fresh, decompose, split, nest.axes, partial, target, tuning.stages).kernel()
     combine = split_k.combine(c, nest.axes, split, partial, names.fresh)
-    return seq(tiles, _flat_schedule(_Nest(nest.axes, combine), names, 32 * tuning.warps))
+    return seq(tiles, _flat_schedule(_Nest(nest.axes, combine), names, _threads(tuning, target)))
 
 
 def _tf32_copy_engine(c: gemm.Contraction, values: tuple[Expr, Expr], names: _Names,
@@ -360,53 +398,13 @@ def _tf32_copy_engine(c: gemm.Contraction, values: tuple[Expr, Expr], names: _Na
         shapes = {**shapes, buf.name: buf.shape}
         before = [transpose.kernel(values[1], buf, shapes, names.fresh, c.final.span)]
     fast = tensorcore.fast_layout(c, (x, y), shapes)
-    if fast is None or not fast.k_fast:
+    wide = gemm.fitting(warpgroup.Tf32Builder, c, names.fresh, decompose, (x, y), fast, target) \
+        if fast is not None and fast.k_fast else None
+    if wide is None:
         return []
     if before:
         temps.append(buf)
-    return [*before, warpgroup.Tf32Builder(c, names.fresh, _decompose, (x, y), fast, target.sms).kernel()]
-
-
-# ---------------------------------------------------------------- index arithmetic
-
-def _decompose(axes: list[For], extents: list[int], flat: Expr, body: Stmt) -> Stmt:
-    """``Let`` each axis variable be its digit of the row-major ``flat`` index."""
-    stride = 1
-    for ax, ext in reversed(list(zip(axes, extents))):
-        value: Expr = flat
-        if stride != 1:
-            value = Binary("floordiv", value, Const(stride, I64), I64)
-        if ax is not axes[0]:
-            value = Binary("mod", value, Const(ext, I64), I64)
-        body = Let(ax.var, value, body)
-        stride *= ext
-    return body
-
-
-def _linear(outer: Var, size: int, inner: Var) -> Expr:
-    return Binary("add", Binary("mul", outer, Const(size, I64), I64), inner, I64)
-
-
-def _guarded(index: Var, value: Expr, total: int, covered: int, body: Stmt) -> Stmt:
-    """``let index = value; if index < total: body`` (no test when ``covered == total``)."""
-    inner = body if covered == total else If(Binary("lt", index, Const(total, I64), dtypes.boolean), body)
-    return Let(index, value, inner)
-
-
-def _block_size(n: int, cap: int) -> int:
-    """A power of two of at least one warp, at most ``cap``, not much over ``n``."""
-    size = 32
-    while size < n and size < cap:
-        size *= 2
-    return size
-
-
-def _grid(total: int, threads: int, span) -> int:
-    blocks = -(-total // threads)
-    if blocks > MAX_GRID_X:
-        raise TccCompileError(f"{total} elements need {blocks} blocks, over CUDA's grid limit", span,
-                              "split the op into smaller pieces")
-    return blocks
+    return [*before, wide.kernel()]
 
 
 # ---------------------------------------------------------------- flat: one thread per output element
@@ -427,15 +425,15 @@ def _flat_vector_kernel(nest: _Nest, names: _Names, cap: int) -> Stmt:
     """``VECTOR`` consecutive elements of the innermost axis per thread, pointers assumed aligned."""
     extents = [*nest.extents[:-1], nest.extents[-1] // VECTOR]
     total = math.prod(extents)
-    threads = _block_size(total, cap)
+    threads = block_size(total, cap)
     span = nest.axes[0].span
-    blocks = _grid(total, threads, span)
+    blocks = grid(total, threads, span)
     bx, tx, gid, quad, lane = (names.fresh(s) for s in ("bx", "tx", "gid", "quad", "vl"))
     last = nest.axes[-1]
-    inner = Let(last.var, _linear(quad, VECTOR, lane), nest.body)
+    inner = Let(last.var, linear(quad, VECTOR, lane), nest.body)
     body: Stmt = For(lane, Const(VECTOR, I64), inner, "unroll", span=span)
-    body = _decompose([*nest.axes[:-1], replace(last, var=quad)], extents, gid, body)
-    body = _guarded(gid, _linear(bx, threads, tx), total, blocks * threads, body)
+    body = decompose([*nest.axes[:-1], replace(last, var=quad)], extents, gid, body)
+    body = guarded(gid, linear(bx, threads, tx), total, blocks * threads, body)
     return For(bx, Const(blocks, I64), For(tx, Const(threads, I64), body, "thread.x", span=span),
                "block.x", annotations=(("aligned", True),), span=span)
 
@@ -443,11 +441,11 @@ def _flat_vector_kernel(nest: _Nest, names: _Names, cap: int) -> Stmt:
 def _flat_kernel(nest: _Nest, names: _Names, cap: int) -> Stmt:
     extents = nest.extents
     total = math.prod(extents)
-    threads = _block_size(total, cap)
-    blocks = _grid(total, threads, nest.axes[0].span if nest.axes else None)
+    threads = block_size(total, cap)
+    blocks = grid(total, threads, nest.axes[0].span if nest.axes else None)
     bx, tx, gid = names.fresh("bx"), names.fresh("tx"), names.fresh("gid")
-    body = _decompose(nest.axes, extents, gid, nest.body)
-    body = _guarded(gid, _linear(bx, threads, tx), total, blocks * threads, body)
+    body = decompose(nest.axes, extents, gid, nest.body)
+    body = guarded(gid, linear(bx, threads, tx), total, blocks * threads, body)
     span = nest.axes[0].span if nest.axes else None
     return For(bx, Const(blocks, I64), For(tx, Const(threads, I64), body, "thread.x", span=span),
                "block.x", span=span)
@@ -455,18 +453,11 @@ def _flat_kernel(nest: _Nest, names: _Names, cap: int) -> Stmt:
 
 # ---------------------------------------------------------------- row: one block per output element
 
-DYNAMIC_ALIGN = 1024  # dynamic shared buffers start on this boundary, plus one alignment slack (cuda_c)
-
-
 def shared_bytes(kernels: Stmt) -> int:
     """The most shared memory one of ``kernels`` takes, counted as codegen places it when dynamic."""
-    most = 0
-    for kernel in (kernels.stmts if isinstance(kernels, Seq) else [kernels]):
-        sizes = [s.buffer.size * s.buffer.dtype.itemsize for s in walk_stmts(kernel)
-                 if isinstance(s, Allocate) and s.buffer.scope == "shared"]
-        if sizes:
-            most = max(most, sum(-(-n // DYNAMIC_ALIGN) * DYNAMIC_ALIGN for n in sizes) + DYNAMIC_ALIGN)
-    return most
+    return max((gemm.shared_footprint([s.buffer for s in walk_stmts(kernel)
+                                       if isinstance(s, Allocate) and s.buffer.scope == "shared"])
+                for kernel in (kernels.stmts if isinstance(kernels, Seq) else [kernels])), default=0)
 
 
 def _row_work(body: Stmt, shared_limit: int) -> int | None:
@@ -477,13 +468,13 @@ def _row_work(body: Stmt, shared_limit: int) -> int | None:
     and element-wise loops over per-row arrays.
     """
     longest = 0
-    shared = 0
+    shared: list[Buffer] = []  # the per-row arrays, which go to shared memory
     for s in _row_items(body):
         if isinstance(s, Allocate):
             if s.buffer.scope != "local":
                 return None
             if s.buffer.size > 1:
-                shared += -(-s.buffer.size * s.buffer.dtype.itemsize // DYNAMIC_ALIGN) * DYNAMIC_ALIGN
+                shared.append(s.buffer)
         elif isinstance(s, For):
             nest = _split_axes(s)
             if not nest.axes or (_reduction_loop(s) is None and len(_spatial_axes(s).axes) < len(nest.axes)):
@@ -493,7 +484,7 @@ def _row_work(body: Stmt, shared_limit: int) -> int | None:
             longest = max(longest, math.prod(nest.extents))
         elif not isinstance(s, Store):
             return None
-    return longest if longest and shared + DYNAMIC_ALIGN <= shared_limit else None
+    return longest if longest and gemm.shared_footprint(shared) <= shared_limit else None
 
 
 def _row_items(body: Stmt) -> list[Stmt]:
@@ -508,29 +499,36 @@ def _row_items(body: Stmt) -> list[Stmt]:
     return out
 
 
-def _row_schedule(nest: _Nest, names: _Names, cap: int, work: int) -> Stmt:
+def _row_schedule(nest: _Nest, names: _Names, cap: int, work: int, shapes: dict[str, tuple[int, ...]]) -> Stmt:
     extents = nest.extents
     total = math.prod(extents)
-    threads = _block_size(work, cap)
+    threads = block_size(work, cap)
     span = nest.axes[0].span if nest.axes else None
-    _grid(total, 1, span)
+    grid(total, 1, span)
     bx = names.fresh("bx")
-    body = _decompose(nest.axes, extents, bx, _row_body(nest.body, threads, names))
-    return For(bx, Const(total, I64), body, "block.x", span=span)
+    loops = [s for s in _row_items(nest.body) if isinstance(s, For)]
+    cache = row_registers.plan(nest.body, loops, threads, names.fresh, shapes)
+    body = _row_body(nest.body, threads, names, cache)
+    for buf in cache.inputs.values() if cache else ():
+        body = Allocate(buf, body)
+    return For(bx, Const(total, I64), decompose(nest.axes, extents, bx, body), "block.x", span=span)
 
 
-def _row_body(s: Stmt, threads: int, names: _Names) -> Stmt:
+def _row_body(s: Stmt, threads: int, names: _Names, cache: row_registers.RowCache | None) -> Stmt:
     """Loops become block-strided (reductions combined across the block); per-row arrays go
-    to shared memory, with a barrier after each loop that writes one."""
+    to registers where each thread touches only its own elements (``cache``), else to shared
+    memory, with a barrier after each loop that writes one."""
     if isinstance(s, Allocate):
+        if cache and s.buffer.name in cache.arrays:
+            return Allocate(cache.arrays[s.buffer.name], _row_body(s.body, threads, names, cache))
         per_thread = s.buffer.size <= 1 and _each_thread_computes(s.buffer.name, s.body)
         buf = s.buffer if per_thread else replace(s.buffer, scope="shared")
-        return Allocate(buf, _row_body(s.body, threads, names))
+        return Allocate(buf, _row_body(s.body, threads, names, cache))
     if isinstance(s, Seq):
-        return seq(*(_row_body(c, threads, names) for c in s.stmts))
+        return seq(*(_row_body(c, threads, names, cache) for c in s.stmts))
     if isinstance(s, For):
         red = _reduction_loop(s)
-        looped = _block_strided(s, threads, names, f"{red[0]}:{red[1]}" if red else None)
+        looped = _block_strided(s, threads, names, f"{red[0]}:{red[1]}" if red else None, cache)
         return looped if red else seq(looped, Barrier())
     return s
 
@@ -567,17 +565,20 @@ def _reduction_loop(s: Stmt) -> tuple[str, str] | None:
     return upd.buffer, value.op
 
 
-def _block_strided(loop: Stmt, threads: int, names: _Names, allreduce: str | None) -> Stmt:
-    """The block's threads stride over the (flattened) loop nest; a reduction then combines."""
+def _block_strided(loop: Stmt, threads: int, names: _Names, allreduce: str | None,
+                   cache: row_registers.RowCache | None = None) -> Stmt:
+    """The block's threads stride over the (flattened) loop nest; a reduction then combines.
+    With a ``cache`` the step loop is unrolled: the thread's register arrays index by it."""
     red = _split_axes(loop)
     extents = red.extents
     length = math.prod(extents)
     tx, step, rid = names.fresh("tx"), names.fresh("rstep"), names.fresh("rid")
     steps = -(-length // threads)
-    inner = _decompose(red.axes, extents, rid, red.body)
-    inner = _guarded(rid, _linear(step, threads, tx), length, steps * threads, inner)
+    inner = row_registers.rewrite(red.body, red.axes, step, cache) if cache else red.body
+    inner = decompose(red.axes, extents, rid, inner)
+    inner = guarded(rid, linear(step, threads, tx), length, steps * threads, inner)
     span = red.axes[0].span
-    body: Stmt = For(step, Const(steps, I64), inner, span=span) if steps > 1 else \
+    body: Stmt = For(step, Const(steps, I64), inner, "unroll" if cache else "serial", span=span) if steps > 1 else \
         Let(step, Const(0, I64), inner)
     notes = (("allreduce", allreduce),) if allreduce else ()
     return For(tx, Const(threads, I64), body, "thread.x", annotations=notes, span=span)

@@ -30,10 +30,10 @@ from tcc.ir.expr import Binary, Const, Expr, Load
 from tcc.ir.loopnest import add_index, div_index, mod_index, mul_index
 from tcc.ir.loops import Allocate, Buffer, For, Let, Stmt, Store, seq
 from tcc.passes.autoschedule_cuda import gemm
+from tcc.target import CudaTarget
 
 I64 = dtypes.i64
 MIN_CHUNK_STEPS = 16  # k-steps a chunk walks at least: shorter chunks make kernel 2 dominate
-BLOCKS_PER_SM = 2  # 256-thread GEMM blocks that fit one multiprocessor at once (registers, shared memory)
 SPLIT_COST = 1.25  # the second kernel and the partials' traffic, against the estimate of the first
 
 
@@ -46,21 +46,23 @@ class Plan:
     steps: int
 
 
-def plan(c: gemm.Contraction, sms: int, tile: tuple[int, int, int] | None = None) -> Plan | None:
-    """The split of ``c`` for a chip of ``sms`` multiprocessors (``tile``: the tuner's), or None
+def plan(c: gemm.Contraction, target: CudaTarget, tile: tuple[int, int, int] | None = None) -> Plan | None:
+    """The split of ``c`` for ``target``'s multiprocessors (``tile``: the tuner's), or None
     where the ordinary grid does as well (:func:`_time`), the reduction is short, or the
     accumulator does not start at zero (each chunk would add its start once more)."""
     m, n, k, batch = c.size(c.m_axes), c.size(c.n_axes), c.size(c.k_axes), c.size(c.batch_axes)
+    sms = target.sms
     if not (isinstance(c.init, Const) and c.init.value == 0):
         return None
     ordinary = tile or gemm.choose_tile(m, n, batch, sms=sms)
     tile = tile or gemm.choose_tile(m, n, batch, sms=1)  # the largest that fits the problem
     steps, grid = -(-k // tile[2]), _grid(tile, m, n, batch)
-    # one wave: a block per SM where the tiles divide the SMs, else two per SM (fewer left idle:
+    # one wave: a block per SM where the tiles divide the SMs, else as many per SM as fit at once
+    # (gemm.resident_blocks: two on an H100, so fewer are left idle:
     # five tiles on 132 SMs are 130 blocks or 260 of 264; the weight gradient above ran 0.159 ms
     # in 130 and 0.150 in 255), as fewer, longer chunks write fewer partials (one 128 x 128 tile
     # over K = 65536: 0.074 ms in 128 chunks, 0.098 ms in 256, on an H200)
-    per_sm = 1 if sms % grid == 0 else BLOCKS_PER_SM
+    per_sm = 1 if sms % grid == 0 else gemm.resident_blocks(target)
     s = min(sms * per_sm // grid, steps // MIN_CHUNK_STEPS)
     if s < 2:
         return None
@@ -95,8 +97,8 @@ class Builder(gemm.Builder):
     """Kernel 1: the FMA tiled GEMM over one chunk of k-steps per block, into ``partial``."""
 
     def __init__(self, c: gemm.Contraction, fresh, decompose, p: Plan, axes: list[For], partial: Buffer,
-                 stages: int | None = None):
-        super().__init__(c, fresh, decompose, tile=p.tile, stages=stages)
+                 target: CudaTarget, stages: int | None = None):
+        super().__init__(c, fresh, decompose, target, p.tile, stages)
         self.plan, self.axes, self.partial = p, axes, partial
         self.chunk = fresh("chunk")
 

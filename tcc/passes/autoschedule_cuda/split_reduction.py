@@ -28,10 +28,11 @@ from tcc import dtypes
 from tcc.ir.expr import Binary, Const, Expr, Load, Var, walk
 from tcc.ir.loopnest import add_index, div_index, mod_index
 from tcc.ir.loops import Allocate, Buffer, For, If, Let, Seq, Stmt, Store, seq
+from tcc.passes.autoschedule_cuda.indexing import guarded
+from tcc.target import CudaTarget
 
 I64 = dtypes.i64
 THREADS = 256
-BLOCKS_PER_SM = 8  # 8 blocks of 256 threads: a full multiprocessor of an H100
 MIN_CHUNK = THREADS * 16  # elements a chunk reads at least: fewer and the second kernel dominates
 ROW_MIN = 128  # trailing reduction elements a row needs to be strided over by the block's threads
 
@@ -85,21 +86,25 @@ def _reads(e: Expr, acc: Buffer) -> bool:
     return any(isinstance(n, Load) and n.buffer == acc.name for n in walk(e))
 
 
-def chunks(outputs: int, length: int, sms: int, per_sm: int = BLOCKS_PER_SM, min_chunk: int = MIN_CHUNK) -> int:
+def chunks(outputs: int, length: int, sms: int, per_sm: int, min_chunk: int = MIN_CHUNK) -> int:
     """Chunks per output: enough blocks to fill ``sms`` multiprocessors (``per_sm`` blocks on
-    each), each chunk at least ``min_chunk`` long (else the combining kernel dominates). Split-K
-    (:mod:`.split_k`) cuts a contraction's k-steps by its own rule: its blocks are heavier."""
+    each: 8 of 256 threads fill an H100's), each chunk at least ``min_chunk`` long (else the
+    combining kernel dominates). Split-K (:mod:`.split_k`) cuts a contraction's k-steps by its
+    own rule: its blocks are heavier."""
     want = -(-sms * per_sm // max(outputs, 1))
     return max(1, min(want, length // min_chunk))
 
 
-def schedule(axes: list[For], extents: list[int], red: PureReduction, sms: int, fresh: Fresh,
+def schedule(axes: list[For], extents: list[int], red: PureReduction, target: CudaTarget, fresh: Fresh,
              decompose: Decompose) -> tuple[Buffer, Stmt] | None:
     """(the partials buffer, the two kernels) for the output loops ``axes`` over ``red``, or None
-    when one block per output already fills the chip."""
+    when one block per output already fills ``target``'s multiprocessors (or its blocks hold
+    fewer than ``THREADS`` threads)."""
+    if THREADS > target.max_threads_per_block:
+        return None
     outputs = math.prod(extents)
     length = math.prod(red.extents)
-    s = chunks(outputs, length, sms)
+    s = chunks(outputs, length, target.sms, target.max_threads_per_sm // THREADS)
     if s < 2:
         return None
     span = red.axes[0].span
@@ -143,7 +148,7 @@ def _chunk_loops(red: PureReduction, s: int, chunk: Var, tx: Var, fresh: Fresh, 
     strided = _block_strided(row_len, tx, fresh, lambda col: decompose(red.axes[split:], extents[split:], col,
                                                                       red.update))
     body = decompose(red.axes[:split], extents[:split], row, strided)
-    return For(rr, Const(per, I64), _guarded(row, add_index(_mul(chunk, per), rr), rows, per * s, body))
+    return For(rr, Const(per, I64), guarded(row, add_index(_mul(chunk, per), rr), rows, per * s, body))
 
 
 def _block_strided(length: int, tx: Var, fresh: Fresh, body: Callable[[Var], Stmt]) -> Stmt:
@@ -166,7 +171,7 @@ def _flat_chunk(red: PureReduction, s: int, chunk: Var, tx: Var, fresh: Fresh, d
     st, rid = fresh("rstep"), fresh("rid")
     body = decompose(red.axes, red.extents, rid, red.update)
     index = add_index(_mul(add_index(_mul(chunk, steps), st), THREADS), tx)
-    return For(st, Const(steps, I64), _guarded(rid, index, length, steps * s * THREADS, body))
+    return For(st, Const(steps, I64), guarded(rid, index, length, steps * s * THREADS, body))
 
 
 def _combine_kernel(axes: list[For], extents: list[int], red: PureReduction, s: int, partial: Buffer,
@@ -177,15 +182,10 @@ def _combine_kernel(axes: list[For], extents: list[int], red: PureReduction, s: 
     acc = Load(red.acc.name, (Const(0, I64),), red.acc.dtype)
     update = Store(red.acc.name, (Const(0, I64),), Binary(red.op, acc, value, red.acc.dtype), red.update.span)
     steps = -(-s // THREADS)
-    inner = _guarded(q, add_index(_mul(st, THREADS), tx), s, steps * THREADS, update)
+    inner = guarded(q, add_index(_mul(st, THREADS), tx), s, steps * THREADS, update)
     body: Stmt = For(st, Const(steps, I64), inner) if steps > 1 else Let(st, Const(0, I64), inner)
     kernel = Allocate(red.acc, seq(_accumulate(red, body, tx, span), *red.finals))
     return For(bx, Const(math.prod(extents), I64), decompose(axes, extents, bx, kernel), "block.x", span=span)
-
-
-def _guarded(index: Var, value: Expr, total: int, covered: int, body: Stmt) -> Stmt:
-    inner = body if covered == total else If(Binary("lt", index, Const(total, I64), dtypes.boolean), body)
-    return Let(index, value, inner)
 
 
 

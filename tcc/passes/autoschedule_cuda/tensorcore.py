@@ -34,6 +34,7 @@ from tcc.ir.loopnest import add_index, div_index, mod_index, mul_index
 from tcc.ir.loops import AsyncCommit, AsyncCopy, AsyncWait, Barrier, Buffer, For, If, Let, Stmt, Store, seq
 from tcc.passes.autoschedule_cuda import gemm
 from tcc.passes.loops.tensorize import tensorize
+from tcc.target import CudaTarget
 
 I64 = dtypes.i64
 I32 = dtypes.i32
@@ -130,24 +131,31 @@ class Builder(gemm.Builder):
     """A :class:`gemm.Builder` whose products run on tensor cores."""
 
     tiles = TILES
+    stage_options = (2,)  # the copy engine fills one slot while the warps multiply the other
 
     def __init__(self, c: gemm.Contraction, fresh, decompose, values: tuple[Expr, Expr],
-                 fast: FastLayout | None = None, sms: int = gemm.SMS):
-        super().__init__(c, fresh, decompose, sms)
-        self.xv, self.yv = values
+                 fast: FastLayout | None, target: CudaTarget):
+        self.xv, self.yv = values  # (the shared tiles' type: set before the tile is chosen)
         self.fast = fast
+        super().__init__(c, fresh, decompose, target)
         half = self.xv.dtype  # f16 or bf16; f32 for TF32
-        pad = chunk(half)  # 16 bytes added to each shared row: the fragment loads stay conflict-free
         self.wm, self.wn = self.bm // WARPS_M, self.bn // WARPS_N
         self.k_inner = True  # shared tiles are [slot][tile][BK + pad] (but [slot][BK][BN + pad] for a
         # copy-engine y read along N)
-        self.xs = Buffer(self.xs.name, half, (2, self.bm, self.bk + pad), "shared")
-        y_rows = fast is not None and not fast.k_fast
-        self.ys = Buffer(self.ys.name, half, (2, self.bk, self.bn + pad) if y_rows else
-                         (2, self.bn, self.bk + pad), "shared")
         self.xst = Buffer(self.xst.name, half, self.xst.shape, "local")
         self.yst = Buffer(self.yst.name, half, self.yst.shape, "local")
         self.acct = Buffer(self.acct.name, F32, (self.wm, self.wn), "local")
+
+    def shared_tiles(self, tile: tuple[int, int, int], depth: int, x: str, y: str) -> tuple[Buffer, Buffer]:
+        """``[slot][tile][BK + pad]`` of the 16-bit (or TF32) operands, 16 bytes added to each row
+        so that the fragment loads stay conflict-free; ``[slot][BK][BN + pad]`` for a copy-engine
+        ``y`` read along N."""
+        bm, bn, bk = tile
+        half = self.xv.dtype
+        pad = chunk(half)
+        y_rows = self.fast is not None and not self.fast.k_fast
+        return (Buffer(x, half, (depth, bm, bk + pad), "shared"),
+                Buffer(y, half, (depth, bk, bn + pad) if y_rows else (depth, bn, bk + pad), "shared"))
 
     def local_buffers(self) -> tuple[Buffer, ...]:
         if self.fast is not None:  # copies go straight to shared memory
@@ -168,9 +176,10 @@ class Builder(gemm.Builder):
         one = Const(1, I64)
         nxt = add_index(kt, one)
         more = Binary("lt", nxt, Const(steps, I64), dtypes.boolean)
-        ahead = seq(self._copies(tid, tm0, tn0, mul_index(nxt, self.bk), mod_index(nxt, 2)), AsyncCommit(),
-                    AsyncWait(1))
-        step = seq(If(more, ahead, AsyncWait(0)), Barrier(), self._products(ty, tx, mod_index(kt, 2)), Barrier())
+        ahead = seq(self._copies(tid, tm0, tn0, mul_index(nxt, self.bk), mod_index(nxt, self.stages)),
+                    AsyncCommit(), AsyncWait(1))
+        step = seq(If(more, ahead, AsyncWait(0)), Barrier(), self._products(ty, tx, mod_index(kt, self.stages)),
+                   Barrier())
         zero = Const(0, I64)
         return seq(self._copies(tid, tm0, tn0, zero, zero), AsyncCommit(), For(kt, Const(steps, I64), step))
 

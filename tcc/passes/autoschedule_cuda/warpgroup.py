@@ -37,6 +37,7 @@ from tcc.ir.loops import (
     seq,
 )
 from tcc.passes.autoschedule_cuda import gemm, tensorcore
+from tcc.target import CudaTarget
 
 I64 = dtypes.i64
 F32 = dtypes.f32
@@ -48,26 +49,33 @@ SLOTS = 3  # of the register-staged kernel
 MIN_SIDE = 128  # smaller problems stay on mma.sync (a mostly empty 128-row tile wastes the block)
 
 
-def fits(c: gemm.Contraction, arch: str) -> bool:
-    """Whether the warpgroup kernel suits ``c`` on ``arch`` (the caller has checked the layout)."""
-    return arch.startswith("sm_90") and c.size(c.m_axes) >= MIN_SIDE and c.size(c.n_axes) >= MIN_SIDE
+def fits(c: gemm.Contraction, target: CudaTarget) -> bool:
+    """Whether the warpgroup kernel suits ``c`` on ``target`` (the caller has checked the layout;
+    the builder checks that a tile fits the target's budgets)."""
+    return target.warpgroup_mma and c.size(c.m_axes) >= MIN_SIDE and c.size(c.n_axes) >= MIN_SIDE
 
 
 class Builder(tensorcore.Builder):
     """The copy-engine tensor-core kernel on warpgroups (``wgmma``)."""
 
     tiles = TILES
+    # STAGES slots where they fit, else 3 (the fewest the loop below keeps one copy ahead with)
+    stage_options = (STAGES, 3)
     group_rows = 8
 
     def __init__(self, c: gemm.Contraction, fresh, decompose, values: tuple[Expr, Expr],
-                 fast: tensorcore.FastLayout, sms: int = gemm.SMS):
-        super().__init__(c, fresh, decompose, values, fast, sms)
-        half = self.xv.dtype
+                 fast: tensorcore.FastLayout | None, target: CudaTarget):
+        super().__init__(c, fresh, decompose, values, fast, target)
         self.wm, self.wn = WARPGROUP // 2, self.bn  # two warpgroups over the tile's rows
-        self.xs = Buffer(self.xs.name, half, (STAGES, self.bm, self.bk), "shared", 128)
-        self.ys = Buffer(self.ys.name, half, (STAGES, self.bn, self.bk) if fast.k_fast else
-                         (STAGES, self.bk, self.bn), "shared", 128)
         self.acct = Buffer(self.acct.name, F32, (self.wm, self.wn), "local")
+
+    def shared_tiles(self, tile: tuple[int, int, int], depth: int, x: str, y: str) -> tuple[Buffer, Buffer]:
+        """128-byte swizzled ``[slot][tile][BK]`` tiles (``[slot][BK][BN]`` for a ``y`` read along N)."""
+        bm, bn, bk = tile
+        half = self.xv.dtype
+        y_rows = self.fast is not None and not self.fast.k_fast
+        return (Buffer(x, half, (depth, bm, bk), "shared", 128),
+                Buffer(y, half, (depth, bk, bn) if y_rows else (depth, bn, bk), "shared", 128))
 
     def thread_coords(self, tid: Var) -> tuple[Expr, Expr]:
         return div_index(tid, WARPGROUP), mod_index(tid, WARPGROUP)  # (warpgroup, its lane)
@@ -78,16 +86,16 @@ class Builder(tensorcore.Builder):
     def _main_loop(self, tid: Var, ty: Var, tx: Var, tm0: Var, tn0: Var) -> Stmt:
         kt, s = self.fresh("kt"), self.fresh("st")
         steps = -(-self.k // self.bk)
-        ahead = STAGES - 2
+        ahead = self.stages - 2
         first = For(s, Const(ahead, I64), seq(self._copies_if(tid, tm0, tn0, s, steps), AsyncCommit()), "unroll")
         nxt = add_index(kt, Const(ahead, I64))
-        step = seq(AsyncWait(ahead - 1), ProxyFence(), Barrier(), self._products(ty, tx, mod_index(kt, STAGES)),
+        step = seq(AsyncWait(ahead - 1), ProxyFence(), Barrier(), self._products(ty, tx, mod_index(kt, self.stages)),
                    self._copies_if(tid, tm0, tn0, nxt, steps), AsyncCommit(), WarpgroupSync("wait", 1))
         return seq(first, For(kt, Const(steps, I64), step), WarpgroupSync("wait", 0))
 
     def _copies_if(self, tid: Var, tm0: Var, tn0: Var, tile: Expr, steps: int) -> Stmt:
         """The copies of k-step ``tile`` into its slot, when there is such a step."""
-        copies = self._copies(tid, tm0, tn0, mul_index(tile, self.bk), mod_index(tile, STAGES))
+        copies = self._copies(tid, tm0, tn0, mul_index(tile, self.bk), mod_index(tile, self.stages))
         return If(Binary("lt", tile, Const(steps, I64), dtypes.boolean), copies)
 
     def _products(self, ty: Var, tx: Var, slot: Expr) -> Stmt:
@@ -121,14 +129,10 @@ class StagedBuilder(Builder):
     the swizzled tiles (on an H100 0.27 of cuBLAS TF32, against 0.75-0.79 for the other)."""
 
     tiles = ((128, 128, 32),)  # f32: 32 elements make the 128-byte atom
+    stage_options = (SLOTS,)
 
-    def __init__(self, c: gemm.Contraction, fresh, decompose, values: tuple[Expr, Expr], sms: int = gemm.SMS):
-        tensorcore.Builder.__init__(self, c, fresh, decompose, values, None, sms)
-        dtype = self.xv.dtype
-        self.wm, self.wn = WARPGROUP // 2, self.bn
-        self.xs = Buffer(self.xs.name, dtype, (SLOTS, self.bm, self.bk), "shared", 128)
-        self.ys = Buffer(self.ys.name, dtype, (SLOTS, self.bn, self.bk), "shared", 128)
-        self.acct = Buffer(self.acct.name, F32, (self.wm, self.wn), "local")
+    def __init__(self, c: gemm.Contraction, fresh, decompose, values: tuple[Expr, Expr], target: CudaTarget):
+        super().__init__(c, fresh, decompose, values, None, target)
 
     def _main_loop(self, tid: Var, ty: Var, tx: Var, tm0: Var, tn0: Var) -> Stmt:
         """Three slots: tile ``kt + 1`` goes to the slot tile ``kt - 2`` used (done: each warpgroup
@@ -140,7 +144,7 @@ class StagedBuilder(Builder):
         first = self.fills(tid, tm0, tn0, zero, zero)
         nxt = add_index(kt, one)
         more = Binary("lt", nxt, Const(steps, I64), dtypes.boolean)
-        loads, stores = self.fills(tid, tm0, tn0, mul_index(nxt, self.bk), mod_index(nxt, SLOTS))
-        step = seq(If(more, loads), self._products(ty, tx, mod_index(kt, SLOTS)), WarpgroupSync("wait", 1),
+        loads, stores = self.fills(tid, tm0, tn0, mul_index(nxt, self.bk), mod_index(nxt, self.stages))
+        step = seq(If(more, loads), self._products(ty, tx, mod_index(kt, self.stages)), WarpgroupSync("wait", 1),
                    If(more, stores), ProxyFence(), Barrier())
         return seq(*first, ProxyFence(), Barrier(), For(kt, Const(steps, I64), step), WarpgroupSync("wait", 0))

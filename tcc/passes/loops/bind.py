@@ -23,14 +23,14 @@ from tcc.passes.loops.bind_lanes import LANES, bind_lanes
 from tcc.passes.loops.parallel import check_parallel
 
 AXES = {"block": "block.x", "thread": "thread.x", "warp": "thread.x", "warpgroup": "thread.x"}
-MAX_THREADS = 1024  # threads of one block on every CUDA GPU
 MAX_BLOCKS = 2**31 - 1
 I64 = dtypes.i64
 
 
-def bind(func: LoopFunc, loop: str, axis: str, span: Span | None = None) -> LoopFunc:
+def bind(func: LoopFunc, loop: str, axis: str, span: Span | None, max_threads: int) -> LoopFunc:
     """Bind every loop named ``loop`` to the GPU axis ``axis`` (``block``, ``thread``, ``warp`` or
-    ``warpgroup``)."""
+    ``warpgroup``); a block holds at most ``max_threads`` threads (the target's
+    ``max_threads_per_block``)."""
     kind = AXES.get(axis)
     if kind is None:
         raise TccScheduleError(f"unknown GPU axis {axis!r}", span,
@@ -40,14 +40,14 @@ def bind(func: LoopFunc, loop: str, axis: str, span: Span | None = None) -> Loop
         n = const_extent(found, span)
         if found.kind != "serial":
             raise TccScheduleError(f"loop {loop} is already {found.kind}", span)
-        limit = MAX_BLOCKS if kind == "block.x" else MAX_THREADS // LANES.get(axis, 1)
+        limit = MAX_BLOCKS if kind == "block.x" else max_threads // LANES.get(axis, 1)
         if n > limit:
             raise TccScheduleError(f"loop {loop} has {n} iterations, more than the {limit} {axis}s CUDA allows"
                                    + (" in a block" if axis in LANES else ""),
                                    span, f"split {loop} first and bind a part of it")
         check_parallel(func, found, span)
     if axis in LANES:
-        return bind_lanes(func, loop, axis, span)
+        return bind_lanes(func, loop, axis, span, max_threads)
     return on_loops(func, loop, lambda s: replace(s, kind=kind))
 
 

@@ -29,7 +29,6 @@ from tcc.ir.loopnest import const_extent, div_index, fresh, loops_named, mod_ind
 from tcc.ir.loops import For, Let, LoopFunc, Seq, Stmt, map_stmt, walk_stmts
 
 LANES = {"warp": 32, "warpgroup": 128}
-MAX_THREADS = 1024
 
 
 @dataclass(frozen=True)
@@ -55,9 +54,10 @@ def lanes_of(loop: For) -> Lanes | None:
     return next((v for k, v in loop.annotations if k in ("warps", "warpgroups") and isinstance(v, Lanes)), None)
 
 
-def bind_lanes(func: LoopFunc, loop: str, axis: str, span: Span | None = None) -> LoopFunc:
+def bind_lanes(func: LoopFunc, loop: str, axis: str, span: Span | None, max_threads: int) -> LoopFunc:
     """Bind every loop named ``loop`` (already checked: serial, disjoint iterations) to warps or
-    warpgroups (``axis``), joining the warp grid of a thread loop right around it."""
+    warpgroups (``axis``), joining the warp grid of a thread loop right around it; the joined
+    grid holds at most ``max_threads`` threads (the target's ``max_threads_per_block``)."""
     size = LANES[axis]
     _check_place(func, loop, axis, span)
     thread_name, lane_name = fresh(func, f"{loop}_t"), fresh(func, "lane")
@@ -70,9 +70,9 @@ def bind_lanes(func: LoopFunc, loop: str, axis: str, span: Span | None = None) -
             if isinstance(inner, For) and inner.kind == "thread.x" and (lanes := lanes_of(inner)) is not None:
                 body = subst(_inside(inner.body, lanes), {lanes.lane.name: outer.lane})
                 joined = _lanes_loop(s.var, size, outer.groups + lanes.groups, outer.lane, body, s)
-                if lanes_of(joined).threads > MAX_THREADS:  # type: ignore[union-attr]
+                if lanes_of(joined).threads > max_threads:  # type: ignore[union-attr]
                     raise TccScheduleError(f"binding {loop} to {axis}s makes {lanes_of(joined).threads} threads "
-                                           f"per block, over {MAX_THREADS}", span, f"split {loop} first")
+                                           f"per block, over {max_threads}", span, f"split {loop} first")
                 return joined
         return None
     return replace(func, body=map_stmt(func.body, rewrite))

@@ -61,8 +61,10 @@ def apply_step(func: LoopFunc, step: Step, target: Target) -> LoopFunc:
         raise TccScheduleError(f"unknown schedule primitive {step.prim!r}", step.span,
                                "primitives: " + ", ".join(USAGE))
     try:
-        if step.prim == "cache":  # the one primitive that sizes itself by the machine
+        if step.prim == "cache":  # the primitives that size themselves by the machine
             return _cache(func, step, target.shared_memory_per_block)
+        if step.prim == "bind":  # (a GPU primitive: the backend offers it on a GPU target only)
+            return _bind(func, step, target.max_threads_per_block)  # type: ignore[union-attr]
         return handler(func, step)
     except (ValueError, IndexError, TypeError):
         raise TccScheduleError(f"malformed {step.prim} step: {step}", step.span,
@@ -187,9 +189,9 @@ def _decompose(func: LoopFunc, step: Step) -> LoopFunc:
     return decompose_reduction(func, tensor, step.span)
 
 
-def _bind(func: LoopFunc, step: Step) -> LoopFunc:
+def _bind(func: LoopFunc, step: Step, max_threads: int) -> LoopFunc:
     loop, axis = (str(w) for w in step.words)
-    return bind(func, loop, axis, step.span)
+    return bind(func, loop, axis, step.span, max_threads)
 
 
 def _tensorize(func: LoopFunc, step: Step) -> LoopFunc:

@@ -41,8 +41,18 @@ def interval(e: Expr, ranges: Ranges) -> Interval | None:
         a, b = interval(e.a, refine(e.cond, ranges, True)), interval(e.b, refine(e.cond, ranges, False))
         return None if a is None or b is None else (min(a[0], b[0]), max(a[1], b[1]))
     if isinstance(e, Binary):
-        return _binary(e, ranges)
+        span = _binary(e, ranges)
+        if KEYED in ranges and span is not None and (known := ranges.get(_key(e))) is not None:
+            return (max(span[0], known[0]), min(span[1], known[1]))
+        return span
     return None
+
+
+KEYED = "("  # present in ranges once a condition bounded an expression rather than one variable
+
+
+def _key(e: Expr) -> str:
+    return f"({format_expr(e)})"
 
 
 def _binary(e: Binary, ranges: Ranges) -> Interval | None:
@@ -96,20 +106,33 @@ def refine(cond: Expr, ranges: Ranges, holds: bool) -> Ranges:
         isolated = _isolate(side, ranges)
         bound = interval(other, ranges)
         if isolated is not None and bound is not None:
-            name, offset = isolated
-            return _narrow(ranges, name, relation, (bound[0] - offset, bound[1] - offset))
+            name, offset, sign = isolated
+            if sign > 0:
+                return _narrow(ranges, name, relation, (bound[0] - offset, bound[1] - offset))
+            return _narrow(ranges, name, _FLIPPED[relation], (offset - bound[1], offset - bound[0]))
+    for side, other, relation in ((cond.a, cond.b, op), (cond.b, cond.a, _FLIPPED[op])):
+        # an expression of several variables or a clamp (``min(K*q + t, N - 1) >= 2``, as a gradient's
+        # split index makes): the bound holds for that expression wherever it appears under the select
+        span, bound = interval(side, ranges), interval(other, ranges)
+        if isinstance(side, Binary) and free_vars(side) & ranges.keys() and span is not None and bound is not None:
+            key = _key(side)
+            return _narrow({**ranges, KEYED: (0, 0), key: span}, key, relation, bound)
     return ranges
 
 
-def _isolate(e: Expr, ranges: Ranges) -> tuple[str, int] | None:
-    """``(v, c)`` when ``e`` is ``v + c`` (or ``v``, ``c + v``, ``v - c``) of an index variable."""
+def _isolate(e: Expr, ranges: Ranges) -> tuple[str, int, int] | None:
+    """``(v, c, s)`` when ``e`` is ``s*v + c`` with ``s`` 1 or -1 (``v``, ``v + c``, ``c + v``,
+    ``v - c``, ``c - v``: the last from reversed reads, as a gradient of a recurrence makes) of an
+    index variable."""
     if isinstance(e, Var) and e.name in ranges:
-        return e.name, 0
+        return e.name, 0, 1
     if isinstance(e, Binary) and e.op in ("add", "sub"):
         for var, const, sign in ((e.a, e.b, 1 if e.op == "add" else -1), (e.b, e.a, 1)):
             if isinstance(var, Var) and var.name in ranges and isinstance(const, Const) \
-                    and not const.dtype.is_float and (e.op == "add" or var is e.a):
-                return var.name, sign * int(const.value)
+                    and not const.dtype.is_float:
+                if e.op == "add" or var is e.a:
+                    return var.name, sign * int(const.value), 1
+                return var.name, int(const.value), -1  # c - v
     return None
 
 

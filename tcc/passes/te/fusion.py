@@ -59,7 +59,7 @@ def inline_intermediates(op: OpTE) -> OpTE:
     tensors = dict(op.tensors)
     pads = dict(op.pads)
     for name in [c.tensor for c in op.computes if op.tensors[c.tensor].kind == "temp"]:
-        pinned = _scatter_pinned(op, name)
+        pinned = _scatter_pinned(op, name) or _stream_pinned(op, name)
         if pinned:
             notes.append(f"keep {name}: {pinned}")
             continue
@@ -97,6 +97,18 @@ def _scatter_pinned(op: OpTE, name: str) -> str | None:
     read = sorted(t for t in added if _reads(body, t))
     if read:
         return f"reads {read[0]}, which += adds into: it is computed where it stands"
+    return None
+
+
+def _stream_pinned(op: OpTE, name: str) -> str | None:
+    """Why ``name`` stays as it is because a stream (:mod:`.streaming`) computes or reads it: the
+    stream's score and weights name the tensors they read."""
+    for s in op.streams:
+        if name in s.tensors:
+            return f"computed by the stream over {s.axis.var.name}"
+        members = [c for c in op.computes if c.tensor in s.tensors]
+        if any(_reads(c.body, name) for c in members):
+            return f"read by the stream over {s.axis.var.name}"
     return None
 
 
@@ -220,7 +232,12 @@ def _inline_into(consumer: Compute, producer: Compute) -> Compute:
     def visit(n: Expr) -> Expr | None:
         if isinstance(n, Read) and n.tensor == producer.tensor:
             mapping = {ax.var.name: idx for ax, idx in zip(producer.axes, n.indices)}
-            return _fresh_reductions(substitute(producer.body, mapping), taken)
+            # renamed before the substitution, which may bring in a consumer variable of the same name
+            # as a reduction's (s[a, b] = sum[j](.. j == b ..) read at s[r, j]: the new j is not the sum's)
+            names = taken | set(mapping)
+            fresh = _fresh_reductions(producer.body, names)
+            taken.update(names)  # (each inlined copy's reductions named apart)
+            return substitute(fresh, mapping)
         return None
 
     return replace(consumer, body=transform(consumer.body, visit))
@@ -252,8 +269,10 @@ def _fresh_reductions(body: Expr, taken: set[str]) -> Expr:
 def _groups(op: OpTE, gemms: bool = True) -> list:
     groups: list[list[Compute]] = []
     shared: list[int] = []
+    streamed = {t for s in op.streams for t in s.tensors}  # lowered together as one nest of their own
     for c in op.computes:
-        if c.sequential or c.accumulate or (not gemms and gemm_batch_depth(c) < len(c.axes)):  # own nests
+        own = c.tensor in streamed or c.sequential or c.accumulate
+        if own or (not gemms and gemm_batch_depth(c) < len(c.axes)):  # own nests
             groups.append([c])
             shared.append(0)  # nothing joins it
             continue
@@ -384,9 +403,9 @@ def _zero(e: Expr) -> bool:
 def _only_read_in(op: OpTE, tensor: str, members: list[Compute]) -> bool:
     """Whether only the statements of the group read ``tensor``: a ``+=`` into a member's tensor
     is a statement of its own, outside the group (fuzz seed 2603), and may read it in its
-    left-hand index too (a rank computed beside the zeroed tensor it places into: ONNX TopK)."""
+    left-hand index (a scatter at positions the group computes: the torch.compile importer's
+    embedding gradient lost the positions' buffer)."""
     for c in op.computes:
-        reads = [c.body, *(c.lhs or ())]
-        if not any(c is m for m in members) and any(_reads_of(op, e, {tensor}) for e in reads):
+        if not any(c is m for m in members) and any(_reads_of(op, e, {tensor}) for e in (c.body, *(c.lhs or ()))):
             return False
     return True

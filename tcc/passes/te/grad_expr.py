@@ -87,9 +87,11 @@ def _walk(e: Expr, g: Expr, value: Expr | None, out: list[Partial]) -> None:
             _walk(e.a, g if e.a.dtype == e.dtype else Cast(g, e.a.dtype), None, out)
     elif isinstance(e, Unary):
         _walk(e.a, fneg(g), None, out)
-    elif isinstance(e, Select):
-        _walk(e.a, fselect(e.cond, g, num(0)), None, out)
-        _walk(e.b, fselect(e.cond, num(0), g), None, out)
+    elif isinstance(e, Select):  # each branch's partials under its condition: the reads they make too
+        for branch, taken in ((e.a, True), (e.b, False)):
+            inner: list[Partial] = []
+            _walk(branch, g, None, inner)
+            out += [(r, fselect(e.cond, v, num(0)) if taken else fselect(e.cond, num(0), v)) for r, v in inner]
     elif isinstance(e, Call):
         _walk(e.args[0], _call(e, g, value or e), None, out)
     elif isinstance(e, Binary):

@@ -57,6 +57,11 @@ def imax(a: Expr, b: Expr) -> Expr:
     return simplify(Binary("max", a, b, dtypes.i64))
 
 
+def clamp(i: Expr, size: Expr) -> Expr:
+    """``i`` clamped into ``[0, size)``."""
+    return simplify(Binary("min", Binary("max", i, _i(0), dtypes.i64), isub(size, _i(1)), dtypes.i64))
+
+
 def _cmp(op: str, a: Expr, b: Expr) -> Expr:
     return simplify(Binary(op, a, b, dtypes.boolean))
 
@@ -101,9 +106,10 @@ class Emitter:
     """Where the gather form puts the tensors it needs (the dilated and padded adjoints)."""
 
     fresh: Callable[[str], str]
-    add_temp: Callable[[str, dtypes.DType, tuple[Expr, ...], tuple[IterVar, ...], Expr], None]
+    add_temp: Callable[..., None]  # (name, dtype, shape, axes, body, kind=, sequential=)
     add_pad: Callable[[str, str, tuple[Expr, ...], tuple[Expr, ...]], None]
     memo: dict[tuple, str] = field(default_factory=dict)
+    static: frozenset[str] = frozenset()  # shape symbols and compile-time parameters: constants once bound
 
 
 @dataclass
@@ -115,9 +121,11 @@ class _Solve:
 
 
 def gather(indices: tuple[Expr, ...], shape: tuple[Expr, ...], targets: tuple[Var, ...],
-           value: Expr, scope: dict[str, Expr], adjoint: Adjoint, emit: Emitter) -> Expr:
+           value: Expr, scope: dict[str, Expr], adjoint: Adjoint, emit: Emitter) -> Expr | None:
     """``dA[targets]``'s part from one read ``A[indices]`` (any integer indices) whose contribution is ``value`` (a
-    function of the index variables in ``scope``, name -> extent)."""
+    function of the index variables in ``scope``, name -> extent); None where a scatter is the better form: a
+    dim that no variable solves would mask a sum over its variables (``E[idx[n], d]``: a sum over ``n`` for
+    every row of ``E``), where ``dA[indices] += value`` does the same work once per point of ``scope``."""
     indices, value, scope = _split_divisions(indices, value, scope, emit)
     forms: list[Linear | None] = []
     for e in indices:
@@ -127,12 +135,14 @@ def gather(indices: tuple[Expr, ...], shape: tuple[Expr, ...], targets: tuple[Va
     trivial = {s.var for s in solves if _trivial(s, scope, shape)}
     window = [s for s in solves if s.var not in trivial]
     summed = [v for v in scope if v not in {s.var for s in solves}]
+    if any(free_vars(indices[d]) & set(summed) for d in guards):
+        return None
     if not window and not guards:
         body = substitute(value, {s.var: targets[s.dim] for s in solves})
         return _sum(body, summed, scope)
-    if not guards and _windowed(window, value, adjoint, summed):
+    if not guards and _windowed(window, value, adjoint, summed) and _static_offsets(window, emit.static):
         return _window_form(solves, trivial, value, scope, summed, shape, targets, adjoint, emit)
-    return _guarded_form(indices, forms, solves, trivial, value, scope, summed, targets)
+    return _guarded_form(indices, forms, solves, trivial, value, scope, summed, targets, emit.static)
 
 
 def _split_divisions(indices: tuple[Expr, ...], value: Expr, scope: dict[str, Expr], emit: Emitter
@@ -249,6 +259,12 @@ def _windowed(window: list[_Solve], value: Expr, adjoint: Adjoint, summed: list[
     return not (free_vars(stripped) & ys)
 
 
+def _static_offsets(window: list[_Solve], static: frozenset[str]) -> bool:
+    """Whether the window dims' offsets and strides are constants once bound: they become pad widths,
+    which may not use a runtime scalar (``X[start + i]``: its gradient is the guarded gather)."""
+    return all(free_vars(e) <= static for s in window for e in (s.coef, *s.others.values()))
+
+
 def _window_form(solves: list[_Solve], trivial: set[str], value: Expr, scope: dict[str, Expr], summed: list[str],
                  shape: tuple[Expr, ...], targets: tuple[Var, ...], adjoint: Adjoint, emit: Emitter) -> Expr:
     window = {s.var: s for s in solves if s.var not in trivial}
@@ -336,7 +352,8 @@ def _dilated(size: Expr, stride: Expr) -> Expr:
 
 
 def _guarded_form(indices: tuple[Expr, ...], forms: list[Linear | None], solves: list[_Solve], trivial: set[str],
-                  value: Expr, scope: dict[str, Expr], summed: list[str], targets: tuple[Var, ...]) -> Expr:
+                  value: Expr, scope: dict[str, Expr], summed: list[str], targets: tuple[Var, ...],
+                  static: frozenset[str]) -> Expr:
     """Solve, guard the sum with the solution's conditions and clamp the solved indices in range.
     A dim left unsolved is a guard ``index == target``, its variables summed: for an index that is
     not affine (``X[min(max(i, 0), 2)]``, ``X[i * i % N]``) a masked sum over every value of them."""
@@ -359,9 +376,7 @@ def _guarded_form(indices: tuple[Expr, ...], forms: list[Linear | None], solves:
         conds.append(_cmp("lt", exact[s.var], scope[s.var]))
     for _ in solves:  # a solution may name an index solved after it
         exact = {v: substitute(e, exact) for v, e in exact.items()}
-    clamped = {v: e if v in trivial else
-               simplify(Binary("min", Binary("max", e, _i(0), dtypes.i64), isub(scope[v], _i(1)), dtypes.i64))
-               for v, e in exact.items()}
+    clamped = {v: e if v in trivial or _shifted(e, static) else clamp(e, scope[v]) for v, e in exact.items()}
     conds = [substitute(c, exact) for c in conds]
     for d, form in enumerate(forms):
         if any(s.dim == d for s in solves):
@@ -382,6 +397,20 @@ def _guarded_form(indices: tuple[Expr, ...], forms: list[Linear | None], solves:
             cond = Binary("and", cond, other, dtypes.boolean)
         body = fselect(cond, body, num(0))
     return _sum(body, summed, scope)
+
+
+def _shifted(e: Expr, static: frozenset[str]) -> bool:
+    """Whether ``e`` is ``v``, ``v + c``, ``v - c`` or ``c - v`` (``c`` constant once ``static`` names are
+    bound): the bounds proof narrows ``v`` under the guard ``0 <= e < n`` itself, so ``e`` needs no
+    clamp (and the selects inside the value, such as a recurrence's ``select(t < 2, .., H[t - 2])``,
+    are proved through it, where a clamp would hide ``v``)."""
+    if isinstance(e, Var):
+        return e.name not in static
+    if not (isinstance(e, Binary) and e.op in ("add", "sub")):
+        return False
+    var, other = (e.a, e.b) if isinstance(e.a, Var) and e.a.name not in static else (e.b, e.a)
+    return isinstance(var, Var) and var.name not in static and free_vars(other) <= static \
+        and not any(isinstance(n, Read) for n in walk(other))
 
 
 def _sum(body: Expr, names: list[str], scope: dict[str, Expr]) -> Expr:

@@ -16,6 +16,7 @@ from tcc.dtypes import DType
 from tcc.ir.expr import Binary, Const, Expr, Load, Read, Reduce, Select, Var, cast, substitute, walk
 from tcc.ir.loops import SEQUENTIAL, Allocate, Buffer, For, LoopFunc, Stmt, Store, map_stmt, seq
 from tcc.ir.te import Compute, OpTE, Pad
+from tcc.passes.te.lower_stream import stream_nest
 
 I64 = dtypes.i64
 LOCAL_LIMIT = 64 * 1024  # bytes: a per-row intermediate up to this size lives on the stack
@@ -89,11 +90,16 @@ class _Lowering:
     def _nests(self) -> list[Stmt]:
         """One loop nest per statement, or per fusion group."""
         starts = {g.tensors[0]: g for g in self.op.groups}
+        streams = {s.maximum: s for s in self.op.streams}
         computes = self.op.computes
         nests, i = [], 0
         while i < len(computes):
             group = starts.get(computes[i].tensor)
-            if group is None:
+            stream = streams.get(computes[i].tensor)
+            if stream is not None:  # its statements, one after the other, in one nest
+                nests.append(stream_nest(stream, self.op, self))
+                i += len(stream.tensors)
+            elif group is None:
                 nests.append(self._statement(computes[i]))
                 i += 1
             else:
@@ -104,6 +110,14 @@ class _Lowering:
     def _buffer(self, name: str) -> Buffer:
         t = self.op.tensors[name]
         return Buffer(name, t.dtype, t.concrete_shape(), "global")
+
+    def expr(self, e: Expr, prelude: list[Stmt], allocs: list[Buffer]) -> Expr:
+        """``e`` lowered (for :mod:`.lower_stream`)."""
+        return self._expr(e, prelude, allocs)
+
+    def fresh(self, base: str) -> str:
+        """A name no other variable or buffer has (for :mod:`.lower_stream`)."""
+        return self._fresh(base)
 
     def _fresh(self, base: str) -> str:
         while True:

@@ -13,7 +13,7 @@ ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import tcc  # noqa: E402
-from tcc.interop.onnx_memory import BufferPlan  # noqa: E402
+from tcc.interop.graph_memory import BufferPlan  # noqa: E402
 
 SHAPE = [2, 16, 9, 11]  # channels enough for each conv to be its own GEMM kernel
 

@@ -2,7 +2,7 @@
 
 The passes are Python and LLVM runs under one lock per process: one process compiles one kernel
 at a time. A network's distinct kernels are independent, so :class:`Workers` starts worker
-processes (``python -m tcc.interop.onnx_build``) that take kernels from the back of the list
+processes (``python -m tcc.interop.graph_build``) that take kernels from the back of the list
 while the caller compiles from its front; each worker compiles into the disk cache and asks for
 the next, and the caller then loads their kernels from the cache as a warm start would.
 Workers are plain subprocesses fed through a pipe (not ``multiprocessing``, which re-imports the
@@ -38,7 +38,7 @@ class Workers:
         self._done = done
         root = str(Path(__file__).resolve().parent.parent.parent)  # the directory that holds the tcc package
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
-        self._procs = [subprocess.Popen([sys.executable, "-m", "tcc.interop.onnx_build"], stdin=subprocess.PIPE,
+        self._procs = [subprocess.Popen([sys.executable, "-m", "tcc.interop.graph_build"], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
                        for _ in range(jobs)]
         for proc in self._procs:

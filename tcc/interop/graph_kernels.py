@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from tcc.interop.onnx_graph import Program, Statement
+from tcc.interop.graph import Program, Statement
 from tcc.ir.te import OpTE
 from tcc.passes.te.partition import partition
 
@@ -47,7 +47,9 @@ def whole(program: Program) -> Kernel:
 def split(program: Program, te: OpTE) -> list[Kernel]:
     """The kernels of ``program`` (``te`` its checked TE), in an order that runs them; a kernel
     whose results nothing reads is left out."""
-    index = {s.name: n for n, s in enumerate(program.statements)}
+    index: dict[str, list[int]] = {}  # a tensor's statements: its definition (and scatter-adds into it)
+    for n, s in enumerate(program.statements):
+        index.setdefault(s.name, []).append(n)
     parts = partition(te)
     kept = {name for part in parts for name in part}
     bodies = [_closure(program, index, part, kept) for part in parts]
@@ -63,7 +65,7 @@ def split(program: Program, te: OpTE) -> list[Kernel]:
     return kernels[::-1]
 
 
-def _closure(program: Program, index: dict[str, int], part: tuple[str, ...], kept: set[str]) -> list[Statement]:
+def _closure(program: Program, index: dict[str, list[int]], part: tuple[str, ...], kept: set[str]) -> list[Statement]:
     """The statements of a kernel: its kept tensors' and those of every inlined intermediate or
     pad view they read, in program order."""
     taken: set[str] = set()
@@ -73,9 +75,9 @@ def _closure(program: Program, index: dict[str, int], part: tuple[str, ...], kep
         if name in taken:
             continue
         taken.add(name)
-        todo += [r for r in program.statements[index[name]].reads()
+        todo += [r for n in index[name] for r in program.statements[n].reads()
                  if r in index and (r not in kept or r in part) and r not in taken]
-    return [program.statements[n] for n in sorted(index[name] for name in taken)]
+    return [program.statements[n] for n in sorted(n for name in taken for n in index[name])]
 
 
 def _params(program: Program, body: list[Statement], own: set[str]) -> tuple[str, ...]:

@@ -1,4 +1,4 @@
-"""tcc.onnx on the CPU runs a model as kernels (tcc.interop.onnx_kernels): identical layers share
+"""tcc.onnx on the CPU runs a model as kernels (tcc.interop.graph_kernels): identical layers share
 one, a warm load runs no pass, and graphs whose values are read by several kernels, left unread
 or returned as well as read still match onnxruntime. Kernels built in worker processes land in
 the disk cache."""
@@ -15,8 +15,7 @@ from test_onnx import _networks, check_against_ort, make_model  # noqa: E402
 
 import tcc  # noqa: E402
 from tcc import compiler  # noqa: E402
-from tcc.interop import onnx as onnx_importer  # noqa: E402
-from tcc.interop import onnx_build, onnx_kernels  # noqa: E402
+from tcc.interop import graph_build, graph_kernels, graph_model  # noqa: E402
 from tcc.runtime import cache  # noqa: E402
 
 F32 = TensorProto.FLOAT
@@ -58,7 +57,7 @@ def test_warm_load_runs_no_pass_and_no_split(rng, fresh_cache, monkeypatch):
         raise AssertionError("a warm load ran the compiler")
 
     monkeypatch.setattr(compiler, "lower_op", refuse)
-    monkeypatch.setattr(onnx_kernels, "split", refuse)
+    monkeypatch.setattr(graph_kernels, "split", refuse)
     np.testing.assert_array_equal(tcc.onnx.load(model)(x), expected)
 
 
@@ -88,7 +87,7 @@ def test_workers_build_kernels_into_the_disk_cache(rng, fresh_cache, monkeypatch
     sources = list(dict.fromkeys(k.source for k in model.kernels))
     todo = [*((s, ()) for s in sources), ("op kernel(x: f32[3]) -> y: f32[3] { y[i] = nothing[i] }", ())]
     done = []
-    workers = onnx_build.Workers(todo, {}, 2, lambda: done.append(1))
+    workers = graph_build.Workers(todo, {}, 2, lambda: done.append(1))
     workers.join()  # the caller took nothing: the workers build everything
     assert len(done) == len(sources) + 1  # the bad source is reported done too: the caller raises its error
     assert len(list(fresh_cache.glob("*/*.bin"))) == len(sources)
@@ -96,9 +95,9 @@ def test_workers_build_kernels_into_the_disk_cache(rng, fresh_cache, monkeypatch
     nets = _networks()
     net = nets.randomized(nets.ResNet(width=8, blocks=(1, 1), classes=11))
     data = nets.export(net, torch.zeros(1, 3, 33, 35))
-    monkeypatch.setattr(onnx_importer, "PARALLEL_AFTER_S", 0.0)  # a worker from the first kernel on
+    monkeypatch.setattr(graph_model, "PARALLEL_AFTER_S", 0.0)  # a worker from the first kernel on
     started = []
-    monkeypatch.setattr(onnx_importer, "Workers", lambda *args: started.append(1) or onnx_build.Workers(*args))
+    monkeypatch.setattr(graph_model, "Workers", lambda *args: started.append(1) or graph_build.Workers(*args))
     check_against_ort(onnx.load_from_string(data), rng, rtol=1e-4, atol=1e-4, jobs=2)
     assert started
 

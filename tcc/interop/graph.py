@@ -1,10 +1,14 @@
-"""The tcc program an ONNX graph becomes: values, names and statements.
+"""The graph engine's program: the tcc op a graph of tensor operators becomes.
 
-The importer walks the graph's nodes in order and writes one tcc ``op``: graph inputs and
-weights are its parameters, every computing node a statement (an intermediate the fusion pass
-may inline), and shape-only nodes (Transpose, Reshape, Slice, ...) *views*: functions from an
-output index to a read of their source, so they cost nothing at run time. Values known at
-import (initializers, Constant, Shape) stay NumPy arrays until a statement reads them.
+Both front doors (``tcc.onnx``, ``torch.compile(backend="tcc")``) speak the engine's operator
+vocabulary, ONNX's operator set: a front door walks its graph in order and calls, for each of its
+operators, the handler (``onnx_ops``, ``onnx_nn``, ``onnx_shapes``, ...) of the equivalent ONNX
+operator with a :class:`Node` (attributes as Python values). The handlers write one tcc ``op``:
+graph inputs and weights are its parameters, every computing node a statement (an intermediate
+the fusion pass may inline), and shape-only nodes (Transpose, Reshape, Slice, ...) *views*:
+functions from an output index to a read of their source, so they cost nothing at run time.
+Values known at import (initializers, Constant, Shape) stay NumPy arrays until a statement reads
+them. ``graph_model.GraphModel`` compiles and runs the result.
 
 Nothing here imports ``onnx``: the handlers see nodes through ``Node``.
 """
@@ -32,7 +36,9 @@ NUMPY_DTYPES = {"f16": np.float16, "f32": np.float32, "f64": np.float64, "i8": n
 
 
 class OnnxImportError(TccError):
-    """A model tcc cannot import: an operator, attribute or element type it does not have."""
+    """A graph tcc cannot import: an operator, attribute or element type it does not have (its
+    name is the ONNX front door's, where users catch it; the torch front door leaves such a node
+    to PyTorch)."""
 
     kind = "onnx import error"
 
@@ -47,7 +53,8 @@ class NeedsValue(OnnxImportError):
 
 @dataclass
 class Node:
-    """One ONNX node as the handlers see it: attributes already decoded to Python values."""
+    """One operator as the handlers see it (an ONNX node, or an ATen call mapped onto one):
+    ``op_type`` the ONNX operator, attributes already decoded to Python values."""
 
     op_type: str
     name: str
@@ -90,22 +97,26 @@ class Value:
 @dataclass
 class Statement:
     """One statement of the op's body, printed: ``text`` defines ``name`` (after ``decl``, the
-    declaration line of an intermediate), or ``name`` is a ``pad`` view of ``pad_of``."""
+    declaration line of an intermediate), adds into it (``accumulates``: a scatter-add after its
+    definition), or ``name`` is a ``pad`` view of ``pad_of``."""
 
     name: str
     text: str
     decl: str | None = None
     pad_of: str | None = None
+    accumulates: bool = False
 
     def lines(self) -> list[str]:
         return [self.decl, self.text] if self.decl else [self.text]
 
     def reads(self) -> list[str]:
         """The names read, in order of first read: the pad's source, or every ``name[`` right of
-        the ``=`` (a superset of the tensors read: the reductions ``sum[``, ``max[`` are in it)."""
+        the ``=`` (a superset of the tensors read: the reductions ``sum[``, ``max[`` are in it);
+        of a scatter-add, every one after its target (its position reads data)."""
         if self.pad_of is not None:
             return [self.pad_of]
-        return list(dict.fromkeys(re.findall(r"([A-Za-z_]\w*)\[", self.text.split("=", 1)[1])))
+        read = self.text[len(self.name):] if self.accumulates else self.text.split("=", 1)[1]
+        return list(dict.fromkeys(re.findall(r"([A-Za-z_]\w*)\[", read)))
 
 
 @dataclass
@@ -180,6 +191,15 @@ class Program:
         decl = f"{name}: {dtype}[{', '.join(map(str, shape))}]"
         self.statements.append(Statement(name, f"{unparse(access(name, idx).node)} = {body(idx)}", decl))
         return self.tensor_value(name, tuple(shape), dtype)
+
+    def accumulate(self, target: Value, shape: Sequence[int], position: Callable[[list[Ex]], list[Ex]],
+                   body: Callable[[list[Ex]], Ex]) -> None:
+        """A statement ``T[position(i0, ...)] += body(i0, ...)`` over the index space ``shape``:
+        a scatter-add into ``target``, an intermediate ``emit`` defined just before (every index
+        must appear alone in one of ``body``'s reads, which gives its range)."""
+        idx = self.index_names(len(shape))
+        lhs = unparse(access(target.tensor, position(idx)).node)  # type: ignore[arg-type]
+        self.statements.append(Statement(target.tensor, f"{lhs} += {body(idx)}", accumulates=True))  # type: ignore
 
     def materialize(self, value: Value, hint: str) -> str:
         """The name of a tcc tensor holding ``value`` (a copy statement for a view)."""

@@ -1,0 +1,331 @@
+"""``torch.compile(model, backend="tcc")``: Dynamo's graphs compiled by the graph engine.
+
+Dynamo captures the model's Python as FX graphs; AOTAutograd traces each into a forward and (when
+something needs gradients) a backward graph of core ATen calls, after the core decompositions
+(``torch._decomp.core_aten_decompositions``: ``gelu_backward`` or ``native_layer_norm_backward``
+become elementwise calls and sums). Each of those graphs comes to :func:`compile_graph`:
+
+1. every call is tried on the engine (``torch_aten``: ATen calls onto the handlers the ONNX front
+   door uses); the ones it refuses stay PyTorch's and are listed once (a warning per operator);
+2. ``CapabilityBasedPartitioner`` joins the accepted calls into subgraphs between the refused
+   ones; each subgraph becomes one ``graph.Program``, compiled by ``graph_model.GraphModel``
+   (kernels cut where fusion joins nothing, built once per machine, buffers kept between calls);
+3. the FX graph then runs as before, its subgraphs replaced by the compiled programs.
+
+Shapes are static: a graph compiles for the shapes it was captured with, and Dynamo recompiles
+for others; a graph Dynamo captures with symbolic shapes compiles for each call's shapes.
+:func:`explain` compiles a model and tells which operators run where.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import operator
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch  # the optional dependency of the torch front door
+from torch._decomp import core_aten_decompositions
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.operator_support import OperatorSupport
+
+from tcc.errors import TccError
+from tcc.interop.graph import Program
+from tcc.interop.graph_model import GraphModel
+from tcc.interop.torch import is_registered
+from tcc.interop.torch_aten import (
+    Lowering,
+    Unsupported,
+    lower_node,
+    operator_name,
+    static_shape,
+    supported,
+    tcc_dtype,
+)
+from tcc.runtime.backend import backend_for
+
+__all__ = ["Explanation", "backend", "compile_graph", "explain", "recording"]
+
+_WARNED: set[str] = set()  # operators already reported as left to PyTorch (once per process)
+_RECORDS: list[Explanation] = []  # where explain() collects what the backend did
+
+
+@dataclass
+class Explanation:
+    """Which operators of the compiled graphs run in tcc and which in PyTorch (and why)."""
+
+    graphs: int = 0
+    partitions: int = 0
+    tcc: Counter = field(default_factory=Counter)
+    eager: Counter = field(default_factory=Counter)
+    reasons: dict[str, str] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        lines = [f"tcc.torch.explain: {self.graphs} graph(s), {self.partitions} tcc program(s)",
+                 f"  in tcc ({sum(self.tcc.values())} calls): "
+                 + (", ".join(f"{op} x{n}" for op, n in sorted(self.tcc.items())) or "none"),
+                 f"  in PyTorch ({sum(self.eager.values())} calls): "
+                 + (", ".join(f"{op} x{n}" for op, n in sorted(self.eager.items())) or "none")]
+        lines += [f"    {op}: {why}" for op, why in sorted(self.reasons.items())]
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- which calls the engine takes
+
+
+def _trial(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, str]:
+    """The calls the engine refuses, with the reason: every call is lowered once into a scratch
+    program, a refused call's result standing in as an input of the calls that read it."""
+    t = Lowering(Program())
+    env: dict[torch.fx.Node, Any] = {}
+    refused: dict[torch.fx.Node, str] = {}
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output", "get_attr"):
+            if node.op != "output":
+                env[node] = _stand_in(t.p, node)
+            continue
+        if node.target is operator.getitem and node.args[0] in refused:
+            refused[node] = refused[node.args[0]]  # a result of a call left to PyTorch
+            env[node] = _stand_in(t.p, node)
+            continue
+        if not supported(node):
+            refused[node] = "a tcc.torch op: its own compiled kernel" if is_registered(node.target) else \
+                f"{operator_name(node)} has no tcc lowering" if node.op == "call_function" else node.op
+            env[node] = _stand_in(t.p, node)
+            continue
+        try:
+            env[node] = lower_node(t, node, env)
+        except (TccError, KeyError, IndexError, ValueError, TypeError, AttributeError, ZeroDivisionError) as exc:
+            refused[node] = str(exc).splitlines()[0] if isinstance(exc, TccError) else f"{type(exc).__name__}: {exc}"
+            env[node] = _stand_in(t.p, node)
+    return refused
+
+
+def _stand_in(p: Program, node: torch.fx.Node) -> Any:
+    """An input of the program with the shape and dtype FX recorded for ``node`` (a tuple for a
+    call with several results), or None for what is no tensor of tcc's."""
+    val = node.meta.get("val")
+    if isinstance(val, list | tuple):
+        return [_input(p, node.name, v) for v in val]
+    return _input(p, node.name, val)
+
+
+def _input(p: Program, name: str, val: Any) -> Any:
+    if not isinstance(val, torch.Tensor):
+        return None
+    try:
+        return p.add_input(name, static_shape(val.shape), tcc_dtype(val.dtype))
+    except Unsupported:
+        return None
+
+
+class _Accepted(OperatorSupport):
+    def __init__(self, refused: dict[torch.fx.Node, str]):
+        super().__init__()
+        self.refused = refused
+
+    def is_node_supported(self, submodules: Any, node: torch.fx.Node) -> bool:
+        return node.op == "call_function" and node not in self.refused
+
+
+# ---------------------------------------------------------------- one subgraph as a tcc program
+
+
+class _Program(torch.nn.Module):
+    """A subgraph's compiled program in the place of the subgraph: torch tensors in and out.
+
+    It compiles on its first call, from the tensors it is given. In an inference graph
+    (``frozen``) on the CPU, the parameters it reads are the program's weights (constant
+    parameters: their GEMM panels packed once, uniform ones written as literals, as ``tcc.onnx``
+    binds a model's initializers); a parameter changed since (its version counter, or another
+    tensor in its place) compiles the program again from the new values. A program tcc fails to
+    compile (an error of tcc's) leaves its subgraph to PyTorch, with a warning."""
+
+    def __init__(self, sub: torch.fx.GraphModule, device: torch.device, frozen: bool):
+        super().__init__()
+        self.sub = sub
+        self.device = device
+        # weights baked in where the backend packs constant parameters once (the CPU's GEMMs)
+        self.frozen = frozen and "constant_params" in backend_for(device.type).options
+        self.model: GraphModel | None = None
+        self.failed = False  # tcc could not compile it: the subgraph runs in PyTorch
+        self.weights: dict[int, tuple[torch.Tensor, int]] = {}  # argument position -> (parameter, its version)
+        self.single = True
+
+    def _build(self, args: Sequence[torch.Tensor]) -> None:
+        p = Program()
+        t = Lowering(p)
+        env: dict[torch.fx.Node, Any] = {}
+        inputs = []
+        self.weights = {n: (a, a._version) for n, a in enumerate(args) if self.frozen and
+                        isinstance(a, torch.nn.Parameter)}
+        placeholders = [node for node in self.sub.graph.nodes if node.op == "placeholder"]
+        for n, node in enumerate(placeholders):
+            val = node.meta["val"]
+            dtype = tcc_dtype(val.dtype)
+            if n in self.weights:
+                env[node] = p.constant(args[n].detach().numpy(), dtype, node.name)
+            else:
+                env[node] = p.add_input(node.name, static_shape(val.shape), dtype)
+                inputs.append(node.name)
+        for node in self.sub.graph.nodes:
+            if node.op == "call_function":
+                env[node] = lower_node(t, node, env)
+            elif node.op == "output":
+                results = node.args[0]
+                self.single = not isinstance(results, list | tuple)
+                results = [results] if self.single else list(results)
+                for n, r in enumerate(results):
+                    p.add_result(f"out{n}", env[r])
+        self.model = GraphModel(p, self.device.type, inputs,  # torch names its devices as tcc its targets
+                                [f"out{n}" for n in range(len(p.results))], {})
+        self.model.label = "tcc.torch"
+
+    def _stale(self, args: Sequence[torch.Tensor]) -> bool:
+        return any(args[n] is not w or w._version != version for n, (w, version) in self.weights.items())
+
+    def forward(self, *args: torch.Tensor) -> Any:
+        if self.failed:
+            return self.sub(*args)
+        if self.model is None or self.weights and self._stale(args):
+            try:
+                self._build(args)
+                self.model.compile()  # type: ignore[union-attr]
+            except TccError as exc:  # a program tcc cannot compile: the subgraph runs in PyTorch
+                self.failed = True
+                warnings.warn(f"tcc.torch: a program of {len(self.sub.graph.nodes)} nodes runs in PyTorch: "
+                              f"{str(exc).splitlines()[0]}", stacklevel=2)
+                return self.sub(*args)
+        weights = self.weights
+        got = self.model(*[a.detach().contiguous() for n, a in enumerate(args) if n not in weights])  # type: ignore
+        outs = [_to_torch(g, self.device) for g in (got if isinstance(got, tuple) else (got,))]
+        return outs[0] if self.single else tuple(outs)
+
+
+def _to_torch(x: Any, device: torch.device) -> torch.Tensor:
+    """A result as a torch tensor, without a copy: CPU results are NumPy arrays; CUDA ones torch
+    tensors (the inputs were) or ``tcc.cuda.Array`` (DLPack keeps it alive)."""
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, np.ndarray | np.generic):
+        return torch.from_numpy(np.asarray(x))
+    return torch.from_dlpack(x)
+
+
+# ---------------------------------------------------------------- the backend
+
+
+def _device(example_inputs: Sequence[Any]) -> torch.device:
+    devices = {a.device for a in example_inputs if isinstance(a, torch.Tensor)}
+    return next(iter(devices)) if len(devices) == 1 else torch.device("cpu")
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], inference: bool = False) -> Callable:
+    """One AOTAutograd graph (forward, backward, or ``inference``: a forward that records no
+    graph, whose parameters become constants) with its accepted calls in tcc programs (a boxed
+    callable, as AOTAutograd calls it)."""
+    refused = _trial(gm)
+    record = _RECORDS[-1] if _RECORDS else None
+    for node, why in refused.items():
+        if node.target is operator.getitem:
+            continue  # its call is listed
+        name = operator_name(node)
+        if record is not None:
+            record.eager[name] += 1
+            record.reasons.setdefault(name, why)
+        if name not in _WARNED and not is_registered(node.target):
+            _WARNED.add(name)
+            warnings.warn(f"tcc.torch: {name} runs in PyTorch ({why})", stacklevel=2)
+    partitioner = CapabilityBasedPartitioner(gm, _Accepted(refused), allows_single_node_partition=True)
+    fused = partitioner.fuse_partitions(partitioner.propose_partitions())
+    device = _device(example_inputs)
+    for node in list(fused.graph.nodes):
+        if node.op == "call_module" and node.target.startswith("fused_"):
+            sub = getattr(fused, node.target)
+            if record is not None:
+                record.partitions += 1
+                record.tcc.update(operator_name(n) for n in sub.graph.nodes if n.op == "call_function")
+            setattr(fused, node.target, _Program(sub, device, inference))
+    if record is not None:
+        record.graphs += 1
+    fused.recompile()
+    return make_boxed_func(fused.forward)
+
+
+_aot = aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph,
+                    inference_compiler=functools.partial(compile_graph, inference=True),
+                    decompositions=core_aten_decompositions())
+
+
+def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Callable:
+    """The ``torch.compile`` backend (``backend="tcc"`` once ``tcc.torch`` is imported, or
+    ``backend=tcc.torch.backend``). A graph Dynamo made with symbolic shapes is compiled again for
+    each set of shapes it is called with (:class:`_Specialised`)."""
+    if _symbolic(gm):
+        return _Specialised(gm, kwargs)
+    return _aot(gm, example_inputs, **kwargs)
+
+
+def _symbolic(gm: torch.fx.GraphModule) -> bool:
+    for node in gm.graph.nodes:
+        value = node.meta.get("example_value") if node.op == "placeholder" else None
+        if isinstance(value, torch.SymInt | torch.SymFloat) or isinstance(value, torch.Tensor) and \
+                not all(isinstance(d, int) for d in value.shape):
+            return True
+    return False
+
+
+class _Specialised:
+    """A graph with symbolic shapes, compiled by AOTAutograd and the engine for the shapes (and
+    integer values) of each call: tcc compiles for static shapes."""
+
+    def __init__(self, gm: torch.fx.GraphModule, kwargs: dict[str, Any]):
+        self.gm, self.kwargs = gm, kwargs
+        self.compiled: dict[tuple, Callable] = {}
+
+    def __call__(self, *args: Any) -> Any:
+        key = (torch.is_grad_enabled(), *((tuple(a.shape), a.dtype, a.requires_grad, a.device)
+                                           if isinstance(a, torch.Tensor) else a for a in args))
+        fn = self.compiled.get(key)
+        if fn is None:
+            fn = self.compiled[key] = _aot(self.gm, list(args), **self.kwargs)
+        return fn(*args)
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[Explanation]:
+    """What the backend compiles inside the block, operator by operator (forward and backward
+    graphs alike)."""
+    _RECORDS.append(Explanation())
+    try:
+        yield _RECORDS[-1]
+    finally:
+        _RECORDS.pop()
+
+
+def explain(model: Callable, *inputs: Any, **kw_inputs: Any) -> Explanation:
+    """Compile ``model`` with ``backend="tcc"``, run it once on ``inputs`` (forward only) and say
+    which operators ran in tcc and which in PyTorch; printing the result lists them."""
+    torch._dynamo.reset()
+    try:
+        with recording() as record, torch.no_grad():
+            torch.compile(model, backend=backend, dynamic=False)(*inputs, **kw_inputs)
+        return record
+    finally:
+        torch._dynamo.reset()
+
+
+def register() -> None:
+    """Make ``backend="tcc"`` name :func:`backend` in ``torch.compile``."""
+    if "tcc" not in torch._dynamo.list_backends(exclude_tags=()):
+        torch._dynamo.register_backend(name="tcc")(backend)
+
+
+register()

@@ -1,0 +1,326 @@
+"""Lowering of a :class:`~tcc.ir.te.Stream`: one loop nest that walks the stream axis in tiles.
+
+For every point of the rows but the last, and every tile of ``tile_rows`` values of the last
+(a block of queries), the nest keeps per row a running maximum and the running sums (locals),
+and for each tile of ``tile`` keys in order:
+
+    p[r, jj] = score                        (a tile of scores; past the last key: -inf)
+    new = max(run_max[r], max over jj of p[r, jj])
+    c = exp(run_max[r] - new);  p[r, jj] = exp(p[r, jj] - new)
+    run_sum[r, x] = run_sum[r, x] * c + sum over jj of p[r, jj] * weight
+    run_max[r] = new
+
+then stores the maxima and sums. A row whose scores are all ``-inf`` so far subtracts 0
+instead of ``-inf`` (``exp(-inf - -inf)`` is NaN): its exponentials are 0 and its sums stay 0
+until a finite score comes. The tile loop is sequential (each tile rescales what the earlier
+ones summed); with a ``limit`` it stops at the last tile holding a key below the block's
+largest limit, so a causal mask's upper triangle of tiles is never computed. The keys of one
+tile are read once per block of queries, which is what keeps them in cache.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+from tcc import dtypes
+from tcc.ir.expr import (
+    Binary,
+    Call,
+    Const,
+    Expr,
+    IterVar,
+    Load,
+    Read,
+    Reduce,
+    Select,
+    Var,
+    cast,
+    free_vars,
+    iadd,
+    imul,
+    substitute,
+    transform,
+    walk,
+)
+from tcc.ir.loopnest import map_exprs
+from tcc.ir.loops import SEQUENTIAL, Allocate, Buffer, For, If, Stmt, Store, seq
+from tcc.ir.te import OpTE, Stream
+
+I64 = dtypes.i64
+BOOL = dtypes.boolean
+STREAM = ("stream", True)  # the annotation of a stream's tile loop, which the CPU schedule looks for
+ROWS = ("rows", True)  # a loop over the rows of a block (or its groups): each row's work is what vectorises
+GROUP = ("group", True)  # a loop over a few rows whose sums the CPU keeps in registers (unrolled there)
+
+
+class ExprLowering(Protocol):
+    """What this needs of the statement lowering: expressions with their reductions' loops, and
+    names that clash with nothing."""
+
+    def expr(self, e: Expr, prelude: list[Stmt], allocs: list[Buffer]) -> Expr: ...
+
+    def fresh(self, base: str) -> str: ...
+
+
+def stream_nest(stream: Stream, op: OpTE, lw: ExprLowering) -> Stmt:
+    """The loop nest that computes every tensor of ``stream`` (see the module docstring)."""
+    return _Nest(stream, op, lw).build()
+
+
+def _const(e: Expr) -> int:
+    return int(e.value)  # type: ignore[attr-defined]
+
+
+class _Nest:
+    def __init__(self, stream: Stream, op: OpTE, lw: ExprLowering):
+        self.s, self.op, self.lw = stream, op, lw
+        self.rows = _const(stream.rows[-1].extent)
+        self.keys = _const(stream.axis.extent)
+        group = max(1, stream.group)
+        self.ti = max(1, min(stream.tile_rows, -(-self.rows // group) * group))
+        self.g = group if self.ti % group == 0 else 1  # rows whose sums stay in registers together
+        self.tj = max(1, min(stream.tile, self.keys))
+        self.q, self.j = stream.rows[-1].var.name, stream.axis.var.name
+        self.it, self.jt = self._var(f"{self.q}_o"), self._var(f"{self.j}_o")
+        self.ragged = self.keys % self.tj != 0
+        self.dtype = op.tensors[stream.maximum].dtype
+        self.run_max = self._local("run_max", self.dtype, (self.ti,))
+        self.rescale = self._local("rescale", self.dtype, (self.ti,))
+        self.p = self._local("p", stream.score.dtype, (self.ti, self.tj))
+        self.run = [self._local(f"run_{x.tensor}", op.tensors[x.tensor].dtype,
+                                (self.ti, *(_const(ax.extent) for ax in x.extra))) for x in stream.sums]
+
+    def _var(self, base: str) -> Var:
+        return Var(self.lw.fresh(base), I64)
+
+    def _local(self, base: str, dtype, shape: tuple[int, ...]) -> Buffer:
+        return Buffer(self.lw.fresh(base), dtype, shape, "local")
+
+    def _row(self, ii: Expr, clamp: bool = True) -> Expr:
+        """The row at position ``ii`` of the block; past the last row (a short last block), the last
+        one when ``clamp``: such rows are computed on real data and never stored."""
+        row = iadd(imul(self.it, self.ti), ii)
+        return Binary("min", row, Const(self.rows - 1, I64), I64) if clamp and self.rows % self.ti else row
+
+    def _key(self, jj: Expr) -> Expr:
+        """The key at position ``jj`` of the tile; past the last key, the last (its score masked)."""
+        key = iadd(imul(self.jt, self.tj), jj)
+        return Binary("min", key, Const(self.keys - 1, I64), I64) if self.ragged else key
+
+    def _valid(self, jj: Var) -> Expr | None:
+        return Binary("lt", iadd(imul(self.jt, self.tj), jj), Const(self.keys, I64), BOOL) if self.ragged else None
+
+    def _at(self, e: Expr, ii: Expr, jj: Expr) -> Expr:
+        """``e`` (in the stream's variables) at row ``ii`` of the block and key ``jj`` of the tile."""
+        return substitute(e, {self.q: self._row(ii), self.j: self._key(jj)})
+
+    def build(self) -> Stmt:
+        body: Stmt = seq(self._init(), self._tiles(), self._store())
+        for buf in reversed([self.run_max, self.rescale, self.p, *self.run]):
+            body = Allocate(buf, body)
+        body = For(self.it, Const(-(-self.rows // self.ti), I64), body)
+        return self._over(self.s.rows[:-1], body)  # (loops of their own: nothing is computed at them)
+
+    # ------------------------------------------------------------ loops
+
+    def _loop(self, base: str, extent: int, body, notes: tuple = ()) -> Stmt:
+        """``for v in 0..extent: body(v)`` with a variable of its own (schedules address loops by name)."""
+        v = self._var(base)
+        return For(v, Const(extent, I64), body(v), annotations=notes)
+
+    def _each_row(self, body) -> Stmt:
+        return self._loop(f"{self.q}_i", self.ti, body, (ROWS,))
+
+    def _each_group(self, body) -> Stmt:
+        """``body(first row, rows)`` for each group of ``g`` rows; ``rows(f)`` loops ``f(row)``
+        over the group (unrolled by the CPU schedule: its sums stay in registers)."""
+        def group(ig: Var) -> Stmt:
+            def rows(f) -> Stmt:
+                return self._loop(f"{self.q}_u", self.g, lambda ru: f(iadd(imul(ig, self.g), ru), ru), (GROUP,))
+            return body(rows)
+        return self._loop(f"{self.q}_g", self.ti // self.g, group, (ROWS,))
+
+    def _over(self, axes: tuple[IterVar, ...], body: Stmt) -> Stmt:
+        """``body`` in loops over ``axes``, each with a variable of its own."""
+        names = {ax.var.name: self._var(ax.var.name) for ax in axes}
+        body = map_exprs(body, lambda e: substitute(e, names))
+        for ax in reversed(axes):
+            body = For(names[ax.var.name], ax.extent, body)
+        return body
+
+    def _keys(self, base: str, body) -> Stmt:
+        return self._loop(f"{self.j}_{base}", self.tj, body)
+
+    # ------------------------------------------------------------ phases
+
+    def _init(self) -> Stmt:
+        def row(ii: Var) -> Stmt:
+            parts: list[Stmt] = [Store(self.run_max.name, (ii,), Const(-math.inf, self.dtype))]
+            for x, buf in zip(self.s.sums, self.run):
+                parts.append(self._over(x.extra, Store(buf.name, (ii, *(ax.var for ax in x.extra)),
+                                                       Const(0, buf.dtype))))
+            return seq(*parts)
+        return self._each_row(row)
+
+    def _tiles(self) -> Stmt:
+        count: Expr = Const(-(-self.keys // self.tj), I64)
+        if self.s.limit is not None:
+            last = Binary("min", iadd(imul(self.it, self.ti), self.ti - 1), Const(self.rows - 1, I64), I64)
+            limit = substitute(self.s.limit, {self.q: last})
+            needed = Binary("floordiv", iadd(limit, self.tj - 1), Const(self.tj, I64), I64)
+            count = Binary("min", count, Binary("max", needed, Const(0, I64), I64), I64)
+        tiles, copies, scores = self._scores()
+        weighted = [self._weighted(x, buf) for x, buf in zip(self.s.sums, self.run) if x.weight is not None]
+        body: Stmt = seq(*copies, scores, self._each_row(self._softmax), *weighted)
+        for buf in tiles:
+            body = Allocate(buf, body)
+        return For(self.jt, count, body, annotations=(SEQUENTIAL, STREAM))
+
+    def _softmax(self, ii: Var) -> Stmt:
+        """Row ``ii``: the tile's maximum, the rescale of what earlier tiles summed, the tile's
+        exponentials (in place of its scores), and the plain sums."""
+        d = self.dtype
+        mx, p = self.run_max.name, self.p.name
+        new, safe = (self._local(n, d, (1,)) for n in ("new_max", "safe_max"))
+        zero = (Const(0, I64),)
+        at_new, at_safe = Load(new.name, zero, d), Load(safe.name, zero, d)
+        tile_max = self._reduce("max", lambda jj: cast(Load(p, (ii, jj), self.p.dtype), d), d)
+        parts: list[Stmt] = [self._assign(new, Binary("max", Load(mx, (ii,), d), tile_max, d))]
+        minus_inf = Binary("eq", at_new, Const(-math.inf, d), BOOL)
+        parts.append(Store(safe.name, zero, Select(minus_inf, Const(0.0, d), at_new, d)))
+        parts.append(Store(self.rescale.name, (ii,), _exp(Binary("sub", Load(mx, (ii,), d), at_safe, d))))
+        parts.append(self._keys("e", lambda jj: Store(p, (ii, jj), _exp(
+            Binary("sub", Load(p, (ii, jj), self.p.dtype), cast(at_safe, self.p.dtype), self.p.dtype)))))
+        for x, buf in zip(self.s.sums, self.run):
+            if x.weight is None:
+                dt = buf.dtype
+                total = self._reduce("sum", lambda jj, dt=dt: cast(Load(p, (ii, jj), self.p.dtype), dt), dt)
+                kept = Binary("mul", Load(buf.name, (ii,), dt), cast(Load(self.rescale.name, (ii,), d), dt), dt)
+                parts.append(self._assign(buf, Binary("add", kept, total, dt), (ii,)))
+        parts.append(Store(mx, (ii,), at_new))
+        return Allocate(new, Allocate(safe, seq(*parts)))
+
+    def _weighted(self, x, buf: Buffer) -> Stmt:
+        """``run[r, extra] = run[r, extra] * rescale[r] + sum over the tile of p[r, jj] * weight``,
+        a group of rows at a time: their sums in a small buffer, each key's weights read once
+        for all of them."""
+        dt = buf.dtype
+        shape = tuple(_const(ax.extent) for ax in x.extra)
+        extra = tuple(ax.var for ax in x.extra)
+
+        def group(rows) -> Stmt:
+            acc = self._local(f"sum_{x.tensor}", dt, (self.g, *shape))
+            start = rows(lambda ii, ru: self._over(x.extra, Store(acc.name, (ru, *extra), Binary(
+                "mul", Load(buf.name, (ii, *extra), dt), cast(Load(self.rescale.name, (ii,), self.dtype), dt), dt))))
+
+            def add(jj: Var) -> Stmt:
+                def one(ii: Expr, ru: Var) -> Stmt:
+                    term = Binary("mul", cast(Load(self.p.name, (ii, jj), self.p.dtype), dt),
+                                  cast(self._at(x.weight, ii, jj), dt), dt)
+                    step = Binary("add", Load(acc.name, (ru, *extra), dt), term, dt)
+                    return self._over(x.extra, self._assign(acc, step, (ru, *extra)))
+                return rows(one)
+            back = rows(lambda ii, ru: self._over(x.extra, Store(buf.name, (ii, *extra),
+                                                                 Load(acc.name, (ru, *extra), dt))))
+            return Allocate(acc, seq(start, self._keys("v", add), back))
+        return self._each_group(group)
+
+    def _reduce(self, op: str, term, dtype) -> Reduce:
+        jj = self._var(f"{self.j}_r")
+        return Reduce(op, (IterVar(jj, Const(self.tj, I64)),), term(jj), dtype, dtype)
+
+    def _assign(self, buf: Buffer, e: Expr, at: tuple[Expr, ...] = (Const(0, I64),)) -> Stmt:
+        """``buf[at] = e``, with the loops of the reductions in ``e`` ahead of it."""
+        prelude: list[Stmt] = []
+        allocs: list[Buffer] = []
+        value = self.lw.expr(e, prelude, allocs)
+        body: Stmt = seq(*prelude, Store(buf.name, at, value))
+        for b in reversed(allocs):
+            body = Allocate(b, body)
+        return body
+
+    def _scores(self) -> tuple[list[Buffer], list[Stmt], Stmt]:
+        """The tile's scores, ``p[r, jj]``, ``-inf`` past the last key. Where the score is one sum
+        wrapped in elementwise work (``sum[d](Q * K) * scale``) and the stream stages keys, its
+        reads that follow the key but not the row (``K``) are first copied into a tile laid out
+        key-last, and each group of rows sums over ``d`` outside a loop over the tile's keys that
+        reads that copy at unit stride (a small matrix product). Else each score on its own."""
+        red = [n for n in walk(self.s.score) if isinstance(n, Reduce)]
+        plain = [], [], self._each_row(lambda ii: self._keys("s", lambda jj: self._score_store(self.s.score, ii, jj)))
+        if not (self.s.stage_keys and len(red) == 1 and red[0].op == "sum"
+                and not any(isinstance(n, Reduce) for n in walk(red[0].body))):
+            return plain
+        r = red[0]
+        own = {ax.var.name for ax in r.axes}
+        outer = {ax.var.name for ax in self.s.rows[:-1]} | set(self.op.scalars) | set(self.op.symbols)
+        staged = {id(n): n for n in walk(r.body) if isinstance(n, Read) and self.j in free_vars(n)
+                  and self.q not in free_vars(n) and free_vars(n) <= {self.j, *own, *outer}}
+        if not staged:
+            return plain
+        tiles = {k: self._local(f"{n.tensor}_tile", n.dtype, (*(_const(ax.extent) for ax in r.axes), self.tj))
+                 for k, n in staged.items()}
+        copies = [self._copy(n, tiles[k], r.axes) for k, n in staged.items()]
+        return list(tiles.values()), copies, self._product(r, {k: (tiles[k], n) for k, n in staged.items()})
+
+    def _copy(self, read: Read, tile: Buffer, axes: tuple[IterVar, ...]) -> Stmt:
+        """``tile[d, jj] = K[..., key(jj), d]``: the tile's keys, key-last."""
+        def copy(jj: Var) -> Stmt:
+            value = self.lw.expr(substitute(read, {self.j: self._key(jj)}), [], [])
+            return Store(tile.name, (*(ax.var for ax in axes), jj), value)
+        return self._over(axes, self._keys("c", copy))
+
+    def _product(self, r: Reduce, staged: dict) -> Stmt:
+        """For each group of rows: ``acc[ru, jj] += body`` with the sum's loops outside the
+        group's rows and the tile's keys, then each score from its sum."""
+        axes = tuple(ax.var for ax in r.axes)
+
+        def group(rows) -> Stmt:
+            acc = self._local("score_acc", r.acc_dtype, (self.g, self.tj))
+            init = rows(lambda ii, ru: self._keys("z", lambda jj: Store(acc.name, (ru, jj), Const(0, r.acc_dtype))))
+
+            def add(ii: Expr, ru: Var) -> Stmt:
+                def one(jj: Var) -> Stmt:
+                    body = transform(r.body, lambda n: None if id(n) not in staged else
+                                     Load(staged[id(n)][0].name, (*axes, jj), n.dtype))
+                    value = self.lw.expr(substitute(body, {self.q: self._row(ii), self.j: self._key(jj)}), [], [])
+                    return Store(acc.name, (ru, jj), Binary("add", Load(acc.name, (ru, jj), r.acc_dtype),
+                                                             cast(value, r.acc_dtype), r.acc_dtype))
+                return self._keys("k", one)
+            loops = self._over(r.axes, rows(add))
+
+            def final(ii: Expr, ru: Var) -> Stmt:
+                def one(jj: Var) -> Stmt:
+                    summed = cast(Load(acc.name, (ru, jj), r.acc_dtype), r.dtype)
+                    return self._score_store(transform(self.s.score, lambda n: summed if n is r else None), ii, jj)
+                return self._keys("w", one)
+            return Allocate(acc, seq(init, loops, rows(final)))
+        return self._each_group(group)
+
+    def _score_store(self, score: Expr, ii: Expr, jj: Var) -> Stmt:
+        """``p[ii, jj] = score`` at row ``ii`` and key ``jj``, ``-inf`` past the last key."""
+        value = self._at(score, ii, jj)
+        valid = self._valid(jj)
+        if valid is not None:
+            value = Select(valid, value, Const(-math.inf, value.dtype), value.dtype)
+        return self._assign(self.p, value, (ii, jj))
+
+    def _store(self) -> Stmt:
+        outer = tuple(ax.var for ax in self.s.rows[:-1])
+
+        def row(ii: Var) -> Stmt:
+            at = (*outer, self._row(ii, clamp=False))
+            parts: list[Stmt] = [Store(self.s.maximum, at, Load(self.run_max.name, (ii,), self.dtype))]
+            for x, buf in zip(self.s.sums, self.run):
+                extra = tuple(ax.var for ax in x.extra)
+                value = Load(buf.name, (ii, *extra), buf.dtype)
+                parts.append(self._over(x.extra, Store(x.tensor, (*at, *extra), value)))
+            body: Stmt = seq(*parts)
+            if self.rows % self.ti:
+                body = If(Binary("lt", self._row(ii, clamp=False), Const(self.rows, I64), BOOL), body)
+            return body
+        return self._each_row(row)
+
+
+def _exp(e: Expr) -> Expr:
+    return Call("exp", (e,), e.dtype)
