@@ -241,3 +241,14 @@ def test_cubic_resize_to_one_row_with_pytorch_half_pixel():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
     model.ir_version = 8
     _assert_ok(model, {"x": np.array([[1.5, -0.7, 2.0], [0.6, 1.1, -1.9]], np.float32)})
+
+
+def test_gather_by_computed_indices_of_a_gather_by_run_time_ones():
+    """The same hole as TopK's (fuzz seed 584) in Gather: an ArgMax's positions into a Gather's
+    view read the view's run-time indices at computed positions (a bounds error)."""
+    nodes = [helper.make_node("Gather", ["x", "idx"], ["g"]),
+             helper.make_node("ArgMax", ["s"], ["a"], keepdims=0, axis=1),
+             helper.make_node("Gather", ["g", "a"], ["y"])]
+    model = _model(nodes, [("x", F32, [7]), ("idx", TensorProto.INT64, [5]), ("s", F32, [3, 5])], [("y", F32, [3])])
+    s = np.array([[0.1, 0.9, 0.3, 0.2, 0.5], [0.7, 0.1, 0.2, 0.3, 0.4], [0.1, 0.2, 0.3, 0.4, 0.8]], np.float32)
+    _assert_ok(model, {"x": np.arange(7, dtype=np.float32), "idx": np.array([3, -1, 0, 6, 2]), "s": s})

@@ -192,3 +192,12 @@ def test_pow_by_a_known_exponent(rng, exponent):
     model = make_model([node], [("x", F32, [3, 33])], [("y", F32, [3, 33])], {"e": np.array(exponent, np.float32)})
     feeds = {"x": np.abs(rng.standard_normal([3, 33])).astype(np.float32) * 3}
     check_against_ort(model, rng, feeds=feeds, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("causal", [0, 1])
+def test_attention_without_a_mask_streams(rng, causal):
+    """Without a mask (causality keeps key 0 in every row) Attention is the language's plain
+    chain, which the compiler streams over the keys (a running max and sums): no score matrix."""
+    model = _attention_model(q_shape=[1, 2, 65, 16], kv_shape=[1, 2, 65, 16], is_causal=causal)
+    compiled = check_against_ort(model, rng, rtol=1e-4, atol=1e-5)
+    assert "stream over" in compiled.lower("fused")

@@ -135,7 +135,9 @@ def _with_past(p: Program, node: Node, past: Value | None, now: _Heads, name: st
         return select(j.lt(start), past.read([b, h, j, d]), now.read(b, h, j - start, d))
 
     length = now.length + (past.shape[2] if past is not None else 0)
-    value = p.emit(name, (now.value.shape[0], now.heads, length, now.size), now.value.dtype, read)
+    shape = (now.value.shape[0], now.heads, length, now.size)
+    value = p.emit(name, shape, now.value.dtype, read) if past is not None else \
+        now.value if now.value.rank == 4 else view(now.value, shape, read)  # no copy without a past
     return _Heads(value, now.heads, length, now.size)
 
 
@@ -207,28 +209,37 @@ def attention(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
             keys.read(b, h // group, j, var("k0")))) * float_literal(scale)
         return float_literal(softcap) * call("tanh", s / float_literal(softcap)) if softcap > 0 else s
 
-    qk = p.emit(name + "_qk", shape, wide, scores)
-    s = qk if bias is None else p.emit(name + "_scores", shape, wide, lambda idx: qk.read(idx) + bias(idx))
+    s = p.emit(name + "_scores", shape, wide, scores if bias is None else lambda idx: scores(idx) + bias(idx))
     rows = shape[:3]
     m = p.emit(name + "_max", rows, wide,
                lambda idx: reduction("max", [("k0", keys.length)], s.read([*idx, var("k0")])))
-    e = p.emit(name + "_exp", shape, wide, lambda idx: call("exp", s.read(idx) - select(
-        m.read(idx[:3]).eq(NEG_INF), num(0.0), m.read(idx[:3]))))
+    # a mask, unpadded lengths or a window may mask a whole row (whose result is 0); without them
+    # (causality keeps key 0) the chain is the plain one the compiler streams (a running max and sum)
+    guarded = any(a is not None for a in args[3:4] + args[6:7]) or \
+        node.attrs.get("left_window_size", -1) >= 0 or node.attrs.get("right_window_size", -1) >= 0
+    e = p.emit(name + "_exp", shape, wide, lambda idx: call("exp", s.read(idx) - (select(
+        m.read(idx[:3]).eq(NEG_INF), num(0.0), m.read(idx[:3])) if guarded else m.read(idx[:3]))))
     total = p.emit(name + "_sum", rows, wide,
                    lambda idx: reduction("sum", [("k0", keys.length)], e.read([*idx, var("k0")])))
-    masked = None if bias is None else p.emit(name + "_masked", rows, "bool", lambda idx: reduction(
+    masked = None if not guarded else p.emit(name + "_masked", rows, "bool", lambda idx: reduction(
         "max", [("k0", keys.length)], bias([*idx, var("k0")])).eq(NEG_INF))
 
     def probability(idx: list[Ex]) -> Ex:
+        if not guarded:
+            return e.read(idx) / total.read(idx[:3])
         value = e.read(idx) / select(total.read(idx[:3]).eq(0.0), num(1.0), total.read(idx[:3]))
-        return value if masked is None else select(masked.read(idx[:3]), num(0.0), value)
+        return select(masked.read(idx[:3]), num(0.0), value)
 
     out_shape = (batch, q.heads, q.length, values.size)
 
     def output(idx: list[Ex]) -> Ex:
         b, h, i, d = idx
-        y = reduction("sum", [("k0", keys.length)], probability([b, h, i, var("k0")]) * widen(
-            values.read(b, h // group, var("k0"), d)))
+        if guarded:
+            y = reduction("sum", [("k0", keys.length)], probability([b, h, i, var("k0")]) * widen(
+                values.read(b, h // group, var("k0"), d)))
+        else:
+            y = reduction("sum", [("k0", keys.length)], e.read([b, h, i, var("k0")]) * widen(
+                values.read(b, h // group, var("k0"), d))) / total.read([b, h, i])
         return y if q.value.dtype == wide else call(q.value.dtype, y)
 
     per_head = p.emit(name + "_heads", out_shape, q.value.dtype, output)
@@ -237,7 +248,7 @@ def attention(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
     results = [y, keys.value, values.value]
     if len(node.outputs) > 3 and node.outputs[3]:
         mode = node.attrs.get("qk_matmul_output_mode", 0)
-        chosen = {0: qk.read, 1: qk.read, 2: s.read, 3: probability}[mode]
+        chosen = {0: scores, 1: scores, 2: s.read, 3: probability}[mode]
         results.append(p.emit(node.outputs[3], shape, q.value.dtype,
                               lambda idx: chosen(idx) if q.value.dtype == wide else call(q.value.dtype, chosen(idx))))
     return results

@@ -41,6 +41,32 @@ def _checked_at_call(p: Program, indices: Value) -> bool:
     return indices.const is None
 
 
+def _indexes_by_data(x: Value) -> bool:
+    """Whether reading ``x`` reads some tensor at a position read from data (a Gather's view)."""
+    probe = x.read([var(f"i{d}") for d in range(x.rank)]).node
+    return any(isinstance(n, ast.Access) and any(isinstance(m, ast.Access) for i in n.indices for m in _nodes(i))
+               for n in _nodes(probe))
+
+
+def _nodes(root: ast.Node) -> list[ast.Node]:
+    found, stack = [], [root]
+    while stack:
+        node = stack.pop()
+        found.append(node)
+        stack += [v for v in vars(node).values() if isinstance(v, ast.Node)]
+        stack += [c for v in vars(node).values() if isinstance(v, list) for c in v if isinstance(c, ast.Node)]
+    return found
+
+
+def readable_at_computed(p: Program, x: Value, hint: str) -> Value:
+    """``x``, stored first when it is a view that indexes by data: read at positions the op
+    computes, its own data index would be read at those positions too, where the call's check
+    cannot see it (a bounds error)."""
+    if x.tensor is not None or x.const is not None or not _indexes_by_data(x):
+        return x
+    return p.tensor_value(p.materialize(x, hint), x.shape, x.dtype)
+
+
 def position(p: Program, node: Node, indices: Value, idx: Sequence[Ex], n: int, negative: bool = True) -> Ex:
     """Where an index read at ``idx`` points along an axis of size ``n`` (``negative``: values
     below 0 count from the end, else they are out of range)."""
@@ -78,6 +104,8 @@ def gather(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
             return [view(x, shape, affine)]
     if n == 0:
         raise node.error(f"Gather from an empty axis {axis}")
+    if not _checked_at_call(p, indices):
+        x = readable_at_computed(p, x, node.outputs[0] + "_data")
 
     def read(idx: Sequence[Ex]) -> Ex:
         return x.read([*idx[:axis], position(p, node, indices, idx[axis:axis + k], n), *idx[axis + k:]])
@@ -93,6 +121,8 @@ def gather_elements(p: Program, node: Node, args: list[Value | None]) -> list[Va
     n = x.shape[axis]
     if n == 0 and indices.size:
         raise node.error(f"GatherElements from an empty axis {axis}")
+    if not _checked_at_call(p, indices):
+        x = readable_at_computed(p, x, node.outputs[0] + "_data")
 
     def read(idx: Sequence[Ex]) -> Ex:
         return x.read([position(p, node, indices, idx, n) if d == axis else i for d, i in enumerate(idx)])
@@ -108,6 +138,8 @@ def gather_nd(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
         raise node.error(f"indices {list(indices.shape)} do not fit data {list(x.shape)} with batch_dims={b}")
     middle = indices.shape[b:-1]
     shape = (*x.shape[:b], *middle, *x.shape[b + q:])
+    if not _checked_at_call(p, indices):
+        x = readable_at_computed(p, x, node.outputs[0] + "_data")
 
     def read(idx: Sequence[Ex]) -> Ex:
         batch, inner, rest = idx[:b], idx[b:b + len(middle)], idx[b + len(middle):]

@@ -27,7 +27,7 @@ import numpy as np
 from tcc.frontend import ast
 from tcc.frontend.unparse import Ex, access, all_of, call, num, reduction, select, unparse, var
 from tcc.interop.graph import Node, Program, Value
-from tcc.interop.onnx_index import component, position
+from tcc.interop.onnx_index import component, position, readable_at_computed
 from tcc.interop.onnx_ops import cast_to, const_of, is_float, norm_axis
 
 COMBINE: dict[str, Callable[[Ex, Ex], Ex]] = {
@@ -241,8 +241,7 @@ def top_k(p: Program, node: Node, args: list[Value | None]) -> list[Value]:
     x = args[0]
     if x.dtype == "bool":
         raise node.error("TopK of bools is not supported", hint="Cast them first")
-    if x.tensor is None:  # read at computed positions: a view indexing by data must be stored first
-        x = p.tensor_value(p.materialize(x, node.outputs[0] + "_input"), x.shape, x.dtype)
+    x = readable_at_computed(p, x, node.outputs[0] + "_input")  # read at the positions it ranks
     k = int(node.attrs["k"]) if node.opset < 10 else int(const_of(node, args[1], "k").reshape(-1)[0])
     axis = norm_axis(node, node.attrs.get("axis", -1), x.rank)
     n = x.shape[axis]
