@@ -92,7 +92,7 @@ class _Lowering:
         computes = self.op.computes
         nests, i = [], 0
         while i < len(computes):
-            group = starts.get(computes[i].tensor)
+            group = starts.pop(computes[i].tensor, None)  # (once: a later += into it is no group's start)
             if group is None:
                 nests.append(self._statement(computes[i]))
                 i += 1
