@@ -386,3 +386,29 @@ def test_gradgradcheck_through_torch(rng, name, shapes):
 
     assert torch.autograd.gradcheck(call, xs)
     assert torch.autograd.gradgradcheck(call, xs)
+
+
+def test_an_addition_into_the_first_tensor_of_a_fusion_group(rng):
+    """``T`` shares a loop with ``U`` (a fusion group starting at ``T``), and later ``+=`` statements
+    add into ``T``: lowering took such a ``+=`` for the group's start again (grad fuzz seed 295, a
+    gradient op's copy of a tensor added into)."""
+    source = """
+op f(X: f64[N], W: f64[1]) -> T: f64[N] {
+    T[i] = sqrt(abs(X[i])) + 1.0
+    U: f64[N]
+    U[i] = X[i] * X[i] + X[(i + 1) % N] + X[(i + 2) % N]
+    S: f64[1]
+    S[z] = sum[k: 1](W[k] * 2.0)
+    T[v] += U[v] / (abs(S[0]) + 1.0)
+    Z: f64[N]
+    Z[i] = T[i] * U[i]
+    T[v] += Z[v]
+}
+"""
+    op = tcc.compile(source).f
+    X, W = rng.standard_normal(7), rng.standard_normal(1)
+    assert "group [T, U]" in op.lower(X, W, stage="fused")
+    got = run_poisoned(op, [X, W], {"N": 7}, {})[0]
+    U = X * X + np.roll(X, -1) + np.roll(X, -2)
+    T = np.sqrt(np.abs(X)) + 1.0 + U / (abs(2 * W[0]) + 1.0)
+    np.testing.assert_allclose(got, T + T * U, rtol=1e-12)

@@ -7,12 +7,17 @@ by :func:`tcc.ir.source.format_source`, so it runs through the frontend and the 
 like a hand-written op.
 
 1. **Normalise**: every reduction that is part of a larger expression becomes its own
-   intermediate, so a statement is either elementwise or one reduction.
+   intermediate, so a statement is either elementwise or one reduction; a tensor that ``+=``
+   adds into is first computed into a copy of its own (its derivatives read the values before the
+   additions).
 2. **Sweep** the statements backwards. A tensor's adjoint is complete once every later
    statement has been seen; it is the sum of what each read of it contributes. A read's
    contribution is the upstream adjoint times the partial derivative (:mod:`grad_expr`),
    gathered onto the read tensor's indices (:mod:`grad_index`): a sum over the index variables
-   the read leaves free, so no statement ever scatters.
+   the read leaves free; or, where that sum would be masked by an index no variable solves (a
+   data index, ``E[idx[n], d]``), added where it lands: ``dE[idx[n], d] += ...``. A ``+=``
+   statement's upstream is the adjoint read at its left-hand position; prefix reductions and
+   recurrences have adjoints that run backwards along their axis (:mod:`grad_scan`).
 3. **Keep** the forward statements the gradients read (they are recomputed), drop the rest.
 
 Reductions: ``sum`` passes the adjoint to each term; ``max``/``min`` pass it to the elements

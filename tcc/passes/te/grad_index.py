@@ -17,9 +17,11 @@ solved from the affine equations ``e_d(i, k) == a_d``:
   a diagonal) solves the same way but guards the sum with the solution's conditions and clamps
   the solved indices into range, so every read stays in bounds;
 - a dim that is not affine (``X[i * i % N]``, the clamped reads of a first gradient, which its
-  own gradient meets), or that could only be solved in terms of another window dim's solution
-  (``X[i + j, 2*i + j]``), is a guard ``index == a``: the sum runs over its variables (a mask,
-  correct for any index, at the cost of the product of the sizes). Divisions ``v // c`` and
+  own gradient meets, a data index ``E[idx[n], d]``), or that could only be solved in terms of
+  another window dim's solution (``X[i + j, 2*i + j]``), is a guard ``index == a``. Where the
+  guard leaves variables to sum over, :func:`gather` returns None and the caller scatters
+  (``dA[index] += value``: the forward's work, not the product of the sizes); where it leaves
+  none (``X[n, lab[n]]``, ``n`` solved by another dim) it is a compare in the gather. Divisions ``v // c`` and
   ``v % c`` are split first (``v := c*q + t``), so upsampling, pad views read at ``P[j // 3]`` and
   a derived data gradient's dilation read affinely.
 """

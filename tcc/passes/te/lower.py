@@ -94,7 +94,7 @@ class _Lowering:
         computes = self.op.computes
         nests, i = [], 0
         while i < len(computes):
-            group = starts.get(computes[i].tensor)
+            group = starts.pop(computes[i].tensor, None)  # (once: a later += into it is no group's start)
             stream = streams.get(computes[i].tensor)
             if stream is not None:  # its statements, one after the other, in one nest
                 nests.append(stream_nest(stream, self.op, self))
