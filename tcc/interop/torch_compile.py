@@ -40,17 +40,9 @@ from tcc.errors import TccError
 from tcc.interop.graph import Program
 from tcc.interop.graph_model import GraphModel
 from tcc.interop.torch import is_registered
-from tcc.interop.torch_aten import (
-    Lowering,
-    Unsupported,
-    lower_node,
-    operator_name,
-    static_shape,
-    supported,
-    tcc_dtype,
-)
+from tcc.interop.torch_aten import lower_node, operator_name, supported
+from tcc.interop.torch_lowering import Lowering, Unsupported, aten, static_shape, tcc_dtype
 
-aten = torch.ops.aten
 __all__ = ["Explanation", "backend", "compile_graph", "explain", "recording"]
 
 _WARNED: set[str] = set()  # operators already reported as left to PyTorch (once per process)
