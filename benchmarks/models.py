@@ -108,8 +108,8 @@ def bench(name: str, batch: int, args: argparse.Namespace) -> None:
         eager = copy.deepcopy(model).train(train)
         runs: dict[str, Callable] = {"eager": train_step(eager, x) if train else (lambda e=eager: e(x))}
         colds = []
+        torch._dynamo.reset()  # once per section: a reset between backends would recompile the first in the timed loop
         for backend in backends:
-            torch._dynamo.reset()
             with tempfile.TemporaryDirectory() as cache_dir:  # tcc cold: nothing cached
                 os.environ["TCC_CACHE_DIR"] = cache_dir
                 cache.MEMORY.clear()
@@ -138,6 +138,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
     warnings.simplefilter("ignore")  # the operators left to PyTorch are listed by tcc.torch.explain
+    torch._dynamo.config.cache_size_limit = 64  # each section compiles new copies of one model class
     if args.threads:
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:args.threads])
         torch.set_num_threads(args.threads)

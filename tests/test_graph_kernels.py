@@ -15,7 +15,9 @@ from test_onnx import _networks, check_against_ort, make_model  # noqa: E402
 
 import tcc  # noqa: E402
 from tcc import compiler  # noqa: E402
+from tcc.frontend.unparse import call, num, reduction, var  # noqa: E402
 from tcc.interop import graph_build, graph_kernels, graph_model  # noqa: E402
+from tcc.interop.graph import Program  # noqa: E402
 from tcc.runtime import cache  # noqa: E402
 
 F32 = TensorProto.FLOAT
@@ -107,3 +109,27 @@ def test_scalar_result_of_a_dot_product(rng):
     model = make_model([helper.make_node("MatMul", ["a", "b"], ["y"])], [("a", F32, [33]), ("b", F32, [33])],
                        [("y", F32, [])])
     check_against_ort(model, rng)
+
+
+def test_a_tensor_added_into_and_read_by_a_later_kernel(rng):
+    """A scatter-add target (two statements: its zero fill and the +=) that a matrix product in a
+    kernel of its own reads: the kernel computing it returns it once (it was named twice among
+    its results, a name error in the kernel's source)."""
+    n, d, e = 64, 128, 33
+    p = Program()
+    idx, v, w = p.add_input("idx", (n,), "i64"), p.add_input("v", (n, d), "f32"), p.add_input("w", (d, d), "f32")
+    grad = p.emit("g", (e, d), "f32", lambda ix: num(0.0))
+    p.accumulate(grad, (n, d), lambda ix: [call("min", call("max", idx.read(ix[:1]), 0), e - 1), ix[1]], v.read)
+    y = p.emit("y", (e, d), "f32", lambda ix: reduction("sum", [("k", d)], grad.read([ix[0], var("k")])
+                                                          * w.read([var("k"), ix[1]])))
+    p.add_result("a", grad)
+    p.add_result("b", y)
+    model = graph_model.GraphModel(p, "cpu", ["idx", "v", "w"], ["a", "b"], {})
+    assert len(model.kernels) > 1 and all(len(set(k.results)) == len(k.results) for k in model.kernels)
+    index = rng.integers(0, e, n)
+    values, weights = rng.standard_normal((n, d)).astype(np.float32), rng.standard_normal((d, d)).astype(np.float32)
+    expected = np.zeros((e, d))
+    np.add.at(expected, index, values.astype(np.float64))
+    got, product = model(index, values, weights)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(product, expected @ weights, rtol=1e-4, atol=1e-3)

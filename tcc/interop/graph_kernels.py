@@ -50,7 +50,7 @@ def split(program: Program, te: OpTE) -> list[Kernel]:
     index: dict[str, list[int]] = {}  # a tensor's statements: its definition (and scatter-adds into it)
     for n, s in enumerate(program.statements):
         index.setdefault(s.name, []).append(n)
-    parts = partition(te)
+    parts = [tuple(dict.fromkeys(part)) for part in partition(te)]  # a tensor added into has several statements
     kept = {name for part in parts for name in part}
     bodies = [_closure(program, index, part, kept) for part in parts]
     needed = {r[0] for r in program.results}

@@ -40,15 +40,8 @@ from tcc.errors import TccError
 from tcc.interop.graph import Program
 from tcc.interop.graph_model import GraphModel
 from tcc.interop.torch import is_registered
-from tcc.interop.torch_aten import (
-    Lowering,
-    Unsupported,
-    lower_node,
-    operator_name,
-    static_shape,
-    supported,
-    tcc_dtype,
-)
+from tcc.interop.torch_aten import lower_node, operator_name, supported
+from tcc.interop.torch_lowering import Lowering, Unsupported, aten, static_shape, tcc_dtype
 from tcc.runtime.backend import backend_for
 
 __all__ = ["Explanation", "backend", "compile_graph", "explain", "recording"]
@@ -157,7 +150,14 @@ class _Program(torch.nn.Module):
         self.model: GraphModel | None = None
         self.failed = False  # tcc could not compile it: the subgraph runs in PyTorch
         self.weights: dict[int, tuple[torch.Tensor, int]] = {}  # argument position -> (parameter, its version)
-        self.single = True
+        self.built = False
+        self.placeholders = [node for node in sub.graph.nodes if node.op == "placeholder"]
+        out = next(node for node in sub.graph.nodes if node.op == "output").args[0]
+        self.single = not isinstance(out, list | tuple)
+        self.results: list[torch.fx.Node] = [out] if self.single else list(out)
+        # what the program computes: each result once, less the views of inputs (a saved
+        # input, a transposed weight) that PyTorch makes without a copy
+        self.computed = list(dict.fromkeys(r for r in self.results if not _input_view(r)))
 
     def _build(self, args: Sequence[torch.Tensor]) -> None:
         p = Program()
@@ -166,8 +166,7 @@ class _Program(torch.nn.Module):
         inputs = []
         self.weights = {n: (a, a._version) for n, a in enumerate(args) if self.frozen and
                         isinstance(a, torch.nn.Parameter)}
-        placeholders = [node for node in self.sub.graph.nodes if node.op == "placeholder"]
-        for n, node in enumerate(placeholders):
+        for n, node in enumerate(self.placeholders):
             val = node.meta["val"]
             dtype = tcc_dtype(val.dtype)
             if n in self.weights:
@@ -178,15 +177,14 @@ class _Program(torch.nn.Module):
         for node in self.sub.graph.nodes:
             if node.op == "call_function":
                 env[node] = lower_node(t, node, env)
-            elif node.op == "output":
-                results = node.args[0]
-                self.single = not isinstance(results, list | tuple)
-                results = [results] if self.single else list(results)
-                for n, r in enumerate(results):
-                    p.add_result(f"out{n}", env[r])
-        self.model = GraphModel(p, self.device.type, inputs,  # torch names its devices as tcc its targets
-                                [f"out{n}" for n in range(len(p.results))], {})
-        self.model.label = "tcc.torch"
+        for n, r in enumerate(self.computed):
+            p.add_result(f"out{n}", env[r])
+        self.built = True
+        if self.computed:
+            self.model = GraphModel(p, self.device.type, inputs,  # torch names its devices as tcc its targets
+                                    [f"out{n}" for n in range(len(p.results))], {})
+            self.model.label = "tcc.torch"
+            self.model.compile()
 
     def _stale(self, args: Sequence[torch.Tensor]) -> bool:
         return any(args[n] is not w or w._version != version for n, (w, version) in self.weights.items())
@@ -194,19 +192,41 @@ class _Program(torch.nn.Module):
     def forward(self, *args: torch.Tensor) -> Any:
         if self.failed:
             return self.sub(*args)
-        if self.model is None or self.weights and self._stale(args):
+        if not self.built or self.weights and self._stale(args):
             try:
                 self._build(args)
-                self.model.compile()  # type: ignore[union-attr]
             except TccError as exc:  # a program tcc cannot compile: the subgraph runs in PyTorch
                 self.failed = True
                 warnings.warn(f"tcc.torch: a program of {len(self.sub.graph.nodes)} nodes runs in PyTorch: "
                               f"{str(exc).splitlines()[0]}", stacklevel=2)
                 return self.sub(*args)
         weights = self.weights
-        got = self.model(*[a.detach().contiguous() for n, a in enumerate(args) if n not in weights])  # type: ignore
-        outs = [_to_torch(g, self.device) for g in (got if isinstance(got, tuple) else (got,))]
+        got = self.model(*[a.detach().contiguous() for n, a in enumerate(args) if n not in weights]) \
+            if self.model is not None else ()
+        computed = dict(zip(self.computed, (_to_torch(g, self.device) for g in (got if isinstance(got, tuple)
+                                                                                 else (got,)))))
+        inputs = dict(zip(self.placeholders, args))
+        outs = [computed[r] if r in computed else _replay(r, inputs) for r in self.results]
         return outs[0] if self.single else tuple(outs)
+
+
+VIEWS = {aten.view.default, aten._unsafe_view.default, aten.permute.default, aten.t.default, aten.transpose.int,
+         aten.expand.default, aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default,
+         aten.alias.default, aten.slice.Tensor, aten.select.int}
+
+
+def _input_view(node: torch.fx.Node) -> bool:
+    """Whether ``node`` is an input of the subgraph or a chain of views of one."""
+    while node.op == "call_function" and node.target in VIEWS:
+        node = node.args[0]
+    return node.op == "placeholder"
+
+
+def _replay(node: torch.fx.Node, inputs: dict[torch.fx.Node, torch.Tensor]) -> torch.Tensor:
+    """The view of an input that ``node`` is, made by PyTorch."""
+    if node.op == "placeholder":
+        return inputs[node]
+    return node.target(_replay(node.args[0], inputs), *node.args[1:], **node.kwargs)  # type: ignore
 
 
 def _to_torch(x: Any, device: torch.device) -> torch.Tensor:
