@@ -45,7 +45,7 @@ from tcc.codegen_cpu.llvm_types import (
 from tcc.dtypes import DType
 from tcc.errors import TccCompileError
 from tcc.ir.expr import Binary, Cast, Const, Expr, Unary, Var, free_vars
-from tcc.ir.loopnest import flat_coeff, flat_terms
+from tcc.ir.loopnest import buffer_elements, flat_coeff, flat_terms
 from tcc.ir.loops import Buffer, LoopFunc, Stmt, Store
 from tcc.target import CpuTarget
 
@@ -223,10 +223,14 @@ class _FunctionBuilder(LoadEmitter, LoopEmitter, MathEmitter):
             return self._iadd(offset, ir.Constant(I64, flat.constant), NSW)
         offset, stride = None, 1
         for idx, dim in reversed(list(zip(indices, buf.shape))):
-            term = self._imul(self._scalar(idx), ir.Constant(I64, stride), NSW)
+            term = self._imul(self._scalar(idx), self._count(stride), NSW)
             offset = term if offset is None else self._iadd(offset, term, NSW)
-            stride *= dim
+            stride = buffer_elements((stride, dim))
         return offset if offset is not None else ir.Constant(I64, 0)
+
+    def _count(self, n: int | Expr) -> ir.Value:
+        """A size or stride: a constant, or computed from the dynamic shape symbols (kernel arguments)."""
+        return ir.Constant(I64, n) if isinstance(n, int) else self._scalar(n)
 
     def _scalar(self, e: Expr) -> ir.Value:
         saved, self.lane0 = self.lane0, True
@@ -242,8 +246,15 @@ class _FunctionBuilder(LoadEmitter, LoopEmitter, MathEmitter):
         """64-byte aligned heap memory (packed tiles are read with full-width vector loads)."""
         b = self.builder
         alloc = self._declare("aligned_alloc", ir.FunctionType(PTR, [I64, I64]))
-        size = max(64, -(-buf.size * buf.dtype.itemsize // 64) * 64)
-        ptr = b.call(alloc, [ir.Constant(I64, 64), ir.Constant(I64, size)], name=local_name(buf.name))
+        elements = buffer_elements(buf.shape)
+        if isinstance(elements, int):
+            size = ir.Constant(I64, max(64, -(-elements * buf.dtype.itemsize // 64) * 64))
+        else:  # rounded up to whole cache lines (aligned_alloc's rule), at least one
+            nbytes = b.mul(self._count(elements), ir.Constant(I64, buf.dtype.itemsize))
+            lines = b.udiv(b.add(nbytes, ir.Constant(I64, 63)), ir.Constant(I64, 64))
+            lines = b.select(b.icmp_unsigned("==", lines, ir.Constant(I64, 0)), ir.Constant(I64, 1), lines)
+            size = b.mul(lines, ir.Constant(I64, 64))
+        ptr = b.call(alloc, [ir.Constant(I64, 64), size], name=local_name(buf.name))
         failed = b.icmp_unsigned("==", ptr, ir.Constant(PTR, None))
         with b.if_then(failed, likely=False):
             self._fail()

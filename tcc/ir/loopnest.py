@@ -90,16 +90,40 @@ def flat_terms(indices: tuple[Expr, ...], shape: tuple[int, ...]) -> FlatOffset 
     ``j``: ``W * (E // W) + E % W == E`` holds for every integer ``E`` (floor semantics, W > 0).
     """
     terms: dict[Expr, int] = {}
-    stride = 1
+    stride: int | Expr = 1
     for idx, dim in reversed(list(zip(indices, shape))):
-        if not _add_terms(idx, stride, terms):
-            return None
-        stride *= dim
+        if isinstance(stride, int):
+            if not _add_terms(idx, stride, terms):
+                return None
+        else:  # past a dim of a dynamic shape symbol: ``idx * stride`` is one atom
+            if not idx.dtype.is_int:
+                return None
+            atom = Binary("mul", idx, stride, dtypes.i64)
+            terms[atom] = terms.get(atom, 0) + 1
+        stride = _times(stride, dim)
     recombined = False
     while _pair_divmod(terms):
         recombined = True
     constant = terms.pop(_UNIT, 0)
     return FlatOffset(MappingProxyType({atom: coef for atom, coef in terms.items() if coef}), constant, recombined)
+
+
+def _times(a: int | Expr, b: int | Expr) -> int | Expr:
+    """``a * b`` of dims: an integer, or an expression where a dynamic shape symbol's dim takes part."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a * b
+    if a == 1 or b == 1:
+        return b if a == 1 else a
+    return Binary("mul", Const(a, dtypes.i64) if isinstance(a, int) else a,
+                  Const(b, dtypes.i64) if isinstance(b, int) else b, dtypes.i64)
+
+
+def buffer_elements(shape: tuple[int | Expr, ...]) -> int | Expr:
+    """The elements of a buffer of ``shape``: an integer, or an expression of dynamic shape symbols."""
+    n: int | Expr = 1
+    for d in shape:
+        n = _times(n, d)
+    return n
 
 
 _UNIT = Const(1, dtypes.i64)  # the key under which _add_terms sums constants (a Const is never an atom)

@@ -29,16 +29,22 @@ class Buffer:
 
     name: str
     dtype: DType
-    shape: tuple[int, ...]
+    shape: tuple[int, ...]  # an expression of the dynamic shape symbols where a dim depends on them
     scope: str = "global"
     swizzle: int = 0
 
     @property
     def size(self) -> int:
+        """Elements; only for a buffer of constant dims (see :attr:`static`)."""
         n = 1
         for d in self.shape:
             n *= d
         return n
+
+    @property
+    def static(self) -> bool:
+        """Whether every dim is a constant (not a dynamic shape symbol's expression)."""
+        return all(isinstance(d, int) for d in self.shape)
 
 
 @dataclass(frozen=True)

@@ -31,5 +31,5 @@ def stream_results(func: LoopFunc, target: CpuTarget) -> LoopFunc:
         return func
     read = {ld.buffer for ld in loads(func.body)}
     streamed = tuple(p.name for p in func.params if isinstance(p, Buffer) and p.name not in read
-                     and p.size * p.dtype.itemsize >= stream_bytes(target))
+                     and p.static and p.size * p.dtype.itemsize >= stream_bytes(target))
     return replace(func, attrs={**func.attrs, "streamed": streamed}) if streamed else func

@@ -12,19 +12,22 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tcc.errors import Span, TccScheduleError
-from tcc.ir.expr import Const, Var, const, iadd, imul
+from tcc.ir.expr import Binary, Const, Expr, Var, const, free_vars, iadd, imul
 from tcc.ir.loopnest import const_extent, fresh, loop_names, on_loops, require_loop, subst
 from tcc.ir.loops import SEQUENTIAL, For, LoopFunc, Stmt, is_sequential, seq
 
 
 def split(func: LoopFunc, loop: str, factor: int, outer: str | None = None, inner: str | None = None,
           span: Span | None = None) -> LoopFunc:
-    """Split every loop named ``loop`` by ``factor`` into ``outer`` x ``inner``."""
+    """Split every loop named ``loop`` by ``factor`` into ``outer`` x ``inner``; a loop whose
+    extent is an expression of dynamic shape symbols too (:func:`split_dynamic`)."""
     loops = require_loop(func, loop, span)
     if not isinstance(factor, int) or factor < 1:
         raise TccScheduleError(f"split factor of {loop} must be a positive integer, got {factor!r}", span)
+    arguments = {p.name for p in func.params}
     for found in loops:
-        const_extent(found, span)
+        if not free_vars(found.extent) or not free_vars(found.extent) <= arguments:
+            const_extent(found, span)  # (an extent of the dynamic shape symbols, kernel arguments, splits too)
         if found.kind in ("vector", "unroll"):  # its lanes or copies are one unit: split it first
             raise TccScheduleError(f"loop {loop} is already marked {found.kind}; it cannot be split", span,
                                    f"split (or unroll by a factor) before the step that marks {loop} {found.kind}")
@@ -41,7 +44,9 @@ def split(func: LoopFunc, loop: str, factor: int, outer: str | None = None, inne
 
 
 def split_loop(s: For, factor: int, outer: str, inner: str) -> Stmt:
-    extent = int(s.extent.value)  # type: ignore[attr-defined]
+    if not isinstance(s.extent, Const):
+        return split_dynamic(s, factor, outer, inner)
+    extent = int(s.extent.value)
     o, i = Var(outer), Var(inner)
     order = (SEQUENTIAL,) if is_sequential(s) else ()  # both halves of a recurrence's loop run in order
     parts = []
@@ -56,3 +61,32 @@ def split_loop(s: For, factor: int, outer: str, inner: str) -> Stmt:
         parts.append(replace(s, var=o, extent=const(1), kind=kind,
                              body=For(i, const(rest), body, annotations=order, span=s.span)))
     return seq(*parts)
+
+
+def split_dynamic(s: For, factor: int, outer: str, inner: str) -> Stmt:
+    """Split a loop whose extent ``E`` is known only at the call: ``E // factor`` whole steps of
+    ``factor``, then a peeled scalar remainder of ``E % factor`` iterations. The remainder's loop
+    has its own name (``{inner}_tail``): a primitive that needs a constant extent (vectorize,
+    unroll) applies to the main part only. A multiple declared with ``dynamic=`` (the extent
+    ``factor * k``) leaves no remainder."""
+    o, i, t = Var(outer), Var(inner), Var(f"{inner}_tail")
+    order = (SEQUENTIAL,) if is_sequential(s) else ()
+    full, rest = _divide(s.extent, factor)
+    body = subst(s.body, {s.var.name: iadd(imul(o, factor), i)})
+    main = replace(s, var=o, extent=full, body=For(i, const(factor), body, annotations=order, span=s.span))
+    if rest is None:
+        return main
+    start = imul(full, factor)
+    tail = For(t, rest, subst(s.body, {s.var.name: iadd(start, t)}), annotations=order, span=s.span)
+    return seq(main, tail)
+
+
+def _divide(extent: Expr, factor: int) -> tuple[Expr, Expr | None]:
+    """``(extent // factor, extent % factor)``; no remainder where ``extent`` is a multiple of
+    ``factor`` by its form (``8 * k`` split by 2, 4 or 8)."""
+    if isinstance(extent, Binary) and extent.op == "mul":
+        for c, x in ((extent.a, extent.b), (extent.b, extent.a)):
+            if isinstance(c, Const) and int(c.value) % factor == 0:
+                return imul(x, int(c.value) // factor), None
+    i64 = extent.dtype
+    return Binary("floordiv", extent, const(factor), i64), Binary("mod", extent, const(factor), i64)

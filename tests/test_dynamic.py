@@ -1,0 +1,132 @@
+"""Shape-generic kernels: ``tcc.compile(..., dynamic=...)`` and the automatic policy.
+
+One compiled op called at sizes 1, 7, 33, 1000 and round ones matches the reference each time,
+builds one kernel, and a new process finds it in the disk cache for any size.
+"""
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import tcc
+from tcc.testing import assert_matches, reference_results
+
+SIZES = (1, 7, 33, 1000, 64)
+
+ELEMENTWISE = """
+op axpb(A: f32[S, N], B: f32[S, N]) -> C: f32[S, N] {
+    C[i, j] = A[i, j] * 2.0 + B[i, j]
+}
+"""
+
+
+def _check(op, args):
+    """Run ``op`` into a NaN-poisoned ``out=`` and compare with the reference."""
+    bindings = op.bind(args, {}).bindings
+    want = reference_results(op.te, list(args), bindings)
+    out = [np.full(w.shape, np.nan, w.dtype) for w in want]
+    op(*args, out=out[0] if len(out) == 1 else tuple(out))
+    for got, expected, name in zip(out, want, op.te.results):
+        assert_matches(got, expected, op.te.tensors[name].dtype, name)
+
+
+def _f32(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def test_elementwise_one_kernel_for_every_size(fresh_cache, rng):
+    op = tcc.compile(ELEMENTWISE, dynamic=("S", "N")).axpb
+    for n in SIZES:
+        _check(op, (_f32(rng, n, n + 2), _f32(rng, n, n + 2)))
+        got = op(_f32(rng, 3, n), _f32(rng, 3, n))  # and a plain call: results allocated at the call
+        assert got.shape == (3, n)
+    assert op.compiles == 1
+
+
+@pytest.mark.parametrize("name, args", [
+    ("softmax", lambda rng, n: (_f32(rng, n, n + 3),)),
+    ("layernorm", lambda rng, n: (_f32(rng, n, n + 1), _f32(rng, n + 1), _f32(rng, n + 1))),
+    ("matmul", lambda rng, n: (_f32(rng, n, n + 5), _f32(rng, n + 5, (n % 9) + 3))),
+])
+def test_rows_and_matmul(fresh_cache, rng, name, args):
+    op = tcc.compile(f"examples/{name}.tc", dynamic=True)[name]
+    for n in SIZES:
+        _check(op, args(rng, n))
+    assert op.compiles == 1
+
+
+def test_the_kernel_takes_the_symbols_as_arguments(fresh_cache):
+    op = tcc.compile(ELEMENTWISE, dynamic=("N",)).axpb
+    a = np.ones((4, 70), np.float32)
+    text = op.lower(a, a, stage="scheduled")
+    assert "N: i64" in text and "S: i64" not in text  # S stays specialised (4)
+    assert "N % 32" in text  # the vector loop's remainder, peeled
+
+
+def test_a_declared_multiple_drops_the_tail(fresh_cache, rng):
+    op = tcc.compile(ELEMENTWISE, dynamic={"N": 8}).axpb
+    a = np.ones((2, 16), np.float32)
+    assert "N % " not in op.lower(a, a, stage="scheduled")
+    for n in (8, 24, 1000, 4096):
+        _check(op, (_f32(rng, 5, n), _f32(rng, 5, n)))
+    with pytest.raises(tcc.TccError, match="N of axpb is 12, not a multiple of 8"):
+        op(np.ones((2, 12), np.float32), np.ones((2, 12), np.float32))
+    assert op.compiles == 1
+
+
+def test_automatic_policy_third_value_compiles_nothing(fresh_cache, rng):
+    op = tcc.compile("examples/softmax.tc").softmax
+    for n in (5, 6, 7, 300, 1):
+        _check(op, (_f32(rng, n, 11),))
+    assert op.compiles == 2  # N=5 specialised, then one kernel for every N
+
+
+def test_dynamic_false_specialises_every_size(fresh_cache, rng):
+    op = tcc.compile(ELEMENTWISE, dynamic=False).axpb
+    for n in (1, 2, 3):
+        _check(op, (_f32(rng, n, 4), _f32(rng, n, 4)))
+    assert op.compiles == 3
+
+
+def test_out_of_range_values_are_refused_with_the_symbol(fresh_cache):
+    src = """
+    op shift(X: f32[N], K: f32[M]) -> Y: f32[M] {
+        Y[i] = X[i + 2]
+    }
+    """
+    op = tcc.compile(src, dynamic=("N", "M")).shift
+    y = op(np.arange(10, dtype=np.float32), np.zeros(8, np.float32))
+    np.testing.assert_array_equal(y, np.arange(2, 10, dtype=np.float32))
+    with pytest.raises(tcc.TccError, match=r"M=9, N=10 \(dynamic\).*X"):
+        op(np.arange(10, dtype=np.float32), np.zeros(9, np.float32))
+
+
+def test_bad_dynamic_arguments():
+    with pytest.raises(tcc.TccError, match="dynamic= names Q"):
+        tcc.compile(ELEMENTWISE, dynamic=("Q",))
+    with pytest.raises(tcc.TccError, match="positive integer"):
+        tcc.compile(ELEMENTWISE, dynamic={"N": 0})
+    with pytest.raises(tcc.TccError, match="dynamic= must be"):
+        tcc.compile(ELEMENTWISE, dynamic=3)
+
+
+def test_cuda_refuses_dynamic():
+    with pytest.raises(tcc.TccError, match="dynamic= is for target='cpu'"):
+        tcc.compile(ELEMENTWISE, target="cuda", dynamic=True)
+
+
+def test_a_new_process_finds_the_kernel_for_any_size(fresh_cache):
+    script = textwrap.dedent(f"""
+        import sys, numpy as np, tcc
+        op = tcc.compile({ELEMENTWISE!r}, dynamic=True).axpb
+        n = int(sys.argv[1])
+        a = np.arange(3 * n, dtype=np.float32).reshape(3, n)
+        assert np.array_equal(op(a, a), a * 3)
+        print(op.compiles, op.loads)
+    """)
+    runs = [subprocess.run([sys.executable, "-c", script, str(n)], capture_output=True, text=True, check=True)
+            for n in (5, 77)]
+    assert [r.stdout.split() for r in runs] == [["1", "0"], ["0", "1"]]
