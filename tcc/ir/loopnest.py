@@ -224,6 +224,14 @@ def require_loop(func: LoopFunc, name: str, span: Span | None = None) -> list[Fo
     return found
 
 
+def dynamic_remainder(func: LoopFunc, loop: For) -> bool:
+    """Whether ``loop``'s extent is an expression of the function's arguments alone (dynamic
+    shape symbols: a split's remainder ``N % 32``), which no primitive needing a constant extent
+    can take: vectorize and unroll leave such a copy a plain loop."""
+    names = free_vars(loop.extent)
+    return bool(names) and names <= {p.name for p in func.params}
+
+
 def const_extent(loop: For, span: Span | None = None) -> int:
     if not isinstance(loop.extent, Const):
         raise TccScheduleError(f"loop {loop.var.name} has no constant extent", span)

@@ -32,6 +32,7 @@ from tcc.passes.loops.vectorize import vectorize
 from tcc.passes.trace import SILENT, Trace
 from tcc.target import CpuTarget
 
+DYNAMIC_EXTENT = 1024  # what the tiles assume of an extent the dynamic shape symbols give (tails take the rest)
 PARALLEL_MIN_WORK = 1 << 15  # iterations below which a fork costs more than it saves
 PACK_A_ONCE_BYTES = 32 << 20
 A_COPY_COST = 3
@@ -143,8 +144,9 @@ class GemmNest:
     itemsize: int  # of A's elements
     a: str
     b: str  # the operands
-    extents: dict[str, int]  # of every loop of the nest
+    extents: dict[str, int]  # of every loop of the nest (a dynamic one's: DYNAMIC_EXTENT)
     outer: tuple[str, ...] = field(default=())  # the group loops around the nest
+    dynamic: frozenset[str] = frozenset()  # the loops whose extents the dynamic shape symbols give
 
 
 def contractions(func: LoopFunc) -> dict[str, GemmNest]:
@@ -231,7 +233,8 @@ def _contraction(nest: Stmt) -> dict | None:
     if not (rloops and isinstance(r, Store) and r.buffer == s.buffer.name and isinstance(final, Store)) \
             or final.accumulate:  # (a += of a contraction: its positions may repeat, not a GEMM's tiles)
         return None
-    if any(not isinstance(f.extent, Const) for f in axes + rloops):  # a triangle (sum[j: i + 1]) is no GEMM
+    indices = {f.var.name for f in axes + rloops}
+    if any(free_vars(f.extent) & indices for f in axes + rloops):  # a triangle (sum[j: i + 1]) is no GEMM
         return None
     value = r.value
     if not (isinstance(value, Binary) and value.op == "add" and isinstance(value.b, Binary) and value.b.op == "mul"):
@@ -250,7 +253,7 @@ def _contraction(nest: Stmt) -> dict | None:
         or [f for f in axes[:-1] if int(getattr(f.extent, "value", 0)) == 1 and f.var.name not in b_vars]
     if not i_axes:  # (a unit row loop that A does not index, a classifier at batch 1: a GEMM of one row)
         return None
-    ext = {f.var.name: int(f.extent.value) for f in axes + rloops}  # type: ignore[attr-defined]
+    ext = {f.var.name: int(f.extent.value) if isinstance(f.extent, Const) else DYNAMIC_EXTENT for f in axes + rloops}
     k = 1
     for f in rloops:
         k *= ext[f.var.name]
@@ -260,7 +263,8 @@ def _contraction(nest: Stmt) -> dict | None:
         total *= ext[f.var.name]
     return GemmNest(final.buffer, i_axes[-1].var.name, j, [f.var.name for f in rloops],
                     [f.var.name for f in axes if f.var.name not in (i_axes[-1].var.name, j)],
-                    m, n, k, 2 * total * k, a.dtype.itemsize, a.buffer, b.buffer, ext)
+                    m, n, k, 2 * total * k, a.dtype.itemsize, a.buffer, b.buffer, ext,
+                    dynamic=frozenset(f.var.name for f in axes + rloops if not isinstance(f.extent, Const)))
 
 
 def _moves_with(b: Load, j: str) -> bool:

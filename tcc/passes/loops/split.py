@@ -65,11 +65,11 @@ def split_loop(s: For, factor: int, outer: str, inner: str) -> Stmt:
 
 def split_dynamic(s: For, factor: int, outer: str, inner: str) -> Stmt:
     """Split a loop whose extent ``E`` is known only at the call: ``E // factor`` whole steps of
-    ``factor``, then a peeled scalar remainder of ``E % factor`` iterations. The remainder's loop
-    has its own name (``{inner}_tail``): a primitive that needs a constant extent (vectorize,
-    unroll) applies to the main part only. A multiple declared with ``dynamic=`` (the extent
-    ``factor * k``) leaves no remainder."""
-    o, i, t = Var(outer), Var(inner), Var(f"{inner}_tail")
+    ``factor``, then a peeled remainder of ``E % factor`` iterations, with the names of the main
+    part as a constant tail has (later primitives tile it alike). Its inner extent is not a
+    constant: vectorize and unroll leave that copy a plain loop. A multiple declared with
+    ``dynamic=`` (the extent ``factor * k``) leaves no remainder."""
+    o, i = Var(outer), Var(inner)
     order = (SEQUENTIAL,) if is_sequential(s) else ()
     full, rest = _divide(s.extent, factor)
     body = subst(s.body, {s.var.name: iadd(imul(o, factor), i)})
@@ -77,7 +77,9 @@ def split_dynamic(s: For, factor: int, outer: str, inner: str) -> Stmt:
     if rest is None:
         return main
     start = imul(full, factor)
-    tail = For(t, rest, subst(s.body, {s.var.name: iadd(start, t)}), annotations=order, span=s.span)
+    kind = "serial" if s.kind == "parallel" else s.kind
+    tail = replace(s, var=o, extent=const(1), kind=kind,
+                   body=For(i, rest, subst(s.body, {s.var.name: iadd(start, i)}), annotations=order, span=s.span))
     return seq(main, tail)
 
 
