@@ -1,11 +1,11 @@
 """Shape-generic kernels against specialised ones, and what a sequence of lengths costs to compile.
 
 Part 1: for each workload and each size along its dynamic axis ``S``, the kernel compiled with
-every shape symbol dynamic (``dynamic=True``, one kernel for all sizes) and the one specialised
-for that size (``dynamic=False``) run alternately on the same inputs; the ratio is the
-specialised kernel's median time over the dynamic one's (its throughput relative to the
-specialised kernel: 1.0 is as fast, the target is >= 0.9), in thread CPU time with one thread
-(``OMP_NUM_THREADS=1`` unless set).
+its shape symbols dynamic (``dynamic=True``, or the symbols a case names: one kernel for all
+sizes) and the one specialised for that size (``dynamic=False``) run alternately on the same
+inputs; the ratio is the specialised kernel's median time over the dynamic one's (its
+throughput relative to the specialised kernel: 1.0 is as fast, the target is >= 0.9), in
+thread CPU time with one thread (``OMP_NUM_THREADS=1`` unless set).
 
 Part 2: 20 calls of softmax at 20 distinct sequence lengths, from an empty disk cache, with
 ``dynamic=False``, ``dynamic=True`` and the automatic policy: kernels compiled and seconds spent
@@ -35,12 +35,15 @@ import tcc  # noqa: E402
 from tcc.runtime import cache  # noqa: E402
 
 AXPB = "op axpb(A: f32[S, N], B: f32[S, N]) -> C: f32[S, N] { C[i, j] = A[i, j] * 2.0 + B[i, j] }"
-CASES = {  # name: (source, op, shapes of the inputs as functions of S)
-    "elementwise": (AXPB, "axpb", lambda s: [(s, 1024), (s, 1024)]),
-    "softmax": ((ROOT / "examples/softmax.tc").read_text(), "softmax", lambda s: [(s, 1000)]),
-    "softmax_row": ((ROOT / "examples/softmax.tc").read_text(), "softmax", lambda s: [(64, s)]),
-    "layernorm": ((ROOT / "examples/layernorm.tc").read_text(), "layernorm", lambda s: [(s, 768), (768,), (768,)]),
-    "matmul": ((ROOT / "examples/matmul.tc").read_text(), "matmul", lambda s: [(s, 512), (512, 512)]),
+SOFTMAX, LAYERNORM = ((ROOT / f"examples/{n}.tc").read_text() for n in ("softmax", "layernorm"))
+MATMUL = (ROOT / "examples/matmul.tc").read_text()
+CASES = {  # name: (source, op, shapes of the inputs as functions of S, dynamic=)
+    "elementwise": (AXPB, "axpb", lambda s: [(s, 1024), (s, 1024)], True),
+    "softmax": (SOFTMAX, "softmax", lambda s: [(s, 1000)], True),
+    "softmax_row": (SOFTMAX, "softmax", lambda s: [(64, s)], True),
+    "layernorm": (LAYERNORM, "layernorm", lambda s: [(s, 768), (768,), (768,)], True),
+    "matmul_M": (MATMUL, "matmul", lambda s: [(s, 512), (512, 512)], ("M",)),  # tokens x weights
+    "matmul": (MATMUL, "matmul", lambda s: [(s, 512), (512, 512)], True),  # M, K and N all dynamic
 }
 
 
@@ -53,8 +56,8 @@ def _time(fn, args, calls: int) -> float:
 
 
 def compare(case: str, sizes: list[int], rounds: int) -> None:
-    src, name, shapes = CASES[case]
-    dynamic = tcc.compile(src, dynamic=True)[name]
+    src, name, shapes, symbols = CASES[case]
+    dynamic = tcc.compile(src, dynamic=symbols)[name]
     rng = np.random.default_rng(0)
     for s in sizes:
         static = tcc.compile(src, dynamic=False)[name]

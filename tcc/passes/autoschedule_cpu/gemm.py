@@ -14,11 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from tcc.errors import TccScheduleError
-from tcc.ir.expr import Binary, Cast, Const, Expr, Load, Var, free_vars
-from tcc.ir.loopnest import fresh, linear_coeff, loop_names, subst
+from tcc.ir.expr import Binary, Cast, Const, Expr, Load, Var, const, free_vars
+from tcc.ir.loopnest import fresh, linear_coeff, loop_names, on_loops, subst
 from tcc.ir.loops import Allocate, For, LoopFunc, Seq, Stmt, Store, map_stmt, walk_stmts
 from tcc.passes.autoschedule_cpu.epilogue import store_epilogue
 from tcc.passes.autoschedule_cpu.pixels import merge_pixels
+from tcc.passes.autoschedule_cpu.remainders import pad_remainders
 from tcc.passes.autoschedule_cpu.tile_init import init_in_first_block, init_in_registers
 from tcc.passes.loops.cache import cache
 from tcc.passes.loops.fuse import fuse
@@ -297,8 +298,10 @@ def schedule_gemm(func: LoopFunc, tensor: str, info: GemmNest, p: dict[str, int]
     group = _group_parallel(func, info.outer, nthreads)
     if group is not None or _inside_parallel(func, info.outer):
         nthreads = 1  # one fork per call: the group loop's iterations (images) go to the threads
-    batch_parallel = [b for b in info.batch if info.extents[b] >= nthreads > 1]
+    batch_parallel = [b for b in info.batch if info.extents[b] >= nthreads > 1 and b not in info.dynamic]
     axis = None if batch_parallel or nthreads == 1 else _parallel_axis(m, n, mr, nr, nthreads)
+    if axis is not None and {i, j} & info.dynamic:  # no share per thread of a size known at the call:
+        axis = "ir" if i in info.dynamic else "jr"  # the threads take register tiles of each cache block
     per_m = -(-m // nthreads) if axis == "ip" else m
     per_n = -(-n // nthreads) if axis == "jp" else n
     lanes = target.vector_bytes // info.itemsize
@@ -306,9 +309,14 @@ def schedule_gemm(func: LoopFunc, tensor: str, info: GemmNest, p: dict[str, int]
         nr = column_tile(per_n, nr, lanes)
     mc = even_block(per_m, mr, max(mr, min(mc, per_m) // mr * mr))
     nc = even_block(per_n, nr, max(nr, min(nc, per_n) // nr * nr))
+    unsplit = {x for x, loop in (("ip", i), ("jp", j)) if loop in info.dynamic}
     for loop, factor, outer, inner in ((i, per_m, "ip", "i1"), (t["i1"], mc, "io", "i2"), (t["i2"], mr, "ir", "ii"),
                                        (j, per_n, "jp", "j0"), (t["j0"], nc, "jo", "j1"), (t["j1"], nr, "jr", "jj"),
                                        (k, kc, "ko", "kk")):
+        if outer in unsplit:  # one remainder fewer (each is a copy of the nest): one share, of all of it
+            func = on_loops(func, loop, lambda s, o=t[outer], n=t[inner]: For(
+                Var(o), const(1), replace(s, var=Var(n), body=subst(s.body, {s.var.name: Var(n)})), span=s.span))
+            continue
         func = trace(f"split {loop} by {factor} -> {t[outer]}, {t[inner]}",
                      split(func, loop, factor, t[outer], t[inner]))
     # ir outside jr: one mr x kc micro-panel of A stays in L1 while the kc x nr micro-panels of B
@@ -337,6 +345,8 @@ def schedule_gemm(func: LoopFunc, tensor: str, info: GemmNest, p: dict[str, int]
     func, rows = column_rows(func, t["ii"], t["jj"])
     if rows is not None:
         func = trace(f"vectorize {rows} (one-column tiles: their rows are the lanes)", vectorize(func, rows))
+    if i in info.dynamic:
+        func = trace(f"pad remainders of {t['ii']} to {mr} rows", pad_remainders(func, t["ii"], mr))
     names = loop_names(func.body)
     if t["ii"] in names:
         func = trace(f"unroll {t['ii']}", unroll(func, t["ii"]))

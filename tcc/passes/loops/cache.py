@@ -275,11 +275,12 @@ def _cache_at(loop: For, st: _State, gpu: _Gpu) -> tuple[For, list[Buffer]]:
 
 def _tile_extent(f: For, st: _State) -> int | Expr:
     """A dim of a cached tile: the loop's extent; for the remainder of a split of a dynamic
-    extent (``N % 32``) the most it can be (31), so the tile keeps a constant size; an expression
-    of the dynamic shape symbols where it has no such bound (the tile then lives on the heap)."""
+    extent (``N % 32``) the split's factor (32; the CPU GEMM may run a remainder of rows as a
+    whole tile), so the tile keeps a constant size; an expression of the dynamic shape symbols
+    where it has no such bound (the tile then lives on the heap)."""
     e = f.extent
-    if isinstance(e, Binary) and e.op == "mod" and isinstance(e.b, Const) and not free_vars(e.b):
-        return max(1, int(e.b.value) - 1)
+    if isinstance(e, Binary) and e.op == "mod" and isinstance(e.b, Const):
+        return int(e.b.value)
     if not isinstance(e, Const) and dynamic_remainder(st.func, f):
         return e
     return const_extent(f, st.span)
