@@ -130,3 +130,16 @@ def test_a_new_process_finds_the_kernel_for_any_size(fresh_cache):
     runs = [subprocess.run([sys.executable, "-c", script, str(n)], capture_output=True, text=True, check=True)
             for n in (5, 77)]
     assert [r.stdout.split() for r in runs] == [["1", "0"], ["0", "1"]]
+
+
+@pytest.mark.parametrize("symbols", [("N",), ("N", "H", "W")])
+def test_conv_batch_and_image_sizes(fresh_cache, rng, symbols):
+    op = tcc.compile("examples/conv2d.tc", dynamic=symbols).conv2d
+    for n, hw in ((1, 9), (3, 9), (2, 9), (7, 5) if len(symbols) > 1 else (7, 9)):
+        args = (_f32(rng, n, 8, hw, hw), _f32(rng, 16, 8, 3, 3), _f32(rng, 16))
+        bindings = op.bind(args, {"P": 1}).bindings
+        want = reference_results(op.te, list(args), bindings)[0]
+        out = np.full(want.shape, np.nan, np.float32)
+        op(*args, out=out, P=1)
+        assert_matches(out, want, op.te.tensors["Y"].dtype)
+    assert op.compiles == 1

@@ -32,9 +32,10 @@ from dataclasses import dataclass, field, replace
 
 from tcc import dtypes
 from tcc.errors import TccScheduleError
-from tcc.ir.expr import Binary, Cast, Const, Expr, IterVar, Read, Reduce, Var, substitute, transform, walk
+from tcc.ir.expr import Binary, Cast, Const, Expr, IterVar, Read, Reduce, Var, free_vars, substitute, transform, walk
 from tcc.ir.loopnest import linear_coeff
 from tcc.ir.te import Compute, OpTE, Tensor
+from tcc.passes.te.specialize import size_hint
 
 MAX_PATCH_BYTES = 32 * 1024 * 1024
 ROW_BLOCK_FROM = 2 * 1024 * 1024  # strided patches of one batch element above this are blocked by rows
@@ -129,6 +130,8 @@ def _plan(window: Read, other: Read, r: Reduce, c: Compute, mode: str) -> _Plan:
         plan.why = f"one batch element's patches would take {per_outer / 2**20:.1f} MiB (> {MAX_PATCH_BYTES >> 20} MiB)"
     elif mode == "auto" and plan.partial and partials > MAX_PATCH_BYTES:
         plan.why = f"the partial sums over {plan.partial[0].var.name} would take {partials / 2**20:.1f} MiB"
+    elif any(not isinstance(ax.extent, Const) for ax in plan.spatial + plan.reduce + plan.weights + plan.partial):
+        plan.why = "a window, channel or pixel extent is a dynamic shape symbol: the patches need constant shapes"
     elif any(ax.var.name not in {x.var.name for x in plan.outer + plan.spatial + plan.weights} for ax in c.axes):
         plan.why = "an output index is used by neither operand alone"
     else:
@@ -290,9 +293,10 @@ def _flatten(parts: list[tuple[Expr, int]]) -> Expr:
 
 
 def _size(axes: list[IterVar]) -> int:
+    """Elements of the axes' box; a dynamic shape symbol's extent counted as the cost models' hint."""
     n = 1
     for ax in axes:
-        n *= int(ax.extent.value)  # type: ignore[attr-defined]
+        n *= size_hint(ax.extent, frozenset(free_vars(ax.extent))) or 1
     return n
 
 
