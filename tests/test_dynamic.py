@@ -143,3 +143,34 @@ def test_conv_batch_and_image_sizes(fresh_cache, rng, symbols):
         op(*args, out=out, P=1)
         assert_matches(out, want, op.te.tensors["Y"].dtype)
     assert op.compiles == 1
+
+
+SHIFT_SELECT = """
+op prev(X: f32[N]) -> Y: f32[N] {
+    Y[i] = select(i > 0, X[i - 1], 0.0)
+}
+"""
+GATHER = """
+op lookup(E: f32[V, D], idx: i64[T]) -> Y: f32[T, D] {
+    Y[t, d] = E[idx[t], d]
+}
+"""
+
+
+@pytest.mark.parametrize("src", [SHIFT_SELECT, GATHER])
+def test_reads_that_need_a_check_refuse_dynamic_and_the_automatic_policy_specialises(fresh_cache, rng, src):
+    """A read clamped under a select, or an index read from data, has no dynamic kernel: dynamic=
+    says so, and the automatic policy keeps specialising (still correct at every size)."""
+    def args(n):
+        if "lookup" in src:
+            return (_f32(rng, 10, 4), rng.integers(0, 10, n))
+        return (_f32(rng, n),)
+
+    explicit = tcc.compile(src, dynamic=True)
+    op = next(iter(explicit))
+    with pytest.raises(tcc.TccError, match="dynamic=False"):
+        op(*args(5))
+    automatic = next(iter(tcc.compile(src)))
+    for n in (3, 4, 9):
+        _check(automatic, args(n))
+    assert automatic.compiles == 3

@@ -272,9 +272,12 @@ def is_seq_of_copies(s: Stmt) -> bool:
     """The main part and the tail of a split: two loops of one name, the tail running once, both
     storing to the same tensors. (Two statements whose loops got one name from one split, such
     as a cached copy and the nest that reads it, are not copies: permuting them as one nest
-    would reorder them.)"""
-    if not (isinstance(s, Seq) and len(s.stmts) == 2 and all(isinstance(c, For) for c in s.stmts)):
+    would reorder them.) A split of a dynamic extent with a ``remainder_step`` has three: the
+    main part, the remainder's whole steps (a dynamic extent) and its last remainder."""
+    if not (isinstance(s, Seq) and len(s.stmts) in (2, 3) and all(isinstance(c, For) for c in s.stmts)):
         return False
-    main, tail = s.stmts
-    return (main.var.name == tail.var.name and isinstance(tail.extent, Const) and tail.extent.value == 1
-            and {st.buffer for st in stores(main)} == {st.buffer for st in stores(tail)})
+    main, *rest = s.stmts
+    tail = rest[-1]
+    middle = all(c.var.name == main.var.name and not isinstance(c.extent, Const) for c in rest[:-1])
+    return (middle and main.var.name == tail.var.name and isinstance(tail.extent, Const) and tail.extent.value == 1
+            and all({st.buffer for st in stores(main)} == {st.buffer for st in stores(c)} for c in rest))

@@ -34,6 +34,7 @@ from tcc.passes.trace import SILENT, Trace
 from tcc.target import CpuTarget
 
 DYNAMIC_EXTENT = 1024  # what the tiles assume of an extent the dynamic shape symbols give (tails take the rest)
+REMAINDER_ROWS = 4  # a dynamic row count's remainder runs as tiles of this many rows (the last padded)
 PARALLEL_MIN_WORK = 1 << 15  # iterations below which a fork costs more than it saves
 PACK_A_ONCE_BYTES = 32 << 20
 A_COPY_COST = 3
@@ -317,8 +318,9 @@ def schedule_gemm(func: LoopFunc, tensor: str, info: GemmNest, p: dict[str, int]
             func = on_loops(func, loop, lambda s, o=t[outer], n=t[inner]: For(
                 Var(o), const(1), replace(s, var=Var(n), body=subst(s.body, {s.var.name: Var(n)})), span=s.span))
             continue
+        step = REMAINDER_ROWS if outer == "ir" and i in info.dynamic else None  # (remainder rows: 4-row tiles)
         func = trace(f"split {loop} by {factor} -> {t[outer]}, {t[inner]}",
-                     split(func, loop, factor, t[outer], t[inner]))
+                     split(func, loop, factor, t[outer], t[inner], remainder_step=step))
     # ir outside jr: one mr x kc micro-panel of A stays in L1 while the kc x nr micro-panels of B
     # stream past it from L2 (jr inside ir measured 5-10% slower on matmul 1024 and the 3x3 conv)
     nest = [*info.batch, *(t[x] for x in ("ip", "jp", "jo", "ko", "io", "ir", "jr", "kk", "ii", "jj"))]
@@ -346,7 +348,8 @@ def schedule_gemm(func: LoopFunc, tensor: str, info: GemmNest, p: dict[str, int]
     if rows is not None:
         func = trace(f"vectorize {rows} (one-column tiles: their rows are the lanes)", vectorize(func, rows))
     if i in info.dynamic:
-        func = trace(f"pad remainders of {t['ii']} to {mr} rows", pad_remainders(func, t["ii"], mr))
+        rows = REMAINDER_ROWS if mr % REMAINDER_ROWS == 0 else mr
+        func = trace(f"pad remainders of {t['ii']} to {rows} rows", pad_remainders(func, t["ii"], rows))
     names = loop_names(func.body)
     if t["ii"] in names:
         func = trace(f"unroll {t['ii']}", unroll(func, t["ii"]))
