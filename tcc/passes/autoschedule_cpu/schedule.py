@@ -45,6 +45,7 @@ from tcc.passes.autoschedule_cpu.gemm import (
     schedule_gemm,
 )
 from tcc.passes.autoschedule_cpu.pack_gather import gather_into_packs
+from tcc.passes.autoschedule_cpu.small_serial import serial_when_small
 from tcc.passes.autoschedule_cpu.streaming import stream_results
 from tcc.passes.autoschedule_cpu.unflatten import divmod_width, unflatten
 from tcc.passes.loops.compute_at import compute_at
@@ -70,6 +71,7 @@ def autoschedule(func: LoopFunc, target: CpuTarget, params: dict[str, dict[str, 
     func = trace("unflatten gathers", unflatten_gathers(func))
     func = trace("peel borders", peel_borders(func))
     func = vectorize_and_parallelize(func, target, trace)
+    func = trace("serial when small", serial_when_small(func))  # (dynamic kernels' parallel loops)
     return trace("streaming stores", stream_results(func, target))
 
 
