@@ -11,17 +11,20 @@ Part 2: 20 calls of softmax at 20 distinct sequence lengths, from an empty disk 
 ``dynamic=False``, ``dynamic=True`` and the automatic policy: kernels compiled and seconds spent
 (compile seconds depend on the machine: compare the three, not across machines).
 
-    python benchmarks/dynamic.py [--sizes 1,7,33,128,1000,4096] [--rounds 15] [--cases softmax,matmul]
+    python benchmarks/dynamic.py [--sizes 1,7,33,128,1000,4096,8192] [--rounds 15] [--cases softmax,matmul]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # thread CPU time below counts this thread's work only
@@ -35,15 +38,31 @@ import tcc  # noqa: E402
 from tcc.runtime import cache  # noqa: E402
 
 AXPB = "op axpb(A: f32[S, N], B: f32[S, N]) -> C: f32[S, N] { C[i, j] = A[i, j] * 2.0 + B[i, j] }"
-SOFTMAX, LAYERNORM = ((ROOT / f"examples/{n}.tc").read_text() for n in ("softmax", "layernorm"))
-MATMUL = (ROOT / "examples/matmul.tc").read_text()
-CASES = {  # name: (source, op, shapes of the inputs as functions of S, dynamic=)
-    "elementwise": (AXPB, "axpb", lambda s: [(s, 1024), (s, 1024)], True),
-    "softmax": (SOFTMAX, "softmax", lambda s: [(s, 1000)], True),
-    "softmax_row": (SOFTMAX, "softmax", lambda s: [(64, s)], True),
-    "layernorm": (LAYERNORM, "layernorm", lambda s: [(s, 768), (768,), (768,)], True),
-    "matmul_M": (MATMUL, "matmul", lambda s: [(s, 512), (512, 512)], ("M",)),  # tokens x weights
-    "matmul": (MATMUL, "matmul", lambda s: [(s, 512), (512, 512)], True),  # M, K and N all dynamic
+SOFTMAX, LAYERNORM, MATMUL, CONV = ((ROOT / f"examples/{n}.tc").read_text()
+                                    for n in ("softmax", "layernorm", "matmul", "conv2d"))
+
+
+@dataclass(frozen=True)
+class Case:
+    source: str
+    op: str
+    shapes: Callable[[int], list[tuple[int, ...]]]  # the inputs' shapes for a size S
+    dynamic: bool | tuple[str, ...]  # dynamic= of the shape-generic op
+    cparams: dict[str, int] = field(default_factory=dict)
+    sizes: tuple[int, ...] = ()  # its own sizes (else --sizes)
+
+
+CASES = {
+    "elementwise": Case(AXPB, "axpb", lambda s: [(s, 1024), (s, 1024)], True),
+    "softmax": Case(SOFTMAX, "softmax", lambda s: [(s, 1000)], True),
+    "softmax_row": Case(SOFTMAX, "softmax", lambda s: [(64, s)], True),
+    "layernorm": Case(LAYERNORM, "layernorm", lambda s: [(s, 768), (768,), (768,)], True),
+    "matmul_M": Case(MATMUL, "matmul", lambda s: [(s, 512), (512, 512)], ("M",)),  # tokens x weights
+    "matmul": Case(MATMUL, "matmul", lambda s: [(s, 512), (512, 512)], True),  # M, K and N all dynamic
+    "conv_N": Case(CONV, "conv2d", lambda s: [(s, 32, 28, 28), (64, 32, 3, 3), (64,)], ("N",), {"P": 1},
+                   (1, 2, 3, 8)),  # the batch
+    "conv_HW": Case(CONV, "conv2d", lambda s: [(1, 32, s, s), (64, 32, 3, 3), (64,)], ("N", "H", "W"), {"P": 1},
+                    (7, 14, 28, 56)),  # the image
 }
 
 
@@ -55,24 +74,27 @@ def _time(fn, args, calls: int) -> float:
     return (time.thread_time() - start) / calls
 
 
-def compare(case: str, sizes: list[int], rounds: int) -> None:
-    src, name, shapes, symbols = CASES[case]
-    dynamic = tcc.compile(src, dynamic=symbols)[name]
+def compare(name: str, sizes: list[int], rounds: int) -> None:
+    case = CASES[name]
+    dynamic = tcc.compile(case.source, dynamic=case.dynamic)[case.op]
     rng = np.random.default_rng(0)
-    for s in sizes:
-        static = tcc.compile(src, dynamic=False)[name]
-        args = [rng.standard_normal(shape).astype(np.float32) for shape in shapes(s)]
-        np.testing.assert_allclose(dynamic(*args), static(*args), rtol=1e-4, atol=1e-4)
-        probe = _time(static, args, 3)
+    for s in case.sizes or sizes:
+        static = tcc.compile(case.source, dynamic=False)[case.op]
+        args = [rng.standard_normal(shape).astype(np.float32) for shape in case.shapes(s)]
+        np.testing.assert_allclose(dynamic(*args, **case.cparams), static(*args, **case.cparams),
+                                   rtol=1e-3, atol=1e-3)
+        run_static = functools.partial(static, **case.cparams)
+        run_dynamic = functools.partial(dynamic, **case.cparams)
+        probe = _time(run_static, args, 3)
         calls = max(1, min(1000, int(0.02 / max(probe, 1e-7))))  # ~20 ms a sample
         ratios = []
         for _ in range(rounds):
-            t_static = _time(static, args, calls)
-            t_dynamic = _time(dynamic, args, calls)
+            t_static = _time(run_static, args, calls)
+            t_dynamic = _time(run_dynamic, args, calls)
             ratios.append(t_static / t_dynamic)
-        print(f"{case:12s} S={s:<6d} dynamic/specialised throughput {statistics.median(ratios):5.2f}x "
+        print(f"{name:12s} S={s:<6d} dynamic/specialised throughput {statistics.median(ratios):5.2f}x "
               f"(min {min(ratios):.2f}, max {max(ratios):.2f})")
-    print(f"{case:12s} kernels the dynamic op used: {dynamic.compiles + dynamic.loads}")
+    print(f"{name:12s} kernels the dynamic op used: {dynamic.compiles + dynamic.loads}")
 
 
 def lengths(rounds: int) -> None:
@@ -94,7 +116,7 @@ def lengths(rounds: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", default="1,7,33,128,1000,4096")
+    parser.add_argument("--sizes", default="1,7,33,128,1000,4096,8192")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--cases", default=",".join(CASES))
     args = parser.parse_args()

@@ -47,7 +47,7 @@ from tcc.passes.autoschedule_cpu.gemm import (
 from tcc.passes.autoschedule_cpu.pack_gather import gather_into_packs
 from tcc.passes.autoschedule_cpu.small_serial import serial_when_small
 from tcc.passes.autoschedule_cpu.streaming import stream_results
-from tcc.passes.autoschedule_cpu.unflatten import divmod_width, unflatten
+from tcc.passes.autoschedule_cpu.unflatten import divmod_width, rows_of, unflatten
 from tcc.passes.loops.compute_at import compute_at
 from tcc.passes.loops.fuse import fuse
 from tcc.passes.loops.parallel import parallel
@@ -105,7 +105,8 @@ def unflatten_gathers(func: LoopFunc) -> LoopFunc:
         if not (isinstance(f, For) and f.kind == "serial") or any(isinstance(n, For) for n in walk_stmts(f.body)):
             continue
         width = divmod_width(f)
-        if width is not None and 1 < width < int(getattr(f.extent, "value", 0)):
+        if isinstance(width, int) and 1 < width < int(getattr(f.extent, "value", 0)) \
+                or width is not None and not isinstance(width, int) and rows_of(f, width) is not None:
             func = unflatten(func, f.var.name, width)
     return func
 
