@@ -43,6 +43,7 @@ from tcc.runtime.dynamic import (
     parse_dynamic,
     prove_call,
     requested,
+    window_symbols,
 )
 from tcc.runtime.index_checks import checked_op, reads_data, run_checks
 from tcc.runtime.plans import Plans
@@ -254,7 +255,7 @@ class Op:
         self.dynamic = dynamic
         self.dynamic_symbols = requested(dynamic, te)  # given by dynamic=; the automatic policy adds to them
         self._seen: dict[str, set[int | float]] = {}  # the automatic policy: values per symbol (up to two)
-        self._refused: set[str] = set()  # symbols the automatic policy tried and could not make dynamic
+        self._refused: set[str] = set(window_symbols(te))  # symbols the automatic policy keeps specialised
         self._proved: set[tuple] = set()  # bindings a dynamic kernel was proved for
         self.compiles = 0  # kernels this op built (not found in a cache): see Op.kernel
         self.loads = 0  # kernels this op loaded from the disk cache

@@ -174,3 +174,15 @@ def test_reads_that_need_a_check_refuse_dynamic_and_the_automatic_policy_special
     for n in (3, 4, 9):
         _check(automatic, args(n))
     assert automatic.compiles == 3
+
+
+def test_automatic_policy_keeps_image_sizes_specialised(fresh_cache, rng):
+    """The batch of a convolution becomes dynamic; its image sizes stay specialised (a dynamic
+    image runs slower), so each new image size compiles, each new batch does not."""
+    op = tcc.compile("examples/conv2d.tc").conv2d
+    weights = (_f32(rng, 16, 8, 3, 3), _f32(rng, 16))
+    for n, hw in ((1, 9), (2, 9), (5, 9), (1, 11), (3, 9)):
+        args = (_f32(rng, n, 8, hw, hw), *weights)
+        want = reference_results(op.te, list(args), op.bind(args, {"P": 1}).bindings)[0]
+        assert_matches(op(*args, P=1), want, op.te.tensors["Y"].dtype)
+    assert op.compiles == 3  # N=1 specialised, then one kernel for every N at 9x9; 11x11 its own
