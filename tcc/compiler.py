@@ -507,7 +507,9 @@ class Op:
         if after_pass is not None:
             lowered.scheduled  # noqa: B018 - run the schedule so that every pass is printed
         if stage == "te":
-            return format_op(self.te if not lowered.te.bindings else specialize(self.te, lowered.te.bindings))
+            if not (lowered.te.bindings or lowered.te.dynamic):
+                return format_op(self.te)
+            return format_op(specialize(self.te, bindings, frozenset(lowered.te.dynamic), self.dynamic.multiples))
         if stage == "fused":
             return format_fused(lowered.te)
         if stage == "loops":

@@ -186,3 +186,17 @@ def test_automatic_policy_keeps_image_sizes_specialised(fresh_cache, rng):
         want = reference_results(op.te, list(args), op.bind(args, {"P": 1}).bindings)[0]
         assert_matches(op(*args, P=1), want, op.te.tensors["Y"].dtype)
     assert op.compiles == 3  # N=1 specialised, then one kernel for every N at 9x9; 11x11 its own
+
+
+def test_gemm_with_an_epilogue_over_several_k_blocks(fresh_cache, rng):
+    """Every symbol dynamic: remainder rows and columns, a reduction of one or more k blocks
+    (the first of them perhaps the remainder), and the bias added after the GEMM."""
+    src = """
+    op linear(A: f32[M, K], B: f32[K, N], b: f32[N]) -> C: f32[M, N] {
+        C[i, j] = sum[k](A[i, k] * B[k, j]) + b[j]
+    }
+    """
+    op = tcc.compile(src, dynamic=True).linear
+    for m, n, k in ((3, 7, 2000), (66, 69, 62), (1, 1, 1), (64, 64, 1024)):
+        _check(op, (_f32(rng, m, k), _f32(rng, k, n), _f32(rng, n)))
+    assert op.compiles == 1

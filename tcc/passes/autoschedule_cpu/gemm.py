@@ -335,7 +335,9 @@ def schedule_gemm(func: LoopFunc, tensor: str, info: GemmNest, p: dict[str, int]
     before = set(func.buffers())
     func = trace(f"cache {c_tile} at {t['jr']}", cache(func, c_tile, t["jr"]))
     tiles = set(func.buffers()) - before
-    if kt <= kc:  # one k block: each register tile is loaded once, right after C is zeroed
+    if set(kloops) & info.dynamic:
+        pass  # k blocks counted at the call (the first may be the remainder): C is zeroed first, as written
+    elif kt <= kc:  # one k block: each register tile is loaded once, right after C is zeroed
         func = trace(f"init {c_tile} in registers", init_in_registers(func, c_tile, tiles))
     else:  # the first k block's tiles start at zero: no pass (and fork) to zero C first
         func = trace(f"init {c_tile} in the first k block's registers",

@@ -5,6 +5,7 @@ The schedule parallelises a loop by its work; where that work depends on dynamic
 loop becomes ``if work >= PARALLEL_MIN_WORK: the parallel loop; else: the same loop, serial``:
 the threads' fork and join (about a microsecond) is not paid by calls too small to gain from
 it (an elementwise op on 7 x 1024 floats ran 0.8x the specialised kernel, which stays serial).
+The serial copy allocates its rows' heap buffers once, not per row (as the threads do).
 """
 
 from __future__ import annotations
@@ -29,9 +30,26 @@ def serial_when_small(func: LoopFunc) -> LoopFunc:
         if work is None or isinstance(work, Const) or not free_vars(work) <= arguments:
             return None
         enough = Binary("ge", work, const(PARALLEL_MIN_WORK), dtypes.boolean)
-        return If(enough, s, replace(s, kind="serial"))
+        return If(enough, s, _serial(s))
 
     return replace(func, body=map_stmt(func.body, visit))
+
+
+def _serial(loop: For) -> Stmt:
+    """``loop`` run serial, the heap buffers of a dynamic size that its iterations allocate (a
+    softmax row's ``e``) allocated once around it rather than per iteration (each iteration
+    writes them before it reads them, as the parallel loop's threads assume of theirs)."""
+    body, hoisted = loop.body, []
+    while isinstance(body, Allocate):
+        hoisted.append(body.buffer)
+        body = body.body
+    kept = [b for b in hoisted if b.static or b.scope != "global"]
+    for buf in reversed(kept):
+        body = Allocate(buf, body)
+    out: Stmt = replace(loop, kind="serial", body=body)
+    for buf in reversed([b for b in hoisted if b not in kept]):
+        out = Allocate(buf, out)
+    return out
 
 
 def _work(s: Stmt) -> Expr | None:
