@@ -311,6 +311,8 @@ def schedule_gemm(func: LoopFunc, tensor: str, info: GemmNest, p: dict[str, int]
     mc = even_block(per_m, mr, max(mr, min(mc, per_m) // mr * mr))
     nc = even_block(per_n, nr, max(nr, min(nc, per_n) // nr * nr))
     unsplit = {x for x, loop in (("ip", i), ("jp", j)) if loop in info.dynamic}
+    if len({i, j, k} & info.dynamic) > 1:  # each remainder copies the nest: no cache blocks of dynamic extents
+        unsplit |= {x for x, loop in (("io", i), ("jo", j), ("ko", k)) if loop in info.dynamic}
     for loop, factor, outer, inner in ((i, per_m, "ip", "i1"), (t["i1"], mc, "io", "i2"), (t["i2"], mr, "ir", "ii"),
                                        (j, per_n, "jp", "j0"), (t["j0"], nc, "jo", "j1"), (t["j1"], nr, "jr", "jj"),
                                        (k, kc, "ko", "kk")):
