@@ -43,6 +43,9 @@ def test_elementwise_one_kernel_for_every_size(fresh_cache, rng):
         _check(op, (_f32(rng, n, n + 2), _f32(rng, n, n + 2)))
         got = op(_f32(rng, 3, n), _f32(rng, 3, n))  # and a plain call: results allocated at the call
         assert got.shape == (3, n)
+    _check(op, (_f32(rng, 2048, 1024), _f32(rng, 2048, 1024)))  # 8 MiB: non-temporal stores at this size
+    assert "C when at least" in op.lower(_f32(rng, 2, 2), _f32(rng, 2, 2), stage="scheduled") \
+        or not op.target.avx512
     assert op.compiles == 1
 
 

@@ -100,6 +100,10 @@ class _FunctionBuilder(LoadEmitter, LoopEmitter, MathEmitter):
             else:
                 value = b.load(ptr, typ=memory_type(param.dtype), name=local_name(param.name))
                 self.vars[param.name] = self._from_memory(value, param.dtype)
+        for name, nbytes in self.func.attrs.get("streamed_from", ()):  # type: ignore[attr-defined]
+            buf = self.buffers[name][0]  # (a dynamic size: streamed where it is large at this call)
+            size = b.mul(self._count(buffer_elements(buf.shape)), ir.Constant(I64, buf.dtype.itemsize))
+            self.vars[f"{name}.streamed"] = b.icmp_signed(">=", size, ir.Constant(I64, nbytes))
         self._stmt(self.func.body)
         self._store_fence()
         self.builder.ret(ir.Constant(I32, 0))
@@ -135,7 +139,7 @@ class _FunctionBuilder(LoadEmitter, LoopEmitter, MathEmitter):
             ptr = self._element(buf, base, s.indices, lane0=True)
             value = self._to_memory(self._splat(value, lanes), buf.dtype)
             if s.buffer in self.streamed and (lanes * buf.dtype.itemsize) % CACHE_LINE == 0:
-                self._streaming_store(value, ptr, buf.dtype.itemsize)
+                self._streaming_store(value, ptr, buf.dtype.itemsize, self.vars.get(f"{s.buffer}.streamed"))
             else:
                 self._raw_store(value, ptr, buf.dtype.itemsize)
             return
@@ -145,13 +149,15 @@ class _FunctionBuilder(LoadEmitter, LoopEmitter, MathEmitter):
             elem = self._lane_value(value, lane)
             self.builder.store(self._to_memory(elem, buf.dtype), ptr, align=buf.dtype.itemsize)
 
-    def _streaming_store(self, value: ir.Value, ptr: ir.Value, itemsize: int) -> None:
+    def _streaming_store(self, value: ir.Value, ptr: ir.Value, itemsize: int, large: ir.Value | None = None) -> None:
         """A non-temporal store where ``ptr`` is cache-line aligned (else a plain one): the line
         is written without first being read (a third less memory traffic for ``relu(a*b + c)``)
         and does not evict what the loop reads. The branch goes one way for the whole loop."""
         b = self.builder
         aligned = b.icmp_unsigned("==", b.and_(b.ptrtoint(ptr, I64), ir.Constant(I64, CACHE_LINE - 1)),
                                   ir.Constant(I64, 0))
+        if large is not None:  # (a result of a dynamic size: streamed where this call's is large)
+            aligned = b.and_(aligned, large)
         with b.if_else(aligned) as (then, otherwise):
             with then:
                 st = ir_instructions.StoreInstr(b.block, value, ptr)

@@ -310,8 +310,12 @@ def format_func(f: LoopFunc) -> str:
         else:
             params.append(f"{p.name}: {p.dtype}")
     lines = [f"func {f.name}({', '.join(params)}) {{"]
-    if f.attrs.get("streamed"):  # results stored around the cache (non-temporal), the schedule's choice
-        lines.append(f"    # streamed: {', '.join(f.attrs['streamed'])}")  # type: ignore[arg-type]
+    sized = dict(f.attrs.get("streamed_from", ()))  # type: ignore[arg-type]  # (dynamic sizes: by the call's)
+    always = [n for n in f.attrs.get("streamed", ()) if n not in sized]  # type: ignore[attr-defined]
+    if always:  # results stored around the cache (non-temporal), the schedule's choice
+        lines.append(f"    # streamed: {', '.join(always)}")
+    for name, nbytes in sized.items():
+        lines.append(f"    # streamed: {name} when at least {nbytes} bytes")
     _format_stmt(f.body, 1, lines)
     lines.append("}")
     prepare = f.attrs.get("prepare")
