@@ -203,3 +203,16 @@ def test_gemm_with_an_epilogue_over_several_k_blocks(fresh_cache, rng):
     for m, n, k in ((3, 7, 2000), (66, 69, 62), (1, 1, 1), (64, 64, 1024)):
         _check(op, (_f32(rng, m, k), _f32(rng, k, n), _f32(rng, n)))
     assert op.compiles == 1
+
+
+def test_torch_ops_one_kernel_for_every_batch():
+    """``tcc.torch`` operators of a dynamic op: each size's repeat calls take the eager fast path
+    (the Python one: the C++ one lays out no cells for the kernel's shape symbols)."""
+    torch = pytest.importorskip("torch")
+    ops = tcc.torch.library("examples/matmul.tc", namespace="tcc_test_dynamic", dynamic=("M",))
+    w = torch.randn(33, 20)
+    for m in (1, 7, 33, 1000, 7):
+        for _ in range(3):
+            a = torch.randn(m, 33)
+            torch.testing.assert_close(ops.matmul(a, w), a @ w, rtol=1e-4, atol=1e-4)
+    assert ops.matmul.op.compiles + ops.matmul.op.loads <= 1  # (0: another test's, in memory)

@@ -222,10 +222,12 @@ class TorchOp:
 
     def _teach(self, direct: _Direct) -> None:
         """Give the C++ eager path this signature (it builds on first use; nothing where it cannot)."""
+        plan = direct.plan
+        if plan.symbols:  # a dynamic kernel's shape symbols: the C++ path lays out no cells for them
+            return
         module = None if direct.cparams else self._native_module()
         if module is None:
             return
-        plan = direct.plan
         scalars = [(pos, slot, kind, _CELLS[cell_type]) for slot, (pos, kind, cell_type, _) in
                    zip(plan.slots, plan.scalars)]
         module.learn(self._native, plan.kernel.address, plan.kernel.name,
