@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tcc.errors import Source, Span, TccArgumentError, TccError, TccSyntaxError
+from tcc.errors import Source, Span, TccArgumentError, TccCompileError, TccError, TccSyntaxError
 from tcc.frontend import ast
 from tcc.frontend.ast import OpDef, format_ast
 from tcc.frontend.generic import type_params
@@ -34,6 +34,18 @@ from tcc.passes.trace import Trace
 from tcc.runtime import cache
 from tcc.runtime.backend import Backend, backend_for, kinds, kinds_taking
 from tcc.runtime.binding import BoundCall, bind, bind_cparams
+from tcc.runtime.dynamic import (
+    AUTOMATIC,
+    STATIC,
+    DynamicSpec,
+    check_multiples,
+    check_names,
+    parse_dynamic,
+    prove_call,
+    requested,
+    stream_symbols,
+    window_symbols,
+)
 from tcc.runtime.index_checks import checked_op, reads_data, run_checks
 from tcc.runtime.plans import Plans
 from tcc.stack import deep
@@ -130,6 +142,7 @@ def compile(source: str | os.PathLike, target: str | Target = "cpu", tune: bool 
     backend = backend_for(target)
     if not isinstance(tune, bool | int) or tune < 0:
         raise TccArgumentError(f"tune={tune!r}: expected True, False or a number of trials")
+    spec = parse_dynamic(options.pop("dynamic", None))
     check_options(options, target)
     machine = backend.resolve(None if isinstance(target, str) else target, options)
     options.pop("arch", None)  # the machine holds it now
@@ -138,7 +151,14 @@ def compile(source: str | os.PathLike, target: str | Target = "cpu", tune: bool 
     if "constant_params" in options:
         options["constant_params"] = _constant_params(options["constant_params"], ops)
     asts = {o.name: o for o in module.ops}
-    return Library(ops, asts, backend, machine, {**backend.defaults, **options}, schedules, tune)
+    check_names(spec, ops)
+    if machine.is_gpu and not spec.automatic:
+        if spec != STATIC:
+            raise TccArgumentError(f"dynamic= is for target='cpu' for now: {backend.kind} kernels specialise on "
+                                   "every shape", hint="drop dynamic= (each shape compiles its kernel once)")
+    if machine.is_gpu:
+        spec = STATIC  # (the automatic policy too: GPU kernels take no shape symbols yet)
+    return Library(ops, asts, backend, machine, {**backend.defaults, **options}, schedules, tune, spec)
 
 
 def _constant_params(names: Any, ops: dict[str, OpTE]) -> tuple[str, ...]:
@@ -182,8 +202,10 @@ class Library:
     """The ops of one source file, as attributes: ``lib.matmul(A, B)``."""
 
     def __init__(self, ops: dict[str, OpTE], asts: dict[str, OpDef], backend: Backend, target: Target,
-                 options: dict[str, Any], schedules: dict[str, Schedule] | None = None, tune: bool | int = False):
+                 options: dict[str, Any], schedules: dict[str, Schedule] | None = None, tune: bool | int = False,
+                 dynamic: DynamicSpec = AUTOMATIC):
         self.backend = backend
+        self.dynamic = dynamic
         self.target = target
         self.options = dict(options)
         self._ops = {name: self._op(te, asts[name], (schedules or {}).get(name), tune) for name, te in ops.items()}
@@ -194,10 +216,10 @@ class Library:
     def _op(self, te: OpTE, definition: OpDef, schedule: Schedule | None, tune: bool | int) -> Op | GenericOp:
         """An op, or one generic over dtypes that makes an op per binding of its type parameters."""
         if not type_params(definition):
-            return Op(te, definition, self.backend, self.target, self.options, schedule, tune)
+            return Op(te, definition, self.backend, self.target, self.options, schedule, tune, self.dynamic)
         source = definition.span.source if definition.span is not None else None
         return GenericOp(definition, source, lambda bound_te, bound: Op(
-            bound_te, bound, self.backend, self.target, self.options, schedule, tune))
+            bound_te, bound, self.backend, self.target, self.options, schedule, tune, self.dynamic))
 
     def __getattr__(self, name: str) -> Op:
         ops = self.__dict__.get("_ops", {})
@@ -229,8 +251,16 @@ class Op:
     ``lower`` shows any stage of its compilation."""
 
     def __init__(self, te: OpTE, ast: OpDef, backend: Backend, target: Target, options: dict[str, Any],
-                 schedule: Schedule | None = None, tune: bool | int = False):
+                 schedule: Schedule | None = None, tune: bool | int = False, dynamic: DynamicSpec = STATIC):
         self.te = te
+        self.dynamic = dynamic
+        self.dynamic_symbols = requested(dynamic, te)  # given by dynamic=; the automatic policy adds to them
+        self._seen: dict[str, set[int | float]] = {}  # the automatic policy: values per symbol (up to two)
+        # symbols the automatic policy keeps specialised: convolution images, streamed attention
+        self._refused: set[str] = set(window_symbols(te) | stream_symbols(te))
+        self._proved: set[tuple] = set()  # bindings a dynamic kernel was proved for
+        self.compiles = 0  # kernels this op built (not found in a cache): see Op.kernel
+        self.loads = 0  # kernels this op loaded from the disk cache
         self.ast = ast
         self.name = te.name
         self.backend = backend
@@ -258,7 +288,8 @@ class Op:
             raise TccArgumentError(f"{self.name}.schedule takes the schedule's text, got {type(text).__name__}",
                                    hint='e.g. op.schedule("split(i, 32, io, ii); vectorize(ii)")')
         schedule = schedule_from_text(text, self.backend)
-        return Op(self.te, self.ast, self.backend, self.target, self.library_options, schedule, self.tune)
+        return Op(self.te, self.ast, self.backend, self.target, self.library_options, schedule, self.tune,
+                  self.dynamic)
 
     # ------------------------------------------------------------ calling
     def __call__(self, *args: Any, out: Any = None, **cparams: Any) -> Any:
@@ -314,14 +345,16 @@ class Op:
 
     def kernel(self, bindings: dict[str, int | float]) -> Any:
         """The loaded kernel for these bindings: from memory, else from the disk cache by a key that
-        the call itself knows (a warm start runs no pass), else freshly built."""
-        memo = tuple(sorted(bindings.items()))
+        the call itself knows (a warm start runs no pass), else freshly built. The dynamic shape
+        symbols' values are no part of the key: one kernel serves them all."""
+        symbols = self._dynamic_for(bindings)
+        memo = tuple(sorted((k, None if k in symbols else v) for k, v in bindings.items()))
         key = self._keys.get(memo)
         lowered = None
         if key is None:
-            if self.tune:  # the stored winner may change between processes: key by it
+            if self.tune and not symbols:  # the stored winner may change between processes: key by it
                 lowered = deep(self.lowered, bindings)
-            key = self._keys[memo] = self.cache_key(bindings, lowered)
+            key = self._keys[memo] = self.cache_key(bindings, lowered, symbols)
         kernel = cache.MEMORY.get(key)
         if kernel is not None:
             return kernel
@@ -330,26 +363,77 @@ class Op:
         if artifact is not None:
             try:
                 kernel = self.backend.load(self.name, artifact)
+                self.loads += 1
             except TccError:
                 kernel = None  # a stale or unusable entry: rebuild it below
         if kernel is None:
-            artifact = deep(self._build, bindings, lowered)
+            try:
+                artifact = deep(self._build, bindings, lowered, symbols)
+            except Exception as exc:  # noqa: BLE001 - a pass that cannot take a symbolic extent yet
+                if not symbols:
+                    raise
+                return self._without_dynamic(bindings, symbols, exc)
             disk.put(key, artifact)
             kernel = self.backend.load(self.name, artifact)
+            self.compiles += 1
         cache.MEMORY.put(key, kernel)
         return kernel
 
-    def _build(self, bindings: dict[str, int | float], lowered: Lowered | None) -> bytes:
-        return self.backend.build((lowered or self.lowered(bindings)).scheduled, self.target)
+    def _dynamic_for(self, bindings: dict[str, int | float]) -> frozenset[str]:
+        """The symbols this call's kernel leaves variable: those of ``dynamic=``, and under the
+        automatic policy each that has taken two distinct values; checked for this call's values
+        (once per binding). The automatic policy specialises where the dynamic kernel cannot serve."""
+        if self.dynamic.automatic:
+            for name in self.te.symbols:
+                seen = self._seen.setdefault(name, set())
+                if len(seen) < 2:
+                    seen.add(bindings[name])
+            symbols = frozenset(n for n, seen in self._seen.items() if len(seen) > 1) - self._refused
+        else:
+            symbols = self.dynamic_symbols
+            check_multiples(self.dynamic, self.te, symbols, bindings)
+        memo = tuple(sorted(bindings.items()))
+        if not symbols or memo in self._proved:
+            return symbols
+        try:
+            deep(prove_call, self.te, bindings, symbols)
+        except TccError:
+            if not self.dynamic.automatic:
+                raise
+            self._refused |= symbols
+            return frozenset()
+        if len(self._proved) >= 4096:
+            self._proved.clear()
+        self._proved.add(memo)
+        return symbols
+
+    def _without_dynamic(self, bindings: dict[str, int | float], symbols: frozenset[str], exc: Exception) -> Any:
+        """The automatic policy specialises where a dynamic kernel cannot be built (``exc``);
+        ``dynamic=`` that asked for one is refused, naming the symbols."""
+        if not self.dynamic.automatic:
+            if isinstance(exc, TccError):
+                raise exc
+            raise TccCompileError(f"op {self.name} cannot be compiled with {', '.join(sorted(symbols))} dynamic yet "
+                                  f"({type(exc).__name__}: {exc})", self.te.span,
+                                  "compile it with dynamic=False, or leave those symbols out of dynamic=") from exc
+        self._refused |= symbols
+        self._keys.clear()
+        return self.kernel(bindings)
+
+    def _build(self, bindings: dict[str, int | float], lowered: Lowered | None, symbols: frozenset[str]) -> bytes:
+        return self.backend.build((lowered or self.lowered(bindings, dynamic=symbols)).scheduled, self.target)
 
     def lowered(self, bindings: dict[str, int | float],
-                after_pass: Callable[[str, str], None] | None = None) -> Lowered:
+                after_pass: Callable[[str, str], None] | None = None, dynamic: frozenset[str] | None = None) -> Lowered:
+        """The op through the target-independent passes; ``dynamic`` (default: those of
+        ``dynamic=``) are the shape symbols left variables."""
+        symbols = self.dynamic_symbols if dynamic is None else dynamic
         lowered = lower_op(self.te, bindings, self.target, self.backend.schedule, self.options.get("conv", "auto"),
                            Trace(after_pass), self.user_schedule.steps, bool(self.options.get("tf32")),
-                           frozenset(self.options.get("constant_params", ())))
+                           frozenset(self.options.get("constant_params", ())), symbols, dict(self.dynamic.multiples))
         if self.options.get("deterministic"):  # (read by the schedules of += statements)
             lowered.loops.attrs[DETERMINISTIC] = True
-        if self.tune:
+        if self.tune and not symbols:
             # a downward import (tune knows ops by a Protocol), made here because the tuner loads
             # every target's auto-scheduler: an op that is not tuned never needs it
             from tcc.tune import tuning_for
@@ -357,15 +441,17 @@ class Op:
             lowered.tuning = tuning_for(self, lowered)
         return lowered
 
-    def cache_key(self, bindings: dict[str, int | float], lowered: Lowered | None = None) -> str:
+    def cache_key(self, bindings: dict[str, int | float], lowered: Lowered | None = None,
+                  dynamic: frozenset[str] = frozenset()) -> str:
         """The kernel's key, from what a call knows: the compiler, target, host and options, the op's
-        source, shapes and parameters, the user's schedule, and
-        (given ``lowered``) the tuner's choice. Inputs are made C-contiguous before a kernel runs,
-        so strides are not part of it."""
+        source, shapes and parameters (less the ``dynamic`` symbols' values: the kernel reads them),
+        the user's schedule, and (given ``lowered``) the tuner's choice. Inputs are made
+        C-contiguous before a kernel runs, so strides are not part of it."""
         options = ",".join(f"{k}={v}" for k, v in sorted(self.options.items()))
         tuning = f"tuning={lowered.tuning or ''}" if lowered is not None else "untuned"
+        static = sorted((k, v) for k, v in bindings.items() if k not in dynamic)
         return cache.make_key(cache.compiler_fingerprint(), self.backend.kind, self.machine_key(),
-                              options, self._te_text, repr(sorted(bindings.items())),
+                              options, self._te_text, repr(static), f"dynamic={self.dynamic.key(dynamic)}",
                               f"schedule={self.user_schedule}", tuning)
 
     @functools.cached_property
@@ -423,7 +509,9 @@ class Op:
         if after_pass is not None:
             lowered.scheduled  # noqa: B018 - run the schedule so that every pass is printed
         if stage == "te":
-            return format_op(self.te if not lowered.te.bindings else specialize(self.te, lowered.te.bindings))
+            if not (lowered.te.bindings or lowered.te.dynamic):
+                return format_op(self.te)
+            return format_op(specialize(self.te, bindings, frozenset(lowered.te.dynamic), self.dynamic.multiples))
         if stage == "fused":
             return format_fused(lowered.te)
         if stage == "loops":

@@ -291,3 +291,15 @@ op attn_lse(Q: f32[B, S, D], K: f32[B, L, D], V: f32[B, L, D]) -> (O: f32[B, S, 
     (stream,) = op.lowered(bindings).te.streams
     assert stream.epilogues == ("O", "LSE") and set(stream.internal) == {"m", "l", "O_sum"}
     assert stream.limit is not None  # j <= i + 3: the tiles past each block's last row + 3 skipped
+
+
+def test_the_automatic_dynamic_policy_keeps_attention_streamed(rng):
+    """Called at a third sequence length, a shape symbol would turn dynamic; the stream needs
+    constant extents, so the automatic policy keeps attention's symbols specialised: every length
+    is a stream again (never the S x L scores), each compiled once."""
+    op = tcc.compile(_dsl("attention", ATTENTION)).attention.bound(T="f32")
+    for S in (7, 33, 12):
+        bindings = {"B": 1, "H": 2, "S": S, "L": S, "D": 8}
+        _run(op, bindings, random_args(op.te, bindings, rng))
+    assert op.compiles + op.loads == 3  # a kernel per length (a dynamic one would serve the third)
+    assert op.lowered({"B": 1, "H": 2, "S": 12, "L": 12, "D": 8}).te.streams

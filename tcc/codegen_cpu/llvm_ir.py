@@ -45,7 +45,7 @@ from tcc.codegen_cpu.llvm_types import (
 from tcc.dtypes import DType
 from tcc.errors import TccCompileError
 from tcc.ir.expr import Binary, Cast, Const, Expr, Unary, Var, free_vars
-from tcc.ir.loopnest import flat_coeff, flat_terms
+from tcc.ir.loopnest import buffer_elements, flat_coeff, flat_terms
 from tcc.ir.loops import Buffer, LoopFunc, Stmt, Store
 from tcc.target import CpuTarget
 
@@ -100,6 +100,10 @@ class _FunctionBuilder(LoadEmitter, LoopEmitter, MathEmitter):
             else:
                 value = b.load(ptr, typ=memory_type(param.dtype), name=local_name(param.name))
                 self.vars[param.name] = self._from_memory(value, param.dtype)
+        for name, nbytes in self.func.attrs.get("streamed_from", ()):  # type: ignore[attr-defined]
+            buf = self.buffers[name][0]  # (a dynamic size: streamed where it is large at this call)
+            size = b.mul(self._count(buffer_elements(buf.shape)), ir.Constant(I64, buf.dtype.itemsize))
+            self.vars[f"{name}.streamed"] = b.icmp_signed(">=", size, ir.Constant(I64, nbytes))
         self._stmt(self.func.body)
         self._store_fence()
         self.builder.ret(ir.Constant(I32, 0))
@@ -135,7 +139,7 @@ class _FunctionBuilder(LoadEmitter, LoopEmitter, MathEmitter):
             ptr = self._element(buf, base, s.indices, lane0=True)
             value = self._to_memory(self._splat(value, lanes), buf.dtype)
             if s.buffer in self.streamed and (lanes * buf.dtype.itemsize) % CACHE_LINE == 0:
-                self._streaming_store(value, ptr, buf.dtype.itemsize)
+                self._streaming_store(value, ptr, buf.dtype.itemsize, self.vars.get(f"{s.buffer}.streamed"))
             else:
                 self._raw_store(value, ptr, buf.dtype.itemsize)
             return
@@ -145,13 +149,15 @@ class _FunctionBuilder(LoadEmitter, LoopEmitter, MathEmitter):
             elem = self._lane_value(value, lane)
             self.builder.store(self._to_memory(elem, buf.dtype), ptr, align=buf.dtype.itemsize)
 
-    def _streaming_store(self, value: ir.Value, ptr: ir.Value, itemsize: int) -> None:
+    def _streaming_store(self, value: ir.Value, ptr: ir.Value, itemsize: int, large: ir.Value | None = None) -> None:
         """A non-temporal store where ``ptr`` is cache-line aligned (else a plain one): the line
         is written without first being read (a third less memory traffic for ``relu(a*b + c)``)
         and does not evict what the loop reads. The branch goes one way for the whole loop."""
         b = self.builder
         aligned = b.icmp_unsigned("==", b.and_(b.ptrtoint(ptr, I64), ir.Constant(I64, CACHE_LINE - 1)),
                                   ir.Constant(I64, 0))
+        if large is not None:  # (a result of a dynamic size: streamed where this call's is large)
+            aligned = b.and_(aligned, large)
         with b.if_else(aligned) as (then, otherwise):
             with then:
                 st = ir_instructions.StoreInstr(b.block, value, ptr)
@@ -223,10 +229,14 @@ class _FunctionBuilder(LoadEmitter, LoopEmitter, MathEmitter):
             return self._iadd(offset, ir.Constant(I64, flat.constant), NSW)
         offset, stride = None, 1
         for idx, dim in reversed(list(zip(indices, buf.shape))):
-            term = self._imul(self._scalar(idx), ir.Constant(I64, stride), NSW)
+            term = self._imul(self._scalar(idx), self._count(stride), NSW)
             offset = term if offset is None else self._iadd(offset, term, NSW)
-            stride *= dim
+            stride = buffer_elements((stride, dim))
         return offset if offset is not None else ir.Constant(I64, 0)
+
+    def _count(self, n: int | Expr) -> ir.Value:
+        """A size or stride: a constant, or computed from the dynamic shape symbols (kernel arguments)."""
+        return ir.Constant(I64, n) if isinstance(n, int) else self._scalar(n)
 
     def _scalar(self, e: Expr) -> ir.Value:
         saved, self.lane0 = self.lane0, True
@@ -242,8 +252,15 @@ class _FunctionBuilder(LoadEmitter, LoopEmitter, MathEmitter):
         """64-byte aligned heap memory (packed tiles are read with full-width vector loads)."""
         b = self.builder
         alloc = self._declare("aligned_alloc", ir.FunctionType(PTR, [I64, I64]))
-        size = max(64, -(-buf.size * buf.dtype.itemsize // 64) * 64)
-        ptr = b.call(alloc, [ir.Constant(I64, 64), ir.Constant(I64, size)], name=local_name(buf.name))
+        elements = buffer_elements(buf.shape)
+        if isinstance(elements, int):
+            size = ir.Constant(I64, max(64, -(-elements * buf.dtype.itemsize // 64) * 64))
+        else:  # rounded up to whole cache lines (aligned_alloc's rule), at least one
+            nbytes = b.mul(self._count(elements), ir.Constant(I64, buf.dtype.itemsize))
+            lines = b.udiv(b.add(nbytes, ir.Constant(I64, 63)), ir.Constant(I64, 64))
+            lines = b.select(b.icmp_unsigned("==", lines, ir.Constant(I64, 0)), ir.Constant(I64, 1), lines)
+            size = b.mul(lines, ir.Constant(I64, 64))
+        ptr = b.call(alloc, [ir.Constant(I64, 64), size], name=local_name(buf.name))
         failed = b.icmp_unsigned("==", ptr, ir.Constant(PTR, None))
         with b.if_then(failed, likely=False):
             self._fail()

@@ -214,6 +214,8 @@ class TorchOp:
 
     def _teach(self, direct: _Direct) -> None:
         """Give the C++ eager path this signature (it builds on first use; nothing where it cannot)."""
+        if direct.path.symbols:  # a dynamic kernel's shape symbols: the C++ path lays out no cells for them
+            return
         module = None if direct.cparams else self._native_module()
         if module is None:
             return
@@ -463,6 +465,8 @@ class _Direct:
                     return None
                 ptrs[slot] = a.data_ptr()
             for pos, kind, bounds, cell in cells:
+                if pos < 0:
+                    break  # (a dynamic kernel's shape symbols, last: set once)
                 value = args[pos]
                 if type(value) is not kind or (bounds is not None and not bounds[0] <= value <= bounds[1]):
                     return None

@@ -90,16 +90,40 @@ def flat_terms(indices: tuple[Expr, ...], shape: tuple[int, ...]) -> FlatOffset 
     ``j``: ``W * (E // W) + E % W == E`` holds for every integer ``E`` (floor semantics, W > 0).
     """
     terms: dict[Expr, int] = {}
-    stride = 1
+    stride: int | Expr = 1
     for idx, dim in reversed(list(zip(indices, shape))):
-        if not _add_terms(idx, stride, terms):
-            return None
-        stride *= dim
+        if isinstance(stride, int):
+            if not _add_terms(idx, stride, terms):
+                return None
+        else:  # past a dim of a dynamic shape symbol: ``idx * stride`` is one atom
+            if not idx.dtype.is_int:
+                return None
+            atom = Binary("mul", idx, stride, dtypes.i64)
+            terms[atom] = terms.get(atom, 0) + 1
+        stride = _times(stride, dim)
     recombined = False
     while _pair_divmod(terms):
         recombined = True
     constant = terms.pop(_UNIT, 0)
     return FlatOffset(MappingProxyType({atom: coef for atom, coef in terms.items() if coef}), constant, recombined)
+
+
+def _times(a: int | Expr, b: int | Expr) -> int | Expr:
+    """``a * b`` of dims: an integer, or an expression where a dynamic shape symbol's dim takes part."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a * b
+    if a == 1 or b == 1:
+        return b if a == 1 else a
+    return Binary("mul", Const(a, dtypes.i64) if isinstance(a, int) else a,
+                  Const(b, dtypes.i64) if isinstance(b, int) else b, dtypes.i64)
+
+
+def buffer_elements(shape: tuple[int | Expr, ...]) -> int | Expr:
+    """The elements of a buffer of ``shape``: an integer, or an expression of dynamic shape symbols."""
+    n: int | Expr = 1
+    for d in shape:
+        n = _times(n, d)
+    return n
 
 
 _UNIT = Const(1, dtypes.i64)  # the key under which _add_terms sums constants (a Const is never an atom)
@@ -200,6 +224,14 @@ def require_loop(func: LoopFunc, name: str, span: Span | None = None) -> list[Fo
     return found
 
 
+def dynamic_remainder(func: LoopFunc, loop: For) -> bool:
+    """Whether ``loop``'s extent is an expression of the function's arguments alone (dynamic
+    shape symbols: a split's remainder ``N % 32``), which no primitive needing a constant extent
+    can take: vectorize and unroll leave such a copy a plain loop."""
+    names = free_vars(loop.extent)
+    return bool(names) and names <= {p.name for p in func.params}
+
+
 def const_extent(loop: For, span: Span | None = None) -> int:
     if not isinstance(loop.extent, Const):
         raise TccScheduleError(f"loop {loop.var.name} has no constant extent", span)
@@ -240,9 +272,12 @@ def is_seq_of_copies(s: Stmt) -> bool:
     """The main part and the tail of a split: two loops of one name, the tail running once, both
     storing to the same tensors. (Two statements whose loops got one name from one split, such
     as a cached copy and the nest that reads it, are not copies: permuting them as one nest
-    would reorder them.)"""
-    if not (isinstance(s, Seq) and len(s.stmts) == 2 and all(isinstance(c, For) for c in s.stmts)):
+    would reorder them.) A split of a dynamic extent with a ``remainder_step`` has three: the
+    main part, the remainder's whole steps (a dynamic extent) and its last remainder."""
+    if not (isinstance(s, Seq) and len(s.stmts) in (2, 3) and all(isinstance(c, For) for c in s.stmts)):
         return False
-    main, tail = s.stmts
-    return (main.var.name == tail.var.name and isinstance(tail.extent, Const) and tail.extent.value == 1
-            and {st.buffer for st in stores(main)} == {st.buffer for st in stores(tail)})
+    main, *rest = s.stmts
+    tail = rest[-1]
+    middle = all(c.var.name == main.var.name and not isinstance(c.extent, Const) for c in rest[:-1])
+    return (middle and main.var.name == tail.var.name and isinstance(tail.extent, Const) and tail.extent.value == 1
+            and all({st.buffer for st in stores(main)} == {st.buffer for st in stores(c)} for c in rest))

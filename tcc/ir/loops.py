@@ -29,16 +29,22 @@ class Buffer:
 
     name: str
     dtype: DType
-    shape: tuple[int, ...]
+    shape: tuple[int, ...]  # an expression of the dynamic shape symbols where a dim depends on them
     scope: str = "global"
     swizzle: int = 0
 
     @property
     def size(self) -> int:
+        """Elements; only for a buffer of constant dims (see :attr:`static`)."""
         n = 1
         for d in self.shape:
             n *= d
         return n
+
+    @property
+    def static(self) -> bool:
+        """Whether every dim is a constant (not a dynamic shape symbol's expression)."""
+        return all(isinstance(d, int) for d in self.shape)
 
 
 @dataclass(frozen=True)
@@ -318,8 +324,12 @@ def format_func(f: LoopFunc) -> str:
         else:
             params.append(f"{p.name}: {p.dtype}")
     lines = [f"func {f.name}({', '.join(params)}) {{"]
-    if f.attrs.get("streamed"):  # results stored around the cache (non-temporal), the schedule's choice
-        lines.append(f"    # streamed: {', '.join(f.attrs['streamed'])}")  # type: ignore[arg-type]
+    sized = dict(f.attrs.get("streamed_from", ()))  # type: ignore[arg-type]  # (dynamic sizes: by the call's)
+    always = [n for n in f.attrs.get("streamed", ()) if n not in sized]  # type: ignore[attr-defined]
+    if always:  # results stored around the cache (non-temporal), the schedule's choice
+        lines.append(f"    # streamed: {', '.join(always)}")
+    for name, nbytes in sized.items():
+        lines.append(f"    # streamed: {name} when at least {nbytes} bytes")
     _format_stmt(f.body, 1, lines)
     lines.append("}")
     prepare = f.attrs.get("prepare")

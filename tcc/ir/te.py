@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from tcc.dtypes import DType
 from tcc.errors import Source, Span, TccError
-from tcc.ir.expr import Expr, IterVar, Read, Reduce, Var, format_expr
+from tcc.ir.expr import Const, Expr, IterVar, Read, Reduce, Var, format_expr
 
 
 @dataclass(frozen=True)
@@ -26,8 +26,13 @@ class Tensor:
     span: Span | None = field(default=None, compare=False, repr=False)
 
     def concrete_shape(self) -> tuple[int, ...]:
-        """The shape as integers; only valid after specialisation."""
+        """The shape as integers; only valid after specialisation without dynamic symbols."""
         return tuple(int(d.value) for d in self.shape)  # type: ignore[attr-defined]
+
+    def dims(self) -> tuple[int | Expr, ...]:
+        """The shape after specialisation: an integer per dim, an expression of the dynamic
+        shape symbols where the dim depends on them."""
+        return tuple(int(d.value) if isinstance(d, Const) else d for d in self.shape)
 
 
 @dataclass(frozen=True)
@@ -128,6 +133,7 @@ class OpTE:
     source: Source
     span: Span | None = None
     bindings: dict[str, int | float] = field(default_factory=dict)  # set by specialisation
+    dynamic: tuple[str, ...] = ()  # shape symbols left variables by specialisation: kernel arguments
     range_checks: list = field(default_factory=list)  # sema.RangeCheck: inferred ranges to agree
     index_checks: list = field(default_factory=list)  # bounds.IndexCheck: data indices checked at the call
     groups: list = field(default_factory=list)  # fusion.FusionGroup: computes sharing outer loops
@@ -154,8 +160,9 @@ def format_op(op: OpTE) -> str:
         params.append(f"{p}: {shape(op.tensors[p])}" if p in op.tensors else f"{p}: {op.scalars[p].dtype}")
     results = ", ".join(f"{r}: {shape(op.tensors[r])}" for r in op.results)
     head = f"te {op.name}"
-    if op.bindings:
-        head += " {" + ", ".join(f"{k}={v}" for k, v in op.bindings.items()) + "}"
+    if op.bindings or op.dynamic:
+        bound = [f"{k}={v}" for k, v in op.bindings.items()] + [f"{k}=dynamic" for k in op.dynamic]
+        head += " {" + ", ".join(bound) + "}"
     elif op.cparams:
         head += "[" + ", ".join(f"{k} = {v}" for k, v in op.cparams.items()) + "]"
     lines = [f"{head}({', '.join(params)}) -> ({results}) {{"]

@@ -91,10 +91,13 @@ class Lowered:
 
 def lower_op(op: OpTE, bindings: dict[str, int | float], target: Target, scheduler: Scheduler,
              conv: str = "auto", trace: Trace = SILENT, steps: tuple[Step, ...] = (), tf32: bool = False,
-             constants: frozenset[str] = frozenset()) -> Lowered:
-    """The passes every target shares: a checked TE op down to loop nests for ``bindings``."""
-    te = trace("specialize", specialize(op, bindings))
-    te = trace("phases", split_phases(te))
+             constants: frozenset[str] = frozenset(), dynamic: frozenset[str] = frozenset(),
+             multiples: dict[str, int] | None = None) -> Lowered:
+    """The passes every target shares: a checked TE op down to loop nests for ``bindings``; the
+    shape symbols in ``dynamic`` stay variables (kernel arguments; ``multiples``: what each is a
+    multiple of at every call)."""
+    te = trace("specialize", specialize(op, bindings, dynamic, multiples))
+    te = trace("phases", split_phases(te) if not te.dynamic else te)  # (splits constant strides)
     te = trace("scans", prefix_scans(te))  # prefix reductions (sum[j: i + 1]) as recurrences: linear work
     verify_op(te)
     te = trace("bounds", prove_bounds(te))  # every read proved; those proved under a select clamped

@@ -159,6 +159,7 @@ def invoke(kernel: CpuKernel, op, bound, out: Any) -> list[Any]:
                                op.tensors[name].span, "use f32 or f16 on the CPU")
     targets, views = _check_out(op, bound, out)
     values: dict[str, Any] = dict(bound.scalars)
+    values.update(dynamic_values(kernel, bound))
     inputs = []
     for name, arr in bound.arrays.items():
         contiguous = _contiguous(op, name, arr)
@@ -185,6 +186,13 @@ def invoke(kernel: CpuKernel, op, bound, out: Any) -> list[Any]:
     for view, buf in copies:
         np.copyto(view, buf)
     return results
+
+
+def dynamic_values(kernel: CpuKernel, bound) -> dict[str, int]:
+    """The values of the dynamic shape symbols a kernel reads (its scalar parameters that are
+    not the op's): this call's bindings."""
+    return {name: bound.bindings[name] for name, is_buffer in kernel.params
+            if not is_buffer and name not in bound.scalars and name in bound.bindings}
 
 
 ALIGN = 64  # bytes: a cache line, so that large results take non-temporal vector stores
@@ -341,6 +349,7 @@ class Plan:
     constants: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None = None
     # (positions of the constant arguments, their slots, the prepared buffers' slots): see run
     pool: list[tuple[Any, list[Any], int]] = field(default_factory=list)  # (argument array, scalar cells, address)
+    symbols: list[tuple[int, int]] = field(default_factory=list)  # (slot, value): dynamic shape symbols
 
     def new_buffer(self) -> tuple[Any, list[tuple[int, type, tuple[int, int] | None, Any]], int]:
         """An argument array and its scalar cells (each cell's address already in its slot)."""
@@ -350,6 +359,10 @@ class Plan:
             cell = cell_type()
             ptrs[slot] = ctypes.addressof(cell)
             cells.append((pos, kind, bounds, cell))
+        for slot, value in self.symbols:  # the same for every call of this signature: set once
+            cell = ctypes.c_int64(value)
+            ptrs[slot] = ctypes.addressof(cell)
+            cells.append((-1, None, None, cell))
         return ptrs, cells, ctypes.addressof(ptrs)  # an address passes faster than the array
 
     def fast_path(self) -> CpuFastPath:
@@ -360,7 +373,7 @@ class Plan:
         return CpuFastPath(self.kernel.name, self.kernel.address, self.kernel.fn, self.nargs, len(self.kernel.params),
                            self.cparams, tuple(map(tensor, self.inputs)), scalars,
                            None if self.outs is None else tuple(map(tensor, self.outs)), self.constants is not None,
-                           self.pool, self.new_buffer)
+                           self.pool, self.new_buffer, len(self.symbols))
 
     def __post_init__(self) -> None:
         self.single_out = self.outs[0] if self.outs is not None and len(self.outs) == 1 else None
@@ -406,6 +419,8 @@ class Plan:
         ptrs, cells, address = buffer
         try:
             for pos, kind, bounds, cell in cells:
+                if pos < 0:
+                    break  # (the symbols' cells, last: set once)
                 value = args[pos]
                 if type(value) is not kind or (bounds is not None and not bounds[0] <= value <= bounds[1]):
                     return None
@@ -500,8 +515,9 @@ def make_plan(kernel: CpuKernel, op, bound, args: tuple[Any, ...], cparams: dict
         sources = kernel.prepared.sources
         constants = (tuple(position[n] for n in sources), tuple(slot[n] for n in sources),
                      tuple(slot[n] for n in kernel.prepared.names))
+    symbols = [(slot[n], v) for n, v in dynamic_values(kernel, bound).items()]
     return Plan(kernel, len(args), dict(cparams), inputs, scalars, [slot[n] for n in kinds], outs, results,
-                constants)
+                constants, symbols=symbols)
 
 
 BACKEND = Backend(

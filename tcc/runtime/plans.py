@@ -57,9 +57,11 @@ class CpuFastPath:
     results: tuple[FastTensor, ...] | None  # the ``out=`` targets it was made for; None: the call allocates
     constants: bool  # it prepares buffers from constant parameters: only its plan's own ``run`` repeats it
     # free argument arrays, each (pointer array, [(position, Python type, int range or None, ctypes
-    # cell)], the array's address): shared with the plan, so that threads never share one
+    # cell)], the array's address): shared with the plan, so that threads never share one; a
+    # dynamic kernel's shape symbols come last in the list, position -1, their cells set once
     pool: list[Any]
     new_buffer: Callable[[], Any]  # another argument array, when none is free
+    symbols: int = 0  # the dynamic shape symbols the kernel reads (set in the arrays already)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
-"""``python -m fuzz -n 5000 [--target cuda] [--schedules 2] [--workers 2]`` (with ``tests`` on
-PYTHONPATH; ``make fuzz N=5000`` does that): fuzz seeds and print every failure and a summary.
+"""``python -m fuzz -n 5000 [--target cuda] [--schedules 2] [--workers 2] [--dynamic]`` (with ``tests``
+on PYTHONPATH; ``make fuzz N=5000`` does that): fuzz seeds and print every failure and a summary
+(``--dynamic``: every shape symbol dynamic, each op called at several sizes).
 ``--grad [--orders 2] [--torch]`` fuzzes ``tcc.grad`` instead (``fuzz.grad_check``: first and
 second order against finite differences in float64; ``make fuzz-grad N=2000``).
 Exit status 1 when any program crashed, timed out, raised an internal error or mismatched (or,
@@ -29,14 +30,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per program")
     ap.add_argument("--show-rejected", action="store_true", help="print programs the frontend refused")
+    ap.add_argument("--dynamic", action="store_true", help="every shape symbol dynamic, ops called at several sizes")
     ap.add_argument("--grad", action="store_true", help="fuzz tcc.grad (float64, CPU) instead")
     ap.add_argument("--orders", type=int, default=2, help="with --grad: derivative orders to check")
     ap.add_argument("--torch", action="store_true", help="with --grad: also gradcheck/gradgradcheck via tcc.torch")
     args = ap.parse_args(argv)
     if args.grad:
         return _grad_main(args)
-    jobs = ({"seed": s, "target": args.target, "schedules": args.schedules, "bf16": args.target == "cuda"}
-            for s in range(args.start, args.start + args.n))
+    jobs = ({"seed": s, "target": args.target, "schedules": args.schedules, "bf16": args.target == "cuda",
+             "dynamic": args.dynamic} for s in range(args.start, args.start + args.n))
     counts: collections.Counter = collections.Counter()
     scheduled = refused = 0
     with tempfile.TemporaryDirectory(prefix="tcc-fuzz-") as cache:

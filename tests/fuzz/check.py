@@ -8,6 +8,11 @@ or a tcc bug, reviewed by hand; counted apart). A random schedule that tcc refus
 ``TccScheduleError`` is fine; one it accepts must give the right answer. Where the reference
 raises ``TccIndexError`` (an index input the generator poisoned with a value out of range), the
 op must raise it too and leave its poisoned ``out=`` untouched.
+
+With ``dynamic``, every shape symbol is dynamic (``tcc.compile(..., dynamic=True)``) and each op
+is called at its program's sizes and at sizes drawn around them, one kernel for all: every call
+must match the reference. A ``TccError`` where the dynamic kernel refuses an op or a size (a read
+it cannot prove for every value, a pass that cannot take a symbolic extent) counts as refused.
 """
 
 from __future__ import annotations
@@ -47,17 +52,20 @@ class Outcome:
     refused: int = 0  # ... that tcc refused with a TccScheduleError
 
 
-def check_seed(seed: int, target: str = "cpu", schedules: int = 0, bf16: bool = False) -> Outcome:
+def check_seed(seed: int, target: str = "cpu", schedules: int = 0, bf16: bool = False,
+               dynamic: bool = False) -> Outcome:
     """Generate the program of ``seed``, run every op on fresh random data (and under
-    ``schedules`` random user schedules each), compare with the reference."""
-    return check_program(generate(seed, bf16=bf16), target, schedules)
+    ``schedules`` random user schedules each, or with ``dynamic`` shape symbols at several
+    sizes), compare with the reference."""
+    return check_program(generate(seed, bf16=bf16), target, schedules, dynamic)
 
 
-def check_program(prog: Program, target: str = "cpu", schedules: int = 0) -> Outcome:
+def check_program(prog: Program, target: str = "cpu", schedules: int = 0, dynamic: bool = False) -> Outcome:
     seed = prog.seed
     deterministic = any(annotations(prog.source, c.name).deterministic for c in prog.cases)
     try:
-        lib = tcc.compile(prog.source, target=target, deterministic=deterministic)
+        lib = tcc.compile(prog.source, target=target, deterministic=deterministic,
+                          **({"dynamic": True} if dynamic else {}))
     except TccError as exc:  # compile() only parses and checks: the frontend refused it
         return Outcome(seed, "rejected", f"{type(exc).__name__}: {exc}")
     except Exception as exc:  # noqa: BLE001 - anything else is a bug to report
@@ -68,6 +76,13 @@ def check_program(prog: Program, target: str = "cpu", schedules: int = 0) -> Out
         op = lib[case.name]
         ann = annotations(prog.source, case.name)
         bound = op.bound(**ann.types) if ann.types else op  # a generic op's binding: the te to check
+        if dynamic:
+            status, detail = _run_sizes(op, bound.te, ann, case.bindings, seed, rnd)
+            out.refused += status == "refused"
+            out.schedules += 1
+            if status not in ("ok", "refused"):
+                return Outcome(seed, status, f"{case.name} (dynamic): {detail}", out.schedules, out.refused)
+            continue
         variants = [op] + [_random_schedule(op, case.bindings, rnd) for _ in range(schedules)]
         for k, variant in enumerate(variants):
             if variant is None:
@@ -83,7 +98,34 @@ def check_program(prog: Program, target: str = "cpu", schedules: int = 0) -> Out
     return out
 
 
-def _run_case(op, te, ann: Annotations, bindings: dict[str, int], data_seed: int) -> tuple[str, str]:
+def _run_sizes(op, te, ann: Annotations, bindings: dict[str, int], seed: int,
+               rnd: random.Random) -> tuple[str, str]:
+    """The op of dynamic shape symbols at the program's sizes, then at up to three sizes drawn
+    around them (each symbol moved by -2 to +5; sizes the program does not allow are skipped)."""
+    sizes = [bindings]
+    for _ in range(6):
+        moved = {k: max(1, v + rnd.randint(-2, 5)) if k in te.symbols else v for k, v in bindings.items()}
+        try:
+            specialize(te, {**te.cparams, **moved})
+        except TccError:
+            continue
+        sizes.append(moved)
+        if len(sizes) == 4:
+            break
+    for k, size in enumerate(sizes):
+        try:
+            status, detail = _run_case(op, te, ann, size, seed * 1000 + k, dynamic=True)
+        except TccError:
+            status, detail = "refused", ""
+        if status == "rejected" and k:  # sizes the program's reads do not allow
+            continue
+        if status != "ok":
+            return status, f"{detail} at {size}"
+    return "ok", ""
+
+
+def _run_case(op, te, ann: Annotations, bindings: dict[str, int], data_seed: int,
+              dynamic: bool = False) -> tuple[str, str]:
     """Call ``op`` (of tensor expressions ``te``) on fresh data, index inputs drawn as ``ann``
     says, against the reference: the same results, or the same ``TccIndexError``."""
     rng = np.random.default_rng(data_seed)
@@ -110,8 +152,12 @@ def _run_case(op, te, ann: Annotations, bindings: dict[str, int], data_seed: int
         if expected is None:
             return _untouched(te, outs)
         return "mismatch", f"TccIndexError where the reference gives results: {exc}"
-    except FRONTEND_ERRORS as exc:
-        return "rejected", f"{type(exc).__name__}: {exc}"
+    except TccError as exc:
+        if dynamic:  # the dynamic kernel refused the op or these sizes (a static one would take them)
+            return "refused", ""
+        if isinstance(exc, FRONTEND_ERRORS):
+            return "rejected", f"{type(exc).__name__}: {exc}"
+        return "internal", _describe(exc)
     except Exception as exc:  # noqa: BLE001
         return "internal", _describe(exc)
     if expected is None:

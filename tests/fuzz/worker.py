@@ -26,7 +26,8 @@ def main() -> None:
             prog = Program(job["seed"], job["source"], [OpCase(n, b) for n, b in job["cases"]])
             outcome = check_program(prog, job.get("target", "cpu"), job.get("schedules", 0))
         else:
-            outcome = check_seed(job["seed"], job.get("target", "cpu"), job.get("schedules", 0), job.get("bf16", False))
+            outcome = check_seed(job["seed"], job.get("target", "cpu"), job.get("schedules", 0), job.get("bf16", False),
+                                 job.get("dynamic", False))
         out.write(json.dumps(dataclasses.asdict(outcome)) + "\n")
         out.flush()
 

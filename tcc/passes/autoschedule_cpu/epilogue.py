@@ -180,8 +180,10 @@ def _k_block_loop(producer: Stmt, target: str) -> tuple[Var, int] | None:
             if not _from_registers(s, target):
                 raise TccScheduleError(f"{target} is accumulated in memory, not written from registers")
             used = set().union(*(free_vars(i) for i in s.indices))
-            found.update((f.var.name, int(f.extent.value)) for f in chain  # type: ignore[attr-defined]
-                         if f.var.name not in used and getattr(f.extent, "value", 2) != 1)
+            blocks = [f for f in chain if f.var.name not in used and getattr(f.extent, "value", 2) != 1]
+            if any(not isinstance(f.extent, Const) for f in blocks):
+                raise TccScheduleError(f"{target}'s k blocks are counted at the call (a dynamic shape symbol)")
+            found.update((f.var.name, int(f.extent.value)) for f in blocks)  # type: ignore[attr-defined]
         for c in s.children():
             visit(c, chain + (s,) if isinstance(s, For) else chain)
 

@@ -14,11 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from tcc.errors import TccScheduleError
-from tcc.ir.expr import Binary, Cast, Const, Expr, Load, Var, free_vars
-from tcc.ir.loopnest import fresh, linear_coeff, loop_names, subst
+from tcc.ir.expr import Binary, Cast, Const, Expr, Load, Var, const, free_vars
+from tcc.ir.loopnest import fresh, linear_coeff, loop_names, on_loops, subst
 from tcc.ir.loops import Allocate, For, LoopFunc, Seq, Stmt, Store, map_stmt, walk_stmts
 from tcc.passes.autoschedule_cpu.epilogue import store_epilogue
 from tcc.passes.autoschedule_cpu.pixels import merge_pixels
+from tcc.passes.autoschedule_cpu.remainders import pad_remainders
 from tcc.passes.autoschedule_cpu.tile_init import init_in_first_block, init_in_registers
 from tcc.passes.loops.cache import cache
 from tcc.passes.loops.fuse import fuse
@@ -32,6 +33,8 @@ from tcc.passes.loops.vectorize import vectorize
 from tcc.passes.trace import SILENT, Trace
 from tcc.target import CpuTarget
 
+DYNAMIC_EXTENT = 1024  # what the tiles assume of an extent the dynamic shape symbols give (tails take the rest)
+REMAINDER_ROWS = 4  # a dynamic row count's remainder runs as tiles of this many rows (the last padded)
 PARALLEL_MIN_WORK = 1 << 15  # iterations below which a fork costs more than it saves
 PACK_A_ONCE_BYTES = 32 << 20
 A_COPY_COST = 3
@@ -143,8 +146,9 @@ class GemmNest:
     itemsize: int  # of A's elements
     a: str
     b: str  # the operands
-    extents: dict[str, int]  # of every loop of the nest
+    extents: dict[str, int]  # of every loop of the nest (a dynamic one's: DYNAMIC_EXTENT)
     outer: tuple[str, ...] = field(default=())  # the group loops around the nest
+    dynamic: frozenset[str] = frozenset()  # the loops whose extents the dynamic shape symbols give
 
 
 def contractions(func: LoopFunc) -> dict[str, GemmNest]:
@@ -231,7 +235,8 @@ def _contraction(nest: Stmt) -> dict | None:
     if not (rloops and isinstance(r, Store) and r.buffer == s.buffer.name and isinstance(final, Store)) \
             or final.accumulate:  # (a += of a contraction: its positions may repeat, not a GEMM's tiles)
         return None
-    if any(not isinstance(f.extent, Const) for f in axes + rloops):  # a triangle (sum[j: i + 1]) is no GEMM
+    indices = {f.var.name for f in axes + rloops}
+    if any(free_vars(f.extent) & indices for f in axes + rloops):  # a triangle (sum[j: i + 1]) is no GEMM
         return None
     value = r.value
     if not (isinstance(value, Binary) and value.op == "add" and isinstance(value.b, Binary) and value.b.op == "mul"):
@@ -250,7 +255,7 @@ def _contraction(nest: Stmt) -> dict | None:
         or [f for f in axes[:-1] if int(getattr(f.extent, "value", 0)) == 1 and f.var.name not in b_vars]
     if not i_axes:  # (a unit row loop that A does not index, a classifier at batch 1: a GEMM of one row)
         return None
-    ext = {f.var.name: int(f.extent.value) for f in axes + rloops}  # type: ignore[attr-defined]
+    ext = {f.var.name: int(f.extent.value) if isinstance(f.extent, Const) else DYNAMIC_EXTENT for f in axes + rloops}
     k = 1
     for f in rloops:
         k *= ext[f.var.name]
@@ -260,7 +265,8 @@ def _contraction(nest: Stmt) -> dict | None:
         total *= ext[f.var.name]
     return GemmNest(final.buffer, i_axes[-1].var.name, j, [f.var.name for f in rloops],
                     [f.var.name for f in axes if f.var.name not in (i_axes[-1].var.name, j)],
-                    m, n, k, 2 * total * k, a.dtype.itemsize, a.buffer, b.buffer, ext)
+                    m, n, k, 2 * total * k, a.dtype.itemsize, a.buffer, b.buffer, ext,
+                    dynamic=frozenset(f.var.name for f in axes + rloops if not isinstance(f.extent, Const)))
 
 
 def _moves_with(b: Load, j: str) -> bool:
@@ -293,8 +299,10 @@ def schedule_gemm(func: LoopFunc, tensor: str, info: GemmNest, p: dict[str, int]
     group = _group_parallel(func, info.outer, nthreads)
     if group is not None or _inside_parallel(func, info.outer):
         nthreads = 1  # one fork per call: the group loop's iterations (images) go to the threads
-    batch_parallel = [b for b in info.batch if info.extents[b] >= nthreads > 1]
+    batch_parallel = [b for b in info.batch if info.extents[b] >= nthreads > 1 and b not in info.dynamic]
     axis = None if batch_parallel or nthreads == 1 else _parallel_axis(m, n, mr, nr, nthreads)
+    if axis is not None and {i, j} & info.dynamic:  # no share per thread of a size known at the call:
+        axis = "ir" if i in info.dynamic else "jr"  # the threads take register tiles of each cache block
     per_m = -(-m // nthreads) if axis == "ip" else m
     per_n = -(-n // nthreads) if axis == "jp" else n
     lanes = target.vector_bytes // info.itemsize
@@ -302,11 +310,19 @@ def schedule_gemm(func: LoopFunc, tensor: str, info: GemmNest, p: dict[str, int]
         nr = column_tile(per_n, nr, lanes)
     mc = even_block(per_m, mr, max(mr, min(mc, per_m) // mr * mr))
     nc = even_block(per_n, nr, max(nr, min(nc, per_n) // nr * nr))
+    unsplit = {x for x, loop in (("ip", i), ("jp", j)) if loop in info.dynamic}
+    if len({i, j, k} & info.dynamic) > 1:  # each remainder copies the nest: no cache blocks of dynamic extents
+        unsplit |= {x for x, loop in (("io", i), ("jo", j), ("ko", k)) if loop in info.dynamic}
     for loop, factor, outer, inner in ((i, per_m, "ip", "i1"), (t["i1"], mc, "io", "i2"), (t["i2"], mr, "ir", "ii"),
                                        (j, per_n, "jp", "j0"), (t["j0"], nc, "jo", "j1"), (t["j1"], nr, "jr", "jj"),
                                        (k, kc, "ko", "kk")):
+        if outer in unsplit:  # one remainder fewer (each is a copy of the nest): one share, of all of it
+            func = on_loops(func, loop, lambda s, o=t[outer], n=t[inner]: For(
+                Var(o), const(1), replace(s, var=Var(n), body=subst(s.body, {s.var.name: Var(n)})), span=s.span))
+            continue
+        step = REMAINDER_ROWS if outer == "ir" and i in info.dynamic else None  # (remainder rows: 4-row tiles)
         func = trace(f"split {loop} by {factor} -> {t[outer]}, {t[inner]}",
-                     split(func, loop, factor, t[outer], t[inner]))
+                     split(func, loop, factor, t[outer], t[inner], remainder_step=step))
     # ir outside jr: one mr x kc micro-panel of A stays in L1 while the kc x nr micro-panels of B
     # stream past it from L2 (jr inside ir measured 5-10% slower on matmul 1024 and the 3x3 conv)
     nest = [*info.batch, *(t[x] for x in ("ip", "jp", "jo", "ko", "io", "ir", "jr", "kk", "ii", "jj"))]
@@ -321,7 +337,9 @@ def schedule_gemm(func: LoopFunc, tensor: str, info: GemmNest, p: dict[str, int]
     before = set(func.buffers())
     func = trace(f"cache {c_tile} at {t['jr']}", cache(func, c_tile, t["jr"]))
     tiles = set(func.buffers()) - before
-    if kt <= kc:  # one k block: each register tile is loaded once, right after C is zeroed
+    if set(kloops) & info.dynamic:
+        pass  # k blocks counted at the call (the first may be the remainder): C is zeroed first, as written
+    elif kt <= kc:  # one k block: each register tile is loaded once, right after C is zeroed
         func = trace(f"init {c_tile} in registers", init_in_registers(func, c_tile, tiles))
     else:  # the first k block's tiles start at zero: no pass (and fork) to zero C first
         func = trace(f"init {c_tile} in the first k block's registers",
@@ -333,6 +351,9 @@ def schedule_gemm(func: LoopFunc, tensor: str, info: GemmNest, p: dict[str, int]
     func, rows = column_rows(func, t["ii"], t["jj"])
     if rows is not None:
         func = trace(f"vectorize {rows} (one-column tiles: their rows are the lanes)", vectorize(func, rows))
+    if i in info.dynamic:
+        rows = REMAINDER_ROWS if mr % REMAINDER_ROWS == 0 else mr
+        func = trace(f"pad remainders of {t['ii']} to {rows} rows", pad_remainders(func, t["ii"], rows))
     names = loop_names(func.body)
     if t["ii"] in names:
         func = trace(f"unroll {t['ii']}", unroll(func, t["ii"]))

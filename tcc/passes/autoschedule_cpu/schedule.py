@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tcc.errors import TccScheduleError
-from tcc.ir.expr import Select, walk
+from tcc.ir.expr import Binary, Const, Select, free_vars, walk
 from tcc.ir.loopnest import fresh, linear_coeff, loads, loop_names, on_loops, stores
 from tcc.ir.loops import (
     Allocate,
@@ -46,9 +46,10 @@ from tcc.passes.autoschedule_cpu.gemm import (
     schedule_gemm,
 )
 from tcc.passes.autoschedule_cpu.pack_gather import gather_into_packs
+from tcc.passes.autoschedule_cpu.small_serial import serial_when_small
 from tcc.passes.autoschedule_cpu.stream import parallel_streams, vectorize_streams
 from tcc.passes.autoschedule_cpu.streaming import stream_results
-from tcc.passes.autoschedule_cpu.unflatten import divmod_width, unflatten
+from tcc.passes.autoschedule_cpu.unflatten import divmod_width, rows_of, unflatten
 from tcc.passes.loops.compute_at import compute_at
 from tcc.passes.loops.fuse import fuse
 from tcc.passes.loops.parallel import parallel
@@ -75,6 +76,7 @@ def autoschedule(func: LoopFunc, target: CpuTarget, params: dict[str, dict[str, 
     if target.cores > 1:
         func = parallel_streams(func, trace)
     func = vectorize_and_parallelize(func, target, trace)
+    func = trace("serial when small", serial_when_small(func))  # (dynamic kernels' parallel loops)
     return trace("streaming stores", stream_results(func, target))
 
 
@@ -108,14 +110,37 @@ def unflatten_gathers(func: LoopFunc) -> LoopFunc:
         if not (isinstance(f, For) and f.kind == "serial") or any(isinstance(n, For) for n in walk_stmts(f.body)):
             continue
         width = divmod_width(f)
-        if width is not None and 1 < width < int(getattr(f.extent, "value", 0)):
+        if isinstance(width, int) and 1 < width < int(getattr(f.extent, "value", 0)) \
+                or width is not None and not isinstance(width, int) and rows_of(f, width) is not None:
             func = unflatten(func, f.var.name, width)
     return func
 
 
+DYNAMIC_EXTENT = 1024  # what the schedule assumes of an extent known only at the call (a dynamic shape symbol's)
+VECTOR_LANES = 32
+
+
+def extent_hint(f: For, indices: set[str], default: int = 0) -> int:
+    """A loop's extent; :data:`DYNAMIC_EXTENT` where it is an expression of dynamic shape symbols
+    (none of its variables is one of the loop ``indices`` around it): the schedule sizes its work
+    by that, and tails handle the rest; ``default`` for one that moves with a loop index."""
+    if isinstance(f.extent, Const):
+        return int(f.extent.value)
+    return default if free_vars(f.extent) & indices else DYNAMIC_EXTENT
+
+
+def vector_lanes(f: For) -> int:
+    """Lanes to vectorise ``f`` by: 32, or the multiple a dynamic extent is declared to be
+    (``dynamic={"N": 8}``: ``8 * (N // 8)``) where that is smaller, so that no remainder is left."""
+    e = f.extent
+    if isinstance(e, Binary) and e.op == "mul" and isinstance(e.a, Const) and 4 <= int(e.a.value) < VECTOR_LANES:
+        return int(e.a.value)
+    return VECTOR_LANES
+
+
 def vectorize_and_parallelize(func: LoopFunc, target: CpuTarget, trace: Trace = SILENT) -> LoopFunc:
-    lanes = 32
     for name in _vector_candidates(func):
+        lanes = min(vector_lanes(f) for f in walk_stmts(func.body) if isinstance(f, For) and f.var.name == name)
         try:
             func = trace(f"vectorize {name} by {lanes}", vectorize(func, name, lanes))
         except TccScheduleError:
@@ -192,7 +217,7 @@ def _parallel_widened(func: LoopFunc, item: For, cores: int, trace: Trace, whole
     one) it is first fused with the loop right inside it (``n`` x ``c`` of a depthwise conv).
     A ``whole`` group's loop must give every thread an iteration, else its statements are
     parallelised one by one instead (the caller's fallback)."""
-    extent = int(getattr(item.extent, "value", 0))
+    extent = extent_hint(item, set())
     if extent < 4 * cores and isinstance(item.body, For) and not is_sequential(item.body):
         name = fresh(func, f"{item.var.name}_{item.body.var.name}")
         try:
@@ -214,10 +239,11 @@ def _has_parallel(s: Stmt) -> bool:
 def _vector_candidates(func: LoopFunc) -> list[str]:
     """Loops whose variable walks the last dim of what they store (or, innermost, of what they load)."""
     picked: list[str] = []
+    indices = loop_names(func.body)
     for f in walk_stmts(func.body):
         if not isinstance(f, For) or f.kind != "serial" or is_sequential(f):
             continue
-        if int(getattr(f.extent, "value", 0)) < 4 or f.var.name in picked:
+        if extent_hint(f, indices) < 4 or f.var.name in picked:
             continue
         inner_loops = [n for n in walk_stmts(f.body) if isinstance(n, For)]
         if any(n.kind == "vector" for n in inner_loops):
@@ -260,11 +286,13 @@ def _holds_buffers(f: For) -> bool:
 
 def _store_work(f: Stmt) -> int:
     """The stores ``f`` makes: each store statement times the extents of the loops around it."""
+    indices = loop_names(f)
+
     def count(s: Stmt, trips: int) -> int:
         if isinstance(s, Store):
             return trips
         if isinstance(s, For):
-            return count(s.body, trips * int(getattr(s.extent, "value", 1)))
+            return count(s.body, trips * extent_hint(s, indices, 1))
         return sum(count(c, trips) for c in s.children())
     return count(f, 1)
 
@@ -276,9 +304,10 @@ def _work(f: For) -> int:
             total += 1
     size = 1
     s: Stmt = f
+    indices = loop_names(f)
     while isinstance(s, For):
-        size *= int(getattr(s.extent, "value", 1))
+        size *= extent_hint(s, indices, 1)
         s = s.body
-    inner = sum(int(getattr(n.extent, "value", 1)) for n in walk_stmts(s) if isinstance(n, For)) or 1
+    inner = sum(extent_hint(n, indices, 1) for n in walk_stmts(s) if isinstance(n, For)) or 1
     return size * inner * total
 

@@ -5,6 +5,8 @@ passing through the cache: its unit-stride vector stores can write whole lines a
 third less memory traffic for ``relu(a*b + c)``, and what the loop reads is not evicted). The
 decision is the schedule's; the code generator only reads the mark, the function attribute
 ``streamed`` (printed in the loop IR), and emits the stores where they are whole aligned lines.
+A result of a dynamic size is named in ``streamed_from`` too, with the bytes from which it is
+streamed: the kernel compares its size at the call.
 """
 
 from __future__ import annotations
@@ -30,6 +32,11 @@ def stream_results(func: LoopFunc, target: CpuTarget) -> LoopFunc:
     if not target.avx512:
         return func
     read = {ld.buffer for ld in loads(func.body)}
-    streamed = tuple(p.name for p in func.params if isinstance(p, Buffer) and p.name not in read
-                     and p.size * p.dtype.itemsize >= stream_bytes(target))
-    return replace(func, attrs={**func.attrs, "streamed": streamed}) if streamed else func
+    results = [p for p in func.params if isinstance(p, Buffer) and p.name not in read]
+    streamed = tuple(p.name for p in results if p.static and p.size * p.dtype.itemsize >= stream_bytes(target))
+    # a result whose size dynamic shape symbols give: streamed at the calls where it is that large
+    dynamic = tuple((p.name, stream_bytes(target)) for p in results if not p.static)
+    attrs = {**func.attrs, "streamed": streamed + tuple(name for name, _ in dynamic)}
+    if dynamic:
+        attrs["streamed_from"] = dynamic
+    return replace(func, attrs=attrs) if attrs["streamed"] else func

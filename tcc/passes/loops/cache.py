@@ -16,9 +16,10 @@ from dataclasses import dataclass, replace
 
 from tcc import dtypes
 from tcc.errors import Span, TccScheduleError
-from tcc.ir.expr import Const, Expr, Load, free_vars, substitute, transform, walk
+from tcc.ir.expr import Binary, Const, Expr, Load, free_vars, substitute, transform, walk
 from tcc.ir.loopnest import (
     const_extent,
+    dynamic_remainder,
     fresh,
     in_vector_loop,
     linear_coeff,
@@ -244,12 +245,13 @@ def _cache_at(loop: For, st: _State, gpu: _Gpu) -> tuple[For, list[Buffer]]:
     for indices, (chain, loaded, stored) in sites.items():
         used = set().union(*(free_vars(i) for i in indices)) if indices else set()
         loops = [f for f in chain if f.var.name in used]
-        shape = tuple(const_extent(f, st.span) for f in loops)
+        shape = tuple(_tile_extent(f, st) for f in loops)
         if stored:
             _check_injective(indices, loops, st)
-        nbytes = st.buf.dtype.itemsize * max(1, math.prod(shape))
-        scope = st.scope or ("local" if nbytes <= LOCAL_BYTES else "global")
-        if scope == "shared" and (stored or nbytes > st.shared_bytes):
+        static = all(isinstance(d, int) for d in shape)
+        nbytes = st.buf.dtype.itemsize * max(1, math.prod(shape)) if static else None
+        scope = st.scope or ("local" if nbytes is not None and nbytes <= LOCAL_BYTES else "global")
+        if scope == "shared" and (stored or nbytes is None or nbytes > st.shared_bytes):
             why = "it is written there" if stored else f"its tile takes {nbytes} bytes, over {st.shared_bytes}"
             raise TccScheduleError(f"cannot cache {st.buf.name} in shared memory at {loop.var.name}: {why}",
                                    st.span, "cache a smaller tile (at an inner loop) or a tensor only read")
@@ -269,6 +271,19 @@ def _cache_at(loop: For, st: _State, gpu: _Gpu) -> tuple[For, list[Buffer]]:
                   for c, b in zip(before, bufs)]
         return replace(loop, body=_between_barriers(before, body, st)), bufs
     return replace(loop, body=seq(*before, body, *after)), bufs
+
+
+def _tile_extent(f: For, st: _State) -> int | Expr:
+    """A dim of a cached tile: the loop's extent; for the remainder of a split of a dynamic
+    extent (``N % 32``) the split's factor (32; the CPU GEMM may run a remainder of rows as a
+    whole tile), so the tile keeps a constant size; an expression of the dynamic shape symbols
+    where it has no such bound (the tile then lives on the heap)."""
+    e = f.extent
+    if isinstance(e, Binary) and e.op == "mod" and isinstance(e.b, Const):
+        return int(e.b.value)
+    if not isinstance(e, Const) and dynamic_remainder(st.func, f):
+        return e
+    return const_extent(f, st.span)
 
 
 def _between_barriers(copies: list[Stmt], body: Stmt, st: _State) -> Stmt:
@@ -411,7 +426,7 @@ def _flat_offset(indices: tuple[Expr, ...], shape: tuple[int, ...], values: dict
     for idx, dim in reversed(list(zip(indices, shape))):
         env = {v: Const(values.get(v, 0), dtypes.i64) for v in free_vars(idx)}
         value = evaluate_int(substitute(idx, env))
-        if value is None:
+        if value is None or not isinstance(dim, int):  # (a dynamic shape symbol's dim: no constant stride)
             return None
         total += value * stride
         stride *= dim

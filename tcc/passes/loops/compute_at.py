@@ -126,8 +126,9 @@ def _encloses(outer: For, inner: For) -> bool:
 def _fold(loop: For, buf, dim: int) -> Stmt:
     """Drop dim ``dim`` (always the loop variable here) and allocate the buffer inside the loop."""
     shape = buf.shape[:dim] + buf.shape[dim + 1:]
-    nbytes = buf.dtype.itemsize * max(1, math.prod(shape))
-    new = replace(buf, shape=shape, scope="local" if nbytes <= LOCAL_BYTES else "global")
+    new = replace(buf, shape=shape)
+    small = new.static and buf.dtype.itemsize * max(1, math.prod(shape)) <= LOCAL_BYTES  # (dynamic: the heap)
+    new = replace(new, scope="local" if small else "global")
 
     def expr(e: Expr) -> Expr:
         return transform(e, lambda n: Load(n.buffer, n.indices[:dim] + n.indices[dim + 1:], n.dtype)

@@ -12,19 +12,23 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tcc.errors import Span, TccScheduleError
-from tcc.ir.expr import Const, Var, const, iadd, imul
+from tcc.ir.expr import Binary, Const, Expr, Var, const, free_vars, iadd, imul
 from tcc.ir.loopnest import const_extent, fresh, loop_names, on_loops, require_loop, subst
 from tcc.ir.loops import SEQUENTIAL, For, LoopFunc, Stmt, is_sequential, seq
 
 
 def split(func: LoopFunc, loop: str, factor: int, outer: str | None = None, inner: str | None = None,
-          span: Span | None = None) -> LoopFunc:
-    """Split every loop named ``loop`` by ``factor`` into ``outer`` x ``inner``."""
+          span: Span | None = None, remainder_step: int | None = None) -> LoopFunc:
+    """Split every loop named ``loop`` by ``factor`` into ``outer`` x ``inner``; a loop whose
+    extent is an expression of dynamic shape symbols too (:func:`split_dynamic`, whose remainder
+    is split again by ``remainder_step`` where given)."""
     loops = require_loop(func, loop, span)
     if not isinstance(factor, int) or factor < 1:
         raise TccScheduleError(f"split factor of {loop} must be a positive integer, got {factor!r}", span)
+    arguments = {p.name for p in func.params}
     for found in loops:
-        const_extent(found, span)
+        if not free_vars(found.extent) or not free_vars(found.extent) <= arguments:
+            const_extent(found, span)  # (an extent of the dynamic shape symbols, kernel arguments, splits too)
         if found.kind in ("vector", "unroll"):  # its lanes or copies are one unit: split it first
             raise TccScheduleError(f"loop {loop} is already marked {found.kind}; it cannot be split", span,
                                    f"split (or unroll by a factor) before the step that marks {loop} {found.kind}")
@@ -37,11 +41,13 @@ def split(func: LoopFunc, loop: str, factor: int, outer: str | None = None, inne
     inner = inner or fresh(func, f"{loop}_i")
     if outer == inner:
         raise TccScheduleError(f"split of {loop} needs two different names, got {outer!r} twice", span)
-    return on_loops(func, loop, lambda s: split_loop(s, factor, outer, inner))
+    return on_loops(func, loop, lambda s: split_loop(s, factor, outer, inner, remainder_step))
 
 
-def split_loop(s: For, factor: int, outer: str, inner: str) -> Stmt:
-    extent = int(s.extent.value)  # type: ignore[attr-defined]
+def split_loop(s: For, factor: int, outer: str, inner: str, remainder_step: int | None = None) -> Stmt:
+    if not isinstance(s.extent, Const):
+        return split_dynamic(s, factor, outer, inner, remainder_step)
+    extent = int(s.extent.value)
     o, i = Var(outer), Var(inner)
     order = (SEQUENTIAL,) if is_sequential(s) else ()  # both halves of a recurrence's loop run in order
     parts = []
@@ -56,3 +62,40 @@ def split_loop(s: For, factor: int, outer: str, inner: str) -> Stmt:
         parts.append(replace(s, var=o, extent=const(1), kind=kind,
                              body=For(i, const(rest), body, annotations=order, span=s.span)))
     return seq(*parts)
+
+
+def split_dynamic(s: For, factor: int, outer: str, inner: str, remainder_step: int | None = None) -> Stmt:
+    """Split a loop whose extent ``E`` is known only at the call: ``E // factor`` whole steps of
+    ``factor``, then a peeled remainder of ``E % factor`` iterations, with the names of the main
+    part as a constant tail has (later primitives tile it alike). Its inner extent is not a
+    constant: vectorize and unroll leave that copy a plain loop. A multiple declared with
+    ``dynamic=`` (the extent ``factor * k``) leaves no remainder. With ``remainder_step`` (a
+    divisor of ``factor``) the remainder is itself split, with the same names, into whole steps
+    of that many and a last remainder (a GEMM's remainder rows as 4-row tiles)."""
+    o, i = Var(outer), Var(inner)
+    order = (SEQUENTIAL,) if is_sequential(s) else ()
+    full, rest = _divide(s.extent, factor)
+    body = subst(s.body, {s.var.name: iadd(imul(o, factor), i)})
+    main = replace(s, var=o, extent=full, body=For(i, const(factor), body, annotations=order, span=s.span))
+    if rest is None:
+        return main
+    start = imul(full, factor)
+    kind = "serial" if s.kind == "parallel" else s.kind
+    if remainder_step is not None and remainder_step < factor and factor % remainder_step == 0:
+        rest_loop = replace(s, var=Var(f"{s.var.name}_rest"), extent=rest, kind=kind,
+                            body=subst(s.body, {s.var.name: iadd(start, Var(f"{s.var.name}_rest"))}))
+        return seq(main, split_dynamic(rest_loop, remainder_step, outer, inner))
+    tail = replace(s, var=o, extent=const(1), kind=kind,
+                   body=For(i, rest, subst(s.body, {s.var.name: iadd(start, i)}), annotations=order, span=s.span))
+    return seq(main, tail)
+
+
+def _divide(extent: Expr, factor: int) -> tuple[Expr, Expr | None]:
+    """``(extent // factor, extent % factor)``; no remainder where ``extent`` is a multiple of
+    ``factor`` by its form (``8 * k`` split by 2, 4 or 8)."""
+    if isinstance(extent, Binary) and extent.op == "mul":
+        for c, x in ((extent.a, extent.b), (extent.b, extent.a)):
+            if isinstance(c, Const) and int(c.value) % factor == 0:
+                return imul(x, int(c.value) // factor), None
+    i64 = extent.dtype
+    return Binary("floordiv", extent, const(factor), i64), Binary("mod", extent, const(factor), i64)

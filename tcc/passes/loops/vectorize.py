@@ -21,6 +21,7 @@ from tcc.ir.expr import Binary, Expr, Load, Var, const, free_vars, iadd, transfo
 from tcc.ir.loopnest import (
     allocated,
     const_extent,
+    dynamic_remainder,
     in_vector_loop,
     linear_coeff,
     loops_named,
@@ -58,7 +59,10 @@ def vectorize(func: LoopFunc, loop: str, lanes: int | None = None, span: Span | 
     if lanes is not None:
         func = split(func, loop, lanes, outer=f"{loop}_o", inner=f"{loop}_v", span=span)
         loop = f"{loop}_v"
-    found = require_loop(func, loop, span)
+    found = [f for f in require_loop(func, loop, span) if not dynamic_remainder(func, f)]
+    if not found:
+        raise TccScheduleError(f"loop {loop} runs a number of times known only at the call", span,
+                               f"vectorize by a factor: vectorize {loop} by 16")
     if in_vector_loop(func, loop):
         raise TccScheduleError(f"loop {loop} is already (inside) a vector loop", span)
     width = 0
@@ -71,12 +75,14 @@ def vectorize(func: LoopFunc, loop: str, lanes: int | None = None, span: Span | 
             raise TccScheduleError(f"loop {loop} contains a vector or parallel loop", span)
         check_scatter(f, "vectorise", span)
         width = max(width, n)
-    func = on_loops(func, loop, lambda s: replace(s, body=_privatize(s.body, s.var.name, const_extent(s))))
+    func = on_loops(func, loop, lambda s: None if dynamic_remainder(func, s) else
+                    replace(s, body=_privatize(s.body, s.var.name, const_extent(s))))
     for acc in sorted(_reduction_buffers(func, loop)):
-        func = _rfactor(func, loop, acc, width, span)
+        func = _rfactor(func, loop, acc, width, span)  # (a dynamic remainder adds into the first lanes)
     for f in loops_named(func.body, loop):
-        _check(f, span)
-    return on_loops(func, loop, lambda s: replace(s, kind="vector"))
+        if not dynamic_remainder(func, f):
+            _check(f, span)
+    return on_loops(func, loop, lambda s: None if dynamic_remainder(func, s) else replace(s, kind="vector"))
 
 
 def _privatize(body: Stmt, var: str, lanes: int) -> Stmt:

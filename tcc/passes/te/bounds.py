@@ -180,7 +180,13 @@ class IndexCheck:
 def prove_bounds(op: OpTE) -> OpTE:
     """``op`` with every read proved in bounds (else :class:`TccBoundsError` at the first read
     that may leave its tensor), reads proved only under a select's condition clamped, and the
-    indices that read data listed in ``index_checks`` for the call to check."""
+    indices that read data listed in ``index_checks`` for the call to check.
+
+    An op with dynamic shape symbols is returned as it is: its kernel reads what the statements
+    say, and the runtime proves each call's values with this pass on the op specialised for them
+    (``tcc.runtime.dynamic``), refusing a call that would need a clamp or an index check."""
+    if op.dynamic:
+        return op
     computes, checks = [], []
     for c in op.computes:
         ranges: Ranges = {}

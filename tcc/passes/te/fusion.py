@@ -20,8 +20,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from tcc.ir.expr import Binary, Call, Cast, Const, Expr, IterVar, Read, Reduce, Select, Var, substitute, transform, walk
+from tcc.ir.expr import Binary, Call, Cast, Expr, IterVar, Read, Reduce, Select, Var, substitute, transform, walk
 from tcc.ir.te import Compute, OpTE, format_op
+from tcc.passes.te.specialize import size_hint
 
 EXPENSIVE = {"exp": 8, "log": 8, "sqrt": 4, "rsqrt": 4, "sin": 8, "cos": 8, "tanh": 10, "sigmoid": 10,
              "erf": 10}
@@ -140,7 +141,7 @@ def _inline_verdict(c: Compute, computes: list[Compute], op: OpTE) -> tuple[bool
         return False, f"read through the pad view {through_pad[0]}, which needs it in memory"
     sites = [(other, site, repeat) for other in computes if other is not c
              for site, repeat in _read_sites(Reduce("sum", other.axes, other.body, c.body.dtype, c.body.dtype),
-                                             c.tensor)]
+                                             c.tensor, dynamic=op.dynamic)]
     if not sites:
         return False, "never read"
     if c.tensor in op.results:
@@ -157,7 +158,7 @@ def _inline_verdict(c: Compute, computes: list[Compute], op: OpTE) -> tuple[bool
     if has_reduce and nested:
         return False, f"a reduction read inside a reduction of {nested[0][0].tensor}: kept apart so each stays " \
                       "a plain loop nest (a GEMM, an im2col candidate)"
-    if len(sites) == 1 and gemm_batch_depth(c) < len(c.axes) \
+    if len(sites) == 1 and gemm_batch_depth(c, op.dynamic) < len(c.axes) \
             and any(isinstance(n, Reduce) for n in walk(sites[0][0].body)):
         return False, f"a contraction read by {sites[0][0].tensor}, which has a reduction of its own: kept apart " \
                       "so that each is a GEMM (inlined, it was an epilogue's dot product per element)"
@@ -179,7 +180,7 @@ def _inline_verdict(c: Compute, computes: list[Compute], op: OpTE) -> tuple[bool
                   "more than it saves"
 
 
-def _read_sites(e: Expr, tensor: str, repeat: int = 1) -> list[tuple[Read, int]]:
+def _read_sites(e: Expr, tensor: str, repeat: int = 1, dynamic: tuple[str, ...] = ()) -> list[tuple[Read, int]]:
     """Reads of ``tensor`` in ``e``, each with how often one element is re-read by enclosing loops.
 
     The consumer's own loops are passed in as an outer pseudo-reduction, so a row value read by
@@ -187,17 +188,17 @@ def _read_sites(e: Expr, tensor: str, repeat: int = 1) -> list[tuple[Read, int]]
     """
     if isinstance(e, Reduce):
         out = []
-        for read, r in _read_sites(e.body, tensor, 1):
+        for read, r in _read_sites(e.body, tensor, 1, dynamic):
             used = set().union(*(_vars(i) for i in read.indices)) if read.indices else set()
             factor = 1
             for ax in e.axes:
-                if ax.var.name not in used and isinstance(ax.extent, Const):  # a moving extent counts once
-                    factor *= int(ax.extent.value)
+                if ax.var.name not in used:  # a moving extent counts once
+                    factor *= size_hint(ax.extent, dynamic) or 1
             out.append((read, repeat * r * factor))
         return out
     if isinstance(e, Read) and e.tensor == tensor:
         return [(e, repeat)]
-    return [site for child in e.children() for site in _read_sites(child, tensor, repeat)]
+    return [site for child in e.children() for site in _read_sites(child, tensor, repeat, dynamic)]
 
 
 def _inside_reduction(e: Expr, read: Read, under: bool = False, kind: type = Reduce) -> bool:
@@ -272,7 +273,7 @@ def _groups(op: OpTE, gemms: bool = True) -> list:
     streamed = {t for s in op.streams for t in s.statements}  # lowered together as one nest of their own
     for c in op.computes:
         own = c.tensor in streamed or c.sequential or c.accumulate
-        if own or (not gemms and gemm_batch_depth(c) < len(c.axes)):  # own nests
+        if own or (not gemms and gemm_batch_depth(c, op.dynamic) < len(c.axes)):  # own nests
             groups.append([c])
             shared.append(0)  # nothing joins it
             continue
@@ -302,7 +303,7 @@ def _shared_depth(group: list[Compute], depth: int, c: Compute, op: OpTE) -> int
     ``y // R`` joining them at ``n`` would make whole images' patches again. A group never shares
     a GEMM's row or column loop (see :func:`gemm_batch_depth`)."""
     first = group[0]
-    k = min(depth, len(c.axes), *(gemm_batch_depth(m) for m in (*group, c)))
+    k = min(depth, len(c.axes), *(gemm_batch_depth(m, op.dynamic) for m in (*group, c)))
     while k > 0:
         same_extents = all(first.axes[i].extent == c.axes[i].extent for i in range(k))
         if same_extents and _row_local(group, c, k, op):
@@ -321,7 +322,7 @@ def _window_max(c: Compute) -> bool:
     return isinstance(c.body, Reduce) and c.body.op == "max" and isinstance(c.body.body, Read)
 
 
-def gemm_batch_depth(c: Compute) -> int:
+def gemm_batch_depth(c: Compute, dynamic: tuple[str, ...] = ()) -> int:
     """How many leading loops of ``c`` a group may share: for a contraction the CPU GEMM
     scheduler tiles (``sum[k](A[..] * B[..])`` with rows ``i`` and columns ``j``, and at least
     ``GEMM_MIN_FLOPS`` of work), its leading batch loops only; for anything else, all of them.
@@ -349,7 +350,7 @@ def gemm_batch_depth(c: Compute) -> int:
     rows = [i for i, ax in enumerate(c.axes[:-1]) if ax.var.name in a_vars and ax.var.name not in b_vars] \
         or [i for i, ax in enumerate(c.axes[:-1]) if getattr(ax.extent, "value", None) == 1
             and ax.var.name not in b_vars]  # (one row that A does not index: a classifier at batch 1)
-    extents = [getattr(ax.extent, "value", None) for ax in (*c.axes, *sums[0].axes)]
+    extents = [size_hint(ax.extent, dynamic) for ax in (*c.axes, *sums[0].axes)]
     if not rows or not all(isinstance(e, int) for e in extents) \
             or 2 * math.prod(extents) < GEMM_MIN_FLOPS:  # type: ignore[arg-type]
         return len(c.axes)

@@ -32,9 +32,11 @@ from dataclasses import dataclass, field, replace
 
 from tcc import dtypes
 from tcc.errors import TccScheduleError
-from tcc.ir.expr import Binary, Cast, Const, Expr, IterVar, Read, Reduce, Var, substitute, transform, walk
+from tcc.ir.expr import Binary, Cast, Const, Expr, IterVar, Read, Reduce, Var, free_vars, substitute, transform, walk
 from tcc.ir.loopnest import linear_coeff
 from tcc.ir.te import Compute, OpTE, Tensor
+from tcc.passes.simplify import simplify
+from tcc.passes.te.specialize import size_hint
 
 MAX_PATCH_BYTES = 32 * 1024 * 1024
 ROW_BLOCK_FROM = 2 * 1024 * 1024  # strided patches of one batch element above this are blocked by rows
@@ -125,10 +127,13 @@ def _plan(window: Read, other: Read, r: Reduce, c: Compute, mode: str) -> _Plan:
                     "patches would be gathered again for each of its values")
     elif mode == "auto" and not plan.weights:
         plan.why = "the weights have no output index of their own: a GEMM would not reuse the patches"
-    elif mode == "auto" and per_outer > MAX_PATCH_BYTES:
+    elif mode == "auto" and per_outer > MAX_PATCH_BYTES and all(isinstance(ax.extent, Const) for ax in plan.spatial):
+        # (a dynamic image's patches grow with it: they are one batch element's, whatever its size)
         plan.why = f"one batch element's patches would take {per_outer / 2**20:.1f} MiB (> {MAX_PATCH_BYTES >> 20} MiB)"
     elif mode == "auto" and plan.partial and partials > MAX_PATCH_BYTES:
         plan.why = f"the partial sums over {plan.partial[0].var.name} would take {partials / 2**20:.1f} MiB"
+    elif any(not isinstance(ax.extent, Const) for ax in plan.reduce + plan.weights + plan.partial):
+        plan.why = "a window or channel extent is a dynamic shape symbol: the GEMM's rows and reduction need constants"
     elif any(ax.var.name not in {x.var.name for x in plan.outer + plan.spatial + plan.weights} for ax in c.axes):
         plan.why = "an output index is used by neither operand alone"
     else:
@@ -164,8 +169,8 @@ def _promote_columns(plan: _Plan, c: Compute, b_vars: set[str], itemsize: int) -
     weights are read once rather than once per image (512 channels: 26.9 -> 22.3 ms on one
     AVX-512 core; at 14x14, 14% of the lanes wasted, folding was 5% slower)."""
     promoted = {ax.var.name for ax in plan.outer if ax.var.name not in b_vars}
-    if not promoted:
-        return False
+    if not promoted or not all(isinstance(ax.extent, Const) for ax in plan.outer + plan.spatial):
+        return False  # (columns of a dynamic size: each batch element's own)
     columns, axes = _size(plan.spatial), [ax for ax in c.axes if ax.var.name in promoted]
     if columns < VECTOR:
         plan.spatial += axes
@@ -206,7 +211,7 @@ def _row_block(plan: _Plan, window: Read, per_outer: int) -> int:
     (7.4 MiB for a 7x7/2 layer on a 224x224 image) they are made and multiplied one block of
     output rows at a time, each block small enough to stay in L2 (and the blocks, like batch
     elements, go to the threads)."""
-    if per_outer <= ROW_BLOCK_FROM or len(plan.spatial) < 2:
+    if per_outer <= ROW_BLOCK_FROM or len(plan.spatial) < 2 or not isinstance(plan.spatial[0].extent, Const):
         return 0
     first = plan.spatial[0].var.name
     strides = {linear_coeff(i, first) for i in window.indices} - {0, None}
@@ -234,18 +239,18 @@ def _build(plan: _Plan, window: Read, r: Reduce, c: Compute, tensors: dict[str, 
                      Const(int(spatial[0].extent.value) // plan.row_block, I64))  # type: ignore[attr-defined]
         block = [yb]
         spatial[0] = IterVar(Var(_fresh_var(f"{y.name}_in", c, r), I64), Const(plan.row_block, I64))
-    extent_j = _size(spatial)
+    extent_j = _extent(spatial)
     spatial_of_j = _unflatten(j, spatial)
     if plan.row_block:
         row = spatial_of_j.pop(spatial[0].var.name)
         spatial_of_j[y.name] = Binary("add", Binary("mul", block[0].var, Const(plan.row_block, I64), I64), row, I64)
     patch_name = _fresh(f"{window.tensor}_patches", tensors)
     gemm_name = _fresh(f"{c.tensor}_gemm", tensors)
-    p_axes = (*outer, *block, *plan.reduce, IterVar(j, Const(extent_j, I64)))
+    p_axes = (*outer, *block, *plan.reduce, IterVar(j, extent_j))
     patch_body = substitute(window, spatial_of_j)
     patch = Compute(patch_name, p_axes, patch_body, c.span)
     p_read = Read(patch_name, tuple(ax.var for ax in p_axes), window.dtype, window.span)
-    g_axes = (*outer, *block, *plan.weights, IterVar(j, Const(extent_j, I64)))
+    g_axes = (*outer, *block, *plan.weights, IterVar(j, extent_j))
     partial = {ax.var.name for ax in plan.partial}
     g_dtype = r.acc_dtype if partial else r.dtype
     g_body = replace(r, axes=tuple(ax for ax in r.axes if ax.var.name not in partial), dtype=g_dtype,
@@ -271,28 +276,38 @@ def _unflatten(j: Var, spatial: list[IterVar]) -> dict[str, Expr]:
     out: dict[str, Expr] = {}
     rest: Expr = j
     for ax in reversed(spatial):
-        extent = Const(int(ax.extent.value), I64)  # type: ignore[attr-defined]
+        extent = ax.extent  # (a constant, or an expression of dynamic shape symbols)
         out[ax.var.name] = rest if ax is spatial[0] else Binary("mod", rest, extent, I64)
         rest = Binary("floordiv", rest, extent, I64)
     return out
 
 
-def _parts(axes: list[IterVar]) -> list[tuple[Expr, int]]:
-    return [(ax.var, int(ax.extent.value)) for ax in axes]  # type: ignore[attr-defined]
+def _parts(axes: list[IterVar]) -> list[tuple[Expr, int | Expr]]:
+    return [(ax.var, int(ax.extent.value) if isinstance(ax.extent, Const) else ax.extent) for ax in axes]
 
 
-def _flatten(parts: list[tuple[Expr, int]]) -> Expr:
+def _flatten(parts: list[tuple[Expr, int | Expr]]) -> Expr:
     """Row-major ``(a * Eb + b) * Ec + c`` of (index, extent) pairs (an index may be ``y % R``)."""
     flat: Expr | None = None
     for index, extent in parts:
-        flat = index if flat is None else Binary("add", Binary("mul", flat, Const(extent, I64), I64), index, I64)
+        size = Const(extent, I64) if isinstance(extent, int) else extent
+        flat = index if flat is None else Binary("add", Binary("mul", flat, size, I64), index, I64)
     return flat if flat is not None else Const(0, I64)
 
 
+def _extent(axes: list[IterVar]) -> Expr:
+    """The product of the axes' extents: a constant, or an expression of dynamic shape symbols."""
+    n: Expr = Const(1, I64)
+    for ax in axes:
+        n = ax.extent if n == Const(1, I64) else Binary("mul", n, ax.extent, I64)
+    return simplify(n)
+
+
 def _size(axes: list[IterVar]) -> int:
+    """Elements of the axes' box; a dynamic shape symbol's extent counted as the cost models' hint."""
     n = 1
     for ax in axes:
-        n *= int(ax.extent.value)  # type: ignore[attr-defined]
+        n *= size_hint(ax.extent, frozenset(free_vars(ax.extent))) or 1
     return n
 
 

@@ -16,6 +16,7 @@ from tcc.dtypes import DType
 from tcc.ir.expr import Binary, Const, Expr, Load, Read, Reduce, Select, Var, cast, substitute, walk
 from tcc.ir.loops import SEQUENTIAL, Allocate, Buffer, For, LoopFunc, Stmt, Store, map_stmt, seq
 from tcc.ir.te import Compute, OpTE, Pad
+from tcc.passes.simplify import simplify
 from tcc.passes.te.lower_stream import stream_nest
 
 I64 = dtypes.i64
@@ -79,6 +80,7 @@ class _Lowering:
             else:
                 params.append(Var(p, op.scalars[p].dtype))
         params.extend(self._buffer(r) for r in op.results)
+        params.extend(Var(name, I64) for name in op.dynamic)  # shape symbols the call passes in
         internal = {t for g in op.groups for t in g.internal} | {t for s in op.streams for t in s.internal}
         temps = list(dict.fromkeys(c.tensor for c in op.computes  # (a tensor added into has several statements)
                                    if op.tensors[c.tensor].kind == "temp" and c.tensor not in internal))
@@ -109,7 +111,7 @@ class _Lowering:
 
     def _buffer(self, name: str) -> Buffer:
         t = self.op.tensors[name]
-        return Buffer(name, t.dtype, t.concrete_shape(), "global")
+        return Buffer(name, t.dtype, t.dims(), "global")
 
     def expr(self, e: Expr, prelude: list[Stmt], allocs: list[Buffer]) -> Expr:
         """``e`` lowered (for :mod:`.lower_stream`)."""
@@ -134,11 +136,11 @@ class _Lowering:
         shared = [Var(self._fresh(ax.var.name), I64) for ax in first.axes[:k]]
         for name in group.internal:
             t = self.op.tensors[name]
-            shape = t.concrete_shape()[k:]
+            shape = t.dims()[k:]
             size = t.dtype.itemsize
             for d in shape:
-                size *= d
-            scope = "local" if size <= LOCAL_LIMIT else "global"
+                size = size * d if isinstance(d, int) and isinstance(size, int) else None
+            scope = "local" if size is not None and size <= LOCAL_LIMIT else "global"
             self.rows[name] = (k, Buffer(name, t.dtype, shape, scope))
         parts = []
         for c in members:
@@ -223,7 +225,7 @@ class _Lowering:
     def _pad_read(self, pad: Pad, indices: tuple[Expr, ...]) -> Expr:
         """``select(inside, src[clamp(idx - lo)], value)``: never an out-of-bounds load."""
         src = self.op.tensors[pad.source]
-        shape = src.concrete_shape()
+        shape = src.dims()
         if 0 in shape:
             return pad.value
         inner_idx: list[Expr] = []
@@ -234,11 +236,16 @@ class _Lowering:
                 continue
             shifted = idx if _is_zero(lo) else Binary("sub", idx, lo, I64)
             cond = Binary("and", Binary("ge", shifted, Const(0, I64), dtypes.boolean),
-                          Binary("lt", shifted, Const(size, I64), dtypes.boolean), dtypes.boolean)
+                          Binary("lt", shifted, _size(size), dtypes.boolean), dtypes.boolean)
             inside = cond if inside is None else Binary("and", inside, cond, dtypes.boolean)
-            inner_idx.append(Binary("min", Binary("max", shifted, Const(0, I64), I64), Const(size - 1, I64), I64))
+            last = simplify(Binary("sub", _size(size), Const(1, I64), I64))
+            inner_idx.append(Binary("min", Binary("max", shifted, Const(0, I64), I64), last, I64))
         loaded = self._read(Read(pad.source, tuple(inner_idx), src.dtype))
         return loaded if inside is None else Select(inside, loaded, pad.value, src.dtype)
+
+
+def _size(dim: int | Expr) -> Expr:
+    return Const(dim, I64) if isinstance(dim, int) else dim
 
 
 def _is_zero(e: Expr) -> bool:

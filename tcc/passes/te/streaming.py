@@ -63,7 +63,11 @@ def stream_reductions(op: OpTE, target: Target) -> OpTE:
     """``op`` with each max-and-exponential-sums chain computed in one pass (see the module doc)."""
     notes: list[str] = []
     streams = list(op.streams)
-    for name in [c.tensor for c in op.computes if _max_over_one_axis(c)]:
+    chains = [c.tensor for c in op.computes if _max_over_one_axis(c)]
+    if chains and op.dynamic:  # the stream's tiles and limits are sized from constant extents
+        why = f"shape symbols {', '.join(op.dynamic)} are dynamic"
+        return replace(op, fusion_notes=[*op.fusion_notes, *(f"no stream over {name}: {why}" for name in chains)])
+    for name in chains:
         if not any(c.tensor == name and _max_over_one_axis(c) for c in op.computes):
             continue  # (streamed into an earlier chain)
         outcome = _Chain(op, name).fuse(target)

@@ -1,0 +1,142 @@
+"""Shape symbols as runtime values: which symbols of an op stay variables, and the per-call proof.
+
+``tcc.compile(src, dynamic=...)`` names the shape symbols whose kernels take them as arguments
+(one kernel for every value): ``True`` (all), a list of names, or a dict of name -> a number every
+value is a multiple of (the schedule then needs no tail for it). Without ``dynamic=`` the policy
+is automatic, as torch.compile's: a symbol that has taken two distinct values on one op becomes
+dynamic for that op, so its third value compiles nothing. ``dynamic=False`` specialises always.
+
+A dynamic kernel's reads are proved for each call's values (once per distinct binding, no
+compile): the bounds pass runs on the op specialised for them and must leave every read as it
+is (no clamp, no index read from data), else the call is refused with the symbol named.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tcc.errors import TccArgumentError, TccError, TccShapeError
+from tcc.ir.expr import Read, Reduce, free_vars, walk
+from tcc.ir.te import OpTE
+from tcc.passes.te.bounds import prove_bounds
+from tcc.passes.te.specialize import specialize
+
+
+@dataclass(frozen=True)
+class DynamicSpec:
+    """What ``dynamic=`` asked for. ``names`` None: every symbol; ``automatic``: the policy above."""
+
+    names: frozenset[str] | None = frozenset()
+    multiples: Mapping[str, int] = field(default_factory=dict)
+    automatic: bool = False
+
+    def key(self, symbols: frozenset[str]) -> str:
+        """The part of a cache key that says which symbols a kernel leaves variable."""
+        return ",".join(f"{s}%{self.multiples.get(s, 1)}" for s in sorted(symbols))
+
+
+AUTOMATIC = DynamicSpec(automatic=True)
+STATIC = DynamicSpec()
+
+
+def parse_dynamic(value: Any) -> DynamicSpec:
+    """``dynamic=`` of ``tcc.compile`` as a :class:`DynamicSpec` (a TccArgumentError when malformed)."""
+    hint = 'dynamic=True, dynamic=("S", "N") or dynamic={"S": 8} (S a multiple of 8)'
+    if value is None:
+        return AUTOMATIC
+    if isinstance(value, bool):
+        return DynamicSpec(names=None) if value else STATIC
+    if isinstance(value, str):
+        value = (value,)
+    if isinstance(value, Mapping):
+        for name, multiple in value.items():
+            if not isinstance(name, str) or isinstance(multiple, bool) or not isinstance(multiple, int) \
+                    or multiple < 1:
+                raise TccArgumentError(f"dynamic= maps a shape symbol to a positive integer, not "
+                                       f"{name!r}: {multiple!r}", hint=hint)
+        return DynamicSpec(frozenset(value), dict(value))
+    if isinstance(value, list | tuple | set | frozenset) and all(isinstance(n, str) for n in value):
+        return DynamicSpec(frozenset(value))
+    raise TccArgumentError(f"dynamic= must be True, False, a list of shape symbols or a dict, not {value!r}",
+                           hint=hint)
+
+
+def check_names(spec: DynamicSpec, ops: Mapping[str, OpTE]) -> None:
+    """Every symbol ``dynamic=`` names is a shape symbol of some op."""
+    if spec.names is None:
+        return
+    symbols = {s for op in ops.values() for s in op.symbols}
+    unknown = sorted(spec.names - symbols)
+    if unknown:
+        raise TccArgumentError(f"dynamic= names {', '.join(unknown)}, which is no op's shape symbol",
+                               hint=f"shape symbols: {', '.join(sorted(symbols)) or 'none'}")
+
+
+def requested(spec: DynamicSpec, op: OpTE) -> frozenset[str]:
+    """The symbols of ``op`` that ``dynamic=`` makes variables (the automatic policy adds its own)."""
+    names = set(op.symbols) if spec.names is None else spec.names & set(op.symbols)
+    return frozenset(names)
+
+
+def window_symbols(op: OpTE) -> frozenset[str]:
+    """The shape symbols that size a sliding window's output pixels (``y`` of ``X[y*S + r]``, a
+    convolution's or pooling's image). The automatic policy keeps these specialised: a dynamic
+    image runs its convolution at a third to a half of the specialised kernel's speed (the
+    patches are not gathered straight into the GEMM's panels); ``dynamic=`` may still ask."""
+    found: set[str] = set()
+    for c in op.computes:
+        extents = {ax.var.name: ax.extent for ax in c.axes}
+        reduced = {ax.var.name for n in walk(c.body) if isinstance(n, Reduce) for ax in n.axes}
+        for read in (n for n in walk(c.body) if isinstance(n, Read)):
+            for index in read.indices:
+                names = free_vars(index)
+                if names & reduced and names & set(extents):
+                    for name in names & set(extents):
+                        found |= free_vars(extents[name]) & set(op.symbols)
+    return frozenset(found)
+
+
+def stream_symbols(op: OpTE) -> frozenset[str]:
+    """The shape symbols of a max over one axis of a computed reduction (attention's scores,
+    a linear layer's logits): the chains the streaming pass computes in one pass without
+    storing the scores, which it does for constant extents only. The automatic policy keeps
+    them specialised, so a third length does not bring the S x L scores back; ``dynamic=`` may
+    still ask."""
+    reductions = {c.tensor for c in op.computes if any(isinstance(n, Reduce) for n in walk(c.body))}
+    found: set[str] = set()
+    for c in op.computes:
+        body = c.body
+        if isinstance(body, Reduce) and body.op == "max" and len(body.axes) == 1 \
+                and any(isinstance(n, Read) and n.tensor in reductions for n in walk(body.body)):
+            for extent in (*(ax.extent for ax in c.axes), body.axes[0].extent):
+                found |= free_vars(extent) & set(op.symbols)
+    return frozenset(found)
+
+
+def check_multiples(spec: DynamicSpec, op: OpTE, symbols: frozenset[str], bindings: Mapping[str, Any]) -> None:
+    """A symbol declared a multiple (``dynamic={"S": 8}``) must be one at every call."""
+    for name in sorted(symbols):
+        multiple = spec.multiples.get(name, 1)
+        if bindings[name] % multiple:
+            raise TccShapeError(f"shape symbol {name} of {op.name} is {bindings[name]}, not a multiple of "
+                                f"{multiple} as dynamic= declares", op.span,
+                                f"pad the input to a multiple of {multiple}, or declare {name} without one")
+
+
+def prove_call(op: OpTE, bindings: dict[str, int | float], symbols: frozenset[str]) -> None:
+    """Refuse (TccError naming the symbols) the values of one call that the dynamic kernel of
+    ``op`` cannot serve: a read out of range, or one the specialised kernel would clamp or check
+    against data (the dynamic kernel reads as written)."""
+    values = ", ".join(f"{s}={bindings[s]}" for s in sorted(symbols))
+    try:
+        te = specialize(op, bindings)
+        proved = prove_bounds(te)
+    except TccError as exc:
+        raise type(exc)(f"for {values} (dynamic): {exc.message}", exc.span, exc.hint) from None
+    if proved.index_checks or proved.computes != te.computes:
+        raise TccShapeError(f"op {op.name}'s kernel for dynamic {', '.join(sorted(symbols))} cannot serve "
+                            f"{values}: a read needs a bound check that only a specialised kernel has",
+                            op.span, f"compile with dynamic=False (or leave {', '.join(sorted(symbols))} out "
+                                     "of dynamic=)")
