@@ -298,8 +298,8 @@ def test_the_automatic_dynamic_policy_keeps_attention_streamed(rng):
     constant extents, so the automatic policy keeps attention's symbols specialised: every length
     is a stream again (never the S x L scores), each compiled once."""
     op = tcc.compile(_dsl("attention", ATTENTION)).attention.bound(T="f32")
-    for S in (7, 33, 12):
-        bindings = {"B": 1, "H": 2, "S": S, "L": S, "D": 8}
+    for S in (5, 11, 9):  # (lengths no other test compiles: a kernel found in memory counts as neither)
+        bindings = {"B": 1, "H": 3, "S": S, "L": S, "D": 3}
         _run(op, bindings, random_args(op.te, bindings, rng))
     assert op.compiles + op.loads == 3  # a kernel per length (a dynamic one would serve the third)
-    assert op.lowered({"B": 1, "H": 2, "S": 12, "L": 12, "D": 8}).te.streams
+    assert op.lowered({"B": 1, "H": 3, "S": 9, "L": 9, "D": 3}).te.streams

@@ -26,12 +26,13 @@ from tcc.interop.torch_lowering import (
     TCC_DTYPES,
     Lowering,
     Unsupported,
-    aten,
     axis_list,
     static_shape,
     target_name,
     tcc_dtype,
 )
+
+aten = torch.ops.aten  # (PyTorch's operator namespace: its private-looking names are its own)
 
 # ---------------------------------------------------------------- elementwise
 

@@ -12,10 +12,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import torch  # the optional dependency of the torch front door
 
 from tcc.frontend.unparse import call, select
 from tcc.interop.graph import Value
-from tcc.interop.torch_lowering import Lowering, Unsupported, aten, target_name
+from tcc.interop.torch_lowering import Lowering, Unsupported, target_name
+
+aten = torch.ops.aten  # (PyTorch's operator namespace: its private-looking names are its own)
 
 
 def _mm(t: Lowering, a: Value, b: Value) -> Value:

@@ -41,8 +41,10 @@ from tcc.interop.graph import Program
 from tcc.interop.graph_model import GraphModel
 from tcc.interop.torch import is_registered
 from tcc.interop.torch_aten import lower_node, operator_name, supported
-from tcc.interop.torch_lowering import Lowering, Unsupported, aten, static_shape, tcc_dtype
+from tcc.interop.torch_lowering import Lowering, Unsupported, static_shape, tcc_dtype
 from tcc.runtime.backend import backend_for
+
+aten = torch.ops.aten  # (PyTorch's operator namespace: its private-looking names are its own)
 
 __all__ = ["Explanation", "backend", "compile_graph", "explain", "recording"]
 
