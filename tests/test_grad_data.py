@@ -46,6 +46,10 @@ op recurrence_added[S = 1](X: f64[S], seg: i64[N], W: f64[N]) -> H: f64[S] {
     H[s] = select(s == 0, X[s], tanh(H[s - 1]) * X[s])
     H[seg[n]] += W[n] * W[n]
 }
+op pad_border(X: f64[M, N], idx: i64[M]) -> Y: f64[M] {
+    Xp = pad(X, [0, 0], [1, 1])
+    Y[i] = tanh(Xp[(i + 1) % (M + 1), idx[i]]) + Xp[idx[i] + 1, i % (N + 1)]
+}
 op scatter_sum[S = 1](X: f64[N], pos: i64[N, K]) -> Y: f64[S] {
     Y[s] = 0.0
     Y[pos[n, k]] += sum[d: 2](X[n] * f64(d + k + 1))
@@ -93,6 +97,7 @@ def test_embedding_gradient_is_a_scatter_add(rng, v, d, n):
     ("scatter_sum", dict(N=7, K=3, S=5), {"pos": ("S", (7, 3))}),
     ("added_after", dict(N=33, S=7), {"seg": ("S", (33,))}),  # exp's derivative reads T before the +=
     ("recurrence_added", dict(N=7, S=33), {"seg": ("S", (7,))}),  # (grad fuzz: refused, then wrong)
+    ("pad_border", dict(M=7, N=3), {"idx": (4, (7,))}),  # reads in a pad's border add nothing (fuzz 425)
 ])
 def test_gathers_and_scatters_match_finite_differences(rng, name, bindings, ints):
     """First and second order (the second differentiates the first's scatter-add: a gather)."""

@@ -259,11 +259,12 @@ class _Derivation:
             if contribution is not None:
                 self.contribs.setdefault(target, []).append(contribution)
                 continue
-            if indices != read.indices:  # through a pad: the positions that fall in its border add nothing
+            padded = target != read.tensor
+            if padded:  # through a pad: the positions that fall in its border add nothing (and are clamped)
                 value = fselect(_inside(indices, shape), value, num(0))
             # the read may be in bounds only under a select (whose value is then 0 elsewhere), which a +=
             # does not see: positions that read no data are clamped, those that do are checked at the call
-            indices = tuple(i if self._reads_data(i) else clamp(i, d) for i, d in zip(indices, shape))
+            indices = tuple(i if self._reads_data(i) and not padded else clamp(i, d) for i, d in zip(indices, shape))
             self._add_scatter(target, Scatter(indices, value, dict(scope)))
 
     def _reads_data(self, index: Expr) -> bool:
