@@ -411,8 +411,6 @@ class Op:
         """The automatic policy specialises where a dynamic kernel cannot be built (``exc``);
         ``dynamic=`` that asked for one is refused, naming the symbols."""
         if not self.dynamic.automatic:
-            if isinstance(exc, TccError):
-                raise exc
             raise TccCompileError(f"op {self.name} cannot be compiled with {', '.join(sorted(symbols))} dynamic yet "
                                   f"({type(exc).__name__}: {exc})", self.te.span,
                                   "compile it with dynamic=False, or leave those symbols out of dynamic=") from exc

@@ -160,35 +160,28 @@ op lookup(E: f32[V, D], idx: i64[T]) -> Y: f32[T, D] {
 """
 
 
-@pytest.mark.parametrize("src", [SHIFT_SELECT, GATHER])
-def test_reads_that_need_a_check_refuse_dynamic_and_the_automatic_policy_specialises(fresh_cache, rng, src):
-    """A read clamped under a select, or an index read from data, has no dynamic kernel: dynamic=
+def test_reads_under_a_select_are_clamped_for_every_size(fresh_cache, rng):
+    """``X[i - 1]`` is read only where ``i > 0``; both sides of the select may be computed, so the
+    dynamic kernel clamps the read (N = 1 too: its one element reads nothing past X)."""
+    op = tcc.compile(SHIFT_SELECT, dynamic=True).prev
+    for n in SIZES:
+        _check(op, (_f32(rng, n),))
+    assert op.compiles == 1
+
+
+def test_data_indices_refuse_dynamic_and_the_automatic_policy_specialises(fresh_cache, rng):
+    """An index read from data is checked at the call by a specialised kernel's checks: dynamic=
     says so, and the automatic policy keeps specialising (still correct at every size)."""
     def args(n):
-        if "lookup" in src:
-            return (_f32(rng, 10, 4), rng.integers(0, 10, n))
-        return (_f32(rng, n),)
+        return (_f32(rng, 10, 4), rng.integers(0, 10, n))
 
-    explicit = tcc.compile(src, dynamic=True)
-    op = next(iter(explicit))
+    op = tcc.compile(GATHER, dynamic=True).lookup
     with pytest.raises(tcc.TccError, match="dynamic=False"):
         op(*args(5))
-    automatic = next(iter(tcc.compile(src)))
+    automatic = tcc.compile(GATHER).lookup
     for n in (3, 4, 9):
         _check(automatic, args(n))
     assert automatic.compiles == 3
-
-
-def test_automatic_policy_keeps_image_sizes_specialised(fresh_cache, rng):
-    """The batch of a convolution becomes dynamic; its image sizes stay specialised (a dynamic
-    image runs slower), so each new image size compiles, each new batch does not."""
-    op = tcc.compile("examples/conv2d.tc").conv2d
-    weights = (_f32(rng, 16, 8, 3, 3), _f32(rng, 16))
-    for n, hw in ((1, 9), (2, 9), (5, 9), (1, 11), (3, 9)):
-        args = (_f32(rng, n, 8, hw, hw), *weights)
-        want = reference_results(op.te, list(args), op.bind(args, {"P": 1}).bindings)[0]
-        assert_matches(op(*args, P=1), want, op.te.tensors["Y"].dtype)
-    assert op.compiles == 3  # N=1 specialised, then one kernel for every N at 9x9; 11x11 its own
 
 
 def test_gemm_with_an_epilogue_over_several_k_blocks(fresh_cache, rng):

@@ -1,8 +1,8 @@
 """A bounded batch of the differential fuzzer (tests/fuzz) in CI: random valid programs, with
 and without random user schedules, each in a worker process, against the reference interpreter;
-and a batch of the gradient fuzzer (``tcc.grad``, first and second order, against finite
-differences). ``make fuzz N=5000`` and ``make fuzz-grad N=2000`` run long batches;
-``TCC_FUZZ_START`` moves these batches to other seeds."""
+a batch with every shape symbol dynamic; and a batch of the gradient fuzzer (``tcc.grad``,
+first and second order, against finite differences). ``make fuzz N=5000`` and ``make fuzz-grad
+N=2000`` run long batches; ``TCC_FUZZ_START`` moves these batches to other seeds."""
 
 import os
 
@@ -29,6 +29,21 @@ def test_fuzz_batch_on_the_cpu(tmp_path):
     assert len(outcomes) == CI_PROGRAMS
     assert not bad, "\n".join(bad)
     assert sum(o["schedules"] - o["refused"] for o in outcomes) > CI_PROGRAMS // 4  # schedules did run
+
+
+CI_DYNAMIC_PROGRAMS = 12
+
+
+def test_fuzz_batch_with_dynamic_shapes_on_the_cpu():
+    """Every shape symbol dynamic, each op called at its sizes and at sizes drawn around them
+    (one kernel for all): results match the reference, or the dynamic kernel refuses cleanly."""
+    start = int(os.environ.get("TCC_FUZZ_START", "0"))
+    jobs = [{"seed": s, "target": "cpu", "dynamic": True} for s in range(start, start + CI_DYNAMIC_PROGRAMS)]
+    outcomes = list(run_seeds(jobs, workers=2, timeout=300))
+    bad = [f"seed {o['seed']}: {o['status']}: {o['detail']}" for o in outcomes if o["status"] in FAILURES]
+    assert len(outcomes) == CI_DYNAMIC_PROGRAMS
+    assert not bad, "\n".join(bad)
+    assert sum(o["schedules"] - o["refused"] for o in outcomes) > CI_DYNAMIC_PROGRAMS // 2  # dynamic ops ran
 
 
 def test_grad_fuzz_batch():

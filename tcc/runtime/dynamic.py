@@ -7,8 +7,9 @@ is automatic, as torch.compile's: a symbol that has taken two distinct values on
 dynamic for that op, so its third value compiles nothing. ``dynamic=False`` specialises always.
 
 A dynamic kernel's reads are proved for each call's values (once per distinct binding, no
-compile): the bounds pass runs on the op specialised for them and must leave every read as it
-is (no clamp, no index read from data), else the call is refused with the symbol named.
+compile): the bounds pass runs on the op specialised for them and must prove every read (a read
+under a select where its condition holds: the dynamic kernel clamps those) and list no index
+read from data, else the call is refused with the symbols named.
 """
 
 from __future__ import annotations
@@ -127,16 +128,17 @@ def check_multiples(spec: DynamicSpec, op: OpTE, symbols: frozenset[str], bindin
 
 def prove_call(op: OpTE, bindings: dict[str, int | float], symbols: frozenset[str]) -> None:
     """Refuse (TccError naming the symbols) the values of one call that the dynamic kernel of
-    ``op`` cannot serve: a read out of range, or one the specialised kernel would clamp or check
-    against data (the dynamic kernel reads as written)."""
+    ``op`` cannot serve: a read out of range, or an index read from data (which the specialised
+    kernel checks at the call). A read proved only under its select's condition is clamped in the
+    dynamic kernel (``bounds.clamp_under_selects``)."""
     values = ", ".join(f"{s}={bindings[s]}" for s in sorted(symbols))
     try:
         te = specialize(op, bindings)
         proved = prove_bounds(te)
     except TccError as exc:
         raise type(exc)(f"for {values} (dynamic): {exc.message}", exc.span, exc.hint) from None
-    if proved.index_checks or proved.computes != te.computes:
+    if proved.index_checks:
         raise TccShapeError(f"op {op.name}'s kernel for dynamic {', '.join(sorted(symbols))} cannot serve "
-                            f"{values}: a read needs a bound check that only a specialised kernel has",
+                            f"{values}: an index read from data needs checks that only a specialised kernel has",
                             op.span, f"compile with dynamic=False (or leave {', '.join(sorted(symbols))} out "
                                      "of dynamic=)")

@@ -50,8 +50,9 @@ def main(argv: list[str] | None = None) -> int:
             if o["status"] in FAILURES or (args.show_rejected and o["status"] == "rejected"):
                 tqdm.write(f"seed {o['seed']}: {o['status']}: {o['detail']}")
     summary = ", ".join(f"{counts[k]} {k}" for k in ("ok", *FAILURES, "rejected"))
-    print(f"fuzz {args.target}: {args.n} programs: {summary}; "
-          f"{scheduled} random schedules ({refused} refused as TccScheduleError)")
+    runs = f"{scheduled} ops run with dynamic shapes ({refused} refused by the dynamic kernel)" if args.dynamic \
+        else f"{scheduled} random schedules ({refused} refused as TccScheduleError)"
+    print(f"fuzz {args.target}: {args.n} programs: {summary}; {runs}")
     return 1 if any(counts[k] for k in FAILURES) else 0
 
 

@@ -182,11 +182,12 @@ def prove_bounds(op: OpTE) -> OpTE:
     that may leave its tensor), reads proved only under a select's condition clamped, and the
     indices that read data listed in ``index_checks`` for the call to check.
 
-    An op with dynamic shape symbols is returned as it is: its kernel reads what the statements
-    say, and the runtime proves each call's values with this pass on the op specialised for them
-    (``tcc.runtime.dynamic``), refusing a call that would need a clamp or an index check."""
+    An op with dynamic shape symbols is proved for each call's values instead, by this pass on the
+    op specialised for them (``tcc.runtime.dynamic``, which refuses an index check); here every
+    read under a select is clamped into its tensor (:func:`clamp_under_selects`), since the call's
+    values decide which of them the proof needs clamped."""
     if op.dynamic:
-        return op
+        return clamp_under_selects(op)
     computes, checks = [], []
     for c in op.computes:
         ranges: Ranges = {}
@@ -303,9 +304,43 @@ def _unused(e: Expr) -> Expr:
     return Const(False if e.dtype.is_bool else 0.0 if e.dtype.is_float else 0, e.dtype)
 
 
-def _clamp(idx: Expr, size: int) -> Expr:
+def _clamp(idx: Expr, size: int | Expr) -> Expr:
     low = Binary("max", idx, Const(0, idx.dtype), idx.dtype)
-    return Binary("min", low, Const(size - 1, idx.dtype), idx.dtype)
+    last = Const(size - 1, idx.dtype) if isinstance(size, int) else Binary("sub", size, Const(1, idx.dtype), idx.dtype)
+    return Binary("min", low, last, idx.dtype)
+
+
+def clamp_under_selects(op: OpTE) -> OpTE:
+    """``op`` (of dynamic shape symbols) with each index of a read under a select clamped into its
+    tensor's dim, unless it is an index variable running over exactly that dim: where the
+    select's condition holds the clamp changes nothing (the call's proof shows the read in
+    range there), elsewhere both sides may be computed and the load must stay inside."""
+    def clamp(e: Expr, under: bool, extents: dict[str, Expr]) -> Expr:
+        if isinstance(e, Reduce):
+            inner = {**extents, **{ax.var.name: ax.extent for ax in e.axes}}
+            return replace(e, body=clamp(e.body, under, inner))
+        if isinstance(e, Select):
+            return replace(e, cond=clamp(e.cond, under, extents), a=clamp(e.a, True, extents),
+                           b=clamp(e.b, True, extents))
+        if isinstance(e, Read):
+            dims = op.tensors[e.tensor].shape
+            indices = tuple(clamp(i, under, extents) for i in e.indices)
+            if under:
+                indices = tuple(i if isinstance(i, Var) and extents.get(i.name) == d else _clamp(i, _dim(d))
+                                for i, d in zip(indices, dims))
+            return replace(e, indices=indices)
+        children = e.children()
+        if not children:
+            return e
+        return _with_children(e, {id(c): clamp(c, under, extents) for c in children})
+
+    computes = [replace(c, body=clamp(c.body, False, {ax.var.name: ax.extent for ax in c.axes}))
+                for c in op.computes]
+    return replace(op, computes=computes)
+
+
+def _dim(d: Expr) -> int | Expr:
+    return int(d.value) if isinstance(d, Const) else d
 
 
 def _with_children(e: Expr, rebuilt: dict[int, Expr]) -> Expr:
