@@ -69,3 +69,20 @@ def test_a_consumer_at_another_element_keeps_the_intermediate(rng):
     func, got, want = _run("mm_transposed", {"M": 33, "K": 40, "N": 7}, {"A": a, "B": b}, "Y", (7, 33), np.float32)
     assert "Z" in _temps(func)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+
+
+def test_a_recurrence_keeps_its_own_tensor(rng):
+    """A prefix product of an inner reduction, in another dtype than its result, is a recurrence
+    into ``Y_prefix`` with a reduction nest's form, then a cast; the recurrence reads
+    ``Y_prefix`` itself, so the cast must not replace its store (CUDA fuzz seed 50209: 'load
+    from unknown buffer Y0_prefix')."""
+    source = ("op fz1(X1: i64[N, M], X2: bool[N, K]) -> Y0: f32[K, M] {\n"
+              "    Y0[i, j] = prod[k1: i](((min[k2: 3]((i32(X2[0, k1]) % X1[0, j]))) % 3 - 1))\n}\n")
+    op = tcc.compile(source, target="cuda", arch="sm_90").fz1
+    x1 = rng.integers(-5, 6, (3, 7)).astype(np.int64)
+    x2 = rng.integers(0, 2, (3, 33)).astype(bool)
+    func = op.lowered({"N": 3, "M": 7, "K": 33}).scheduled
+    assert "Y0_prefix" in _temps(func)
+    arrays = {"X1": x1, "X2": x2, "Y0": np.full((33, 7), np.nan, np.float32)}
+    gpu_sim.run(func, arrays)
+    np.testing.assert_array_equal(arrays["Y0"], tcc.compile(source).fz1(x1, x2))

@@ -18,7 +18,7 @@ from dataclasses import replace
 
 from tcc.ir.expr import Load, Var, substitute, transform, walk
 from tcc.ir.loopnest import loads, stores
-from tcc.ir.loops import Allocate, Buffer, For, Seq, Stmt, Store
+from tcc.ir.loops import Allocate, Buffer, For, Seq, Stmt, Store, holds_sequential
 
 
 def fuse(nests: list[Stmt], temps: list[Buffer]) -> list[Stmt]:
@@ -47,8 +47,9 @@ def _fold(producer: Stmt, consumer: Stmt, temps: list[Buffer], nests: list[Stmt]
     others = [n for n in nests if n is not producer and n is not consumer]
     if temp is None or final.indices != tuple(_vars(p_axes)) or not reads \
             or any(r.indices != tuple(_vars(c_axes)) for r in reads) or c_body.buffer == temp.name \
-            or _touches(producer, c_body.buffer) or any(_touches(n, temp.name) for n in others):
-        return None  # Z read elsewhere or at another element, or Y read by the reduction
+            or _touches(producer, c_body.buffer) or any(_touches(n, temp.name) for n in others) \
+            or any(n.buffer == temp.name for n in loads(producer)) or holds_sequential(producer):
+        return None  # Z read elsewhere, at another element or by its own recurrence; Y read by the reduction
     rename = {g.var.name: v for g, v in zip(c_axes, _vars(p_axes))}
     value = transform(c_body.value, lambda n: final.value if isinstance(n, Load) and n.buffer == temp.name else None)
     store = Store(c_body.buffer, tuple(substitute(i, rename) for i in c_body.indices), substitute(value, rename),
