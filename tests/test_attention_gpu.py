@@ -25,12 +25,31 @@ def gpu():
 
 
 def _check(op, bindings: dict, args: list) -> None:
+    if any(op.te.tensors[p].dtype.name == "bf16" for p in op.te.params if p in op.te.tensors):
+        _check_bf16(op, bindings, args)
+        return
     expected = reference_results(op.te, args, bindings)
     outs = tuple(np.full(e.shape, np.nan, e.dtype) for e in expected)
     got = op(*args, out=outs[0] if len(outs) == 1 else outs)
     got = got if isinstance(got, tuple) else (got,)
     for r, g, e in zip(op.te.results, got, expected):
         assert_matches(g, e, op.te.tensors[r].dtype, f"{op.te.name}.{r}")
+
+
+def _check_bf16(op, bindings: dict, args: list) -> None:
+    """bf16 has no NumPy type: the inputs go in as torch bf16 CUDA tensors, the reference sees
+    the same values (rounded to bf16, held in f32), the results come back as f32."""
+    torch = pytest.importorskip("torch")
+    bf16 = {p for p in op.te.params if p in op.te.tensors and op.te.tensors[p].dtype.name == "bf16"}
+    device = [torch.from_numpy(np.ascontiguousarray(a)).cuda().bfloat16() if p in bf16 else a
+              for p, a in zip(op.te.params, args)]
+    rounded = [t.float().cpu().numpy() if p in bf16 else a for p, t, a in zip(op.te.params, device, args)]
+    expected = reference_results(op.te, rounded, bindings)
+    got = op(*device)
+    got = got if isinstance(got, tuple) else (got,)
+    for r, g, e in zip(op.te.results, got, expected):
+        value = torch.as_tensor(g).float().cpu().numpy() if not isinstance(g, np.ndarray) else g
+        assert_matches(value, e, op.te.tensors[r].dtype, f"{op.te.name}.{r}")
 
 
 @pytest.mark.parametrize("S,L,D", [(1, 1, 8), (7, 33, 64), (33, 7, 128), (1000, 1000, 64), (1, 1000, 128)])
