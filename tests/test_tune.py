@@ -55,12 +55,17 @@ def test_tune_stores_its_winner_and_reuses_it(fresh_cache, monkeypatch, rng):
     assert again.cache_key(BINDINGS, again.lowered(BINDINGS)) != plain.cache_key(BINDINGS)
 
 
-def test_cli_tune_then_a_second_process_uses_the_winner(fresh_cache, capsys):
+def test_cli_tune_then_a_second_process_uses_the_winner(fresh_cache):
     path = fresh_cache.parent / "mm.tc"
     path.write_text(MATMUL)
-    assert main(["tune", str(path), "-D", "M=64", "-D", "K=48", "-D", "N=40", "--trials", "2"]) == 0
-    out = capsys.readouterr().out
-    assert "2 candidates" in out and "best: C: kc=" in out
+    env = {**os.environ, "PYTHONPATH": child_pythonpath(ROOT)}
+    # both processes fresh: state an earlier test left in this one cannot move the tuning's key
+    tune = TWO_CORE_HOST + ("from tcc.cli import main\n"
+                            f"raise SystemExit(main(['tune', {str(path)!r}, '-D', 'M=64', '-D', 'K=48', '-D', "
+                            "'N=40', '--trials', '2']))\n")
+    done = subprocess.run([sys.executable, "-c", tune], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "2 candidates" in done.stdout and "best: C: kc=" in done.stdout, done.stdout
     script = TWO_CORE_HOST + (
         "import numpy as np, tcc, tcc.tune\n"
         "def refuse(*a, **k): raise SystemExit('searched again')\n"
@@ -70,7 +75,6 @@ def test_cli_tune_then_a_second_process_uses_the_winner(fresh_cache, capsys):
         "assert op.lowered(dict(M=64, K=48, N=40)).tuning is not None\n"
         "assert (op(a, b) == 48).all()\n"
         "print('ok')\n")
-    env = {**os.environ, "PYTHONPATH": child_pythonpath(ROOT)}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr
 
