@@ -183,12 +183,33 @@ def check_indices(op: OpTE, env: dict[str, np.ndarray], scalars: dict[str, np.nd
 
 def index_values(op: OpTE, check, env: dict[str, np.ndarray], scalars: dict[str, np.ndarray]) -> np.ndarray:
     """``check.index`` at every point of ``check.ranges`` (one grid dimension a variable)."""
+    whole = _whole_tensor(check, env)
+    if whole is not None:
+        return whole
     shifted = substitute(check.index, {v: Binary("add", Var(v, dtypes.i64), Const(lo, dtypes.i64), dtypes.i64)
                                        for v, lo, _ in check.ranges})
     axes = tuple(IterVar(Var(v, dtypes.i64), Const(hi - lo + 1, dtypes.i64)) for v, lo, hi in check.ranges)
     statement = _Statement(op, env, scalars, Compute("<index>", axes, shifted))
     with np.errstate(all="ignore"):
         return statement.evaluate().astype(np.int64).reshape(-1)
+
+
+def _whole_tensor(check, env: dict[str, np.ndarray]) -> np.ndarray | None:
+    """The values of an index that reads a whole tensor at its variables (``idx[n]`` over every
+    ``n``: an embedding's ids, a loss's labels), in the order of ``check.ranges``: the tensor
+    itself, transposed to that order, without evaluating the expression (the evaluator's set-up
+    costs more than a label pick's kernel)."""
+    e = check.index.a if isinstance(check.index, Cast) else check.index
+    if not (isinstance(e, Read) and e.tensor in env and len(e.indices) == len(check.ranges)):
+        return None
+    values = env[e.tensor]
+    names = [i.name if isinstance(i, Var) else None for i in e.indices]
+    ranges = {v: (lo, hi) for v, lo, hi in check.ranges}
+    if values.ndim != len(names) or set(names) != set(ranges) or any(
+            ranges[v] != (0, size - 1) for v, size in zip(names, values.shape)):
+        return None
+    order = [names.index(v) for v, _, _ in check.ranges]
+    return values.transpose(order).astype(np.int64, copy=False).reshape(-1)
 
 
 def _index_error(check, values: np.ndarray, flat: int) -> TccIndexError:

@@ -116,3 +116,17 @@ def test_index_checks_run_on_the_gpu(rng):
     with pytest.raises(TccIndexError, match="is 1000 at n=5"):
         op(E, idx, out=out)
     assert bool((out == 7.0).all())
+
+
+def test_a_two_dimensional_id_tensor_names_the_position(rng):
+    """Ids read whole (``idx[n, k]`` over every n and k) are checked straight from the tensor;
+    the error still names the position in the index's variables and the value."""
+    op = tcc.compile("op g(E: f32[V, D], idx: i64[N, K]) -> Y: f32[N, K, D] {\n"
+                     "    Y[n, k, d] = E[idx[n, k], d]\n}").g
+    E, idx = rng.standard_normal((50, 3)).astype(np.float32), rng.integers(0, 50, (7, 5))
+    np.testing.assert_array_equal(op(E, idx), E[idx])
+    idx[4, 2] = -1
+    out = np.full((7, 5, 3), 9.0, np.float32)
+    with pytest.raises(TccIndexError, match=r"is -1 at k=2, n=4, outside \[0, 50\)"):
+        op(E, idx, out=out)
+    assert (out == 9.0).all()
