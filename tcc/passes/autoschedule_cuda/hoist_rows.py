@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tcc.ir.expr import Expr, Load, Var, transform
-from tcc.ir.loops import Allocate, Buffer, For, If, Let, Stmt, Store, map_stmt, walk_stmts
+from tcc.ir.expr import Expr, Load, Var
+from tcc.ir.loopnest import replace_loads
+from tcc.ir.loops import Allocate, Buffer, For, Stmt, Store, map_stmt, walk_stmts
 from tcc.passes.simplify import evaluate_int
 
 
@@ -54,21 +55,13 @@ def _rewrite(nest: Stmt, rows: dict[str, list[For]]) -> Stmt:
     def lead(name: str) -> tuple[Expr, ...]:
         return tuple(Var(f.var.name, f.var.dtype) for f in rows[name])
 
-    def expr(e: Expr) -> Expr:
-        return transform(e, lambda n: Load(n.buffer, (*lead(n.buffer), *n.indices), n.dtype)
-                         if isinstance(n, Load) and n.buffer in rows else None)
+    nest = replace_loads(nest, lambda n: Load(n.buffer, (*lead(n.buffer), *n.indices), n.dtype)
+                         if n.buffer in rows else None)
 
     def stmt(s: Stmt) -> Stmt | None:
         if isinstance(s, Allocate) and s.buffer.name in rows:
             return s.body
-        if isinstance(s, Store):
-            indices = (*lead(s.buffer), *s.indices) if s.buffer in rows else s.indices
-            return replace(s, indices=tuple(expr(i) for i in indices), value=expr(s.value))
-        if isinstance(s, For):
-            return replace(s, extent=expr(s.extent))
-        if isinstance(s, Let):
-            return replace(s, value=expr(s.value))
-        if isinstance(s, If):
-            return replace(s, cond=expr(s.cond))
+        if isinstance(s, Store) and s.buffer in rows:
+            return replace(s, indices=(*lead(s.buffer), *s.indices))
         return None
     return map_stmt(nest, stmt)

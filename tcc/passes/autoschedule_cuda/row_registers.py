@@ -26,8 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from tcc.dtypes import DType
-from tcc.ir.expr import Const, Expr, Load, Var, free_vars, transform, walk
-from tcc.ir.loops import Allocate, Buffer, For, Stmt, Store, map_stmt, seq, stmt_exprs, walk_stmts
+from tcc.ir.expr import Const, Expr, Load, Var, free_vars, transform
+from tcc.ir.loopnest import loads
+from tcc.ir.loops import Allocate, Buffer, For, Stmt, Store, map_stmt, seq, walk_stmts
 
 MAX_VALUES = 64  # register values a thread may keep for its row
 
@@ -134,12 +135,8 @@ def _key(load: Load, trailing: tuple[Var, ...]) -> Key | None:
     return None if any(free_vars(i) & names for i in lead) else (load.buffer, lead)
 
 
-def _loads(s: Stmt) -> list[Load]:
-    return [n for t in walk_stmts(s) for e in stmt_exprs(t) for n in walk(e) if isinstance(n, Load)]
-
-
 def _aligned_reads_of(s: Stmt, trailing: tuple[Var, ...]) -> dict[Key, DType]:
-    return {key: load.dtype for load in _loads(s) if (key := _key(load, trailing)) is not None}
+    return {key: load.dtype for load in loads(s) if (key := _key(load, trailing)) is not None}
 
 
 def _aligned_reads(loop: For) -> dict[Key, DType]:
@@ -149,7 +146,7 @@ def _aligned_reads(loop: For) -> dict[Key, DType]:
 def _accesses(s: Stmt, name: str) -> list[tuple[Expr, ...]]:
     """The indices of every load and store of ``name`` in ``s``."""
     return [t.indices for t in walk_stmts(s) if isinstance(t, Store) and t.buffer == name] + \
-        [n.indices for n in _loads(s) if n.buffer == name]
+        [n.indices for n in loads(s) if n.buffer == name]
 
 
 def _aligned_everywhere(body: Stmt, loops: list[For], name: str) -> bool:
