@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tcc.errors import Source, Span, TccArgumentError, TccCompileError, TccError, TccSyntaxError
+from tcc.errors import Source, Span, TccArgumentError, TccCompileError, TccError, TccRuntimeError, TccSyntaxError
 from tcc.frontend import ast
 from tcc.frontend.ast import OpDef, format_ast
 from tcc.frontend.generic import type_params
@@ -22,7 +22,7 @@ from tcc.frontend.parser import parse
 from tcc.frontend.schedules import Schedule, module_schedules, schedule_from_text
 from tcc.frontend.sema import analyze
 from tcc.generic_op import GenericOp
-from tcc.index_ranges import out_of_range, range_source
+from tcc.index_ranges import RESULT, guard_source
 from tcc.ir.loops import DETERMINISTIC, format_func
 from tcc.ir.te import OpTE, format_op
 from tcc.opdoc import docstring, header, signature
@@ -46,7 +46,7 @@ from tcc.runtime.dynamic import (
     stream_symbols,
     window_symbols,
 )
-from tcc.runtime.index_checks import checked_op, reads_data, run_checks
+from tcc.runtime.index_checks import IndexGuard, checked_op, reads_data, run_checks
 from tcc.runtime.plans import Plans
 from tcc.stack import deep
 from tcc.target import Target
@@ -272,8 +272,8 @@ class Op:
         self._keys: dict[tuple, str] = {}  # bindings -> cache key, so repeat calls skip the pipeline
         self._solved: dict[tuple, tuple[dict, dict]] = {}  # shapes + parameters -> symbols, result shapes
         self._checks: dict[tuple, OpTE | None] = {}  # bindings -> the op with its index checks
-        self._ranges: dict[tuple, list] = {}  # bindings -> the GPU ops computing each check's index range
-        self.plans = Plans(backend.make_plan)  # repeat calls with a checked signature skip binding and checks
+        self._guards: dict[tuple, IndexGuard] = {}  # bindings -> the guard running the index checks
+        self.plans = Plans(backend.make_plan)  # repeat calls with a checked signature skip binding
         # help(lib.NAME), lib.NAME.__doc__ and inspect.signature(lib.NAME) describe this op, not the class
         self.__doc__ = docstring(te, ast, backend.kind)
         self.__signature__ = signature(te)
@@ -296,27 +296,35 @@ class Op:
         results = self.plans.run(args, cparams, out)
         if results is None:
             bound = self.bind(args, cparams)
-            checked = self._index_checks(bound.bindings)
-            if checked is not None and not self._in_range_on_device(checked, bound):
-                run_checks(checked, bound)  # indices read from data: checked before anything runs
+            guard = self._guard(bound.bindings)
             kernel = self.kernel(bound.bindings)
-            results = self.backend.invoke(kernel, self.te, bound, out)
-            if checked is None:  # a plan skips binding, and so would skip the checks
-                self.plans.learn(kernel, self.te, bound, args, cparams, out)
+            results = self.backend.invoke(kernel, self.te, bound, out, guard)
+            if results is None:  # an index out of range: nothing was written
+                self._raise_index_error(bound)
+            self.plans.learn(kernel, self.te, bound, args, cparams, out, guard)  # (the plan runs the guard too)
         return results[0] if len(results) == 1 else tuple(results)
 
-    def _in_range_on_device(self, checked: OpTE, bound: BoundCall) -> bool:
-        """On a GPU, whether every index is in range by its range computed there (no copy of the
-        index tensors); False elsewhere, or when one is out (the host pass then names it)."""
-        if not self.target.is_gpu:
-            return False
-        memo = tuple(sorted(bound.bindings.items()))
-        if memo not in self._ranges:
-            self._ranges[memo] = [(compile(source, target=self.target).index_range, names, check)
-                                  for check in checked.index_checks
-                                  for source, names in [range_source(checked, check)]]
-        arguments = {**dict(zip(self.te.params, bound.args)), **bound.scalars}
-        return not out_of_range(self._ranges[memo], arguments)
+    def _guard(self, bindings: dict[str, int | float]) -> IndexGuard | None:
+        """The index checks of calls with these bindings as a guard op's kernel, compiled for this
+        op's target (``tcc.index_ranges``); None when no index reads data or all are proved."""
+        checked = self._index_checks(bindings)
+        if checked is None:
+            return None
+        memo = tuple(sorted(bindings.items()))
+        guard = self._guards.get(memo)
+        if guard is None:
+            source, names = guard_source(checked)
+            op = compile(source, target=self.target).index_guard
+            guard = self._guards[memo] = IndexGuard(op.kernel({}), names, RESULT)
+        return guard
+
+    def _raise_index_error(self, bound: BoundCall) -> None:
+        """Name the index the guard found out of range (its position and value), from a host pass."""
+        checked = self._index_checks(bound.bindings)
+        if checked is not None:
+            run_checks(checked, bound)  # raises TccIndexError
+        raise TccRuntimeError(f"internal error: op {self.name}'s index guard found an index out of range, "
+                              "which the host pass did not", self.te.span, "please report it")
 
     def _index_checks(self, bindings: dict[str, int | float]) -> OpTE | None:
         """The op specialised with the index checks its calls need (None: none), per binding."""

@@ -63,6 +63,8 @@ _SIGNATURES: dict[str, list[Any]] = {
     "cuMemFreeAsync": [_DPTR, _P],
     "cuMemAlloc_v2": [ctypes.POINTER(_DPTR), _SIZE],
     "cuMemFree_v2": [_DPTR],
+    "cuMemAllocHost_v2": [_OUT_P, _SIZE],
+    "cuMemFreeHost": [_P],
     "cuMemcpyHtoDAsync_v2": [_DPTR, _P, _SIZE, _P],
     "cuMemcpyDtoHAsync_v2": [_P, _DPTR, _SIZE, _P],
     "cuMemcpyDtoDAsync_v2": [_DPTR, _DPTR, _SIZE, _P],
@@ -431,6 +433,21 @@ def alloc_workspace(nbytes: int, what: str) -> int:
                               hint=_hint(err))
     _LIVE_BYTES[0] += size
     return ptr.value
+
+
+def alloc_pinned(nbytes: int, what: str) -> int:
+    """Page-locked host memory (kept across calls): a copy from the GPU into it is one DMA, with
+    no staging through a driver buffer."""
+    ptr = ctypes.c_void_p()
+    err = libcuda().cuMemAllocHost_v2(ctypes.byref(ptr), max(1, nbytes))
+    if err != SUCCESS:
+        raise TccRuntimeError(f"{what}: cannot allocate {nbytes} bytes of page-locked host memory: "
+                              f"{error_name(err)}", hint=_hint(err))
+    return int(ptr.value or 0)
+
+
+def free_pinned(ptr: int) -> None:
+    libcuda().cuMemFreeHost(ptr)
 
 
 def free_workspace(device: int, ptr: int, nbytes: int) -> None:

@@ -168,7 +168,8 @@ class TorchOp:
     def _teach_cuda(self, path: CudaFastPath, nargs: int) -> None:
         """Give the C++ eager path a CUDA plan's signature: its kernels, launched by C++ on torch's
         current stream (not a plan with intermediates: their workspace is Python's)."""
-        if not path.allocates or path.nargs != nargs or path.cparams or path.intermediates or path.synchronous:
+        if (not path.allocates or path.nargs != nargs or path.cparams or path.intermediates or path.synchronous
+                or path.checked):  # (the C++ launches run no index checks)
             return
         module = self._native_module()
         if module is None:
@@ -214,8 +215,8 @@ class TorchOp:
 
     def _teach(self, direct: _Direct) -> None:
         """Give the C++ eager path this signature (it builds on first use; nothing where it cannot)."""
-        if direct.path.symbols:  # a dynamic kernel's shape symbols: the C++ path lays out no cells for them
-            return
+        if direct.path.symbols or direct.path.guard is not None:  # the C++ path lays out no cells for a dynamic
+            return  # kernel's shape symbols, and runs no index checks
         module = None if direct.cparams else self._native_module()
         if module is None:
             return
@@ -471,6 +472,8 @@ class _Direct:
                 if type(value) is not kind or (bounds is not None and not bounds[0] <= value <= bounds[1]):
                     return None
                 cell.value = value
+            if path.guard is not None and not path.guard(ptrs):  # an index out of range: the op's call names it
+                return None
             outs = []
             default = _default_dtype()
             for slot, shape, dtype in self.results:  # sizes as arguments, dtype only if needed: parsed fastest

@@ -36,8 +36,10 @@ from tcc.passes.pipeline import cuda_schedule
 from tcc.runtime.backend import Backend
 from tcc.runtime.binding import out_list
 from tcc.runtime.cache import pack_artifact, unpack_artifact
+from tcc.runtime.cuda_guard import CudaGuard
 from tcc.runtime.cuda_plan import SYNC, make_plan, raw_stream
 from tcc.runtime.cuda_tensors import DeviceTensor, as_array, torch_dtypes
+from tcc.runtime.index_checks import IndexGuard
 from tcc.target import CudaTarget, host_cores
 
 STAGES = ("ast", "te", "fused", "loops", "scheduled", "cuda", "ptx")
@@ -241,8 +243,9 @@ class _Call:
             driver.free(ptr, nbytes, self.stream)
 
 
-def invoke(kernel: CudaKernel, op, bound, out: Any) -> list[Any]:
-    """Run ``kernel`` on a bound call (``out=`` checked first)."""
+def invoke(kernel: CudaKernel, op, bound, out: Any, guard: IndexGuard | None = None) -> list[Any] | None:
+    """Run ``kernel`` on a bound call (``out=`` checked first). None, with nothing written, when
+    ``guard`` (the call's index checks, run on the device first) finds an index out of range."""
     device_args = {n: a for n, a in bound.arrays.items() if isinstance(a, DeviceTensor)}
     device = _common_device(op, device_args, out)
     driver.context(device).activate()
@@ -252,7 +255,8 @@ def invoke(kernel: CudaKernel, op, bound, out: Any) -> list[Any]:
     results: list[Any] = []
     with _Call(op.name, device, stream) as call:
         try:
-            _run(call, kernel, op, bound, outs, kind, list(device_args.values()), results)
+            if not _run(call, kernel, op, bound, outs, kind, list(device_args.values()), results, guard):
+                return None
         except BaseException:
             results.clear()  # the traceback must not keep new result tensors alive
             raise
@@ -260,10 +264,13 @@ def invoke(kernel: CudaKernel, op, bound, out: Any) -> list[Any]:
 
 
 def _run(call: _Call, kernel: CudaKernel, op, bound, outs: list[Any], kind: str, inputs: list[DeviceTensor],
-         results: list[Any]) -> None:
+         results: list[Any], guard: IndexGuard | None) -> bool:
+    """Launch the kernels (False, having launched nothing else, when ``guard`` fails)."""
     values: dict[str, Any] = dict(bound.scalars)
     for name, arr in bound.arrays.items():
         values[name] = _input_pointer(call, name, arr)
+    if guard is not None and not CudaGuard.on(guard, call.device).passes_values(values, call.stream, op.name):
+        return False
     finish = []
     for name, target in zip(op.results, outs):
         shape, dt = bound.result_shapes[name], op.tensors[name].dtype
@@ -282,6 +289,7 @@ def _run(call: _Call, kernel: CudaKernel, op, bound, outs: list[Any], kind: str,
             post()
     if kind == "numpy" or SYNC:
         driver.synchronize(call.stream, f"op {op.name}: running its kernels")
+    return True
 
 
 def _common_device(op, device_args: dict[str, DeviceTensor], out: Any) -> int:

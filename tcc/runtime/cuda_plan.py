@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from tcc.codegen_cuda import driver
+from tcc.runtime.cuda_guard import CudaGuard
 from tcc.runtime.cuda_tensors import DeviceTensor, as_array, torch_dtypes
+from tcc.runtime.index_checks import IndexGuard
 from tcc.runtime.plans import CudaFastPath, CudaLaunch, FastTensor, same_params
 
 SYNC = os.environ.get("TCC_CUDA_SYNC", "") not in ("", "0")  # debugging: synchronise after every call
@@ -63,6 +65,8 @@ class Plan:
     op: str
     pool: list[tuple[driver.ArgumentBlock, list[tuple[int, type, Any, memoryview, int]]]] = \
         field(default_factory=list)  # argument blocks not in use, each with its scalars' setters
+    guard: CudaGuard | None = None  # the index checks, run on the device before the kernels
+    guard_copies: list[tuple[int, int]] = field(default_factory=list)  # (guard slot, slot) of what they read
 
     def __post_init__(self) -> None:
         self.spans = [(t.slot, t.nbytes) for t in self.inputs]  # for the overlap checks of out=
@@ -79,7 +83,7 @@ class Plan:
                             tuple(FastTensor(i, slot, dtype, tuple(shape))
                                   for i, (shape, dtype, slot) in enumerate(self.results)),
                             self.outs is None, bool(self.kernel.temps), tuple(map(launch, self.launchers)),
-                            driver.launch_kernel_address(), self.stream, SYNC)
+                            driver.launch_kernel_address(), self.stream, SYNC, self.guard is not None)
 
     def new_block(self) -> tuple[driver.ArgumentBlock, list[tuple[int, type, Any, memoryview, int]]]:
         block = driver.ArgumentBlock(self.launchers, self.slots, self.context)
@@ -120,6 +124,9 @@ class Plan:
                 return None
             bits |= result_bits
             stream = self.stream(device)
+            if self.guard is not None and not self.guard.passes_words(words, self.guard_copies, stream, self.op):
+                results.clear()  # an index out of range: nothing launched, the checked call names it
+                return None
             try:
                 if not self.kernel.temps:  # (read each call, like the checked path)
                     block.launch(stream, self.op, bits & 15)
@@ -172,8 +179,9 @@ class Plan:
 
 
 def make_plan(kernel: Any, op, bound, args: tuple[Any, ...], cparams: dict[str, Any],
-              out: Any) -> Plan | None:
-    """The plan for calls like this checked one (None when it has no fast path)."""
+              out: Any, guard: IndexGuard | None = None) -> Plan | None:
+    """The plan for calls like this checked one, running ``guard`` first (None when it has no
+    fast path)."""
     torch = sys.modules.get("torch")
     arrays = list(bound.arrays.values())
     if torch is None or not arrays or any(not isinstance(a, DeviceTensor) or a.kind != "torch"
@@ -200,9 +208,11 @@ def make_plan(kernel: Any, op, bound, args: tuple[Any, ...], cparams: dict[str, 
         scalars.append((position[n], type(args[position[n]]), _INT_RANGES.get(kind), kind, slots[n]))
     inverse = {v: k for k, v in torch_dtypes().items()}
     results = [(bound.result_shapes[r], inverse[op.tensors[r].dtype], slots[r]) for r in op.results]
+    checks = None if guard is None else CudaGuard.on(guard, device)
     return Plan(kernel, driver.context(device), device, len(args), dict(cparams), inputs, scalars, outs, results,
                 [slots[n] for n, _ in kernel.temps], torch.Tensor, torch.device("cuda", device), stream_getter(),
-                torch.empty, kernel.launchers(device), slots, op.name)
+                torch.empty, kernel.launchers(device), slots, op.name, guard=checks,
+                guard_copies=[] if checks is None else checks.copies(slots))
 
 
 @functools.cache

@@ -1,0 +1,213 @@
+"""Index checks on the fast path: a call that reads indices from data takes a plan like any other,
+and the plan runs the op's guard (the checks compiled as an op of the target) before its kernel.
+Good, bad, good calls in a row: the bad one is a TccIndexError naming the position and value,
+with ``out=`` untouched, through the plan, ``tcc.torch``'s eager path, and on CUDA; the guard op
+itself is checked against the host pass (CPU) and through NVRTC and the GPU simulator."""
+
+from __future__ import annotations
+
+import gpu_sim
+import numpy as np
+import pytest
+
+import tcc
+from tcc.errors import TccIndexError
+from tcc.index_ranges import guard_source
+
+SOURCE = """
+op embedding(E: f32[V, D], idx: i64[N]) -> Y: f32[N, D] {
+    Y[n, d] = E[idx[n], d]
+}
+op pick(X: f32[N, C], lab: i32[N]) -> Y: f32[N] {
+    Y[n] = X[n, lab[n]]
+}
+op window[L = 1](X: f32[T, D], start: i64) -> Y: f32[L, D] {
+    Y[i, d] = X[start + i, d]
+}
+op two(E: f32[V, D], a: i64[N], b: i64[M]) -> Y: f32[N, M, D] {
+    Y[n, m, d] = E[a[n], d] + E[b[m], d]
+}
+"""
+
+
+def _raises_untouched(call, out, match: str) -> None:
+    before = np.array(out, copy=True)
+    with pytest.raises(TccIndexError, match=match):
+        call()
+    np.testing.assert_array_equal(np.asarray(out), before)
+
+
+@pytest.mark.parametrize("n,bad", [(1, -1), (7, 1000), (33, -(2**40)), (1000, 999 + 1)])
+def test_good_bad_good_through_the_plan(rng, n, bad):
+    op = tcc.compile(SOURCE).embedding
+    E = rng.standard_normal((1000, 7)).astype(np.float32)
+    idx = rng.integers(0, 1000, n)
+    out = np.full((n, 7), np.nan, np.float32)
+    np.testing.assert_array_equal(op(E, idx, out=out), E[idx])
+    assert op.plans and op.plans.plans[0].guard is not None, "a checked call leaves a plan that checks"
+    np.testing.assert_array_equal(op(E, idx), E[idx])  # the plan's own call
+    wrong = idx.copy()
+    wrong[n // 2] = bad
+    assert op.plans.run((E, wrong), {}, out) is None, "the plan refuses, having written nothing"
+    _raises_untouched(lambda: op(E, wrong, out=out), out,
+                      rf"index 0 of E \(idx\[n\]\) is {bad} at n={n // 2}, outside \[0, 1000\)")
+    _raises_untouched(lambda: op(E, wrong, out=out), out, f"is {bad}")  # again: the plan is still there
+    out[:] = np.nan
+    np.testing.assert_array_equal(op(E, idx, out=out), E[idx])
+    np.testing.assert_array_equal(out, E[idx])
+
+
+def test_runtime_scalar_and_i32_labels_through_the_plan(rng):
+    lib = tcc.compile(SOURCE)
+    X = rng.standard_normal((33, 5)).astype(np.float32)
+    for start in (0, 30, 12):
+        np.testing.assert_array_equal(lib.window(X, start, L=3), X[start:start + 3])
+    assert lib.window.plans
+    out = np.full((3, 5), 2.0, np.float32)
+    _raises_untouched(lambda: lib.window(X, 31, L=3, out=out), out, r"\(start \+ i\) is 33 at i=2")
+    _raises_untouched(lambda: lib.window(X, -1, L=3, out=out), out, r"is -1 at i=0")
+    np.testing.assert_array_equal(lib.window(X, 1, L=3, out=out), X[1:4])
+    lab = rng.integers(0, 5, 33).astype(np.int32)
+    np.testing.assert_array_equal(lib.pick(X, lab), X[np.arange(33), lab])
+    lab[32] = 5
+    with pytest.raises(TccIndexError, match="is 5 at n=32"):
+        lib.pick(X, lab)
+    lab[32] = 4
+    np.testing.assert_array_equal(lib.pick(X, lab), X[np.arange(33), lab])
+
+
+def test_two_checks_each_named(rng):
+    op = tcc.compile(SOURCE).two
+    E = rng.standard_normal((9, 3)).astype(np.float32)
+    a, b = rng.integers(0, 9, 7), rng.integers(0, 9, 5)
+    np.testing.assert_array_equal(op(E, a, b), E[a][:, None] + E[b][None])
+    b2 = b.copy()
+    b2[4] = 9
+    with pytest.raises(TccIndexError, match=r"\(b\[m\]\) is 9 at m=4"):
+        op(E, a, b2)
+    a2 = a.copy()
+    a2[0] = -3
+    with pytest.raises(TccIndexError, match=r"\(a\[n\]\) is -3 at n=0"):
+        op(E, a2, b)
+    np.testing.assert_array_equal(op(E, a, b), E[a][:, None] + E[b][None])
+
+
+def test_the_guard_op_counts_what_the_host_pass_finds(rng):
+    """The guard's count is nonzero exactly where the reference's host pass raises."""
+    lib = tcc.compile(SOURCE)
+    op = lib.two
+    for trial in range(20):
+        E = rng.standard_normal((9, 3)).astype(np.float32)
+        a, b = rng.integers(-2, 11, 7), rng.integers(-2, 11, 5)
+        guard = op._guard({"V": 9, "D": 3, "N": 7, "M": 5})
+        count = np.full(1, -7, np.int64)
+        guard.kernel({"a": a, "b": b, "R": count})
+        bad = int(((a < 0) | (a >= 9)).any()) + int(((b < 0) | (b >= 9)).any())
+        assert count[0] == bad, (trial, a, b)
+
+
+def test_torch_eager_path_checks_too(rng):
+    torch = pytest.importorskip("torch")
+    ops = tcc.torch.library(SOURCE, namespace="tcc_guard_test")
+    E = torch.from_numpy(rng.standard_normal((50, 4)).astype(np.float32))
+    idx = torch.from_numpy(rng.integers(0, 50, 33))
+    for _ in range(3):  # the first call, then the eager path's own
+        torch.testing.assert_close(ops.embedding(E, idx), E[idx], rtol=0, atol=0)
+    wrong = idx.clone()
+    wrong[3] = 50
+    for _ in range(2):
+        with pytest.raises(TccIndexError, match="is 50 at n=3"):
+            ops.embedding(E, wrong)
+    torch.testing.assert_close(ops.embedding(E, idx), E[idx], rtol=0, atol=0)
+    Eg = E.clone().requires_grad_()
+    ops.embedding(Eg, idx).sum().backward()  # the gradient (a scatter-add) is checked too
+    torch.testing.assert_close(Eg.grad, torch.zeros_like(E).index_add_(0, idx, torch.ones(33, 4)))
+    with pytest.raises(TccIndexError, match="is 50 at n=3"):
+        ops.embedding(Eg, wrong).sum().backward()
+
+
+def test_a_big_table_gathered_at_data_indices_is_read_in_parallel():
+    """Each read of a label pick from a table beyond the L2 cache is a cache miss: worth a fork
+    at 4096 rows (a small table's pick stays serial)."""
+    lib = tcc.compile(SOURCE)
+    big = lib.pick.stage_text({"N": 4096, "C": 32000}, "scheduled")
+    small = lib.pick.stage_text({"N": 4096, "C": 8}, "scheduled")
+    if lib.target.cores > 1:
+        assert "# parallel" in big
+    assert "# parallel" not in small
+
+
+@pytest.mark.parametrize("name,bindings", [("embedding", {"V": 33, "D": 7, "N": 9}),
+                                           ("window", {"T": 33, "D": 7, "L": 5}),
+                                           ("two", {"V": 9, "D": 3, "N": 7, "M": 5})])
+def test_the_cuda_guard_compiles_and_counts(rng, name, bindings):
+    """The guard op of each CUDA specialisation compiles through NVRTC; in the GPU simulator it
+    counts the checks out of range."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    op = tcc.compile(SOURCE, target="cuda", arch="sm_90")[name]
+    source, params = guard_source(op._index_checks(bindings))
+    guard = tcc.compile(source, target="cuda", arch="sm_90").index_guard
+    assert "__global__" in guard.lower(stage="cuda")
+    assert guard.lower(stage="ptx")
+    scheduled = guard.lowered({}).scheduled
+    tensors = {p: guard.te.tensors[p] for p in params if p in guard.te.tensors}
+    for bad in (False, True):
+        arrays = {p: rng.integers(0, 7, t.concrete_shape()).astype(np.int64) for p, t in tensors.items()}
+        scalars = {p: 3 for p in params if p not in tensors}
+        if bad and arrays:
+            first = next(iter(arrays))
+            arrays[first].reshape(-1)[-1] = -1
+        elif bad:
+            scalars = {p: 40 for p in scalars}
+        arrays["R"] = np.full(1, -5, np.int64)
+        gpu_sim.run(scheduled, arrays, scalars=scalars)
+        assert arrays["R"][0] == int(bad)
+
+
+needs_gpu = pytest.mark.skipif(not tcc.cuda.is_available(), reason="needs an NVIDIA GPU")
+
+
+@pytest.mark.cuda
+@needs_gpu
+def test_cuda_good_bad_good_through_the_plan(rng):
+    torch = pytest.importorskip("torch")
+    lib = tcc.compile(SOURCE, target="cuda")
+    E = torch.from_numpy(rng.standard_normal((1000, 64)).astype(np.float32)).cuda()
+    idx = torch.from_numpy(rng.integers(0, 1000, 777)).cuda()
+    out = torch.full((777, 64), 7.0, device="cuda")
+    for _ in range(3):
+        torch.testing.assert_close(lib.embedding(E, idx), E[idx], rtol=0, atol=0)
+    assert lib.embedding.plans and lib.embedding.plans.plans[0].guard is not None
+    for bad in (1000, -1):
+        wrong = idx.clone()
+        wrong[5] = bad
+        for _ in range(2):
+            with pytest.raises(TccIndexError, match=f"is {bad} at n=5"):
+                lib.embedding(E, wrong, out=out)
+            assert bool((out == 7.0).all())
+            with pytest.raises(TccIndexError, match=f"is {bad} at n=5"):
+                lib.embedding(E, wrong)
+    torch.testing.assert_close(lib.embedding(E, idx, out=out), E[idx], rtol=0, atol=0)
+    torch.testing.assert_close(out, E[idx], rtol=0, atol=0)
+    X = torch.from_numpy(rng.standard_normal((33, 5)).astype(np.float32)).cuda()
+    torch.testing.assert_close(lib.window(X, 30, L=3), X[30:], rtol=0, atol=0)
+    with pytest.raises(TccIndexError, match=r"is 33 at i=2"):
+        lib.window(X, 31, L=3)
+    torch.testing.assert_close(lib.window(X, 29, L=3), X[29:32], rtol=0, atol=0)
+
+
+@pytest.mark.cuda
+@needs_gpu
+def test_cuda_torch_eager_path_checks_too(rng):
+    torch = pytest.importorskip("torch")
+    ops = tcc.torch.library(SOURCE, namespace="tcc_guard_cuda")
+    E = torch.from_numpy(rng.standard_normal((50, 4)).astype(np.float32)).cuda()
+    idx = torch.from_numpy(rng.integers(0, 50, 33)).cuda()
+    for _ in range(3):
+        torch.testing.assert_close(ops.embedding(E, idx), E[idx], rtol=0, atol=0)
+    wrong = idx.clone()
+    wrong[3] = -2
+    for _ in range(2):
+        with pytest.raises(TccIndexError, match="is -2 at n=3"):
+            ops.embedding(E, wrong)
+    torch.testing.assert_close(ops.embedding(E, idx), E[idx], rtol=0, atol=0)
