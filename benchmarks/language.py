@@ -9,7 +9,8 @@ ratio is the median over rounds of tcc's time / the anchor's time in the same ro
 better for tcc). The answers are checked first (dropout: the keep fraction, as the generators
 differ). The linear recurrence has no PyTorch operator: its anchor column is a Python loop over
 time steps of vectorised PyTorch ops, what a user would write.
-Usage: python benchmarks/language.py [--device cpu|cuda] [--runs 7]
+Usage: python benchmarks/language.py [--device cpu|cuda] [--runs 7] [--only embedding pick ...]
+(``--only``: the workloads whose name starts with one of the words).
 """
 
 from __future__ import annotations
@@ -147,6 +148,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--only", nargs="+", metavar="WORD", help="the workloads whose name starts with a WORD")
     args = parser.parse_args()
     cuda = args.device == "cuda"
     lib = tcc.compile(SOURCE, target=args.device)
@@ -156,6 +158,8 @@ def main() -> None:
     print(f"torch {torch.__version__} on {args.device} ({where})")
     print(f"{'workload':38s} {'tcc ms':>9s} {'torch ms':>9s} {'tcc/torch':>9s} {'copy ms':>8s} {'tcc/copy':>8s}")
     for name, ours, theirs, nbytes, check in workloads(lib, args.device, rng):
+        if args.only and not any(name.startswith(word) for word in args.only):
+            continue
         assert check(), f"{name}: tcc's answer is wrong"
         src = torch.ones(nbytes // 4, device=args.device)
         dst = torch.empty_like(src)

@@ -97,7 +97,6 @@ def test_the_guard_op_counts_what_the_host_pass_finds(rng):
     lib = tcc.compile(SOURCE)
     op = lib.two
     for trial in range(20):
-        E = rng.standard_normal((9, 3)).astype(np.float32)
         a, b = rng.integers(-2, 11, 7), rng.integers(-2, 11, 5)
         guard = op._guard({"V": 9, "D": 3, "N": 7, "M": 5})
         count = np.full(1, -7, np.int64)
