@@ -23,7 +23,7 @@ from tcc.frontend.schedules import Schedule, module_schedules, schedule_from_tex
 from tcc.frontend.sema import analyze
 from tcc.generic_op import GenericOp
 from tcc.index_ranges import RESULT, guard_source
-from tcc.ir.loops import DETERMINISTIC, format_func
+from tcc.ir.loops import DETERMINISTIC, GUARDED, format_func
 from tcc.ir.te import OpTE, format_op
 from tcc.opdoc import docstring, header, signature
 from tcc.passes.pipeline import Lowered, lower_op
@@ -296,7 +296,7 @@ class Op:
         results = self.plans.run(args, cparams, out)
         if results is None:
             bound = self.bind(args, cparams)
-            guard = self._guard(bound.bindings)
+            guard = self.index_guard(bound.bindings)
             kernel = self.kernel(bound.bindings)
             results = self.backend.invoke(kernel, self.te, bound, out, guard)
             if results is None:  # an index out of range: nothing was written
@@ -304,7 +304,7 @@ class Op:
             self.plans.learn(kernel, self.te, bound, args, cparams, out, guard)  # (the plan runs the guard too)
         return results[0] if len(results) == 1 else tuple(results)
 
-    def _guard(self, bindings: dict[str, int | float]) -> IndexGuard | None:
+    def index_guard(self, bindings: dict[str, int | float]) -> IndexGuard | None:
         """The index checks of calls with these bindings as a guard op's kernel, compiled for this
         op's target (``tcc.index_ranges``); None when no index reads data or all are proved."""
         checked = self._index_checks(bindings)
@@ -439,6 +439,8 @@ class Op:
                            frozenset(self.options.get("constant_params", ())), symbols, dict(self.dynamic.multiples))
         if self.options.get("deterministic"):  # (read by the schedules of += statements)
             lowered.loops.attrs[DETERMINISTIC] = True
+        if self.target.is_gpu and self._index_checks(bindings) is not None:  # (its kernels read the guard's count)
+            lowered.loops.attrs[GUARDED] = True
         if self.tune and not symbols:
             # a downward import (tune knows ops by a Protocol), made here because the tuner loads
             # every target's auto-scheduler: an op that is not tuned never needs it

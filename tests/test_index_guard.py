@@ -98,7 +98,7 @@ def test_the_guard_op_counts_what_the_host_pass_finds(rng):
     op = lib.two
     for trial in range(20):
         a, b = rng.integers(-2, 11, 7), rng.integers(-2, 11, 5)
-        guard = op._guard({"V": 9, "D": 3, "N": 7, "M": 5})
+        guard = op.index_guard({"V": 9, "D": 3, "N": 7, "M": 5})
         count = np.full(1, -7, np.int64)
         guard.kernel({"a": a, "b": b, "R": count})
         bad = int(((a < 0) | (a >= 9)).any()) + int(((b < 0) | (b >= 9)).any())
@@ -210,3 +210,18 @@ def test_cuda_torch_eager_path_checks_too(rng):
         with pytest.raises(TccIndexError, match="is -2 at n=3"):
             ops.embedding(E, wrong)
     torch.testing.assert_close(ops.embedding(E, idx), E[idx], rtol=0, atol=0)
+
+
+def test_cuda_kernels_of_a_checked_op_read_the_guard_count(rng):
+    """Every CUDA kernel of an op with index checks takes the guard's device count and returns
+    at once when it is not zero (compiled through NVRTC); an op whose indices are proved does not."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    lib = tcc.compile(SOURCE, target="cuda", arch="sm_90")
+    E, idx = rng.standard_normal((33, 7)).astype(np.float32), rng.integers(0, 33, 9)
+    source = lib.embedding.lower(E, idx, stage="cuda")
+    kernels = source.count("__global__")
+    assert kernels >= 1 and source.count("if (*tcc_guard != 0) return;") == kernels
+    assert lib.embedding.lower(E, idx, stage="ptx")
+    clamped = tcc.compile("op f(E: f32[V, D], idx: i64[N]) -> Y: f32[N, D] {\n"
+                          "    Y[n, d] = E[min(max(idx[n], 0), V - 1), d]\n}", target="cuda", arch="sm_90").f
+    assert "tcc_guard" not in clamped.lower(E, idx, stage="cuda")

@@ -28,6 +28,8 @@ from tcc.dtypes import DType
 from tcc.errors import TccCompileError
 from tcc.ir.expr import Binary, Call, Cast, Const, Expr, Load, Select, Unary, Var, walk
 from tcc.ir.loops import (
+    GUARD_PARAM,
+    GUARDED,
     Allocate,
     Barrier,
     BlockScan,
@@ -111,7 +113,8 @@ def generate(func: LoopFunc, target: CudaTarget) -> CudaProgram:
             raise TccCompileError("internal error: a CUDA kernel must start with a loop bound to block.x",
                                   hint="schedule the function with tcc.passes.autoschedule_cuda.schedule.schedule_cuda")
         used = _pair_used(stmts, i)
-        info, text = _Kernel(f"tcc_{func.name}_k{i}", kernel, buffers, scalars, used, target.shared_per_block).emit()
+        info, text = _Kernel(f"tcc_{func.name}_k{i}", kernel, buffers, scalars, used, target.shared_per_block,
+                             bool(func.attrs.get(GUARDED))).emit()
         kernels.append(info)
         texts.append(text)
     source = "\n".join([PREAMBLE, *texts])
@@ -168,8 +171,9 @@ class _Kernel(MatrixStatements):
     """Emits one ``__global__`` function."""
 
     def __init__(self, name: str, root: For, buffers: dict[str, Buffer], scalars: list[Var],
-                 used: tuple[set[str], set[str], set[str]], static_shared: int):
+                 used: tuple[set[str], set[str], set[str]], static_shared: int, guarded: bool = False):
         self.name = name
+        self.guarded = guarded  # the call's index checks run first: return when they failed (GUARDED)
         self.static_shared = static_shared  # bytes of shared memory a block may declare statically
         self.root = root
         self.used = used
@@ -210,6 +214,10 @@ class _Kernel(MatrixStatements):
                                 f"(tcc_arg_{c_name(var.name)});")
             else:
                 decls.append(f"{_VALUE_TYPE[var.dtype.name]} {c_name(var.name)}")
+        if self.guarded:  # queued before the host knows the guard's count: it reads the count itself
+            params.append((GUARD_PARAM, "p"))
+            decls.append(f"const long long* __restrict__ {GUARD_PARAM}")
+            prologue.append(f"    if (*{GUARD_PARAM} != 0) return;  // an index out of range: write nothing")
         shared = self._place_shared()
         if shared:  # 1024-byte aligned (swizzled tiles need it): the driver promises 16
             prologue += ["    extern __shared__ __align__(16) unsigned char tcc_shared_raw[];",

@@ -65,6 +65,10 @@ _SIGNATURES: dict[str, list[Any]] = {
     "cuMemFree_v2": [_DPTR],
     "cuMemAllocHost_v2": [_OUT_P, _SIZE],
     "cuMemFreeHost": [_P],
+    "cuEventCreate": [_OUT_P, _U],
+    "cuEventRecord": [_P, _P],
+    "cuEventSynchronize": [_P],
+    "cuEventDestroy_v2": [_P],
     "cuMemcpyHtoDAsync_v2": [_DPTR, _P, _SIZE, _P],
     "cuMemcpyDtoHAsync_v2": [_P, _DPTR, _SIZE, _P],
     "cuMemcpyDtoDAsync_v2": [_DPTR, _DPTR, _SIZE, _P],
@@ -448,6 +452,29 @@ def alloc_pinned(nbytes: int, what: str) -> int:
 
 def free_pinned(ptr: int) -> None:
     libcuda().cuMemFreeHost(ptr)
+
+
+EVENT_DISABLE_TIMING = 2
+
+
+def event(what: str) -> int:
+    """A CUDA event without timing (the cheapest to record and wait for), kept across calls."""
+    made = ctypes.c_void_p()
+    check(libcuda().cuEventCreate(ctypes.byref(made), EVENT_DISABLE_TIMING), f"{what}: creating an event")
+    return int(made.value or 0)
+
+
+def record(event: int, stream: int, what: str) -> None:
+    check(libcuda().cuEventRecord(event, stream), f"{what}: recording an event")
+
+
+def wait(event: int, what: str) -> None:
+    """Block until the work queued before ``event`` was recorded is done (later work may still run)."""
+    check(libcuda().cuEventSynchronize(event), what)
+
+
+def destroy_event(event: int) -> None:
+    libcuda().cuEventDestroy_v2(event)
 
 
 def free_workspace(device: int, ptr: int, nbytes: int) -> None:

@@ -18,6 +18,11 @@ LOOP_KINDS = ("serial", "parallel", "vector", "unroll", "block.x", "block.y", "b
               "thread.x", "thread.y", "thread.z")
 SCOPES = ("global", "shared", "local")
 DETERMINISTIC = "deterministic"  # LoopFunc.attrs: accumulations (+=) add in one fixed order on every run
+# LoopFunc.attrs: the call checks indices read from data first (a guard op counts those out of
+# range); on CUDA every kernel then takes the device count as parameter GUARD_PARAM (i64[1]) and
+# returns at once, writing nothing, when it is not zero
+GUARDED = "guarded"
+GUARD_PARAM = "tcc_guard"
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from tcc.codegen_cuda import driver, nvrtc
 from tcc.cuda import Array
 from tcc.dtypes import DType
 from tcc.errors import TccArgumentError, TccCompileError, TccRuntimeError
-from tcc.ir.loops import LoopFunc
+from tcc.ir.loops import GUARD_PARAM, LoopFunc
 from tcc.passes.pipeline import cuda_schedule
 from tcc.runtime.backend import Backend
 from tcc.runtime.binding import out_list
@@ -265,12 +265,11 @@ def invoke(kernel: CudaKernel, op, bound, out: Any, guard: IndexGuard | None = N
 
 def _run(call: _Call, kernel: CudaKernel, op, bound, outs: list[Any], kind: str, inputs: list[DeviceTensor],
          results: list[Any], guard: IndexGuard | None) -> bool:
-    """Launch the kernels (False, having launched nothing else, when ``guard`` fails)."""
+    """Launch the kernels behind ``guard``, the call's index checks (False when an index is out of
+    range: then the kernels wrote nothing, and nothing is copied to ``out=``)."""
     values: dict[str, Any] = dict(bound.scalars)
     for name, arr in bound.arrays.items():
         values[name] = _input_pointer(call, name, arr)
-    if guard is not None and not CudaGuard.on(guard, call.device).passes_values(values, call.stream, op.name):
-        return False
     finish = []
     for name, target in zip(op.results, outs):
         shape, dt = bound.result_shapes[name], op.tensors[name].dtype
@@ -280,10 +279,19 @@ def _run(call: _Call, kernel: CudaKernel, op, bound, outs: list[Any], kind: str,
         finish.append(made[2])
         del made  # only ``results`` may hold a new tensor (see invoke)
     launchers = kernel.launchers(call.device)
-    with kernel.lock if kernel.temps else _NO_LOCK:
-        values.update(zip((n for n, _ in kernel.temps), kernel.workspace(call.device, call.stream, op.name)))
-        for launcher in launchers:
-            launcher.launch(values, call.stream, op.name)
+
+    def launch() -> None:
+        with kernel.lock if kernel.temps else _NO_LOCK:
+            values.update(zip((n for n, _ in kernel.temps), kernel.workspace(call.device, call.stream, op.name)))
+            for launcher in launchers:
+                launcher.launch(values, call.stream, op.name)
+    if guard is None:
+        launch()
+    else:
+        checks = CudaGuard.on(guard, call.device)
+        values[GUARD_PARAM] = checks.count
+        if not checks.around_values(values, call.stream, op.name, launch):
+            return False
     for post in finish:
         if post is not None:
             post()

@@ -5,19 +5,28 @@ kernel(s) of a guard op (``tcc.index_ranges``) compiled by NVRTC like any op, a 
 over the index tensors that counts the checks out of range into one i64 on the device.
 
 Before this, every call ran one separately compiled min/max op per check through its own call
-(binding, a new result tensor) and copied the result over with ``.cpu()``, and a checked call
-never took a fast plan (5.6x torch's time for an embedding lookup on an H200). Now, per call:
-the guard's kernels are launched from an argument block of their own (built once; its slots
-copied from the main kernels' block, slot to slot), the count is copied into page-locked host
-memory (8 bytes, both buffers allocated once per device), the stream is synchronised, and the
-main kernels are launched only when the count is zero, so an index out of range writes nothing
-(neither a result nor ``out=``) and is a ``TccIndexError`` at the call, as on the CPU.
+(binding, a new result tensor) and copied the result over with ``.cpu()`` (a synchronisation
+each), and a checked call never took a fast plan: 5.6x torch's time for an embedding lookup on
+an H200. Now a call, checked or through its plan, queues on its stream:
 
-That is one synchronisation a call, which an asynchronous operator such as torch's embedding (a
-device-side assert) does not pay. The weighed alternative, guarding the main kernels themselves
-(each reading the device count first and writing nothing when it is not zero) so that they are
-queued before the host waits, would overlap the wait with their work; it needs a parameter in
-every generated kernel and is left for when the wait shows in a profile of a whole model.
+1. the guard's kernels, from an argument block of their own (built once; a plan copies its
+   slots from the main kernels' block, slot to slot: no binding, no dictionary);
+2. a copy of the count into page-locked host memory (8 bytes), and an event after it;
+3. the op's own kernels, which take the device count as a parameter (``GUARDED`` in the loop
+   IR's attributes: the CUDA C generator adds it) and return at once when it is not zero, so
+   an index out of range writes nothing, neither a result nor ``out=``;
+
+and then waits for the event only, and reads the count: an index out of range is then a
+``TccIndexError`` at the call, as on the CPU. The count, its host copy and the event are made
+once per device; nothing is allocated per call, and there is no extra op dispatch.
+
+Why this shape. A check that waits for the count before queueing the kernels would leave the
+GPU idle for a host round trip every call; here the wait overlaps the op's own kernels (queued
+behind the guard), and the host returns about when they finish. An asynchronous check (an error
+raised at a later call, like torch's device-side asserts) would save the wait itself, but the
+contract is an error at the call with nothing written, so it is not offered. Folding the check
+into the op's first kernel cannot keep that contract: its blocks would need the verdict of all
+the others before writing.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from tcc.codegen_cuda import driver
@@ -32,8 +42,8 @@ from tcc.runtime.index_checks import IndexGuard
 
 
 class CudaGuard:
-    """A guard op's kernels on one device, with their argument block, the device count and its
-    page-locked host copy; a lock makes one call at a time use them (threads wait, briefly)."""
+    """A guard op's kernels on one device, with their argument block, the device count, its
+    page-locked host copy and an event; a lock makes one call at a time use them (threads wait)."""
 
     def __init__(self, guard: IndexGuard, device: int):
         kernel = guard.kernel
@@ -45,11 +55,13 @@ class CudaGuard:
         self.codes = {n: code for k in kernel.meta["kernels"] for n, code in k["params"]}
         self.block = driver.ArgumentBlock(kernel.launchers(device), self.slots, driver.context(device))
         self.temp_slots = [self.slots[n] for n, _ in kernel.temps]
-        self.count = driver.alloc_workspace(8, f"the index checks of {kernel.name}")
-        self.host = driver.alloc_pinned(8, f"the index checks of {kernel.name}")
+        what = f"the index checks of {kernel.name}"
+        self.count = driver.alloc_workspace(8, what)  # what the op's kernels read (GUARD_PARAM)
+        self.host = driver.alloc_pinned(8, what)
+        self.event = driver.event(what)
         self.block.words[self.slots[guard.result]] = self.count
         self.lock = threading.Lock()
-        weakref.finalize(self, _free, device, self.count, self.host)
+        weakref.finalize(self, _free, device, self.count, self.host, self.event)
 
     @classmethod
     def on(cls, guard: IndexGuard, device: int) -> CudaGuard:
@@ -64,26 +76,28 @@ class CudaGuard:
         argument block has ``slots`` (by name)."""
         return [(self.slots[n], slots[n]) for n in self.params if n in self.codes]
 
-    def passes_words(self, words: Any, copies: list[tuple[int, int]], stream: int, op: str) -> bool:
-        """Whether every index is in range, given the main kernels' argument words (a plan's)."""
+    def around_words(self, words: Any, copies: list[tuple[int, int]], stream: int, op: str,
+                     launch: Callable[[], None]) -> bool:
+        """Check, ``launch`` the op's kernels behind the check, and say whether every index was in
+        range, given the main kernels' argument words (a plan's)."""
         with self.lock:
             mine = self.block.words
             for slot, source in copies:
                 mine[slot] = words[source]
-            return self._run(stream, op)
+            return self._around(stream, op, launch)
 
-    def passes_values(self, values: dict[str, Any], stream: int, op: str) -> bool:
-        """Whether every index is in range, given the call's values by name (device pointers for
-        tensors, Python numbers for scalars): the checked call's."""
+    def around_values(self, values: dict[str, Any], stream: int, op: str, launch: Callable[[], None]) -> bool:
+        """The same given the call's values by name (device pointers for tensors, Python numbers
+        for scalars): the checked call's."""
         with self.lock:
             for name in self.params:
                 if name not in self.codes:
                     continue  # (a parameter no guard kernel reads)
                 view, index = self.block.setter(self.codes[name], self.slots[name])
                 view[index] = values[name]
-            return self._run(stream, op)
+            return self._around(stream, op, launch)
 
-    def _run(self, stream: int, op: str) -> bool:
+    def _around(self, stream: int, op: str, launch: Callable[[], None]) -> bool:
         what = f"op {op}: checking its indices"
         if self.temp_slots:
             with self.kernel.lock:
@@ -93,12 +107,15 @@ class CudaGuard:
         else:
             self.block.launch(stream, op, 15)
         driver.copy_dtoh(self.host, self.count, 8, stream, what)
-        driver.synchronize(stream, what)
+        driver.record(self.event, stream, what)
+        launch()  # each kernel returns at once if the count is not zero
+        driver.wait(self.event, what)
         return ctypes.c_int64.from_address(self.host).value == 0
 
 
-def _free(device: int, count: int, host: int) -> None:
+def _free(device: int, count: int, host: int, event: int) -> None:
     try:
+        driver.destroy_event(event)
         driver.free_workspace(device, count, 8)
         driver.free_pinned(host)
     except Exception:  # noqa: BLE001 - at interpreter exit the driver may be gone

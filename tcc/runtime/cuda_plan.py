@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from tcc.codegen_cuda import driver
+from tcc.ir.loops import GUARD_PARAM
 from tcc.runtime.cuda_guard import CudaGuard
 from tcc.runtime.cuda_tensors import DeviceTensor, as_array, torch_dtypes
 from tcc.runtime.index_checks import IndexGuard
@@ -87,6 +88,8 @@ class Plan:
 
     def new_block(self) -> tuple[driver.ArgumentBlock, list[tuple[int, type, Any, memoryview, int]]]:
         block = driver.ArgumentBlock(self.launchers, self.slots, self.context)
+        if self.guard is not None:  # the device count the kernels read: the same for every call
+            block.words[self.slots[GUARD_PARAM]] = self.guard.count
         return block, [(pos, kind, bounds, *block.setter(code, slot)) for pos, kind, bounds, code, slot in self.scalars]
 
     def run(self, args: tuple[Any, ...], cparams: dict[str, Any], out: Any) -> list[Any] | None:
@@ -124,17 +127,13 @@ class Plan:
                 return None
             bits |= result_bits
             stream = self.stream(device)
-            if self.guard is not None and not self.guard.passes_words(words, self.guard_copies, stream, self.op):
-                results.clear()  # an index out of range: nothing launched, the checked call names it
-                return None
             try:
-                if not self.kernel.temps:  # (read each call, like the checked path)
-                    block.launch(stream, self.op, bits & 15)
-                else:
-                    with self.kernel.lock:  # one call's kernels queued together on the stream's workspace
-                        for slot, ptr in zip(self.temp_slots, self.kernel.workspace(device, stream, self.op)):
-                            words[slot] = ptr
-                        block.launch(stream, self.op, bits & 15)
+                if self.guard is None:
+                    self._launch(block, stream, bits)
+                elif not self.guard.around_words(words, self.guard_copies, stream, self.op,
+                                                 lambda: self._launch(block, stream, bits)):
+                    results.clear()  # an index out of range: nothing written, the checked call names it
+                    return None
             except BaseException:
                 results.clear()  # the traceback must not keep new result tensors alive
                 entry = None  # nor is the block kept: the next call builds one from the kernels as they are then
@@ -145,6 +144,15 @@ class Plan:
         if SYNC:
             driver.synchronize(stream, f"op {self.op}: running its kernels")
         return results
+
+    def _launch(self, block: driver.ArgumentBlock, stream: int, bits: int) -> None:
+        if not self.kernel.temps:  # (read each call, like the checked path)
+            block.launch(stream, self.op, bits & 15)
+            return
+        with self.kernel.lock:  # one call's kernels queued together on the stream's workspace
+            for slot, ptr in zip(self.temp_slots, self.kernel.workspace(self.device, stream, self.op)):
+                block.words[slot] = ptr
+            block.launch(stream, self.op, bits & 15)
 
     def _new_results(self, words: memoryview) -> tuple[list[Any], int]:
         """New result tensors, their pointers written; and those pointers or-ed."""
@@ -191,7 +199,8 @@ def make_plan(kernel: Any, op, bound, args: tuple[Any, ...], cparams: dict[str, 
     position = {name: i for i, name in enumerate(op.params)}
     if any(type(args[position[n]]) not in (float, int, bool) for n in bound.scalars):
         return None
-    slots = {name: i for i, name in enumerate([*op.params, *op.results, *(n for n, _ in kernel.temps)])}
+    guarded = [GUARD_PARAM] if guard is not None else []
+    slots = {name: i for i, name in enumerate([*op.params, *op.results, *(n for n, _ in kernel.temps), *guarded])}
     inputs = [_Tensor(position[n], a.owner.dtype, tuple(a.shape), a.nbytes, slots[n]) for n, a in bound.arrays.items()]
     outs = None
     if out is not None:
