@@ -225,3 +225,85 @@ def test_cuda_kernels_of_a_checked_op_read_the_guard_count(rng):
     clamped = tcc.compile("op f(E: f32[V, D], idx: i64[N]) -> Y: f32[N, D] {\n"
                           "    Y[n, d] = E[min(max(idx[n], 0), V - 1), d]\n}", target="cuda", arch="sm_90").f
     assert "tcc_guard" not in clamped.lower(E, idx, stage="cuda")
+
+
+class _FakeGuardKernel:
+    """A loaded guard op as CudaKernel presents it, minus the driver: one kernel reading idx and
+    start and writing R."""
+
+    name = "index_guard"
+    temps: list = []
+    meta = {"kernels": [{"params": [["idx", "p"], ["start", "i64"], ["R", "p"]]}]}
+
+    def __init__(self) -> None:
+        import threading
+
+        self.lock = threading.Lock()
+
+    def launchers(self, device: int) -> list:
+        from tcc.codegen_cuda import driver
+
+        launcher = object.__new__(driver.Launcher)
+        launcher.name, launcher.fn, launcher.grid, launcher.block, launcher.shared = "guard_k0", 0x1000, 1, 256, 0
+        launcher.names, launcher.pointers, launcher.fallback = ["idx", "start", "R"], [0, 2], None
+        return [launcher]
+
+
+def test_cuda_guard_queues_check_copy_event_kernels_then_waits(monkeypatch):
+    """Without a GPU (the driver stood in for): a call queues the guard's kernel on the call's
+    stream with the index tensor's pointer and the scalar copied from the op's argument block, then
+    the count's copy to the host, an event, the op's kernels, and only then waits on the event;
+    a nonzero count is a failed check."""
+    import ctypes
+
+    from tcc.codegen_cuda import driver
+    from tcc.runtime.cuda_guard import CudaGuard
+    from tcc.runtime.index_checks import IndexGuard
+
+    log: list = []
+    host = ctypes.c_int64(-1)
+    simulated = {"count": 0}
+
+    def launch(fn, grid, gy, gz, block, by, bz, shared, stream, argv, extra) -> int:
+        addresses = ctypes.cast(argv.value, ctypes.POINTER(ctypes.c_void_p))
+        values = [ctypes.c_uint64.from_address(addresses[0]).value, ctypes.c_int64.from_address(addresses[1]).value,
+                  ctypes.c_uint64.from_address(addresses[2]).value]
+        log.append(("guard", fn.value, None if stream is None else stream.value, values))
+        return driver.SUCCESS
+
+    def copy(dst, src, nbytes, stream, what) -> None:
+        log.append(("copy", src, nbytes, stream))
+        ctypes.c_int64.from_address(dst).value = simulated["count"]
+
+    class _Context:
+        def activate(self) -> None:
+            pass
+
+    monkeypatch.setattr(driver, "context", lambda device: _Context())
+    monkeypatch.setattr(driver, "raw_launch", lambda: launch)
+    monkeypatch.setattr(driver, "alloc_workspace", lambda nbytes, what: 0xC0DE00)
+    monkeypatch.setattr(driver, "alloc_pinned", lambda nbytes, what: ctypes.addressof(host))
+    monkeypatch.setattr(driver, "event", lambda what: 77)
+    monkeypatch.setattr(driver, "record", lambda event, stream, what: log.append(("record", event, stream)))
+    monkeypatch.setattr(driver, "wait", lambda event, what: log.append(("wait", event)))
+    monkeypatch.setattr(driver, "copy_dtoh", copy)
+    for name in ("free_workspace", "free_pinned", "destroy_event"):
+        monkeypatch.setattr(driver, name, lambda *a: None)
+
+    checks = CudaGuard(IndexGuard(_FakeGuardKernel(), ("idx", "start")), 0)
+    main = (ctypes.c_uint64 * 5)()
+    words = memoryview((ctypes.c_char * 40).from_buffer(main)).cast("B").cast("Q")
+    slots = {"E": 0, "idx": 1, "start": 2, "Y": 3, "tcc_guard": 4}
+    words[1] = 0xABC0
+    ctypes.c_int64.from_address(ctypes.addressof(main) + 16).value = -5
+    for count in (0, 2, 0):
+        simulated["count"] = count
+        log.clear()
+        ok = checks.around_words(words, checks.copies(slots), 9, "f", lambda: log.append(("kernels",)))
+        assert ok == (count == 0)
+        assert log == [("guard", 0x1000, 9, [0xABC0, -5, 0xC0DE00]), ("copy", 0xC0DE00, 8, 9), ("record", 77, 9),
+                       ("kernels",), ("wait", 77)]
+    log.clear()
+    simulated["count"] = 1
+    assert not checks.around_values({"idx": 0xDEF0, "start": 3, "E": 1}, 0, "f", lambda: log.append(("kernels",)))
+    assert log[0] == ("guard", 0x1000, None, [0xDEF0, 3, 0xC0DE00]) and log[-2:] == [("kernels",), ("wait", 77)]
