@@ -273,6 +273,7 @@ class Op:
         self._solved: dict[tuple, tuple[dict, dict]] = {}  # shapes + parameters -> symbols, result shapes
         self._checks: dict[tuple, OpTE | None] = {}  # bindings -> the op with its index checks
         self._guards: dict[tuple, IndexGuard] = {}  # bindings -> the guard running the index checks
+        self._host_checked: set[tuple] = set()  # bindings whose first call was checked on the host
         self.plans = Plans(backend.make_plan)  # repeat calls with a checked signature skip binding
         # help(lib.NAME), lib.NAME.__doc__ and inspect.signature(lib.NAME) describe this op, not the class
         self.__doc__ = docstring(te, ast, backend.kind)
@@ -296,13 +297,31 @@ class Op:
         results = self.plans.run(args, cparams, out)
         if results is None:
             bound = self.bind(args, cparams)
-            guard = self.index_guard(bound.bindings)
+            guard, repeat = self._call_guard(bound)
             kernel = self.kernel(bound.bindings)
             results = self.backend.invoke(kernel, self.te, bound, out, guard)
             if results is None:  # an index out of range: nothing was written
                 self._raise_index_error(bound)
-            self.plans.learn(kernel, self.te, bound, args, cparams, out, guard)  # (the plan runs the guard too)
+            if repeat:  # (the plan runs the guard too)
+                self.plans.learn(kernel, self.te, bound, args, cparams, out, guard)
         return results[0] if len(results) == 1 else tuple(results)
+
+    def _call_guard(self, bound: BoundCall) -> tuple[IndexGuard | None, bool]:
+        """The guard a checked call runs (None: none), and whether a plan may repeat the call.
+        On the CPU the first call of a binding is checked on the host instead, and leaves no plan:
+        a guard op costs a compile (~0.1 s), which pays for shapes that come again, not for a
+        stream of new ones (sequence lengths), whose kernel is dynamic and compiles once."""
+        checked = self._index_checks(bound.bindings)
+        if checked is None:
+            return None, True
+        memo = tuple(sorted(bound.bindings.items()))
+        if memo not in self._guards and not self.target.is_gpu and memo not in self._host_checked:
+            if len(self._host_checked) >= 4096:
+                self._host_checked.clear()
+            self._host_checked.add(memo)
+            run_checks(checked, bound)
+            return None, False
+        return self.index_guard(bound.bindings), True
 
     def index_guard(self, bindings: dict[str, int | float]) -> IndexGuard | None:
         """The index checks of calls with these bindings as a guard op's kernel, compiled for this

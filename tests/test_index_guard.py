@@ -39,13 +39,17 @@ def _raises_untouched(call, out, match: str) -> None:
 
 @pytest.mark.parametrize("n,bad", [(1, -1), (7, 1000), (33, -(2**40)), (1000, 999 + 1)])
 def test_good_bad_good_through_the_plan(rng, n, bad):
+    """A binding's first call is checked on the host, its next ones by the guard op, the plan's
+    calls included: each bad call raises with ``out=`` untouched, the good calls after it work."""
     op = tcc.compile(SOURCE).embedding
     E = rng.standard_normal((1000, 7)).astype(np.float32)
     idx = rng.integers(0, 1000, n)
     out = np.full((n, 7), np.nan, np.float32)
     np.testing.assert_array_equal(op(E, idx, out=out), E[idx])
-    assert op.plans and op.plans.plans[0].guard is not None, "a checked call leaves a plan that checks"
-    np.testing.assert_array_equal(op(E, idx), E[idx])  # the plan's own call
+    assert not op.plans and not op._guards, "a binding's first call is checked on the host: no guard compiled"
+    np.testing.assert_array_equal(op(E, idx, out=out), E[idx])
+    assert op.plans and op.plans.plans[0].guard is not None, "a repeat call leaves a plan that checks"
+    np.testing.assert_array_equal(op(E, idx, out=out), E[idx])  # the plan's own call
     wrong = idx.copy()
     wrong[n // 2] = bad
     assert op.plans.run((E, wrong), {}, out) is None, "the plan refuses, having written nothing"
