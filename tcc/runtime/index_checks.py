@@ -10,7 +10,9 @@ target (``tcc.index_ranges``: one pass over the index tensors, one number back),
 runs first, in the checked call and in the call's fast plan alike (on the plan's own pointers: no
 binding, no copy). Only when it finds an index out of range does the host pass here
 (:func:`run_checks`, the reference interpreter's evaluator; on CUDA after copying the index
-tensors over) run, to name the first offending position and its value.
+tensors over) run, to name the first offending position and its value. On the CPU the host pass
+also checks the first call of each binding, so that a guard op is compiled only for shapes that
+come again (``Op._call_guard``).
 """
 
 from __future__ import annotations
