@@ -61,6 +61,52 @@ def test_good_bad_good_through_the_plan(rng, n, bad):
     np.testing.assert_array_equal(out, E[idx])
 
 
+def test_new_shapes_are_checked_on_the_host_without_a_guard_compile(rng):
+    """A stream of new sizes (sequence lengths) is checked by the host pass, compiling no guard
+    op per size; a size that comes again gets its guard and plan."""
+    op = tcc.compile(SOURCE).embedding
+    E = rng.standard_normal((50, 3)).astype(np.float32)
+    for n in (1, 7, 33, 8, 9):
+        idx = rng.integers(0, 50, n)
+        np.testing.assert_array_equal(op(E, idx), E[idx])
+    for n in (2, 3, 1000):
+        idx = rng.integers(0, 50, n)
+        idx[-1] = 50
+        with pytest.raises(TccIndexError, match=f"is 50 at n={n - 1}"):
+            op(E, idx)
+    assert not op._guards
+    idx = rng.integers(0, 50, 7)
+    np.testing.assert_array_equal(op(E, idx), E[idx])
+    assert len(op._guards) == 1 and op.plans
+
+
+def test_threads_share_a_checked_plan(rng):
+    """Threads calling one checked op, good and bad calls mixed: each good call right, each bad
+    one a TccIndexError with its own ``out=`` untouched (the guard's argument arrays are pooled)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    op = tcc.compile(SOURCE).embedding
+    E = rng.standard_normal((1000, 16)).astype(np.float32)
+    ids = [rng.integers(0, 1000, 257) for _ in range(8)]
+    for i in range(1, 8, 2):
+        ids[i][i * 31] = 1000 + i
+    op(E, ids[0])
+    op(E, ids[0])  # the plan
+
+    def call(i: int) -> bool:
+        out = np.full((257, 16), -1.0, np.float32)
+        for _ in range(20):
+            try:
+                op(E, ids[i], out=out)
+            except TccIndexError as exc:
+                assert i % 2 == 1 and f"is {1000 + i} at n={i * 31}" in str(exc) and (out == -1.0).all()
+                continue
+            assert i % 2 == 0 and np.array_equal(out, E[ids[i]])
+        return True
+    with ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(call, range(8)))
+
+
 def test_runtime_scalar_and_i32_labels_through_the_plan(rng):
     lib = tcc.compile(SOURCE)
     X = rng.standard_normal((33, 5)).astype(np.float32)
