@@ -155,23 +155,52 @@ def test_the_guard_op_counts_what_the_host_pass_finds(rng):
         assert count[0] == bad, (trial, a, b)
 
 
-def test_torch_eager_path_checks_too(rng):
-    torch = pytest.importorskip("torch")
-    ops = tcc.torch.library(SOURCE, namespace="tcc_guard_test")
+@pytest.fixture(params=["native", "python"], name="path")
+def eager_path(request, monkeypatch):
+    """tcc.torch's C++ eager path (skipped where it cannot be built) or its Python one."""
+    pytest.importorskip("torch")
+    from tcc.interop import torch_native
+
+    if request.param == "python":
+        monkeypatch.setenv("TCC_TORCH_NATIVE", "0")
+    elif torch_native.load() is None:
+        pytest.skip(f"the C++ eager path cannot be built here: {torch_native.status()}")
+    return request.param
+
+
+def test_torch_eager_path_checks_too(rng, path, monkeypatch):
+    """Both eager paths run the guard: good calls served (natively where built: the Python path
+    made to fail shows it), a bad one declined there and raised by the checked call, nothing
+    written; the gradient (a checked scatter-add) too."""
+    import torch
+
+    from tcc.interop import torch as torch_interop
+
+    ops = tcc.torch.library(SOURCE, namespace=f"tcc_guard_{path}_{rng.integers(1 << 30)}")
     E = torch.from_numpy(rng.standard_normal((50, 4)).astype(np.float32))
     idx = torch.from_numpy(rng.integers(0, 50, 33))
-    for _ in range(3):  # the first call, then the eager path's own
+    for _ in range(2):  # the first call (host check), then the one that leaves the plan
         torch.testing.assert_close(ops.embedding(E, idx), E[idx], rtol=0, atol=0)
+    assert (ops.embedding._native is not None) == (path == "native")
+    with monkeypatch.context() as patch:
+        if path == "native":
+            patch.setattr(torch_interop._Direct, "run", lambda *a: pytest.fail("the Python path ran"))
+        for _ in range(3):
+            torch.testing.assert_close(ops.embedding(E, idx), E[idx], rtol=0, atol=0)
     wrong = idx.clone()
     wrong[3] = 50
-    for _ in range(2):
-        with pytest.raises(TccIndexError, match="is 50 at n=3"):
-            ops.embedding(E, wrong)
+    for bad in (50, -1):
+        wrong[3] = bad
+        for _ in range(2):
+            with pytest.raises(TccIndexError, match=f"is {bad} at n=3"):
+                ops.embedding(E, wrong)
     torch.testing.assert_close(ops.embedding(E, idx), E[idx], rtol=0, atol=0)
     Eg = E.clone().requires_grad_()
-    ops.embedding(Eg, idx).sum().backward()  # the gradient (a scatter-add) is checked too
-    torch.testing.assert_close(Eg.grad, torch.zeros_like(E).index_add_(0, idx, torch.ones(33, 4)))
-    with pytest.raises(TccIndexError, match="is 50 at n=3"):
+    for _ in range(3):
+        Eg.grad = None
+        ops.embedding(Eg, idx).sum().backward()  # the gradient (a scatter-add) is checked too
+        torch.testing.assert_close(Eg.grad, torch.zeros_like(E).index_add_(0, idx, torch.ones(33, 4)))
+    with pytest.raises(TccIndexError, match="is -1 at n=3"):
         ops.embedding(Eg, wrong).sum().backward()
 
 

@@ -215,8 +215,8 @@ class TorchOp:
 
     def _teach(self, direct: _Direct) -> None:
         """Give the C++ eager path this signature (it builds on first use; nothing where it cannot)."""
-        if direct.path.symbols or direct.path.guard is not None:  # the C++ path lays out no cells for a dynamic
-            return  # kernel's shape symbols, and runs no index checks
+        if direct.path.symbols:  # a dynamic kernel's shape symbols: the C++ path lays out no cells for them
+            return
         module = None if direct.cparams else self._native_module()
         if module is None:
             return
@@ -224,7 +224,8 @@ class TorchOp:
         scalars = [(pos, slot, kind, _CELLS[cell_type]) for pos, slot, kind, cell_type in path.scalars]
         module.learn(self._native, path.address, path.name, path.nargs, path.params,
                      [(pos, slot, dtype, tuple(shape)) for pos, slot, dtype, shape in direct.inputs],
-                     scalars, [(slot, dtype, shape) for slot, shape, dtype in direct.results])
+                     scalars, [(slot, dtype, shape) for slot, shape, dtype in direct.results],
+                     None if path.guard is None else path.guard.native())
 
     def _native_module(self) -> Any:
         """The C++ eager path's module, this op's signature table made (None where it is not built)."""

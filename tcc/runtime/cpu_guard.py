@@ -41,6 +41,11 @@ class CpuGuard:
         return cls(guard, [(i, slots[n]) for i, n in enumerate(names) if n != guard.result],
                    names.index(guard.result))
 
+    def native(self) -> tuple[int, int, list[tuple[int, int]], int]:
+        """This guard for a caller outside Python (the torch C++ eager path): the kernel's entry
+        point, its argument slots, the (its slot, main slot) copies and the slot of its count."""
+        return int(ctypes.cast(self.fn, ctypes.c_void_p).value or 0), self.nparams, list(self.copies), self.result
+
     def _new(self) -> tuple[Any, ctypes.c_int64, int]:
         ptrs = (ctypes.c_void_p * self.nparams)()
         count = ctypes.c_int64()

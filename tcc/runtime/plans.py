@@ -66,8 +66,9 @@ class CpuFastPath:
     new_buffer: Callable[[], Any]  # another argument array, when none is free
     symbols: int = 0  # the dynamic shape symbols the kernel reads (set in the arrays already)
     # the index checks: ``guard(pointer array)`` after the inputs' pointers and scalars are set,
-    # False when an index is out of range (then call nothing: the op's own call names it)
-    guard: Callable[[Any], bool] | None = None
+    # False when an index is out of range (then call nothing: the op's own call names it);
+    # ``guard.native()`` describes it to C++ (``tcc.runtime.cpu_guard.CpuGuard``)
+    guard: Any = None
 
 
 @dataclass(frozen=True)
