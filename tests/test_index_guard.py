@@ -331,8 +331,8 @@ class _FakeGuardKernel:
 def test_cuda_guard_queues_check_copy_event_kernels_then_waits(monkeypatch):
     """Without a GPU (the driver stood in for): a call queues the guard's kernel on the call's
     stream with the index tensor's pointer and the scalar copied from the op's argument block, then
-    the count's copy to the host, an event, the op's kernels, and only then waits on the event;
-    a nonzero count is a failed check."""
+    the count's copy to the host, an event, the op's kernels (given the stream's device count),
+    and only then waits on the event; a nonzero count is a failed check."""
     import ctypes
 
     from tcc.codegen_cuda import driver
@@ -360,7 +360,8 @@ def test_cuda_guard_queues_check_copy_event_kernels_then_waits(monkeypatch):
 
     monkeypatch.setattr(driver, "context", lambda device: _Context())
     monkeypatch.setattr(driver, "raw_launch", lambda: launch)
-    monkeypatch.setattr(driver, "alloc_workspace", lambda nbytes, what: 0xC0DE00)
+    counts = iter([0xC0DE00, 0xC0DF00])
+    monkeypatch.setattr(driver, "alloc_workspace", lambda nbytes, what: next(counts))
     monkeypatch.setattr(driver, "alloc_pinned", lambda nbytes, what: ctypes.addressof(host))
     monkeypatch.setattr(driver, "event", lambda what: 77)
     monkeypatch.setattr(driver, "record", lambda event, stream, what: log.append(("record", event, stream)))
@@ -378,11 +379,12 @@ def test_cuda_guard_queues_check_copy_event_kernels_then_waits(monkeypatch):
     for count in (0, 2, 0):
         simulated["count"] = count
         log.clear()
-        ok = checks.around_words(words, checks.copies(slots), 9, "f", lambda: log.append(("kernels",)))
+        ok = checks.around_words(words, checks.copies(slots), 9, "f", lambda c: log.append(("kernels", c)))
         assert ok == (count == 0)
         assert log == [("guard", 0x1000, 9, [0xABC0, -5, 0xC0DE00]), ("copy", 0xC0DE00, 8, 9), ("record", 77, 9),
-                       ("kernels",), ("wait", 77)]
+                       ("kernels", 0xC0DE00), ("wait", 77)]
     log.clear()
-    simulated["count"] = 1
-    assert not checks.around_values({"idx": 0xDEF0, "start": 3, "E": 1}, 0, "f", lambda: log.append(("kernels",)))
-    assert log[0] == ("guard", 0x1000, None, [0xDEF0, 3, 0xC0DE00]) and log[-2:] == [("kernels",), ("wait", 77)]
+    simulated["count"] = 1  # another stream: a count of its own
+    assert not checks.around_values({"idx": 0xDEF0, "start": 3, "E": 1}, 0, "f", lambda c: log.append(("kernels", c)))
+    assert log[0] == ("guard", 0x1000, None, [0xDEF0, 3, 0xC0DF00])
+    assert log[-2:] == [("kernels", 0xC0DF00), ("wait", 77)]

@@ -280,7 +280,9 @@ def _run(call: _Call, kernel: CudaKernel, op, bound, outs: list[Any], kind: str,
         del made  # only ``results`` may hold a new tensor (see invoke)
     launchers = kernel.launchers(call.device)
 
-    def launch() -> None:
+    def launch(count: int = 0) -> None:  # (count: the guard's device count, which the kernels read)
+        if guard is not None:
+            values[GUARD_PARAM] = count
         with kernel.lock if kernel.temps else _NO_LOCK:
             values.update(zip((n for n, _ in kernel.temps), kernel.workspace(call.device, call.stream, op.name)))
             for launcher in launchers:
@@ -288,9 +290,7 @@ def _run(call: _Call, kernel: CudaKernel, op, bound, outs: list[Any], kind: str,
     if guard is None:
         launch()
     else:
-        checks = CudaGuard.on(guard, call.device)
-        values[GUARD_PARAM] = checks.count
-        if not checks.around_values(values, call.stream, op.name, launch):
+        if not CudaGuard.on(guard, call.device).around_values(values, call.stream, op.name, launch):
             return False
     for post in finish:
         if post is not None:

@@ -17,8 +17,8 @@ an H200. Now a call, checked or through its plan, queues on its stream:
    an index out of range writes nothing, neither a result nor ``out=``;
 
 and then waits for the event only, and reads the count: an index out of range is then a
-``TccIndexError`` at the call, as on the CPU. The count, its host copy and the event are made
-once per device; nothing is allocated per call, and there is no extra op dispatch.
+``TccIndexError`` at the call, as on the CPU. The count (one per stream), its host copy and the
+event are made once per device; nothing is allocated per call, and there is no extra op dispatch.
 
 Why this shape. A check that waits for the count before queueing the kernels would leave the
 GPU idle for a host round trip every call; here the wait overlaps the op's own kernels (queued
@@ -42,8 +42,10 @@ from tcc.runtime.index_checks import IndexGuard
 
 
 class CudaGuard:
-    """A guard op's kernels on one device, with their argument block, the device count, its
-    page-locked host copy and an event; a lock makes one call at a time use them (threads wait)."""
+    """A guard op's kernels on one device, with their argument block, a device count per stream
+    (calls on one stream are ordered by it; on two, one's guard must not overwrite the count that
+    the other's kernels are about to read), its page-locked host copy and an event; a lock makes
+    one call at a time use them (threads wait)."""
 
     def __init__(self, guard: IndexGuard, device: int):
         kernel = guard.kernel
@@ -55,13 +57,13 @@ class CudaGuard:
         self.codes = {n: code for k in kernel.meta["kernels"] for n, code in k["params"]}
         self.block = driver.ArgumentBlock(kernel.launchers(device), self.slots, driver.context(device))
         self.temp_slots = [self.slots[n] for n, _ in kernel.temps]
-        what = f"the index checks of {kernel.name}"
-        self.count = driver.alloc_workspace(8, what)  # what the op's kernels read (GUARD_PARAM)
-        self.host = driver.alloc_pinned(8, what)
-        self.event = driver.event(what)
-        self.block.words[self.slots[guard.result]] = self.count
+        self.result = self.slots[guard.result]
+        self.what = f"the index checks of {kernel.name}"
+        self.counts: dict[int, int] = {}  # stream -> the device count its calls' kernels read (GUARD_PARAM)
+        self.host = driver.alloc_pinned(8, self.what)
+        self.event = driver.event(self.what)
         self.lock = threading.Lock()
-        weakref.finalize(self, _free, device, self.count, self.host, self.event)
+        weakref.finalize(self, _free, device, self.counts, self.host, self.event)
 
     @classmethod
     def on(cls, guard: IndexGuard, device: int) -> CudaGuard:
@@ -77,7 +79,7 @@ class CudaGuard:
         return [(self.slots[n], slots[n]) for n in self.params if n in self.codes]
 
     def around_words(self, words: Any, copies: list[tuple[int, int]], stream: int, op: str,
-                     launch: Callable[[], None]) -> bool:
+                     launch: Callable[[int], None]) -> bool:
         """Check, ``launch`` the op's kernels behind the check, and say whether every index was in
         range, given the main kernels' argument words (a plan's)."""
         with self.lock:
@@ -86,7 +88,7 @@ class CudaGuard:
                 mine[slot] = words[source]
             return self._around(stream, op, launch)
 
-    def around_values(self, values: dict[str, Any], stream: int, op: str, launch: Callable[[], None]) -> bool:
+    def around_values(self, values: dict[str, Any], stream: int, op: str, launch: Callable[[int], None]) -> bool:
         """The same given the call's values by name (device pointers for tensors, Python numbers
         for scalars): the checked call's."""
         with self.lock:
@@ -97,8 +99,14 @@ class CudaGuard:
                 view[index] = values[name]
             return self._around(stream, op, launch)
 
-    def _around(self, stream: int, op: str, launch: Callable[[], None]) -> bool:
+    def _around(self, stream: int, op: str, launch: Callable[[int], None]) -> bool:
+        """Queue the guard, the count's copy and the event, then ``launch(count)`` (the op's
+        kernels, given the device count to read), and wait for the event."""
         what = f"op {op}: checking its indices"
+        count = self.counts.get(stream)
+        if count is None:
+            count = self.counts[stream] = driver.alloc_workspace(8, self.what)
+        self.block.words[self.result] = count
         if self.temp_slots:
             with self.kernel.lock:
                 for slot, ptr in zip(self.temp_slots, self.kernel.workspace(self.device, stream, op)):
@@ -106,17 +114,18 @@ class CudaGuard:
                 self.block.launch(stream, op, 15)
         else:
             self.block.launch(stream, op, 15)
-        driver.copy_dtoh(self.host, self.count, 8, stream, what)
+        driver.copy_dtoh(self.host, count, 8, stream, what)
         driver.record(self.event, stream, what)
-        launch()  # each kernel returns at once if the count is not zero
+        launch(count)  # each kernel returns at once if the count is not zero
         driver.wait(self.event, what)
         return ctypes.c_int64.from_address(self.host).value == 0
 
 
-def _free(device: int, count: int, host: int, event: int) -> None:
+def _free(device: int, counts: dict[int, int], host: int, event: int) -> None:
     try:
         driver.destroy_event(event)
-        driver.free_workspace(device, count, 8)
+        for count in counts.values():
+            driver.free_workspace(device, count, 8)
         driver.free_pinned(host)
     except Exception:  # noqa: BLE001 - at interpreter exit the driver may be gone
         pass

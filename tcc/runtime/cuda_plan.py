@@ -71,6 +71,7 @@ class Plan:
 
     def __post_init__(self) -> None:
         self.spans = [(t.slot, t.nbytes) for t in self.inputs]  # for the overlap checks of out=
+        self.guard_slot = self.slots.get(GUARD_PARAM, -1)
 
     def fast_path(self) -> CudaFastPath:
         """This signature for callers that launch its kernels themselves (tcc.interop.torch's C++)."""
@@ -88,8 +89,6 @@ class Plan:
 
     def new_block(self) -> tuple[driver.ArgumentBlock, list[tuple[int, type, Any, memoryview, int]]]:
         block = driver.ArgumentBlock(self.launchers, self.slots, self.context)
-        if self.guard is not None:  # the device count the kernels read: the same for every call
-            block.words[self.slots[GUARD_PARAM]] = self.guard.count
         return block, [(pos, kind, bounds, *block.setter(code, slot)) for pos, kind, bounds, code, slot in self.scalars]
 
     def run(self, args: tuple[Any, ...], cparams: dict[str, Any], out: Any) -> list[Any] | None:
@@ -131,7 +130,7 @@ class Plan:
                 if self.guard is None:
                     self._launch(block, stream, bits)
                 elif not self.guard.around_words(words, self.guard_copies, stream, self.op,
-                                                 lambda: self._launch(block, stream, bits)):
+                                                 lambda count: self._launch(block, stream, bits, count)):
                     results.clear()  # an index out of range: nothing written, the checked call names it
                     return None
             except BaseException:
@@ -145,7 +144,10 @@ class Plan:
             driver.synchronize(stream, f"op {self.op}: running its kernels")
         return results
 
-    def _launch(self, block: driver.ArgumentBlock, stream: int, bits: int) -> None:
+    def _launch(self, block: driver.ArgumentBlock, stream: int, bits: int, count: int = 0) -> None:
+        """Launch the kernels; ``count``: the index guard's device count, which they read (if guarded)."""
+        if self.guard is not None:
+            block.words[self.guard_slot] = count
         if not self.kernel.temps:  # (read each call, like the checked path)
             block.launch(stream, self.op, bits & 15)
             return
