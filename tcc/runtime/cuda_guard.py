@@ -104,7 +104,8 @@ class CudaGuard:
         kernels, given the device count to read), and wait for the event."""
         what = f"op {op}: checking its indices"
         count = self.counts.get(stream)
-        if count is None:
+        if count is None:  # (a plan's thread may not have the context current yet)
+            driver.context(self.device).activate()
             count = self.counts[stream] = driver.alloc_workspace(8, self.what)
         self.block.words[self.result] = count
         if self.temp_slots:
