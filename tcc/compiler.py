@@ -22,7 +22,7 @@ from tcc.frontend.parser import parse
 from tcc.frontend.schedules import Schedule, module_schedules, schedule_from_text
 from tcc.frontend.sema import analyze
 from tcc.generic_op import GenericOp
-from tcc.index_ranges import RESULT, guard_source
+from tcc.index_guard import RESULT, guard_source
 from tcc.ir.loops import DETERMINISTIC, GUARDED, format_func
 from tcc.ir.te import OpTE, format_op
 from tcc.opdoc import docstring, header, signature
@@ -325,7 +325,7 @@ class Op:
 
     def index_guard(self, bindings: dict[str, int | float]) -> IndexGuard | None:
         """The index checks of calls with these bindings as a guard op's kernel, compiled for this
-        op's target (``tcc.index_ranges``); None when no index reads data or all are proved."""
+        op's target (``tcc.index_guard``); None when no index reads data or all are proved."""
         checked = self._index_checks(bindings)
         if checked is None:
             return None

@@ -12,7 +12,7 @@ import pytest
 
 import tcc
 from tcc.errors import TccIndexError
-from tcc.index_ranges import guard_source
+from tcc.index_guard import guard_source
 
 SOURCE = """
 op embedding(E: f32[V, D], idx: i64[N]) -> Y: f32[N, D] {

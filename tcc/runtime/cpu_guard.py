@@ -1,7 +1,7 @@
 """The index checks of a CPU call, run as the first step of the call and of its fast plan.
 
 An op that reads indices from data has an :class:`~tcc.runtime.index_checks.IndexGuard`: the
-kernel of a guard op (``tcc.index_ranges``), compiled by LLVM like any op: one vectorised pass
+kernel of a guard op (``tcc.index_guard``), compiled by LLVM like any op: one vectorised pass
 over the index tensors that counts the checks out of range. A plan runs it on its own argument
 array: the guard's slots are filled from the main kernel's (the same tensors' pointers, the same
 scalar cells), one foreign call, one number read, and the main kernel is not called when it is

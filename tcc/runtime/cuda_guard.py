@@ -1,7 +1,7 @@
 """The index checks of a CUDA call, run as the first step of the call and of its fast plan.
 
 An op that reads indices from data has an :class:`~tcc.runtime.index_checks.IndexGuard`: the
-kernel(s) of a guard op (``tcc.index_ranges``) compiled by NVRTC like any op, a parallel pass
+kernel(s) of a guard op (``tcc.index_guard``) compiled by NVRTC like any op, a parallel pass
 over the index tensors that counts the checks out of range into one i64 on the device.
 
 Before this, every call ran one separately compiled min/max op per check through its own call

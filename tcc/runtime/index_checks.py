@@ -6,7 +6,7 @@ they use, before the kernel runs, so an out-of-range index is a ``TccIndexError`
 ``out=``) is written. The hot loop itself has no check.
 
 The check is the op's :class:`IndexGuard`: the kernel of a guard op compiled for the op's own
-target (``tcc.index_ranges``: one pass over the index tensors, one number back), which the backend
+target (``tcc.index_guard``: one pass over the index tensors, one number back), which the backend
 runs first, in the checked call and in the call's fast plan alike (on the plan's own pointers: no
 binding, no copy). Only when it finds an index out of range does the host pass here
 (:func:`run_checks`, the reference interpreter's evaluator; on CUDA after copying the index
