@@ -272,7 +272,7 @@ class Op:
         self._keys: dict[tuple, str] = {}  # bindings -> cache key, so repeat calls skip the pipeline
         self._solved: dict[tuple, tuple[dict, dict]] = {}  # shapes + parameters -> symbols, result shapes
         self._checks: dict[tuple, OpTE | None] = {}  # bindings -> the op with its index checks
-        self._guards: dict[tuple, IndexGuard] = {}  # bindings -> the guard running the index checks
+        self._guards: dict[tuple, IndexGuard | None] = {}  # bindings -> the guard running the index checks
         self._host_checked: set[tuple] = set()  # bindings whose first call was checked on the host
         self.plans = Plans(backend.make_plan)  # repeat calls with a checked signature skip binding
         # help(lib.NAME), lib.NAME.__doc__ and inspect.signature(lib.NAME) describe this op, not the class
@@ -321,21 +321,26 @@ class Op:
             self._host_checked.add(memo)
             run_checks(checked, bound)
             return None, False
-        return self.index_guard(bound.bindings), True
+        guard = self.index_guard(bound.bindings)
+        if guard is None:  # no guard op can check these indices: the host pass, every call
+            run_checks(checked, bound)
+            return None, False
+        return guard, True
 
     def index_guard(self, bindings: dict[str, int | float]) -> IndexGuard | None:
         """The index checks of calls with these bindings as a guard op's kernel, compiled for this
-        op's target (``tcc.index_guard``); None when no index reads data or all are proved."""
+        op's target (``tcc.index_guard``); None when no index reads data or all are proved, and
+        when an index reads data at an index read from data (``E[idx[jdx[n]]]``): the guard op
+        would read ``idx`` where ``jdx`` may leave it, so the host pass checks those calls."""
         checked = self._index_checks(bindings)
         if checked is None:
             return None
         memo = tuple(sorted(bindings.items()))
-        guard = self._guards.get(memo)
-        if guard is None:
+        if memo not in self._guards:
             source, names = guard_source(checked)
             op = compile(source, target=self.target).index_guard
-            guard = self._guards[memo] = IndexGuard(op.kernel({}), names, RESULT)
-        return guard
+            self._guards[memo] = None if op._reads_data else IndexGuard(op.kernel({}), names, RESULT)
+        return self._guards[memo]
 
     def _raise_index_error(self, bound: BoundCall) -> None:
         """Name the index the guard found out of range (its position and value), from a host pass."""
@@ -458,7 +463,7 @@ class Op:
                            frozenset(self.options.get("constant_params", ())), symbols, dict(self.dynamic.multiples))
         if self.options.get("deterministic"):  # (read by the schedules of += statements)
             lowered.loops.attrs[DETERMINISTIC] = True
-        if self.target.is_gpu and self._index_checks(bindings) is not None:  # (its kernels read the guard's count)
+        if self.target.is_gpu and self.index_guard(bindings) is not None:  # (its kernels read the guard's count)
             lowered.loops.attrs[GUARDED] = True
         if self.tune and not symbols:
             # a downward import (tune knows ops by a Protocol), made here because the tuner loads

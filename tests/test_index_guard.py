@@ -142,6 +142,29 @@ def test_two_checks_each_named(rng):
     np.testing.assert_array_equal(op(E, a, b), E[a][:, None] + E[b][None])
 
 
+def test_an_index_read_at_a_data_index_is_checked_on_the_host(rng):
+    """``E[idx[jdx[n]]]``: a guard op would read ``idx`` where ``jdx`` may leave it, so these calls
+    keep the host pass (no guard, no plan) and raise for either index, writing nothing."""
+    source = "op f(E: f32[V], idx: i64[M], jdx: i64[N]) -> Y: f32[N] {\n    Y[n] = E[idx[jdx[n]]]\n}"
+    op = tcc.compile(source).f
+    E = rng.standard_normal(10).astype(np.float32)
+    idx, jdx = rng.integers(0, 10, 33), rng.integers(0, 33, 7)
+    out = np.full(7, np.nan, np.float32)
+    for _ in range(3):
+        np.testing.assert_array_equal(op(E, idx, jdx, out=out), E[idx[jdx]])
+    assert op.index_guard({"V": 10, "M": 33, "N": 7}) is None and not op.plans
+    out[:] = 5.0
+    bad_j = jdx.copy()
+    bad_j[6] = 1 << 40
+    _raises_untouched(lambda: op(E, idx, bad_j, out=out), out, r"\(jdx\[n\]\) is 1099511627776 at n=6")
+    bad_i = idx.copy()
+    bad_i[jdx[2]] = -4
+    _raises_untouched(lambda: op(E, bad_i, jdx, out=out), out, r"is -4 at n=2")
+    pytest.importorskip("cuda.bindings.nvrtc")
+    cuda = tcc.compile(source, target="cuda", arch="sm_90").f
+    assert "tcc_guard" not in cuda.lower(E, idx, jdx, stage="cuda")
+
+
 def test_the_guard_op_counts_what_the_host_pass_finds(rng):
     """The guard's count is nonzero exactly where the reference's host pass raises."""
     lib = tcc.compile(SOURCE)
