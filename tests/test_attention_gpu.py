@@ -10,6 +10,7 @@ from test_attention import ATTENTION, CAUSAL, HALF_VARIANTS, VARIANTS, XENT, hal
 
 import tcc
 from tcc.errors import TccError
+from tcc.target import CudaTarget
 from tcc.testing import assert_matches, random_args, reference_results
 
 pytestmark = pytest.mark.cuda
@@ -106,3 +107,15 @@ def test_unaligned_attention_runs_the_fallback(rng):
     bindings = {"B": 1, "H": 2, "S": 33, "L": 33, "D": 64}
     (expected,) = reference_results(op.te, [t.cpu().numpy() for t in (q, k, v)] + [np.float32(0.125)], bindings)
     assert_matches(got, expected, op.te.tensors["O"].dtype, "O")
+
+
+@pytest.mark.parametrize("T,D,causal", [("f16", 64, True), ("bf16", 128, False), ("f16", 128, True)])
+def test_mma_sync_attention_on_the_device(rng, monkeypatch, T, D, causal):
+    """The warp-level kernel (what GPUs before sm_90 run) on this GPU: its schedule chosen as if
+    the target had no warpgroup MMA."""
+    monkeypatch.setattr(CudaTarget, "warpgroup_mma", property(lambda self: False))
+    lib = tcc.compile(ATTENTION + CAUSAL, target="cuda")
+    op = (lib.causal_attention if causal else lib.attention).bound(T=T)
+    bindings = {"B": 2, "H": 3, "S": 1000, "D": D} | ({} if causal else {"L": 333})
+    assert "tcc_flash<" in op.lower(*random_args(op.te, bindings, rng), stage="cuda")
+    _check(op, bindings, random_args(op.te, bindings, rng))

@@ -10,8 +10,14 @@ of K and V next to its tile of Q; the tile shrinks where the target's shared mem
 The kernel copies with 16-byte ``cp.async``: it is the ``aligned`` variant, and the launcher
 runs the fallback when a pointer is not 16-byte aligned.
 
-Measured on an H200 (f16, ``benchmarks/attention.py``'s shapes): 4 warps and 64 keys a step
-were fastest for D 64 and 128 of (4, 64), (8, 64), (8, 32).
+The shapes, by row length (measured on an H200, f16, B4 H16 S2048 and B1 H16 S8192, causal
+and not, of 4 or 8 warps of 16 or 32 rows, 32 to 128 keys a step, Q in registers or re-read):
+D 64 keeps Q in registers and takes 128 keys a step; D 128 gives each warp 32 rows (each K and V
+fragment feeds two products) and re-reads Q from shared memory, which leaves the registers to
+the two 32 x 128 accumulators. Both reached 0.37-0.40 of SDPA's throughput there. On sm_90 the
+block is one warpgroup of 64 rows on ``wgmma`` (Q and K from shared memory, the probabilities
+from registers, V read N-major): 0.39-0.45, of one or two warpgroups and 64 or 128 keys a step
+taking 128 keys for D 64 and 64 for D 128.
 """
 
 from __future__ import annotations
@@ -27,9 +33,11 @@ from tcc.passes.autoschedule_cuda.indexing import decompose
 from tcc.target import CudaTarget
 
 I64 = dtypes.i64
-WARPS = 4  # a warp per 16 query rows
-TILES = (64, 32)  # keys a step, the first whose slots fit shared memory
-DEPTHS = (64, 128)  # the row lengths whose 16-byte chunks the kernel's swizzle spreads over 8 banks
+WARPS = 4
+# row length -> (keys a step, each the first whose slots fit shared memory; row tiles a warp; Q in registers)
+SHAPES = {64: ((128, 64, 32), 1, True), 128: ((64, 32), 2, False)}
+# on sm_90's warpgroup MMA: row length -> keys a step (one warpgroup of 64 rows a block)
+WARPGROUP_TILES = {64: (128, 64), 128: (64,)}
 
 
 def form(nest: Stmt, target: CudaTarget) -> MatrixStream | None:
@@ -37,7 +45,7 @@ def form(nest: Stmt, target: CudaTarget) -> MatrixStream | None:
     if not (isinstance(nest, For) and target.half_mma):
         return None
     found = dict(nest.annotations).get(MATRIX_STREAM)
-    if not isinstance(found, MatrixStream) or found.depth not in DEPTHS:
+    if not isinstance(found, MatrixStream) or found.depth not in SHAPES:
         return None
     if any(ref.dtype != found.q.dtype for ref in (found.k, found.v)):
         return None
@@ -46,18 +54,26 @@ def form(nest: Stmt, target: CudaTarget) -> MatrixStream | None:
 
 def kernel(nest: For, stream: MatrixStream, target: CudaTarget, fresh: Callable[[str], Var]) -> Stmt | None:
     """The block-per-query-tile kernel of ``stream`` (None: its tiles fit no shared memory)."""
-    rows = 16 * WARPS
-    tile = next((t for t in TILES if _shared_bytes(rows, t, stream.depth) <= target.shared_memory_per_block), None)
+    tiles_of_keys, row_tiles, q_registers = SHAPES[stream.depth]
+    warpgroups = 1 if target.warpgroup_mma else 0
+    if warpgroups:
+        tiles_of_keys = WARPGROUP_TILES[stream.depth]
+    rows = 64 * warpgroups or 16 * row_tiles * WARPS
+    tile = next((t for t in tiles_of_keys if _shared_bytes(rows, t, stream.depth) <= target.shared_memory_per_block),
+                None)
     if tile is None:
         return None
     loops = _outer_loops(nest, stream)
     extents = [int(f.extent.value) for f in loops]  # type: ignore[attr-defined]
     tiles = -(-stream.rows // rows)
     block, thread, which = fresh("bx"), fresh("tx"), fresh("qt")
-    smem = Buffer(fresh("flash_smem").name, dtypes.f16, (_shared_bytes(rows, tile, stream.depth) // 2,), "shared")
+    # (128-byte swizzled: in dynamic shared memory, 1024-byte aligned as wgmma's layout needs)
+    smem = Buffer(fresh("flash_smem").name, dtypes.f16, (_shared_bytes(rows, tile, stream.depth) // 2,), "shared",
+                  swizzle=128)
     first = Binary("mul", which, Const(rows, I64), I64)
-    body: Stmt = For(thread, Const(32 * WARPS, I64),
-                     replace(stream, first=first, tile=tile, warps=WARPS, shared=smem.name), "thread.x")
+    body: Stmt = For(thread, Const(128 * warpgroups or 32 * WARPS, I64),
+                     replace(stream, first=first, tile=tile, warps=WARPS, row_tiles=row_tiles,
+                             q_registers=q_registers, warpgroups=warpgroups, shared=smem.name), "thread.x")
     body = Let(which, Binary("sub", Const(tiles - 1, I64), Binary("mod", block, Const(tiles, I64), I64), I64),
                Allocate(smem, body))
     point = Binary("floordiv", block, Const(tiles, I64), I64)
