@@ -360,7 +360,9 @@ class _Kernel(MatrixStatements):
         call = (f"tcc_flash_wg<{s.depth}, {s.tile}, {s.warpgroups}, {bf16}>" if s.warpgroups else
                 f"tcc_flash<{s.depth}, {s.tile}, {s.warps}, {s.row_tiles}, {qreg}, {bf16}>")
         self._line(depth, f"{call}((unsigned char*){c_name(s.shared)}, "
-                          f"(long long)({self._expr(s.first)}), {s.rows}ll, {s.keys}ll,")
+                          f"(long long)({self._expr(s.first)}), {s.rows}ll, "
+                          f"(long long)({self._expr(s.key_begin or Const(0, dtypes.i64))}), "
+                          f"(long long)({self._expr(s.key_end or Const(s.keys, dtypes.i64))}),")
         self._line(depth + 1, f"[&]({i64} {row}) {{ return {self._address(s.q)}; }},")
         self._line(depth + 1, f"[&]({i64} {key}) {{ return {self._address(s.k)}; }},")
         self._line(depth + 1, f"[&]({i64} {key}) {{ return {self._address(s.v)}; }},")

@@ -14,9 +14,11 @@ decides nothing.
 Layout: the block's ``16 * WARPS`` query rows are copied once into shared memory and each
 warp's 16 rows loaded into registers as A fragments; K and V tiles of ``BN`` keys stream
 through two shared-memory slots with ``cp.async`` (the next tile's copy overlaps this tile's
-products). Rows of ``D`` halves are stored with their 16-byte chunks exchanged by ``row % 8``,
-so each ``ldmatrix`` of 8 rows hits 8 distinct bank groups. Keys past the last one, and past a
-row's limit, score ``-inf``; tiles past every row's limit are never loaded.
+products; operands not 16-byte aligned are copied two bytes at a time instead, their rows being
+whole multiples of 16 bytes). Rows of ``D`` halves are stored with their 16-byte chunks exchanged by ``row % 8``,
+so each ``ldmatrix`` of 8 rows hits 8 distinct bank groups. A block takes the keys from ``k0``
+(a multiple of ``BN``) to ``n_k`` (all of them, or one split of them); keys past those, and past
+a row's limit, score ``-inf``; tiles past every row's limit are never loaded.
 """
 
 FLASH = r"""
@@ -31,6 +33,17 @@ TCC_D void tcc_ldsm4(unsigned addr, unsigned* r, bool trans) {
   else
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+// 16 bytes into shared memory at byte ``off`` of ``smem``: a cp.async where the operands are 16-byte
+// aligned, else eight 2-byte copies (zeros where ``ok`` is false)
+TCC_D void tcc_copy16(unsigned char* smem, unsigned off, const unsigned short* src, bool ok, bool aligned) {
+  if (aligned) { tcc_cp16(tcc_smem(smem) + off, src, ok); return; }
+  unsigned short* dst = (unsigned short*)(smem + off);
+  for (int e = 0; e < 8; ++e) dst[e] = ok ? src[e] : (unsigned short)0;
+}
+TCC_D bool tcc_aligned16(const void* a, const void* b, const void* c) {
+  return ((reinterpret_cast<unsigned long long>(a) | reinterpret_cast<unsigned long long>(b)
+           | reinterpret_cast<unsigned long long>(c)) & 15ull) == 0;
 }
 template <bool BF16> TCC_D void tcc_mma16816(float* c, const unsigned* a, unsigned b0, unsigned b1) {
   if (BF16)
@@ -53,13 +66,19 @@ template <int D> TCC_D unsigned tcc_swz(int row, int chunk) {  // byte offset of
 }
 template <int D, int BN, int WARPS, int MT, bool QREG, bool BF16, typename QRow, typename KRow, typename VRow,
           typename Score, typename Limit, typename Out, typename RowOut>
-TCC_D void tcc_flash(unsigned char* smem, long long q0, long long n_q, long long n_k, QRow qrow, KRow krow,
-                     VRow vrow, Score score, Limit limit, Out out, RowOut row_out) {
+TCC_D void tcc_flash(unsigned char* smem, long long q0, long long n_q, long long k0, long long n_k, QRow qrow,
+                     KRow krow, VRow vrow, Score score, Limit limit, Out out, RowOut row_out) {
   // a warp owns MT tiles of 16 rows: each K or V fragment read from shared memory feeds MT products
   constexpr int BM = 16 * MT * WARPS, CH = D / 8, THREADS = 32 * WARPS, NT = BN / 8, DT = D / 8, KT = D / 16;
   constexpr float LOG2E = 1.4426950408889634f;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const unsigned s_q = tcc_smem(smem), s_k = s_q + BM * D * 2, s_v = s_k + 2 * BN * D * 2;
+  constexpr unsigned k_off = BM * D * 2, v_off = k_off + 2 * BN * D * 2;
+  const unsigned s_q = tcc_smem(smem), s_k = s_q + k_off, s_v = s_q + v_off;
+#ifdef TCC_FLASH_ALIGNED
+  const bool aligned = true;
+#else
+  const bool aligned = tcc_aligned16(qrow(q0), krow(k0), vrow(k0));
+#endif
   __shared__ long long block_limit;
   if (tid == 0) block_limit = 0;
   __syncthreads();
@@ -68,19 +87,19 @@ TCC_D void tcc_flash(unsigned char* smem, long long q0, long long n_q, long long
   for (int x = tid; x < BM * CH; x += THREADS) {
     const int r = x / CH, c = x % CH;
     const bool ok = q0 + r < n_q;
-    tcc_cp16(s_q + tcc_swz<D>(r, c), qrow(ok ? q0 + r : q0) + c * 8, ok);
+    tcc_copy16(smem, tcc_swz<D>(r, c), qrow(ok ? q0 + r : q0) + c * 8, ok, aligned);
   }
   __syncthreads();
   const long long keys = block_limit < n_k ? block_limit : n_k;
-  const int tiles = keys > 0 ? (int)((keys + BN - 1) / BN) : 0;
+  const int tiles = keys > k0 ? (int)((keys - k0 + BN - 1) / BN) : 0;
   auto load_kv = [&](int t, int slot) {
     for (int x = tid; x < BN * CH; x += THREADS) {
       const int r = x / CH, c = x % CH;
-      const long long j = (long long)t * BN + r;
+      const long long j = k0 + (long long)t * BN + r;
       const bool ok = j < n_k;
       const unsigned off = slot * BN * D * 2 + tcc_swz<D>(r, c);
-      tcc_cp16(s_k + off, krow(ok ? j : 0) + c * 8, ok);
-      tcc_cp16(s_v + off, vrow(ok ? j : 0) + c * 8, ok);
+      tcc_copy16(smem, k_off + off, krow(ok ? j : k0) + c * 8, ok, aligned);
+      tcc_copy16(smem, v_off + off, vrow(ok ? j : k0) + c * 8, ok, aligned);
     }
   };
   if (tiles > 0) load_kv(0, 0);
@@ -147,7 +166,7 @@ TCC_D void tcc_flash(unsigned char* smem, long long q0, long long n_q, long long
         }
       }
     }
-    const long long j0 = (long long)t * BN + 2 * (lane & 3);
+    const long long j0 = k0 + (long long)t * BN + 2 * (lane & 3);
 #pragma unroll
     for (int m = 0; m < MT; ++m)
 #pragma unroll
@@ -269,12 +288,18 @@ TCC_D void tcc_wgmma_wait(float* d, int n) {
 // FlashAttention's forward on Hopper's warpgroup matrix units: WG warpgroups of 64 query rows each.
 template <int D, int BN, int WG, bool BF16, typename QRow, typename KRow, typename VRow, typename Score,
           typename Limit, typename Out, typename RowOut>
-TCC_D void tcc_flash_wg(unsigned char* smem, long long q0, long long n_q, long long n_k, QRow qrow, KRow krow,
-                        VRow vrow, Score score, Limit limit, Out out, RowOut row_out) {
+TCC_D void tcc_flash_wg(unsigned char* smem, long long q0, long long n_q, long long k0, long long n_k, QRow qrow,
+                        KRow krow, VRow vrow, Score score, Limit limit, Out out, RowOut row_out) {
   constexpr int BM = 64 * WG, CH = D / 8, THREADS = 128 * WG, SN = BN / 2, ON = D / 2;
   constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
   const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
-  const unsigned s_q = tcc_smem(smem), s_k = s_q + BM * D * 2, s_v = s_k + 2 * BN * D * 2;
+  constexpr unsigned k_off = BM * D * 2, v_off = k_off + 2 * BN * D * 2;
+  const unsigned s_q = tcc_smem(smem), s_k = s_q + k_off, s_v = s_q + v_off;
+#ifdef TCC_FLASH_ALIGNED
+  const bool aligned = true;
+#else
+  const bool aligned = tcc_aligned16(qrow(q0), krow(k0), vrow(k0));
+#endif
   __shared__ long long block_limit;
   if (tid == 0) block_limit = 0;
   __syncthreads();
@@ -283,19 +308,19 @@ TCC_D void tcc_flash_wg(unsigned char* smem, long long q0, long long n_q, long l
   for (int x = tid; x < BM * CH; x += THREADS) {
     const int r = x / CH, c = x % CH;
     const bool ok = q0 + r < n_q;
-    tcc_cp16(s_q + tcc_swz_atoms<BM, D>(r, c), qrow(ok ? q0 + r : q0) + c * 8, ok);
+    tcc_copy16(smem, tcc_swz_atoms<BM, D>(r, c), qrow(ok ? q0 + r : q0) + c * 8, ok, aligned);
   }
   __syncthreads();
   const long long keys = block_limit < n_k ? block_limit : n_k;
-  const int tiles = keys > 0 ? (int)((keys + BN - 1) / BN) : 0;
+  const int tiles = keys > k0 ? (int)((keys - k0 + BN - 1) / BN) : 0;
   auto load_kv = [&](int t, int slot) {
     for (int x = tid; x < BN * CH; x += THREADS) {
       const int r = x / CH, c = x % CH;
-      const long long j = (long long)t * BN + r;
+      const long long j = k0 + (long long)t * BN + r;
       const bool ok = j < n_k;
       const unsigned off = slot * BN * D * 2 + tcc_swz_atoms<BN, D>(r, c);
-      tcc_cp16(s_k + off, krow(ok ? j : 0) + c * 8, ok);
-      tcc_cp16(s_v + off, vrow(ok ? j : 0) + c * 8, ok);
+      tcc_copy16(smem, k_off + off, krow(ok ? j : k0) + c * 8, ok, aligned);
+      tcc_copy16(smem, v_off + off, vrow(ok ? j : k0) + c * 8, ok, aligned);
     }
   };
   if (tiles > 0) load_kv(0, 0);
@@ -323,14 +348,14 @@ TCC_D void tcc_flash_wg(unsigned char* smem, long long q0, long long n_q, long l
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      const unsigned k0 = (kk * 16 / 64) * 128, w0 = (kk * 16 % 64) * 2;
-      const unsigned long long a = tcc_wgmma_desc_at(s_q + k0 * BM + wg * 64 * 128 + w0, 16u, 1024u);
-      const unsigned long long b = tcc_wgmma_desc_at(kb + k0 * BN + w0, 16u, 1024u);
+      const unsigned atom = (kk * 16 / 64) * 128, w0 = (kk * 16 % 64) * 2;
+      const unsigned long long a = tcc_wgmma_desc_at(s_q + atom * BM + wg * 64 * 128 + w0, 16u, 1024u);
+      const unsigned long long b = tcc_wgmma_desc_at(kb + atom * BN + w0, 16u, 1024u);
       if (BN == 64) tcc_wgmma_ss_64<BF16>(s, a, b, kk > 0);
       else tcc_wgmma_ss_128<BF16>(s, a, b, kk > 0);
     }
     tcc_wgmma_wait(s, SN);
-    const long long j0 = (long long)t * BN + 2 * (lane & 3);
+    const long long j0 = k0 + (long long)t * BN + 2 * (lane & 3);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {  // scores in log2 units: one ex2 per exponential
       const long long i = rows[h], lim = lims[h];

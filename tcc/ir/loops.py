@@ -171,6 +171,8 @@ class MatrixStream(Stmt):
     depth: int
     outer: tuple[Var, ...] = ()  # the loops around the row tiles (batch, heads): one block per point
     first: Expr | None = None  # the block's first row: set by the schedule
+    key_begin: Expr | None = None  # the block's keys (a split of them): from the first, a multiple of ``tile``,
+    key_end: Expr | None = None  # to before this one (None: all keys)
     tile: int = 64
     warps: int = 4
     row_tiles: int = 1  # tiles of 16 rows a warp owns (each fragment of K or V feeds that many products)
@@ -344,7 +346,7 @@ def stmt_exprs(s: Stmt) -> tuple[Expr, ...]:
     if isinstance(s, BlockScan):
         return (s.identity,)
     if isinstance(s, MatrixStream):
-        return (s.q, s.k, s.v, s.score, s.limit) + (() if s.first is None else (s.first,))
+        return (s.q, s.k, s.v, s.score, s.limit) + tuple(e for e in (s.first, s.key_begin, s.key_end) if e is not None)
     return ()
 
 
@@ -427,6 +429,8 @@ def _format_stmt(s: Stmt, depth: int, out: list[str]) -> None:
         out.append(f"{pad}block_scan {s.buffer} ({s.op}, from {format_expr(s.identity)})")
     elif isinstance(s, MatrixStream):
         first = "" if s.first is None else f" from row {format_expr(s.first)}"
+        if s.key_begin is not None and s.key_end is not None:
+            first += f", keys {format_expr(s.key_begin)} to {format_expr(s.key_end)}"
         units = (f"{s.warpgroups} warpgroups of 64 rows on wgmma" if s.warpgroups else
                  f"{s.warps} warps of {16 * s.row_tiles} rows, Q in {'registers' if s.q_registers else 'shared'}")
         out.append(f"{pad}matrix_stream{first} ({units}, {s.tile} keys a step, in {s.shared or '?'}): "
