@@ -97,8 +97,8 @@ def test_half_variants_on_the_matrix_units(rng, name, T, D, S, L):
 
 
 def test_unaligned_attention(rng):
-    """Q starting 2 bytes into its storage cannot take 16-byte copies: the kernel copies it two
-    bytes at a time instead, with the same answer."""
+    """Q starting 2 bytes into its storage cannot take 16-byte copies: the launcher runs the
+    kernel's other variant, which copies two bytes at a time, with the same answer."""
     torch = pytest.importorskip("torch")
     op = tcc.compile(ATTENTION, target="cuda").attention.bound(T="f16")
     shape = (1, 2, 33, 64)

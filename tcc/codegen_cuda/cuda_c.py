@@ -357,8 +357,9 @@ class _Kernel(MatrixStatements):
         col, w, total, top = (c_name(v.name) for v in (s.col, s.w, s.total, s.top))
         bf16 = "true" if s.q.dtype.name == "bf16" else "false"
         qreg = "true" if s.q_registers else "false"
-        call = (f"tcc_flash_wg<{s.depth}, {s.tile}, {s.warpgroups}, {bf16}>" if s.warpgroups else
-                f"tcc_flash<{s.depth}, {s.tile}, {s.warps}, {s.row_tiles}, {qreg}, {bf16}>")
+        aligned = "true" if s.aligned else "false"
+        call = (f"tcc_flash_wg<{s.depth}, {s.tile}, {s.warpgroups}, {bf16}, {aligned}>" if s.warpgroups else
+                f"tcc_flash<{s.depth}, {s.tile}, {s.warps}, {s.row_tiles}, {qreg}, {bf16}, {aligned}>")
         self._line(depth, f"{call}((unsigned char*){c_name(s.shared)}, "
                           f"(long long)({self._expr(s.first)}), {s.rows}ll, "
                           f"(long long)({self._expr(s.key_begin or Const(0, dtypes.i64))}), "

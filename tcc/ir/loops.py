@@ -178,6 +178,7 @@ class MatrixStream(Stmt):
     row_tiles: int = 1  # tiles of 16 rows a warp owns (each fragment of K or V feeds that many products)
     q_registers: bool = True  # Q's fragments loaded once and kept in registers (else re-read each step)
     warpgroups: int = 0  # > 0: that many warpgroups of 64 rows on ``wgmma`` (sm_90) instead of warps on mma.sync
+    aligned: bool = False  # Q, K and V start 16-byte aligned (the launcher checks: the kernel's aligned variant)
     shared: str = ""
 
     def children(self) -> tuple[Stmt, ...]:

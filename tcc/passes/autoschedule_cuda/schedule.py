@@ -287,8 +287,8 @@ def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]]
         found = attention.kernels(stmt, matrix, target, names.fresh, temps)
         if found is not None:
             shapes.update({b.name: b.shape for b in temps})
-            merges = [_schedule_nest(n, names, shapes, temps, target, tuning, tf32)[0] for n in found[1:]]
-            return seq(found[0], *(m for m in merges if m is not None)), "matrix stream"
+            merges = [_schedule_nest(n, names, shapes, temps, target, tuning, tf32)[0] for n in found[2:]]
+            return seq(*found[:2], *(m for m in merges if m is not None)), "matrix stream"
         stmt = replace(stmt, annotations=tuple(a for a in stmt.annotations if a[0] != MATRIX_STREAM))
     threads = _threads(tuning, target)
     if holds_sequential(stmt):  # a recurrence: threads over its independent axes, each walking the other
