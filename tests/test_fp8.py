@@ -1,0 +1,176 @@
+"""The 8-bit floats f8e4m3 and f8e5m2: the language (parsing, promotion, errors where a target has
+none), the reference's saturating round-to-nearest-even against torch's float8 casts, the CUDA C
+of conversions compiled by NVRTC (no GPU needed), and the conversions on the GPU (skipped without)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tcc
+from tcc import dtypes
+from tcc.errors import TccError, TccTypeError
+from tcc.ir.expr import Const, cast
+from tcc.target import CudaTarget
+from tcc.testing import reference_results
+
+torch = pytest.importorskip("torch")
+
+CASTS = """
+op narrow(X: f32[N], Z: f64[N]) -> (Y: f8e4m3[N], W: f8e5m2[N]) {
+    Y[i] = f8e4m3(X[i])
+    W[i] = f8e5m2(Z[i])
+}
+op widen(Y: f8e4m3[N], W: f8e5m2[N]) -> V: f32[N] {
+    V[i] = f32(Y[i]) * 2.0 + f32(W[i])
+}
+op arith(Y: f8e4m3[N], s: f8e4m3) -> R: f8e4m3[N] {
+    R[i] = Y[i] * s + 1.0
+}
+"""
+TORCH = {"f8e4m3": torch.float8_e4m3fn, "f8e5m2": torch.float8_e5m2}
+EDGES = [0.0, -0.0, 448.0, 464.0, 465.0, -500.0, 57344.0, 61439.0, 61440.0, 1e9, -1e9, np.inf, -np.inf, np.nan,
+         2.0**-9, 2.0**-10, 3 * 2.0**-11, 2.0**-16, 2.0**-17, 1.0625, 1.1875, 0.3]
+
+
+def _torch_round(x: np.ndarray, dtype: dtypes.DType) -> np.ndarray:
+    """torch's float8 cast of ``x``, clamped to the finite range first (torch's e5m2 cast does not
+    saturate: 1e9 becomes inf)."""
+    largest = dtypes.FP8_FORMATS[dtype.name].largest
+    return torch.from_numpy(np.clip(x, -largest, largest)).to(TORCH[dtype.name]).float().numpy()
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return bool(np.all((a == b) & (np.signbit(a) == np.signbit(b)) | (np.isnan(a) & np.isnan(b))))
+
+
+def _samples(rng: np.random.Generator) -> np.ndarray:
+    """Normal values over many scales (subnormals to beyond the range), plus the edge cases."""
+    scales = np.exp2(rng.integers(-22, 20, 20000)).astype(np.float32)
+    return np.concatenate([rng.standard_normal(20000).astype(np.float32) * scales, np.float32(EDGES)])
+
+
+# ---------------------------------------------------------------- the language
+
+def test_fp8_types_parse_and_promote():
+    lib = tcc.compile(CASTS, target="cuda", arch="sm_90")
+    assert lib.narrow.te.tensors["Y"].dtype == dtypes.f8e4m3 and lib.narrow.te.tensors["W"].dtype == dtypes.f8e5m2
+    assert lib.arith.te.tensors["R"].dtype == dtypes.f8e4m3  # f8 * f8 + literal stays f8
+    assert dtypes.promote(dtypes.f8e4m3, dtypes.f8e5m2) == dtypes.f16
+    assert dtypes.promote(dtypes.f8e4m3, dtypes.f32) == dtypes.f32
+    assert dtypes.promote(dtypes.f8e5m2, dtypes.bf16) == dtypes.bf16
+    assert dtypes.promote(dtypes.f8e4m3, dtypes.boolean) == dtypes.f8e4m3
+    assert dtypes.promote(dtypes.i32, dtypes.f8e4m3) == dtypes.promote(dtypes.i32, dtypes.f16)
+
+
+def test_a_reduction_over_fp8_accumulates_in_f32():
+    src = "op s(A: f8e4m3[N]) -> Y: f32[1] { Y[z] = sum[k](A[k] * A[k]) }"
+    reduce = tcc.compile(src, target="cuda").s.te.computes[0].body
+    assert "acc_dtype=f32" in repr(reduce)
+
+
+@pytest.mark.parametrize("target", ["cpu", CudaTarget.for_arch("sm_80"), CudaTarget.for_arch("sm_86")])
+def test_fp8_is_refused_where_there_are_no_fp8_tensor_cores(target):
+    with pytest.raises(TccTypeError, match="needs FP8 tensor cores") as err:
+        tcc.compile(CASTS, target=target)
+    assert ":2:37:" in str(err.value) and "^" in str(err.value)  # the declaration of Y, with a caret
+    assert "compute capability 8.9" in str(err.value.hint)
+
+
+def test_a_conversion_alone_is_refused_on_the_cpu_too():
+    with pytest.raises(TccTypeError, match=r"conversion f8e5m2\(\.\.\.\) needs FP8") as err:
+        tcc.compile("op f(X: f32[N]) -> Y: f32[N] {\n    Y[i] = f32(f8e5m2(X[i]))\n}")
+    assert ":2:" in str(err.value)
+
+
+def test_fp8_targets_by_compute_capability():
+    assert [CudaTarget.for_arch(a).fp8 for a in ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_100")] == \
+        [False, False, True, True, True, True]
+
+
+def test_bad_fp8_spellings_are_errors():
+    with pytest.raises(TccError, match="f8e4m3"):  # a suggestion for a near miss
+        tcc.compile("op f(X: f8e4m4[N]) -> Y: f32[N] { Y[i] = f32(X[i]) }", target="cuda")
+    with pytest.raises(TccError, match="argument"):
+        tcc.compile("op f(X: f32[N]) -> Y: f8e4m3[N] { Y[i] = f8e4m3(X[i], X[i]) }", target="cuda")
+
+
+# ---------------------------------------------------------------- rounding
+
+@pytest.mark.parametrize("name", ["f8e4m3", "f8e5m2"])
+def test_round_fp8_matches_torch_with_saturation(name, rng):
+    dtype = dtypes.ALL[name]
+    x = _samples(rng)
+    got = dtypes.round_fp8(x, dtype)
+    assert _same(got, _torch_round(x, dtype))
+    largest = dtypes.FP8_FORMATS[name].largest
+    assert np.nanmax(got) == largest and np.nanmin(got) == -largest and np.isnan(got).sum() == 1  # saturated
+    assert _same(dtypes.fp8_values(dtype), torch.arange(256, dtype=torch.uint8).view(TORCH[name]).float().numpy())
+
+
+def test_the_reference_rounds_casts_and_stores_like_torch(rng):
+    op = tcc.compile(CASTS, target="cuda").narrow.te
+    x = _samples(rng)
+    z = x.astype(np.float64) * 3.0 + 2.0**-40  # off the f32 grid: f64 must round once, not through f32
+    y, w = reference_results(op, [x, z], {"N": len(x)})
+    assert _same(y, _torch_round(x, dtypes.f8e4m3))
+    assert _same(w, dtypes.round_fp8(z, dtypes.f8e5m2))
+
+
+def test_constants_fold_with_saturation():
+    assert cast(Const(1e6, dtypes.f64), dtypes.f8e4m3).value == 448.0
+    assert cast(Const(-1e6, dtypes.f64), dtypes.f8e5m2).value == -57344.0
+    assert cast(Const(0.3, dtypes.f64), dtypes.f8e4m3).value == 0.3125
+
+
+# ---------------------------------------------------------------- CUDA C (NVRTC, no GPU)
+
+@pytest.mark.parametrize("arch", ["sm_89", "sm_90"])
+def test_conversion_kernels_compile(arch):
+    pytest.importorskip("cuda.bindings.nvrtc")
+    from tcc.codegen_cuda import cuda_c, nvrtc
+
+    lib = tcc.compile(CASTS, target="cuda", arch=arch)
+    for op in (lib.narrow, lib.widen, lib.arith):
+        code = cuda_c.generate(op.lowered({"N": 1000}).scheduled, op.target).source
+        assert "cvt.rn.satfinite.e4m3x2.f32" in code and "#include" not in code
+        assert nvrtc.compile_cubin(code, arch).startswith(b"\x7fELF")
+    plain = tcc.compile("op f(X: f32[N]) -> Y: f32[N] { Y[i] = X[i] }", target="cuda").f
+    assert "e4m3" not in cuda_c.generate(plain.lowered({"N": 5}).scheduled, plain.target).source
+
+
+# ---------------------------------------------------------------- on the GPU
+
+@pytest.fixture(scope="module")
+def fp8_gpu():
+    try:
+        if not tcc.cuda.is_available() or not torch.cuda.is_available():
+            pytest.skip("no CUDA GPU")
+    except TccError:
+        pytest.skip("no CUDA GPU")
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("no FP8 tensor cores (compute capability below 8.9)")
+
+
+@pytest.mark.parametrize("n", [1, 7, 33, 1000, 4096])
+def test_conversions_on_the_gpu_match_the_reference_exactly(fp8_gpu, rng, n):
+    lib = tcc.compile(CASTS, target="cuda")
+    x = rng.permutation(_samples(rng))[:n]
+    z = x.astype(np.float64) * 3.0 + 2.0**-40
+    y, w = lib.narrow(torch.from_numpy(x).cuda(), torch.from_numpy(z).cuda())
+    assert y.dtype == torch.float8_e4m3fn and w.dtype == torch.float8_e5m2
+    want_y, want_w = reference_results(lib.narrow.te, [x, z], {"N": n})
+    assert _same(y.float().cpu().numpy(), want_y) and _same(w.float().cpu().numpy(), want_w)
+    v = lib.widen(y, w)
+    yy, ww = (t.float().cpu().numpy() for t in (y, w))
+    assert _same(v.cpu().numpy(), reference_results(lib.widen.te, [yy, ww], {"N": n})[0])
+
+
+@pytest.mark.parametrize("n", [1, 33, 1000])
+def test_fp8_arithmetic_rounds_each_operation(fp8_gpu, rng, n):
+    lib = tcc.compile(CASTS, target="cuda")
+    y = torch.from_numpy(dtypes.round_fp8(rng.standard_normal(n) * 8, dtypes.f8e4m3).astype(np.float32))
+    out = lib.arith(y.cuda().to(torch.float8_e4m3fn), 1.5).float().cpu().numpy()
+    step = dtypes.round_fp8(y.numpy().astype(np.float64) * 1.5, dtypes.f8e4m3)  # CUDA rounds each operation
+    assert _same(out, dtypes.round_fp8(step + 1.0, dtypes.f8e4m3))
