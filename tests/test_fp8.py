@@ -174,3 +174,113 @@ def test_fp8_arithmetic_rounds_each_operation(fp8_gpu, rng, n):
     out = lib.arith(y.cuda().to(torch.float8_e4m3fn), 1.5).float().cpu().numpy()
     step = dtypes.round_fp8(y.numpy().astype(np.float64) * 1.5, dtypes.f8e4m3)  # CUDA rounds each operation
     assert _same(out, dtypes.round_fp8(step + 1.0, dtypes.f8e4m3))
+
+
+# ---------------------------------------------------------------- the scaled FP8 GEMM
+
+GEMMS = """
+op sgemm(A: f8e4m3[M, K], B: f8e4m3[N, K], sa: f32, sb: f32) -> C: f16[M, N] {
+    C[i, j] = f16(sa * sb * sum[k](f32(A[i, k]) * f32(B[j, k])))
+}
+op bgemm(A: f8e5m2[M, K], B: f8e5m2[N, K], SA: f32[1], SB: f32[1]) -> C: bf16[M, N] {
+    C[i, j] = bf16(SA[0] * SB[0] * sum[k](f32(A[i, k]) * f32(B[j, k])))
+}
+op tgemm(A: f8e4m3[M, K], B: f8e4m3[K, N], SA: f32[1], sb: f32) -> C: f32[M, N] {
+    C[i, j] = SA[0] * sb * sum[k](f32(A[i, k]) * f32(B[k, j]))
+}
+"""
+OUT_BOUND = {"f16": 2.0**-10, "bf16": 2.0**-7, "f32": 1e-5}  # one rounding of the result (f32: of the sum)
+
+
+def _gemm_args(op, sizes: dict, rng: np.random.Generator) -> list:
+    """Operands rounded to their 8-bit type at a scale that uses its range, and scales (scalars or
+    1-element tensors) that are not powers of two."""
+    args = []
+    for name in op.te.params:
+        if name in op.te.scalars:
+            args.append(0.37 if name == "sa" else 1.9)
+        elif op.te.tensors[name].dtype.is_fp8:
+            shape = tuple(sizes[str(d.name)] for d in op.te.tensors[name].shape)
+            args.append(dtypes.round_fp8(rng.standard_normal(shape) * 24, op.te.tensors[name].dtype).astype(np.float32))
+        else:
+            args.append(np.float32([0.37 if name == "SA" else 1.9]))
+    return args
+
+
+def _max_error(got: np.ndarray, want: np.ndarray) -> float:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+
+
+@pytest.mark.parametrize("arch,name,sizes,instruction", [
+    ("sm_90", "sgemm", dict(M=1000, N=1000, K=1024), "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3"),
+    ("sm_90", "sgemm", dict(M=1000, N=1000, K=1000), "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32"),
+    ("sm_90", "bgemm", dict(M=8192, N=8192, K=8192), "wgmma.mma_async.sync.aligned.m64n256k32.f32.e5m2.e5m2"),
+    ("sm_90", "tgemm", dict(M=256, N=256, K=256), "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32"),
+    ("sm_89", "sgemm", dict(M=1024, N=1024, K=1024), "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32"),
+    ("sm_89", "bgemm", dict(M=33, N=7, K=1000), "mma.sync.aligned.m16n8k32.row.col.f32.e5m2.e5m2.f32"),
+])
+def test_fp8_gemm_kernels_compile(arch, name, sizes, instruction):
+    """The scaled GEMM on the matrix units: wgmma on sm_90 (both operands K-major), mma.sync
+    m16n8k32 on sm_89 and for a [k][n] operand; each a cubin with nothing spilled."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    from tcc.runtime import cuda as rt
+
+    op = tcc.compile(GEMMS, target="cuda", arch=arch)[name]
+    ptx = op.stage_text(sizes, "ptx")
+    assert instruction in ptx and "ld.local" not in ptx and "st.local" not in ptx
+    assert rt._parse(rt.build(op.lowered(sizes).scheduled, op.target))[1][0].startswith(b"\x7fELF")
+
+
+@pytest.mark.parametrize("arch,name,sizes,aligned", [
+    ("sm_90", "sgemm", dict(M=128, N=128, K=256), True),  # wgmma from swizzled tiles
+    ("sm_89", "sgemm", dict(M=33, N=40, K=64), True),  # mma.sync on cp.async copies
+    ("sm_89", "bgemm", dict(M=7, N=33, K=70), False),  # mma.sync on register-staged tiles, odd sizes
+    ("sm_90", "tgemm", dict(M=17, N=9, K=40), True),  # B[k, n]: staged K-major
+])
+def test_fp8_gemm_kernels_in_the_simulator(arch, name, sizes, aligned, rng):
+    """The scheduled kernels run by the loop-IR simulator (fragments laid out as PTX specifies for
+    m16n8k32), outputs poisoned, against the reference."""
+    import gpu_sim
+
+    op = tcc.compile(GEMMS, target="cuda", arch=arch)[name]
+    args = _gemm_args(op, sizes, rng)
+    want = reference_results(op.te, args, sizes)[0]
+    out = np.full(want.shape, np.nan, np.float16 if name == "sgemm" else np.float32)
+    tensors = {n: a for n, a in zip(op.te.params, args) if n in op.te.tensors}
+    scalars = {n: a for n, a in zip(op.te.params, args) if n in op.te.scalars}
+    gpu_sim.run(op.lowered(sizes).scheduled, {**tensors, "C": out}, aligned=aligned, scalars=scalars)
+    assert _max_error(out, want) <= OUT_BOUND[op.te.tensors["C"].dtype.name]
+
+
+GPU_SIZES = [dict(M=1, N=1, K=1), dict(M=7, N=7, K=7), dict(M=33, N=33, K=33), dict(M=1000, N=1000, K=1000),
+             dict(M=7, N=1000, K=33), dict(M=256, N=256, K=256), dict(M=1024, N=512, K=2048)]
+
+
+@pytest.mark.parametrize("name", ["sgemm", "bgemm", "tgemm"])
+@pytest.mark.parametrize("sizes", GPU_SIZES, ids=[f"{s['M']}x{s['N']}x{s['K']}" for s in GPU_SIZES])
+def test_fp8_gemms_on_the_gpu_match_the_reference(fp8_gpu, name, sizes, rng):
+    op = tcc.compile(GEMMS, target="cuda")[name]
+    args = _gemm_args(op, sizes, rng)
+    want = reference_results(op.te, args, sizes)[0]
+    fp8 = TORCH[op.te.tensors["A"].dtype.name]
+    device = [torch.from_numpy(a).cuda().to(fp8) if op.te.tensors.get(n) is not None and op.te.tensors[n].dtype.is_fp8
+              else torch.from_numpy(a).cuda() if isinstance(a, np.ndarray) else a
+              for n, a in zip(op.te.params, args)]
+    out_dtype = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}[op.te.tensors["C"].dtype.name]
+    out = torch.full(want.shape, float("nan"), dtype=out_dtype, device="cuda")
+    op(*device, out=out)
+    assert _max_error(out.float().cpu().numpy(), want) <= OUT_BOUND[op.te.tensors["C"].dtype.name]
+
+
+@pytest.mark.parametrize("n", [256, 1024])
+def test_fp8_gemm_agrees_with_torch_scaled_mm(fp8_gpu, n, rng):
+    """The same product as PyTorch's FP8 GEMM (per-tensor scales, f16 out)."""
+    op = tcc.compile(GEMMS, target="cuda").sgemm
+    a = torch.from_numpy(dtypes.round_fp8(rng.standard_normal((n, n)) * 24, dtypes.f8e4m3).astype(np.float32))
+    b = torch.from_numpy(dtypes.round_fp8(rng.standard_normal((n, n)) * 24, dtypes.f8e4m3).astype(np.float32))
+    a8, b8 = a.cuda().to(torch.float8_e4m3fn), b.cuda().to(torch.float8_e4m3fn)
+    sa, sb = torch.tensor(0.37, device="cuda"), torch.tensor(1.9, device="cuda")
+    want = torch._scaled_mm(a8, b8.t(), scale_a=sa, scale_b=sb, out_dtype=torch.float16)
+    got = op(a8, b8, 0.37, 1.9)
+    assert _max_error(got.float().cpu().numpy(), want.float().cpu().numpy()) <= 2.0**-9

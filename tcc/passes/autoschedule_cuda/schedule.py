@@ -339,8 +339,8 @@ def _contraction(c: gemm.Contraction, nest: _Nest, names: _Names, shapes: dict[s
 
 def _contraction_kernels(c: gemm.Contraction, nest: _Nest, names: _Names, shapes: dict[str, tuple[int, ...]],
                          temps: list, target: CudaTarget, tuning: CudaTuning, tf32: bool) -> tuple[Stmt, str]:
-    """A contraction's tiled kernel: on tensor cores where its operands are 16-bit floats widened
-    to f32, or f32 with ``tf32`` (two kernels where an aligned copy-engine variant exists: it comes
+    """A contraction's tiled kernel: on tensor cores where its operands are 16- or 8-bit floats
+    widened to f32, or f32 with ``tf32`` (two kernels where an aligned copy-engine variant exists: it comes
     first, on warpgroup MMA where the architecture has it), else on FMA with the tuner's tile and
     pipeline depth, split-K where its tiles are too few for the chip (:mod:`.split_k`). Each
     kind sizes its tiles by the target's budgets; a warpgroup kernel none of whose tiles fits
@@ -360,7 +360,7 @@ def _contraction_kernels(c: gemm.Contraction, nest: _Nest, names: _Names, shapes
             return _split_k_kernels(c, nest, split, names, temps, target, tuning), "split-K gemm"
         return gemm.Builder(c, names.fresh, decompose, target, tuning.tile, tuning.stages).kernel(), "gemm"
     fast = tensorcore.fast_layout(c, values, shapes)
-    if fast is None and (conv := implicit_conv.plan(c, values, names.fresh)) is not None:
+    if fast is None and not values[0].dtype.is_fp8 and (conv := implicit_conv.plan(c, values, names.fresh)) is not None:
         return implicit_conv.kernels(c, values, conv, names.fresh, decompose, temps, target), "implicit-gemm conv"
     staged = tensorcore.Builder(c, names.fresh, decompose, values, None, target).kernel()
     if fast is None:
