@@ -284,3 +284,17 @@ def test_fp8_gemm_agrees_with_torch_scaled_mm(fp8_gpu, n, rng):
     want = torch._scaled_mm(a8, b8.t(), scale_a=sa, scale_b=sb, out_dtype=torch.float16)
     got = op(a8, b8, 0.37, 1.9)
     assert _max_error(got.float().cpu().numpy(), want.float().cpu().numpy()) <= 2.0**-9
+
+
+def test_fp8_ops_through_tcc_torch(fp8_gpu, rng):
+    """tcc.torch registers the op; float8 tensors go in, a float16 tensor comes out."""
+    import tcc.torch
+
+    ops = tcc.torch.library(GEMMS, namespace="tcc_fp8_test", target="cuda")
+    sizes = dict(M=130, N=136, K=96)
+    args = _gemm_args(tcc.compile(GEMMS, target="cuda").sgemm, sizes, rng)
+    a8, b8 = (torch.from_numpy(x).cuda().to(torch.float8_e4m3fn) for x in args[:2])
+    got = ops.sgemm(a8, b8, *args[2:])
+    assert got.dtype == torch.float16 and got.is_cuda
+    want = reference_results(tcc.compile(GEMMS, target="cuda").sgemm.te, args, sizes)[0]
+    assert _max_error(got.float().cpu().numpy(), want) <= OUT_BOUND["f16"]
