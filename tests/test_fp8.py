@@ -11,6 +11,7 @@ import tcc
 from tcc import dtypes
 from tcc.errors import TccError, TccTypeError
 from tcc.ir.expr import Const, cast
+from tcc.ir.loops import Mma, WarpgroupMma, walk_stmts
 from tcc.target import CudaTarget
 from tcc.testing import reference_results
 
@@ -216,13 +217,15 @@ def _max_error(got: np.ndarray, want: np.ndarray) -> float:
     ("sm_90", "sgemm", dict(M=1000, N=1000, K=1024), "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3"),
     ("sm_90", "sgemm", dict(M=1000, N=1000, K=1000), "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32"),
     ("sm_90", "bgemm", dict(M=8192, N=8192, K=8192), "wgmma.mma_async.sync.aligned.m64n256k32.f32.e5m2.e5m2"),
-    ("sm_90", "tgemm", dict(M=256, N=256, K=256), "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32"),
+    ("sm_90", "tgemm", dict(M=256, N=256, K=256), "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3"),
+    ("sm_90", "tgemm", dict(M=256, N=256, K=200), "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32"),
     ("sm_89", "sgemm", dict(M=1024, N=1024, K=1024), "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32"),
     ("sm_89", "bgemm", dict(M=33, N=7, K=1000), "mma.sync.aligned.m16n8k32.row.col.f32.e5m2.e5m2.f32"),
 ])
 def test_fp8_gemm_kernels_compile(arch, name, sizes, instruction):
-    """The scaled GEMM on the matrix units: wgmma on sm_90 (both operands K-major), mma.sync
-    m16n8k32 on sm_89 and for a [k][n] operand; each a cubin with nothing spilled."""
+    """The scaled GEMM on the matrix units: wgmma on sm_90 (both operands K-major: a B[k, n] is
+    transposed first), mma.sync m16n8k32 on sm_89 and where rows are not whole 16-byte pieces;
+    each a cubin with nothing spilled."""
     pytest.importorskip("cuda.bindings.nvrtc")
     from tcc.runtime import cuda as rt
 
@@ -232,18 +235,21 @@ def test_fp8_gemm_kernels_compile(arch, name, sizes, instruction):
     assert rt._parse(rt.build(op.lowered(sizes).scheduled, op.target))[1][0].startswith(b"\x7fELF")
 
 
-@pytest.mark.parametrize("arch,name,sizes,aligned", [
-    ("sm_90", "sgemm", dict(M=128, N=128, K=256), True),  # wgmma from swizzled tiles
-    ("sm_89", "sgemm", dict(M=33, N=40, K=64), True),  # mma.sync on cp.async copies
-    ("sm_89", "bgemm", dict(M=7, N=33, K=70), False),  # mma.sync on register-staged tiles, odd sizes
-    ("sm_90", "tgemm", dict(M=17, N=9, K=40), True),  # B[k, n]: staged K-major
+@pytest.mark.parametrize("arch,name,sizes,aligned,unit", [
+    ("sm_90", "sgemm", dict(M=128, N=128, K=256), True, WarpgroupMma),  # wgmma from swizzled tiles
+    ("sm_90", "tgemm", dict(M=128, N=136, K=64), True, WarpgroupMma),  # B[k, n] transposed, then wgmma
+    ("sm_89", "sgemm", dict(M=33, N=40, K=64), True, Mma),  # mma.sync on cp.async copies
+    ("sm_89", "tgemm", dict(M=33, N=48, K=80), True, Mma),  # B[k, n] transposed, then the copies
+    ("sm_89", "bgemm", dict(M=7, N=33, K=70), False, Mma),  # mma.sync on register-staged tiles, odd sizes
+    ("sm_90", "tgemm", dict(M=17, N=9, K=40), True, Mma),  # rows not 16-byte pieces: staged K-major
 ])
-def test_fp8_gemm_kernels_in_the_simulator(arch, name, sizes, aligned, rng):
+def test_fp8_gemm_kernels_in_the_simulator(arch, name, sizes, aligned, unit, rng):
     """The scheduled kernels run by the loop-IR simulator (fragments laid out as PTX specifies for
     m16n8k32), outputs poisoned, against the reference."""
     import gpu_sim
 
     op = tcc.compile(GEMMS, target="cuda", arch=arch)[name]
+    assert any(isinstance(s, unit) for s in walk_stmts(op.lowered(sizes).scheduled.body))
     args = _gemm_args(op, sizes, rng)
     want = reference_results(op.te, args, sizes)[0]
     out = np.full(want.shape, np.nan, np.float16 if name == "sgemm" else np.float32)
