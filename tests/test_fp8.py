@@ -259,8 +259,11 @@ def test_fp8_gemm_kernels_in_the_simulator(arch, name, sizes, aligned, unit, rng
     assert _max_error(out, want) <= OUT_BOUND[op.te.tensors["C"].dtype.name]
 
 
+# on an H100: the flat kernel (1 x 1), the register-staged mma.sync kernel (K not a multiple of 16),
+# mma.sync on cp.async copies (M < 128), wgmma with and without edges
 GPU_SIZES = [dict(M=1, N=1, K=1), dict(M=7, N=7, K=7), dict(M=33, N=33, K=33), dict(M=1000, N=1000, K=1000),
-             dict(M=7, N=1000, K=33), dict(M=256, N=256, K=256), dict(M=1024, N=512, K=2048)]
+             dict(M=7, N=1000, K=33), dict(M=64, N=1000, K=1024), dict(M=1000, N=1000, K=1024),
+             dict(M=256, N=256, K=256), dict(M=1024, N=512, K=2048)]
 
 
 @pytest.mark.parametrize("name", ["sgemm", "bgemm", "tgemm"])
