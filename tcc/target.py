@@ -101,6 +101,11 @@ class CudaTarget:
         return min(self.registers_per_thread, self.registers_per_block // threads)
 
     @property
+    def half_mma(self) -> bool:
+        """Whether the chip has ``mma.sync.m16n8k16`` for f16 and bf16 (Ampere, sm_80, and later)."""
+        return self.capability >= (8, 0)
+
+    @property
     def warpgroup_mma(self) -> bool:
         """Whether the chip has ``wgmma`` (Hopper: sm_90, sm_90a)."""
         return self.arch.startswith("sm_90")

@@ -23,7 +23,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tcc import dtypes
 from tcc.codegen_cuda.cuda_matrix import MatrixStatements
+from tcc.codegen_cuda.flash import FLASH
 from tcc.codegen_cuda.names import c_name
 from tcc.codegen_cuda.preamble import FP8_PREAMBLE, PREAMBLE
 from tcc.dtypes import DType, round_fp8
@@ -38,6 +40,7 @@ from tcc.ir.loops import (
     If,
     Let,
     LoopFunc,
+    MatrixStream,
     Seq,
     Stmt,
     Store,
@@ -120,7 +123,9 @@ def generate(func: LoopFunc, target: CudaTarget) -> CudaProgram:
         info, text = _Kernel(f"tcc_{func.name}_k{i}", kernel, buffers, scalars, used, target.shared_per_block).emit()
         kernels.append(info)
         texts.append(text)
-    preamble = PREAMBLE + FP8_PREAMBLE if _uses_fp8(func) else PREAMBLE
+    helpers = [FP8_PREAMBLE] if _uses_fp8(func) else []
+    helpers += [FLASH] if any(isinstance(s, MatrixStream) for s in walk_stmts(body)) else []
+    preamble = "\n".join([PREAMBLE, *helpers])  # every unit starts with it (units())
     source = "\n".join([preamble, *texts])
     specific = any(isinstance(s, WarpgroupMma) for s in walk_stmts(body))
     return CudaProgram(source, kernels, [(t.name, max(1, t.size * t.dtype.itemsize)) for t in temps],
@@ -361,6 +366,28 @@ class _Kernel(MatrixStatements):
 
     def _s_Barrier(self, s: Barrier, depth: int) -> None:
         self._line(depth, "__syncthreads();")
+
+    def _s_MatrixStream(self, s: MatrixStream, depth: int) -> None:
+        """A call of ``tcc_flash`` (:mod:`tcc.codegen_cuda.flash`), the statement's expressions and
+        stores written as the lambdas it takes."""
+        i64 = "long long"
+        row, key, dot = (c_name(v.name) for v in (s.row, s.key, s.dot))
+        col, w, total, top = (c_name(v.name) for v in (s.col, s.w, s.total, s.top))
+        bf16 = "true" if s.q.dtype.name == "bf16" else "false"
+        self._line(depth, f"tcc_flash<{s.depth}, {s.tile}, {s.warps}, {bf16}>((unsigned char*){c_name(s.shared)}, "
+                          f"(long long)({self._expr(s.first)}), {s.rows}ll, {s.keys}ll,")
+        self._line(depth + 1, f"[&]({i64} {row}) {{ return {self._address(s.q)}; }},")
+        self._line(depth + 1, f"[&]({i64} {key}) {{ return {self._address(s.k)}; }},")
+        self._line(depth + 1, f"[&]({i64} {key}) {{ return {self._address(s.v)}; }},")
+        self._line(depth + 1, f"[&]({i64} {row}, {i64} {key}, float {dot}) -> float {{ "
+                              f"return {convert(self._expr(s.score), s.score.dtype, dtypes.f32)}; }},")
+        self._line(depth + 1, f"[&]({i64} {row}) -> {i64} {{ return ({i64})({self._expr(s.limit)}); }},")
+        self._line(depth + 1, f"[&]({i64} {row}, {i64} {col}, float {w}, float {total}, float {top}) {{")
+        self._stmt(s.out, depth + 2)
+        self._line(depth + 1, "},")
+        self._line(depth + 1, f"[&]({i64} {row}, float {total}, float {top}) {{")
+        self._stmt(s.row_out, depth + 2)
+        self._line(depth + 1, "});")
 
     def _s_BlockScan(self, s: BlockScan, depth: int) -> None:
         buf = self.buffers[s.buffer]

@@ -18,6 +18,7 @@ LOOP_KINDS = ("serial", "parallel", "vector", "unroll", "block.x", "block.y", "b
               "thread.x", "thread.y", "thread.z")
 SCOPES = ("global", "shared", "local")
 DETERMINISTIC = "deterministic"  # LoopFunc.attrs: accumulations (+=) add in one fixed order on every run
+MATRIX_STREAM = "matrix"  # For annotation: the nest's MatrixStream form, for schedules with matrix units
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,55 @@ class BlockScan(Stmt):
     buffer: str
     op: str  # add, mul, max or min
     identity: Expr
+
+
+@dataclass(frozen=True)
+class MatrixStream(Stmt):
+    """One block's tile of a stream's rows on the matrix units (FlashAttention-2's forward): for
+    the block's ``16 * warps`` query rows from ``first`` and every key, ``score`` of the row's
+    dot product with the key (``Q . K`` over ``depth`` columns), the keys at or past ``limit``
+    scoring ``-inf``; each row's maximum ``top``, sum ``total`` of the exponentials and sums ``w``
+    weighted by ``V``, then the stores ``out`` of each finished element (``row``, ``col``) and
+    ``row_out`` of each finished row. ``q``, ``k``, ``v`` name the first element of a row of
+    Q (at ``row``), K and V (at ``key``), each row ``depth`` contiguous 16-bit values.
+    ``tile`` keys at a time stream through the block's ``shared`` buffer (the schedule's
+    choices: :mod:`tcc.passes.autoschedule_cuda.attention`). The variables ``row``, ``key``,
+    ``dot``, ``col``, ``w``, ``total`` and ``top`` are bound by the statement itself."""
+
+    q: Load
+    k: Load
+    v: Load
+    row: Var
+    key: Var
+    dot: Var
+    score: Expr
+    limit: Expr
+    col: Var
+    w: Var
+    total: Var
+    top: Var
+    out: Stmt
+    row_out: Stmt
+    rows: int  # query rows in all (per point of the outer rows)
+    keys: int
+    depth: int
+    outer: tuple[Var, ...] = ()  # the loops around the row tiles (batch, heads): one block per point
+    first: Expr | None = None  # the block's first row: set by the schedule
+    tile: int = 64
+    warps: int = 4
+    shared: str = ""
+
+    def children(self) -> tuple[Stmt, ...]:
+        return (self.out, self.row_out)
+
+    @property
+    def bound(self) -> set[str]:
+        """The variables the statement binds for its expressions and stores."""
+        return {v.name for v in (self.row, self.key, self.dot, self.col, self.w, self.total, self.top)}
+
+    def __str__(self) -> str:
+        return (f"matrix stream: {self.q.buffer} . {self.k.buffer} -> {self.v.buffer}, "
+                f"{self.rows} x {self.keys} x {self.depth}")
 
 
 # ---------------------------------------------------------------- GPU data movement and matrix units
@@ -290,6 +340,8 @@ def stmt_exprs(s: Stmt) -> tuple[Expr, ...]:
         return (s.acc, s.a, s.b)
     if isinstance(s, BlockScan):
         return (s.identity,)
+    if isinstance(s, MatrixStream):
+        return (s.q, s.k, s.v, s.score, s.limit) + (() if s.first is None else (s.first,))
     return ()
 
 
@@ -370,6 +422,17 @@ def _format_stmt(s: Stmt, depth: int, out: list[str]) -> None:
         out.append(f"{pad}barrier")
     elif isinstance(s, BlockScan):
         out.append(f"{pad}block_scan {s.buffer} ({s.op}, from {format_expr(s.identity)})")
+    elif isinstance(s, MatrixStream):
+        first = "" if s.first is None else f" from row {format_expr(s.first)}"
+        out.append(f"{pad}matrix_stream{first} ({s.warps} warps, {s.tile} keys a step, in {s.shared or '?'}): "
+                   f"{s.row.name} < {s.rows}, {s.key.name} < min({s.keys}, {format_expr(s.limit)})")
+        out.append(f"{pad}    {s.dot.name} = {format_expr(s.q)} . {format_expr(s.k)} over {s.depth}; "
+                   f"score = {format_expr(s.score)}; weights {format_expr(s.v)}")
+        sums = f"{s.w.name}, {s.total.name}, {s.top.name}"
+        out.append(f"{pad}    each element ({s.row.name}, {s.col.name}) from ({sums}):")
+        _format_stmt(s.out, depth + 2, out)
+        out.append(f"{pad}    each row:")
+        _format_stmt(s.row_out, depth + 2, out)
     elif isinstance(s, AsyncCopy):
         when = "" if s.valid is None else f" if {format_expr(s.valid)} else zeros"
         out.append(f"{pad}cp.async {format_expr(s.dst)} <- {format_expr(s.src)} ({s.nbytes} bytes){when}")
@@ -406,6 +469,8 @@ def verify_func(f: LoopFunc) -> None:
 
 
 def _verify(s: Stmt, buffers: dict[str, Buffer], scope: set[str], loops: set[str]) -> None:
+    if isinstance(s, MatrixStream):
+        scope = scope | s.bound
     for e in stmt_exprs(s):
         for n in walk(e):
             if isinstance(n, (Read, Reduce)):  # formatted only on failure: printing is O(size)
@@ -423,6 +488,9 @@ def _verify(s: Stmt, buffers: dict[str, Buffer], scope: set[str], loops: set[str
     if isinstance(s, BlockScan):
         _check(s.buffer in buffers and buffers[s.buffer].scope == "local" and buffers[s.buffer].size >= 2,
                f"block scan of {s.buffer}, not a local buffer of two elements")
+    if isinstance(s, MatrixStream):
+        _verify_matrix_stream(s, buffers, scope, loops)
+        return
     if isinstance(s, For):
         _check(s.kind in LOOP_KINDS, f"unknown loop kind {s.kind}")
         _check(s.var.name not in scope, f"loop variable {s.var.name} shadows another")
@@ -435,6 +503,14 @@ def _verify(s: Stmt, buffers: dict[str, Buffer], scope: set[str], loops: set[str
     else:
         for c in s.children():
             _verify(c, buffers, scope, loops)
+
+
+def _verify_matrix_stream(s: MatrixStream, buffers: dict[str, Buffer], scope: set[str], loops: set[str]) -> None:
+    for ref in (s.q, s.k, s.v):
+        _check(buffers[ref.buffer].dtype.name in ("f16", "bf16"), f"matrix stream operand {ref.buffer} is not 16-bit")
+    _check(s.depth % 16 == 0, f"matrix stream over {s.depth} columns, not a multiple of 16")
+    for c in s.children():
+        _verify(c, buffers, scope | s.bound, loops)
 
 
 def _check(cond: bool, message: str) -> None:

@@ -23,6 +23,10 @@ Three schedules, chosen per nest:
   made local become each thread's registers (:mod:`.row_registers`) or, too large for those,
   shared memory, with a barrier after each loop that writes them.
 
+A nest carrying attention's matrix form (two products of 16-bit operands, see
+:mod:`tcc.passes.te.matrix_stream`) gets a FlashAttention kernel on the matrix units first
+(:mod:`.attention`), its ordinary schedule as the fallback.
+
 Before them an element-wise nest over a reduction's result joins the reduction's final store
 (:mod:`.epilogue`); a recurrence that is a prefix scan along rows gets a block per row
 (:mod:`.scan`).
@@ -41,6 +45,7 @@ from tcc.ir.expr import Binary, Const, Expr, Load, Var, free_vars, walk
 from tcc.ir.loopnest import stores
 from tcc.ir.loops import (
     DETERMINISTIC,
+    MATRIX_STREAM,
     Allocate,
     Barrier,
     Buffer,
@@ -57,6 +62,7 @@ from tcc.ir.loops import (
     walk_stmts,
 )
 from tcc.passes.autoschedule_cuda import (
+    attention,
     epilogue,
     gemm,
     hoist_rows,
@@ -277,6 +283,13 @@ def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]]
         stmt = hoisted
     if isinstance(stmt, For) and stmt.kind == "block.x":
         return stmt, "bound by the user"  # (checked by tcc.passes.loops.bind.check_kernels)
+    if (matrix := attention.form(stmt, target)) is not None:  # attention's products on the matrix units
+        plain = replace(stmt, annotations=tuple(a for a in stmt.annotations if a[0] != MATRIX_STREAM))
+        fallback, how = _schedule_nest(plain, names, shapes, temps, target, tuning, tf32)
+        fast = attention.kernel(stmt, matrix, target, names.fresh)
+        if fast is not None and isinstance(fallback, For) and not merge_kernels.aligned(fallback):
+            return seq(fast, fallback), "matrix stream"
+        return fallback, how
     threads = _threads(tuning, target)
     if holds_sequential(stmt):  # a recurrence: threads over its independent axes, each walking the other
         nest = _spatial_axes(recurrence.sink_sequential(stmt))
