@@ -119,10 +119,19 @@ def _as_dtype(dtype: DType | str | np.dtype) -> DType:
     return found
 
 
-def to_device(array: Any, device: int = 0) -> Array:
-    """A device copy of a host array."""
-    host = np.ascontiguousarray(array)
-    out = Array(host.shape, host.dtype, device)
+def to_device(array: Any, device: int = 0, dtype: DType | str | None = None) -> Array:
+    """A device copy of a host array; ``dtype="f8e4m3"`` or ``"f8e5m2"`` converts float values to
+    that 8-bit float first (saturating, as the language's conversion does)."""
+    want = None if dtype is None else _as_dtype(dtype)
+    if want is not None and want.is_fp8:
+        host = np.ascontiguousarray(dtypes.fp8_bytes(array, want))
+        out = Array(host.shape, want, device)
+    elif want is not None:
+        raise TccArgumentError(f"tcc.cuda.to_device converts to the 8-bit floats only, not {want}",
+                               hint="convert on the host first: array.astype(...)")
+    else:
+        host = np.ascontiguousarray(array)
+        out = Array(host.shape, host.dtype, device)
     driver.copy_htod(out.ptr, host.ctypes.data, out.nbytes, 0, "tcc.cuda.to_device")
     driver.synchronize(0, "tcc.cuda.to_device")
     return out

@@ -153,6 +153,19 @@ def fp8_values(dtype: DType) -> np.ndarray:
     return (sign * value).astype(np.float32)
 
 
+def fp8_bytes(value, dtype: DType) -> np.ndarray:
+    """The bytes of ``value`` converted to the 8-bit float ``dtype`` (saturating, as
+    :func:`round_fp8`): the storage a CUDA tensor of it holds. Positive codes order as their
+    values do, so a value's code is its place among the finite positive ones."""
+    rounded = round_fp8(value, dtype)
+    positive = fp8_values(dtype)[:0x80]
+    finite = positive[np.isfinite(positive)]
+    with np.errstate(invalid="ignore"):
+        codes = np.searchsorted(finite, np.abs(np.nan_to_num(rounded))).astype(np.uint8)
+    codes |= np.where(np.signbit(rounded), 0x80, 0).astype(np.uint8)
+    return np.where(np.isnan(rounded), np.uint8(0x7F), codes).astype(np.uint8)
+
+
 def promote_weak(strong: DType, weak_kind: str) -> DType:
     """Combine a typed operand with a weak literal of kind 'b', 'i' or 'f'."""
     if weak_kind == "f" and not strong.is_float:

@@ -309,3 +309,28 @@ def test_fp8_ops_through_tcc_torch(fp8_gpu, rng):
     assert got.dtype == torch.float16 and got.is_cuda
     want = reference_results(tcc.compile(GEMMS, target="cuda").sgemm.te, args, sizes)[0]
     assert _max_error(got.float().cpu().numpy(), want) <= OUT_BOUND["f16"]
+
+
+@pytest.mark.parametrize("name", ["f8e4m3", "f8e5m2"])
+def test_fp8_bytes_are_torch_storage(name, rng):
+    """dtypes.fp8_bytes (what tcc.cuda.to_device(x, dtype=...) uploads) is the storage of torch's
+    float8 tensor of the saturated values, and reads back through fp8_values."""
+    dtype = dtypes.ALL[name]
+    x = _samples(rng)
+    got = dtypes.fp8_bytes(x, dtype)
+    largest = dtypes.FP8_FORMATS[name].largest
+    want = torch.from_numpy(np.clip(x, -largest, largest)).to(TORCH[name]).view(torch.uint8).numpy()
+    finite = ~np.isnan(x)
+    assert np.array_equal(got[finite], want[finite]) and np.isnan(dtypes.fp8_values(dtype)[got[~finite]]).all()
+    assert _same(dtypes.fp8_values(dtype)[got], dtypes.round_fp8(x, dtype))
+
+
+def test_fp8_arrays_upload_and_read_back(fp8_gpu, rng):
+    x = _samples(rng)
+    arr = tcc.cuda.to_device(x, dtype="f8e4m3")
+    assert arr.dtype == dtypes.f8e4m3 and _same(arr.to_numpy(), dtypes.round_fp8(x, dtypes.f8e4m3))
+    lib = tcc.compile(CASTS, target="cuda")
+    out = lib.widen(arr, tcc.cuda.to_device(x, dtype="f8e5m2"))
+    y, w = dtypes.round_fp8(x, dtypes.f8e4m3), dtypes.round_fp8(x, dtypes.f8e5m2)
+    assert isinstance(out, tcc.cuda.Array)
+    assert _same(out.to_numpy(), reference_results(lib.widen.te, [y, w], {"N": len(x)})[0])
