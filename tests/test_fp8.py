@@ -189,8 +189,12 @@ op bgemm(A: f8e5m2[M, K], B: f8e5m2[N, K], SA: f32[1], SB: f32[1]) -> C: bf16[M,
 op tgemm(A: f8e4m3[M, K], B: f8e4m3[K, N], SA: f32[1], sb: f32) -> C: f32[M, N] {
     C[i, j] = SA[0] * sb * sum[k](f32(A[i, k]) * f32(B[k, j]))
 }
+op qgemm(A: f8e4m3[M, K], B: f8e4m3[N, K], sa: f32) -> C: f8e4m3[M, N] {
+    C[i, j] = f8e4m3(sa * sum[k](f32(A[i, k]) * f32(B[j, k])))
+}
 """
-OUT_BOUND = {"f16": 2.0**-10, "bf16": 2.0**-7, "f32": 1e-5}  # one rounding of the result (f32: of the sum)
+# one rounding of the result (f32: of the sum), relative to the largest
+OUT_BOUND = {"f16": 2.0**-10, "bf16": 2.0**-7, "f32": 1e-5, "f8e4m3": 2.0**-4}
 
 
 def _gemm_args(op, sizes: dict, rng: np.random.Generator) -> list:
@@ -243,6 +247,7 @@ def test_fp8_gemm_kernels_compile(arch, name, sizes, instruction):
     ("sm_89", "tgemm", dict(M=33, N=48, K=80), True, Mma),  # B[k, n] transposed, then the copies
     ("sm_89", "bgemm", dict(M=7, N=33, K=70), False, Mma),  # mma.sync on register-staged tiles, odd sizes
     ("sm_90", "tgemm", dict(M=17, N=9, K=40), True, Mma),  # rows not 16-byte pieces: staged K-major
+    ("sm_90", "qgemm", dict(M=128, N=128, K=128), True, WarpgroupMma),  # an 8-bit result, saturated
 ])
 def test_fp8_gemm_kernels_in_the_simulator(arch, name, sizes, aligned, unit, rng):
     """The scheduled kernels run by the loop-IR simulator (fragments laid out as PTX specifies for
