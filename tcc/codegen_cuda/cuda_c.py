@@ -25,7 +25,7 @@ import numpy as np
 
 from tcc import dtypes
 from tcc.codegen_cuda.cuda_matrix import MatrixStatements
-from tcc.codegen_cuda.flash import FLASH
+from tcc.codegen_cuda.flash import FLASH, FLASH_WARPGROUP
 from tcc.codegen_cuda.names import c_name
 from tcc.codegen_cuda.preamble import FP8_PREAMBLE, PREAMBLE
 from tcc.dtypes import DType, round_fp8
@@ -123,11 +123,13 @@ def generate(func: LoopFunc, target: CudaTarget) -> CudaProgram:
         info, text = _Kernel(f"tcc_{func.name}_k{i}", kernel, buffers, scalars, used, target.shared_per_block).emit()
         kernels.append(info)
         texts.append(text)
+    streams = [s for s in walk_stmts(body) if isinstance(s, MatrixStream)]
+    warpgroups = any(s.warpgroups for s in streams)
     helpers = [FP8_PREAMBLE] if _uses_fp8(func) else []
-    helpers += [FLASH] if any(isinstance(s, MatrixStream) for s in walk_stmts(body)) else []
+    helpers += [FLASH, *([FLASH_WARPGROUP] if warpgroups else [])] if streams else []
     preamble = "\n".join([PREAMBLE, *helpers])  # every unit starts with it (units())
     source = "\n".join([preamble, *texts])
-    specific = any(isinstance(s, WarpgroupMma) for s in walk_stmts(body))
+    specific = warpgroups or any(isinstance(s, WarpgroupMma) for s in walk_stmts(body))
     return CudaProgram(source, kernels, [(t.name, max(1, t.size * t.dtype.itemsize)) for t in temps],
                        arch_specific=specific, kernel_texts=texts, preamble=preamble)
 
@@ -374,8 +376,13 @@ class _Kernel(MatrixStatements):
         row, key, dot = (c_name(v.name) for v in (s.row, s.key, s.dot))
         col, w, total, top = (c_name(v.name) for v in (s.col, s.w, s.total, s.top))
         bf16 = "true" if s.q.dtype.name == "bf16" else "false"
-        self._line(depth, f"tcc_flash<{s.depth}, {s.tile}, {s.warps}, {bf16}>((unsigned char*){c_name(s.shared)}, "
-                          f"(long long)({self._expr(s.first)}), {s.rows}ll, {s.keys}ll,")
+        qreg = "true" if s.q_registers else "false"
+        call = (f"tcc_flash_wg<{s.depth}, {s.tile}, {s.warpgroups}, {bf16}>" if s.warpgroups else
+                f"tcc_flash<{s.depth}, {s.tile}, {s.warps}, {s.row_tiles}, {qreg}, {bf16}>")
+        self._line(depth, f"{call}((unsigned char*){c_name(s.shared)}, "
+                          f"(long long)({self._expr(s.first)}), {s.rows}ll, "
+                          f"(long long)({self._expr(s.key_begin or Const(0, dtypes.i64))}), "
+                          f"(long long)({self._expr(s.key_end or Const(s.keys, dtypes.i64))}),")
         self._line(depth + 1, f"[&]({i64} {row}) {{ return {self._address(s.q)}; }},")
         self._line(depth + 1, f"[&]({i64} {key}) {{ return {self._address(s.k)}; }},")
         self._line(depth + 1, f"[&]({i64} {key}) {{ return {self._address(s.v)}; }},")

@@ -24,8 +24,8 @@ Three schedules, chosen per nest:
   shared memory, with a barrier after each loop that writes them.
 
 A nest carrying attention's matrix form (two products of 16-bit operands, see
-:mod:`tcc.passes.te.matrix_stream`) gets a FlashAttention kernel on the matrix units first
-(:mod:`.attention`), its ordinary schedule as the fallback.
+:mod:`tcc.passes.te.matrix_stream`) becomes a FlashAttention kernel on the matrix units
+(:mod:`.attention`; with split keys, the nests merging the splits after it).
 
 Before them an element-wise nest over a reduction's result joins the reduction's final store
 (:mod:`.epilogue`); a recurrence that is a prefix scan along rows gets a block per row
@@ -284,12 +284,12 @@ def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]]
     if isinstance(stmt, For) and stmt.kind == "block.x":
         return stmt, "bound by the user"  # (checked by tcc.passes.loops.bind.check_kernels)
     if (matrix := attention.form(stmt, target)) is not None:  # attention's products on the matrix units
-        plain = replace(stmt, annotations=tuple(a for a in stmt.annotations if a[0] != MATRIX_STREAM))
-        fallback, how = _schedule_nest(plain, names, shapes, temps, target, tuning, tf32)
-        fast = attention.kernel(stmt, matrix, target, names.fresh)
-        if fast is not None and isinstance(fallback, For) and not merge_kernels.aligned(fallback):
-            return seq(fast, fallback), "matrix stream"
-        return fallback, how
+        found = attention.kernels(stmt, matrix, target, names.fresh, temps)
+        if found is not None:
+            shapes.update({b.name: b.shape for b in temps})
+            merges = [_schedule_nest(n, names, shapes, temps, target, tuning, tf32)[0] for n in found[1:]]
+            return seq(found[0], *(m for m in merges if m is not None)), "matrix stream"
+        stmt = replace(stmt, annotations=tuple(a for a in stmt.annotations if a[0] != MATRIX_STREAM))
     threads = _threads(tuning, target)
     if holds_sequential(stmt):  # a recurrence: threads over its independent axes, each walking the other
         nest = _spatial_axes(recurrence.sink_sequential(stmt))
