@@ -100,9 +100,10 @@ def kernels(nest: For, stream: MatrixStream, target: CudaTarget, fresh: Callable
 
 
 def _splits(blocks: int, keys: int, tile: int, target: CudaTarget) -> tuple[int, int]:
-    """(splits, keys a split): enough blocks for two a multiprocessor where the tiles alone leave
-    it idle, each split at least four steps of keys."""
-    want = min(-(-2 * target.sms // blocks), keys // (4 * tile))
+    """(splits, keys a split): up to two blocks a multiprocessor (one wave: a third split of 128
+    heads' blocks would start a second, mostly idle wave) where the tiles alone leave it idle,
+    each split at least four steps of keys."""
+    want = min(2 * target.sms // blocks, keys // (4 * tile))
     if want < 2:
         return 1, keys
     per_split = -(-keys // want)
