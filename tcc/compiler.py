@@ -27,6 +27,7 @@ from tcc.ir.loops import DETERMINISTIC, GUARDED, format_func
 from tcc.ir.te import OpTE, format_op
 from tcc.opdoc import docstring, header, signature
 from tcc.passes.pipeline import Lowered, lower_op
+from tcc.passes.te.check_fp8 import check_fp8
 from tcc.passes.te.fusion import format_fused
 from tcc.passes.te.im2col import CHOICES as CONV_CHOICES
 from tcc.passes.te.specialize import specialize
@@ -252,7 +253,7 @@ class Op:
 
     def __init__(self, te: OpTE, ast: OpDef, backend: Backend, target: Target, options: dict[str, Any],
                  schedule: Schedule | None = None, tune: bool | int = False, dynamic: DynamicSpec = STATIC):
-        self.te = te
+        self.te = check_fp8(te, target)  # refused at compile time where the target has no 8-bit floats
         self.dynamic = dynamic
         self.dynamic_symbols = requested(dynamic, te)  # given by dynamic=; the automatic policy adds to them
         self._seen: dict[str, set[int | float]] = {}  # the automatic policy: values per symbol (up to two)

@@ -269,7 +269,8 @@ def test_benchmark_shapes_compile_for_cuda(name, T, bindings):
     op = tcc.compile(ATTENTION + CAUSAL, target="cuda", arch="sm_90")[name].bound(T=T)
     lowered = op.lowered(bindings)
     assert lowered.te.streams
-    nvrtc.compile_cubin(cuda_c.generate(lowered.scheduled, op.target).source, "sm_90")
+    program = cuda_c.generate(lowered.scheduled, op.target)
+    nvrtc.compile_cubin(program.source, "sm_90a" if program.arch_specific else "sm_90")
 
 
 def test_attention_with_its_log_sum_exp(rng):
@@ -366,21 +367,23 @@ def half_bindings(name: str, S: int, L: int, D: int) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("name", [*sorted(HALF_VARIANTS), "attention", "causal_attention"])
-@pytest.mark.parametrize("T,D", [("f16", 64), ("bf16", 128)])
-def test_half_attention_takes_the_matrix_units(name, T, D):
-    """16-bit attention with widened products, in every variant, is one FlashAttention kernel on
-    sm_90 (the matrix stream, 16-byte copies) with the one-score-at-a-time kernel as its fallback
-    for unaligned pointers; the CUDA C compiles. (Its answers: tests/test_attention_gpu.py.)"""
+@pytest.mark.parametrize("T,D,arch", [("f16", 64, "sm_90"), ("bf16", 128, "sm_90"), ("bf16", 64, "sm_80"),
+                                      ("f16", 128, "sm_80")])
+def test_half_attention_takes_the_matrix_units(name, T, D, arch):
+    """16-bit attention with widened products, in every variant, is one FlashAttention kernel
+    (warpgroup MMA on sm_90, mma.sync on sm_80) in two variants (16-byte aligned operands or
+    not, the launcher picks) and nothing else; the CUDA C compiles. (Its answers:
+    tests/test_attention_gpu.py.)"""
     pytest.importorskip("cuda.bindings.nvrtc")
     source = ATTENTION + CAUSAL if name in ("attention", "causal_attention") else half_variant(name)
-    op = tcc.compile(source, target="cuda", arch="sm_90")[name].bound(T=T)
+    op = tcc.compile(source, target="cuda", arch=arch)[name].bound(T=T)
     lowered = op.lowered(half_bindings(name, 33, 70, D))
     kernels = [s for s in walk_stmts(lowered.scheduled.body) if isinstance(s, For) and s.kind == "block.x"]
-    assert any(isinstance(s, MatrixStream) for s in walk_stmts(kernels[0]))
-    assert not any(isinstance(s, MatrixStream) for s in walk_stmts(kernels[1]))
-    text = cuda_c.generate(lowered.scheduled, op.target).source
-    assert "tcc_flash<" in text
-    nvrtc.compile_cubin(text, "sm_90")
+    assert len(kernels) == 2 and all(any(isinstance(s, MatrixStream) for s in walk_stmts(k)) for k in kernels)
+    assert [dict(k.annotations).get("aligned", False) for k in kernels] == [True, False]  # then its fallback
+    program = cuda_c.generate(lowered.scheduled, op.target)
+    assert ("tcc_flash_wg<" if arch == "sm_90" else "tcc_flash<") in program.source
+    nvrtc.compile_cubin(program.source, arch + ("a" if program.arch_specific else ""))
 
 
 def test_no_matrix_units_below_sm80_or_for_odd_depths():
@@ -390,3 +393,30 @@ def test_no_matrix_units_below_sm80_or_for_odd_depths():
         op = tcc.compile(ATTENTION, target="cuda", arch=arch).attention.bound(T="f16")
         lowered = op.lowered({"B": 1, "H": 2, "S": 33, "L": 40, "D": D})
         assert not any(isinstance(s, MatrixStream) for s in walk_stmts(lowered.scheduled.body))
+
+
+@pytest.mark.parametrize("name,bindings,splits", [
+    ("attention", {"B": 8, "H": 16, "S": 1, "L": 8192, "D": 128}, 2),  # decoding: 128 blocks for 132 SMs
+    ("lse", {"B": 2, "S": 7, "L": 1000, "D": 128}, 3),
+    ("attention", {"B": 8, "H": 16, "S": 2048, "L": 2048, "D": 128}, 1),  # 4096 blocks: no split
+])
+def test_decoding_splits_the_keys(name, bindings, splits):
+    """Too few query tiles for the machine: the keys split among blocks, partial results in
+    O(B H S) scratch, merged by the nests after the kernel (one for the elements, one for the
+    rows' own stores); the merged program compiles."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    source = ATTENTION if name == "attention" else half_variant(name)
+    op = tcc.compile(source, target="cuda", arch="sm_90")[name].bound(T="bf16")
+    lowered = op.lowered(bindings)
+    scratch = [b for b in lowered.scheduled.buffers().values() if b.name.startswith("flash_partial")]
+    kernels = [s for s in walk_stmts(lowered.scheduled.body) if isinstance(s, For) and s.kind == "block.x"]
+    if splits == 1:
+        assert not scratch and len(kernels) == 2
+        return
+    (partial,) = scratch
+    queries = math.prod(lowered.te.tensors["Q"].concrete_shape())
+    assert partial.shape[1] == splits and math.prod(partial.shape) < 4 * queries  # O(B H S D), never S x L
+    (stream,) = [s for s in walk_stmts(kernels[0]) if isinstance(s, MatrixStream)]
+    assert stream.key_begin is not None
+    program = cuda_c.generate(lowered.scheduled, op.target)
+    nvrtc.compile_cubin(program.source, "sm_90a")

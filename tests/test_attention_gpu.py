@@ -10,6 +10,8 @@ from test_attention import ATTENTION, CAUSAL, HALF_VARIANTS, VARIANTS, XENT, hal
 
 import tcc
 from tcc.errors import TccError
+from tcc.ir.loops import MatrixStream, walk_stmts
+from tcc.target import CudaTarget
 from tcc.testing import assert_matches, random_args, reference_results
 
 pytestmark = pytest.mark.cuda
@@ -94,9 +96,9 @@ def test_half_variants_on_the_matrix_units(rng, name, T, D, S, L):
     _check(op, bindings, args)
 
 
-def test_unaligned_attention_runs_the_fallback(rng):
+def test_unaligned_attention(rng):
     """Q starting 2 bytes into its storage cannot take 16-byte copies: the launcher runs the
-    one-score-at-a-time kernel instead, with the same answer."""
+    kernel's other variant, which copies two bytes at a time, with the same answer."""
     torch = pytest.importorskip("torch")
     op = tcc.compile(ATTENTION, target="cuda").attention.bound(T="f16")
     shape = (1, 2, 33, 64)
@@ -106,3 +108,16 @@ def test_unaligned_attention_runs_the_fallback(rng):
     bindings = {"B": 1, "H": 2, "S": 33, "L": 33, "D": 64}
     (expected,) = reference_results(op.te, [t.cpu().numpy() for t in (q, k, v)] + [np.float32(0.125)], bindings)
     assert_matches(got, expected, op.te.tensors["O"].dtype, "O")
+
+
+@pytest.mark.parametrize("T,D,causal", [("f16", 64, True), ("bf16", 128, False), ("f16", 128, True)])
+def test_mma_sync_attention_on_the_device(rng, monkeypatch, T, D, causal):
+    """The warp-level kernel (what GPUs before sm_90 run) on this GPU: its schedule chosen as if
+    the target had no warpgroup MMA."""
+    monkeypatch.setattr(CudaTarget, "warpgroup_mma", property(lambda self: False))
+    lib = tcc.compile(ATTENTION + CAUSAL, target="cuda")
+    op = (lib.causal_attention if causal else lib.attention).bound(T=T)
+    bindings = {"B": 2, "H": 3, "S": 1000, "D": D} | ({} if causal else {"L": 333})
+    streams = [s for s in walk_stmts(op.lowered(bindings).scheduled.body) if isinstance(s, MatrixStream)]
+    assert streams and not any(s.warpgroups for s in streams)
+    _check(op, bindings, random_args(op.te, bindings, rng))

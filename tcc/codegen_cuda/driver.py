@@ -293,7 +293,7 @@ def synchronize(stream: int, what: str) -> None:
 
 _CTYPES = {"p": ctypes.c_uint64, "f16": ctypes.c_float, "bf16": ctypes.c_float, "f32": ctypes.c_float,
            "f64": ctypes.c_double, "i8": ctypes.c_int8, "i32": ctypes.c_int32, "i64": ctypes.c_int64,
-           "bool": ctypes.c_bool}
+           "bool": ctypes.c_bool, "f8e4m3": ctypes.c_float, "f8e5m2": ctypes.c_float}
 
 
 class Launcher:
@@ -348,7 +348,7 @@ def launch_error(op: str, kernel: str, grid: int, block: int, err: int) -> TccRu
 
 # a kernel parameter's code -> its format in a memoryview of the argument block (8 bytes a slot)
 _FORMATS = {"p": "Q", "f16": "f", "bf16": "f", "f32": "f", "f64": "d", "i8": "b", "i32": "i", "i64": "q",
-            "bool": "?"}
+            "bool": "?", "f8e4m3": "f", "f8e5m2": "f"}
 
 
 class ArgumentBlock:

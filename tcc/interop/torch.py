@@ -46,7 +46,8 @@ from tcc.runtime.plans import CpuFastPath, CudaFastPath, CudaLaunch, same_params
 
 _TORCH_DTYPES = {dtypes.f16: torch.float16, dtypes.bf16: torch.bfloat16, dtypes.f32: torch.float32,
                  dtypes.f64: torch.float64, dtypes.i8: torch.int8, dtypes.i32: torch.int32,
-                 dtypes.i64: torch.int64, dtypes.boolean: torch.bool}
+                 dtypes.i64: torch.int64, dtypes.boolean: torch.bool, dtypes.f8e4m3: torch.float8_e4m3fn,
+                 dtypes.f8e5m2: torch.float8_e5m2}
 _LIBRARIES: dict[str, torch.library.Library] = {}  # namespace -> its fragment (kept alive: it owns the ops)
 _REGISTERED: dict[tuple[str, int], TorchOp] = {}  # (namespace, id of the tcc op) -> its torch op
 _Tensor, _Parameter = torch.Tensor, torch.nn.Parameter  # the tensor types the eager path takes (exactly)

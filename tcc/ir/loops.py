@@ -147,7 +147,7 @@ class BlockScan(Stmt):
 @dataclass(frozen=True)
 class MatrixStream(Stmt):
     """One block's tile of a stream's rows on the matrix units (FlashAttention-2's forward): for
-    the block's ``16 * warps`` query rows from ``first`` and every key, ``score`` of the row's
+    the block's ``16 * row_tiles * warps`` query rows from ``first`` and every key, ``score`` of the row's
     dot product with the key (``Q . K`` over ``depth`` columns), the keys at or past ``limit``
     scoring ``-inf``; each row's maximum ``top``, sum ``total`` of the exponentials and sums ``w``
     weighted by ``V``, then the stores ``out`` of each finished element (``row``, ``col``) and
@@ -176,8 +176,14 @@ class MatrixStream(Stmt):
     depth: int
     outer: tuple[Var, ...] = ()  # the loops around the row tiles (batch, heads): one block per point
     first: Expr | None = None  # the block's first row: set by the schedule
+    key_begin: Expr | None = None  # the block's keys (a split of them): from the first, a multiple of ``tile``,
+    key_end: Expr | None = None  # to before this one (None: all keys)
     tile: int = 64
     warps: int = 4
+    row_tiles: int = 1  # tiles of 16 rows a warp owns (each fragment of K or V feeds that many products)
+    q_registers: bool = True  # Q's fragments loaded once and kept in registers (else re-read each step)
+    warpgroups: int = 0  # > 0: that many warpgroups of 64 rows on ``wgmma`` (sm_90) instead of warps on mma.sync
+    aligned: bool = False  # Q, K and V start 16-byte aligned (the launcher checks: the kernel's aligned variant)
     shared: str = ""
 
     def children(self) -> tuple[Stmt, ...]:
@@ -346,7 +352,7 @@ def stmt_exprs(s: Stmt) -> tuple[Expr, ...]:
     if isinstance(s, BlockScan):
         return (s.identity,)
     if isinstance(s, MatrixStream):
-        return (s.q, s.k, s.v, s.score, s.limit) + (() if s.first is None else (s.first,))
+        return (s.q, s.k, s.v, s.score, s.limit) + tuple(e for e in (s.first, s.key_begin, s.key_end) if e is not None)
     return ()
 
 
@@ -429,7 +435,11 @@ def _format_stmt(s: Stmt, depth: int, out: list[str]) -> None:
         out.append(f"{pad}block_scan {s.buffer} ({s.op}, from {format_expr(s.identity)})")
     elif isinstance(s, MatrixStream):
         first = "" if s.first is None else f" from row {format_expr(s.first)}"
-        out.append(f"{pad}matrix_stream{first} ({s.warps} warps, {s.tile} keys a step, in {s.shared or '?'}): "
+        if s.key_begin is not None and s.key_end is not None:
+            first += f", keys {format_expr(s.key_begin)} to {format_expr(s.key_end)}"
+        units = (f"{s.warpgroups} warpgroups of 64 rows on wgmma" if s.warpgroups else
+                 f"{s.warps} warps of {16 * s.row_tiles} rows, Q in {'registers' if s.q_registers else 'shared'}")
+        out.append(f"{pad}matrix_stream{first} ({units}, {s.tile} keys a step, in {s.shared or '?'}): "
                    f"{s.row.name} < {s.rows}, {s.key.name} < min({s.keys}, {format_expr(s.limit)})")
         out.append(f"{pad}    {s.dot.name} = {format_expr(s.q)} . {format_expr(s.k)} over {s.depth}; "
                    f"score = {format_expr(s.score)}; weights {format_expr(s.v)}")

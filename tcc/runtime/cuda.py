@@ -417,7 +417,7 @@ def _new_device_tensor(shape: tuple[int, ...], dt: DType, kind: str, device: int
 
         torch_dt = next(k for k, v in torch_dtypes().items() if v == dt)
         return torch.empty(shape, dtype=torch_dt, device=torch.device("cuda", device))
-    if kind == "cupy" and dt.name != "bf16":
+    if kind == "cupy" and dt.has_numpy:
         import cupy
 
         with cupy.cuda.Device(device):

@@ -31,7 +31,7 @@ def merge_one_block_kernels(kernels: list[Stmt]) -> list[Stmt]:
     for i, kernel in enumerate(kernels):
         previous = out[-1] if out else None
         if (previous is not None and _mergeable(kernel) and _mergeable(previous)
-                and not aligned(kernels[i - 1]) and (i < 2 or not aligned(kernels[i - 2]))
+                and not _aligned(kernels[i - 1]) and (i < 2 or not _aligned(kernels[i - 2]))
                 and _threads(previous).extent == _threads(kernel).extent):
             out[-1] = _merge(previous, kernel)
         else:
@@ -39,8 +39,7 @@ def merge_one_block_kernels(kernels: list[Stmt]) -> list[Stmt]:
     return out
 
 
-def aligned(kernel: Stmt) -> bool:
-    """Whether ``kernel`` is an aligned variant (the kernel after it is its fallback)."""
+def _aligned(kernel: Stmt) -> bool:
     return isinstance(kernel, For) and any(key == "aligned" for key, _ in kernel.annotations)
 
 
