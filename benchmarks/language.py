@@ -1,5 +1,6 @@
 """The language's newer constructs side by side with PyTorch (eager) in one process: embedding
-lookup and its gradient (a scatter-add), label pick, dropout, RMSNorm (one generic op for f32, f16
+lookup (and the same with its ids clamped, which needs no index check: the check's cost) and its
+gradient (a scatter-add), label pick, dropout, RMSNorm (one generic op for f32, f16
 and bf16), cumsum (a scan) and a linear recurrence, on the CPU or CUDA; each also against the copy
 of its output bytes (the floor of a memory-bound op).
 
@@ -28,6 +29,9 @@ import tcc
 SOURCE = """
 op embedding(E: f32[V, D], idx: i64[N]) -> Y: f32[N, D] {
     Y[n, d] = E[idx[n], d]
+}
+op embedding_clamped(E: f32[V, D], idx: i64[N]) -> Y: f32[N, D] {
+    Y[n, d] = E[min(max(idx[n], 0), V - 1), d]
 }
 op embedding_grad[V = 1](dY: f32[N, D], idx: i64[N]) -> dE: f32[V, D] {
     dE[v, d] = 0.0
@@ -112,6 +116,9 @@ def workloads(lib: tcc.Library, device: str, rng: np.random.Generator) -> Iterat
     yield ("embedding 50000x768, 4096 ids", lambda: lib.embedding(E, idx),
            lambda: torch.nn.functional.embedding(idx, E), 4096 * 768 * 4,
            lambda: torch.equal(torch.as_tensor(lib.embedding(E, idx)), E[idx]))
+    yield ("embedding, ids clamped (no check)", lambda: lib.embedding_clamped(E, idx),  # what the check costs
+           lambda: torch.nn.functional.embedding(idx, E), 4096 * 768 * 4,
+           lambda: torch.equal(torch.as_tensor(lib.embedding_clamped(E, idx)), E[idx]))
     dY, ids = t(rng.standard_normal((4096, 768)).astype(np.float32)), t(rng.integers(0, 30000, 4096))
     zeros = torch.zeros(30000, 768, device=device)
     yield ("embedding grad 4096 ids -> 30000x768", lambda: lib.embedding_grad(dY, ids, V=30000),
