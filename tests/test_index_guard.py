@@ -52,7 +52,9 @@ def test_good_bad_good_through_the_plan(rng, n, bad):
     np.testing.assert_array_equal(op(E, idx, out=out), E[idx])  # the plan's own call
     wrong = idx.copy()
     wrong[n // 2] = bad
-    assert op.plans.run((E, wrong), {}, out) is None, "the plan refuses, having written nothing"
+    out[:] = np.nan
+    assert op.plans.run((E, wrong), {}, out) is None, "the plan refuses"
+    assert np.isnan(out).all(), "having written nothing"
     _raises_untouched(lambda: op(E, wrong, out=out), out,
                       rf"index 0 of E \(idx\[n\]\) is {bad} at n={n // 2}, outside \[0, 1000\)")
     _raises_untouched(lambda: op(E, wrong, out=out), out, f"is {bad}")  # again: the plan is still there
