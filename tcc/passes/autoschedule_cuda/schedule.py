@@ -72,9 +72,22 @@ from tcc.passes.autoschedule_cuda import (
     transpose,
     warpgroup,
 )
-from tcc.passes.autoschedule_cuda.indexing import block_size, decompose, grid, guarded, linear
+from tcc.passes.autoschedule_cuda.indexing import (
+    Size,
+    as_expr,
+    block_size,
+    ceil_div,
+    decompose,
+    exact_div,
+    grid,
+    guarded,
+    hint,
+    invariant,
+    linear,
+    product,
+    size_of,
+)
 from tcc.passes.loops.bind import top_level_nests
-from tcc.passes.simplify import evaluate_int
 from tcc.passes.trace import SILENT, Trace
 from tcc.target import CudaTarget
 
@@ -199,6 +212,8 @@ class _Names:
 
     def __init__(self, func: LoopFunc):
         taken = {p.name for p in func.params} | set(func.buffers())
+        # the dynamic shape symbols: scalar parameters an extent may read (kernel arguments)
+        self.symbols = frozenset(p.name for p in func.params if isinstance(p, Var))
         for s in walk_stmts(func.body):
             if isinstance(s, (For, Let)):
                 taken.add(s.var.name)
@@ -215,21 +230,18 @@ class _Names:
         return Var(name, I64)
 
 
-def _extent(f: For) -> int:
-    value = evaluate_int(f.extent)
-    if value is None:
-        raise TccCompileError(f"internal error: loop {f.var.name} has no constant extent for the GPU", f.span)
-    return value
-
-
 @dataclass
 class _Nest:
     axes: list[For]  # the perfectly nested spatial loops, outermost first
     body: Stmt  # what they enclose
 
     @property
-    def extents(self) -> list[int]:
-        return [_extent(f) for f in self.axes]
+    def extents(self) -> list[Size]:
+        """Each axis's extent: a constant, or an expression of the dynamic shape symbols."""
+        return [size_of(f) for f in self.axes]
+
+    def static(self) -> bool:
+        return all(isinstance(e, int) for e in self.extents)
 
 
 def _split_axes(nest: Stmt) -> _Nest:
@@ -240,14 +252,15 @@ def _split_axes(nest: Stmt) -> _Nest:
     return _Nest(axes, nest)
 
 
-def _spatial_axes(nest: Stmt) -> _Nest:
+def _spatial_axes(nest: Stmt, symbols: frozenset[str]) -> _Nest:
     """The perfectly nested loops whose iterations write disjoint elements, outermost first: the
     ones threads may share. A user's ``decompose`` leaves reduction loops perfectly nested inside
     the output loops (``Y[i] = Y[i] + ...`` under ``for i, k``); those stay serial in a thread, and
-    so does a loop whose extent moves with an outer index (a triangular reduction)."""
+    so does a loop whose extent moves with an outer index (a triangular reduction). An extent of
+    the dynamic shape ``symbols`` is the same for the whole call: its loop is shared out too."""
     axes = []
     while isinstance(nest, For) and nest.kind == "serial" and not is_sequential(nest) \
-            and evaluate_int(nest.extent) is not None and _disjoint(nest):
+            and invariant(nest.extent, symbols) and _disjoint(nest):
         axes.append(nest)
         nest = nest.body
     return _Nest(axes, nest)
@@ -255,7 +268,7 @@ def _spatial_axes(nest: Stmt) -> _Nest:
 
 def _disjoint(loop: For) -> bool:
     """Whether every store inside ``loop`` to a buffer made outside it indexes with its variable."""
-    if _extent(loop) == 1:
+    if size_of(loop) == 1:
         return True
     inner = {t.buffer.name for t in walk_stmts(loop.body) if isinstance(t, Allocate)}
     return all(any(loop.var.name in free_vars(i) for i in t.indices)
@@ -279,26 +292,26 @@ def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]]
         return stmt, "bound by the user"  # (checked by tcc.passes.loops.bind.check_kernels)
     threads = _threads(tuning, target)
     if holds_sequential(stmt):  # a recurrence: threads over its independent axes, each walking the other
-        nest = _spatial_axes(recurrence.sink_sequential(stmt))
+        nest = _spatial_axes(recurrence.sink_sequential(stmt), names.symbols)
         if (prefix := scan.match(nest.body)) is not None:  # an associative one along rows: a block scans each
             return scan.kernel(prefix, nest.axes, nest.extents, names.fresh, decompose), "block scan"
         return _flat_kernel(nest, names, threads), "recurrence"
-    nest = _spatial_axes(stmt)
-    total = math.prod(nest.extents)
+    nest = _spatial_axes(stmt, names.symbols)
+    total = product(nest.extents)
     if total == 0:
         return None, "empty: no launch"
     contraction = gemm.match(nest.axes, nest.body)
     if contraction is not None and (tiled := _contraction(contraction, nest, names, shapes, temps, target, tuning,
                                                           tf32)) is not None:
         return tiled
-    reduction = split_reduction.match(nest.body)
+    reduction = split_reduction.match(nest.body) if nest.static() else None  # (a dynamic row: the row kernel)
     if reduction is not None:
         split = split_reduction.schedule(nest.axes, nest.extents, reduction, target, names.fresh, decompose)
         if split is not None:
             temps.append(split[0])
             return split[1], "split reduction"
-    work = _row_work(nest.body, target.shared_memory_per_block)
-    if work is not None and work >= ROW_MIN_REDUCTION and work * ROW_RATIO >= total:
+    work = _row_work(nest.body, target.shared_memory_per_block, names.symbols)
+    if work is not None and work >= ROW_MIN_REDUCTION and work * ROW_RATIO >= hint(total):
         return _row_schedule(nest, names, min(threads, MAX_ROW_THREADS), work, shapes), "row"
     return _flat_schedule(nest, names, threads), "flat"
 
@@ -312,8 +325,8 @@ def _scatter_nest(stmt: Stmt, names: _Names, buffers: dict[str, Buffer], threads
                   deterministic: bool) -> tuple[Stmt | None, str]:
     """A ``+=`` nest: its iterations over threads, adding atomically, or one thread in a fixed
     order (see :mod:`.scatter`)."""
-    nest = _spatial_axes(stmt)
-    if math.prod(nest.extents) == 0:
+    nest = _spatial_axes(stmt, names.symbols)
+    if product(nest.extents) == 0:
         return None, "empty: no launch"
     if scatter.needs_serial(stmt, buffers, deterministic):
         return scatter.serial_kernel(stmt, names.fresh), "scatter in order"
@@ -416,15 +429,15 @@ VECTOR_MIN = 1024  # fewer elements: the one-element kernel alone
 def _flat_schedule(nest: _Nest, names: _Names, cap: int) -> Stmt:
     plain = _flat_kernel(nest, names, cap)
     extents = nest.extents
-    if not extents or extents[-1] % VECTOR or math.prod(extents) < VECTOR_MIN:
-        return plain
+    if not extents or exact_div(extents[-1], VECTOR) is None or hint(product(extents)) < VECTOR_MIN:
+        return plain  # (a dynamic innermost extent takes the vector kernel where declared a multiple of 4)
     return seq(_flat_vector_kernel(nest, names, cap), plain)
 
 
 def _flat_vector_kernel(nest: _Nest, names: _Names, cap: int) -> Stmt:
     """``VECTOR`` consecutive elements of the innermost axis per thread, pointers assumed aligned."""
-    extents = [*nest.extents[:-1], nest.extents[-1] // VECTOR]
-    total = math.prod(extents)
+    extents = [*nest.extents[:-1], exact_div(nest.extents[-1], VECTOR)]
+    total = product(extents)
     threads = block_size(total, cap)
     span = nest.axes[0].span
     blocks = grid(total, threads, span)
@@ -433,21 +446,21 @@ def _flat_vector_kernel(nest: _Nest, names: _Names, cap: int) -> Stmt:
     inner = Let(last.var, linear(quad, VECTOR, lane), nest.body)
     body: Stmt = For(lane, Const(VECTOR, I64), inner, "unroll", span=span)
     body = decompose([*nest.axes[:-1], replace(last, var=quad)], extents, gid, body)
-    body = guarded(gid, linear(bx, threads, tx), total, blocks * threads, body)
-    return For(bx, Const(blocks, I64), For(tx, Const(threads, I64), body, "thread.x", span=span),
+    body = guarded(gid, linear(bx, threads, tx), total, product([blocks, threads]), body)
+    return For(bx, as_expr(blocks), For(tx, Const(threads, I64), body, "thread.x", span=span),
                "block.x", annotations=(("aligned", True),), span=span)
 
 
 def _flat_kernel(nest: _Nest, names: _Names, cap: int) -> Stmt:
     extents = nest.extents
-    total = math.prod(extents)
+    total = product(extents)
     threads = block_size(total, cap)
     blocks = grid(total, threads, nest.axes[0].span if nest.axes else None)
     bx, tx, gid = names.fresh("bx"), names.fresh("tx"), names.fresh("gid")
     body = decompose(nest.axes, extents, gid, nest.body)
-    body = guarded(gid, linear(bx, threads, tx), total, blocks * threads, body)
+    body = guarded(gid, linear(bx, threads, tx), total, product([blocks, threads]), body)
     span = nest.axes[0].span if nest.axes else None
-    return For(bx, Const(blocks, I64), For(tx, Const(threads, I64), body, "thread.x", span=span),
+    return For(bx, as_expr(blocks), For(tx, Const(threads, I64), body, "thread.x", span=span),
                "block.x", span=span)
 
 
@@ -460,28 +473,30 @@ def shared_bytes(kernels: Stmt) -> int:
                 for kernel in (kernels.stmts if isinstance(kernels, Seq) else [kernels])), default=0)
 
 
-def _row_work(body: Stmt, shared_limit: int) -> int | None:
+def _row_work(body: Stmt, shared_limit: int, symbols: frozenset[str]) -> int | None:
     """The longest loop a row's threads would share, or None if the body does not fit the row form.
 
     The row form is what ``lower`` gives for a reduction (local accumulators, an initialising
     store, the reduction loops, the final store) and, after fusion, a sequence of such pieces
-    and element-wise loops over per-row arrays.
+    and element-wise loops over per-row arrays. A row's length may be a dynamic shape symbol's
+    (its :func:`hint` counted); per-row arrays must have constant sizes (shared memory).
     """
     longest = 0
     shared: list[Buffer] = []  # the per-row arrays, which go to shared memory
     for s in _row_items(body):
         if isinstance(s, Allocate):
-            if s.buffer.scope != "local":
+            if s.buffer.scope != "local" or not s.buffer.static:
                 return None
             if s.buffer.size > 1:
                 shared.append(s.buffer)
         elif isinstance(s, For):
             nest = _split_axes(s)
-            if not nest.axes or (_reduction_loop(s) is None and len(_spatial_axes(s).axes) < len(nest.axes)):
+            if not nest.axes or (_reduction_loop(s) is None
+                                 and len(_spatial_axes(s, symbols).axes) < len(nest.axes)):
                 return None  # threads striding over it would race on what its iterations share
-            if any(evaluate_int(f.extent) is None for f in nest.axes):
+            if any(not invariant(f.extent, symbols) for f in nest.axes):
                 return None  # a triangular loop (sum[k: j + 1]): each thread walks its own row's
-            longest = max(longest, math.prod(nest.extents))
+            longest = max(longest, hint(product(nest.extents)))
         elif not isinstance(s, Store):
             return None
     return longest if longest and gemm.shared_footprint(shared) <= shared_limit else None
@@ -501,7 +516,7 @@ def _row_items(body: Stmt) -> list[Stmt]:
 
 def _row_schedule(nest: _Nest, names: _Names, cap: int, work: int, shapes: dict[str, tuple[int, ...]]) -> Stmt:
     extents = nest.extents
-    total = math.prod(extents)
+    total = product(extents)
     threads = block_size(work, cap)
     span = nest.axes[0].span if nest.axes else None
     grid(total, 1, span)
@@ -511,7 +526,7 @@ def _row_schedule(nest: _Nest, names: _Names, cap: int, work: int, shapes: dict[
     body = _row_body(nest.body, threads, names, cache)
     for buf in cache.inputs.values() if cache else ():
         body = Allocate(buf, body)
-    return For(bx, Const(total, I64), decompose(nest.axes, extents, bx, body), "block.x", span=span)
+    return For(bx, as_expr(total), decompose(nest.axes, extents, bx, body), "block.x", span=span)
 
 
 def _row_body(s: Stmt, threads: int, names: _Names, cache: row_registers.RowCache | None) -> Stmt:
@@ -571,14 +586,14 @@ def _block_strided(loop: Stmt, threads: int, names: _Names, allreduce: str | Non
     With a ``cache`` the step loop is unrolled: the thread's register arrays index by it."""
     red = _split_axes(loop)
     extents = red.extents
-    length = math.prod(extents)
+    length = product(extents)
     tx, step, rid = names.fresh("tx"), names.fresh("rstep"), names.fresh("rid")
-    steps = -(-length // threads)
+    steps = ceil_div(length, threads)  # (a dynamic row: its steps computed at the call, the last guarded)
     inner = row_registers.rewrite(red.body, red.axes, step, cache) if cache else red.body
     inner = decompose(red.axes, extents, rid, inner)
-    inner = guarded(rid, linear(step, threads, tx), length, steps * threads, inner)
+    inner = guarded(rid, linear(step, threads, tx), length, product([steps, threads]), inner)
     span = red.axes[0].span
-    body: Stmt = For(step, Const(steps, I64), inner, "unroll" if cache else "serial", span=span) if steps > 1 else \
-        Let(step, Const(0, I64), inner)
+    body: Stmt = Let(step, Const(0, I64), inner) if steps == 1 else \
+        For(step, as_expr(steps), inner, "unroll" if cache else "serial", span=span)
     notes = (("allreduce", allreduce),) if allreduce else ()
     return For(tx, Const(threads, I64), body, "thread.x", annotations=notes, span=span)
