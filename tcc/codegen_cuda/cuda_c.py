@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tcc import dtypes
 from tcc.codegen_cuda.cuda_matrix import MatrixStatements
 from tcc.codegen_cuda.launch_sizes import Formula, formula
 from tcc.codegen_cuda.names import c_name
 from tcc.codegen_cuda.preamble import PREAMBLE
-from tcc import dtypes
 from tcc.dtypes import DType
 from tcc.errors import TccCompileError
 from tcc.ir.expr import Binary, Call, Cast, Const, Expr, Load, Select, Unary, Var, free_vars, walk

@@ -33,9 +33,9 @@ from tcc.cuda import Array
 from tcc.dtypes import DType
 from tcc.errors import TccArgumentError, TccCompileError, TccRuntimeError
 from tcc.ir.loops import LoopFunc
+from tcc.passes.autoschedule_cuda.indexing import MAX_GRID_X
 from tcc.passes.pipeline import cuda_schedule
 from tcc.runtime.backend import Backend
-from tcc.passes.autoschedule_cuda.indexing import MAX_GRID_X
 from tcc.runtime.binding import out_list
 from tcc.runtime.cache import pack_artifact, unpack_artifact
 from tcc.runtime.cuda_plan import SYNC, make_plan, raw_stream

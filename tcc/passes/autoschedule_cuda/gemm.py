@@ -24,9 +24,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from tcc import dtypes
+from tcc.errors import TccCompileError
 from tcc.ir.expr import Binary, Const, Expr, Load, Var, cast, free_vars, transform, walk
 from tcc.ir.loopnest import add_index, div_index, mod_index, mul_index
 from tcc.ir.loops import Allocate, Barrier, Buffer, For, If, Let, Seq, Stmt, Store, seq
+from tcc.passes.autoschedule_cuda.indexing import Size, as_expr, ceil_div, hint, product, size_of
 from tcc.target import CudaTarget
 
 I64 = dtypes.i64
@@ -65,12 +67,28 @@ class Contraction:
     y: Expr
     final: Store
 
-    def size(self, axes: list[For]) -> int:
-        return math.prod(_const(f) for f in axes)
+    @property
+    def static(self) -> bool:
+        """Whether every extent is a constant. The split-K, warpgroup and implicit-convolution
+        kernels are sized for constant shapes only (their waves, whole 128-row tiles and
+        channel layouts are chosen by the problem's size); with a dynamic M, N or batch the
+        ``mma.sync`` and FMA kernels, whose tiles mask their tails, serve every size."""
+        return all(isinstance(size_of(f), int) for f in (*self.m_axes, *self.n_axes, *self.batch_axes, *self.k_axes))
+
+    def size(self, axes: list[For]) -> Size:
+        """The elements of ``axes``: an expression where a dynamic shape symbol's extent takes part."""
+        return product([size_of(f) for f in axes])
 
 
-def _const(f: For) -> int:
-    return int(f.extent.value) if isinstance(f.extent, Const) else -1
+def _const(f: For) -> Size:
+    """A loop's extent: a constant, or an expression of the dynamic shape symbols."""
+    return size_of(f)
+
+
+def _moving(axes: list[For]) -> bool:
+    """Whether an extent of ``axes`` moves with one of their indices (a triangular nest)."""
+    names = {f.var.name for f in axes}
+    return any(free_vars(f.extent) & names for f in axes)
 
 
 def match(axes: list[For], body: Stmt) -> Contraction | None:
@@ -92,7 +110,7 @@ def match(axes: list[For], body: Stmt) -> Contraction | None:
             and isinstance(add.b, Binary) and add.b.op == "mul"):
         return None
     x, y = add.b.a, add.b.b
-    if any(_reads(e, acc) for e in (init.value, x, y)) or any(_const(f) < 0 for f in axes + k_axes):
+    if any(_reads(e, acc) for e in (init.value, x, y)) or _moving(axes + k_axes):
         return None
     in_x, in_y = free_vars(x), free_vars(y)
     m_axes = [f for f in axes if f.var.name in in_x and f.var.name not in in_y]
@@ -101,7 +119,7 @@ def match(axes: list[For], body: Stmt) -> Contraction | None:
         m_axes, n_axes, x, y = n_axes, m_axes, y, x
     batch = [f for f in axes if f not in m_axes and f not in n_axes]
     c = Contraction(m_axes, n_axes, batch, k_axes, acc, init.value, add, x, y, final)
-    if c.size(m_axes) < 2 or c.size(n_axes) < 2 or c.size(k_axes) < MIN_K:
+    if hint(c.size(m_axes)) < 2 or hint(c.size(n_axes)) < 2 or hint(c.size(k_axes)) < MIN_K:
         return None  # matrix-vector products and short reductions: one thread per output
     return c
 
@@ -122,10 +140,12 @@ def fits(tile: tuple[int, int, int]) -> bool:
     return bm % SIDE == 0 and bn % SIDE == 0 and bk * bm % THREADS == 0 and bk * bn % THREADS == 0
 
 
-def choose_tile(m: int, n: int, batch: int, tiles: tuple[tuple[int, int, int], ...] = TILES,
+def choose_tile(m: Size, n: Size, batch: Size, tiles: tuple[tuple[int, int, int], ...] = TILES,
                 sms: int = CudaTarget.sms) -> tuple[int, int, int]:
     """The largest (BM, BN, BK) of ``tiles`` that fits the problem and still fills the ``sms``
-    multiprocessors of the chip (a grid smaller than that leaves it idle)."""
+    multiprocessors of the chip (a grid smaller than that leaves it idle); a dynamic size counts
+    as its :func:`hint`."""
+    m, n, batch = hint(m), hint(n), hint(batch)
     fitting = [t for t in tiles if t[0] <= max(m, 32) and t[1] <= max(n, 32)]
     for tile in fitting:
         if batch * -(-m // tile[0]) * -(-n // tile[1]) >= sms:
@@ -183,7 +203,12 @@ class Builder:
         self.fresh = fresh
         self.target = target
         self.decompose = self._narrow(decompose) if self.narrow else decompose
-        self.m, self.n, self.k = c.size(c.m_axes), c.size(c.n_axes), c.size(c.k_axes)
+        self.m, self.n, k = c.size(c.m_axes), c.size(c.n_axes), c.size(c.k_axes)
+        if not isinstance(k, int):
+            raise TccCompileError(f"a tiled GEMM needs a constant reduction length, not {k}: its k-steps and "
+                                  "pipeline are unrolled around it (a dynamic M, N or batch is fine)", c.final.span,
+                                  "leave the reduction's shape symbol out of dynamic=")
+        self.k = k
         (self.bm, self.bn, self.bk), self.stages = self._configuration(tile, stages)
         self.double_buffered = self.stages > 1
         self.k_axes = _k_order(c.k_axes, self.bk)
@@ -227,8 +252,11 @@ class Builder:
                 Buffer(y, self.c.y.dtype, (depth, bk, bn + PAD), "shared"))
 
     def kernel(self) -> Stmt:
+        """Blocks over the tiles of every batch element; with a dynamic M or N the tile counts are
+        computed at the call, and the fills and the epilogue mask the last tiles' tails."""
         c = self.c
-        tiles_m, tiles_n = -(-self.m // self.bm), -(-self.n // self.bn)
+        tiles_m, tiles_n = ceil_div(self.m, self.bm), ceil_div(self.n, self.bn)
+        tiles = product([tiles_m, tiles_n])
         batch = c.size(c.batch_axes)
         bx, tid, tm0, tn0 = (self.fresh(s) for s in ("bx", "tx", "tm0", "tn0"))
         ty, tx = self.fresh("ty"), self.fresh("tx")
@@ -238,26 +266,26 @@ class Builder:
         body = Let(ty, row, Let(tx, col, body))
         span = c.final.span
         inner: Stmt = For(tid, Const(THREADS, I64), body, "thread.x", span=span)
-        tile = mod_index(bx, tiles_m * tiles_n)
-        group = self.group_rows if tiles_m % self.group_rows == 0 else 1
+        tile = _mod(bx, tiles)
+        group = self.group_rows if isinstance(tiles_m, int) and isinstance(tiles_n, int) \
+            and tiles_m % self.group_rows == 0 else 1
         if group > 1:  # bands of ``group`` tile rows, column by column: a wave of blocks shares operand panels in L2
             band, within = div_index(tile, group * tiles_n), mod_index(tile, group * tiles_n)
             row, col = add_index(mul_index(band, group), mod_index(within, group)), div_index(within, group)
         else:
-            row, col = div_index(tile, tiles_n), mod_index(tile, tiles_n)
+            row, col = _div(tile, tiles_n), _mod(tile, tiles_n)
         inner = Let(tm0, mul_index(row, self.bm), Let(tn0, mul_index(col, self.bn), inner))
         if c.batch_axes:
-            inner = self.decompose(c.batch_axes, [_const(f) for f in c.batch_axes],
-                                   div_index(bx, tiles_m * tiles_n), inner)
-        return For(bx, Const(batch * tiles_m * tiles_n, I64), inner, "block.x", span=span)
+            inner = self.decompose(c.batch_axes, [_const(f) for f in c.batch_axes], _div(bx, tiles), inner)
+        return For(bx, as_expr(product([batch, tiles])), inner, "block.x", span=span)
 
     def _narrow(self, decompose):
         """``decompose`` with the digits of a flat index computed in 32 bits (a 64-bit ``//`` by
         a constant costs several times a 32-bit one), then widened: the operand reads of an
         implicit-GEMM convolution take three to five digits per element and k-step."""
-        def narrowed(axes: list[For], extents: list[int], flat: Expr, body: Stmt) -> Stmt:
-            if len(axes) < 2 or math.prod(extents) >= 2**31:
-                return decompose(axes, extents, flat, body)
+        def narrowed(axes: list[For], extents: list[Size], flat: Expr, body: Stmt) -> Stmt:
+            if len(axes) < 2 or not all(isinstance(e, int) for e in extents) or math.prod(extents) >= 2**31:
+                return decompose(axes, extents, flat, body)  # (a dynamic extent's may not fit 32 bits)
             short = Var(self.fresh("n32").name, I32)
             stride = 1
             for ax, ext in reversed(list(zip(axes, extents))):
@@ -328,7 +356,7 @@ class Builder:
         y = self._fill(self.ys, self.yst, self.c.y, self.c.n_axes, self.n, tid, tn0, k0, slot)
         return seq(x[0], y[0]), seq(x[1], y[1])
 
-    def _fill(self, buf: Buffer, stage: Buffer, value: Expr, axes: list[For], size: int, tid: Var, base: Var,
+    def _fill(self, buf: Buffer, stage: Buffer, value: Expr, axes: list[For], size: Size, tid: Var, base: Var,
               k0: Expr, slot: Expr) -> tuple[Stmt, Stmt]:
         """The threads read ``value`` over a ``BK x tile`` slice into their registers ``stage``
         (zeros outside the problem), then store those to ``buf[slot]``, which is ``[BK][tile]``,
@@ -357,7 +385,7 @@ class Builder:
                 name, where = buf.name, (slot, ss, kk) if self.k_inner else (slot, kk, ss)
             target = Store(name, where, value)
             compute = self._k_digits(k0, kk, gk, self.decompose(axes, [_const(f) for f in axes], gs, target))
-            cond = _in_range([(gs, size, size % tile == 0), (gk, self.k, self.k_covered())])
+            cond = _in_range([(gs, size, _divides(tile, size)), (gk, self.k, self.k_covered())])
             guarded = compute if cond is None else If(cond, compute, Store(name, where, Const(0, stage.dtype)))
             return Let(gs, add_index(base, ss), Let(gk, add_index(k0, kk), guarded))
 
@@ -400,7 +428,7 @@ class Builder:
             body = self.result(Load(self.acct.name, (a, b), self.acct.dtype))
             body = self.decompose(c.n_axes, [_const(f) for f in c.n_axes], gn, body)
             body = self.decompose(c.m_axes, [_const(f) for f in c.m_axes], gm, body)
-            cond = _in_range([(gm, self.m, self.m % self.bm == 0), (gn, self.n, self.n % self.bn == 0)])
+            cond = _in_range([(gm, self.m, _divides(self.bm, self.m)), (gn, self.n, _divides(self.bn, self.n))])
             if cond is not None:
                 body = If(cond, body)
             row, col = add_index(tm0, _owned(ty, a, self.tm)), add_index(tn0, _owned(tx, b, self.tn))
@@ -447,11 +475,25 @@ def _k_fastest(value: Expr, axes: list[For], k_axes: list[For]) -> bool:
     return axes[-1].var.name not in last and any(k.var.name in last for k in k_axes)
 
 
-def _in_range(checks: list[tuple[Var, int, bool]]) -> Expr | None:
+def _divides(tile: int, size: Size) -> bool:
+    """Whether tiles of ``tile`` cover ``size`` exactly (never known of a dynamic size: its tail
+    is masked)."""
+    return isinstance(size, int) and size % tile == 0
+
+
+def _div(e: Expr, d: Size) -> Expr:
+    return e if d == 1 else Binary("floordiv", e, as_expr(d), I64)
+
+
+def _mod(e: Expr, d: Size) -> Expr:
+    return Const(0, I64) if d == 1 else Binary("mod", e, as_expr(d), I64)
+
+
+def _in_range(checks: list[tuple[Var, Size, bool]]) -> Expr | None:
     cond = None
     for var, size, covered in checks:
         if covered:
             continue
-        test = Binary("lt", var, Const(size, I64), dtypes.boolean)
+        test = Binary("lt", var, as_expr(size), dtypes.boolean)
         cond = test if cond is None else Binary("and", cond, test, dtypes.boolean)
     return cond

@@ -32,7 +32,6 @@ Last, consecutive kernels of one block each merge into one (:mod:`merge_kernels`
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 from tcc import dtypes

@@ -52,7 +52,7 @@ MIN_SIDE = 128  # smaller problems stay on mma.sync (a mostly empty 128-row tile
 def fits(c: gemm.Contraction, target: CudaTarget) -> bool:
     """Whether the warpgroup kernel suits ``c`` on ``target`` (the caller has checked the layout;
     the builder checks that a tile fits the target's budgets)."""
-    return target.warpgroup_mma and c.size(c.m_axes) >= MIN_SIDE and c.size(c.n_axes) >= MIN_SIDE
+    return target.warpgroup_mma and c.static and c.size(c.m_axes) >= MIN_SIDE and c.size(c.n_axes) >= MIN_SIDE
 
 
 class Builder(tensorcore.Builder):
