@@ -203,12 +203,9 @@ class Builder:
         self.fresh = fresh
         self.target = target
         self.decompose = self._narrow(decompose) if self.narrow else decompose
-        self.m, self.n, k = c.size(c.m_axes), c.size(c.n_axes), c.size(c.k_axes)
-        if not isinstance(k, int):
-            raise TccCompileError(f"a tiled GEMM needs a constant reduction length, not {k}: its k-steps and "
-                                  "pipeline are unrolled around it (a dynamic M, N or batch is fine)", c.final.span,
-                                  "leave the reduction's shape symbol out of dynamic=")
-        self.k = k
+        # sizes: a dynamic one's k-steps or tiles are counted at the call, its last one masked
+        self.m, self.n, self.k = c.size(c.m_axes), c.size(c.n_axes), c.size(c.k_axes)
+        _check_window(c)
         (self.bm, self.bn, self.bk), self.stages = self._configuration(tile, stages)
         self.double_buffered = self.stages > 1
         self.k_axes = _k_order(c.k_axes, self.bk)
@@ -327,20 +324,20 @@ class Builder:
         if not self.double_buffered:
             fill = self.fills(tid, tm0, tn0, self.k_start(mul_index(kt, self.bk)), Const(0, I64))[0]
             products = self._products(ty, tx, Const(0, I64))
-            return For(kt, Const(steps, I64), seq(fill, Barrier(), products, Barrier()))
+            return For(kt, as_expr(steps), seq(fill, Barrier(), products, Barrier()))
         first = self.fills(tid, tm0, tn0, self.k_start(Const(0, I64)), Const(0, I64))
         if steps == 1:
             return seq(*first, Barrier(), self._products(ty, tx, Const(0, I64)))
         products = self._products(ty, tx, mod_index(kt, 2))
         loads, stores = self.fills(tid, tm0, tn0, self.k_start(mul_index(add_index(kt, Const(1, I64)), self.bk)),
                                    mod_index(add_index(kt, Const(1, I64)), 2))
-        more = Binary("lt", add_index(kt, Const(1, I64)), Const(steps, I64), dtypes.boolean)
+        more = Binary("lt", add_index(kt, Const(1, I64)), as_expr(steps), dtypes.boolean)
         step = seq(If(more, loads), products, If(more, stores), Barrier())
-        return seq(*first, Barrier(), For(kt, Const(steps, I64), step))
+        return seq(*first, Barrier(), For(kt, as_expr(steps), step))
 
-    def k_steps(self) -> int:
+    def k_steps(self) -> Size:
         """The k-steps of one block: the whole reduction (a split-K block walks only its chunk)."""
-        return -(-self.k // self.bk)
+        return ceil_div(self.k, self.bk)
 
     def k_start(self, k0: Expr) -> Expr:
         """The flat reduction index where a k-step starting ``k0`` into the block's range begins."""
@@ -348,7 +345,7 @@ class Builder:
 
     def k_covered(self) -> bool:
         """Whether every k-step of every block lies wholly inside the reduction (no guard on it)."""
-        return self.k % self.bk == 0
+        return _divides(self.bk, self.k)
 
     def fills(self, tid: Var, tm0: Var, tn0: Var, k0: Expr, slot: Expr) -> tuple[Stmt, Stmt]:
         """Both operands' tiles of one k-step: (global to registers, registers to shared ``slot``)."""
@@ -400,7 +397,7 @@ class Builder:
         step's start ``k0`` (once per step, shared by all of a thread's elements) and the
         innermost one is ``k0 % E + kk`` (no division per element)."""
         extents = [_const(f) for f in self.k_axes]
-        if len(extents) > 1 and extents[-1] % self.bk == 0:
+        if len(extents) > 1 and _divides(self.bk, extents[-1]):
             inner = Let(self.k_axes[-1].var, add_index(mod_index(k0, extents[-1]), kk), body)
             return self.decompose(self.k_axes[:-1], extents[:-1], div_index(k0, extents[-1]), inner)
         return self.decompose(self.k_axes, extents, gk, body)
@@ -454,15 +451,27 @@ def _owned(t: Var, i: Var, count: int) -> Expr:
     return add_index(add_index(mul_index(div_index(i, run), SIDE * run), mul_index(t, run)), mod_index(i, run))
 
 
+def _check_window(c: Contraction) -> None:
+    """Refuse a dynamic extent on a reduction axis after the first (a convolution's window
+    ``KH``, ``KW``): every element a thread fills divides its reduction index by it at run
+    time, and NVRTC took minutes over those divisions in the unrolled fills. A dynamic batch,
+    image or channel count is fine."""
+    inner = [f for f in c.k_axes[1:] if not isinstance(size_of(f), int)]
+    if inner:
+        raise TccCompileError(f"a tiled GEMM on the GPU cannot take a dynamic extent ({inner[0].extent}) on a "
+                              "reduction axis after the first (a convolution's window)", c.final.span,
+                              "leave the window's shape symbols out of dynamic= (they stay specialised)")
+
+
 def _k_order(k_axes: list[For], bk: int) -> list[For]:
     """The reduction axes in the order a k-step walks them: the longest one whose extent BK divides
     goes innermost (a convolution's channels rather than its 3-wide window), so that a step spans
     one value of the others (see ``Builder._k_digits``). The sum is the same; only the order of
     its additions changes."""
-    fitting = [f for f in k_axes if _const(f) % bk == 0]
+    fitting = [f for f in k_axes if _divides(bk, _const(f))]
     if len(k_axes) < 2 or not fitting:
         return list(k_axes)
-    inner = max(fitting, key=_const)
+    inner = max(fitting, key=lambda f: hint(_const(f)))
     return [f for f in k_axes if f is not inner] + [inner]
 
 

@@ -33,7 +33,7 @@ from tcc.ir.expr import Binary, Cast, Const, Expr, Load, Var, cast, substitute, 
 from tcc.ir.loopnest import add_index, div_index, mod_index, mul_index
 from tcc.ir.loops import AsyncCommit, AsyncCopy, AsyncWait, Barrier, Buffer, For, If, Let, Stmt, Store, seq
 from tcc.passes.autoschedule_cuda import gemm
-from tcc.passes.autoschedule_cuda.indexing import Size, as_expr, product
+from tcc.passes.autoschedule_cuda.indexing import Size, as_expr, ceil_div, product
 from tcc.passes.loops.tensorize import tensorize
 from tcc.target import CudaTarget
 
@@ -177,16 +177,16 @@ class Builder(gemm.Builder):
         if self.fast is None:
             return super()._main_loop(tid, ty, tx, tm0, tn0)
         kt = self.fresh("kt")
-        steps = -(-self.k // self.bk)
+        steps = as_expr(ceil_div(self.k, self.bk))
         one = Const(1, I64)
         nxt = add_index(kt, one)
-        more = Binary("lt", nxt, Const(steps, I64), dtypes.boolean)
+        more = Binary("lt", nxt, steps, dtypes.boolean)
         ahead = seq(self._copies(tid, tm0, tn0, mul_index(nxt, self.bk), mod_index(nxt, self.stages)),
                     AsyncCommit(), AsyncWait(1))
         step = seq(If(more, ahead, AsyncWait(0)), Barrier(), self._products(ty, tx, mod_index(kt, self.stages)),
                    Barrier())
         zero = Const(0, I64)
-        return seq(self._copies(tid, tm0, tn0, zero, zero), AsyncCommit(), For(kt, Const(steps, I64), step))
+        return seq(self._copies(tid, tm0, tn0, zero, zero), AsyncCommit(), For(kt, steps, step))
 
     def _copies(self, tid: Var, tm0: Var, tn0: Var, k0: Expr, slot: Expr) -> Stmt:
         """16-byte copies of both operands' tiles at reduction offset ``k0`` into ``slot``."""
@@ -220,7 +220,7 @@ class Builder(gemm.Builder):
         k_extent = rows if k_rows else width
         valid = None
         for var, bound, covered in ((gr, size, gemm._divides(width if k_rows else rows, size)),
-                                    (gk, self.k, self.k % k_extent == 0)):
+                                    (gk, self.k, gemm._divides(k_extent, self.k))):
             if not covered:  # (a dynamic size is always tested: the last tile's tail)
                 test = Binary("lt", var, cast(as_expr(bound), index), dtypes.boolean)
                 valid = test if valid is None else Binary("and", valid, test, dtypes.boolean)
