@@ -199,7 +199,8 @@ class CudaKernel:
 
     def launchers(self, device: int, values: Mapping[str, Any] | None = None) -> list[driver.Launcher]:
         """The kernels' launchers on ``device``; a dynamic kernel's with the grids of a call whose
-        shape symbols have ``values``."""
+        shape symbols have ``values``, less those with no block to run (an empty dim: CUDA refuses
+        a grid of zero blocks)."""
         if not self.symbols:
             return self._loaded(device)
         key = (device, *(int(values[s]) for s in self.symbols))  # type: ignore[index]
@@ -207,8 +208,8 @@ class CudaKernel:
         if found is None:
             if len(self._sized) >= 1024:
                 self._sized.clear()
-            found = self._sized[key] = [_sized(launcher, self.meta["kernels"], values, self.name)
-                                        for launcher in self._loaded(device)]
+            sized = [_sized(launcher, self.meta["kernels"], values, self.name) for launcher in self._loaded(device)]
+            found = self._sized[key] = [launcher for launcher in sized if launcher.grid > 0]
         return found
 
     def _loaded(self, device: int) -> list[driver.Launcher]:

@@ -67,11 +67,15 @@ def exact_div(size: Size, d: int) -> Size | None:
 
 def hint(size: Size) -> int:
     """What a schedule sizes its work by: the constant, or the size with every dynamic shape
-    symbol taken as ``DYNAMIC_EXTENT`` (tails handle the rest)."""
+    symbol taken as ``DYNAMIC_EXTENT`` (tails handle the rest); at least 1 (an image's
+    ``H - KH + 1`` with both taken so is not a size)."""
     if isinstance(size, int):
         return size
+    if isinstance(size, Binary) and size.op == "mul":  # a product of dims: each its own hint
+        return hint(size.a if not isinstance(size.a, Const) else int(size.a.value)) * \
+            hint(size.b if not isinstance(size.b, Const) else int(size.b.value))
     value = evaluate_int(simplify(substitute(size, {n: Const(DYNAMIC_EXTENT, I64) for n in free_vars(size)})))
-    return DYNAMIC_EXTENT if value is None else value
+    return DYNAMIC_EXTENT if value is None else max(value, 1)
 
 
 def decompose(axes: list[For], extents: list[Size], flat: Expr, body: Stmt) -> Stmt:
