@@ -70,6 +70,9 @@ def run(func: LoopFunc, arrays: dict[str, np.ndarray], aligned: bool = True, sca
     for kernel in kernels:
         assert isinstance(kernel, For) and kernel.kind == "block.x"
         variant = any(k == "aligned" for k, _ in kernel.annotations)
+        requires = next((v for k, v in kernel.annotations if k == "requires"), None)  # (of the shape symbols)
+        if requires is not None and not _int(requires, scalars or {}):
+            continue  # its fallback, next, runs
         if skip or (variant and not aligned):
             skip = False
             continue

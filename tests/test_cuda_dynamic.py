@@ -19,13 +19,17 @@ import numpy as np
 import pytest
 
 import tcc
+from tcc import dtypes
 from tcc.codegen_cuda import driver, launch_sizes
 from tcc.errors import TccCompileError, TccRuntimeError
+from tcc.ir.expr import Binary, Const, Var
+from tcc.ir.loops import Allocate, walk_stmts
 from tcc.runtime import cuda as cuda_runtime
 from tcc.testing import assert_matches, reference_results
 
 pytest.importorskip("cuda.bindings.nvrtc")
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+I64 = dtypes.i64
 
 ELEMENTWISE = """
 op axpb(A: f32[S, N], B: f32[S, N]) -> C: f32[S, N] {
@@ -66,7 +70,7 @@ def _op(source, name: str, symbols) -> tcc.compiler.Op:
 
 
 @pytest.mark.parametrize("symbols, sizes", [
-    (("S", "N"), [(3, 70), (1, 1), (7, 33), (2, 1000)]),
+    (("S", "N"), [(3, 70), (1, 1), (7, 33), (2, 1000), (5, 64)]),  # the vector kernel where N % 4 == 0
     (("S",), [(3, 64), (1, 64), (33, 64)]),  # the innermost extent a multiple of 4: the vector kernel first
 ])
 @pytest.mark.parametrize("aligned", [True, False])
@@ -77,18 +81,31 @@ def test_elementwise(rng, symbols, sizes, aligned):
 
 
 @pytest.mark.parametrize("symbols, sizes", [
-    (("N", "C"), [(3, 100), (1, 1), (7, 33), (2, 1000)]),  # a dynamic row: its exponentials in a global row
+    # a dynamic row: up to 4096 in registers (an aligned variant), longer ones through a global row
+    (("N", "C"), [(3, 100), (1, 1), (7, 33), (2, 1000), (1, 4096), (1, 4097)]),
     (("N",), [(3, 100), (1, 100), (7, 100)]),  # a constant row: kept in registers
 ])
-def test_softmax(rng, symbols, sizes):
+@pytest.mark.parametrize("aligned", [True, False])
+def test_softmax(rng, symbols, sizes, aligned):
     op = _op(EXAMPLES / "softmax.tc", "softmax", symbols)
-    _simulate(op, symbols, [dict(N=n, C=c) for n, c in sizes], lambda rng, N, C: (_f32(rng, N, C),), rng)
+    _simulate(op, symbols, [dict(N=n, C=c) for n, c in sizes], lambda rng, N, C: (_f32(rng, N, C),), rng, aligned)
 
 
 def test_layernorm(rng):
     op = _op(EXAMPLES / "layernorm.tc", "layernorm", ("N", "D"))
-    _simulate(op, ("N", "D"), [dict(N=n, D=d) for n, d in ((3, 100), (1, 1), (7, 33), (2, 300))],
+    _simulate(op, ("N", "D"), [dict(N=n, D=d) for n, d in ((3, 100), (1, 1), (7, 33), (2, 300), (1, 4100))],
               lambda rng, N, D: (_f32(rng, N, D), _f32(rng, D), _f32(rng, D)), rng)
+
+
+def test_a_dynamic_row_keeps_its_values_in_registers_up_to_a_bound():
+    op = _op(EXAMPLES / "softmax.tc", "softmax", ("N", "C"))
+    func = op.lowered(dict(N=2, C=8), dynamic=frozenset("NC")).scheduled
+    bounded, plain = func.body.body.stmts  # (inside the global row the plain kernel uses beyond the bound)
+    assert dict(bounded.annotations)["requires"] == Binary("le", Var("C", I64), Const(4096, I64), dtypes.boolean)
+
+    def registers(kernel):  # a thread's 16 values of the row (256 threads: 4096)
+        return [s.buffer.name for s in walk_stmts(kernel) if isinstance(s, Allocate) and s.buffer.shape == (16,)]
+    assert len(registers(bounded)) == 2 and not registers(plain)  # X's row and its exponentials
 
 
 def test_matmul_every_dim(rng):
@@ -137,10 +154,14 @@ def _kernel(source, name: str, symbols, bindings) -> cuda_runtime.CudaKernel:
 def test_the_launch_plan_computes_grids_and_intermediates_at_the_call():
     kernel = _kernel(ELEMENTWISE, "axpb", ("S", "N"), dict(S=4, N=4))
     assert kernel.symbols == ["N", "S"]
-    (plain,) = kernel.meta["kernels"]  # (N not known to be a multiple of 4: no vector kernel)
+    vector, plain = kernel.meta["kernels"]  # 4 elements a thread, for calls where N is a multiple of 4
     for s, n in ((1, 1), (7, 33), (1000, 1000)):
         assert launch_sizes.evaluate(plain["grid"], dict(S=s, N=n)) == -(-s * n // plain["block"])
+        assert launch_sizes.evaluate(vector["grid"], dict(S=s, N=n)) == -(-s * (n // 4) // vector["block"])
+        assert launch_sizes.evaluate(vector["requires"], dict(S=s, N=n)) == (n % 4 == 0)
     assert {p for p, code in plain["params"] if code == "i64"} == {"S", "N"}
+    assert "__builtin_assume(((N) & 3LL) == 0);" in _op(ELEMENTWISE, "axpb", ("S", "N")).stage_text(
+        dict(S=4, N=4), "cuda")
     rows = _kernel(EXAMPLES / "softmax.tc", "softmax", ("N", "C"), dict(N=4, C=4))
     assert rows.sizes(dict(N=3, C=5)) == [("e", 60)]  # f32[N, C]
     assert rows.sizes(dict(N=0, C=5)) == [("e", 1)]  # (at least one byte)
@@ -148,11 +169,16 @@ def test_the_launch_plan_computes_grids_and_intermediates_at_the_call():
 
 def test_a_grid_over_cudas_limit_is_refused_at_the_call():
     kernel = _kernel(ELEMENTWISE, "axpb", ("S", "N"), dict(S=4, N=4))
-    launcher = driver.Launcher.__new__(driver.Launcher)  # (no GPU here: only its name and grid are read)
-    launcher.name, launcher.grid, launcher.fallback = kernel.meta["kernels"][0]["name"], 0, None
-    assert cuda_runtime._sized(launcher, kernel.meta["kernels"], dict(S=7, N=33), "axpb").grid == 1
+    vector, plain = (driver.Launcher.__new__(driver.Launcher) for _ in range(2))  # (no GPU: names and grids only)
+    vector.name, vector.grid = kernel.meta["kernels"][0]["name"], 0
+    plain.name, plain.grid, plain.fallback = kernel.meta["kernels"][1]["name"], 0, None
+    vector.fallback = plain
+    sized = cuda_runtime._sized(vector, kernel.meta["kernels"], dict(S=7, N=33), "axpb")
+    assert sized.name == plain.name and sized.grid == 1  # N % 4 != 0: the one-element kernel
+    sized = cuda_runtime._sized(vector, kernel.meta["kernels"], dict(S=7, N=1024), "axpb")
+    assert sized.name == vector.name and sized.grid == 7 and sized.fallback.grid == 28
     with pytest.raises(TccRuntimeError, match=r"blocks for N=1048576, S=1048576, over CUDA's grid limit"):
-        cuda_runtime._sized(launcher, kernel.meta["kernels"], dict(S=1 << 20, N=1 << 20), "axpb")
+        cuda_runtime._sized(plain, kernel.meta["kernels"], dict(S=1 << 20, N=1 << 20), "axpb")
 
 
 def test_the_automatic_policy_third_value_compiles_nothing(fresh_cache):

@@ -70,6 +70,7 @@ class KernelInfo:
     params: list[tuple[str, str]]  # (parameter name in the LoopFunc, ctype code: "p" pointer or a dtype)
     aligned: bool = False  # launch only when every pointer is 16-byte aligned; else the next kernel
     shared: int = 0  # bytes of dynamic shared memory
+    requires: Formula | None = None  # (aligned) launch only when this condition of the symbols is 1
 
 
 @dataclass
@@ -229,12 +230,25 @@ class _Kernel(MatrixStatements):
                          "    unsigned char* const tcc_shared = tcc_shared_raw + "
                          "((1024u - (tcc_smem(tcc_shared_raw) & 1023u)) & 1023u);"]
         head = f'extern "C" __global__ void __launch_bounds__({self.block}) {self.name}({", ".join(decls)}) {{'
+        requires = next((v for k, v in self.root.annotations if k == "requires"), None)
+        if requires is not None:  # what the launcher checks, the compiler may assume (a stride's alignment)
+            prologue.append(f"    __builtin_assume({self._assumed(requires)});")
         self.lines = [head, *prologue]
         self._stmt(self.root, 1)
         self.lines.append("}")
         info = KernelInfo(self.name, formula(self.root.extent), self.block, params, aligned,
-                          shared + 1024 if shared else 0)
+                          shared + 1024 if shared else 0, formula(requires) if requires is not None else None)
         return info, "\n".join(self.lines)
+
+    def _assumed(self, cond: Expr) -> str:
+        """C of a kernel's ``requires`` condition: ``E % 2^k == 0`` as a mask, which the compiler
+        reads as E's low bits (the alignment of the rows it strides by)."""
+        if isinstance(cond, Binary) and cond.op == "eq" and isinstance(cond.a, Binary) and cond.a.op == "mod" \
+                and isinstance(cond.a.b, Const) and isinstance(cond.b, Const) and cond.b.value == 0:
+            d = int(cond.a.b.value)
+            if d > 0 and d & (d - 1) == 0:
+                return f"(({self._expr(cond.a.a)}) & {d - 1}LL) == 0"
+        return self._expr(cond)
 
     def _place_shared(self) -> int:
         """Dynamic shared memory for the kernel's shared buffers when they need more than the

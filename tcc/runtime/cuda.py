@@ -123,7 +123,7 @@ def build(func: LoopFunc, target: CudaTarget | None = None) -> bytes:
     module_of = {k: m for m, (_, kernels) in enumerate(units) for k in kernels}
     meta = {"arch": arch, "temps": program.temps, "modules": [len(c) for c in cubins],
             "kernels": [{"name": k.name, "grid": k.grid, "block": k.block, "params": k.params,
-                         "aligned": k.aligned, "shared": k.shared, "module": module_of[i]}
+                         "aligned": k.aligned, "shared": k.shared, "module": module_of[i], "requires": k.requires}
                         for i, k in enumerate(program.kernels)]}
     return pack_artifact(_MAGIC, meta, b"".join(cubins))
 
@@ -156,7 +156,8 @@ class CudaKernel:
         self.temps: list[tuple[str, launch_sizes.Formula]] = [(n, b) for n, b in self.meta["temps"]]
         # the symbols its launch sizes read: none for a kernel specialised on every shape
         self.symbols = sorted(set().union(*(launch_sizes.symbols(f) for f in (
-            *(b for _, b in self.temps), *(k["grid"] for k in self.meta["kernels"])))))
+            *(b for _, b in self.temps), *(k["grid"] for k in self.meta["kernels"]),
+            *(k["requires"] for k in self.meta["kernels"] if k.get("requires") is not None)))))
         self._launchers: dict[int, list[driver.Launcher]] = {}
         self._sized: dict[tuple, list[driver.Launcher]] = {}  # (device, symbol values) -> launchers
         # (device, stream) -> (the temps it was made for, their pointers): intermediates allocated
@@ -230,8 +231,12 @@ class CudaKernel:
 
 def _sized(launcher: driver.Launcher, kernels: list[dict[str, Any]], values: Mapping[str, Any],
            op: str) -> driver.Launcher:
-    """A copy of ``launcher`` (and of its fallback) with the grid of its formula for ``values``."""
-    formula = next(k["grid"] for k in kernels if k["name"] == launcher.name)
+    """A copy of ``launcher`` (and of its fallback) with the grid of its formula for ``values``; an
+    aligned variant whose ``requires`` fails for ``values`` gives way to its fallback."""
+    meta = next(k for k in kernels if k["name"] == launcher.name)
+    if meta.get("requires") is not None and not launch_sizes.evaluate(meta["requires"], values):
+        return _sized(launcher.fallback, kernels, values, op)  # type: ignore[arg-type]
+    formula = meta["grid"]
     blocks = launch_sizes.evaluate(formula, values)
     if blocks > MAX_GRID_X:
         shown = ", ".join(f"{n}={values[n]}" for n in sorted(launch_sizes.symbols(formula)))

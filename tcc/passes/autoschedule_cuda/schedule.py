@@ -36,12 +36,11 @@ from dataclasses import dataclass, replace
 
 from tcc import dtypes
 from tcc.errors import TccCompileError, TccScheduleError
-from tcc.ir.expr import Binary, Const, Expr, Load, Var, free_vars, walk
+from tcc.ir.expr import Binary, Const, Expr, Load, walk
 from tcc.ir.loopnest import stores
 from tcc.ir.loops import (
     DETERMINISTIC,
     Allocate,
-    Barrier,
     Buffer,
     For,
     Let,
@@ -50,7 +49,6 @@ from tcc.ir.loops import (
     Stmt,
     Store,
     holds_sequential,
-    is_sequential,
     seq,
     stmt_exprs,
     walk_stmts,
@@ -62,7 +60,7 @@ from tcc.passes.autoschedule_cuda import (
     implicit_conv,
     merge_kernels,
     recurrence,
-    row_registers,
+    rows,
     scan,
     scatter,
     split_k,
@@ -75,17 +73,15 @@ from tcc.passes.autoschedule_cuda.indexing import (
     Size,
     as_expr,
     block_size,
-    ceil_div,
     decompose,
     exact_div,
     grid,
     guarded,
     hint,
-    invariant,
     linear,
     product,
-    size_of,
 )
+from tcc.passes.autoschedule_cuda.nests import Names, Nest, spatial_axes
 from tcc.passes.loops.bind import top_level_nests
 from tcc.passes.trace import SILENT, Trace
 from tcc.target import CudaTarget
@@ -126,7 +122,7 @@ def schedule_cuda(func: LoopFunc, target: CudaTarget, tuning: CudaTuning = CudaT
     tuner may vary)."""
     temps, private, body = _peel_allocates(func.body)
     body = _sink_private(body, private)
-    names = _Names(func)
+    names = Names(func)
     shapes = {name: buf.shape for name, buf in func.buffers().items()}
     nests = epilogue.fuse(top_level_nests(body), temps)  # element-wise consumers of a reduction join its final store
     kernels: list[Stmt] = []
@@ -206,78 +202,11 @@ def _uses_directly(s: Stmt, name: str) -> bool:
     return any(isinstance(n, Load) and n.buffer == name for e in stmt_exprs(s) for n in walk(e))
 
 
-class _Names:
-    """Fresh variable names that clash with nothing in the function."""
-
-    def __init__(self, func: LoopFunc):
-        taken = {p.name for p in func.params} | set(func.buffers())
-        # the dynamic shape symbols: scalar parameters an extent may read (kernel arguments)
-        self.symbols = frozenset(p.name for p in func.params if isinstance(p, Var))
-        for s in walk_stmts(func.body):
-            if isinstance(s, (For, Let)):
-                taken.add(s.var.name)
-            for e in stmt_exprs(s):
-                taken.update(n.name for n in walk(e) if isinstance(n, Var))
-        self.taken = taken
-
-    def fresh(self, base: str) -> Var:
-        name, i = base, 0
-        while name in self.taken:
-            i += 1
-            name = f"{base}{i}"
-        self.taken.add(name)
-        return Var(name, I64)
-
-
-@dataclass
-class _Nest:
-    axes: list[For]  # the perfectly nested spatial loops, outermost first
-    body: Stmt  # what they enclose
-
-    @property
-    def extents(self) -> list[Size]:
-        """Each axis's extent: a constant, or an expression of the dynamic shape symbols."""
-        return [size_of(f) for f in self.axes]
-
-    def static(self) -> bool:
-        return all(isinstance(e, int) for e in self.extents)
-
-
-def _split_axes(nest: Stmt) -> _Nest:
-    axes = []
-    while isinstance(nest, For) and nest.kind == "serial":
-        axes.append(nest)
-        nest = nest.body
-    return _Nest(axes, nest)
-
-
-def _spatial_axes(nest: Stmt, symbols: frozenset[str]) -> _Nest:
-    """The perfectly nested loops whose iterations write disjoint elements, outermost first: the
-    ones threads may share. A user's ``decompose`` leaves reduction loops perfectly nested inside
-    the output loops (``Y[i] = Y[i] + ...`` under ``for i, k``); those stay serial in a thread, and
-    so does a loop whose extent moves with an outer index (a triangular reduction). An extent of
-    the dynamic shape ``symbols`` is the same for the whole call: its loop is shared out too."""
-    axes = []
-    while isinstance(nest, For) and nest.kind == "serial" and not is_sequential(nest) \
-            and invariant(nest.extent, symbols) and _disjoint(nest):
-        axes.append(nest)
-        nest = nest.body
-    return _Nest(axes, nest)
-
-
-def _disjoint(loop: For) -> bool:
-    """Whether every store inside ``loop`` to a buffer made outside it indexes with its variable."""
-    if size_of(loop) == 1:
-        return True
-    inner = {t.buffer.name for t in walk_stmts(loop.body) if isinstance(t, Allocate)}
-    return all(any(loop.var.name in free_vars(i) for i in t.indices)
-               for t in walk_stmts(loop.body) if isinstance(t, Store) and t.buffer not in inner)
-
-
-def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]], temps: list,
+def _schedule_nest(stmt: Stmt, names: Names, shapes: dict[str, tuple[int, ...]], temps: list,
                    target: CudaTarget, tuning: CudaTuning, tf32: bool) -> tuple[Stmt | None, str]:
     """The kernels of one nest and which schedule made them; global intermediates they need are
     appended to ``temps``."""
+    unhoisted = stmt  # (a dynamic row's registers variant keeps its per-row arrays: rows.bounded_row)
     inner = next((s for s in walk_stmts(stmt) if isinstance(s, Allocate) and s.buffer.scope == "global"), None)
     if inner is not None:  # a per-row intermediate too large for the stack: a global row per iteration
         hoisted = hoist_rows.hoist(stmt, temps)
@@ -291,11 +220,11 @@ def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]]
         return stmt, "bound by the user"  # (checked by tcc.passes.loops.bind.check_kernels)
     threads = _threads(tuning, target)
     if holds_sequential(stmt):  # a recurrence: threads over its independent axes, each walking the other
-        nest = _spatial_axes(recurrence.sink_sequential(stmt), names.symbols)
+        nest = spatial_axes(recurrence.sink_sequential(stmt), names.symbols)
         if (prefix := scan.match(nest.body)) is not None:  # an associative one along rows: a block scans each
             return scan.kernel(prefix, nest.axes, nest.extents, names.fresh, decompose), "block scan"
         return _flat_kernel(nest, names, threads), "recurrence"
-    nest = _spatial_axes(stmt, names.symbols)
+    nest = spatial_axes(stmt, names.symbols)
     total = product(nest.extents)
     if total == 0:
         return None, "empty: no launch"
@@ -309,9 +238,13 @@ def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]]
         if split is not None:
             temps.append(split[0])
             return split[1], "split reduction"
-    work = _row_work(nest.body, target.shared_memory_per_block, names.symbols)
+    work = rows.row_work(nest.body, target.shared_memory_per_block, names.symbols)
     if work is not None and work >= ROW_MIN_REDUCTION and work * ROW_RATIO >= hint(total):
-        return _row_schedule(nest, names, min(threads, MAX_ROW_THREADS), work, shapes), "row"
+        cap = min(threads, MAX_ROW_THREADS)
+        kernel = rows.row_schedule(nest, names, cap, work, shapes)
+        bounded = rows.bounded_row(spatial_axes(unhoisted, names.symbols), names, cap, shapes,
+                                   target.shared_memory_per_block, names.symbols)
+        return (kernel if bounded is None else seq(bounded, kernel)), "row"
     return _flat_schedule(nest, names, threads), "flat"
 
 
@@ -320,11 +253,11 @@ def _threads(tuning: CudaTuning, target: CudaTarget) -> int:
     return min(32 * tuning.warps, target.max_threads_per_block)
 
 
-def _scatter_nest(stmt: Stmt, names: _Names, buffers: dict[str, Buffer], threads: int,
+def _scatter_nest(stmt: Stmt, names: Names, buffers: dict[str, Buffer], threads: int,
                   deterministic: bool) -> tuple[Stmt | None, str]:
     """A ``+=`` nest: its iterations over threads, adding atomically, or one thread in a fixed
     order (see :mod:`.scatter`)."""
-    nest = _spatial_axes(stmt, names.symbols)
+    nest = spatial_axes(stmt, names.symbols)
     if product(nest.extents) == 0:
         return None, "empty: no launch"
     if scatter.needs_serial(stmt, buffers, deterministic):
@@ -332,7 +265,7 @@ def _scatter_nest(stmt: Stmt, names: _Names, buffers: dict[str, Buffer], threads
     return _flat_kernel(nest, names, threads), "scatter atomic"
 
 
-def _contraction(c: gemm.Contraction, nest: _Nest, names: _Names, shapes: dict[str, tuple[int, ...]], temps: list,
+def _contraction(c: gemm.Contraction, nest: Nest, names: Names, shapes: dict[str, tuple[int, ...]], temps: list,
                  target: CudaTarget, tuning: CudaTuning, tf32: bool) -> tuple[Stmt, str] | None:
     """A contraction's tiled kernels within the target's budgets: the fastest kind that fits
     (:func:`_contraction_kernels`), else the FMA GEMM in the largest tile that fits, else None
@@ -349,7 +282,7 @@ def _contraction(c: gemm.Contraction, nest: _Nest, names: _Names, shapes: dict[s
     return None if fma is None else (fma.kernel(), "gemm")
 
 
-def _contraction_kernels(c: gemm.Contraction, nest: _Nest, names: _Names, shapes: dict[str, tuple[int, ...]],
+def _contraction_kernels(c: gemm.Contraction, nest: Nest, names: Names, shapes: dict[str, tuple[int, ...]],
                          temps: list, target: CudaTarget, tuning: CudaTuning, tf32: bool) -> tuple[Stmt, str]:
     """A contraction's tiled kernel: on tensor cores where its operands are 16-bit floats widened
     to f32, or f32 with ``tf32`` (two kernels where an aligned copy-engine variant exists: it comes
@@ -385,7 +318,7 @@ def _contraction_kernels(c: gemm.Contraction, nest: _Nest, names: _Names, shapes
     return seq(fast_kernel, staged), "tensor-core gemm"
 
 
-def _split_k_kernels(c: gemm.Contraction, nest: _Nest, split: split_k.Plan, names: _Names, temps: list,
+def _split_k_kernels(c: gemm.Contraction, nest: Nest, split: split_k.Plan, names: Names, temps: list,
                      target: CudaTarget, tuning: CudaTuning) -> Stmt:
     """The tiled GEMM over chunks of the reduction into a partials intermediate, then the flat
     schedule's kernel that adds them up and runs the epilogue."""
@@ -393,10 +326,10 @@ def _split_k_kernels(c: gemm.Contraction, nest: _Nest, split: split_k.Plan, name
     temps.append(partial)
     tiles = split_k.Builder(c, names.fresh, decompose, split, nest.axes, partial, target, tuning.stages).kernel()
     combine = split_k.combine(c, nest.axes, split, partial, names.fresh)
-    return seq(tiles, _flat_schedule(_Nest(nest.axes, combine), names, _threads(tuning, target)))
+    return seq(tiles, _flat_schedule(Nest(nest.axes, combine), names, _threads(tuning, target)))
 
 
-def _tf32_copy_engine(c: gemm.Contraction, values: tuple[Expr, Expr], names: _Names,
+def _tf32_copy_engine(c: gemm.Contraction, values: tuple[Expr, Expr], names: Names,
                       shapes: dict[str, tuple[int, ...]], temps: list, target: CudaTarget) -> list[Stmt]:
     """The TF32 warpgroup GEMM on ``cp.async`` copies (an aligned variant), preceded by the
     transpose of a ``B[k, n]`` operand into a K-major intermediate (:mod:`.transpose`); nothing
@@ -423,19 +356,33 @@ def _tf32_copy_engine(c: gemm.Contraction, values: tuple[Expr, Expr], names: _Na
 
 VECTOR = 4  # elements per thread in the aligned flat kernel
 VECTOR_MIN = 1024  # fewer elements: the one-element kernel alone
+# an aligned variant's annotation: a condition of the dynamic shape symbols that must hold for it to
+# run (else its fallback runs; codegen also lets the compiler assume it)
+REQUIRES = "requires"
 
 
-def _flat_schedule(nest: _Nest, names: _Names, cap: int) -> Stmt:
+def _flat_schedule(nest: Nest, names: Names, cap: int) -> Stmt:
+    """One thread per element; first, where the innermost extent is a multiple of ``VECTOR``, the
+    aligned variant with ``VECTOR`` elements a thread. A dynamic innermost extent not declared a
+    multiple gets it too, run only for calls where it is one (annotation ``requires``)."""
     plain = _flat_kernel(nest, names, cap)
     extents = nest.extents
-    if not extents or exact_div(extents[-1], VECTOR) is None or hint(product(extents)) < VECTOR_MIN:
-        return plain  # (a dynamic innermost extent takes the vector kernel where declared a multiple of 4)
-    return seq(_flat_vector_kernel(nest, names, cap), plain)
+    if not extents or hint(product(extents)) < VECTOR_MIN:
+        return plain
+    whole, requires = exact_div(extents[-1], VECTOR), None
+    if whole is None and not isinstance(extents[-1], int):
+        last = extents[-1]
+        whole = Binary("floordiv", last, Const(VECTOR, I64), I64)
+        requires = Binary("eq", Binary("mod", last, Const(VECTOR, I64), I64), Const(0, I64), dtypes.boolean)
+    if whole is None:
+        return plain
+    return seq(_flat_vector_kernel(nest, names, cap, whole, requires), plain)
 
 
-def _flat_vector_kernel(nest: _Nest, names: _Names, cap: int) -> Stmt:
-    """``VECTOR`` consecutive elements of the innermost axis per thread, pointers assumed aligned."""
-    extents = [*nest.extents[:-1], exact_div(nest.extents[-1], VECTOR)]
+def _flat_vector_kernel(nest: Nest, names: Names, cap: int, whole: Size, requires: Expr | None) -> Stmt:
+    """``VECTOR`` consecutive elements of the innermost axis per thread (``whole``: its extent over
+    ``VECTOR``), pointers assumed aligned, the shape symbols' ``requires`` too."""
+    extents = [*nest.extents[:-1], whole]
     total = product(extents)
     threads = block_size(total, cap)
     span = nest.axes[0].span
@@ -446,11 +393,12 @@ def _flat_vector_kernel(nest: _Nest, names: _Names, cap: int) -> Stmt:
     body: Stmt = For(lane, Const(VECTOR, I64), inner, "unroll", span=span)
     body = decompose([*nest.axes[:-1], replace(last, var=quad)], extents, gid, body)
     body = guarded(gid, linear(bx, threads, tx), total, product([blocks, threads]), body)
+    notes = (("aligned", True),) + (((REQUIRES, requires),) if requires is not None else ())
     return For(bx, as_expr(blocks), For(tx, Const(threads, I64), body, "thread.x", span=span),
-               "block.x", annotations=(("aligned", True),), span=span)
+               "block.x", annotations=notes, span=span)
 
 
-def _flat_kernel(nest: _Nest, names: _Names, cap: int) -> Stmt:
+def _flat_kernel(nest: Nest, names: Names, cap: int) -> Stmt:
     extents = nest.extents
     total = product(extents)
     threads = block_size(total, cap)
@@ -463,136 +411,10 @@ def _flat_kernel(nest: _Nest, names: _Names, cap: int) -> Stmt:
                "block.x", span=span)
 
 
-# ---------------------------------------------------------------- row: one block per output element
+# ---------------------------------------------------------------- shared memory
 
 def shared_bytes(kernels: Stmt) -> int:
     """The most shared memory one of ``kernels`` takes, counted as codegen places it when dynamic."""
     return max((gemm.shared_footprint([s.buffer for s in walk_stmts(kernel)
                                        if isinstance(s, Allocate) and s.buffer.scope == "shared"])
                 for kernel in (kernels.stmts if isinstance(kernels, Seq) else [kernels])), default=0)
-
-
-def _row_work(body: Stmt, shared_limit: int, symbols: frozenset[str]) -> int | None:
-    """The longest loop a row's threads would share, or None if the body does not fit the row form.
-
-    The row form is what ``lower`` gives for a reduction (local accumulators, an initialising
-    store, the reduction loops, the final store) and, after fusion, a sequence of such pieces
-    and element-wise loops over per-row arrays. A row's length may be a dynamic shape symbol's
-    (its :func:`hint` counted); per-row arrays must have constant sizes (shared memory).
-    """
-    longest = 0
-    shared: list[Buffer] = []  # the per-row arrays, which go to shared memory
-    for s in _row_items(body):
-        if isinstance(s, Allocate):
-            if s.buffer.scope != "local" or not s.buffer.static:
-                return None
-            if s.buffer.size > 1:
-                shared.append(s.buffer)
-        elif isinstance(s, For):
-            nest = _split_axes(s)
-            if not nest.axes or (_reduction_loop(s) is None
-                                 and len(_spatial_axes(s, symbols).axes) < len(nest.axes)):
-                return None  # threads striding over it would race on what its iterations share
-            if any(not invariant(f.extent, symbols) for f in nest.axes):
-                return None  # a triangular loop (sum[k: j + 1]): each thread walks its own row's
-            longest = max(longest, hint(product(nest.extents)))
-        elif not isinstance(s, Store):
-            return None
-    return longest if longest and gemm.shared_footprint(shared) <= shared_limit else None
-
-
-def _row_items(body: Stmt) -> list[Stmt]:
-    """The allocations, stores and loops at the top level of a row's body."""
-    out: list[Stmt] = []
-    for s in (body.stmts if isinstance(body, Seq) else (body,)):
-        if isinstance(s, Allocate):
-            out.append(s)
-            out.extend(_row_items(s.body))
-        else:
-            out.append(s)
-    return out
-
-
-def _row_schedule(nest: _Nest, names: _Names, cap: int, work: int, shapes: dict[str, tuple[int, ...]]) -> Stmt:
-    extents = nest.extents
-    total = product(extents)
-    threads = block_size(work, cap)
-    span = nest.axes[0].span if nest.axes else None
-    grid(total, 1, span)
-    bx = names.fresh("bx")
-    loops = [s for s in _row_items(nest.body) if isinstance(s, For)]
-    cache = row_registers.plan(nest.body, loops, threads, names.fresh, shapes)
-    body = _row_body(nest.body, threads, names, cache)
-    for buf in cache.inputs.values() if cache else ():
-        body = Allocate(buf, body)
-    return For(bx, as_expr(total), decompose(nest.axes, extents, bx, body), "block.x", span=span)
-
-
-def _row_body(s: Stmt, threads: int, names: _Names, cache: row_registers.RowCache | None) -> Stmt:
-    """Loops become block-strided (reductions combined across the block); per-row arrays go
-    to registers where each thread touches only its own elements (``cache``), else to shared
-    memory, with a barrier after each loop that writes one."""
-    if isinstance(s, Allocate):
-        if cache and s.buffer.name in cache.arrays:
-            return Allocate(cache.arrays[s.buffer.name], _row_body(s.body, threads, names, cache))
-        per_thread = s.buffer.size <= 1 and _each_thread_computes(s.buffer.name, s.body)
-        buf = s.buffer if per_thread else replace(s.buffer, scope="shared")
-        return Allocate(buf, _row_body(s.body, threads, names, cache))
-    if isinstance(s, Seq):
-        return seq(*(_row_body(c, threads, names, cache) for c in s.stmts))
-    if isinstance(s, For):
-        red = _reduction_loop(s)
-        looped = _block_strided(s, threads, names, f"{red[0]}:{red[1]}" if red else None, cache)
-        return looped if red else seq(looped, Barrier())
-    return s
-
-
-def _each_thread_computes(name: str, body: Stmt) -> bool:
-    """Whether every thread holds a one-element buffer's value itself: it is stored outside
-    loops, or as the accumulator of a block-wide reduction. Stored in any other loop, one
-    thread writes it for all (a row of one element: fuzzer seed 2991 on CUDA read it unset)."""
-    for f in walk_stmts(body):
-        if isinstance(f, For) and any(st.buffer == name for st in stores(f)):
-            red = _reduction_loop(f)
-            if not (red and red[0] == name):
-                return False
-    return True
-
-
-def _reduction_loop(s: Stmt) -> tuple[str, str] | None:
-    """(accumulator, combining operator) when ``s`` is a loop nest that only reduces into one
-    accumulator ``acc[0] = op(acc[0], value)`` (``value`` may come from an inner reduction into
-    an accumulator of its own, made inside the loop)."""
-    nest = _split_axes(s)
-    inner = {t.buffer.name for t in walk_stmts(nest.body) if isinstance(t, Allocate)}
-    stores = [t for t in walk_stmts(nest.body) if isinstance(t, Store) and t.buffer not in inner]
-    if len(stores) != 1:
-        return None
-    upd = stores[0]
-    value = upd.value
-    if not (isinstance(value, Binary) and value.op in ("add", "mul", "max", "min")
-            and isinstance(value.a, Load) and value.a.buffer == upd.buffer and value.a.indices == upd.indices
-            and all(isinstance(i, Const) and i.value == 0 for i in upd.indices)):
-        return None
-    if any(isinstance(n, Load) and n.buffer == upd.buffer for n in walk(value.b)):
-        return None
-    return upd.buffer, value.op
-
-
-def _block_strided(loop: Stmt, threads: int, names: _Names, allreduce: str | None,
-                   cache: row_registers.RowCache | None = None) -> Stmt:
-    """The block's threads stride over the (flattened) loop nest; a reduction then combines.
-    With a ``cache`` the step loop is unrolled: the thread's register arrays index by it."""
-    red = _split_axes(loop)
-    extents = red.extents
-    length = product(extents)
-    tx, step, rid = names.fresh("tx"), names.fresh("rstep"), names.fresh("rid")
-    steps = ceil_div(length, threads)  # (a dynamic row: its steps computed at the call, the last guarded)
-    inner = row_registers.rewrite(red.body, red.axes, step, cache) if cache else red.body
-    inner = decompose(red.axes, extents, rid, inner)
-    inner = guarded(rid, linear(step, threads, tx), length, product([steps, threads]), inner)
-    span = red.axes[0].span
-    body: Stmt = Let(step, Const(0, I64), inner) if steps == 1 else \
-        For(step, as_expr(steps), inner, "unroll" if cache else "serial", span=span)
-    notes = (("allreduce", allreduce),) if allreduce else ()
-    return For(tx, Const(threads, I64), body, "thread.x", annotations=notes, span=span)
