@@ -64,7 +64,8 @@ class Plan:
     pool: list[tuple[driver.ArgumentBlock, list[tuple[int, type, Any, memoryview, int]]]] = \
         field(default_factory=list)  # argument blocks not in use, each with its scalars' setters
     symbols: list[tuple[int, int]] = field(default_factory=list)  # (slot, value): dynamic shape symbols
-    temps: list[tuple[str, int]] | None = None  # the intermediates' sizes for this signature
+    # a dynamic kernel's intermediates' sizes for this signature (None: the kernel's own, read each call)
+    temps: list[tuple[str, int]] | None = None
 
     def __post_init__(self) -> None:
         self.spans = [(t.slot, t.nbytes) for t in self.inputs]  # for the overlap checks of out=
@@ -214,7 +215,8 @@ def make_plan(kernel: Any, op, bound, args: tuple[Any, ...], cparams: dict[str, 
     results = [(bound.result_shapes[r], inverse[op.tensors[r].dtype], slots[r]) for r in op.results]
     return Plan(kernel, driver.context(device), device, len(args), dict(cparams), inputs, scalars, outs, results,
                 [slots[n] for n, _ in kernel.temps], torch.Tensor, torch.device("cuda", device), stream_getter(),
-                torch.empty, launchers, slots, op.name, symbols=symbols, temps=kernel.sizes(bound.bindings))
+                torch.empty, launchers, slots, op.name, symbols=symbols,
+                temps=kernel.sizes(bound.bindings) if kernel.symbols else None)
 
 
 @functools.cache
