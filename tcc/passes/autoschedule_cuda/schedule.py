@@ -21,7 +21,13 @@ Three schedules, chosen per nest:
   that tells codegen to combine the local accumulator ``ACC`` across the block with the
   binary operator ``OP`` (warp shuffles, then shared memory); per-row arrays that fusion
   made local become each thread's registers (:mod:`.row_registers`) or, too large for those,
-  shared memory, with a barrier after each loop that writes them.
+  shared memory, with a barrier after each loop that writes them (:mod:`.rows`).
+
+An extent may be a dynamic shape symbol's (``tcc.compile(..., dynamic=...)``): each schedule
+counts its blocks, steps and tiles at the call (:mod:`.indexing`) and guards or masks the
+tails; an aligned variant may also require a condition of the symbols (``requires``: a
+multiple of 4, a row short enough for registers), which the launcher checks. Split-K, the
+warpgroup and implicit-convolution GEMMs and split reductions take constant shapes only.
 
 Before them an element-wise nest over a reduction's result joins the reduction's final store
 (:mod:`.epilogue`); a recurrence that is a prefix scan along rows gets a block per row
