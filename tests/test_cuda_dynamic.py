@@ -123,6 +123,15 @@ def test_tensor_core_gemm_dynamic_m(rng, aligned):
               lambda rng, M, N, K: (_f16(rng, M, K), _f16(rng, K, N)), rng, aligned)
 
 
+def test_warpgroup_gemm_dynamic_m(rng):
+    """Large enough for the H100's warpgroup kernel (128 x 256 tiles, constant K): the second row
+    tile of M = 130 is two rows, the rest masked."""
+    op = _op(HALF_MATMUL, "hmm", ("M",))
+    assert op.lowered(dict(M=256, N=256, K=64), dynamic=frozenset("M")).scheduled.attrs["kernel kinds"] == \
+        ("warpgroup gemm",)
+    _simulate(op, ("M",), [dict(M=130, N=256, K=64)], lambda rng, M, N, K: (_f16(rng, M, K), _f16(rng, K, N)), rng)
+
+
 def test_tensor_core_gemm_every_dim(rng):
     op = _op(HALF_MATMUL, "hmm", ("M", "N", "K"))
     _simulate(op, ("M", "N", "K"), [dict(M=m, N=n, K=k) for m, n, k in ((33, 7, 5), (1, 1, 1))],

@@ -69,10 +69,11 @@ class Contraction:
 
     @property
     def static(self) -> bool:
-        """Whether every extent is a constant. The split-K, warpgroup and implicit-convolution
-        kernels are sized for constant shapes only (their waves, whole 128-row tiles and
-        channel layouts are chosen by the problem's size); with a dynamic M, N or batch the
-        ``mma.sync`` and FMA kernels, whose tiles mask their tails, serve every size."""
+        """Whether every extent is a constant. The split-K, TF32 warpgroup and implicit-convolution
+        kernels are sized for constant shapes only (their waves, transposed operands and channel
+        layouts are chosen by the problem's size); with a dynamic M, N or batch the 16-bit
+        warpgroup (constant K), ``mma.sync`` and FMA kernels, whose tiles mask their tails, serve
+        every size."""
         return all(isinstance(size_of(f), int) for f in (*self.m_axes, *self.n_axes, *self.batch_axes, *self.k_axes))
 
     def size(self, axes: list[For]) -> Size:

@@ -299,7 +299,7 @@ def _contraction_kernels(c: gemm.Contraction, nest: Nest, names: Names, shapes: 
     reaches :func:`_contraction`."""
     if tf32 and (f32 := tensorcore.tf32_operands(c)) is not None:
         wide = gemm.fitting(warpgroup.StagedBuilder, c, names.fresh, decompose, f32, target) \
-            if warpgroup.fits(c, target) else None
+            if c.static and warpgroup.fits(c, target) else None  # (TF32 transposes: constant shapes)
         if wide is not None:
             staged = wide.kernel()
             fast = _tf32_copy_engine(c, f32, names, shapes, temps, target)
