@@ -5,13 +5,17 @@ its shape symbols dynamic (``dynamic=True``, or the symbols a case names: one ke
 sizes) and the one specialised for that size (``dynamic=False``) run alternately on the same
 inputs; the ratio is the specialised kernel's median time over the dynamic one's (its
 throughput relative to the specialised kernel: 1.0 is as fast, the target is >= 0.9), in
-thread CPU time with one thread (``OMP_NUM_THREADS=1`` unless set).
+thread CPU time with one thread (``OMP_NUM_THREADS=1`` unless set). With ``--target cuda`` the
+inputs are PyTorch CUDA tensors and the time is the GPU's (CUDA events around back-to-back
+calls, benchmarks/cuda_kernels.py), trials of the two kernels alternating; ``hmm_M`` (an f16
+tensor-core GEMM with a dynamic M) runs there only.
 
 Part 2: 20 calls of softmax at 20 distinct sequence lengths, from an empty disk cache, with
 ``dynamic=False``, ``dynamic=True`` and the automatic policy: kernels compiled and seconds spent
 (compile seconds depend on the machine: compare the three, not across machines).
 
     python benchmarks/dynamic.py [--sizes 1,7,33,128,1000,4096,8192] [--rounds 15] [--cases softmax,matmul]
+                                 [--target cuda]
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ sys.path.insert(0, str(ROOT))
 import tcc  # noqa: E402
 from tcc.runtime import cache  # noqa: E402
 
+HMM = """op hmm(A: f16[M, K], B: f16[K, N]) -> C: f32[M, N] {
+    C[i, j] = sum[k](f32(A[i, k]) * f32(B[k, j]))
+}"""
 AXPB = "op axpb(A: f32[S, N], B: f32[S, N]) -> C: f32[S, N] { C[i, j] = A[i, j] * 2.0 + B[i, j] }"
 SOFTMAX, LAYERNORM, MATMUL, CONV = ((ROOT / f"examples/{n}.tc").read_text()
                                     for n in ("softmax", "layernorm", "matmul", "conv2d"))
@@ -50,6 +57,8 @@ class Case:
     dynamic: bool | tuple[str, ...]  # dynamic= of the shape-generic op
     cparams: dict[str, int] = field(default_factory=dict)
     sizes: tuple[int, ...] = ()  # its own sizes (else --sizes)
+    dtype: str = "float32"  # of its inputs
+    gpu_only: bool = False
 
 
 CASES = {
@@ -63,6 +72,7 @@ CASES = {
                    (1, 2, 3, 8)),  # the batch
     "conv_HW": Case(CONV, "conv2d", lambda s: [(1, 32, s, s), (64, 32, 3, 3), (64,)], ("N", "H", "W"), {"P": 1},
                     (7, 14, 28, 56)),  # the image
+    "hmm_M": Case(HMM, "hmm", lambda s: [(s, 1024), (1024, 1024)], ("M",), dtype="float16", gpu_only=True),
 }
 
 
@@ -74,17 +84,44 @@ def _time(fn, args, calls: int) -> float:
     return (time.thread_time() - start) / calls
 
 
-def compare(name: str, sizes: list[int], rounds: int) -> None:
+def _host(x):
+    return x.cpu().numpy() if hasattr(x, "cpu") else x
+
+
+def _gpu_ratios(run_static, run_dynamic, args, rounds: int) -> list[float]:
+    """Specialised over dynamic GPU time per call, trials alternating."""
+    from cuda_kernels import gpu_ms  # (imports torch: CUDA runs only)
+
+    for fn in (run_static, run_dynamic):
+        fn(*args)
+    once = gpu_ms(lambda: run_static(*args), 1)
+    reps = max(3, min(200, int(20.0 / max(once, 1e-3))))  # ~20 ms a trial
+    return [gpu_ms(lambda: run_static(*args), reps) / gpu_ms(lambda: run_dynamic(*args), reps)
+            for _ in range(rounds)]
+
+
+def compare(name: str, sizes: list[int], rounds: int, target: str = "cpu") -> None:
     case = CASES[name]
-    dynamic = tcc.compile(case.source, dynamic=case.dynamic)[case.op]
+    if case.gpu_only and target != "cuda":
+        return
+    dynamic = tcc.compile(case.source, target=target, dynamic=case.dynamic)[case.op]
     rng = np.random.default_rng(0)
     for s in case.sizes or sizes:
-        static = tcc.compile(case.source, dynamic=False)[case.op]
-        args = [rng.standard_normal(shape).astype(np.float32) for shape in case.shapes(s)]
-        np.testing.assert_allclose(dynamic(*args, **case.cparams), static(*args, **case.cparams),
+        static = tcc.compile(case.source, target=target, dynamic=False)[case.op]
+        args = [rng.standard_normal(shape).astype(case.dtype) for shape in case.shapes(s)]
+        if target == "cuda":
+            import torch
+
+            args = [torch.from_numpy(a).cuda() for a in args]
+        np.testing.assert_allclose(_host(dynamic(*args, **case.cparams)), _host(static(*args, **case.cparams)),
                                    rtol=1e-3, atol=1e-3)
         run_static = functools.partial(static, **case.cparams)
         run_dynamic = functools.partial(dynamic, **case.cparams)
+        if target == "cuda":
+            ratios = _gpu_ratios(run_static, run_dynamic, args, rounds)
+            print(f"{name:12s} S={s:<6d} cuda dynamic/specialised throughput {statistics.median(ratios):5.2f}x "
+                  f"(min {min(ratios):.2f}, max {max(ratios):.2f})")
+            continue
         probe = _time(run_static, args, 3)
         calls = max(1, min(1000, int(0.02 / max(probe, 1e-7))))  # ~20 ms a sample
         ratios = []
@@ -97,7 +134,7 @@ def compare(name: str, sizes: list[int], rounds: int) -> None:
     print(f"{name:12s} kernels the dynamic op used: {dynamic.compiles + dynamic.loads}")
 
 
-def lengths(rounds: int) -> None:
+def lengths(rounds: int, target: str = "cpu") -> None:
     src = (ROOT / "examples/softmax.tc").read_text()
     rng = np.random.default_rng(1)
     seqs = [int(n) for n in rng.choice(np.arange(1, 2049), size=20, replace=False)]
@@ -106,12 +143,12 @@ def lengths(rounds: int) -> None:
         with tempfile.TemporaryDirectory() as empty:
             os.environ["TCC_CACHE_DIR"] = empty
             cache.MEMORY.clear()
-            op = tcc.compile(src, **option).softmax
+            op = tcc.compile(src, target=target, **option).softmax
             start = time.perf_counter()
             for n in seqs:
                 op(rng.standard_normal((n, 256)).astype(np.float32))
             spent = time.perf_counter() - start
-        print(f"20 lengths, {label:13s}: {op.compiles:2d} kernels compiled, {spent:6.2f} s for the 20 calls")
+        print(f"20 lengths, {target}, {label:13s}: {op.compiles:2d} kernels compiled, {spent:6.2f} s for the 20 calls")
 
 
 def main() -> None:
@@ -119,11 +156,12 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,7,33,128,1000,4096,8192")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--target", default="cpu", choices=("cpu", "cuda"))
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     for case in args.cases.split(","):
-        compare(case, sizes, args.rounds)
-    lengths(args.rounds)
+        compare(case, sizes, args.rounds, args.target)
+    lengths(args.rounds, args.target)
 
 
 if __name__ == "__main__":

@@ -153,12 +153,6 @@ def compile(source: str | os.PathLike, target: str | Target = "cpu", tune: bool 
         options["constant_params"] = _constant_params(options["constant_params"], ops)
     asts = {o.name: o for o in module.ops}
     check_names(spec, ops)
-    if machine.is_gpu and not spec.automatic:
-        if spec != STATIC:
-            raise TccArgumentError(f"dynamic= is for target='cpu' for now: {backend.kind} kernels specialise on "
-                                   "every shape", hint="drop dynamic= (each shape compiles its kernel once)")
-    if machine.is_gpu:
-        spec = STATIC  # (the automatic policy too: GPU kernels take no shape symbols yet)
     return Library(ops, asts, backend, machine, {**backend.defaults, **options}, schedules, tune, spec)
 
 

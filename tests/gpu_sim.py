@@ -62,20 +62,24 @@ def run(func: LoopFunc, arrays: dict[str, np.ndarray], aligned: bool = True, sca
     memory = {name: a.reshape(-1) for name, a in arrays.items()}
     buffers = {p.name: p for p in func.params if isinstance(p, Buffer)}
     body = func.body
-    while isinstance(body, Allocate):  # the function's global intermediates
+    while isinstance(body, Allocate):  # the function's global intermediates (dynamic shapes: of ``scalars``)
         buffers[body.buffer.name] = body.buffer
-        memory[body.buffer.name] = np.zeros(body.buffer.size, _NP[body.buffer.dtype.name])
+        size = math.prod(_int(d, scalars or {}) if not isinstance(d, int) else d for d in body.buffer.shape)
+        memory[body.buffer.name] = np.zeros(size, _NP[body.buffer.dtype.name])
         body = body.body
     kernels = list(body.stmts) if isinstance(body, Seq) else [body]
     skip = False
     for kernel in kernels:
         assert isinstance(kernel, For) and kernel.kind == "block.x"
         variant = any(k == "aligned" for k, _ in kernel.annotations)
+        requires = next((v for k, v in kernel.annotations if k == "requires"), None)  # (of the shape symbols)
+        if requires is not None and not _int(requires, scalars or {}):
+            continue  # its fallback, next, runs
         if skip or (variant and not aligned):
             skip = False
             continue
         skip = variant
-        for b in range(_int(kernel.extent, {})):
+        for b in range(_int(kernel.extent, scalars or {})):
             _Block(buffers, memory).run(kernel.body, {**(scalars or {}), kernel.var.name: b})
 
 
@@ -120,8 +124,8 @@ class _Eval:
         """The row-major element offset of ``ref`` (logical indices: swizzling is a layout only)."""
         shape = self.buffers[ref.buffer].shape
         flat = 0
-        for index, dim in zip(ref.indices, shape):
-            flat = flat * dim + int(self.expr(index))
+        for index, dim in zip(ref.indices, shape):  # (a dynamic dim: of the shape symbols in ``env``)
+            flat = flat * (dim if isinstance(dim, int) else int(self.expr(dim))) + int(self.expr(index))
         return flat
 
 

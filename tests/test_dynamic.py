@@ -116,11 +116,6 @@ def test_bad_dynamic_arguments():
         tcc.compile(ELEMENTWISE, dynamic=3)
 
 
-def test_cuda_refuses_dynamic():
-    with pytest.raises(tcc.TccError, match="dynamic= is for target='cpu'"):
-        tcc.compile(ELEMENTWISE, target="cuda", dynamic=True)
-
-
 def test_a_new_process_finds_the_kernel_for_any_size(fresh_cache):
     script = textwrap.dedent(f"""
         import sys, numpy as np, tcc

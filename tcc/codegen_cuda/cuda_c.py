@@ -26,11 +26,13 @@ import numpy as np
 from tcc import dtypes
 from tcc.codegen_cuda.cuda_matrix import MatrixStatements
 from tcc.codegen_cuda.flash import FLASH, FLASH_WARPGROUP
+from tcc.codegen_cuda.launch_sizes import Formula, formula
 from tcc.codegen_cuda.names import c_name
 from tcc.codegen_cuda.preamble import FP8_PREAMBLE, PREAMBLE
 from tcc.dtypes import DType, round_fp8
 from tcc.errors import TccCompileError
-from tcc.ir.expr import Binary, Call, Cast, Const, Expr, Load, Select, Unary, Var, walk
+from tcc.ir.expr import Binary, Call, Cast, Const, Expr, Load, Select, Unary, Var, free_vars, walk
+from tcc.ir.loopnest import buffer_elements
 from tcc.ir.loops import (
     GUARD_PARAM,
     GUARDED,
@@ -71,11 +73,12 @@ class KernelInfo:
     """What the runtime needs to launch one kernel."""
 
     name: str
-    grid: int
+    grid: Formula  # blocks: a number, or a formula of the dynamic shape symbols (launch_sizes)
     block: int
     params: list[tuple[str, str]]  # (parameter name in the LoopFunc, ctype code: "p" pointer or a dtype)
     aligned: bool = False  # launch only when every pointer is 16-byte aligned; else the next kernel
     shared: int = 0  # bytes of dynamic shared memory
+    requires: Formula | None = None  # (aligned) launch only when this condition of the symbols is 1
 
 
 @dataclass
@@ -84,7 +87,7 @@ class CudaProgram:
 
     source: str
     kernels: list[KernelInfo]
-    temps: list[tuple[str, int]]  # global intermediates: (name, bytes)
+    temps: list[tuple[str, Formula]]  # global intermediates: (name, bytes, a formula where dynamic)
     line_spans: dict[int, object] = field(default_factory=dict)
     arch_specific: bool = False  # uses sm_90a instructions (wgmma): compile for sm_90a, not sm_90
     kernel_texts: list[str] = field(default_factory=list)  # each kernel's C, in ``kernels``' order
@@ -133,7 +136,7 @@ def generate(func: LoopFunc, target: CudaTarget) -> CudaProgram:
     preamble = "\n".join([PREAMBLE, *helpers])  # every unit starts with it (units())
     source = "\n".join([preamble, *texts])
     specific = warpgroups or any(isinstance(s, WarpgroupMma) for s in walk_stmts(body))
-    return CudaProgram(source, kernels, [(t.name, max(1, t.size * t.dtype.itemsize)) for t in temps],
+    return CudaProgram(source, kernels, [(t.name, _bytes(t)) for t in temps],
                        arch_specific=specific, kernel_texts=texts, preamble=preamble)
 
 
@@ -147,6 +150,15 @@ def _uses_fp8(func: LoopFunc) -> bool:
         if any(n.dtype.is_fp8 for e in stmt_exprs(s) for n in walk(e)):
             return True
     return False
+
+
+def _bytes(buf: Buffer) -> Formula:
+    """A global intermediate's bytes (at least one), a formula where its shape is dynamic."""
+    if buf.static:
+        return max(1, buf.size * buf.dtype.itemsize)
+    one = Const(1, dtypes.i64)
+    return formula(Binary("max", Binary("mul", buffer_elements(buf.shape), Const(buf.dtype.itemsize, dtypes.i64),
+                                        dtypes.i64), one, dtypes.i64))
 
 
 def _peel(s: Stmt) -> tuple[list[Buffer], Stmt]:
@@ -212,6 +224,7 @@ class _Kernel(MatrixStatements):
 
     def emit(self) -> tuple[KernelInfo, str]:
         reads, writes, names = self.used
+        names = names | _shape_symbols(self.buffers, reads | writes)
         self.block = self._block_size()
         aligned = is_aligned_variant(self.root)
         params, decls, prologue = [], [], []
@@ -250,17 +263,32 @@ class _Kernel(MatrixStatements):
                          "    unsigned char* const tcc_shared = tcc_shared_raw + "
                          "((1024u - (tcc_smem(tcc_shared_raw) & 1023u)) & 1023u);"]
         head = f'extern "C" __global__ void __launch_bounds__({self.block}) {self.name}({", ".join(decls)}) {{'
+        requires = next((v for k, v in self.root.annotations if k == "requires"), None)
+        if requires is not None:  # what the launcher checks, the compiler may assume (a stride's alignment)
+            prologue.append(f"    __builtin_assume({self._assumed(requires)});")
         self.lines = [head, *prologue]
         self._stmt(self.root, 1)
         self.lines.append("}")
-        info = KernelInfo(self.name, _const_extent(self.root), self.block, params, aligned,
-                          shared + 1024 if shared else 0)
+        info = KernelInfo(self.name, formula(self.root.extent), self.block, params, aligned,
+                          shared + 1024 if shared else 0, formula(requires) if requires is not None else None)
         return info, "\n".join(self.lines)
+
+    def _assumed(self, cond: Expr) -> str:
+        """C of a kernel's ``requires`` condition: ``E % 2^k == 0`` as a mask, which the compiler
+        reads as E's low bits (the alignment of the rows it strides by)."""
+        if isinstance(cond, Binary) and cond.op == "eq" and isinstance(cond.a, Binary) and cond.a.op == "mod" \
+                and isinstance(cond.a.b, Const) and isinstance(cond.b, Const) and cond.b.value == 0:
+            d = int(cond.a.b.value)
+            if d > 0 and d & (d - 1) == 0:
+                return f"(({self._expr(cond.a.a)}) & {d - 1}LL) == 0"
+        return self._expr(cond)
 
     def _place_shared(self) -> int:
         """Dynamic shared memory for the kernel's shared buffers when they need more than the
         target's static shared memory or a swizzled layout: their offsets, and the bytes in all."""
         bufs = [s.buffer for s in walk_stmts(self.root) if isinstance(s, Allocate) and s.buffer.scope == "shared"]
+        for b in bufs:
+            _static(b)
         if not any(b.swizzle for b in bufs) and sum(b.size * b.dtype.itemsize for b in bufs) <= self.static_shared:
             return 0
         offset = 0
@@ -301,7 +329,8 @@ class _Kernel(MatrixStatements):
         var = c_name(s.var.name)
         if s.kind in ("block.x", "thread.x"):
             builtin = "blockIdx.x" if s.kind == "block.x" else "threadIdx.x"
-            self._line(depth, f"{{  // {s.var.name} in 0..{_const_extent(s)}: {s.kind}")
+            extent = _const_extent(s) if s.kind == "thread.x" else self._expr(s.extent)
+            self._line(depth, f"{{  // {s.var.name} in 0..{extent}: {s.kind}")
             self._line(depth + 1, f"const long long {var} = {builtin};")
             self._stmt(s.body, depth + 1)
             for key, value in s.annotations:
@@ -358,7 +387,7 @@ class _Kernel(MatrixStatements):
             self._line(depth, f"{ctype}* const {c_name(buf.name)} = ({ctype}*)(tcc_shared + {self.dynamic[buf.name]});")
         else:
             shared = "__shared__ __align__(16) " if buf.scope == "shared" else ""
-            self._line(depth, f"{shared}{ctype} {c_name(buf.name)}[{max(1, buf.size)}];")
+            self._line(depth, f"{shared}{ctype} {c_name(buf.name)}[{max(1, _static(buf).size)}];")
         self.buffers[buf.name] = buf
         self._stmt(s.body, depth)
 
@@ -420,8 +449,10 @@ class _Kernel(MatrixStatements):
         terms, stride = [], 1
         for idx, dim in reversed(list(zip(indices, buf.shape))):
             text = str(idx.value) if isinstance(idx, Const) else self._expr(idx)
-            terms.append(text if stride == 1 else f"{text} * {stride}")
-            stride *= dim
+            if stride != 1:  # a dynamic dim's stride is computed from the symbols (kernel arguments)
+                text = f"{text} * {stride if isinstance(stride, int) else self._expr(stride)}"
+            terms.append(text)
+            stride = buffer_elements((stride, dim))
         return " + ".join(reversed(terms)) or "0"
 
     def _expr(self, e: Expr) -> str:
@@ -589,6 +620,20 @@ def _round_bf16(v: float) -> float:
     bits = struct.unpack("<I", struct.pack("<f", v))[0]
     bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
     return struct.unpack("<f", struct.pack("<I", bits & 0xFFFFFFFF))[0]
+
+
+def _shape_symbols(buffers: dict[str, Buffer], used: set[str]) -> set[str]:
+    """The dynamic shape symbols in the dims of the ``used`` buffers: their strides read them."""
+    return {n for name in used if name in buffers for d in buffers[name].shape if not isinstance(d, int)
+            for n in free_vars(d)}
+
+
+def _static(buf: Buffer) -> Buffer:
+    """``buf``, which a kernel declares: its size must be a constant (a schedule's tile)."""
+    if not buf.static:
+        raise TccCompileError(f"internal error: {buf.scope} buffer {buf.name} has a dynamic shape {buf.shape}",
+                              hint="GPU schedules size shared and register buffers by constant tiles")
+    return buf
 
 
 def _const_extent(f: For) -> int:

@@ -12,6 +12,7 @@ arrays are involved.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import importlib
 import importlib.metadata
@@ -27,11 +28,12 @@ from typing import Any
 import numpy as np
 
 from tcc import dtypes
-from tcc.codegen_cuda import driver, nvrtc
+from tcc.codegen_cuda import driver, launch_sizes, nvrtc
 from tcc.cuda import Array
 from tcc.dtypes import DType
 from tcc.errors import TccArgumentError, TccCompileError, TccRuntimeError
 from tcc.ir.loops import GUARD_PARAM, LoopFunc
+from tcc.passes.autoschedule_cuda.indexing import MAX_GRID_X
 from tcc.passes.pipeline import cuda_schedule
 from tcc.runtime.backend import Backend
 from tcc.runtime.binding import out_list
@@ -123,7 +125,7 @@ def build(func: LoopFunc, target: CudaTarget | None = None) -> bytes:
     module_of = {k: m for m, (_, kernels) in enumerate(units) for k in kernels}
     meta = {"arch": arch, "temps": program.temps, "modules": [len(c) for c in cubins],
             "kernels": [{"name": k.name, "grid": k.grid, "block": k.block, "params": k.params,
-                         "aligned": k.aligned, "shared": k.shared, "module": module_of[i]}
+                         "aligned": k.aligned, "shared": k.shared, "module": module_of[i], "requires": k.requires}
                         for i, k in enumerate(program.kernels)]}
     return pack_artifact(_MAGIC, meta, b"".join(cubins))
 
@@ -144,13 +146,22 @@ def _parse(artifact: bytes) -> tuple[dict[str, Any], list[bytes]]:
 
 
 class CudaKernel:
-    """The kernels of one op specialisation; modules are loaded per device on first use."""
+    """The kernels of one op specialisation; modules are loaded per device on first use.
+
+    A kernel with dynamic shape symbols (``symbols``) takes their values as parameters, and its
+    grids and intermediates' sizes are formulas of them (:mod:`tcc.codegen_cuda.launch_sizes`):
+    :meth:`launchers` and :meth:`sizes` give those of one call's values."""
 
     def __init__(self, name: str, artifact: bytes):
         self.name = name
         self.meta, self.cubins = _parse(artifact)
-        self.temps: list[tuple[str, int]] = [(n, int(b)) for n, b in self.meta["temps"]]
+        self.temps: list[tuple[str, launch_sizes.Formula]] = [(n, b) for n, b in self.meta["temps"]]
+        # the symbols its launch sizes read: none for a kernel specialised on every shape
+        self.symbols = sorted(set().union(*(launch_sizes.symbols(f) for f in (
+            *(b for _, b in self.temps), *(k["grid"] for k in self.meta["kernels"]),
+            *(k["requires"] for k in self.meta["kernels"] if k.get("requires") is not None)))))
         self._launchers: dict[int, list[driver.Launcher]] = {}
+        self._sized: dict[tuple, list[driver.Launcher]] = {}  # (device, symbol values) -> launchers
         # (device, stream) -> (the temps it was made for, their pointers): intermediates allocated
         # once, reused by every call on that stream (stream order keeps calls apart)
         self._workspaces: dict[tuple[int, int], tuple[list[tuple[str, int]], list[int]]] = {}
@@ -158,14 +169,25 @@ class CudaKernel:
         self._allocating = threading.Lock()
         weakref.finalize(self, _free_workspaces, self._workspaces)
 
-    def workspace(self, device: int, stream: int, op: str) -> list[int]:
-        """Pointers to this op's intermediates for calls on ``stream``, allocated on first use."""
+    def sizes(self, values: Mapping[str, Any]) -> list[tuple[str, int]]:
+        """The intermediates' (name, bytes) for a call whose shape symbols have ``values``."""
+        return [(n, launch_sizes.evaluate(b, values)) for n, b in self.temps]
+
+    def workspace(self, device: int, stream: int, op: str, temps: list[tuple[str, int]] | None = None) -> list[int]:
+        """Pointers to this op's intermediates (``temps``: their sizes for this call, default
+        :attr:`temps`' constant ones) for calls on ``stream``, allocated on first use and again
+        when a call needs more than they hold (a dynamic kernel's grow with its largest call)."""
+        temps = temps if temps is not None else [(n, int(b)) for n, b in self.temps]  # type: ignore[arg-type]
         found = self._workspaces.get((device, stream))
-        if found is not None and found[0] == self.temps:
+        if found is not None and len(found[0]) == len(temps) \
+                and all(n == m and have >= need for (n, have), (m, need) in zip(found[0], temps)):
             return found[1]
         with self._allocating:
             driver.context(device).activate()
-            temps, ptrs = list(self.temps), []
+            if found is not None:  # grown to cover both
+                temps = [(n, max(need, have)) for (n, need), (_, have) in zip(temps, found[0])] \
+                    if len(found[0]) == len(temps) else temps
+            temps, ptrs = list(temps), []
             try:
                 for name, nbytes in temps:
                     ptrs.append(driver.alloc_workspace(nbytes, f"op {op}: intermediate {name}"))
@@ -178,7 +200,22 @@ class CudaKernel:
             _free_workspaces({(device, stream): old})
         return ptrs
 
-    def launchers(self, device: int) -> list[driver.Launcher]:
+    def launchers(self, device: int, values: Mapping[str, Any] | None = None) -> list[driver.Launcher]:
+        """The kernels' launchers on ``device``; a dynamic kernel's with the grids of a call whose
+        shape symbols have ``values``, less those with no block to run (an empty dim: CUDA refuses
+        a grid of zero blocks)."""
+        if not self.symbols:
+            return self._loaded(device)
+        key = (device, *(int(values[s]) for s in self.symbols))  # type: ignore[index]
+        found = self._sized.get(key)
+        if found is None:
+            if len(self._sized) >= 1024:
+                self._sized.clear()
+            sized = [_sized(launcher, self.meta["kernels"], values, self.name) for launcher in self._loaded(device)]
+            found = self._sized[key] = [launcher for launcher in sized if launcher.grid > 0]
+        return found
+
+    def _loaded(self, device: int) -> list[driver.Launcher]:
         found = self._launchers.get(device)
         if found is None:
             ctx = driver.context(device)
@@ -192,6 +229,26 @@ class CudaKernel:
             found = _pair(made, [bool(k.get("aligned")) for k in self.meta["kernels"]])
             self._launchers[device] = found
         return found
+
+
+def _sized(launcher: driver.Launcher, kernels: list[dict[str, Any]], values: Mapping[str, Any],
+           op: str) -> driver.Launcher:
+    """A copy of ``launcher`` (and of its fallback) with the grid of its formula for ``values``; an
+    aligned variant whose ``requires`` fails for ``values`` gives way to its fallback."""
+    meta = next(k for k in kernels if k["name"] == launcher.name)
+    if meta.get("requires") is not None and not launch_sizes.evaluate(meta["requires"], values):
+        return _sized(launcher.fallback, kernels, values, op)  # type: ignore[arg-type]
+    formula = meta["grid"]
+    blocks = launch_sizes.evaluate(formula, values)
+    if blocks > MAX_GRID_X:
+        shown = ", ".join(f"{n}={values[n]}" for n in sorted(launch_sizes.symbols(formula)))
+        raise TccRuntimeError(f"op {op}: kernel {launcher.name} needs {blocks} blocks for {shown}, over CUDA's "
+                              "grid limit", hint="call it with smaller inputs (or in pieces)")
+    made = copy.copy(launcher)  # (sharing its argument slots and their lock)
+    made.grid = max(blocks, 0)
+    if launcher.fallback is not None:
+        made.fallback = _sized(launcher.fallback, kernels, values, op)
+    return made
 
 
 def _free_workspaces(workspaces: dict[tuple[int, int], tuple[list[tuple[str, int]], list[int]]]) -> None:
@@ -267,7 +324,7 @@ def _run(call: _Call, kernel: CudaKernel, op, bound, outs: list[Any], kind: str,
          results: list[Any], guard: IndexGuard | None) -> bool:
     """Launch the kernels behind ``guard``, the call's index checks (False when an index is out of
     range: then the kernels wrote nothing, and nothing is copied to ``out=``)."""
-    values: dict[str, Any] = dict(bound.scalars)
+    values: dict[str, Any] = {**bound.bindings, **bound.scalars}  # (a dynamic kernel reads its shape symbols)
     for name, arr in bound.arrays.items():
         values[name] = _input_pointer(call, name, arr)
     finish = []
@@ -278,13 +335,14 @@ def _run(call: _Call, kernel: CudaKernel, op, bound, outs: list[Any], kind: str,
         values[name] = made[1]
         finish.append(made[2])
         del made  # only ``results`` may hold a new tensor (see invoke)
-    launchers = kernel.launchers(call.device)
+    launchers = kernel.launchers(call.device, bound.bindings)
 
     def launch(count: int = 0) -> None:  # (count: the guard's device count, which the kernels read)
         if guard is not None:
             values[GUARD_PARAM] = count
         with kernel.lock if kernel.temps else _NO_LOCK:
-            values.update(zip((n for n, _ in kernel.temps), kernel.workspace(call.device, call.stream, op.name)))
+            temps = kernel.sizes(bound.bindings)
+            values.update(zip((n for n, _ in temps), kernel.workspace(call.device, call.stream, op.name, temps)))
             for launcher in launchers:
                 launcher.launch(values, call.stream, op.name)
     if guard is None:

@@ -68,6 +68,9 @@ class Plan:
         field(default_factory=list)  # argument blocks not in use, each with its scalars' setters
     guard: CudaGuard | None = None  # the index checks, run on the device before the kernels
     guard_copies: list[tuple[int, int]] = field(default_factory=list)  # (guard slot, slot) of what they read
+    symbols: list[tuple[int, int]] = field(default_factory=list)  # (slot, value): dynamic shape symbols
+    # a dynamic kernel's intermediates' sizes for this signature (None: the kernel's own, read each call)
+    temps: list[tuple[str, int]] | None = None
 
     def __post_init__(self) -> None:
         self.spans = [(t.slot, t.nbytes) for t in self.inputs]  # for the overlap checks of out=
@@ -84,11 +87,16 @@ class Plan:
                             tuple((pos, kind) for pos, kind, *_ in self.scalars),
                             tuple(FastTensor(i, slot, dtype, tuple(shape))
                                   for i, (shape, dtype, slot) in enumerate(self.results)),
-                            self.outs is None, bool(self.kernel.temps), tuple(map(launch, self.launchers)),
+                            # (its intermediates, or shape symbols' values, are cells only ``run`` fills)
+                            self.outs is None, bool(self.kernel.temps or self.symbols),
+                            tuple(map(launch, self.launchers)),
                             driver.launch_kernel_address(), self.stream, SYNC, self.guard is not None)
 
     def new_block(self) -> tuple[driver.ArgumentBlock, list[tuple[int, type, Any, memoryview, int]]]:
         block = driver.ArgumentBlock(self.launchers, self.slots, self.context)
+        for slot, value in self.symbols:  # the same for every call of this signature: written once
+            view, index = block.setter("i64", slot)
+            view[index] = value
         return block, [(pos, kind, bounds, *block.setter(code, slot)) for pos, kind, bounds, code, slot in self.scalars]
 
     def run(self, args: tuple[Any, ...], cparams: dict[str, Any], out: Any) -> list[Any] | None:
@@ -152,7 +160,7 @@ class Plan:
             block.launch(stream, self.op, bits & 15)
             return
         with self.kernel.lock:  # one call's kernels queued together on the stream's workspace
-            for slot, ptr in zip(self.temp_slots, self.kernel.workspace(self.device, stream, self.op)):
+            for slot, ptr in zip(self.temp_slots, self.kernel.workspace(self.device, stream, self.op, self.temps)):
                 block.words[slot] = ptr
             block.launch(stream, self.op, bits & 15)
 
@@ -203,6 +211,10 @@ def make_plan(kernel: Any, op, bound, args: tuple[Any, ...], cparams: dict[str, 
         return None
     guarded = [GUARD_PARAM] if guard is not None else []
     slots = {name: i for i, name in enumerate([*op.params, *op.results, *(n for n, _ in kernel.temps), *guarded])}
+    launchers = kernel.launchers(device, bound.bindings)
+    for name in sorted({n for launcher in launchers for n in launcher.names} - set(slots)):
+        slots[name] = len(slots)  # a dynamic shape symbol: its value is this signature's
+    symbols = [(slots[n], int(bound.bindings[n])) for n in slots if n in bound.bindings and n not in op.params]
     inputs = [_Tensor(position[n], a.owner.dtype, tuple(a.shape), a.nbytes, slots[n]) for n, a in bound.arrays.items()]
     outs = None
     if out is not None:
@@ -222,8 +234,9 @@ def make_plan(kernel: Any, op, bound, args: tuple[Any, ...], cparams: dict[str, 
     checks = None if guard is None else CudaGuard.on(guard, device)
     return Plan(kernel, driver.context(device), device, len(args), dict(cparams), inputs, scalars, outs, results,
                 [slots[n] for n, _ in kernel.temps], torch.Tensor, torch.device("cuda", device), stream_getter(),
-                torch.empty, kernel.launchers(device), slots, op.name, guard=checks,
-                guard_copies=[] if checks is None else checks.copies(slots))
+                torch.empty, launchers, slots, op.name, guard=checks,
+                guard_copies=[] if checks is None else checks.copies(slots), symbols=symbols,
+                temps=kernel.sizes(bound.bindings) if kernel.symbols else None)
 
 
 @functools.cache

@@ -24,9 +24,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from tcc import dtypes
+from tcc.errors import TccCompileError
 from tcc.ir.expr import Binary, Const, Expr, Load, Var, cast, free_vars, transform, walk
 from tcc.ir.loopnest import add_index, div_index, mod_index, mul_index
 from tcc.ir.loops import Allocate, Barrier, Buffer, For, If, Let, Seq, Stmt, Store, seq
+from tcc.passes.autoschedule_cuda.indexing import Size, as_expr, ceil_div, hint, product, size_of
 from tcc.target import CudaTarget
 
 I64 = dtypes.i64
@@ -65,12 +67,29 @@ class Contraction:
     y: Expr
     final: Store
 
-    def size(self, axes: list[For]) -> int:
-        return math.prod(_const(f) for f in axes)
+    @property
+    def static(self) -> bool:
+        """Whether every extent is a constant. The split-K, TF32 warpgroup and implicit-convolution
+        kernels are sized for constant shapes only (their waves, transposed operands and channel
+        layouts are chosen by the problem's size); with a dynamic M, N or batch the 16-bit
+        warpgroup (constant K), ``mma.sync`` and FMA kernels, whose tiles mask their tails, serve
+        every size."""
+        return all(isinstance(size_of(f), int) for f in (*self.m_axes, *self.n_axes, *self.batch_axes, *self.k_axes))
+
+    def size(self, axes: list[For]) -> Size:
+        """The elements of ``axes``: an expression where a dynamic shape symbol's extent takes part."""
+        return product([size_of(f) for f in axes])
 
 
-def _const(f: For) -> int:
-    return int(f.extent.value) if isinstance(f.extent, Const) else -1
+def _const(f: For) -> Size:
+    """A loop's extent: a constant, or an expression of the dynamic shape symbols."""
+    return size_of(f)
+
+
+def _moving(axes: list[For]) -> bool:
+    """Whether an extent of ``axes`` moves with one of their indices (a triangular nest)."""
+    names = {f.var.name for f in axes}
+    return any(free_vars(f.extent) & names for f in axes)
 
 
 def match(axes: list[For], body: Stmt) -> Contraction | None:
@@ -92,7 +111,7 @@ def match(axes: list[For], body: Stmt) -> Contraction | None:
             and isinstance(add.b, Binary) and add.b.op == "mul"):
         return None
     x, y = add.b.a, add.b.b
-    if any(_reads(e, acc) for e in (init.value, x, y)) or any(_const(f) < 0 for f in axes + k_axes):
+    if any(_reads(e, acc) for e in (init.value, x, y)) or _moving(axes + k_axes):
         return None
     in_x, in_y = free_vars(x), free_vars(y)
     m_axes = [f for f in axes if f.var.name in in_x and f.var.name not in in_y]
@@ -101,7 +120,7 @@ def match(axes: list[For], body: Stmt) -> Contraction | None:
         m_axes, n_axes, x, y = n_axes, m_axes, y, x
     batch = [f for f in axes if f not in m_axes and f not in n_axes]
     c = Contraction(m_axes, n_axes, batch, k_axes, acc, init.value, add, x, y, final)
-    if c.size(m_axes) < 2 or c.size(n_axes) < 2 or c.size(k_axes) < MIN_K:
+    if hint(c.size(m_axes)) < 2 or hint(c.size(n_axes)) < 2 or hint(c.size(k_axes)) < MIN_K:
         return None  # matrix-vector products and short reductions: one thread per output
     return c
 
@@ -122,10 +141,12 @@ def fits(tile: tuple[int, int, int]) -> bool:
     return bm % SIDE == 0 and bn % SIDE == 0 and bk * bm % THREADS == 0 and bk * bn % THREADS == 0
 
 
-def choose_tile(m: int, n: int, batch: int, tiles: tuple[tuple[int, int, int], ...] = TILES,
+def choose_tile(m: Size, n: Size, batch: Size, tiles: tuple[tuple[int, int, int], ...] = TILES,
                 sms: int = CudaTarget.sms) -> tuple[int, int, int]:
     """The largest (BM, BN, BK) of ``tiles`` that fits the problem and still fills the ``sms``
-    multiprocessors of the chip (a grid smaller than that leaves it idle)."""
+    multiprocessors of the chip (a grid smaller than that leaves it idle); a dynamic size counts
+    as its :func:`hint`."""
+    m, n, batch = hint(m), hint(n), hint(batch)
     fitting = [t for t in tiles if t[0] <= max(m, 32) and t[1] <= max(n, 32)]
     for tile in fitting:
         if batch * -(-m // tile[0]) * -(-n // tile[1]) >= sms:
@@ -183,7 +204,9 @@ class Builder:
         self.fresh = fresh
         self.target = target
         self.decompose = self._narrow(decompose) if self.narrow else decompose
+        # sizes: a dynamic one's k-steps or tiles are counted at the call, its last one masked
         self.m, self.n, self.k = c.size(c.m_axes), c.size(c.n_axes), c.size(c.k_axes)
+        _check_window(c)
         (self.bm, self.bn, self.bk), self.stages = self._configuration(tile, stages)
         self.double_buffered = self.stages > 1
         self.k_axes = _k_order(c.k_axes, self.bk)
@@ -227,8 +250,11 @@ class Builder:
                 Buffer(y, self.c.y.dtype, (depth, bk, bn + PAD), "shared"))
 
     def kernel(self) -> Stmt:
+        """Blocks over the tiles of every batch element; with a dynamic M or N the tile counts are
+        computed at the call, and the fills and the epilogue mask the last tiles' tails."""
         c = self.c
-        tiles_m, tiles_n = -(-self.m // self.bm), -(-self.n // self.bn)
+        tiles_m, tiles_n = ceil_div(self.m, self.bm), ceil_div(self.n, self.bn)
+        tiles = product([tiles_m, tiles_n])
         batch = c.size(c.batch_axes)
         bx, tid, tm0, tn0 = (self.fresh(s) for s in ("bx", "tx", "tm0", "tn0"))
         ty, tx = self.fresh("ty"), self.fresh("tx")
@@ -238,26 +264,26 @@ class Builder:
         body = Let(ty, row, Let(tx, col, body))
         span = c.final.span
         inner: Stmt = For(tid, Const(THREADS, I64), body, "thread.x", span=span)
-        tile = mod_index(bx, tiles_m * tiles_n)
-        group = self.group_rows if tiles_m % self.group_rows == 0 else 1
+        tile = _mod(bx, tiles)
+        group = self.group_rows if isinstance(tiles_m, int) and isinstance(tiles_n, int) \
+            and tiles_m % self.group_rows == 0 else 1
         if group > 1:  # bands of ``group`` tile rows, column by column: a wave of blocks shares operand panels in L2
             band, within = div_index(tile, group * tiles_n), mod_index(tile, group * tiles_n)
             row, col = add_index(mul_index(band, group), mod_index(within, group)), div_index(within, group)
         else:
-            row, col = div_index(tile, tiles_n), mod_index(tile, tiles_n)
+            row, col = _div(tile, tiles_n), _mod(tile, tiles_n)
         inner = Let(tm0, mul_index(row, self.bm), Let(tn0, mul_index(col, self.bn), inner))
         if c.batch_axes:
-            inner = self.decompose(c.batch_axes, [_const(f) for f in c.batch_axes],
-                                   div_index(bx, tiles_m * tiles_n), inner)
-        return For(bx, Const(batch * tiles_m * tiles_n, I64), inner, "block.x", span=span)
+            inner = self.decompose(c.batch_axes, [_const(f) for f in c.batch_axes], _div(bx, tiles), inner)
+        return For(bx, as_expr(product([batch, tiles])), inner, "block.x", span=span)
 
     def _narrow(self, decompose):
         """``decompose`` with the digits of a flat index computed in 32 bits (a 64-bit ``//`` by
         a constant costs several times a 32-bit one), then widened: the operand reads of an
         implicit-GEMM convolution take three to five digits per element and k-step."""
-        def narrowed(axes: list[For], extents: list[int], flat: Expr, body: Stmt) -> Stmt:
-            if len(axes) < 2 or math.prod(extents) >= 2**31:
-                return decompose(axes, extents, flat, body)
+        def narrowed(axes: list[For], extents: list[Size], flat: Expr, body: Stmt) -> Stmt:
+            if len(axes) < 2 or not all(isinstance(e, int) for e in extents) or math.prod(extents) >= 2**31:
+                return decompose(axes, extents, flat, body)  # (a dynamic extent's may not fit 32 bits)
             short = Var(self.fresh("n32").name, I32)
             stride = 1
             for ax, ext in reversed(list(zip(axes, extents))):
@@ -299,20 +325,20 @@ class Builder:
         if not self.double_buffered:
             fill = self.fills(tid, tm0, tn0, self.k_start(mul_index(kt, self.bk)), Const(0, I64))[0]
             products = self._products(ty, tx, Const(0, I64))
-            return For(kt, Const(steps, I64), seq(fill, Barrier(), products, Barrier()))
+            return For(kt, as_expr(steps), seq(fill, Barrier(), products, Barrier()))
         first = self.fills(tid, tm0, tn0, self.k_start(Const(0, I64)), Const(0, I64))
         if steps == 1:
             return seq(*first, Barrier(), self._products(ty, tx, Const(0, I64)))
         products = self._products(ty, tx, mod_index(kt, 2))
         loads, stores = self.fills(tid, tm0, tn0, self.k_start(mul_index(add_index(kt, Const(1, I64)), self.bk)),
                                    mod_index(add_index(kt, Const(1, I64)), 2))
-        more = Binary("lt", add_index(kt, Const(1, I64)), Const(steps, I64), dtypes.boolean)
+        more = Binary("lt", add_index(kt, Const(1, I64)), as_expr(steps), dtypes.boolean)
         step = seq(If(more, loads), products, If(more, stores), Barrier())
-        return seq(*first, Barrier(), For(kt, Const(steps, I64), step))
+        return seq(*first, Barrier(), For(kt, as_expr(steps), step))
 
-    def k_steps(self) -> int:
+    def k_steps(self) -> Size:
         """The k-steps of one block: the whole reduction (a split-K block walks only its chunk)."""
-        return -(-self.k // self.bk)
+        return ceil_div(self.k, self.bk)
 
     def k_start(self, k0: Expr) -> Expr:
         """The flat reduction index where a k-step starting ``k0`` into the block's range begins."""
@@ -320,7 +346,7 @@ class Builder:
 
     def k_covered(self) -> bool:
         """Whether every k-step of every block lies wholly inside the reduction (no guard on it)."""
-        return self.k % self.bk == 0
+        return _divides(self.bk, self.k)
 
     def fills(self, tid: Var, tm0: Var, tn0: Var, k0: Expr, slot: Expr) -> tuple[Stmt, Stmt]:
         """Both operands' tiles of one k-step: (global to registers, registers to shared ``slot``)."""
@@ -328,7 +354,7 @@ class Builder:
         y = self._fill(self.ys, self.yst, self.c.y, self.c.n_axes, self.n, tid, tn0, k0, slot)
         return seq(x[0], y[0]), seq(x[1], y[1])
 
-    def _fill(self, buf: Buffer, stage: Buffer, value: Expr, axes: list[For], size: int, tid: Var, base: Var,
+    def _fill(self, buf: Buffer, stage: Buffer, value: Expr, axes: list[For], size: Size, tid: Var, base: Var,
               k0: Expr, slot: Expr) -> tuple[Stmt, Stmt]:
         """The threads read ``value`` over a ``BK x tile`` slice into their registers ``stage``
         (zeros outside the problem), then store those to ``buf[slot]``, which is ``[BK][tile]``,
@@ -357,7 +383,7 @@ class Builder:
                 name, where = buf.name, (slot, ss, kk) if self.k_inner else (slot, kk, ss)
             target = Store(name, where, value)
             compute = self._k_digits(k0, kk, gk, self.decompose(axes, [_const(f) for f in axes], gs, target))
-            cond = _in_range([(gs, size, size % tile == 0), (gk, self.k, self.k_covered())])
+            cond = _in_range([(gs, size, _divides(tile, size)), (gk, self.k, self.k_covered())])
             guarded = compute if cond is None else If(cond, compute, Store(name, where, Const(0, stage.dtype)))
             return Let(gs, add_index(base, ss), Let(gk, add_index(k0, kk), guarded))
 
@@ -372,7 +398,7 @@ class Builder:
         step's start ``k0`` (once per step, shared by all of a thread's elements) and the
         innermost one is ``k0 % E + kk`` (no division per element)."""
         extents = [_const(f) for f in self.k_axes]
-        if len(extents) > 1 and extents[-1] % self.bk == 0:
+        if len(extents) > 1 and _divides(self.bk, extents[-1]):
             inner = Let(self.k_axes[-1].var, add_index(mod_index(k0, extents[-1]), kk), body)
             return self.decompose(self.k_axes[:-1], extents[:-1], div_index(k0, extents[-1]), inner)
         return self.decompose(self.k_axes, extents, gk, body)
@@ -400,7 +426,7 @@ class Builder:
             body = self.result(Load(self.acct.name, (a, b), self.acct.dtype))
             body = self.decompose(c.n_axes, [_const(f) for f in c.n_axes], gn, body)
             body = self.decompose(c.m_axes, [_const(f) for f in c.m_axes], gm, body)
-            cond = _in_range([(gm, self.m, self.m % self.bm == 0), (gn, self.n, self.n % self.bn == 0)])
+            cond = _in_range([(gm, self.m, _divides(self.bm, self.m)), (gn, self.n, _divides(self.bn, self.n))])
             if cond is not None:
                 body = If(cond, body)
             row, col = add_index(tm0, _owned(ty, a, self.tm)), add_index(tn0, _owned(tx, b, self.tn))
@@ -426,15 +452,27 @@ def _owned(t: Var, i: Var, count: int) -> Expr:
     return add_index(add_index(mul_index(div_index(i, run), SIDE * run), mul_index(t, run)), mod_index(i, run))
 
 
+def _check_window(c: Contraction) -> None:
+    """Refuse a dynamic extent on a reduction axis after the first (a convolution's window
+    ``KH``, ``KW``): every element a thread fills divides its reduction index by it at run
+    time, and NVRTC took minutes over those divisions in the unrolled fills. A dynamic batch,
+    image or channel count is fine."""
+    inner = [f for f in c.k_axes[1:] if not isinstance(size_of(f), int)]
+    if inner:
+        raise TccCompileError(f"a tiled GEMM on the GPU cannot take a dynamic extent ({inner[0].extent}) on a "
+                              "reduction axis after the first (a convolution's window)", c.final.span,
+                              "leave the window's shape symbols out of dynamic= (they stay specialised)")
+
+
 def _k_order(k_axes: list[For], bk: int) -> list[For]:
     """The reduction axes in the order a k-step walks them: the longest one whose extent BK divides
     goes innermost (a convolution's channels rather than its 3-wide window), so that a step spans
     one value of the others (see ``Builder._k_digits``). The sum is the same; only the order of
     its additions changes."""
-    fitting = [f for f in k_axes if _const(f) % bk == 0]
+    fitting = [f for f in k_axes if _divides(bk, _const(f))]
     if len(k_axes) < 2 or not fitting:
         return list(k_axes)
-    inner = max(fitting, key=_const)
+    inner = max(fitting, key=lambda f: hint(_const(f)))
     return [f for f in k_axes if f is not inner] + [inner]
 
 
@@ -447,11 +485,25 @@ def _k_fastest(value: Expr, axes: list[For], k_axes: list[For]) -> bool:
     return axes[-1].var.name not in last and any(k.var.name in last for k in k_axes)
 
 
-def _in_range(checks: list[tuple[Var, int, bool]]) -> Expr | None:
+def _divides(tile: int, size: Size) -> bool:
+    """Whether tiles of ``tile`` cover ``size`` exactly (never known of a dynamic size: its tail
+    is masked)."""
+    return isinstance(size, int) and size % tile == 0
+
+
+def _div(e: Expr, d: Size) -> Expr:
+    return e if d == 1 else Binary("floordiv", e, as_expr(d), I64)
+
+
+def _mod(e: Expr, d: Size) -> Expr:
+    return Const(0, I64) if d == 1 else Binary("mod", e, as_expr(d), I64)
+
+
+def _in_range(checks: list[tuple[Var, Size, bool]]) -> Expr | None:
     cond = None
     for var, size, covered in checks:
         if covered:
             continue
-        test = Binary("lt", var, Const(size, I64), dtypes.boolean)
+        test = Binary("lt", var, as_expr(size), dtypes.boolean)
         cond = test if cond is None else Binary("and", cond, test, dtypes.boolean)
     return cond

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tcc.ir.expr import Expr, Load, Var
+from tcc.ir.expr import Expr, Load, Var, free_vars
 from tcc.ir.loopnest import replace_loads
 from tcc.ir.loops import Allocate, Buffer, For, Stmt, Store, map_stmt, walk_stmts
-from tcc.passes.simplify import evaluate_int
+from tcc.passes.autoschedule_cuda.indexing import size_of
 
 
 def hoist(nest: Stmt, temps: list[Buffer]) -> Stmt | None:
@@ -24,8 +24,8 @@ def hoist(nest: Stmt, temps: list[Buffer]) -> Stmt | None:
     is not under independent loops alone (then it cannot be given a row per iteration)."""
     outer: list[For] = []
     s = nest
-    while isinstance(s, For) and s.kind == "serial" and evaluate_int(s.extent) is not None:
-        outer.append(s)
+    while isinstance(s, For) and s.kind == "serial" and not free_vars(s.extent) & {f.var.name for f in outer}:
+        outer.append(s)  # (an extent of dynamic shape symbols is the call's: its rows are known then)
         s = s.body
     inner = [a.buffer for a in walk_stmts(nest) if isinstance(a, Allocate) and a.buffer.scope == "global"]
     enclosing = _enclosing(nest, {b.name for b in inner})
@@ -34,7 +34,7 @@ def hoist(nest: Stmt, temps: list[Buffer]) -> Stmt | None:
         return None
     rows = {b.name: enclosing[b.name] for b in inner}
     for b in inner:
-        temps.append(replace(b, shape=(*(evaluate_int(f.extent) for f in rows[b.name]), *b.shape)))
+        temps.append(replace(b, shape=(*(size_of(f) for f in rows[b.name]), *b.shape)))
     return _rewrite(nest, rows)
 
 

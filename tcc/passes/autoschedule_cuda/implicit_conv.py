@@ -58,8 +58,8 @@ def plan(c: gemm.Contraction, values: tuple[Expr, Expr], fresh) -> Plan | None:
     """The channels-last plan for ``c`` (16-bit operands ``values``), or None when it is not a
     convolution of that form: one output axis for the weights, a channel count in whole 16-byte
     pieces, every reduction index but the channel paired with an output index in a window sum."""
-    if len(c.m_axes) != 1:
-        return None
+    if len(c.m_axes) != 1 or not c.static:
+        return None  # (see Contraction.static)
     image = values[1]
     extents = {f.var.name: gemm._const(f) for f in (*c.m_axes, *c.n_axes, *c.batch_axes, *c.k_axes)}
     n_vars = {f.var.name: f.var for f in c.n_axes}

@@ -24,7 +24,6 @@ tensor keeps the recurrence schedule, whose thread per column is already coalesc
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,6 +31,7 @@ from tcc import dtypes
 from tcc.ir.expr import Binary, Const, Expr, Load, Select, Var, free_vars, substitute, walk
 from tcc.ir.loopnest import add_index, div_index, mul_index
 from tcc.ir.loops import Allocate, Barrier, BlockScan, Buffer, For, If, Let, Stmt, Store, is_sequential, seq
+from tcc.passes.autoschedule_cuda.indexing import Size, as_expr, product
 from tcc.passes.simplify import evaluate_int, simplify
 from tcc.passes.te.lower import reduce_identity
 
@@ -118,15 +118,16 @@ def _reads(e: Expr, buffer: str) -> bool:
     return any(isinstance(n, Load) and n.buffer == buffer for n in walk(e))
 
 
-def kernel(scan: Scan, axes: list[For], extents: list[int], fresh: Fresh, decompose: Decompose) -> Stmt:
-    """One block per row of the independent ``axes``: the row scanned chunk by chunk."""
+def kernel(scan: Scan, axes: list[For], extents: list[Size], fresh: Fresh, decompose: Decompose) -> Stmt:
+    """One block per row of the independent ``axes`` (as many as the call's dynamic shape symbols
+    give): the row, of a constant length, scanned chunk by chunk."""
     span = scan.store.span
     threads = min(THREADS, 32 * -(-scan.length // 32))
     per = max(1, min(PER_THREAD, scan.length // threads))
     bx, tx = fresh("bx"), fresh("tx")
     body = _row(scan, threads, per, tx, fresh)
     body = decompose(axes, extents, bx, body)
-    return For(bx, Const(math.prod(extents), I64), For(tx, Const(threads, I64), body, "thread.x", span=span),
+    return For(bx, as_expr(product(extents)), For(tx, Const(threads, I64), body, "thread.x", span=span),
                "block.x", span=span)
 
 

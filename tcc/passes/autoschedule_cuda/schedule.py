@@ -21,7 +21,13 @@ Three schedules, chosen per nest:
   that tells codegen to combine the local accumulator ``ACC`` across the block with the
   binary operator ``OP`` (warp shuffles, then shared memory); per-row arrays that fusion
   made local become each thread's registers (:mod:`.row_registers`) or, too large for those,
-  shared memory, with a barrier after each loop that writes them.
+  shared memory, with a barrier after each loop that writes them (:mod:`.rows`).
+
+An extent may be a dynamic shape symbol's (``tcc.compile(..., dynamic=...)``): each schedule
+counts its blocks, steps and tiles at the call (:mod:`.indexing`) and guards or masks the
+tails; an aligned variant may also require a condition of the symbols (``requires``: a
+multiple of 4, a row short enough for registers), which the launcher checks. Split-K, the
+warpgroup and implicit-convolution GEMMs and split reductions take constant shapes only.
 
 A nest carrying attention's matrix form (two products of 16-bit operands, see
 :mod:`tcc.passes.te.matrix_stream`) becomes a FlashAttention kernel on the matrix units
@@ -36,18 +42,16 @@ Last, consecutive kernels of one block each merge into one (:mod:`merge_kernels`
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 from tcc import dtypes
 from tcc.errors import TccCompileError, TccScheduleError
-from tcc.ir.expr import Binary, Const, Expr, Load, Var, free_vars, walk
+from tcc.ir.expr import Binary, Const, Expr, Load, walk
 from tcc.ir.loopnest import stores
 from tcc.ir.loops import (
     DETERMINISTIC,
     MATRIX_STREAM,
     Allocate,
-    Barrier,
     Buffer,
     For,
     Let,
@@ -56,7 +60,6 @@ from tcc.ir.loops import (
     Stmt,
     Store,
     holds_sequential,
-    is_sequential,
     seq,
     stmt_exprs,
     walk_stmts,
@@ -69,7 +72,7 @@ from tcc.passes.autoschedule_cuda import (
     implicit_conv,
     merge_kernels,
     recurrence,
-    row_registers,
+    rows,
     scan,
     scatter,
     split_k,
@@ -78,9 +81,20 @@ from tcc.passes.autoschedule_cuda import (
     transpose,
     warpgroup,
 )
-from tcc.passes.autoschedule_cuda.indexing import block_size, decompose, grid, guarded, linear
+from tcc.passes.autoschedule_cuda.indexing import (
+    Size,
+    as_expr,
+    block_size,
+    decompose,
+    exact_div,
+    grid,
+    guarded,
+    hint,
+    linear,
+    product,
+)
+from tcc.passes.autoschedule_cuda.nests import Names, Nest, spatial_axes
 from tcc.passes.loops.bind import top_level_nests
-from tcc.passes.simplify import evaluate_int
 from tcc.passes.trace import SILENT, Trace
 from tcc.target import CudaTarget
 
@@ -120,7 +134,7 @@ def schedule_cuda(func: LoopFunc, target: CudaTarget, tuning: CudaTuning = CudaT
     tuner may vary)."""
     temps, private, body = _peel_allocates(func.body)
     body = _sink_private(body, private)
-    names = _Names(func)
+    names = Names(func)
     shapes = {name: buf.shape for name, buf in func.buffers().items()}
     nests = epilogue.fuse(top_level_nests(body), temps)  # element-wise consumers of a reduction join its final store
     kernels: list[Stmt] = []
@@ -200,78 +214,11 @@ def _uses_directly(s: Stmt, name: str) -> bool:
     return any(isinstance(n, Load) and n.buffer == name for e in stmt_exprs(s) for n in walk(e))
 
 
-class _Names:
-    """Fresh variable names that clash with nothing in the function."""
-
-    def __init__(self, func: LoopFunc):
-        taken = {p.name for p in func.params} | set(func.buffers())
-        for s in walk_stmts(func.body):
-            if isinstance(s, (For, Let)):
-                taken.add(s.var.name)
-            for e in stmt_exprs(s):
-                taken.update(n.name for n in walk(e) if isinstance(n, Var))
-        self.taken = taken
-
-    def fresh(self, base: str) -> Var:
-        name, i = base, 0
-        while name in self.taken:
-            i += 1
-            name = f"{base}{i}"
-        self.taken.add(name)
-        return Var(name, I64)
-
-
-def _extent(f: For) -> int:
-    value = evaluate_int(f.extent)
-    if value is None:
-        raise TccCompileError(f"internal error: loop {f.var.name} has no constant extent for the GPU", f.span)
-    return value
-
-
-@dataclass
-class _Nest:
-    axes: list[For]  # the perfectly nested spatial loops, outermost first
-    body: Stmt  # what they enclose
-
-    @property
-    def extents(self) -> list[int]:
-        return [_extent(f) for f in self.axes]
-
-
-def _split_axes(nest: Stmt) -> _Nest:
-    axes = []
-    while isinstance(nest, For) and nest.kind == "serial":
-        axes.append(nest)
-        nest = nest.body
-    return _Nest(axes, nest)
-
-
-def _spatial_axes(nest: Stmt) -> _Nest:
-    """The perfectly nested loops whose iterations write disjoint elements, outermost first: the
-    ones threads may share. A user's ``decompose`` leaves reduction loops perfectly nested inside
-    the output loops (``Y[i] = Y[i] + ...`` under ``for i, k``); those stay serial in a thread, and
-    so does a loop whose extent moves with an outer index (a triangular reduction)."""
-    axes = []
-    while isinstance(nest, For) and nest.kind == "serial" and not is_sequential(nest) \
-            and evaluate_int(nest.extent) is not None and _disjoint(nest):
-        axes.append(nest)
-        nest = nest.body
-    return _Nest(axes, nest)
-
-
-def _disjoint(loop: For) -> bool:
-    """Whether every store inside ``loop`` to a buffer made outside it indexes with its variable."""
-    if _extent(loop) == 1:
-        return True
-    inner = {t.buffer.name for t in walk_stmts(loop.body) if isinstance(t, Allocate)}
-    return all(any(loop.var.name in free_vars(i) for i in t.indices)
-               for t in walk_stmts(loop.body) if isinstance(t, Store) and t.buffer not in inner)
-
-
-def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]], temps: list,
+def _schedule_nest(stmt: Stmt, names: Names, shapes: dict[str, tuple[int, ...]], temps: list,
                    target: CudaTarget, tuning: CudaTuning, tf32: bool) -> tuple[Stmt | None, str]:
     """The kernels of one nest and which schedule made them; global intermediates they need are
     appended to ``temps``."""
+    unhoisted = stmt  # (a dynamic row's registers variant keeps its per-row arrays: rows.bounded_row)
     inner = next((s for s in walk_stmts(stmt) if isinstance(s, Allocate) and s.buffer.scope == "global"), None)
     if inner is not None:  # a per-row intermediate too large for the stack: a global row per iteration
         hoisted = hoist_rows.hoist(stmt, temps)
@@ -292,27 +239,31 @@ def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]]
         stmt = replace(stmt, annotations=tuple(a for a in stmt.annotations if a[0] != MATRIX_STREAM))
     threads = _threads(tuning, target)
     if holds_sequential(stmt):  # a recurrence: threads over its independent axes, each walking the other
-        nest = _spatial_axes(recurrence.sink_sequential(stmt))
+        nest = spatial_axes(recurrence.sink_sequential(stmt), names.symbols)
         if (prefix := scan.match(nest.body)) is not None:  # an associative one along rows: a block scans each
             return scan.kernel(prefix, nest.axes, nest.extents, names.fresh, decompose), "block scan"
         return _flat_kernel(nest, names, threads), "recurrence"
-    nest = _spatial_axes(stmt)
-    total = math.prod(nest.extents)
+    nest = spatial_axes(stmt, names.symbols)
+    total = product(nest.extents)
     if total == 0:
         return None, "empty: no launch"
     contraction = gemm.match(nest.axes, nest.body)
     if contraction is not None and (tiled := _contraction(contraction, nest, names, shapes, temps, target, tuning,
                                                           tf32)) is not None:
         return tiled
-    reduction = split_reduction.match(nest.body)
+    reduction = split_reduction.match(nest.body) if nest.static() else None  # (a dynamic row: the row kernel)
     if reduction is not None:
         split = split_reduction.schedule(nest.axes, nest.extents, reduction, target, names.fresh, decompose)
         if split is not None:
             temps.append(split[0])
             return split[1], "split reduction"
-    work = _row_work(nest.body, target.shared_memory_per_block)
-    if work is not None and work >= ROW_MIN_REDUCTION and work * ROW_RATIO >= total:
-        return _row_schedule(nest, names, min(threads, MAX_ROW_THREADS), work, shapes), "row"
+    work = rows.row_work(nest.body, target.shared_memory_per_block, names.symbols)
+    if work is not None and work >= ROW_MIN_REDUCTION and work * ROW_RATIO >= hint(total):
+        cap = min(threads, MAX_ROW_THREADS)
+        kernel = rows.row_schedule(nest, names, cap, work, shapes)
+        bounded = rows.bounded_row(spatial_axes(unhoisted, names.symbols), names, cap, shapes,
+                                   target.shared_memory_per_block, names.symbols)
+        return (kernel if bounded is None else seq(bounded, kernel)), "row"
     return _flat_schedule(nest, names, threads), "flat"
 
 
@@ -321,19 +272,19 @@ def _threads(tuning: CudaTuning, target: CudaTarget) -> int:
     return min(32 * tuning.warps, target.max_threads_per_block)
 
 
-def _scatter_nest(stmt: Stmt, names: _Names, buffers: dict[str, Buffer], threads: int,
+def _scatter_nest(stmt: Stmt, names: Names, buffers: dict[str, Buffer], threads: int,
                   deterministic: bool) -> tuple[Stmt | None, str]:
     """A ``+=`` nest: its iterations over threads, adding atomically, or one thread in a fixed
     order (see :mod:`.scatter`)."""
-    nest = _spatial_axes(stmt)
-    if math.prod(nest.extents) == 0:
+    nest = spatial_axes(stmt, names.symbols)
+    if product(nest.extents) == 0:
         return None, "empty: no launch"
     if scatter.needs_serial(stmt, buffers, deterministic):
         return scatter.serial_kernel(stmt, names.fresh), "scatter in order"
     return _flat_kernel(nest, names, threads), "scatter atomic"
 
 
-def _contraction(c: gemm.Contraction, nest: _Nest, names: _Names, shapes: dict[str, tuple[int, ...]], temps: list,
+def _contraction(c: gemm.Contraction, nest: Nest, names: Names, shapes: dict[str, tuple[int, ...]], temps: list,
                  target: CudaTarget, tuning: CudaTuning, tf32: bool) -> tuple[Stmt, str] | None:
     """A contraction's tiled kernels within the target's budgets: the fastest kind that fits
     (:func:`_contraction_kernels`), else the FMA GEMM in the largest tile that fits, else None
@@ -350,7 +301,7 @@ def _contraction(c: gemm.Contraction, nest: _Nest, names: _Names, shapes: dict[s
     return None if fma is None else (fma.kernel(), "gemm")
 
 
-def _contraction_kernels(c: gemm.Contraction, nest: _Nest, names: _Names, shapes: dict[str, tuple[int, ...]],
+def _contraction_kernels(c: gemm.Contraction, nest: Nest, names: Names, shapes: dict[str, tuple[int, ...]],
                          temps: list, target: CudaTarget, tuning: CudaTuning, tf32: bool) -> tuple[Stmt, str]:
     """A contraction's tiled kernel: on tensor cores where its operands are 16- or 8-bit floats
     widened to f32, or f32 with ``tf32`` (two kernels where an aligned copy-engine variant exists: it comes
@@ -361,7 +312,7 @@ def _contraction_kernels(c: gemm.Contraction, nest: _Nest, names: _Names, shapes
     reaches :func:`_contraction`."""
     if tf32 and (f32 := tensorcore.tf32_operands(c)) is not None:
         wide = gemm.fitting(warpgroup.StagedBuilder, c, names.fresh, decompose, f32, target) \
-            if warpgroup.fits(c, target) else None
+            if c.static and warpgroup.fits(c, target) else None  # (TF32 transposes: constant shapes)
         if wide is not None:
             staged = wide.kernel()
             fast = _k_major_copy_engine(c, f32, warpgroup.Tf32Builder, names, shapes, temps, target)
@@ -392,7 +343,7 @@ def _contraction_kernels(c: gemm.Contraction, nest: _Nest, names: _Names, shapes
     return seq(fast_kernel, staged), "tensor-core gemm"
 
 
-def _split_k_kernels(c: gemm.Contraction, nest: _Nest, split: split_k.Plan, names: _Names, temps: list,
+def _split_k_kernels(c: gemm.Contraction, nest: Nest, split: split_k.Plan, names: Names, temps: list,
                      target: CudaTarget, tuning: CudaTuning) -> Stmt:
     """The tiled GEMM over chunks of the reduction into a partials intermediate, then the flat
     schedule's kernel that adds them up and runs the epilogue."""
@@ -400,11 +351,11 @@ def _split_k_kernels(c: gemm.Contraction, nest: _Nest, split: split_k.Plan, name
     temps.append(partial)
     tiles = split_k.Builder(c, names.fresh, decompose, split, nest.axes, partial, target, tuning.stages).kernel()
     combine = split_k.combine(c, nest.axes, split, partial, names.fresh)
-    return seq(tiles, _flat_schedule(_Nest(nest.axes, combine), names, _threads(tuning, target)))
+    return seq(tiles, _flat_schedule(Nest(nest.axes, combine), names, _threads(tuning, target)))
 
 
 def _k_major_copy_engine(c: gemm.Contraction, values: tuple[Expr, Expr], builder: type[tensorcore.Builder],
-                         names: _Names, shapes: dict[str, tuple[int, ...]], temps: list,
+                         names: Names, shapes: dict[str, tuple[int, ...]], temps: list,
                          target: CudaTarget) -> list[Stmt]:
     """A GEMM whose matrix units read both operands K-major (TF32 and 8-bit floats) on ``cp.async``
     copies (an aligned variant) by ``builder``, preceded by the transpose of a ``B[k, n]`` operand
@@ -432,20 +383,34 @@ def _k_major_copy_engine(c: gemm.Contraction, values: tuple[Expr, Expr], builder
 
 VECTOR = 4  # elements per thread in the aligned flat kernel
 VECTOR_MIN = 1024  # fewer elements: the one-element kernel alone
+# an aligned variant's annotation: a condition of the dynamic shape symbols that must hold for it to
+# run (else its fallback runs; codegen also lets the compiler assume it)
+REQUIRES = "requires"
 
 
-def _flat_schedule(nest: _Nest, names: _Names, cap: int) -> Stmt:
+def _flat_schedule(nest: Nest, names: Names, cap: int) -> Stmt:
+    """One thread per element; first, where the innermost extent is a multiple of ``VECTOR``, the
+    aligned variant with ``VECTOR`` elements a thread. A dynamic innermost extent not declared a
+    multiple gets it too, run only for calls where it is one (annotation ``requires``)."""
     plain = _flat_kernel(nest, names, cap)
     extents = nest.extents
-    if not extents or extents[-1] % VECTOR or math.prod(extents) < VECTOR_MIN:
+    if not extents or hint(product(extents)) < VECTOR_MIN:
         return plain
-    return seq(_flat_vector_kernel(nest, names, cap), plain)
+    whole, requires = exact_div(extents[-1], VECTOR), None
+    if whole is None and not isinstance(extents[-1], int):
+        last = extents[-1]
+        whole = Binary("floordiv", last, Const(VECTOR, I64), I64)
+        requires = Binary("eq", Binary("mod", last, Const(VECTOR, I64), I64), Const(0, I64), dtypes.boolean)
+    if whole is None:
+        return plain
+    return seq(_flat_vector_kernel(nest, names, cap, whole, requires), plain)
 
 
-def _flat_vector_kernel(nest: _Nest, names: _Names, cap: int) -> Stmt:
-    """``VECTOR`` consecutive elements of the innermost axis per thread, pointers assumed aligned."""
-    extents = [*nest.extents[:-1], nest.extents[-1] // VECTOR]
-    total = math.prod(extents)
+def _flat_vector_kernel(nest: Nest, names: Names, cap: int, whole: Size, requires: Expr | None) -> Stmt:
+    """``VECTOR`` consecutive elements of the innermost axis per thread (``whole``: its extent over
+    ``VECTOR``), pointers assumed aligned, the shape symbols' ``requires`` too."""
+    extents = [*nest.extents[:-1], whole]
+    total = product(extents)
     threads = block_size(total, cap)
     span = nest.axes[0].span
     blocks = grid(total, threads, span)
@@ -454,152 +419,29 @@ def _flat_vector_kernel(nest: _Nest, names: _Names, cap: int) -> Stmt:
     inner = Let(last.var, linear(quad, VECTOR, lane), nest.body)
     body: Stmt = For(lane, Const(VECTOR, I64), inner, "unroll", span=span)
     body = decompose([*nest.axes[:-1], replace(last, var=quad)], extents, gid, body)
-    body = guarded(gid, linear(bx, threads, tx), total, blocks * threads, body)
-    return For(bx, Const(blocks, I64), For(tx, Const(threads, I64), body, "thread.x", span=span),
-               "block.x", annotations=(("aligned", True),), span=span)
+    body = guarded(gid, linear(bx, threads, tx), total, product([blocks, threads]), body)
+    notes = (("aligned", True),) + (((REQUIRES, requires),) if requires is not None else ())
+    return For(bx, as_expr(blocks), For(tx, Const(threads, I64), body, "thread.x", span=span),
+               "block.x", annotations=notes, span=span)
 
 
-def _flat_kernel(nest: _Nest, names: _Names, cap: int) -> Stmt:
+def _flat_kernel(nest: Nest, names: Names, cap: int) -> Stmt:
     extents = nest.extents
-    total = math.prod(extents)
+    total = product(extents)
     threads = block_size(total, cap)
     blocks = grid(total, threads, nest.axes[0].span if nest.axes else None)
     bx, tx, gid = names.fresh("bx"), names.fresh("tx"), names.fresh("gid")
     body = decompose(nest.axes, extents, gid, nest.body)
-    body = guarded(gid, linear(bx, threads, tx), total, blocks * threads, body)
+    body = guarded(gid, linear(bx, threads, tx), total, product([blocks, threads]), body)
     span = nest.axes[0].span if nest.axes else None
-    return For(bx, Const(blocks, I64), For(tx, Const(threads, I64), body, "thread.x", span=span),
+    return For(bx, as_expr(blocks), For(tx, Const(threads, I64), body, "thread.x", span=span),
                "block.x", span=span)
 
 
-# ---------------------------------------------------------------- row: one block per output element
+# ---------------------------------------------------------------- shared memory
 
 def shared_bytes(kernels: Stmt) -> int:
     """The most shared memory one of ``kernels`` takes, counted as codegen places it when dynamic."""
     return max((gemm.shared_footprint([s.buffer for s in walk_stmts(kernel)
                                        if isinstance(s, Allocate) and s.buffer.scope == "shared"])
                 for kernel in (kernels.stmts if isinstance(kernels, Seq) else [kernels])), default=0)
-
-
-def _row_work(body: Stmt, shared_limit: int) -> int | None:
-    """The longest loop a row's threads would share, or None if the body does not fit the row form.
-
-    The row form is what ``lower`` gives for a reduction (local accumulators, an initialising
-    store, the reduction loops, the final store) and, after fusion, a sequence of such pieces
-    and element-wise loops over per-row arrays.
-    """
-    longest = 0
-    shared: list[Buffer] = []  # the per-row arrays, which go to shared memory
-    for s in _row_items(body):
-        if isinstance(s, Allocate):
-            if s.buffer.scope != "local":
-                return None
-            if s.buffer.size > 1:
-                shared.append(s.buffer)
-        elif isinstance(s, For):
-            nest = _split_axes(s)
-            if not nest.axes or (_reduction_loop(s) is None and len(_spatial_axes(s).axes) < len(nest.axes)):
-                return None  # threads striding over it would race on what its iterations share
-            if any(evaluate_int(f.extent) is None for f in nest.axes):
-                return None  # a triangular loop (sum[k: j + 1]): each thread walks its own row's
-            longest = max(longest, math.prod(nest.extents))
-        elif not isinstance(s, Store):
-            return None
-    return longest if longest and gemm.shared_footprint(shared) <= shared_limit else None
-
-
-def _row_items(body: Stmt) -> list[Stmt]:
-    """The allocations, stores and loops at the top level of a row's body."""
-    out: list[Stmt] = []
-    for s in (body.stmts if isinstance(body, Seq) else (body,)):
-        if isinstance(s, Allocate):
-            out.append(s)
-            out.extend(_row_items(s.body))
-        else:
-            out.append(s)
-    return out
-
-
-def _row_schedule(nest: _Nest, names: _Names, cap: int, work: int, shapes: dict[str, tuple[int, ...]]) -> Stmt:
-    extents = nest.extents
-    total = math.prod(extents)
-    threads = block_size(work, cap)
-    span = nest.axes[0].span if nest.axes else None
-    grid(total, 1, span)
-    bx = names.fresh("bx")
-    loops = [s for s in _row_items(nest.body) if isinstance(s, For)]
-    cache = row_registers.plan(nest.body, loops, threads, names.fresh, shapes)
-    body = _row_body(nest.body, threads, names, cache)
-    for buf in cache.inputs.values() if cache else ():
-        body = Allocate(buf, body)
-    return For(bx, Const(total, I64), decompose(nest.axes, extents, bx, body), "block.x", span=span)
-
-
-def _row_body(s: Stmt, threads: int, names: _Names, cache: row_registers.RowCache | None) -> Stmt:
-    """Loops become block-strided (reductions combined across the block); per-row arrays go
-    to registers where each thread touches only its own elements (``cache``), else to shared
-    memory, with a barrier after each loop that writes one."""
-    if isinstance(s, Allocate):
-        if cache and s.buffer.name in cache.arrays:
-            return Allocate(cache.arrays[s.buffer.name], _row_body(s.body, threads, names, cache))
-        per_thread = s.buffer.size <= 1 and _each_thread_computes(s.buffer.name, s.body)
-        buf = s.buffer if per_thread else replace(s.buffer, scope="shared")
-        return Allocate(buf, _row_body(s.body, threads, names, cache))
-    if isinstance(s, Seq):
-        return seq(*(_row_body(c, threads, names, cache) for c in s.stmts))
-    if isinstance(s, For):
-        red = _reduction_loop(s)
-        looped = _block_strided(s, threads, names, f"{red[0]}:{red[1]}" if red else None, cache)
-        return looped if red else seq(looped, Barrier())
-    return s
-
-
-def _each_thread_computes(name: str, body: Stmt) -> bool:
-    """Whether every thread holds a one-element buffer's value itself: it is stored outside
-    loops, or as the accumulator of a block-wide reduction. Stored in any other loop, one
-    thread writes it for all (a row of one element: fuzzer seed 2991 on CUDA read it unset)."""
-    for f in walk_stmts(body):
-        if isinstance(f, For) and any(st.buffer == name for st in stores(f)):
-            red = _reduction_loop(f)
-            if not (red and red[0] == name):
-                return False
-    return True
-
-
-def _reduction_loop(s: Stmt) -> tuple[str, str] | None:
-    """(accumulator, combining operator) when ``s`` is a loop nest that only reduces into one
-    accumulator ``acc[0] = op(acc[0], value)`` (``value`` may come from an inner reduction into
-    an accumulator of its own, made inside the loop)."""
-    nest = _split_axes(s)
-    inner = {t.buffer.name for t in walk_stmts(nest.body) if isinstance(t, Allocate)}
-    stores = [t for t in walk_stmts(nest.body) if isinstance(t, Store) and t.buffer not in inner]
-    if len(stores) != 1:
-        return None
-    upd = stores[0]
-    value = upd.value
-    if not (isinstance(value, Binary) and value.op in ("add", "mul", "max", "min")
-            and isinstance(value.a, Load) and value.a.buffer == upd.buffer and value.a.indices == upd.indices
-            and all(isinstance(i, Const) and i.value == 0 for i in upd.indices)):
-        return None
-    if any(isinstance(n, Load) and n.buffer == upd.buffer for n in walk(value.b)):
-        return None
-    return upd.buffer, value.op
-
-
-def _block_strided(loop: Stmt, threads: int, names: _Names, allreduce: str | None,
-                   cache: row_registers.RowCache | None = None) -> Stmt:
-    """The block's threads stride over the (flattened) loop nest; a reduction then combines.
-    With a ``cache`` the step loop is unrolled: the thread's register arrays index by it."""
-    red = _split_axes(loop)
-    extents = red.extents
-    length = math.prod(extents)
-    tx, step, rid = names.fresh("tx"), names.fresh("rstep"), names.fresh("rid")
-    steps = -(-length // threads)
-    inner = row_registers.rewrite(red.body, red.axes, step, cache) if cache else red.body
-    inner = decompose(red.axes, extents, rid, inner)
-    inner = guarded(rid, linear(step, threads, tx), length, steps * threads, inner)
-    span = red.axes[0].span
-    body: Stmt = For(step, Const(steps, I64), inner, "unroll" if cache else "serial", span=span) if steps > 1 else \
-        Let(step, Const(0, I64), inner)
-    notes = (("allreduce", allreduce),) if allreduce else ()
-    return For(tx, Const(threads, I64), body, "thread.x", annotations=notes, span=span)

@@ -50,6 +50,8 @@ def plan(c: gemm.Contraction, target: CudaTarget, tile: tuple[int, int, int] | N
     """The split of ``c`` for ``target``'s multiprocessors (``tile``: the tuner's), or None
     where the ordinary grid does as well (:func:`_time`), the reduction is short, or the
     accumulator does not start at zero (each chunk would add its start once more)."""
+    if not c.static:
+        return None  # (see Contraction.static)
     m, n, k, batch = c.size(c.m_axes), c.size(c.n_axes), c.size(c.k_axes), c.size(c.batch_axes)
     sms = target.sms
     if not (isinstance(c.init, Const) and c.init.value == 0):

@@ -42,6 +42,7 @@ from tcc.ir.expr import Binary, Cast, Const, Expr, Load, Var, cast, substitute, 
 from tcc.ir.loopnest import add_index, div_index, mod_index, mul_index
 from tcc.ir.loops import AsyncCommit, AsyncCopy, AsyncWait, Barrier, Buffer, For, If, Let, Stmt, Store, seq
 from tcc.passes.autoschedule_cuda import gemm
+from tcc.passes.autoschedule_cuda.indexing import Size, as_expr, ceil_div, product
 from tcc.passes.loops.tensorize import tensorize
 from tcc.target import CudaTarget
 
@@ -78,14 +79,16 @@ def fast_layout(c: gemm.Contraction, values: tuple[Expr, Expr],
     x = _strides(values[0], shapes, m, k, batch, step)
     y = _strides(values[1], shapes, n, k, batch, step)
     size_k, size_n = c.size(c.k_axes), c.size(c.n_axes)
-    if x is None or y is None or x[1] != 1 or size_k % step:
+    if x is None or y is None or x[1] != 1 or not gemm._divides(step, size_k):
         return None
     k_fast = y[1] == 1
     if not k_fast and values[1].dtype.is_fp8:
         return None  # 8-bit operands are read K-major only
-    if not k_fast and (y[0] != 1 or size_n % step):
+    if not k_fast and (y[0] != 1 or not gemm._divides(step, size_n)):
         return None  # y must be contiguous along k, or along n in whole 16-byte pieces
-    narrow = all(math.prod(shapes[v.buffer]) < 2**31 for v in values if isinstance(v, Load))
+    # (a dynamic shape's elements may pass 2^31)
+    narrow = all(all(isinstance(d, int) for d in shapes[v.buffer]) and math.prod(shapes[v.buffer]) < 2**31
+                 for v in values if isinstance(v, Load))
     return FastLayout(k_fast, narrow)
 
 
@@ -99,9 +102,11 @@ def _strides(value: Expr, shapes: dict[str, tuple[int, ...]], row: Var, k: Var,
     names = [i.name if isinstance(i, Var) else None for i in value.indices]
     if None in names or len(set(names)) != len(names) or len(shape) != len(names):
         return None
-    strides = [1] * len(shape)
+    strides: list[Size] = [1] * len(shape)
     for d in range(len(shape) - 2, -1, -1):
-        strides[d] = strides[d + 1] * shape[d + 1]
+        strides[d] = product([strides[d + 1], shape[d + 1]])
+    if not all(isinstance(s, int) for s in strides):
+        return None  # a row stride of a dynamic shape symbol: its rows' alignment is not known
     where = {name: s for name, s in zip(names, strides)}
     if row.name not in where or k.name not in where or any(
             name not in batch | {row.name, k.name} for name in names):
@@ -186,16 +191,16 @@ class Builder(gemm.Builder):
         if self.fast is None:
             return super()._main_loop(tid, ty, tx, tm0, tn0)
         kt = self.fresh("kt")
-        steps = -(-self.k // self.bk)
+        steps = as_expr(ceil_div(self.k, self.bk))
         one = Const(1, I64)
         nxt = add_index(kt, one)
-        more = Binary("lt", nxt, Const(steps, I64), dtypes.boolean)
+        more = Binary("lt", nxt, steps, dtypes.boolean)
         ahead = seq(self._copies(tid, tm0, tn0, mul_index(nxt, self.bk), mod_index(nxt, self.stages)),
                     AsyncCommit(), AsyncWait(1))
         step = seq(If(more, ahead, AsyncWait(0)), Barrier(), self._products(ty, tx, mod_index(kt, self.stages)),
                    Barrier())
         zero = Const(0, I64)
-        return seq(self._copies(tid, tm0, tn0, zero, zero), AsyncCommit(), For(kt, Const(steps, I64), step))
+        return seq(self._copies(tid, tm0, tn0, zero, zero), AsyncCommit(), For(kt, steps, step))
 
     def _copies(self, tid: Var, tm0: Var, tn0: Var, k0: Expr, slot: Expr) -> Stmt:
         """16-byte copies of both operands' tiles at reduction offset ``k0`` into ``slot``."""
@@ -205,7 +210,7 @@ class Builder(gemm.Builder):
         y = self._copy_tile(self.ys, self.yv, n, k, tn0, k0, self.n, tid, slot, k_rows=not self.fast.k_fast)
         return seq(x, y)
 
-    def _copy_tile(self, buf: Buffer, value: Expr, row: Var, k: Var, base: Var, k0: Expr, size: int, tid: Var,
+    def _copy_tile(self, buf: Buffer, value: Expr, row: Var, k: Var, base: Var, k0: Expr, size: Size, tid: Var,
                    slot: Expr, k_rows: bool) -> Stmt:
         """``buf[slot]`` (rows of ``row``, or of ``k`` when ``k_rows``) from ``value``, 8 halves a copy.
         A thread copies the same columns of rows a fixed stride apart, so per k-step its copies
@@ -228,10 +233,10 @@ class Builder(gemm.Builder):
         assert isinstance(src, Load)
         k_extent = rows if k_rows else width
         valid = None
-        for var, bound, covered in ((gr, size, size % (width if k_rows else rows) == 0),
-                                    (gk, self.k, self.k % k_extent == 0)):
-            if not covered:
-                test = Binary("lt", var, Const(bound, index), dtypes.boolean)
+        for var, bound, covered in ((gr, size, gemm._divides(width if k_rows else rows, size)),
+                                    (gk, self.k, gemm._divides(k_extent, self.k))):
+            if not covered:  # (a dynamic size is always tested: the last tile's tail)
+                test = Binary("lt", var, cast(as_expr(bound), index), dtypes.boolean)
                 valid = test if valid is None else Binary("and", valid, test, dtypes.boolean)
         copy = AsyncCopy(Load(buf.name, (slot, r, col), buf.dtype), src, 16, valid)
         body = Let(r, cast(add_index(mul_index(step, threads // per_row), div_index(tid, per_row)), index),
@@ -288,7 +293,8 @@ class Builder(gemm.Builder):
             body: Stmt = Store(c.final.buffer, c.final.indices, value, c.final.span)
             body = self.decompose(c.n_axes, [gemm._const(f) for f in c.n_axes], gn, body)
             body = self.decompose(c.m_axes, [gemm._const(f) for f in c.m_axes], gm, body)
-            cond = gemm._in_range([(gm, self.m, self.m % self.bm == 0), (gn, self.n, self.n % self.bn == 0)])
+            cond = gemm._in_range([(gm, self.m, gemm._divides(self.bm, self.m)),
+                                   (gn, self.n, gemm._divides(self.bn, self.n))])
             if cond is not None:
                 body = If(cond, body)
             return Let(gm, add_index(tm0, add_index(wr, a)), Let(gn, add_index(tn0, add_index(wc, b)), body))

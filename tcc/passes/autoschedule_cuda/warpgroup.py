@@ -37,6 +37,7 @@ from tcc.ir.loops import (
     seq,
 )
 from tcc.passes.autoschedule_cuda import gemm, tensorcore
+from tcc.passes.autoschedule_cuda.indexing import hint, size_of
 from tcc.target import CudaTarget
 
 I64 = dtypes.i64
@@ -52,7 +53,9 @@ MIN_SIDE = 128  # smaller problems stay on mma.sync (a mostly empty 128-row tile
 def fits(c: gemm.Contraction, target: CudaTarget) -> bool:
     """Whether the warpgroup kernel suits ``c`` on ``target`` (the caller has checked the layout;
     the builder checks that a tile fits the target's budgets)."""
-    return target.warpgroup_mma and c.size(c.m_axes) >= MIN_SIDE and c.size(c.n_axes) >= MIN_SIDE
+    return target.warpgroup_mma and isinstance(c.size(c.k_axes), int) and all(isinstance(size_of(f), int)
+                                                                               for f in c.batch_axes) \
+        and hint(c.size(c.m_axes)) >= MIN_SIDE and hint(c.size(c.n_axes)) >= MIN_SIDE
 
 
 class Builder(tensorcore.Builder):

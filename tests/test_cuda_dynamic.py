@@ -1,0 +1,220 @@
+"""Shape-generic CUDA kernels (``tcc.compile(..., target="cuda", dynamic=...)``), without a GPU.
+
+The schedules run on the simulator of scheduled CUDA loop IR (tests/gpu_sim.py) with the shape
+symbols' values of each call, at odd and round sizes, against the reference; every example's
+dynamic kernel compiles through NVRTC (or is refused with a TccError that says why); the launch
+plan's grids and intermediates are formulas of the symbols; the automatic policy and the disk
+cache find one kernel for every size. tests/test_cuda_dynamic_gpu.py runs them on a GPU.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import gpu_sim
+import numpy as np
+import pytest
+
+import tcc
+from tcc import dtypes
+from tcc.codegen_cuda import driver, launch_sizes
+from tcc.errors import TccCompileError, TccRuntimeError
+from tcc.ir.expr import Binary, Const, Var
+from tcc.ir.loops import Allocate, walk_stmts
+from tcc.runtime import cuda as cuda_runtime
+from tcc.testing import assert_matches, reference_results
+
+pytest.importorskip("cuda.bindings.nvrtc")
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+I64 = dtypes.i64
+
+ELEMENTWISE = """
+op axpb(A: f32[S, N], B: f32[S, N]) -> C: f32[S, N] {
+    C[i, j] = A[i, j] * 2.0 + B[i, j]
+}
+"""
+HALF_MATMUL = """
+op hmm(A: f16[M, K], B: f16[K, N]) -> C: f32[M, N] {
+    C[i, j] = sum[k](f32(A[i, k]) * f32(B[k, j])) + 0.5
+}
+"""
+
+
+def _f32(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def _f16(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float16)
+
+
+def _simulate(op, symbols: tuple[str, ...], sizes: list[dict[str, int]], make, rng, aligned: bool = True) -> None:
+    """Schedule ``op`` once with ``symbols`` dynamic (for the first of ``sizes``), then run that one
+    scheduled function on the simulator at every size, into NaN-poisoned results."""
+    func = op.lowered(sizes[0], dynamic=frozenset(symbols)).scheduled
+    for bindings in sizes:
+        args = make(rng, **bindings)
+        want = reference_results(op.te, list(args), bindings)
+        arrays = {p: a for p, a in zip(op.te.params, args) if p in op.te.tensors}
+        arrays.update({r: np.full(w.shape, np.nan, w.dtype) for r, w in zip(op.te.results, want)})
+        gpu_sim.run(func, arrays, aligned=aligned, scalars={s: bindings[s] for s in symbols})
+        for r, w in zip(op.te.results, want):
+            assert_matches(arrays[r], w, op.te.tensors[r].dtype, f"{r} at {bindings}")
+
+
+def _op(source, name: str, symbols) -> tcc.compiler.Op:
+    return tcc.compile(source, target="cuda", arch="sm_90", dynamic=symbols)[name]
+
+
+@pytest.mark.parametrize("symbols, sizes", [
+    (("S", "N"), [(3, 70), (1, 1), (7, 33), (2, 1000), (5, 64)]),  # the vector kernel where N % 4 == 0
+    (("S",), [(3, 64), (1, 64), (33, 64)]),  # the innermost extent a multiple of 4: the vector kernel first
+])
+@pytest.mark.parametrize("aligned", [True, False])
+def test_elementwise(rng, symbols, sizes, aligned):
+    op = _op(ELEMENTWISE, "axpb", symbols)
+    _simulate(op, symbols, [dict(S=s, N=n) for s, n in sizes], lambda rng, S, N: (_f32(rng, S, N), _f32(rng, S, N)),
+              rng, aligned)
+
+
+@pytest.mark.parametrize("symbols, sizes", [
+    # a dynamic row: up to 4096 in registers (an aligned variant), longer ones through a global row
+    (("N", "C"), [(3, 100), (1, 1), (7, 33), (2, 1000), (1, 4096), (1, 4097)]),
+    (("N",), [(3, 100), (1, 100), (7, 100)]),  # a constant row: kept in registers
+])
+@pytest.mark.parametrize("aligned", [True, False])
+def test_softmax(rng, symbols, sizes, aligned):
+    op = _op(EXAMPLES / "softmax.tc", "softmax", symbols)
+    _simulate(op, symbols, [dict(N=n, C=c) for n, c in sizes], lambda rng, N, C: (_f32(rng, N, C),), rng, aligned)
+
+
+def test_layernorm(rng):
+    op = _op(EXAMPLES / "layernorm.tc", "layernorm", ("N", "D"))
+    _simulate(op, ("N", "D"), [dict(N=n, D=d) for n, d in ((3, 100), (1, 1), (7, 33), (2, 300), (1, 4100))],
+              lambda rng, N, D: (_f32(rng, N, D), _f32(rng, D), _f32(rng, D)), rng)
+
+
+def test_a_dynamic_row_keeps_its_values_in_registers_up_to_a_bound():
+    op = _op(EXAMPLES / "softmax.tc", "softmax", ("N", "C"))
+    func = op.lowered(dict(N=2, C=8), dynamic=frozenset("NC")).scheduled
+    bounded, plain = func.body.body.stmts  # (inside the global row the plain kernel uses beyond the bound)
+    assert dict(bounded.annotations)["requires"] == Binary("le", Var("C", I64), Const(4096, I64), dtypes.boolean)
+
+    def registers(kernel):  # a thread's 16 values of the row (256 threads: 4096)
+        return [s.buffer.name for s in walk_stmts(kernel) if isinstance(s, Allocate) and s.buffer.shape == (16,)]
+    assert len(registers(bounded)) == 2 and not registers(plain)  # X's row and its exponentials
+
+
+def test_matmul_every_dim(rng):
+    op = _op(EXAMPLES / "matmul.tc", "matmul", ("M", "N", "K"))
+    _simulate(op, ("M", "N", "K"), [dict(M=m, N=n, K=k) for m, n, k in ((33, 7, 5), (1, 1, 1), (40, 65, 33))],
+              lambda rng, M, N, K: (_f32(rng, M, K), _f32(rng, K, N)), rng)
+
+
+@pytest.mark.parametrize("aligned", [True, False])
+def test_tensor_core_gemm_dynamic_m(rng, aligned):
+    """The copy-engine kernel (rows 16-byte aligned: K constant) and its register-staged fallback;
+    the last tile's rows past M are masked (zero-filled copies, guarded stores)."""
+    op = _op(HALF_MATMUL, "hmm", ("M",))
+    _simulate(op, ("M",), [dict(M=m, N=64, K=64) for m in (33, 1)],
+              lambda rng, M, N, K: (_f16(rng, M, K), _f16(rng, K, N)), rng, aligned)
+
+
+def test_warpgroup_gemm_dynamic_m(rng):
+    """Large enough for the H100's warpgroup kernel (128 x 256 tiles, constant K): the second row
+    tile of M = 130 is two rows, the rest masked."""
+    op = _op(HALF_MATMUL, "hmm", ("M",))
+    assert op.lowered(dict(M=256, N=256, K=64), dynamic=frozenset("M")).scheduled.attrs["kernel kinds"] == \
+        ("warpgroup gemm",)
+    _simulate(op, ("M",), [dict(M=130, N=256, K=64)], lambda rng, M, N, K: (_f16(rng, M, K), _f16(rng, K, N)), rng)
+
+
+def test_tensor_core_gemm_every_dim(rng):
+    op = _op(HALF_MATMUL, "hmm", ("M", "N", "K"))
+    _simulate(op, ("M", "N", "K"), [dict(M=m, N=n, K=k) for m, n, k in ((33, 7, 5), (1, 1, 1))],
+              lambda rng, M, N, K: (_f16(rng, M, K), _f16(rng, K, N)), rng)
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.tc")), ids=lambda p: p.stem)
+def test_examples_compile_through_nvrtc_or_say_why(path):
+    lib = tcc.compile(path, target="cuda", arch="sm_90", dynamic=True)
+    for name in lib._ops:
+        op = lib[name]
+        bindings = {s: 5 for s in op.te.symbols} | {c: 1 for c in op.te.cparams}
+        try:
+            artifact = cuda_runtime.build(op.lowered(bindings, dynamic=frozenset(op.te.symbols)).scheduled,
+                                          op.target)
+        except tcc.TccError as exc:  # a window's or a user schedule's extent: said so, with the source line
+            assert exc.span is not None and ("window" in exc.message or "fuse" in exc.message), exc
+            continue
+        kernel = cuda_runtime.CudaKernel(name, artifact)
+        assert kernel.cubins and all(c.startswith(b"\x7fELF") for c in kernel.cubins)
+
+
+def _kernel(source, name: str, symbols, bindings) -> cuda_runtime.CudaKernel:
+    op = _op(source, name, symbols)
+    return cuda_runtime.CudaKernel(name, cuda_runtime.build(op.lowered(bindings, dynamic=frozenset(symbols)).scheduled,
+                                                            op.target))
+
+
+def test_the_launch_plan_computes_grids_and_intermediates_at_the_call():
+    kernel = _kernel(ELEMENTWISE, "axpb", ("S", "N"), dict(S=4, N=4))
+    assert kernel.symbols == ["N", "S"]
+    vector, plain = kernel.meta["kernels"]  # 4 elements a thread, for calls where N is a multiple of 4
+    for s, n in ((1, 1), (7, 33), (1000, 1000)):
+        assert launch_sizes.evaluate(plain["grid"], dict(S=s, N=n)) == -(-s * n // plain["block"])
+        assert launch_sizes.evaluate(vector["grid"], dict(S=s, N=n)) == -(-s * (n // 4) // vector["block"])
+        assert launch_sizes.evaluate(vector["requires"], dict(S=s, N=n)) == (n % 4 == 0)
+    assert {p for p, code in plain["params"] if code == "i64"} == {"S", "N"}
+    assert "__builtin_assume(((N) & 3LL) == 0);" in _op(ELEMENTWISE, "axpb", ("S", "N")).stage_text(
+        dict(S=4, N=4), "cuda")
+    rows = _kernel(EXAMPLES / "softmax.tc", "softmax", ("N", "C"), dict(N=4, C=4))
+    assert rows.sizes(dict(N=3, C=5)) == [("e", 60)]  # f32[N, C]
+    assert rows.sizes(dict(N=0, C=5)) == [("e", 1)]  # (at least one byte)
+
+
+def test_a_grid_over_cudas_limit_is_refused_at_the_call():
+    kernel = _kernel(ELEMENTWISE, "axpb", ("S", "N"), dict(S=4, N=4))
+    vector, plain = (driver.Launcher.__new__(driver.Launcher) for _ in range(2))  # (no GPU: names and grids only)
+    vector.name, vector.grid = kernel.meta["kernels"][0]["name"], 0
+    plain.name, plain.grid, plain.fallback = kernel.meta["kernels"][1]["name"], 0, None
+    vector.fallback = plain
+    sized = cuda_runtime._sized(vector, kernel.meta["kernels"], dict(S=7, N=33), "axpb")
+    assert sized.name == plain.name and sized.grid == 1  # N % 4 != 0: the one-element kernel
+    sized = cuda_runtime._sized(vector, kernel.meta["kernels"], dict(S=7, N=1024), "axpb")
+    assert sized.name == vector.name and sized.grid == 7 and sized.fallback.grid == 28
+    with pytest.raises(TccRuntimeError, match=r"blocks for N=1048576, S=1048576, over CUDA's grid limit"):
+        cuda_runtime._sized(plain, kernel.meta["kernels"], dict(S=1 << 20, N=1 << 20), "axpb")
+
+
+def test_the_automatic_policy_third_value_compiles_nothing(fresh_cache):
+    op = tcc.compile(EXAMPLES / "softmax.tc", target="cuda", arch="sm_90").softmax
+    for n in (5, 6, 7, 300, 1):
+        op.kernel(dict(N=n, C=11))
+    assert op.compiles == 2  # N=5 specialised, then one kernel for every N
+
+
+def test_a_window_is_refused_by_dynamic_and_specialised_by_the_automatic_policy(fresh_cache):
+    bindings = dict(N=2, C=3, H=9, W=9, F=4, KH=3, KW=3, S=1, P=0, D=1)
+    explicit = tcc.compile(EXAMPLES / "conv2d.tc", target="cuda", arch="sm_90", dynamic=("KH",)).conv2d
+    with pytest.raises(TccCompileError, match="KH.*reduction axis after the first"):
+        explicit.kernel(bindings)
+    automatic = tcc.compile(EXAMPLES / "conv2d.tc", target="cuda", arch="sm_90").conv2d
+    for kh in (1, 3, 5):  # the third: KH dynamic is tried, refused, and specialised instead
+        automatic.kernel({**bindings, "KH": kh})
+    assert automatic.compiles == 3
+
+
+def test_a_new_process_finds_the_kernel_for_any_size(fresh_cache):
+    script = textwrap.dedent(f"""
+        import sys, tcc
+        op = tcc.compile({ELEMENTWISE!r}, target="cuda", arch="sm_90", dynamic=True).axpb
+        op.kernel(dict(S=3, N=int(sys.argv[1])))
+        print(op.compiles, op.loads)
+    """)
+    runs = [subprocess.run([sys.executable, "-c", script, str(n)], capture_output=True, text=True, check=True)
+            for n in (5, 77)]
+    assert [r.stdout.split() for r in runs] == [["1", "0"], ["0", "1"]]
