@@ -285,7 +285,12 @@ def test_fp8_gemms_on_the_gpu_match_the_reference(fp8_gpu, name, sizes, rng):
     out_dtype = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}[op.te.tensors["C"].dtype.name]
     out = torch.full(want.shape, float("nan"), dtype=out_dtype, device="cuda")
     op(*device, out=out)
-    assert _max_error(out.float().cpu().numpy(), want) <= OUT_BOUND[op.te.tensors["C"].dtype.name]
+    assert _max_error(out.float().cpu().numpy(), want) <= max(OUT_BOUND[op.te.tensors["C"].dtype.name], WGMMA_BOUND)
+
+
+# sm_90's FP8 wgmma adds its products in fewer bits than f32 (as torch._scaled_mm with
+# use_fast_accum=True): measured on an H200 up to 3.4e-3 of the largest result at K 2048
+WGMMA_BOUND = 2.0**-7
 
 
 @pytest.mark.parametrize("n", [256, 1024])
