@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import tcc
+from tcc.errors import TccIndexError
 from tcc.testing import assert_matches, reference_results
 
 SIZES = (1, 7, 33, 1000, 64)
@@ -169,19 +170,25 @@ def test_reads_under_a_select_are_clamped_for_every_size(fresh_cache, rng):
     assert op.compiles == 1
 
 
-def test_data_indices_refuse_dynamic_and_the_automatic_policy_specialises(fresh_cache, rng):
-    """An index read from data is checked at the call by a specialised kernel's checks: dynamic=
-    says so, and the automatic policy keeps specialising (still correct at every size)."""
+def test_data_indices_are_checked_at_every_call_of_a_dynamic_kernel(fresh_cache, rng):
+    """An index read from data is checked at the call (on the host, per binding), so a dynamic
+    kernel serves every size: one kernel, and an index out of range is still a TccIndexError
+    before anything is written."""
     def args(n):
         return (_f32(rng, 10, 4), rng.integers(0, 10, n))
 
     op = tcc.compile(GATHER, dynamic=True).lookup
-    with pytest.raises(tcc.TccError, match="dynamic=False"):
-        op(*args(5))
+    for n in (1, 7, 33, 5):
+        _check(op, args(n))
+    assert op.compiles == 1
+    out = np.full((3, 4), np.nan, np.float32)
+    with pytest.raises(TccIndexError, match=r"is 10 at t=1, outside \[0, 10\)"):
+        op(_f32(rng, 10, 4), np.array([1, 10, 2]), out=out)
+    assert np.isnan(out).all()
     automatic = tcc.compile(GATHER).lookup
     for n in (3, 4, 9):
         _check(automatic, args(n))
-    assert automatic.compiles == 3
+    assert automatic.compiles == 2
 
 
 def test_gemm_with_an_epilogue_over_several_k_blocks(fresh_cache, rng):

@@ -8,8 +8,10 @@ dynamic for that op, so its third value compiles nothing. ``dynamic=False`` spec
 
 A dynamic kernel's reads are proved for each call's values (once per distinct binding, no
 compile): the bounds pass runs on the op specialised for them and must prove every read (a read
-under a select where its condition holds: the dynamic kernel clamps those) and list no index
-read from data, else the call is refused with the symbols named.
+under a select where its condition holds: the dynamic kernel clamps those), else the call is
+refused with the symbols named. An index read from data is checked at every call before any
+kernel runs (``runtime.index_checks``, specialised per binding, not per kernel), so it needs no
+specialised kernel: an embedding's lookup is dynamic too.
 """
 
 from __future__ import annotations
@@ -128,17 +130,11 @@ def check_multiples(spec: DynamicSpec, op: OpTE, symbols: frozenset[str], bindin
 
 def prove_call(op: OpTE, bindings: dict[str, int | float], symbols: frozenset[str]) -> None:
     """Refuse (TccError naming the symbols) the values of one call that the dynamic kernel of
-    ``op`` cannot serve: a read out of range, or an index read from data (which the specialised
-    kernel checks at the call). A read proved only under its select's condition is clamped in the
-    dynamic kernel (``bounds.clamp_under_selects``)."""
+    ``op`` cannot serve: a read out of range. A read proved only under its select's condition is
+    clamped in the dynamic kernel (``bounds.clamp_under_selects``); an index read from data is
+    the call's to check (``Op.__call__``), as for a specialised kernel."""
     values = ", ".join(f"{s}={bindings[s]}" for s in sorted(symbols))
     try:
-        te = specialize(op, bindings)
-        proved = prove_bounds(te)
+        prove_bounds(specialize(op, bindings))
     except TccError as exc:
         raise type(exc)(f"for {values} (dynamic): {exc.message}", exc.span, exc.hint) from None
-    if proved.index_checks:
-        raise TccShapeError(f"op {op.name}'s kernel for dynamic {', '.join(sorted(symbols))} cannot serve "
-                            f"{values}: an index read from data needs checks that only a specialised kernel has",
-                            op.span, f"compile with dynamic=False (or leave {', '.join(sorted(symbols))} out "
-                                     "of dynamic=)")
