@@ -52,6 +52,13 @@ from tcc.stack import deep
 from tcc.target import Target
 
 MAX_SOURCE_BYTES = 64 << 20
+_BUILT = [0]  # kernels built by every op of this process (Op.compiles counts one op's)
+
+
+def kernels_built() -> int:
+    """How many kernels this process has compiled (not found in the memory or disk cache), by any
+    op: the count that a front door's "no recompiles" is measured by (``tcc.kernels_built()``)."""
+    return _BUILT[0]
 OPTIONS = ("conv", "arch", "tf32", "constant_params", "deterministic")  # of tcc.compile, each taken by some backend
 
 
@@ -376,6 +383,7 @@ class Op:
             disk.put(key, artifact)
             kernel = self.backend.load(self.name, artifact)
             self.compiles += 1
+            _BUILT[0] += 1
         cache.MEMORY.put(key, kernel)
         return kernel
 

@@ -142,12 +142,10 @@ class GenericGraph:
     ``probe``, when given, translates the graph at a few bindings of a family (the symbols at 1
     named) on the family's first call, so that it compiles generic kernels at once."""
 
-    def __init__(self, symbols: Sequence[str], target: Any, input_names: Sequence[str],
-                 output_names: Sequence[str], options: dict[str, Any], label: str = "tcc",
-                 probe: Probe | None = None):
+    def __init__(self, symbols: Sequence[str], target: Any, output_names: Sequence[str], options: dict[str, Any],
+                 label: str = "tcc", probe: Probe | None = None):
         self.symbols = tuple(symbols)
         self.target = target
-        self.input_names = list(input_names)
         self.output_names = list(output_names)
         self.label = label
         self._options = options
@@ -201,6 +199,10 @@ class GenericGraph:
             calls.append((kernel, (*(f"#{s}" for s in carried), *k.params), k.results))
         family.template, family.calls, family.constants = template, calls, constants
 
+    def observe(self, binding: Binding, program: Program) -> None:
+        """See the program of a binding (a probe's) without compiling anything."""
+        self.family(binding).see(binding, program)
+
     # ------------------------------------------------------------ calling
     def bound(self, binding: Binding, program: Callable[[], Program]) -> _Bound:
         """What a call at ``binding`` runs (``program``: the graph translated for it, asked for
@@ -228,7 +230,7 @@ class GenericGraph:
             return _Bound(list(family.calls), values, template=family.template)
         log.debug("%s: compiled for %s alone: %s", self.label, _text(binding), why)
         self.specialised.append(binding)
-        model = GraphModel(program, self.target, self.input_names, self.output_names, self._options)
+        model = GraphModel(program, self.target, list(program.inputs), self.output_names, self._options)
         model.label = self.label
         self._static.append(model.compile(progress=False))
         return _Bound([], {}, model=model)

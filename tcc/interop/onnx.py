@@ -248,7 +248,7 @@ class OnnxGenericModel:
         self.shapes = {k: tuple(symbol[d] if isinstance(d, str) else d for d in v) for k, v in shapes.items()}
         self._params = [first.inputs[n] for n in self.input_names]
         self._notes = list(first.notes)
-        self.graph = GenericGraph(self.symbols, target, self.input_names, output_names, options, self.label,
+        self.graph = GenericGraph(self.symbols, target, output_names, options, self.label,
                                   lambda ones: [(b, self._translate(b)) for b in probe_bindings(self.symbols, ones)])
         self._probe = probe_bindings(self.symbols)[0]
         template = self.graph.family(self._probe).template
