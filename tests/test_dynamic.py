@@ -216,3 +216,15 @@ def test_torch_ops_one_kernel_for_every_batch():
             a = torch.randn(m, 33)
             torch.testing.assert_close(ops.matmul(a, w), a @ w, rtol=1e-4, atol=1e-4)
     assert ops.matmul.op.compiles + ops.matmul.op.loads <= 1  # (0: another test's, in memory)
+
+
+def test_a_declared_multiple_of_a_gemm_row_count(fresh_cache, rng):
+    """dynamic={"M": 8} on a matmul: no remainder rows in the kernel, right at every multiple,
+    one kernel; a row count that is no multiple is refused naming the symbol."""
+    op = tcc.compile("examples/matmul.tc", dynamic={"M": 8}).matmul
+    for m in (8, 40, 1024):
+        _check(op, (_f32(rng, m, 33), _f32(rng, 33, 17)))
+    assert "M % " not in op.lower(_f32(rng, 8, 33), _f32(rng, 33, 17), stage="scheduled")
+    with pytest.raises(tcc.TccError, match="M of matmul is 12, not a multiple of 8"):
+        op(_f32(rng, 12, 33), _f32(rng, 33, 17))
+    assert op.compiles == 1

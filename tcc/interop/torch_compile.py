@@ -407,9 +407,8 @@ class _Specialised:
                        and not isinstance(a, torch.nn.Parameter) else self._value(n, binding, a)
                        for n, a in enumerate(args)]
             try:
-                with torch.no_grad():
-                    gm = _floats_fixed(self.gm, resized)
-                    _aot_for(_Generic(self.symbols, binding, self.graphs, probe=True))(gm, resized)(*resized)
+                gm = _floats_fixed(self.gm, resized)  # (in the call's grad mode: a forward graph is probed)
+                _aot_for(_Generic(self.symbols, binding, self.graphs, probe=True))(gm, resized)(*resized)
             except Exception:  # noqa: BLE001 - a size the model refuses: the calls' own sizes are fitted instead
                 return
 

@@ -66,6 +66,35 @@ def parse_dynamic(value: Any) -> DynamicSpec:
                            hint=hint)
 
 
+def parse_tune(value: Any, ops: Mapping[str, OpTE]) -> tuple[bool | int, tuple[dict[str, int], ...]]:
+    """``tune=`` of ``tcc.compile``: (trials or True/False, the sizes a dynamic kernel is tuned at).
+
+    ``tune={"S": (128, 1024, 8192)}`` tunes a kernel with ``S`` dynamic for those sizes at once
+    (the schedule best over them: the least mean time relative to the default's at each size);
+    several symbols give their sizes position by position (a list of one size is used at every
+    position). A kernel that specialises ``S`` is tuned at its own size."""
+    hint = 'tune=True, tune=20 (trials) or tune={"S": (128, 1024, 8192)} (sizes of a dynamic symbol)'
+    if isinstance(value, bool | int) and value >= 0:
+        return value, ()
+    if not isinstance(value, Mapping) or not value:
+        raise TccArgumentError(f"tune={value!r}: expected True, False, a number of trials or a dict of sizes",
+                               hint=hint)
+    symbols = {s for op in ops.values() for s in op.symbols}
+    lists: dict[str, list[int]] = {}
+    for name, sizes in value.items():
+        sizes = [sizes] if isinstance(sizes, int) else sizes
+        if name not in symbols or not isinstance(sizes, list | tuple) or not sizes or not all(
+                isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in sizes):
+            raise TccArgumentError(f"tune= maps a shape symbol to its sizes, not {name!r}: {sizes!r}",
+                                   hint=f"{hint}; shape symbols: {', '.join(sorted(symbols)) or 'none'}")
+        lists[name] = list(sizes)
+    count = max(len(v) for v in lists.values())
+    if any(len(v) not in (1, count) for v in lists.values()):
+        raise TccArgumentError(f"tune= gives {', '.join(f'{k}: {len(v)}' for k, v in lists.items())} sizes: "
+                               "the lists pair up position by position", hint="give each symbol as many sizes, or one")
+    return True, tuple({k: v[n] if len(v) > 1 else v[0] for k, v in lists.items()} for n in range(count))
+
+
 def check_names(spec: DynamicSpec, ops: Mapping[str, OpTE]) -> None:
     """Every symbol ``dynamic=`` names is a shape symbol of some op."""
     if spec.names is None:
