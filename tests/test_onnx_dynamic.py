@@ -19,6 +19,7 @@ ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import tcc  # noqa: E402
+from tcc.cli import main  # noqa: E402
 from tcc.interop.onnx import OnnxGenericModel  # noqa: E402
 
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
@@ -169,3 +170,13 @@ def test_transformer_with_symbolic_batch_and_sequence_compiles_once(fresh_cache,
             feeds["attention_mask"][1, s - 2:] = 0  # a padded second sequence
         _check(compiled, model, feeds, rtol=1e-4, atol=1e-4)
     assert compiled.compiles == built and not compiled.graph.specialised
+
+
+def test_cli_runs_a_model_with_symbolic_dims(tmp_path, rng, capsys):
+    """``tcc onnx MODEL --run --check`` without --shape: random inputs at a probe size."""
+    path = tmp_path / "m.onnx"
+    onnx.save(_linear_softmax(rng), str(path))
+    assert main(["onnx", str(path), "--run", "--check"]) == 0
+    assert "vs onnxruntime: ok" in capsys.readouterr().out
+    assert main(["onnx", str(path), "--stage", "loops"]) == 0
+    assert "batch" in capsys.readouterr().out

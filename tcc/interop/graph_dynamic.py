@@ -36,26 +36,32 @@ from tcc.compiler import compile as tcc_compile
 from tcc.errors import TccArgumentError, TccCompileError, TccShapeError
 from tcc.interop import graph_kernels as kernels
 from tcc.interop.graph import Program
-from tcc.interop.graph_fit import Binding, NotGeneric, Template, fields, fit
+from tcc.interop.graph_fit import Binding, NotGeneric, Template, fields, fit, skeleton
 from tcc.interop.graph_model import GraphModel, copy_out
 from tcc.passes.te.specialize import specialize
 from tcc.runtime.binding import as_host_array
 
-__all__ = ["GenericGraph", "GenericKernel", "probe_bindings"]
+__all__ = ["GenericGraph", "GenericKernel", "near", "probe_bindings", "solve"]
 
 log = logging.getLogger(__name__)
 PRIMES = (5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43)
 MAX_SEEN = 8  # programs (their text) kept to fit a template on
+MAX_BOUND = 1024  # bindings whose weights and carriers are kept (then forgotten, translated again)
 
 
-def probe_bindings(symbols: Sequence[str], ones: frozenset[str] = frozenset()) -> list[dict[str, int]]:
-    """Bindings to translate a graph at before its first call: one per symbol changing alone and
-    one changing all, around small distinct primes; the symbols ``ones`` stay 1 (a dim of 1
-    broadcasts: those bindings are a family of their own)."""
-    base = {s: 1 if s in ones else PRIMES[n % len(PRIMES)] + 12 * (n // len(PRIMES)) for n, s in enumerate(symbols)}
-    free = [s for s in symbols if s not in ones]
-    alone = [{**base, s: base[s] + 6} for s in free]
-    return [base, *alone, {s: v if s in ones else v + 10 for s, v in base.items()}][:len(free) + 2]
+def probe_bindings(symbols: Sequence[str]) -> list[dict[str, int]]:
+    """Bindings to translate a graph at before its first call: small distinct primes, then each
+    symbol changing alone and all changing (no 1: a dim of 1 broadcasts, a family of its own)."""
+    base = {s: PRIMES[n % len(PRIMES)] + 12 * (n // len(PRIMES)) for n, s in enumerate(symbols)}
+    return [base, *({**base, s: base[s] + 6} for s in symbols), {s: v + 10 for s, v in base.items()}]
+
+
+def near(binding: Binding, symbols: Sequence[str]) -> list[dict[str, int]]:
+    """Bindings around ``binding`` to probe its family at: each symbol not at 1 one more and one
+    less (not down to 1), then all of them two more; those at 1 stay 1."""
+    free = [s for s in symbols if binding[s] != 1]
+    out = [{**binding, s: binding[s] + d} for s in free for d in (1, -1) if binding[s] + d > 1]
+    return out + ([{s: v + 2 if s in free else v for s, v in binding.items()}] if free else [])
 
 
 class GenericKernel:
@@ -107,9 +113,9 @@ class _Bound:
 
 @dataclass
 class _Family:
-    """The bindings with the same symbols at 1 (a dim of 1 broadcasts, so its program differs in
-    more than numbers): the programs seen, the weights the same at all of them, the template
-    and its kernels."""
+    """The bindings whose programs have the same skeleton (their text less the numbers) and the
+    same symbols at 1 (a dim of 1 broadcasts; a fold at import has a size limit): the programs
+    seen, the weights the same at all of them, the template and its kernels."""
 
     seen: list[tuple[Binding, list[tuple[str, str]]]] = field(default_factory=list)
     fixed: dict[str, np.ndarray] | None = None
@@ -134,13 +140,14 @@ class _Family:
         return self.template.matches(program, binding)
 
 
-Probe = Callable[[frozenset[str]], list[tuple[Binding, Program]]]
+Probe = Callable[[Sequence[Binding]], list[tuple[Binding, Program]]]
 
 
 class GenericGraph:
     """A graph over the shape symbols ``symbols``, run at any binding of them (module docstring).
-    ``probe``, when given, translates the graph at a few bindings of a family (the symbols at 1
-    named) on the family's first call, so that it compiles generic kernels at once."""
+    ``probe``, when given, translates the graph at bindings; a family's first call then has it
+    translated at a few bindings around the call's (``near``), so that the family's generic
+    kernels compile at once."""
 
     def __init__(self, symbols: Sequence[str], target: Any, output_names: Sequence[str], options: dict[str, Any],
                  label: str = "tcc", probe: Probe | None = None):
@@ -150,37 +157,47 @@ class GenericGraph:
         self.label = label
         self._options = options
         self._probe = probe
-        self._families: dict[frozenset[str], _Family] = {}
+        self._families: dict[tuple[frozenset[str], int], _Family] = {}
         self._kernels: dict[tuple[str, tuple[str, ...]], GenericKernel] = {}
         self._bound: dict[tuple[int, ...], _Bound] = {}
         self._static: list[GraphModel] = []
         self.specialised: list[Binding] = []  # the bindings compiled alone (no template fits them)
 
-    def family(self, binding: Binding) -> _Family:
-        ones = frozenset(s for s in self.symbols if binding[s] == 1)
-        family = self._families.get(ones)
+    def _key(self, binding: Binding, program: Program) -> tuple[frozenset[str], int]:
+        return frozenset(s for s in self.symbols if binding[s] == 1), skeleton(program)
+
+    def family(self, binding: Binding, program: Program) -> _Family:
+        """The family of ``program`` (at ``binding``); a new one is probed around the binding."""
+        key = self._key(binding, program)
+        family = self._families.get(key)
         if family is None:
-            family = self._families[ones] = _Family()
+            family = self._families[key] = _Family()
             if self._probe is not None:
-                self.learn(self._probe(ones), family)
+                around = [(b, p) for b, p in self._probe(near(binding, self.symbols)) if self._key(b, p) == key]
+                self.learn([(binding, program), *around])
         return family
 
     @property
     def template(self) -> Template | None:
-        """The template of the bindings with no symbol at 1."""
-        family = self._families.get(frozenset())
-        return family.template if family is not None else None
+        """The template of the first family fitted."""
+        return next((f.template for f in self._families.values() if f.template is not None), None)
 
     # ------------------------------------------------------------ fitting
-    def learn(self, seen: Sequence[tuple[Binding, Program]], family: _Family | None = None) -> None:
-        """Fit a family's template on programs translated at these bindings (probes)."""
-        family = family or self.family(seen[0][0])
+    def learn(self, seen: Sequence[tuple[Binding, Program]]) -> None:
+        """Fit the family of ``seen[0]`` on the programs ``seen`` translated at their bindings
+        (probes; those of other families are only seen by theirs)."""
+        key = self._key(*seen[0])
+        family = self._families.setdefault(key, _Family())
         for binding, program in seen:
-            family.see(binding, program)
+            self._families.setdefault(self._key(binding, program), _Family()).see(binding, program)
         try:
             self._refit(family, seen[0][1], seen[0][0])
         except NotGeneric as exc:
             log.debug("%s: no shape-generic kernels at %s: %s", self.label, _text(seen[0][0]), exc)
+
+    def observe(self, binding: Binding, program: Program) -> None:
+        """See the program of a binding (a probe's) without compiling anything."""
+        self._families.setdefault(self._key(binding, program), _Family()).see(binding, program)
 
     def _refit(self, family: _Family, like: Program, binding: Binding) -> None:
         if len(family.seen) < 2:
@@ -199,10 +216,6 @@ class GenericGraph:
             calls.append((kernel, (*(f"#{s}" for s in carried), *k.params), k.results))
         family.template, family.calls, family.constants = template, calls, constants
 
-    def observe(self, binding: Binding, program: Program) -> None:
-        """See the program of a binding (a probe's) without compiling anything."""
-        self.family(binding).see(binding, program)
-
     # ------------------------------------------------------------ calling
     def bound(self, binding: Binding, program: Callable[[], Program]) -> _Bound:
         """What a call at ``binding`` runs (``program``: the graph translated for it, asked for
@@ -210,11 +223,13 @@ class GenericGraph:
         key = tuple(binding[s] for s in self.symbols)
         bound = self._bound.get(key)
         if bound is None:
+            if len(self._bound) >= MAX_BOUND:
+                self._bound.clear()
             bound = self._bound[key] = self._bind(dict(binding), program())
         return bound
 
     def _bind(self, binding: dict[str, int], program: Program) -> _Bound:
-        family = self.family(binding)
+        family = self.family(binding, program)
         family.see(binding, program)
         why = family.why_not(binding, program)
         if why is not None:
@@ -235,10 +250,11 @@ class GenericGraph:
         self._static.append(model.compile(progress=False))
         return _Bound([], {}, model=model)
 
-    def build(self, binding: Binding) -> None:
-        """Compile every kernel of the binding's family now (``binding``: one of its probes)."""
-        for kernel in dict.fromkeys(k for k, _, _ in self.family(binding).calls):
-            kernel.build(binding)
+    def build(self) -> None:
+        """Compile every kernel fitted so far now (each for a binding its family has seen)."""
+        for family in self._families.values():
+            for kernel in dict.fromkeys(k for k, _, _ in family.calls):
+                kernel.build(family.seen[0][0])
 
     def run(self, bound: _Bound, inputs: Sequence[Any], input_params: Sequence[str], out: Any = None) -> Any:
         """The graph's outputs at ``bound`` for ``inputs`` (the program's parameters ``input_params``)."""

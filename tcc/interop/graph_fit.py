@@ -129,6 +129,12 @@ def fields(p: Program) -> list[tuple[str, str]]:
     return out
 
 
+def skeleton(p: Program) -> int:
+    """A hash of the program's :func:`fields` less their numbers: programs with the same skeleton
+    may fit one template."""
+    return hash(tuple(NUMBER.sub("#", text) for _, text in fields(p)))
+
+
 @dataclass
 class Template:
     """A program over shape symbols (``program``: its shapes and reads name them), with the

@@ -246,12 +246,15 @@ class OnnxGenericModel:
         symbol = {n: _symbol(n, taken) for n in names}
         self.symbols = tuple(symbol.values())
         self.shapes = {k: tuple(symbol[d] if isinstance(d, str) else d for d in v) for k, v in shapes.items()}
+        self.program = first  # the program at one probe size (what `tcc onnx --run` makes inputs for)
         self._params = [first.inputs[n] for n in self.input_names]
         self._notes = list(first.notes)
         self.graph = GenericGraph(self.symbols, target, output_names, options, self.label,
-                                  lambda ones: [(b, self._translate(b)) for b in probe_bindings(self.symbols, ones)])
-        self._probe = probe_bindings(self.symbols)[0]
-        template = self.graph.family(self._probe).template
+                                  lambda bindings: [(b, self._translate(b)) for b in bindings])
+        probes = probe_bindings(self.symbols)
+        self._probe = probes[0]
+        self.graph.learn([(probes[0], first), *((b, self._translate(b)) for b in probes[1:])])
+        template = self.graph.template
         self.source = template.program.source() if template is not None else first.source()
 
     def _translate(self, binding: dict[str, int]) -> Program:
@@ -261,7 +264,7 @@ class OnnxGenericModel:
 
     def compile(self, progress: bool | None = None, jobs: int | None = None) -> OnnxGenericModel:
         """Build the shape-generic kernels now (a size no template fits compiles on its call)."""
-        self.graph.build(self._probe)
+        self.graph.build()
         return self
 
     @property

@@ -43,7 +43,7 @@ from torch.fx.passes.operator_support import OperatorSupport
 
 from tcc.errors import TccError
 from tcc.interop.graph import Program
-from tcc.interop.graph_dynamic import GenericGraph, probe_bindings
+from tcc.interop.graph_dynamic import GenericGraph, near
 from tcc.interop.graph_model import GraphModel
 from tcc.interop.torch import is_registered
 from tcc.interop.torch_aten import lower_node, operator_name, supported
@@ -394,15 +394,15 @@ class _Specialised:
             ones = frozenset(s for s, v in binding.items() if v == 1)
             if self.symbols and ones not in self.families:
                 self.families.add(ones)
-                self._probe(args, ones)
+                self._probe(args, binding)
             generic = _Generic(self.symbols, binding, self.graphs)
             fn = self.compiled[key] = _aot_for(generic)(_floats_fixed(self.gm, args), list(args), **self.kwargs)
         return fn(*args)
 
-    def _probe(self, args: Sequence[Any], ones: frozenset[str]) -> None:
-        """Trace and run the graph at a few sizes of a family (inputs resized from ``args``), so
-        that the subgraphs' programs are seen at several bindings before the first compiles."""
-        for binding in probe_bindings(self.symbols, ones):
+    def _probe(self, args: Sequence[Any], around: dict[str, int]) -> None:
+        """Trace and run the graph at a few sizes around the call's (inputs resized from ``args``),
+        so that the subgraphs' programs are seen at several bindings before the first compiles."""
+        for binding in near(around, self.symbols):
             resized = [_resized(a, self._shape(n, binding)) if isinstance(a, torch.Tensor)
                        and not isinstance(a, torch.nn.Parameter) else self._value(n, binding, a)
                        for n, a in enumerate(args)]
