@@ -180,3 +180,45 @@ def test_cli_runs_a_model_with_symbolic_dims(tmp_path, rng, capsys):
     assert "vs onnxruntime: ok" in capsys.readouterr().out
     assert main(["onnx", str(path), "--stage", "loops"]) == 0
     assert "batch" in capsys.readouterr().out
+
+
+def _causal_scores(rng):
+    """Scores x [batch, seq, seq] plus a causal mask built from Shape (ConstantOfShape, Trilu,
+    Equal, Where: the import folds it while it has at most 4096 elements, seq <= 64, and computes
+    it in statements above), then softmax."""
+    c = lambda name, *v: helper.make_node("Constant", [], [name], value=numpy_helper.from_array(  # noqa: E731
+        np.array(v, np.int64)))
+    nodes = [
+        helper.make_node("Shape", ["x"], ["sx"]), c("one", 1),
+        helper.make_node("Gather", ["sx", "one"], ["s"]),  # [seq]
+        helper.make_node("Concat", ["s", "s"], ["ss"], axis=0),
+        helper.make_node("ConstantOfShape", ["ss"], ["ones"], value=numpy_helper.from_array(np.array([1], np.float32))),
+        helper.make_node("Trilu", ["ones"], ["tri"], upper=0),
+        helper.make_node("Constant", [], ["z"], value=numpy_helper.from_array(np.array(0, np.float32))),
+        helper.make_node("Equal", ["tri", "z"], ["above"]),
+        helper.make_node("Constant", [], ["ninf"], value=numpy_helper.from_array(np.array(-1e9, np.float32))),
+        helper.make_node("Where", ["above", "ninf", "z"], ["mask"]),
+        helper.make_node("Add", ["x", "mask"], ["masked"]),
+        helper.make_node("Softmax", ["masked"], ["y"], axis=-1),
+    ]
+    return _model(nodes, [("x", F32, ["batch", "seq", "seq"])], [("y", F32, ["batch", "seq", "seq"])])
+
+
+def test_a_fold_limited_by_size_is_a_family_of_its_own(fresh_cache, rng):
+    """Past seq 64 the mask is no longer folded at import: the first such call probes around its
+    size and compiles the kernels that differ; later lengths on either side compile nothing."""
+    model = _causal_scores(rng)
+    compiled = tcc.onnx.load(model)
+
+    def run(b, s):
+        _check(compiled, model, {"x": rng.standard_normal((b, s, s)).astype(np.float32)})
+
+    run(2, 7)
+    built = compiled.compiles
+    run(3, 13)
+    assert compiled.compiles == built
+    run(2, 70)
+    built = compiled.compiles
+    for b, s in ((2, 75), (3, 90), (2, 33)):
+        run(b, s)
+    assert compiled.compiles == built and not compiled.graph.specialised
