@@ -390,14 +390,21 @@ class _Specialised:
                                            if isinstance(a, torch.Tensor) else a for n, a in enumerate(args)))
         fn = self.compiled.get(key)
         if fn is None:
-            binding = {name: int(args[n].shape[d] if d is not None else args[n]) for name, n, d in self.where}
-            ones = frozenset(s for s, v in binding.items() if v == 1)
-            if self.symbols and ones not in self.families:
-                self.families.add(ones)
-                self._probe(args, binding)
-            generic = _Generic(self.symbols, binding, self.graphs)
-            fn = self.compiled[key] = _aot_for(generic)(_floats_fixed(self.gm, args), list(args), **self.kwargs)
+            fn = self.compiled[key] = self._trace(args)
         return fn(*args)
+
+    def _trace(self, args: Sequence[Any]) -> Callable:
+        """The graph traced by AOTAutograd for the shapes of ``args``, its programs shape-generic
+        on the CPU (CUDA kernels specialise on shapes: there each shape compiles its own)."""
+        if backend_for(_device(args).type).is_gpu:
+            return _aot(_floats_fixed(self.gm, args), list(args), **self.kwargs)
+        binding = {name: int(args[n].shape[d] if d is not None else args[n]) for name, n, d in self.where}
+        ones = frozenset(s for s, v in binding.items() if v == 1)
+        if self.symbols and ones not in self.families:
+            self.families.add(ones)
+            self._probe(args, binding)
+        generic = _Generic(self.symbols, binding, self.graphs)
+        return _aot_for(generic)(_floats_fixed(self.gm, args), list(args), **self.kwargs)
 
     def _probe(self, args: Sequence[Any], around: dict[str, int]) -> None:
         """Trace and run the graph at a few sizes around the call's (inputs resized from ``args``),
