@@ -150,13 +150,15 @@ class GenericGraph:
     kernels compile at once."""
 
     def __init__(self, symbols: Sequence[str], target: Any, output_names: Sequence[str], options: dict[str, Any],
-                 label: str = "tcc", probe: Probe | None = None):
+                 label: str = "tcc", probe: Probe | None = None, defer: bool = False):
         self.symbols = tuple(symbols)
         self.target = target
         self.output_names = list(output_names)
         self.label = label
         self._options = options
         self._probe = probe
+        self._defer = defer  # a new family's first binding is left to the caller (bound() gives None) once
+        self._deferred: set[tuple[int, ...]] = set()
         self._families: dict[tuple[frozenset[str], int], _Family] = {}
         self._kernels: dict[tuple[str, tuple[str, ...]], GenericKernel] = {}
         self._bound: dict[tuple[int, ...], _Bound] = {}
@@ -217,20 +219,29 @@ class GenericGraph:
         family.template, family.calls, family.constants = template, calls, constants
 
     # ------------------------------------------------------------ calling
-    def bound(self, binding: Binding, program: Callable[[], Program]) -> _Bound:
+    def bound(self, binding: Binding, program: Callable[[], Program]) -> _Bound | None:
         """What a call at ``binding`` runs (``program``: the graph translated for it, asked for
-        on the binding's first call only)."""
+        on the binding's first call only). None (with ``defer``): the first binding of a family
+        no template serves yet, which the caller runs itself this once (its program seen), so
+        that the family's next size compiles generic kernels rather than this one compiling
+        its own; that binding's next call compiles."""
         key = tuple(binding[s] for s in self.symbols)
         bound = self._bound.get(key)
         if bound is None:
             if len(self._bound) >= MAX_BOUND:
                 self._bound.clear()
-            bound = self._bound[key] = self._bind(dict(binding), program())
+            bound = self._bind(dict(binding), program(), self._defer and key not in self._deferred)
+            if bound is None:
+                self._deferred.add(key)
+                return None
+            self._bound[key] = bound
         return bound
 
-    def _bind(self, binding: dict[str, int], program: Program) -> _Bound:
+    def _bind(self, binding: dict[str, int], program: Program, defer: bool = False) -> _Bound | None:
         family = self.family(binding, program)
         family.see(binding, program)
+        if defer and family.template is None and len(family.seen) < 2:
+            return None
         why = family.why_not(binding, program)
         if why is not None:
             try:

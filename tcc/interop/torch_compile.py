@@ -214,6 +214,9 @@ class _Program(torch.nn.Module):
                 return self.sub(*args)
         if self.generic is not None and self.generic.probe:
             return self.sub(*args)  # a probe's program is seen, not compiled: PyTorch runs it
+        if self.model is EAGER:  # the first size of a new family: seen, run by PyTorch this once
+            self.built = False
+            return self.sub(*args)
         weights = self.weights
         got = self.model(*[a.detach().contiguous() for n, a in enumerate(args) if n not in weights]) \
             if self.model is not None else ()
@@ -329,6 +332,9 @@ def _symbolic(gm: torch.fx.GraphModule) -> bool:
     return False
 
 
+EAGER = object()  # a program that PyTorch runs this once (GenericGraph.bound)
+
+
 @dataclass
 class _Generic:
     """One size of a graph with symbolic shapes: the binding of Dynamo's shape symbols, the
@@ -360,11 +366,14 @@ class _Part:
         over."""
         graph = None if fresh else self.of.graphs.get(self.key)
         if graph is None:
-            graph = self.of.graphs[self.key] = GenericGraph(self.of.symbols, target, outputs, {}, "tcc.torch")
+            graph = self.of.graphs[self.key] = GenericGraph(self.of.symbols, target, outputs, {}, "tcc.torch",
+                                                            defer=True)
         if self.of.probe:
             graph.observe(self.of.binding, p)
             return None
         bound = graph.bound(self.of.binding, lambda: p)
+        if bound is None:
+            return EAGER
         params = [p.inputs[name] for name in inputs]
         return lambda *args: graph.run(bound, args, params)
 
