@@ -19,7 +19,9 @@ ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import tcc  # noqa: E402
+import tcc.compiler  # noqa: E402
 from tcc.cli import main  # noqa: E402
+from tcc.errors import TccCompileError  # noqa: E402
 from tcc.interop.onnx import OnnxGenericModel  # noqa: E402
 
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
@@ -222,3 +224,23 @@ def test_a_fold_limited_by_size_is_a_family_of_its_own(fresh_cache, rng):
     for b, s in ((2, 75), (3, 90), (2, 33)):
         run(b, s)
     assert compiled.compiles == built and not compiled.graph.specialised
+
+
+def test_a_kernel_that_cannot_be_dynamic_specialises_per_size(fresh_cache, rng, caplog, monkeypatch):
+    """Where a pass cannot build a kernel with its symbols dynamic (here every build with a
+    symbol fails), that kernel compiles per size, said in the debug log, and results stay right."""
+    real = tcc.compiler.Op._build
+
+    def no_dynamic(self, bindings, lowered, symbols):
+        if symbols:
+            raise TccCompileError("no dynamic extent here")
+        return real(self, bindings, lowered, symbols)
+
+    monkeypatch.setattr(tcc.compiler.Op, "_build", no_dynamic)
+    model = _linear_softmax(rng)
+    with caplog.at_level(logging.DEBUG, logger="tcc.interop.graph_dynamic"):
+        compiled = tcc.onnx.load(model)
+        for b, s in ((2, 7), (3, 5)):
+            _check(compiled, model, _feeds(rng, b, s))
+    assert "a kernel is specialised per size (TccCompileError" in caplog.text
+    assert compiled.compiles >= 2

@@ -33,7 +33,7 @@ import numpy as np
 
 from tcc.compiler import Op
 from tcc.compiler import compile as tcc_compile
-from tcc.errors import TccArgumentError, TccCompileError, TccShapeError
+from tcc.errors import TccArgumentError, TccBoundsError, TccCompileError, TccShapeError
 from tcc.interop import graph_kernels as kernels
 from tcc.interop.graph import Program
 from tcc.interop.graph_fit import Binding, NotGeneric, Template, fields, fit, skeleton
@@ -45,6 +45,7 @@ __all__ = ["GenericGraph", "GenericKernel", "near", "probe_bindings", "solve"]
 
 log = logging.getLogger(__name__)
 PRIMES = (5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43)
+NOT_DYNAMIC = (TccCompileError, TccShapeError, TccBoundsError)  # a dynamic kernel refused (build or call's proof)
 MAX_SEEN = 8  # programs (their text) kept to fit a template on
 MAX_BOUND = 1024  # bindings whose weights and carriers are kept (then forgotten, translated again)
 
@@ -84,14 +85,14 @@ class GenericKernel:
         if self.static is None:
             try:
                 self.op.kernel({s: binding[s] for s in self.op.te.symbols})
-            except (TccCompileError, TccShapeError) as exc:
+            except NOT_DYNAMIC as exc:
                 self._specialise(exc)
 
     def __call__(self, *args: Any, out: Any = None) -> Any:
         if self.static is None:
             try:
                 return self.op(*args, out=out)
-            except (TccCompileError, TccShapeError) as exc:
+            except NOT_DYNAMIC as exc:
                 self._specialise(exc)
         return self.static(*args, out=out)  # type: ignore[misc]
 
