@@ -14,8 +14,17 @@ Part 2: 20 calls of softmax at 20 distinct sequence lengths, from an empty disk 
 ``dynamic=False``, ``dynamic=True`` and the automatic policy: kernels compiled and seconds spent
 (compile seconds depend on the machine: compare the three, not across machines).
 
+Part 3 (with torch, transformers and onnx installed): the same for whole models at 20 distinct
+sequence lengths (batch 2), from an empty cache, counted by ``tcc.kernels_built()``: a small
+GPT-2 exported to ONNX with symbolic batch and sequence, loaded once shape-generic
+(``tcc.onnx.load(model)``) against loaded per length (``input_shapes=``); and a GPT block under
+``torch.compile(backend="tcc")`` with ``dynamic=True``, Dynamo's default (automatic dynamic) and
+``dynamic=False`` (one graph per length). Then the generic model's call time against the
+specialised one's at a few lengths (interleaved medians: the specialised time over the
+generic's, as in part 1).
+
     python benchmarks/dynamic.py [--sizes 1,7,33,128,1000,4096,8192] [--rounds 15] [--cases softmax,matmul]
-                                 [--target cuda]
+                                 [--target cuda] [--parts kernels,lengths,models]
 """
 
 from __future__ import annotations
@@ -157,11 +166,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument("--target", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--parts", default="kernels,lengths,models")
     args = parser.parse_args()
+    parts = args.parts.split(",")
     sizes = [int(s) for s in args.sizes.split(",")]
-    for case in args.cases.split(","):
-        compare(case, sizes, args.rounds, args.target)
-    lengths(args.rounds, args.target)
+    if "kernels" in parts:
+        for case in args.cases.split(","):
+            compare(case, sizes, args.rounds, args.target)
+    if "lengths" in parts:
+        lengths(args.rounds, args.target)
+    if "models" in parts and args.target == "cpu":
+        from dynamic_models import models  # torch, transformers and onnx: only for this part
+
+        models(args.rounds)
 
 
 if __name__ == "__main__":

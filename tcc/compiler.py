@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ from tcc.runtime.dynamic import (
     check_multiples,
     check_names,
     parse_dynamic,
+    parse_tune,
     prove_call,
     requested,
     stream_symbols,
@@ -53,6 +54,13 @@ from tcc.stack import deep
 from tcc.target import Target
 
 MAX_SOURCE_BYTES = 64 << 20
+_BUILT = [0]  # kernels built by every op of this process (Op.compiles counts one op's)
+
+
+def kernels_built() -> int:
+    """How many kernels this process has compiled (not found in the memory or disk cache), by any
+    op: the count that a front door's "no recompiles" is measured by (``tcc.kernels_built()``)."""
+    return _BUILT[0]
 OPTIONS = ("conv", "arch", "tf32", "constant_params", "deterministic")  # of tcc.compile, each taken by some backend
 
 
@@ -132,17 +140,19 @@ def decode_source(data: bytes, filename: str) -> str:
                              "save the file as UTF-8") from None
 
 
-def compile(source: str | os.PathLike, target: str | Target = "cpu", tune: bool | int = False,  # noqa: A001
-            **options: Any) -> Library:
+def compile(source: str | os.PathLike, target: str | Target = "cpu",  # noqa: A001
+            tune: bool | int | Mapping[str, Any] = False, **options: Any) -> Library:
     """Parse and check every op of ``source`` and its ``schedule`` blocks for ``target``; kernels
     are built on first call per shape. ``tune=True`` (or a number of trials) searches the
     auto-scheduler's knobs (CPU: GEMM tiles; CUDA: GEMM tile, pipeline depth, block size) on the
-    first call per shape, or reuses the winner from the disk cache; an op with a user's schedule
-    is not tuned. ``target`` is a kind's name (its machine found here) or a Target value; either
-    way one value describes the machine from here on, and it is part of every cache key."""
+    first call per shape, or reuses the winner from the disk cache; ``tune={"S": (64, 4096)}``
+    tunes a kernel with ``S`` dynamic for those sizes at once (``runtime.dynamic.parse_tune``);
+    an op with a user's schedule is not tuned. ``target`` is a kind's name (its machine found
+    here) or a Target value; either way one value describes the machine from here on, and it is
+    part of every cache key."""
     backend = backend_for(target)
-    if not isinstance(tune, bool | int) or tune < 0:
-        raise TccArgumentError(f"tune={tune!r}: expected True, False or a number of trials")
+    if not isinstance(tune, bool | int | Mapping) or isinstance(tune, int) and tune < 0:
+        raise TccArgumentError(f"tune={tune!r}: expected True, False, a number of trials or a dict of sizes")
     spec = parse_dynamic(options.pop("dynamic", None))
     check_options(options, target)
     machine = backend.resolve(None if isinstance(target, str) else target, options)
@@ -153,7 +163,8 @@ def compile(source: str | os.PathLike, target: str | Target = "cpu", tune: bool 
         options["constant_params"] = _constant_params(options["constant_params"], ops)
     asts = {o.name: o for o in module.ops}
     check_names(spec, ops)
-    return Library(ops, asts, backend, machine, {**backend.defaults, **options}, schedules, tune, spec)
+    tune, points = parse_tune(tune, ops)
+    return Library(ops, asts, backend, machine, {**backend.defaults, **options}, schedules, tune, spec, points)
 
 
 def _constant_params(names: Any, ops: dict[str, OpTE]) -> tuple[str, ...]:
@@ -198,9 +209,10 @@ class Library:
 
     def __init__(self, ops: dict[str, OpTE], asts: dict[str, OpDef], backend: Backend, target: Target,
                  options: dict[str, Any], schedules: dict[str, Schedule] | None = None, tune: bool | int = False,
-                 dynamic: DynamicSpec = AUTOMATIC):
+                 dynamic: DynamicSpec = AUTOMATIC, tune_points: tuple[dict[str, int], ...] = ()):
         self.backend = backend
         self.dynamic = dynamic
+        self.tune_points = tune_points
         self.target = target
         self.options = dict(options)
         self._ops = {name: self._op(te, asts[name], (schedules or {}).get(name), tune) for name, te in ops.items()}
@@ -211,10 +223,11 @@ class Library:
     def _op(self, te: OpTE, definition: OpDef, schedule: Schedule | None, tune: bool | int) -> Op | GenericOp:
         """An op, or one generic over dtypes that makes an op per binding of its type parameters."""
         if not type_params(definition):
-            return Op(te, definition, self.backend, self.target, self.options, schedule, tune, self.dynamic)
+            return Op(te, definition, self.backend, self.target, self.options, schedule, tune, self.dynamic,
+                      self.tune_points)
         source = definition.span.source if definition.span is not None else None
         return GenericOp(definition, source, lambda bound_te, bound: Op(
-            bound_te, bound, self.backend, self.target, self.options, schedule, tune, self.dynamic))
+            bound_te, bound, self.backend, self.target, self.options, schedule, tune, self.dynamic, self.tune_points))
 
     def __getattr__(self, name: str) -> Op:
         ops = self.__dict__.get("_ops", {})
@@ -246,8 +259,10 @@ class Op:
     ``lower`` shows any stage of its compilation."""
 
     def __init__(self, te: OpTE, ast: OpDef, backend: Backend, target: Target, options: dict[str, Any],
-                 schedule: Schedule | None = None, tune: bool | int = False, dynamic: DynamicSpec = STATIC):
+                 schedule: Schedule | None = None, tune: bool | int = False, dynamic: DynamicSpec = STATIC,
+                 tune_points: tuple[dict[str, int], ...] = ()):
         self.te = check_fp8(te, target)  # refused at compile time where the target has no 8-bit floats
+        self.tune_points = tune_points  # sizes of dynamic symbols to tune a dynamic kernel at (tune={...})
         self.dynamic = dynamic
         self.dynamic_symbols = requested(dynamic, te)  # given by dynamic=; the automatic policy adds to them
         self._seen: dict[str, set[int | float]] = {}  # the automatic policy: values per symbol (up to two)
@@ -285,7 +300,7 @@ class Op:
                                    hint='e.g. op.schedule("split(i, 32, io, ii); vectorize(ii)")')
         schedule = schedule_from_text(text, self.backend)
         return Op(self.te, self.ast, self.backend, self.target, self.library_options, schedule, self.tune,
-                  self.dynamic)
+                  self.dynamic, self.tune_points)
 
     # ------------------------------------------------------------ calling
     def __call__(self, *args: Any, out: Any = None, **cparams: Any) -> Any:
@@ -379,8 +394,8 @@ class Op:
         key = self._keys.get(memo)
         lowered = None
         if key is None:
-            if self.tune and not symbols:  # the stored winner may change between processes: key by it
-                lowered = deep(self.lowered, bindings)
+            if self._tunes(symbols):  # the stored winner may change between processes: key by it
+                lowered = deep(self.lowered, bindings, None, symbols)
             key = self._keys[memo] = self.cache_key(bindings, lowered, symbols)
         kernel = cache.MEMORY.get(key)
         if kernel is not None:
@@ -403,6 +418,7 @@ class Op:
             disk.put(key, artifact)
             kernel = self.backend.load(self.name, artifact)
             self.compiles += 1
+            _BUILT[0] += 1
         cache.MEMORY.put(key, kernel)
         return kernel
 
@@ -460,13 +476,18 @@ class Op:
             lowered.loops.attrs[DETERMINISTIC] = True
         if self.target.is_gpu and self.index_guard(bindings) is not None:  # (its kernels read the guard's count)
             lowered.loops.attrs[GUARDED] = True
-        if self.tune and not symbols:
+        if self._tunes(symbols):
             # a downward import (tune knows ops by a Protocol), made here because the tuner loads
             # every target's auto-scheduler: an op that is not tuned never needs it
             from tcc.tune import tuning_for
 
-            lowered.tuning = tuning_for(self, lowered)
+            lowered.tuning = tuning_for(self, lowered, [{**bindings, **p} for p in self.tune_points] if symbols else [])
         return lowered
+
+    def _tunes(self, symbols: frozenset[str]) -> bool:
+        """Whether a kernel with these dynamic symbols is tuned: a specialised one with ``tune=``,
+        a dynamic one when ``tune={...}`` gives sizes for one of its symbols."""
+        return bool(self.tune) and (not symbols or any(symbols & set(p) for p in self.tune_points))
 
     def cache_key(self, bindings: dict[str, int | float], lowered: Lowered | None = None,
                   dynamic: frozenset[str] = frozenset()) -> str:

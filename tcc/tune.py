@@ -10,15 +10,20 @@ a dozen builds, with a progress bar.
 * CUDA (:class:`tcc.passes.autoschedule_cuda.schedule.CudaTuning`): the FMA GEMM's tile, then its
   pipeline depth, then the warps of the flat and row kernels.
 
-The winner is stored as a JSON entry in the disk cache under the op's specialisation key, so
-later processes (``tcc.compile(..., tune=True)``) use it at once.
+A kernel with dynamic shape symbols is tuned for a few sizes at once (``tune={"S": (64, 4096)}``):
+each candidate is built once and timed at every size, and the winner is the one with the least
+mean time relative to the default schedule's at each size (no size dominates by its length).
+
+The winner is stored as a JSON entry in the disk cache under the op's specialisation key (with
+the sizes, for a dynamic kernel), so later processes (``tcc.compile(..., tune=True)``) use it at
+once.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -64,20 +69,24 @@ CUDA_TILES = 6  # GEMM tiles to try (with the default and the other stage, 12 tr
 @dataclass
 class TuneResult:
     best: Tuning
-    best_time: float
+    best_time: float  # seconds (summed over the sizes tuned for)
     default_time: float
-    timings: list[tuple[Tuning, float]]  # every candidate that built, in the order tried
+    timings: list[tuple[Tuning, float]]  # every candidate that built, in the order tried (seconds, summed)
 
 
 # ---------------------------------------------------------------- the stored winner
 
-def tuning_key(op: Op, lowered: Lowered) -> str:
-    return cache.make_key(op.base_key(lowered), TUNE_KEY)
+Points = Sequence[Mapping[str, int]]  # the bindings a dynamic kernel is tuned at (none: its own)
 
 
-def stored_tuning(op: Op, lowered: Lowered) -> Tuning | None:
-    """The winner a previous search stored for this specialisation, if any."""
-    entry = cache.DiskCache(cache.cache_dir()).get_json(tuning_key(op, lowered))
+def tuning_key(op: Op, lowered: Lowered, points: Points = ()) -> str:
+    sizes = [sorted((k, v) for k, v in p.items() if k in lowered.te.dynamic) for p in points]
+    return cache.make_key(op.base_key(lowered), TUNE_KEY, *([repr(sizes)] if sizes else []))
+
+
+def stored_tuning(op: Op, lowered: Lowered, points: Points = ()) -> Tuning | None:
+    """The winner a previous search stored for this specialisation (and sizes), if any."""
+    entry = cache.DiskCache(cache.cache_dir()).get_json(tuning_key(op, lowered, points))
     if entry is None:
         return None
     try:
@@ -90,23 +99,24 @@ def stored_tuning(op: Op, lowered: Lowered) -> Tuning | None:
         return None  # a malformed entry is a miss
 
 
-def store_tuning(op: Op, lowered: Lowered, result: TuneResult) -> None:
+def store_tuning(op: Op, lowered: Lowered, result: TuneResult, points: Points = ()) -> None:
     gpu = result.best.cuda
     entry = {"tiles": result.best.tiles, "unroll": result.best.unroll,
              "cuda": None if gpu is None else {"tile": gpu.tile, "stages": gpu.stages, "warps": gpu.warps},
              "best_s": result.best_time, "default_s": result.default_time}
-    cache.DiskCache(cache.cache_dir()).put_json(tuning_key(op, lowered), entry)
+    cache.DiskCache(cache.cache_dir()).put_json(tuning_key(op, lowered, points), entry)
 
 
-def tuning_for(op: Op, lowered: Lowered) -> Tuning | None:
-    """For ``tune=True``: the stored winner, else a search (stored); None when there is no GEMM."""
+def tuning_for(op: Op, lowered: Lowered, points: Points = ()) -> Tuning | None:
+    """For ``tune=``: the stored winner, else a search (stored); None when there is no GEMM.
+    ``points``: the bindings a dynamic kernel is tuned at."""
     if not tunable(lowered):
         return None
-    found = stored_tuning(op, lowered)
+    found = stored_tuning(op, lowered, points)
     if found is not None:
         return found
-    result = search(op, lowered, DEFAULT_TRIALS if op.tune is True else int(op.tune))
-    store_tuning(op, lowered, result)
+    result = search(op, lowered, DEFAULT_TRIALS if op.tune is True else int(op.tune), points=points)
+    store_tuning(op, lowered, result, points)
     return result.best
 
 
@@ -126,8 +136,11 @@ def kernel_kinds(lowered: Lowered) -> set[str]:
 
 # ---------------------------------------------------------------- the search
 
-def search(op: Op, lowered: Lowered, trials: int = DEFAULT_TRIALS, progress: bool = True) -> TuneResult:
-    """Time up to ``trials`` candidates stage by stage, keeping the fastest (the default first)."""
+def search(op: Op, lowered: Lowered, trials: int = DEFAULT_TRIALS, progress: bool = True,
+           points: Points = ()) -> TuneResult:
+    """Time up to ``trials`` candidates stage by stage, keeping the fastest (the default first);
+    at several ``points`` (bindings of a dynamic kernel), the one fastest relative to the default
+    at each, on the mean."""
     from tqdm import tqdm  # imported when tuning, not by every ``import tcc``
 
     if lowered.target.is_gpu and not cuda.is_available():
@@ -135,9 +148,10 @@ def search(op: Op, lowered: Lowered, trials: int = DEFAULT_TRIALS, progress: boo
                               op.te.span, "tune on the machine that runs the op: the winner is kept in the disk "
                                           "cache (TCC_CACHE_DIR) for later processes")
     best, stages, make = _space(lowered)
-    measure = _timer(op, lowered)
+    measure = _timer(op, lowered, points)
     timings: list[tuple[Tuning, float]] = []
-    best_time = float("inf")
+    default: list[float] | None = None
+    best_score = best_time = float("inf")
     tried: set[tuple] = set()
     bar = tqdm(total=max(1, trials), desc=f"tuning {op.name}", unit="build", disable=not progress, leave=False)
     with bar:
@@ -148,13 +162,15 @@ def search(op: Op, lowered: Lowered, trials: int = DEFAULT_TRIALS, progress: boo
                     continue
                 tried.add(ident)
                 tuning = make(candidate)
-                seconds = measure(tuning)
+                times = measure(tuning)
                 bar.update(1)
-                if seconds is None:
+                if times is None:
                     continue
-                timings.append((tuning, seconds))
-                if seconds < best_time:
-                    best, best_time = candidate, seconds
+                default = default or times
+                score = statistics.fmean(t / d for t, d in zip(times, default))
+                timings.append((tuning, sum(times)))
+                if score < best_score:
+                    best, best_score, best_time = candidate, score, sum(times)
                 bar.set_postfix_str(f"best {best_time * 1e3:.3g} ms")
         bar.total = bar.n  # candidates that coincided were skipped
         bar.refresh()
@@ -247,36 +263,42 @@ def _cuda_tuning(candidate: dict[str, int]) -> Tuning:
     return Tuning(cuda=CudaTuning(tile, candidate["stages"], candidate["warps"]))
 
 
-def _timer(op: Op, lowered: Lowered) -> Callable[[Tuning], float | None]:
-    """Build a candidate, run it on fixed random inputs, return the median time (None: no build).
-    On CUDA the inputs live on the device and each run ends with a synchronisation."""
+def _timer(op: Op, lowered: Lowered, points: Points = ()) -> Callable[[Tuning], list[float] | None]:
+    """Build a candidate, run it on fixed random inputs (at each of ``points``, else at the op's
+    own bindings), return the median time at each (None: no build). On CUDA the inputs live on
+    the device and each run ends with a synchronisation."""
     on_gpu = lowered.target.is_gpu
-    bindings = dict(lowered.te.bindings)
-    args = random_args(op.te, bindings, np.random.default_rng(0))
-    if on_gpu:
-        args = [cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in args]
-    cparams = {k: v for k, v in bindings.items() if k in op.te.cparams}
-    bound = op.bind(tuple(args), cparams)
+    rng = np.random.default_rng(0)
+    bounds = []
+    for point in points or [lowered.te.bindings]:
+        bindings = dict(point)
+        args = random_args(op.te, bindings, rng)
+        if on_gpu:
+            args = [cuda.to_device(a) if isinstance(a, np.ndarray) else a for a in args]
+        bounds.append(op.bind(tuple(args), {k: v for k, v in bindings.items() if k in op.te.cparams}))
     backend = op.backend
-    guard = op.index_guard(bound.bindings)
 
-    def run(kernel) -> None:
-        backend.invoke(kernel, op.te, bound, None, guard)  # (random ids may be out of range: then nothing runs)
+    def run(kernel, bound: BoundCall) -> None:
+        # (random ids may be out of range: then the guard lets nothing run)
+        backend.invoke(kernel, op.te, bound, None, op.index_guard(bound.bindings))
         if on_gpu:
             cuda.synchronize()
 
-    def measure(tuning: Tuning) -> float | None:
+    def median(kernel, bound: BoundCall) -> float:
+        run(kernel, bound)  # warm-up: caches, page faults, thread team, module load
+        times = []
+        for _ in range(RUNS):
+            start = time.perf_counter()
+            run(kernel, bound)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    def measure(tuning: Tuning) -> list[float] | None:
         candidate = replace(lowered, tuning=tuning, trace=Trace(), _scheduled=None)
         try:
             kernel = backend.load(op.name, backend.build(candidate.scheduled, op.target))
         except TccError:
             return None  # e.g. an unroll the nest does not allow
-        run(kernel)  # warm-up: caches, page faults, thread team, module load
-        times = []
-        for _ in range(RUNS):
-            start = time.perf_counter()
-            run(kernel)
-            times.append(time.perf_counter() - start)
-        return statistics.median(times)
+        return [median(kernel, bound) for bound in bounds]
 
     return measure

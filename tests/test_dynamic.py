@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import tcc
+from tcc.errors import TccIndexError
 from tcc.testing import assert_matches, reference_results
 
 SIZES = (1, 7, 33, 1000, 64)
@@ -164,19 +165,25 @@ def test_reads_under_a_select_are_clamped_for_every_size(fresh_cache, rng):
     assert op.compiles == 1
 
 
-def test_data_indices_refuse_dynamic_and_the_automatic_policy_specialises(fresh_cache, rng):
-    """An index read from data is checked at the call by a specialised kernel's checks: dynamic=
-    says so, and the automatic policy keeps specialising (still correct at every size)."""
+def test_data_indices_are_checked_at_every_call_of_a_dynamic_kernel(fresh_cache, rng):
+    """An index read from data is checked at the call (on the host, per binding), so a dynamic
+    kernel serves every size: one kernel, and an index out of range is still a TccIndexError
+    before anything is written."""
     def args(n):
         return (_f32(rng, 10, 4), rng.integers(0, 10, n))
 
     op = tcc.compile(GATHER, dynamic=True).lookup
-    with pytest.raises(tcc.TccError, match="dynamic=False"):
-        op(*args(5))
+    for n in (1, 7, 33, 5):
+        _check(op, args(n))
+    assert op.compiles == 1
+    out = np.full((3, 4), np.nan, np.float32)
+    with pytest.raises(TccIndexError, match=r"is 10 at t=1, outside \[0, 10\)"):
+        op(_f32(rng, 10, 4), np.array([1, 10, 2]), out=out)
+    assert np.isnan(out).all()
     automatic = tcc.compile(GATHER).lookup
     for n in (3, 4, 9):
         _check(automatic, args(n))
-    assert automatic.compiles == 3
+    assert automatic.compiles == 2
 
 
 def test_gemm_with_an_epilogue_over_several_k_blocks(fresh_cache, rng):
@@ -204,3 +211,15 @@ def test_torch_ops_one_kernel_for_every_batch():
             a = torch.randn(m, 33)
             torch.testing.assert_close(ops.matmul(a, w), a @ w, rtol=1e-4, atol=1e-4)
     assert ops.matmul.op.compiles + ops.matmul.op.loads <= 1  # (0: another test's, in memory)
+
+
+def test_a_declared_multiple_of_a_gemm_row_count(fresh_cache, rng):
+    """dynamic={"M": 8} on a matmul: no remainder rows in the kernel, right at every multiple,
+    one kernel; a row count that is no multiple is refused naming the symbol."""
+    op = tcc.compile("examples/matmul.tc", dynamic={"M": 8}).matmul
+    for m in (8, 40, 1024):
+        _check(op, (_f32(rng, m, 33), _f32(rng, 33, 17)))
+    assert "M % " not in op.lower(_f32(rng, 8, 33), _f32(rng, 33, 17), stage="scheduled")
+    with pytest.raises(tcc.TccError, match="M of matmul is 12, not a multiple of 8"):
+        op(_f32(rng, 12, 33), _f32(rng, 33, 17))
+    assert op.compiles == 1

@@ -279,12 +279,15 @@ def test_unsupported_attribute_and_type_are_errors():
         tcc.onnx.load(uint8)
 
 
-def test_symbolic_dims_need_input_shapes(rng):
+def test_symbolic_dims_translate_for_given_shapes_and_load_shape_generic(rng):
+    """``translate`` needs every shape; ``load`` keeps a symbolic dim a shape symbol (CPU) unless
+    ``input_shapes`` fixes it (tests/test_onnx_dynamic.py runs the shape-generic models)."""
     model = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", F32, ["N", 5])], [("y", F32, ["N", 5])])
     with pytest.raises(OnnxImportError, match="dimension 0 is N"):
-        tcc.onnx.load(model)
+        tcc.onnx.translate(model)
     x = rng.standard_normal([7, 5]).astype(np.float32)
     np.testing.assert_array_equal(tcc.onnx.load(model, input_shapes={"x": (7, 5)})(x), np.maximum(x, 0))
+    np.testing.assert_array_equal(tcc.onnx.load(model)(x), np.maximum(x, 0))
 
 
 def test_runtime_shape_input_is_refused_until_given():

@@ -172,7 +172,8 @@ def test_new_shape_recompiles():
 
 def test_symbolic_shapes_compile_for_each_call():
     """Dynamo's automatic dynamic shapes (a graph with symbolic sizes after the second shape):
-    each call's shapes compile on their own, in tcc, forward and backward."""
+    each call's shapes are traced again and run in tcc (shape-generic kernels:
+    tests/test_torch_compile_dynamic.py counts them), forward and backward."""
     torch.manual_seed(12)
     model = MLP()
     torch._dynamo.reset()

@@ -123,3 +123,49 @@ def test_tune_argument_errors(tmp_path, capsys):
     assert "--trials 0" in capsys.readouterr().err
     assert main(["tune", str(path), "-D", "M=2", "-D", "K=2", "-D", "N=2"]) == 0
     assert "no matrix multiply" in capsys.readouterr().out
+
+
+def test_a_dynamic_kernel_is_tuned_for_the_sizes_given(fresh_cache, monkeypatch, rng):
+    """tune={"M": sizes}: the one dynamic kernel is searched once, each candidate timed at every
+    size (the other symbols at the call's), and the winner is stored under those sizes."""
+    seen = []
+    real = tcc.tune.search
+
+    def spy(op, lowered, trials, progress=True, points=()):
+        seen.append([dict(p) for p in points])
+        return real(op, lowered, 3, progress=False, points=points)
+
+    monkeypatch.setattr(tcc.tune, "search", spy)
+    op = tcc.compile(MATMUL, dynamic=("M",), tune={"M": (7, 64, 200)}).matmul
+    b = rng.standard_normal((48, 40), np.float32)
+    for m in (7, 33, 200, 1):
+        a = rng.standard_normal((m, 48), np.float32)
+        np.testing.assert_allclose(op(a, b), a @ b, rtol=1e-4, atol=1e-4)
+    assert op.compiles == 1
+    assert seen == [[{"M": m, "K": 48, "N": 40} for m in (7, 64, 200)]]
+    _forbid_search(monkeypatch)
+    cache.MEMORY.clear()
+    again = tcc.compile(MATMUL, dynamic=("M",), tune={"M": (7, 64, 200)}).matmul
+    np.testing.assert_allclose(again(a, b), a @ b, rtol=1e-4, atol=1e-4)  # the stored winner
+    with pytest.raises(AssertionError, match="searched again"):  # other sizes: another search
+        tcc.compile(MATMUL, dynamic=("M",), tune={"M": (8, 512)}).matmul(a, b)
+
+
+def test_the_winner_over_several_sizes_is_best_on_the_mean_ratio(monkeypatch):
+    """A candidate much faster at one size but slower at another loses to one a little faster
+    at every size (times are fed in, not measured)."""
+    op = tcc.compile(MATMUL, dynamic=("M",)).matmul
+    lowered = op.lowered({**BINDINGS}, dynamic=frozenset({"M"}))
+    times = iter([[1.0, 1.0, 1.0], [0.2, 3.0, 0.2], [0.9, 0.9, 0.9], [1.5, 1.5, 1.5]])
+    monkeypatch.setattr(tcc.tune, "_timer", lambda *args: lambda tuning: next(times, [2.0, 2.0, 2.0]))
+    points = [{**BINDINGS, "M": m} for m in (8, 64, 512)]
+    result = tcc.tune.search(op, lowered, trials=4, progress=False, points=points)
+    assert result.best == tcc.tune.candidates(lowered)[2]
+    assert result.best_time == pytest.approx(2.7) and result.default_time == pytest.approx(3.0)
+
+
+def test_tune_sizes_are_checked():
+    with pytest.raises(TccArgumentError, match="tune= maps a shape symbol to its sizes"):
+        tcc.compile(MATMUL, tune={"Q": (8, 16)})
+    with pytest.raises(TccArgumentError, match="pair up position by position"):
+        tcc.compile(MATMUL, tune={"M": (8, 16), "N": (1, 2, 3)})

@@ -183,7 +183,7 @@ class GraphModel:
             self._arenas = self._plan_buffers(calls, values)
         outputs = [values[name] for name in self._results]
         if out is not None and not (calls and calls[-1][2] == self._results):
-            outputs = _copy_out(outputs, out)
+            outputs = copy_out(outputs, out)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def _plan_buffers(self, calls: list[tuple[Op, tuple[str, ...], tuple[str, ...]]],
@@ -234,12 +234,17 @@ class GraphModel:
             lines.append(f"    kernel {n + 1}: {', '.join(k.results)} from {', '.join(k.params) or 'nothing'}{again}")
         return "\n".join(lines)
 
+    @property
+    def compiles(self) -> int:
+        """Kernels this model built (not found in the memory or disk cache)."""
+        return sum(op.compiles for op in self._ops.values())
+
     def notes(self) -> list[str]:
         """What the import decided (BatchNorm folds, precomputed scales)."""
         return list(self.program.notes)
 
 
-def _copy_out(outputs: list[Any], out: Any) -> list[Any]:
+def copy_out(outputs: list[Any], out: Any) -> list[Any]:
     """The outputs copied into the caller's ``out=`` arrays (NumPy arrays or CPU tensors)."""
     targets = list(out) if isinstance(out, tuple | list) else [out]
     if len(targets) != len(outputs):

@@ -6,8 +6,11 @@ exactly as it fuses a hand-written op (conv + bias + BatchNorm folded into the w
 become one kernel; chains of elementwise nodes one loop nest), and every stage prints
 (``model.lower(stage="fused")``). On the CPU the op then runs as the kernels
 ``graph_kernels`` cuts it into where fusion joins nothing, each distinct one compiled once.
-Shapes are static: they come from the model or from ``input_shapes``. A node tcc cannot
-import is an ``OnnxImportError`` naming it, raised before anything is compiled or run.
+Shapes come from the model or from ``input_shapes``. Dims the model leaves symbolic
+(``dim_param``) that ``input_shapes`` does not fix stay shape symbols on the CPU: the model is
+translated at a few sizes and served by shape-generic kernels (``graph_dynamic``), so a call at
+a new size compiles nothing. A node tcc cannot import is an ``OnnxImportError`` naming it,
+raised before anything is compiled or run.
 
 ``onnx`` is an optional dependency (``pip install onnx``): it is imported only when a model is
 loaded, so ``import tcc`` never needs it.
@@ -15,21 +18,25 @@ loaded, so ``import tcc`` never needs it.
 
 from __future__ import annotations
 
+import keyword
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from tcc.compiler import check_options
 from tcc.errors import TccArgumentError
-from tcc.interop.graph import NUMPY_DTYPES, NeedsValue, Node, OnnxImportError, Program, Value
+from tcc.interop.graph import NUMPY_DTYPES, RESERVED, NeedsValue, Node, OnnxImportError, Program, Value
+from tcc.interop.graph_dynamic import GenericGraph, probe_bindings, solve
 from tcc.interop.graph_model import GraphModel
 from tcc.interop.graph_ops import HANDLERS
 from tcc.interop.onnx_ops import ONNX_DTYPES, tcc_dtype
 from tcc.runtime.backend import backend_for
 from tcc.target import Target
 
-__all__ = ["HANDLERS", "NeedsValue", "OnnxImportError", "OnnxModel", "load", "translate"]
+__all__ = ["HANDLERS", "NeedsValue", "OnnxGenericModel", "OnnxImportError", "OnnxModel", "load", "translate"]
 
 def _onnx():
     """The ``onnx`` package (optional dependency, imported on first use)."""
@@ -138,8 +145,8 @@ def _input_shape(vi, given: dict[str, Sequence[int]]) -> tuple[int, ...]:
     shape = []
     for n, d in enumerate(dims):
         if not d.HasField("dim_value"):
-            raise OnnxImportError(f"input {vi.name!r}: dimension {n} is {d.dim_param or 'unknown'}; tcc compiles "
-                                  "for static shapes",
+            raise OnnxImportError(f"input {vi.name!r}: dimension {n} is {d.dim_param or 'unknown'}; a translation "
+                                  "(and a CUDA model: its kernels specialise on shapes) needs every dim",
                                   hint=f"pass input_shapes={{{vi.name!r}: (...)}} to tcc.onnx.load")
         shape.append(d.dim_value)
     return tuple(shape)
@@ -218,18 +225,127 @@ class OnnxModel(GraphModel):
         return f"<tcc.onnx model ({', '.join(self.input_names)}) -> ({', '.join(self.output_names)}) on {self.target}>"
 
 
+class OnnxGenericModel:
+    """A compiled ONNX model whose inputs have symbolic dims: one set of shape-generic kernels
+    serves every size (``tcc.interop.graph_dynamic``). Call it as an :class:`OnnxModel`;
+    ``compiles`` counts the kernels built, ``symbols`` the dims' symbols (the ``dim_param``
+    names, made identifiers), ``shapes`` each input's shape over them."""
+
+    label = "tcc.onnx"
+
+    def __init__(self, proto: Any, target: str | Target, shapes: dict[str, tuple[int | str, ...]],
+                 constants: dict[str, Any] | None, output_names: list[str], options: dict[str, Any]):
+        self._proto, self._constants = proto, constants
+        self.input_names = list(shapes)
+        self.output_names = output_names
+        self.target = backend_for(target).kind
+        names = list(dict.fromkeys(d for shape in shapes.values() for d in shape if isinstance(d, str)))
+        self.shapes = shapes
+        first = self._translate(probe_bindings(names)[0])  # (the names it uses: no symbol may be one)
+        taken = set(re.findall(r"[A-Za-z_]\w*", first.source()))
+        symbol = {n: _symbol(n, taken) for n in names}
+        self.symbols = tuple(symbol.values())
+        self.shapes = {k: tuple(symbol[d] if isinstance(d, str) else d for d in v) for k, v in shapes.items()}
+        self.program = first  # the program at one probe size (what `tcc onnx --run` makes inputs for)
+        self._params = [first.inputs[n] for n in self.input_names]
+        self._notes = list(first.notes)
+        self.graph = GenericGraph(self.symbols, target, output_names, options, self.label,
+                                  lambda bindings: [(b, self._translate(b)) for b in bindings])
+        probes = probe_bindings(self.symbols)
+        self._probe = probes[0]
+        self.graph.learn([(probes[0], first), *((b, self._translate(b)) for b in probes[1:])])
+        template = self.graph.template
+        self.source = template.program.source() if template is not None else first.source()
+
+    def _translate(self, binding: dict[str, int]) -> Program:
+        """The graph translated for one binding of its symbols."""
+        concrete = {k: tuple(binding[d] if isinstance(d, str) else d for d in v) for k, v in self.shapes.items()}
+        return translate(self._proto, concrete, self._constants, winograd=True)
+
+    def compile(self, progress: bool | None = None, jobs: int | None = None) -> OnnxGenericModel:
+        """Build the shape-generic kernels now (a size no template fits compiles on its call)."""
+        self.graph.build()
+        return self
+
+    @property
+    def compiles(self) -> int:
+        """Kernels built (not found in a cache) by this model so far, at every size."""
+        return self.graph.compiles
+
+    def __call__(self, *args: Any, out: Any = None, **named: Any) -> Any:
+        """Run on the inputs (positionally, or by name) at any size their symbols take."""
+        if named:
+            missing = [n for n in self.input_names[len(args):] if n not in named]
+            if missing:
+                raise TccArgumentError(f"missing model input(s) {', '.join(missing)}")
+            args = (*args, *(named[n] for n in self.input_names[len(args):]))
+        if len(args) != len(self.input_names):
+            raise TccArgumentError(f"the model takes {len(self.input_names)} input(s) "
+                                   f"({', '.join(self.input_names)}), got {len(args)}")
+        binding = solve([self.shapes[n] for n in self.input_names], args, self.input_names)
+        bound = self.graph.bound(binding, lambda: self._translate(binding))
+        return self.graph.run(bound, args, self._params, out)
+
+    def lower(self, stage: str = "scheduled") -> str:
+        """The text of ``stage`` for each distinct shape-generic kernel (its symbols left variables)."""
+        kernels = self.graph.kernels()
+        return "\n".join(f"# kernel {n + 1} of {len(kernels)}\n" + k.op.stage_text(
+            {s: self._probe[s] for s in k.op.te.symbols}, stage) for n, k in enumerate(kernels))
+
+    def notes(self) -> list[str]:
+        return list(self._notes)
+
+    def __repr__(self) -> str:
+        shapes = ", ".join(f"{n}[{', '.join(map(str, self.shapes[n]))}]" for n in self.input_names)
+        return f"<tcc.onnx model ({shapes}) -> ({', '.join(self.output_names)}) on {self.target}, shape-generic>"
+
+
+def _symbol(name: str, taken: set[str]) -> str:
+    """A shape symbol's name from a ``dim_param``: an identifier that names nothing else."""
+    symbol = re.sub(r"\W", "_", name) or "d"
+    if symbol[0].isdigit() or symbol in RESERVED or keyword.iskeyword(symbol) or \
+            re.fullmatch(r"[xytdik]\d*(_\d+)?", symbol):
+        symbol = "n_" + symbol
+    while symbol in taken:
+        symbol += "_"
+    taken.add(symbol)
+    return symbol
+
+
+def _symbolic_shapes(proto: Any, given: dict[str, Sequence[int]], fixed: set[str]) -> dict[str, tuple[int | str, ...]]:
+    """Each input's shape: its ints, and the names of the dims the model leaves symbolic (an
+    unnamed one gets ``input_dim``); an input of ``given`` has the shape given."""
+    shapes: dict[str, tuple[int | str, ...]] = {}
+    for vi in proto.graph.input:
+        if vi.name in fixed:
+            continue
+        if vi.name in given:
+            shapes[vi.name] = tuple(int(d) for d in given[vi.name])
+            continue
+        shapes[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else d.dim_param or f"{vi.name}_{n}"
+                                for n, d in enumerate(vi.type.tensor_type.shape.dim))
+    return shapes
+
+
 def load(model: Any, target: str | Target = "cpu", input_shapes: dict[str, Sequence[int]] | None = None,
          constants: dict[str, Any] | None = None, compile_now: bool = True, progress: bool | None = None,
-         jobs: int | None = None, **options: Any) -> OnnxModel:
+         jobs: int | None = None, **options: Any) -> OnnxModel | OnnxGenericModel:
     """Import an ONNX model (a path or an ``onnx.ModelProto``) and compile it for ``target``.
 
-    ``input_shapes`` gives the shapes of inputs whose dims the model leaves symbolic;
-    ``constants`` fixes graph inputs to known values. ``jobs`` is how many processes build the
-    kernels (see ``OnnxModel.compile``). ``options`` go to ``tcc.compile``.
+    ``input_shapes`` gives the shapes of inputs whose dims the model leaves symbolic; without
+    it, on the CPU, such dims stay shape symbols (an :class:`OnnxGenericModel`: no recompiles at
+    new sizes). ``constants`` fixes graph inputs to known values. ``jobs`` is how many processes
+    build the kernels (see ``OnnxModel.compile``). ``options`` go to ``tcc.compile``.
     """
     proto = _read_model(model)
-    program = translate(proto, input_shapes, constants, winograd=not backend_for(target).is_gpu)
     given = set(constants or {}) | {t.name for t in proto.graph.initializer}
     inputs = [vi.name for vi in proto.graph.input if vi.name not in given]
-    compiled = OnnxModel(program, target, inputs, [vi.name for vi in proto.graph.output], options)
+    outputs = [vi.name for vi in proto.graph.output]
+    shapes = _symbolic_shapes(proto, input_shapes or {}, given)
+    if not backend_for(target).is_gpu and any(isinstance(d, str) for s in shapes.values() for d in s):
+        check_options(options, target)
+        generic = OnnxGenericModel(proto, target, shapes, constants, outputs, options)
+        return generic.compile(progress, jobs) if compile_now else generic
+    program = translate(proto, input_shapes, constants, winograd=not backend_for(target).is_gpu)
+    compiled = OnnxModel(program, target, inputs, outputs, options)
     return compiled.compile(progress, jobs) if compile_now else compiled

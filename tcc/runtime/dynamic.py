@@ -8,8 +8,10 @@ dynamic for that op, so its third value compiles nothing. ``dynamic=False`` spec
 
 A dynamic kernel's reads are proved for each call's values (once per distinct binding, no
 compile): the bounds pass runs on the op specialised for them and must prove every read (a read
-under a select where its condition holds: the dynamic kernel clamps those) and list no index
-read from data, else the call is refused with the symbols named.
+under a select where its condition holds: the dynamic kernel clamps those), else the call is
+refused with the symbols named. An index read from data is checked at every call before any
+kernel runs (``runtime.index_checks``, specialised per binding, not per kernel), so it needs no
+specialised kernel: an embedding's lookup is dynamic too.
 """
 
 from __future__ import annotations
@@ -62,6 +64,35 @@ def parse_dynamic(value: Any) -> DynamicSpec:
         return DynamicSpec(frozenset(value))
     raise TccArgumentError(f"dynamic= must be True, False, a list of shape symbols or a dict, not {value!r}",
                            hint=hint)
+
+
+def parse_tune(value: Any, ops: Mapping[str, OpTE]) -> tuple[bool | int, tuple[dict[str, int], ...]]:
+    """``tune=`` of ``tcc.compile``: (trials or True/False, the sizes a dynamic kernel is tuned at).
+
+    ``tune={"S": (128, 1024, 8192)}`` tunes a kernel with ``S`` dynamic for those sizes at once
+    (the schedule best over them: the least mean time relative to the default's at each size);
+    several symbols give their sizes position by position (a list of one size is used at every
+    position). A kernel that specialises ``S`` is tuned at its own size."""
+    hint = 'tune=True, tune=20 (trials) or tune={"S": (128, 1024, 8192)} (sizes of a dynamic symbol)'
+    if isinstance(value, bool | int) and value >= 0:
+        return value, ()
+    if not isinstance(value, Mapping) or not value:
+        raise TccArgumentError(f"tune={value!r}: expected True, False, a number of trials or a dict of sizes",
+                               hint=hint)
+    symbols = {s for op in ops.values() for s in op.symbols}
+    lists: dict[str, list[int]] = {}
+    for name, sizes in value.items():
+        sizes = [sizes] if isinstance(sizes, int) else sizes
+        if name not in symbols or not isinstance(sizes, list | tuple) or not sizes or not all(
+                isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in sizes):
+            raise TccArgumentError(f"tune= maps a shape symbol to its sizes, not {name!r}: {sizes!r}",
+                                   hint=f"{hint}; shape symbols: {', '.join(sorted(symbols)) or 'none'}")
+        lists[name] = list(sizes)
+    count = max(len(v) for v in lists.values())
+    if any(len(v) not in (1, count) for v in lists.values()):
+        raise TccArgumentError(f"tune= gives {', '.join(f'{k}: {len(v)}' for k, v in lists.items())} sizes: "
+                               "the lists pair up position by position", hint="give each symbol as many sizes, or one")
+    return True, tuple({k: v[n] if len(v) > 1 else v[0] for k, v in lists.items()} for n in range(count))
 
 
 def check_names(spec: DynamicSpec, ops: Mapping[str, OpTE]) -> None:
@@ -128,17 +159,11 @@ def check_multiples(spec: DynamicSpec, op: OpTE, symbols: frozenset[str], bindin
 
 def prove_call(op: OpTE, bindings: dict[str, int | float], symbols: frozenset[str]) -> None:
     """Refuse (TccError naming the symbols) the values of one call that the dynamic kernel of
-    ``op`` cannot serve: a read out of range, or an index read from data (which the specialised
-    kernel checks at the call). A read proved only under its select's condition is clamped in the
-    dynamic kernel (``bounds.clamp_under_selects``)."""
+    ``op`` cannot serve: a read out of range. A read proved only under its select's condition is
+    clamped in the dynamic kernel (``bounds.clamp_under_selects``); an index read from data is
+    the call's to check (``Op.__call__``), as for a specialised kernel."""
     values = ", ".join(f"{s}={bindings[s]}" for s in sorted(symbols))
     try:
-        te = specialize(op, bindings)
-        proved = prove_bounds(te)
+        prove_bounds(specialize(op, bindings))
     except TccError as exc:
         raise type(exc)(f"for {values} (dynamic): {exc.message}", exc.span, exc.hint) from None
-    if proved.index_checks:
-        raise TccShapeError(f"op {op.name}'s kernel for dynamic {', '.join(sorted(symbols))} cannot serve "
-                            f"{values}: an index read from data needs checks that only a specialised kernel has",
-                            op.span, f"compile with dynamic=False (or leave {', '.join(sorted(symbols))} out "
-                                     "of dynamic=)")

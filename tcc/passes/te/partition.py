@@ -22,7 +22,7 @@ def partition(op: OpTE) -> list[tuple[str, ...]]:
     kernels: list[tuple[str, ...]] = []
     run: list[str] = []
     for c in inline_intermediates(op).computes:
-        if gemm_batch_depth(c) < len(c.axes):
+        if gemm_batch_depth(c, tuple(op.dynamic)) < len(c.axes):
             kernels += [tuple(run), (c.tensor,)] if run else [(c.tensor,)]
             run = []
         else:
