@@ -55,6 +55,7 @@ from tcc.passes.simplify import simplify
 from tcc.passes.te.grad_expr import fadd, fdiv, fmul, fselect, num, partials
 from tcc.passes.te.grad_index import Adjoint, Emitter, clamp, gather, iadd, isub
 from tcc.passes.te.grad_scan import prefix_of, prefix_partials, recurrence_partials
+from tcc.passes.te.grad_softmax import constant_maxima
 from tcc.passes.te.grad_tidy import tidy_op
 
 PIECE = 24  # the most nodes a float subexpression keeps inline in the normalised forward
@@ -140,7 +141,7 @@ class _Derivation:
             if c.accumulate and isinstance(body, Reduce):  # a += adds a reduction: hold it in an intermediate
                 body = self._intermediate(c.body, body, list(c.axes), c.tensor, body.op)
             self.forward.append(replace(c, body=body))
-        active = self._active()
+        active = self._active() - constant_maxima(self.op)  # a softmax's shift: no gradient reaches it
         grads = []
         for r in self.op.results:
             grad = self.fresh(f"d{r}")

@@ -1,0 +1,198 @@
+"""Lowering of a :class:`~tcc.ir.te.Sweep`: one loop nest over tiles of (row, key) pairs.
+
+For every point of the outer axes (batch x heads):
+
+    C[...] = 0 for each sum over the keys (a value per row: dQ)
+    for each tile of keys (in order):
+        acc = 0 for each sum over the rows (a value per key: dK, dV)
+        for each tile of rows:
+            P[ii, jj] = its statement, for each pair intermediate in order (locals)
+            C[row, x] += sum over the tile's keys of the term      (for ii, jj, x: x at unit stride)
+            acc[jj, x] += sum over the tile's rows of the term
+        C[key, x] = acc[jj, x]
+
+A short last tile computes its pairs at the last row or key (in bounds, never summed): the sums
+skip the positions past the end. Nothing over rows x keys outlives a tile.
+"""
+
+from __future__ import annotations
+
+from tcc import dtypes
+from tcc.ir.expr import Binary, Const, Expr, Load, Read, Reduce, Var, cast, iadd, imul, substitute, transform
+from tcc.ir.loops import SEQUENTIAL, Allocate, Buffer, For, If, Stmt, Store, seq
+from tcc.ir.te import Compute, OpTE, Sweep
+from tcc.passes.te.lower_stream import ROWS, STREAM, ExprLowering
+
+I64 = dtypes.i64
+BOOL = dtypes.boolean
+
+
+def sweep_nest(sweep: Sweep, op: OpTE, lw: ExprLowering) -> Stmt:
+    """The loop nest that computes every sum of ``sweep`` (see the module docstring)."""
+    return _Nest(sweep, op, lw).build()
+
+
+def _const(e: Expr) -> int:
+    return int(e.value)  # type: ignore[attr-defined]
+
+
+class _Nest:
+    def __init__(self, sweep: Sweep, op: OpTE, lw: ExprLowering):
+        self.s, self.op, self.lw = sweep, op, lw
+        self.defs = {c.tensor: c for c in op.computes if c.tensor in sweep.statements}
+        self.rows, self.keys = _const(sweep.row.extent), _const(sweep.key.extent)
+        self.ti, self.tj = max(1, min(sweep.tile_rows, self.rows)), max(1, min(sweep.tile_keys, self.keys))
+        self.outer = tuple(self._var(ax.var.name) for ax in sweep.outer)
+        self.it, self.jt = self._var(f"{sweep.row.var.name}_o"), self._var(f"{sweep.key.var.name}_o")
+        self.tiles = {p: Buffer(self.lw.fresh(p), op.tensors[p].dtype, (self.ti, self.tj), "local")
+                      for p in sweep.pairs}
+        self.accs = {c: Buffer(self.lw.fresh(f"{c}_acc"), op.tensors[c].dtype,
+                               (self.tj, *(_const(ax.extent) for ax in self.defs[c].axes[len(self.outer) + 1:])),
+                               "local") for c in sweep.by_key}
+
+    def _var(self, base: str) -> Var:
+        return Var(self.lw.fresh(base), I64)
+
+    def _loop(self, base: str, extent: int | Expr, body, notes: tuple = ()) -> Stmt:
+        v = self._var(base)
+        return For(v, Const(extent, I64) if isinstance(extent, int) else extent, body(v), annotations=notes)
+
+    def _at(self, tile: Var, size: int, extent: int, k: Expr, clamp: bool = True) -> Expr:
+        """Position ``k`` of ``tile``; past the end, the last (when ``clamp``)."""
+        at = iadd(imul(tile, size), k)
+        return Binary("min", at, Const(extent - 1, I64), I64) if clamp and extent % size else at
+
+    def _row(self, ii: Expr, clamp: bool = True) -> Expr:
+        return self._at(self.it, self.ti, self.rows, ii, clamp)
+
+    def _key(self, jj: Expr, clamp: bool = True) -> Expr:
+        return self._at(self.jt, self.tj, self.keys, jj, clamp)
+
+    def _inside(self, ii: Expr | None, jj: Expr | None, body: Stmt) -> Stmt:
+        """``body`` where row ``ii`` and key ``jj`` of the tiles exist (those past the end skipped)."""
+        conds = []
+        if ii is not None and self.rows % self.ti:
+            conds.append(Binary("lt", self._row(ii, clamp=False), Const(self.rows, I64), BOOL))
+        if jj is not None and self.keys % self.tj:
+            conds.append(Binary("lt", self._key(jj, clamp=False), Const(self.keys, I64), BOOL))
+        for cond in conds:
+            body = If(cond, body)
+        return body
+
+    def build(self) -> Stmt:
+        by_row = [c for c in self.s.sums if c not in self.s.by_key]
+        rows = For(self.it, Const(-(-self.rows // self.ti), I64),
+                   seq(*(self._pair(p) for p in self.s.pairs), *(self._add_by_row(c) for c in by_row),
+                       *(self._add_by_key(c) for c in self.s.by_key)), annotations=(ROWS,))
+        keys: Stmt = seq(*(self._zero_acc(c) for c in self.s.by_key), rows,
+                         *(self._store_by_key(c) for c in self.s.by_key))
+        body: Stmt = seq(*(self._zero(c) for c in by_row),
+                         For(self.jt, Const(-(-self.keys // self.tj), I64), keys, annotations=(SEQUENTIAL, STREAM)))
+        for buf in reversed([*self.tiles.values(), *self.accs.values()]):
+            body = Allocate(buf, body)
+        for v, ax in reversed(list(zip(self.outer, self.s.outer))):
+            body = For(v, ax.extent, body)
+        return body
+
+    # ------------------------------------------------------------ pieces
+
+    def _names(self, c: Compute, row: Expr, key: Expr) -> dict[str, Expr]:
+        """A pair statement's variables at the outer point, row ``row`` and key ``key``."""
+        k = len(self.outer)
+        return {ax.var.name: v for ax, v in zip(c.axes[:k], self.outer)} | \
+            {c.axes[k].var.name: row, c.axes[k + 1].var.name: key}
+
+    def _tiled(self, e: Expr, ii: Expr, jj: Expr) -> Expr:
+        """``e`` with its reads of pair intermediates at its own pair read from their tiles."""
+        return transform(e, lambda n: Load(self.tiles[n.tensor].name, (ii, jj), n.dtype)
+                         if isinstance(n, Read) and n.tensor in self.tiles else None)
+
+    def _pair(self, name: str) -> Stmt:
+        c = self.defs[name]
+        tile = self.tiles[name]
+
+        def one(ii: Var, jj: Var) -> Stmt:
+            body = substitute(self._tiled(c.body, ii, jj), self._names(c, self._row(ii), self._key(jj)))
+            return self._assign(tile, body, (ii, jj))
+        return self._loop(f"{name}_i", self.ti, lambda ii: self._loop(f"{name}_j", self.tj, lambda jj: one(ii, jj)),
+                          (ROWS,))
+
+    def _term(self, c: Compute, row: Expr, key: Expr, ii: Expr, jj: Expr, at: tuple[Expr, ...]) -> Expr:
+        """The summed term of sum statement ``c`` at row ``ii`` and key ``jj`` of the tiles, its own
+        leading axis at ``at[0]`` and its extra axes at ``at[1:]``."""
+        red = c.body
+        assert isinstance(red, Reduce)
+        k = len(self.outer)
+        r = red.axes[0].var.name
+        y = c.axes[k].var.name
+        by_key = c.tensor in self.s.by_key
+        tiled = self._tiled(red.body, ii, jj)  # (a sum reads its pairs at (r, y) or (y, r): a tile's position)
+        names = {ax.var.name: v for ax, v in zip(c.axes[:k], self.outer)}
+        names |= {r: row if by_key else key, y: key if by_key else row}
+        names |= {ax.var.name: v for ax, v in zip(c.axes[k + 1:], at[1:])}
+        return cast(substitute(tiled, names), red.acc_dtype)
+
+    def _extra(self, c: Compute, body) -> Stmt:
+        """``body(extra variables)`` in loops over the sum's axes after its own."""
+        axes = c.axes[len(self.outer) + 1:]
+        vs = [self._var(ax.var.name) for ax in axes]
+        stmt = body(tuple(vs))
+        for v, ax in reversed(list(zip(vs, axes))):
+            stmt = For(v, ax.extent, stmt)
+        return stmt
+
+    def _zero(self, name: str) -> Stmt:
+        c = self.defs[name]
+        dt = self.op.tensors[name].dtype
+        return self._loop(f"{name}_z", self.rows, lambda y: self._extra(
+            c, lambda xs: Store(name, (*self.outer, y, *xs), Const(0, dt))))
+
+    def _add_by_row(self, name: str) -> Stmt:
+        c = self.defs[name]
+        dt = self.op.tensors[name].dtype
+
+        def one(ii: Var, jj: Var) -> Stmt:
+            def add(xs: tuple[Var, ...]) -> Stmt:
+                at = (*self.outer, self._row(ii, clamp=False), *xs)
+                term = self._term(c, self._row(ii), self._key(jj), ii, jj, (ii, *xs))
+                return self._assign(Buffer(name, dt, ()), Binary("add", Load(name, at, dt), term, dt), at)
+            return self._inside(ii, jj, self._extra(c, add))
+        return self._loop(f"{name}_i", self.ti, lambda ii: self._loop(f"{name}_j", self.tj, lambda jj: one(ii, jj)),
+                          (ROWS,))
+
+    def _zero_acc(self, name: str) -> Stmt:
+        acc = self.accs[name]
+        return self._loop(f"{name}_z", self.tj, lambda jj: self._extra(
+            self.defs[name], lambda xs: Store(acc.name, (jj, *xs), Const(0, acc.dtype))))
+
+    def _add_by_key(self, name: str) -> Stmt:
+        c = self.defs[name]
+        acc = self.accs[name]
+
+        def one(ii: Var, jj: Var) -> Stmt:
+            def add(xs: tuple[Var, ...]) -> Stmt:
+                term = self._term(c, self._row(ii), self._key(jj), ii, jj, (jj, *xs))
+                return self._assign(acc, Binary("add", Load(acc.name, (jj, *xs), acc.dtype), term, acc.dtype),
+                                    (jj, *xs))
+            return self._inside(ii, jj, self._extra(c, add))
+        return self._loop(f"{name}_i", self.ti, lambda ii: self._loop(f"{name}_j", self.tj, lambda jj: one(ii, jj)),
+                          (ROWS,))
+
+    def _store_by_key(self, name: str) -> Stmt:
+        acc = self.accs[name]
+
+        def one(jj: Var) -> Stmt:
+            return self._inside(None, jj, self._extra(self.defs[name], lambda xs: Store(
+                name, (*self.outer, self._key(jj, clamp=False), *xs), Load(acc.name, (jj, *xs), acc.dtype))))
+        return self._loop(f"{name}_s", self.tj, one)
+
+    def _assign(self, buf: Buffer, e: Expr, at: tuple[Expr, ...]) -> Stmt:
+        """``buf[at] = e``, with the loops of the reductions in ``e`` ahead of it."""
+        prelude: list[Stmt] = []
+        allocs: list[Buffer] = []
+        value = self.lw.expr(e, prelude, allocs)
+        body: Stmt = seq(*prelude, Store(buf.name, at, value))
+        for b in reversed(allocs):
+            body = Allocate(b, body)
+        return body
+
