@@ -96,6 +96,8 @@ def _sum_reads(op: OpTE, c: Compute) -> list[tuple[Read, bool]] | None:
         if len(own) < k + 2 or list(n.indices[:k]) != own[:k] or tuple(n.indices[k:]) not in ((r, own[k]), (own[k], r)):
             continue  # (not a pair: a read along the sum's axis, dO_sum[i, d] of dV)
         found.append((n, n.indices[k] == r))
+    deepest = max((len(n.indices) for n, _ in found), default=0)  # (a row tensor m[b, h, i] is no pair)
+    found = [(n, side) for n, side in found if len(n.indices) == deepest]
     if not found or len({side for _, side in found}) > 1:
         return None
     return found
