@@ -6,12 +6,14 @@ training steps, and the lowered program: a sweep and a stream, no buffer of S x 
 
 from __future__ import annotations
 
+import gpu_sim
 import numpy as np
 import pytest
 import torch
 from test_attention import ATTENTION, CAUSAL, VARIANTS
 
 import tcc
+from tcc.codegen_cuda import cuda_c, nvrtc
 from tcc.testing import assert_matches, random_args, reference_results
 
 SIZES = [(1, 1, 8), (7, 7, 8), (33, 33, 64), (7, 33, 8), (33, 1, 64)]  # S, L, D
@@ -177,3 +179,24 @@ def test_tcc_torch_attention_trains(ops64):
                 t -= 0.05 * d
         losses.append(float(loss.detach()))
     assert losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_on_the_cuda_simulator(rng, causal):
+    """The backward under the generic CUDA schedule: its CUDA C compiles through NVRTC, and the
+    simulator runs it to the reference's answer."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    lib = tcc.compile(CAUSAL if causal else ATTENTION, target="cuda", arch="sm_90")
+    grad = tcc.grad((lib.causal_attention if causal else lib.attention).bound(T="f32"))
+    S, L, D = 7, (7 if causal else 33), 8
+    bindings = {"B": 1, "H": 2, "S": S, "D": D} | ({} if causal else {"L": L})
+    lowered = grad.lowered(bindings)
+    assert lowered.te.sweeps and lowered.te.streams, lowered.te.fusion_notes
+    nvrtc.compile_cubin(cuda_c.generate(lowered.scheduled, grad.target).source, "sm_90")
+    args = random_args(grad.te, bindings, rng)
+    arrays = {p: a for p, a in zip(grad.te.params, args) if p in grad.te.tensors}
+    expected = reference_results(grad.te, args, bindings)
+    arrays |= {r: np.full(e.shape, np.nan, e.dtype) for r, e in zip(grad.te.results, expected)}
+    gpu_sim.run(lowered.scheduled, arrays, scalars={"scale": args[3]})
+    for r, e in zip(grad.te.results, expected):
+        assert_matches(arrays[r], e, grad.te.tensors[r].dtype, r)
