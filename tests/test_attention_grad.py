@@ -200,3 +200,29 @@ def test_on_the_cuda_simulator(rng, causal):
     gpu_sim.run(lowered.scheduled, arrays, scalars={"scale": args[3]})
     for r, e in zip(grad.te.results, expected):
         assert_matches(arrays[r], e, grad.te.tensors[r].dtype, r)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_saved_forward_leaves_the_backward_alone(lib, rng, causal):
+    """``tcc.saving`` returns the row maxima, sums and output; the gradient op that takes them
+    (``saved=``) computes no forward statement again, sweeps, and gives SDPA's gradients."""
+    op = (lib.causal_attention if causal else lib.attention).bound(T="f32")
+    saved = ["m", "l", "O"]
+    forward, grad = tcc.saving(op, saved), tcc.grad(op, saved=saved)
+    assert grad.te.params[-3:] == saved
+    S, L, D = 33, (33 if causal else 7), 8
+    args = [rng.standard_normal((1, 2, n, D)).astype(np.float32) for n in (S, L, L)]
+    dO = rng.standard_normal((1, 2, S, D)).astype(np.float32)
+    out, m, total = forward(*args, np.float32(0.3))
+    got = grad(*args, np.float32(0.3), dO, m, total, out, out=_poisoned(*args))
+    for name, g, e in zip(("dQ", "dK", "dV"), got, _sdpa_grads(args, dO, 0.3, causal)):
+        np.testing.assert_allclose(g, e, rtol=2e-4, atol=2e-4 * max(1.0, np.abs(e).max()), err_msg=name)
+    bindings = {"B": 1, "H": 2, "S": S, "D": D} | ({} if causal else {"L": L})
+    lowered = grad.lowered(bindings)
+    assert lowered.te.sweeps and not lowered.te.streams
+    assert {c.tensor for c in grad.te.computes}.isdisjoint({"m", "l", "O", "O_sum"})
+
+
+def test_saved_names_a_statement(lib):
+    with pytest.raises(tcc.TccError, match="no intermediate or result 'lse'"):
+        tcc.grad(lib.attention.bound(T="f32"), saved=["lse"])

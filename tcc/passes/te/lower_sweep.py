@@ -8,7 +8,7 @@ For every point of the outer axes (batch x heads):
         for each tile of rows:
             P[ii, jj] = its statement, for each pair intermediate in order (locals)
             C[row, x] += sum over the tile's keys of the term      (for ii, jj, x: x at unit stride)
-            acc[jj, x] += sum over the tile's rows of the term
+            acc[jj, x] += sum over the tile's rows of the term     (for jj, ii, x)
         C[key, x] = acc[jj, x]
 
 A short last tile computes its pairs at the last row or key (in bounds, never summed): the sums
@@ -175,7 +175,8 @@ class _Nest:
                 return self._assign(acc, Binary("add", Load(acc.name, (jj, *xs), acc.dtype), term, acc.dtype),
                                     (jj, *xs))
             return self._inside(ii, jj, self._extra(c, add))
-        return self._loop(f"{name}_i", self.ti, lambda ii: self._loop(f"{name}_j", self.tj, lambda jj: one(ii, jj)),
+        # keys outside rows: a key's sums stay in registers while the tile's rows add into them
+        return self._loop(f"{name}_j", self.tj, lambda jj: self._loop(f"{name}_i", self.ti, lambda ii: one(ii, jj)),
                           (ROWS,))
 
     def _store_by_key(self, name: str) -> Stmt:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from tcc.ir.expr import Const, Expr, Read, Reduce, transform, walk
+from tcc.ir.expr import Binary, Call, Cast, Const, Expr, Read, Reduce, transform, walk
 from tcc.ir.te import Compute, OpTE, Sweep
 from tcc.passes.te.streaming import streamed_chains
 from tcc.target import Target
@@ -132,8 +132,7 @@ class _Finder:
                         and self._plain(n.tensor)]
         if not any(isinstance(n, Reduce) for p in pairs for n in walk(self.defs[p].body)):
             return "its pairs hold no reduction (scores from two operands): stored, they cost what their inputs do"
-        if not any(isinstance(c.body, Reduce) and c.body.op == "max" and _reads(c.body, pairs)
-                   for c in self.op.computes):
+        if not self._normalised(pairs):
             return "no maximum over its pairs (a softmax's): they are as large as what they are computed from"
         sums: dict[str, bool] = {}
         streamed = _streamed_sums(self.op)
@@ -154,6 +153,23 @@ class _Finder:
             copies |= self._pair_deps(name, pairs)
         ordered = sorted(sums, key=self.order.__getitem__)
         return _Found(sorted(pairs, key=self.order.__getitem__), ordered, [x for x in ordered if sums[x]], copies, at)
+
+    def _normalised(self, pairs: set[str]) -> bool:
+        """Whether the pairs are scores a softmax normalises: a maximum reduces over them, or (the
+        maximum saved by the forward) they subtract a value of their row inside ``exp``."""
+        if any(isinstance(c.body, Reduce) and c.body.op == "max" and _reads(c.body, pairs) for c in self.op.computes):
+            return True
+        for p in pairs:
+            c = self.defs[p]
+            row = [ax.var for ax in c.axes[:-1]]
+            for n in walk(c.body):
+                if isinstance(n, Call) and n.fn == "exp" and isinstance(n.args[0], Binary) and n.args[0].op == "sub":
+                    b = n.args[0].b
+                    while isinstance(b, Cast):
+                        b = b.a
+                    if isinstance(b, Read) and list(b.indices) == row:
+                        return True
+        return False
 
     def _place(self, pairs: set[str], sums: dict[str, bool]) -> int:
         """Where the sweep goes: after everything its pairs and sums read. A sum read before that
