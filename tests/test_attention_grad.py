@@ -80,6 +80,8 @@ def test_large_sizes_store_no_pairs(lib, rng, causal):
     for name, g, e in zip(grad.te.results, got, expected):
         assert_matches(g, e, grad.te.tensors[name].dtype, name)
     _no_pairs_stored(grad, bindings, S, L)
+    (sweep,) = grad.lowered(bindings).te.sweeps  # the causal mask's tiles skipped (checked above: none added)
+    assert (sweep.limit is not None) == causal
 
 
 @pytest.mark.parametrize("variant,wrt", [("masked", None), ("softcap", None), ("alibi", ["Q", "K", "V"]),

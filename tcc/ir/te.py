@@ -133,6 +133,7 @@ class Sweep:
     by_key: tuple[str, ...]  # the sums over the rows
     tile_rows: int = 64
     tile_keys: int = 64
+    limit: Expr | None = None  # every sum's term is 0 at keys >= limit (of the outer and row variables)
 
     @property
     def statements(self) -> tuple[str, ...]:

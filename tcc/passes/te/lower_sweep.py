@@ -12,7 +12,9 @@ For every point of the outer axes (batch x heads):
         C[key, x] = acc[jj, x]
 
 A short last tile computes its pairs at the last row or key (in bounds, never summed): the sums
-skip the positions past the end. Nothing over rows x keys outlives a tile.
+skip the positions past the end. Where every sum's term is 0 at keys past a limit of the row (a
+causal mask), a tile of rows whose last row stops before the tile of keys is skipped. Nothing
+over rows x keys outlives a tile.
 """
 
 from __future__ import annotations
@@ -81,9 +83,13 @@ class _Nest:
 
     def build(self) -> Stmt:
         by_row = [c for c in self.s.sums if c not in self.s.by_key]
-        rows = For(self.it, Const(-(-self.rows // self.ti), I64),
-                   seq(*(self._pair(p) for p in self.s.pairs), *(self._add_by_row(c) for c in by_row),
-                       *(self._add_by_key(c) for c in self.s.by_key)), annotations=(ROWS,))
+        tile: Stmt = seq(*(self._pair(p) for p in self.s.pairs), *(self._add_by_row(c) for c in by_row),
+                         *(self._add_by_key(c) for c in self.s.by_key))
+        if self.s.limit is not None:  # a tile of rows whose last row's keys stop before this tile of keys adds 0
+            last = Binary("min", iadd(imul(self.it, self.ti), self.ti - 1), Const(self.rows - 1, I64), I64)
+            names = {ax.var.name: v for ax, v in zip(self.s.outer, self.outer)} | {self.s.row.var.name: last}
+            tile = If(Binary("lt", imul(self.jt, self.tj), substitute(self.s.limit, names), BOOL), tile)
+        rows = For(self.it, Const(-(-self.rows // self.ti), I64), tile, annotations=(ROWS,))
         keys: Stmt = seq(*(self._zero_acc(c) for c in self.s.by_key), rows,
                          *(self._store_by_key(c) for c in self.s.by_key))
         body: Stmt = seq(*(self._zero(c) for c in by_row),

@@ -479,8 +479,14 @@ def _limit(score: Expr, j: IterVar, rows: tuple[IterVar, ...]) -> Expr | None:
     s = _strip(score)
     if not (isinstance(s, Select) and isinstance(s.b, Const) and s.b.value == -math.inf):
         return None
+    return key_limit([s.cond], j, rows)
+
+
+def key_limit(conds: list[Expr], j: IterVar, rows: tuple[IterVar, ...]) -> Expr | None:
+    """``f`` where one of ``conds`` (or of their conjuncts) is ``j < f``, ``f`` affine in the rows and
+    non-decreasing in the last: the keys at or past ``f`` of a row are masked (for :mod:`.sweeps` too)."""
     names = {ax.var.name for ax in rows}
-    for cond in _conjuncts(s.cond):
+    for cond in (c for e in conds for c in _conjuncts(e)):
         bound = _upper_bound(cond, j.var.name)
         if bound is None or not free_vars(bound) <= names:
             continue

@@ -26,11 +26,12 @@ stream can take (the forward's ``P . V``) is left to it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
-from tcc.ir.expr import Binary, Call, Cast, Const, Expr, Read, Reduce, transform, walk
+from tcc.ir.expr import Binary, Call, Cast, Const, Expr, Read, Reduce, Select, format_expr, substitute, transform, walk
 from tcc.ir.te import Compute, OpTE, Sweep
-from tcc.passes.te.streaming import streamed_chains
+from tcc.passes.te.streaming import key_limit, streamed_chains
 from tcc.target import Target
 
 CPU_TILE_ROWS, CPU_TILE_KEYS = 32, 64  # a tile of each pair intermediate: 8 KiB of f32, in L1
@@ -260,13 +261,73 @@ def _apply(op: OpTE, f: _Found, target: Target) -> tuple[OpTE, Sweep]:
     k = len(top.axes) - 2
     rows, keys = (CPU_TILE_ROWS, CPU_TILE_KEYS) if not target.is_gpu else (GPU_TILE_ROWS, GPU_TILE_KEYS)
     sweep = Sweep(top.axes[:k], top.axes[k], top.axes[k + 1], pairs, tuple(f.sums), tuple(f.by_key), rows, keys)
+    sweep = replace(sweep, limit=_sweep_limit(op, sweep, f))
     return replace(op, computes=[*before, *moved, *after], tensors=tensors), sweep
+
+
+def _sweep_limit(op: OpTE, sweep: Sweep, f: _Found) -> Expr | None:
+    """The key past which every sum's term is 0 for a row (a causal mask's ``i + 1``), or None."""
+    defs = {c.tensor: c for c in op.computes}
+    limits = []
+    for name in f.sums:
+        c = defs[name]
+        red = c.body
+        assert isinstance(red, Reduce)
+        k = len(sweep.outer)
+        r, y = red.axes[0].var.name, c.axes[k].var.name
+        to_sweep = {ax.var.name: o.var for ax, o in zip(c.axes[:k], sweep.outer)}
+        to_sweep |= {r: sweep.row.var, y: sweep.key.var} if name in f.by_key else {r: sweep.key.var, y: sweep.row.var}
+        conds = [substitute(x, to_sweep) for x in _nonzero_where(red.body, defs, set(f.pairs))]
+        limit = key_limit(conds, sweep.key, (*sweep.outer, sweep.row))
+        if limit is None:
+            return None
+        limits.append(limit)
+    return limits[0] if all(x == limits[0] for x in limits) else None
+
+
+def _nonzero_where(e: Expr, defs: dict[str, Compute], pairs: set[str]) -> list[Expr]:
+    """Conditions outside any of which ``e`` is 0: ``select(c, x, 0)``, a product with such a
+    factor, ``exp`` of a difference whose first term is ``-inf`` outside them (a masked score)."""
+    while isinstance(e, Cast):
+        e = e.a
+    if isinstance(e, Select) and _is(e.b, 0.0):
+        return [e.cond, *_nonzero_where(e.a, defs, pairs)]
+    if isinstance(e, Binary) and e.op == "mul":
+        return [*_nonzero_where(e.a, defs, pairs), *_nonzero_where(e.b, defs, pairs)]
+    if isinstance(e, Call) and e.fn == "exp" and isinstance(e.args[0], Binary) and e.args[0].op == "sub":
+        return _finite_where(e.args[0].a, defs, pairs)
+    if isinstance(e, Read) and e.tensor in pairs:
+        return _nonzero_where(_at(defs[e.tensor], e), defs, pairs)
+    return []
+
+
+def _finite_where(e: Expr, defs: dict[str, Compute], pairs: set[str]) -> list[Expr]:
+    """Conditions outside any of which ``e`` is ``-inf``."""
+    while isinstance(e, Cast):
+        e = e.a
+    if isinstance(e, Select) and _is(e.b, -math.inf):
+        return [e.cond, *_finite_where(e.a, defs, pairs)]
+    if isinstance(e, Read) and e.tensor in pairs:
+        return _finite_where(_at(defs[e.tensor], e), defs, pairs)
+    return []
+
+
+def _at(c: Compute, read: Read) -> Expr:
+    """``c``'s body at the point ``read`` reads."""
+    return substitute(c.body, {ax.var.name: i for ax, i in zip(c.axes, read.indices)})
+
+
+def _is(e: Expr, value: float) -> bool:
+    while isinstance(e, Cast):
+        e = e.a
+    return isinstance(e, Const) and e.value == value
 
 
 def _describe(s: Sweep) -> str:
     by_row = [x for x in s.sums if x not in s.by_key]
     parts = [f"sums over {s.key.var.name}: {', '.join(by_row)}" if by_row else "",
              f"sums over {s.row.var.name}: {', '.join(s.by_key)}" if s.by_key else ""]
+    skip = f"; tiles of {s.key.var.name} at or past {format_expr(s.limit)} skipped" if s.limit is not None else ""
     return (f"sweep over {s.row.var.name} x {s.key.var.name}: {', '.join(s.pairs)} a tile of "
-            f"{s.tile_rows} x {s.tile_keys} at a time, never stored; {'; '.join(p for p in parts if p)}")
+            f"{s.tile_rows} x {s.tile_keys} at a time, never stored; {'; '.join(p for p in parts if p)}{skip}")
 
