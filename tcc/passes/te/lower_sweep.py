@@ -20,7 +20,24 @@ over rows x keys outlives a tile.
 from __future__ import annotations
 
 from tcc import dtypes
-from tcc.ir.expr import Binary, Const, Expr, Load, Read, Reduce, Var, cast, iadd, imul, substitute, transform
+from tcc.ir.expr import (
+    Binary,
+    Cast,
+    Const,
+    Expr,
+    IterVar,
+    Load,
+    Read,
+    Reduce,
+    Select,
+    Var,
+    cast,
+    iadd,
+    imul,
+    substitute,
+    transform,
+    walk,
+)
 from tcc.ir.loops import SEQUENTIAL, Allocate, Buffer, For, If, Stmt, Store, seq
 from tcc.ir.te import Compute, OpTE, Sweep
 from tcc.passes.te.lower_stream import ROWS, STREAM, ExprLowering
@@ -48,6 +65,10 @@ class _Nest:
         self.it, self.jt = self._var(f"{sweep.row.var.name}_o"), self._var(f"{sweep.key.var.name}_o")
         self.tiles = {p: Buffer(self.lw.fresh(p), op.tensors[p].dtype, (self.ti, self.tj), "local")
                       for p in sweep.pairs}
+        extra = {c: tuple(_const(ax.extent) for ax in self.defs[c].axes[len(self.outer) + 1:]) for c in sweep.sums}
+        self.parts = {c: Buffer(self.lw.fresh(f"{c}_part"), op.tensors[c].dtype,
+                                (self.tj if c in sweep.by_key else self.ti, *extra[c]), "local") for c in sweep.sums}
+        self.summed = {r.tensor for c in sweep.sums for r in walk(self.defs[c].body) if isinstance(r, Read)}
         self.accs = {c: Buffer(self.lw.fresh(f"{c}_acc"), op.tensors[c].dtype,
                                (self.tj, *(_const(ax.extent) for ax in self.defs[c].axes[len(self.outer) + 1:])),
                                "local") for c in sweep.by_key}
@@ -69,6 +90,17 @@ class _Nest:
 
     def _key(self, jj: Expr, clamp: bool = True) -> Expr:
         return self._at(self.jt, self.tj, self.keys, jj, clamp)
+
+    def _valid(self, ii: Expr, jj: Expr) -> Expr | None:
+        """Whether row ``ii`` and key ``jj`` of the tiles exist (None: always)."""
+        conds = []
+        if self.rows % self.ti:
+            conds.append(Binary("lt", self._row(ii, clamp=False), Const(self.rows, I64), BOOL))
+        if self.keys % self.tj:
+            conds.append(Binary("lt", self._key(jj, clamp=False), Const(self.keys, I64), BOOL))
+        if not conds:
+            return None
+        return conds[0] if len(conds) == 1 else Binary("and", conds[0], conds[1], BOOL)
 
     def _inside(self, ii: Expr | None, jj: Expr | None, body: Stmt) -> Stmt:
         """``body`` where row ``ii`` and key ``jj`` of the tiles exist (those past the end skipped)."""
@@ -94,7 +126,7 @@ class _Nest:
                          *(self._store_by_key(c) for c in self.s.by_key))
         body: Stmt = seq(*(self._zero(c) for c in by_row),
                          For(self.jt, Const(-(-self.keys // self.tj), I64), keys, annotations=(SEQUENTIAL, STREAM)))
-        for buf in reversed([*self.tiles.values(), *self.accs.values()]):
+        for buf in reversed([*self.tiles.values(), *self.parts.values(), *self.accs.values()]):
             body = Allocate(buf, body)
         for v, ax in reversed(list(zip(self.outer, self.s.outer))):
             body = For(v, ax.extent, body)
@@ -119,6 +151,9 @@ class _Nest:
 
         def one(ii: Var, jj: Var) -> Stmt:
             body = substitute(self._tiled(c.body, ii, jj), self._names(c, self._row(ii), self._key(jj)))
+            valid = self._valid(ii, jj)
+            if valid is not None and name in self.summed:  # (a sum's product with it adds 0 there)
+                body = Select(valid, body, Const(0, tile.dtype), tile.dtype)
             return self._assign(tile, body, (ii, jj))
         return self._loop(f"{name}_i", self.ti, lambda ii: self._loop(f"{name}_j", self.tj, lambda jj: one(ii, jj)),
                           (ROWS,))
@@ -153,18 +188,39 @@ class _Nest:
         return self._loop(f"{name}_z", self.rows, lambda y: self._extra(
             c, lambda xs: Store(name, (*self.outer, y, *xs), Const(0, dt))))
 
+    def _part(self, name: str, over: int, axis: str) -> Stmt:
+        """``part[y, x] = sum over the tile's other axis of the term``: ``y`` the tile's row
+        (``axis`` "row", a sum over the keys) or key. A matrix product of a tile of pairs with a
+        tile of an operand, which the CPU schedule tiles as a GEMM; past the end of the rows or
+        keys the pairs are 0 (or the term is guarded)."""
+        c = self.defs[name]
+        part = self.parts[name]
+        dt = part.dtype
+
+        def one(y: Var) -> Stmt:
+            def put(xs: tuple[Var, ...]) -> Stmt:
+                r = self._var(f"{name}_k")
+                ii, jj = (y, r) if axis == "row" else (r, y)
+                term = self._term(c, self._row(ii), self._key(jj), ii, jj, (y, *xs))
+                valid = self._valid(ii, jj)
+                if valid is not None and not _zero_with_pairs(term, {b.name for b in self.tiles.values()}):
+                    term = Select(valid, term, Const(0, dt), dt)
+                extent = self.tj if axis == "row" else self.ti
+                return self._assign(part, Reduce("sum", (IterVar(r, Const(extent, I64)),), term, dt, dt), (y, *xs))
+            return self._extra(c, put)
+        return self._loop(f"{name}_p", over, one, (ROWS,))
+
     def _add_by_row(self, name: str) -> Stmt:
         c = self.defs[name]
         dt = self.op.tensors[name].dtype
+        part = self.parts[name]
 
-        def one(ii: Var, jj: Var) -> Stmt:
-            def add(xs: tuple[Var, ...]) -> Stmt:
+        def add(ii: Var) -> Stmt:
+            def one(xs: tuple[Var, ...]) -> Stmt:
                 at = (*self.outer, self._row(ii, clamp=False), *xs)
-                term = self._term(c, self._row(ii), self._key(jj), ii, jj, (ii, *xs))
-                return self._assign(Buffer(name, dt, ()), Binary("add", Load(name, at, dt), term, dt), at)
-            return self._inside(ii, jj, self._extra(c, add))
-        return self._loop(f"{name}_i", self.ti, lambda ii: self._loop(f"{name}_j", self.tj, lambda jj: one(ii, jj)),
-                          (ROWS,))
+                return Store(name, at, Binary("add", Load(name, at, dt), Load(part.name, (ii, *xs), dt), dt))
+            return self._inside(ii, None, self._extra(c, one))
+        return seq(self._part(name, self.ti, "row"), self._loop(f"{name}_a", self.ti, add))
 
     def _zero_acc(self, name: str) -> Stmt:
         acc = self.accs[name]
@@ -172,18 +228,15 @@ class _Nest:
             self.defs[name], lambda xs: Store(acc.name, (jj, *xs), Const(0, acc.dtype))))
 
     def _add_by_key(self, name: str) -> Stmt:
-        c = self.defs[name]
-        acc = self.accs[name]
+        acc, part = self.accs[name], self.parts[name]
 
-        def one(ii: Var, jj: Var) -> Stmt:
-            def add(xs: tuple[Var, ...]) -> Stmt:
-                term = self._term(c, self._row(ii), self._key(jj), ii, jj, (jj, *xs))
-                return self._assign(acc, Binary("add", Load(acc.name, (jj, *xs), acc.dtype), term, acc.dtype),
-                                    (jj, *xs))
-            return self._inside(ii, jj, self._extra(c, add))
-        # keys outside rows: a key's sums stay in registers while the tile's rows add into them
-        return self._loop(f"{name}_j", self.tj, lambda jj: self._loop(f"{name}_i", self.ti, lambda ii: one(ii, jj)),
-                          (ROWS,))
+        def add(jj: Var) -> Stmt:
+            def one(xs: tuple[Var, ...]) -> Stmt:
+                at = (jj, *xs)
+                return Store(acc.name, at, Binary("add", Load(acc.name, at, acc.dtype), Load(part.name, at, acc.dtype),
+                                                  acc.dtype))
+            return self._extra(self.defs[name], one)
+        return seq(self._part(name, self.tj, "key"), self._loop(f"{name}_a", self.tj, add))
 
     def _store_by_key(self, name: str) -> Stmt:
         acc = self.accs[name]
@@ -203,3 +256,14 @@ class _Nest:
             body = Allocate(b, body)
         return body
 
+
+
+def _zero_with_pairs(e: Expr, tiles: set[str]) -> bool:
+    """Whether ``e`` is a product with a tile of pairs (0 where the tile is)."""
+    while isinstance(e, Cast):
+        e = e.a
+    if isinstance(e, Select) and isinstance(e.b, Const) and e.b.value == 0:
+        return _zero_with_pairs(e.a, tiles)
+    if isinstance(e, Binary) and e.op == "mul":
+        return any(isinstance(x, Load) and x.buffer in tiles or _zero_with_pairs(x, tiles) for x in (e.a, e.b))
+    return False
