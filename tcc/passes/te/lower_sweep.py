@@ -40,6 +40,7 @@ from tcc.ir.expr import (
 )
 from tcc.ir.loops import SEQUENTIAL, Allocate, Buffer, For, If, Stmt, Store, seq
 from tcc.ir.te import Compute, OpTE, Sweep
+from tcc.passes.simplify import simplify
 from tcc.passes.te.lower_stream import ROWS, STREAM, ExprLowering
 
 I64 = dtypes.i64
@@ -63,6 +64,7 @@ class _Nest:
         self.ti, self.tj = max(1, min(sweep.tile_rows, self.rows)), max(1, min(sweep.tile_keys, self.keys))
         self.outer = tuple(self._var(ax.var.name) for ax in sweep.outer)
         self.it, self.jt = self._var(f"{sweep.row.var.name}_o"), self._var(f"{sweep.key.var.name}_o")
+        self.row_tile: Expr = self.it  # the tile of rows: ``it``, or where a causal limit starts them ``first + it``
         self.tiles = {p: Buffer(self.lw.fresh(p), op.tensors[p].dtype, (self.ti, self.tj), "local")
                       for p in sweep.pairs}
         extra = {c: tuple(_const(ax.extent) for ax in self.defs[c].axes[len(self.outer) + 1:]) for c in sweep.sums}
@@ -86,7 +88,7 @@ class _Nest:
         return Binary("min", at, Const(extent - 1, I64), I64) if clamp and extent % size else at
 
     def _row(self, ii: Expr, clamp: bool = True) -> Expr:
-        return self._at(self.it, self.ti, self.rows, ii, clamp)
+        return self._at(self.row_tile, self.ti, self.rows, ii, clamp)
 
     def _key(self, jj: Expr, clamp: bool = True) -> Expr:
         return self._at(self.jt, self.tj, self.keys, jj, clamp)
@@ -115,13 +117,18 @@ class _Nest:
 
     def build(self) -> Stmt:
         by_row = [c for c in self.s.sums if c not in self.s.by_key]
+        count: Expr = Const(-(-self.rows // self.ti), I64)
+        first = self._first_row_tile()
+        if first is not None:  # the tiles of rows before it add 0 to this tile of keys
+            self.row_tile = iadd(first, self.it)
+            count = Binary("max", Binary("sub", count, first, I64), Const(0, I64), I64)
         tile: Stmt = seq(*(self._pair(p) for p in self.s.pairs), *(self._add_by_row(c) for c in by_row),
                          *(self._add_by_key(c) for c in self.s.by_key))
-        if self.s.limit is not None:  # a tile of rows whose last row's keys stop before this tile of keys adds 0
+        if self.s.limit is not None and first is None:  # a tile of rows whose last row stops before the keys adds 0
             last = Binary("min", iadd(imul(self.it, self.ti), self.ti - 1), Const(self.rows - 1, I64), I64)
             names = {ax.var.name: v for ax, v in zip(self.s.outer, self.outer)} | {self.s.row.var.name: last}
             tile = If(Binary("lt", imul(self.jt, self.tj), substitute(self.s.limit, names), BOOL), tile)
-        rows = For(self.it, Const(-(-self.rows // self.ti), I64), tile, annotations=(ROWS,))
+        rows = For(self.it, count, tile, annotations=(ROWS,))
         keys: Stmt = seq(*(self._zero_acc(c) for c in self.s.by_key), rows,
                          *(self._store_by_key(c) for c in self.s.by_key))
         body: Stmt = seq(*(self._zero(c) for c in by_row),
@@ -131,6 +138,21 @@ class _Nest:
         for v, ax in reversed(list(zip(self.outer, self.s.outer))):
             body = For(v, ax.extent, body)
         return body
+
+    def _first_row_tile(self) -> Expr | None:
+        """The first tile of rows whose last row's limit ``a * row + c`` (``a`` a positive constant)
+        passes the tile of keys' first key, or one before it: ``(jt * tj - c - a * (ti - 1)) // (a * ti)``,
+        at least 0. None where the limit is not of that form (an ``if`` then skips each tile)."""
+        if self.s.limit is None:
+            return None
+        outer = {ax.var.name: v for ax, v in zip(self.s.outer, self.outer)}
+        at = [simplify(substitute(self.s.limit, outer | {self.s.row.var.name: Const(x, I64)})) for x in (0, 1)]
+        slope = simplify(Binary("sub", at[1], at[0], I64))
+        if not (isinstance(slope, Const) and slope.value > 0):
+            return None
+        a = int(slope.value)
+        top = Binary("sub", imul(self.jt, self.tj), iadd(at[0], a * (self.ti - 1)), I64)
+        return Binary("max", Binary("floordiv", top, Const(a * self.ti, I64), I64), Const(0, I64), I64)
 
     # ------------------------------------------------------------ pieces
 

@@ -29,7 +29,21 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from tcc.ir.expr import Binary, Call, Cast, Const, Expr, Read, Reduce, Select, format_expr, substitute, transform, walk
+from tcc.ir.expr import (
+    Binary,
+    Call,
+    Cast,
+    Const,
+    Expr,
+    Read,
+    Reduce,
+    Select,
+    format_expr,
+    free_vars,
+    substitute,
+    transform,
+    walk,
+)
 from tcc.ir.te import Compute, OpTE, Sweep
 from tcc.passes.te.streaming import key_limit, streamed_chains
 from tcc.target import Target
@@ -253,6 +267,7 @@ def _apply(op: OpTE, f: _Found, target: Target) -> tuple[OpTE, Sweep]:
         return replace(c, tensor=rename.get(c.tensor, c.tensor), body=body)
     defs = {c.tensor: c for c in op.computes}
     moved = [renamed(defs[p]) for p in f.pairs] + [renamed(defs[s]) for s in f.sums]
+    moved = _unmasked(moved, {rename.get(p, p) for p in f.pairs})
     members = set(f.pairs) | set(f.sums)
     before = [c for c in op.computes[:f.at] if c.tensor not in members or c.tensor in f.copies]
     after = [c for c in op.computes[f.at:] if c.tensor not in members or c.tensor in f.copies]
@@ -263,6 +278,31 @@ def _apply(op: OpTE, f: _Found, target: Target) -> tuple[OpTE, Sweep]:
     sweep = Sweep(top.axes[:k], top.axes[k], top.axes[k + 1], pairs, tuple(f.sums), tuple(f.by_key), rows, keys)
     sweep = replace(sweep, limit=_sweep_limit(op, sweep, f))
     return replace(op, computes=[*before, *moved, *after], tensors=tensors), sweep
+
+
+def _unmasked(computes: list[Compute], pairs: set[str]) -> list[Compute]:
+    """The sweep's statements with the masks that hide their products from the GEMM schedule
+    taken out where that changes no value: a ``select`` of each term of a sum over ``d`` whose
+    condition does not name ``d`` goes around the sum (a causal score), and a sum's
+    ``select(c, x, 0)`` where ``x`` is 0 outside ``c`` already (a masked ``ds``) is ``x``."""
+    defs = {c.tensor: c for c in computes}
+    out = []
+    for c in computes:
+        body = transform(c.body, _select_out_of_sum)
+        if c.tensor not in pairs and isinstance(body, Reduce):
+            inner = transform(body.body, lambda n: n.a if isinstance(n, Select) and _is(n.b, 0.0)
+                              and n.cond in _nonzero_where(n.a, defs, pairs) else None)
+            body = replace(body, body=inner)
+        out.append(replace(c, body=body))
+        defs[c.tensor] = out[-1]
+    return out
+
+
+def _select_out_of_sum(n: Expr) -> Expr | None:
+    if isinstance(n, Reduce) and n.op == "sum" and isinstance(n.body, Select) and _is(n.body.b, 0.0) \
+            and not free_vars(n.body.cond) & {ax.var.name for ax in n.axes}:
+        return Select(n.body.cond, replace(n, body=n.body.a), Const(0.0, n.dtype), n.dtype)
+    return None
 
 
 def _sweep_limit(op: OpTE, sweep: Sweep, f: _Found) -> Expr | None:
