@@ -288,9 +288,12 @@ def _unmasked(computes: list[Compute], pairs: set[str]) -> list[Compute]:
     defs = {c.tensor: c for c in computes}
     out = []
     for c in computes:
-        body = transform(c.body, _select_out_of_sum)
-        if c.tensor not in pairs and isinstance(body, Reduce):
-            inner = transform(body.body, lambda n: n.a if isinstance(n, Select) and _is(n.b, 0.0)
+        body = c.body
+        if c.tensor in pairs:
+            body = transform(body, _select_out_of_sum)
+        elif isinstance(body, Reduce):  # (a sum stays one: its term is what changes)
+            inner = transform(body.body, _select_out_of_sum)
+            inner = transform(inner, lambda n: n.a if isinstance(n, Select) and _is(n.b, 0.0)
                               and n.cond in _nonzero_where(n.a, defs, pairs) else None)
             body = replace(body, body=inner)
         out.append(replace(c, body=body))
