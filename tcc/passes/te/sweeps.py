@@ -68,7 +68,13 @@ def sweep_pairs(op: OpTE, target: Target) -> OpTE:
         if isinstance(found, str):
             notes.append(f"no sweep for {', '.join(c.tensor for c in seeds)}: {found}")
             continue
-        op, sweep = _apply(op, found, target)
+        moved, sweep = _apply(op, found, target)
+        stored = _stored_anyway(replace(moved, sweeps=[*sweeps, sweep]), found.copies)
+        if stored:
+            notes.append(f"no sweep for {', '.join(sweep.sums)}: {', '.join(stored)} would be stored anyway "
+                         "(read by what no stream computes)")
+            continue
+        op = moved
         sweeps.append(sweep)
         notes.append(_describe(sweep))
     if not notes:
@@ -83,6 +89,10 @@ class _Found:
     by_key: list[str]
     copies: set[str]  # pairs something outside the sweep reads too: the sweep computes its own
     at: int  # the sweep's place: after the last statement its pairs and sums read
+
+
+def _extent(ax) -> int:
+    return int(getattr(ax.extent, "value", 2))  # (a symbolic extent: more than one)
 
 
 def _pair_shape(op: OpTE, name: str) -> tuple[Expr, ...] | None:
@@ -108,7 +118,8 @@ def _sum_reads(op: OpTE, c: Compute) -> list[tuple[Read, bool]] | None:
         if not (isinstance(n, Read) and _pair_shape(op, n.tensor) is not None and r in n.indices):
             continue
         k = len(n.indices) - 2
-        if len(own) < k + 2 or list(n.indices[:k]) != own[:k] or tuple(n.indices[k:]) not in ((r, own[k]), (own[k], r)):
+        if len(own) < k + 2 or math.prod(_extent(ax) for ax in c.axes[k + 1:]) < 2 \
+                or list(n.indices[:k]) != own[:k] or tuple(n.indices[k:]) not in ((r, own[k]), (own[k], r)):
             continue  # (not a pair: a read along the sum's axis, dO_sum[i, d] of dV)
         found.append((n, n.indices[k] == r))
     deepest = max((len(n.indices) for n, _ in found), default=0)  # (a row tensor m[b, h, i] is no pair)
@@ -130,10 +141,49 @@ class _Finder:
             self.counts[c.tensor] = self.counts.get(c.tensor, 0) + 1
 
     def find(self) -> _Found | str:
-        reads = [n for c in self.seeds for n, _ in _sum_reads(self.op, c) or ()]
-        shape = self.op.tensors[reads[0].tensor].shape
+        """The pairs the sums read and the sums that read only pairs, until neither changes: a sum
+        dropped (one a pair reads, or read before the sweep's place) takes its pairs with it."""
+        current = {c.tensor for c in self.seeds}
+        shape = self.op.tensors[_sum_reads(self.op, self.seeds[0])[0][0].tensor].shape  # type: ignore[index]
+        streamed = _streamed_sums(self.op)
+        for _ in range(8):
+            pairs = self._closure([n.tensor for x in current for n, _ in _sum_reads(self.op, self.defs[x]) or ()],
+                                  shape)
+            if isinstance(pairs, str):
+                return pairs
+            if not any(isinstance(n, Reduce) for p in pairs for n in walk(self.defs[p].body)):
+                return "its pairs hold no reduction (scores from two operands): stored, they cost what their inputs do"
+            if not self._normalised(pairs):
+                return "no maximum over its pairs (a softmax's): they are as large as what they are computed from"
+            sums: dict[str, bool] = {}
+            for c in self.op.computes:  # the readers that are sums over one axis of a product with the pairs
+                side = _sum_reads(self.op, c)
+                if c.tensor not in pairs | streamed and side is not None and all(n.tensor in pairs for n, _ in side) \
+                        and self.counts[c.tensor] == 1 and not _reads(c.body, pairs, outside=[n for n, _ in side]) \
+                        and not any(_reads(self.defs[p].body, {c.tensor}) for p in pairs):
+                    sums[c.tensor] = side[0][1]
+            at = self._place(pairs, sums)
+            if not sums:
+                return "no sum over one axis of a product with its pairs can move after what they read"
+            if set(sums) == current:
+                break
+            current = set(sums)
+        else:
+            return "its sums and pairs do not settle"
+        copies: set[str] = set()
+        for c in self.op.computes:  # every other reader keeps the tensor; the sweep computes a copy
+            if c.tensor not in pairs and c.tensor not in sums:
+                copies |= {n.tensor for e in (c.body, *(c.lhs or ())) for n in walk(e)
+                           if isinstance(n, Read) and n.tensor in pairs}
+        for name in list(copies):  # what a copy reads among the pairs is copied too
+            copies |= self._pair_deps(name, pairs)
+        ordered = sorted(sums, key=self.order.__getitem__)
+        return _Found(sorted(pairs, key=self.order.__getitem__), ordered, [x for x in ordered if sums[x]], copies, at)
+
+    def _closure(self, reads: list[str], shape: tuple[Expr, ...]) -> set[str] | str:
+        """The pair intermediates ``reads`` name and those they read at their own pair, transitively."""
         pairs: set[str] = set()
-        pending = [n.tensor for n in reads]
+        pending = list(reads)
         while pending:
             name = pending.pop()
             if name in pairs:
@@ -145,29 +195,7 @@ class _Finder:
             pending += [n.tensor for n in walk(self.defs[name].body) if isinstance(n, Read) and n.tensor != name
                         and self._same_point(n, self.defs[name]) and _pair_shape(self.op, n.tensor) == shape
                         and self._plain(n.tensor)]
-        if not any(isinstance(n, Reduce) for p in pairs for n in walk(self.defs[p].body)):
-            return "its pairs hold no reduction (scores from two operands): stored, they cost what their inputs do"
-        if not self._normalised(pairs):
-            return "no maximum over its pairs (a softmax's): they are as large as what they are computed from"
-        sums: dict[str, bool] = {}
-        streamed = _streamed_sums(self.op)
-        for c in self.op.computes:  # the readers that are sums over one axis of a product with the pairs
-            side = _sum_reads(self.op, c)
-            if c.tensor not in pairs | streamed and side is not None and all(n.tensor in pairs for n, _ in side) \
-                    and self.counts[c.tensor] == 1 and not _reads(c.body, pairs, outside=[n for n, _ in side]):
-                sums[c.tensor] = side[0][1]
-        at = self._place(pairs, sums)
-        if not sums:
-            return "no sum over one axis of a product with its pairs can move after what they read"
-        copies: set[str] = set()
-        for c in self.op.computes:  # every other reader keeps the tensor; the sweep computes a copy
-            if c.tensor not in pairs and c.tensor not in sums:
-                copies |= {n.tensor for e in (c.body, *(c.lhs or ())) for n in walk(e)
-                           if isinstance(n, Read) and n.tensor in pairs}
-        for name in list(copies):  # what a copy reads among the pairs is copied too
-            copies |= self._pair_deps(name, pairs)
-        ordered = sorted(sums, key=self.order.__getitem__)
-        return _Found(sorted(pairs, key=self.order.__getitem__), ordered, [x for x in ordered if sums[x]], copies, at)
+        return pairs
 
     def _normalised(self, pairs: set[str]) -> bool:
         """Whether the pairs are scores a softmax normalises: a maximum reduces over them, or (the
@@ -232,6 +260,13 @@ class _Finder:
                     out.add(n.tensor)
                     pending.append(n.tensor)
         return out
+
+
+def _stored_anyway(op: OpTE, copies: set[str]) -> list[str]:
+    """The pairs the sweep copies whose originals stay in memory: those a stream does not take
+    (the forward's scores and probabilities, which the stream over the keys never stores)."""
+    streamed, _ = streamed_chains(op)
+    return sorted(t for t in copies if t in streamed.tensors)
 
 
 def _streamed_sums(op: OpTE) -> set[str]:
