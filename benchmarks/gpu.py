@@ -13,6 +13,7 @@ would pick instead (``--no-compile`` skips it): the last two columns.
     python benchmarks/gpu.py                 # every row
     python benchmarks/gpu.py -k sum -k GEMM  # rows whose label contains one of the words
     python benchmarks/gpu.py -k "user schedule"  # the hand-scheduled tensor-core GEMM (matmul_tc.tc)
+    python benchmarks/gpu.py -k FP8 --no-compile  # the scaled FP8 GEMM against torch._scaled_mm (sm_89 on)
     python benchmarks/gpu.py --roofline --png roofline.png  # and each against the machine's ceilings
 """
 
@@ -44,6 +45,9 @@ op hgemm16(A: f16[M, K], B: f16[K, N]) -> C: f16[M, N] {
 }
 op bgemm(A: bf16[M, K], B: bf16[K, N]) -> C: f32[M, N] {
     C[i, j] = sum[k](f32(A[i, k]) * f32(B[k, j]))
+}
+op fp8gemm(A: f8e4m3[M, K], B: f8e4m3[N, K], sa: f32, sb: f32) -> C: f16[M, N] {
+    C[i, j] = f16(sa * sb * sum[k](f32(A[i, k]) * f32(B[j, k])))
 }
 op conv[P = 1](X: f32[N, C, H, W], Wt: f32[F, C, KH, KW], b: f32[F])
     -> Y: f32[N, F, H + 2*P - KH + 1, W + 2*P - KW + 1] {
@@ -175,6 +179,9 @@ def _rows(lib: tcc.Library, lib_tf32: tcc.Library, only: list[str]) -> list[Row]
             rows.append(Row(f"f16 GEMM {n} user schedule (matmul_tc.tc)", lambda a=a, b=b, op=user: op(a, b),
                             lambda a=a, b=b: torch.mm(a, b, out_dtype=torch.float32), 2 * n**3, 8 * n**2,
                             arith="f16"))
+    for n in (4096, 8192):
+        if want(f"FP8 GEMM {n}") and torch.cuda.get_device_capability() >= (8, 9):
+            rows.append(_fp8_row(lib, n))
     conv_flops = 2 * 32 * 64 * 56 * 56 * 64 * 9
     x, w, bias = torch.randn(32, 64, 56, 56, device=dev), torch.randn(64, 64, 3, 3, device=dev) * 0.1, \
         torch.randn(64, device=dev)
@@ -227,6 +234,20 @@ def _rows(lib: tcc.Library, lib_tf32: tcc.Library, only: list[str]) -> list[Row]
                         lambda: fn.gelu(fn.linear(xs, ws, bs)), 2 * 4096**3, 8 * 4096**2, arith="f16",
                         compiled=_compiled(lambda x, w, b: fn.gelu(fn.linear(x, w, b)), xs, ws, bs)))
     return rows
+
+
+def _fp8_row(lib: tcc.Library, n: int) -> Row:
+    """The scaled FP8 GEMM (e4m3 operands, B stored [N, K], per-tensor scales, f16 out) against
+    torch._scaled_mm (cuBLASLt), which takes B column-major: ``b.t()`` of the same bytes."""
+    dev = "cuda"
+    a, b = (torch.randn(n, n, device=dev).to(torch.float8_e4m3fn) for _ in range(2))
+    sa, sb = torch.tensor(0.5, device=dev), torch.tensor(2.0, device=dev)
+
+    def theirs() -> torch.Tensor:
+        out = torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, out_dtype=torch.float16)
+        return out[0] if isinstance(out, tuple) else out  # (PyTorch before 2.4: (out, amax))
+    return Row(f"FP8 GEMM {n} e4m3, f16 out (vs torch._scaled_mm)", lambda: lib.fp8gemm(a, b, 0.5, 2.0), theirs,
+               2 * n**3, 4 * n**2, arith="f16")  # (the roofline has no FP8 peak: it bounds it by f16's)
 
 
 COMPILE = True  # --no-compile: no torch.compile column

@@ -1,5 +1,6 @@
 """The language's newer constructs side by side with PyTorch (eager) in one process: embedding
-lookup and its gradient (a scatter-add), label pick, dropout, RMSNorm (one generic op for f32, f16
+lookup (and the same with its ids clamped, which needs no index check: the check's cost) and its
+gradient (a scatter-add), label pick, dropout, RMSNorm (one generic op for f32, f16
 and bf16), cumsum (a scan) and a linear recurrence, on the CPU or CUDA; each also against the copy
 of its output bytes (the floor of a memory-bound op).
 
@@ -9,7 +10,8 @@ ratio is the median over rounds of tcc's time / the anchor's time in the same ro
 better for tcc). The answers are checked first (dropout: the keep fraction, as the generators
 differ). The linear recurrence has no PyTorch operator: its anchor column is a Python loop over
 time steps of vectorised PyTorch ops, what a user would write.
-Usage: python benchmarks/language.py [--device cpu|cuda] [--runs 7]
+Usage: python benchmarks/language.py [--device cpu|cuda] [--runs 7] [--only embedding pick ...]
+(``--only``: the workloads whose name starts with one of the words).
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ import tcc
 SOURCE = """
 op embedding(E: f32[V, D], idx: i64[N]) -> Y: f32[N, D] {
     Y[n, d] = E[idx[n], d]
+}
+op embedding_clamped(E: f32[V, D], idx: i64[N]) -> Y: f32[N, D] {
+    Y[n, d] = E[min(max(idx[n], 0), V - 1), d]
 }
 op embedding_grad[V = 1](dY: f32[N, D], idx: i64[N]) -> dE: f32[V, D] {
     dE[v, d] = 0.0
@@ -111,6 +116,9 @@ def workloads(lib: tcc.Library, device: str, rng: np.random.Generator) -> Iterat
     yield ("embedding 50000x768, 4096 ids", lambda: lib.embedding(E, idx),
            lambda: torch.nn.functional.embedding(idx, E), 4096 * 768 * 4,
            lambda: torch.equal(torch.as_tensor(lib.embedding(E, idx)), E[idx]))
+    yield ("embedding, ids clamped (no check)", lambda: lib.embedding_clamped(E, idx),  # what the check costs
+           lambda: torch.nn.functional.embedding(idx, E), 4096 * 768 * 4,
+           lambda: torch.equal(torch.as_tensor(lib.embedding_clamped(E, idx)), E[idx]))
     dY, ids = t(rng.standard_normal((4096, 768)).astype(np.float32)), t(rng.integers(0, 30000, 4096))
     zeros = torch.zeros(30000, 768, device=device)
     yield ("embedding grad 4096 ids -> 30000x768", lambda: lib.embedding_grad(dY, ids, V=30000),
@@ -147,6 +155,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--only", nargs="+", metavar="WORD", help="the workloads whose name starts with a WORD")
     args = parser.parse_args()
     cuda = args.device == "cuda"
     lib = tcc.compile(SOURCE, target=args.device)
@@ -156,6 +165,8 @@ def main() -> None:
     print(f"torch {torch.__version__} on {args.device} ({where})")
     print(f"{'workload':38s} {'tcc ms':>9s} {'torch ms':>9s} {'tcc/torch':>9s} {'copy ms':>8s} {'tcc/copy':>8s}")
     for name, ours, theirs, nbytes, check in workloads(lib, args.device, rng):
+        if args.only and not any(name.startswith(word) for word in args.only):
+            continue
         assert check(), f"{name}: tcc's answer is wrong"
         src = torch.ones(nbytes // 4, device=args.device)
         dst = torch.empty_like(src)

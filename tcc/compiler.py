@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tcc.errors import Source, Span, TccArgumentError, TccCompileError, TccError, TccSyntaxError
+from tcc.errors import Source, Span, TccArgumentError, TccCompileError, TccError, TccRuntimeError, TccSyntaxError
 from tcc.frontend import ast
 from tcc.frontend.ast import OpDef, format_ast
 from tcc.frontend.generic import type_params
@@ -22,11 +22,12 @@ from tcc.frontend.parser import parse
 from tcc.frontend.schedules import Schedule, module_schedules, schedule_from_text
 from tcc.frontend.sema import analyze
 from tcc.generic_op import GenericOp
-from tcc.index_ranges import out_of_range, range_source
-from tcc.ir.loops import DETERMINISTIC, format_func
+from tcc.index_guard import RESULT, guard_source
+from tcc.ir.loops import DETERMINISTIC, GUARDED, format_func
 from tcc.ir.te import OpTE, format_op
 from tcc.opdoc import docstring, header, signature
 from tcc.passes.pipeline import Lowered, lower_op
+from tcc.passes.te.check_fp8 import check_fp8
 from tcc.passes.te.fusion import format_fused
 from tcc.passes.te.im2col import CHOICES as CONV_CHOICES
 from tcc.passes.te.specialize import specialize
@@ -46,7 +47,7 @@ from tcc.runtime.dynamic import (
     stream_symbols,
     window_symbols,
 )
-from tcc.runtime.index_checks import checked_op, reads_data, run_checks
+from tcc.runtime.index_checks import IndexGuard, checked_op, reads_data, run_checks
 from tcc.runtime.plans import Plans
 from tcc.stack import deep
 from tcc.target import Target
@@ -252,7 +253,7 @@ class Op:
 
     def __init__(self, te: OpTE, ast: OpDef, backend: Backend, target: Target, options: dict[str, Any],
                  schedule: Schedule | None = None, tune: bool | int = False, dynamic: DynamicSpec = STATIC):
-        self.te = te
+        self.te = check_fp8(te, target)  # refused at compile time where the target has no 8-bit floats
         self.dynamic = dynamic
         self.dynamic_symbols = requested(dynamic, te)  # given by dynamic=; the automatic policy adds to them
         self._seen: dict[str, set[int | float]] = {}  # the automatic policy: values per symbol (up to two)
@@ -272,8 +273,9 @@ class Op:
         self._keys: dict[tuple, str] = {}  # bindings -> cache key, so repeat calls skip the pipeline
         self._solved: dict[tuple, tuple[dict, dict]] = {}  # shapes + parameters -> symbols, result shapes
         self._checks: dict[tuple, OpTE | None] = {}  # bindings -> the op with its index checks
-        self._ranges: dict[tuple, list] = {}  # bindings -> the GPU ops computing each check's index range
-        self.plans = Plans(backend.make_plan)  # repeat calls with a checked signature skip binding and checks
+        self._guards: dict[tuple, IndexGuard | None] = {}  # bindings -> the guard running the index checks
+        self._host_checked: set[tuple] = set()  # bindings whose first call was checked on the host
+        self.plans = Plans(backend.make_plan)  # repeat calls with a checked signature skip binding
         # help(lib.NAME), lib.NAME.__doc__ and inspect.signature(lib.NAME) describe this op, not the class
         self.__doc__ = docstring(te, ast, backend.kind)
         self.__signature__ = signature(te)
@@ -296,27 +298,58 @@ class Op:
         results = self.plans.run(args, cparams, out)
         if results is None:
             bound = self.bind(args, cparams)
-            checked = self._index_checks(bound.bindings)
-            if checked is not None and not self._in_range_on_device(checked, bound):
-                run_checks(checked, bound)  # indices read from data: checked before anything runs
+            guard, repeat = self._call_guard(bound)
             kernel = self.kernel(bound.bindings)
-            results = self.backend.invoke(kernel, self.te, bound, out)
-            if checked is None:  # a plan skips binding, and so would skip the checks
-                self.plans.learn(kernel, self.te, bound, args, cparams, out)
+            results = self.backend.invoke(kernel, self.te, bound, out, guard)
+            if results is None:  # an index out of range: nothing was written
+                self._raise_index_error(bound)
+            if repeat:  # (the plan runs the guard too)
+                self.plans.learn(kernel, self.te, bound, args, cparams, out, guard)
         return results[0] if len(results) == 1 else tuple(results)
 
-    def _in_range_on_device(self, checked: OpTE, bound: BoundCall) -> bool:
-        """On a GPU, whether every index is in range by its range computed there (no copy of the
-        index tensors); False elsewhere, or when one is out (the host pass then names it)."""
-        if not self.target.is_gpu:
-            return False
+    def _call_guard(self, bound: BoundCall) -> tuple[IndexGuard | None, bool]:
+        """The guard a checked call runs (None: none), and whether a plan may repeat the call.
+        On the CPU the first call of a binding is checked on the host instead, and leaves no plan:
+        a guard op costs a compile (~0.1 s), which pays for shapes that come again, not for a
+        stream of new ones (sequence lengths), whose kernel is dynamic and compiles once."""
+        checked = self._index_checks(bound.bindings)
+        if checked is None:
+            return None, True
         memo = tuple(sorted(bound.bindings.items()))
-        if memo not in self._ranges:
-            self._ranges[memo] = [(compile(source, target=self.target).index_range, names, check)
-                                  for check in checked.index_checks
-                                  for source, names in [range_source(checked, check)]]
-        arguments = {**dict(zip(self.te.params, bound.args)), **bound.scalars}
-        return not out_of_range(self._ranges[memo], arguments)
+        if memo not in self._guards and not self.target.is_gpu and memo not in self._host_checked:
+            if len(self._host_checked) >= 4096:
+                self._host_checked.clear()
+            self._host_checked.add(memo)
+            run_checks(checked, bound)
+            return None, False
+        guard = self.index_guard(bound.bindings)
+        if guard is None:  # no guard op can check these indices: the host pass, every call
+            run_checks(checked, bound)
+            return None, False
+        return guard, True
+
+    def index_guard(self, bindings: dict[str, int | float]) -> IndexGuard | None:
+        """The index checks of calls with these bindings as a guard op's kernel, compiled for this
+        op's target (``tcc.index_guard``); None when no index reads data or all are proved, and
+        when an index reads data at an index read from data (``E[idx[jdx[n]]]``): the guard op
+        would read ``idx`` where ``jdx`` may leave it, so the host pass checks those calls."""
+        checked = self._index_checks(bindings)
+        if checked is None:
+            return None
+        memo = tuple(sorted(bindings.items()))
+        if memo not in self._guards:
+            source, names = guard_source(checked)
+            op = compile(source, target=self.target).index_guard
+            self._guards[memo] = None if op._reads_data else IndexGuard(op.kernel({}), names, RESULT)
+        return self._guards[memo]
+
+    def _raise_index_error(self, bound: BoundCall) -> None:
+        """Name the index the guard found out of range (its position and value), from a host pass."""
+        checked = self._index_checks(bound.bindings)
+        if checked is not None:
+            run_checks(checked, bound)  # raises TccIndexError
+        raise TccRuntimeError(f"internal error: op {self.name}'s index guard found an index out of range, "
+                              "which the host pass did not", self.te.span, "please report it")
 
     def _index_checks(self, bindings: dict[str, int | float]) -> OpTE | None:
         """The op specialised with the index checks its calls need (None: none), per binding."""
@@ -431,6 +464,8 @@ class Op:
                            frozenset(self.options.get("constant_params", ())), symbols, dict(self.dynamic.multiples))
         if self.options.get("deterministic"):  # (read by the schedules of += statements)
             lowered.loops.attrs[DETERMINISTIC] = True
+        if self.target.is_gpu and self.index_guard(bindings) is not None:  # (its kernels read the guard's count)
+            lowered.loops.attrs[GUARDED] = True
         if self.tune and not symbols:
             # a downward import (tune knows ops by a Protocol), made here because the tuner loads
             # every target's auto-scheduler: an op that is not tuned never needs it

@@ -53,8 +53,8 @@ class Array:
     # ------------------------------------------------------------ NumPy-like surface
     @property
     def dtype(self) -> np.dtype | DType:
-        """The NumPy dtype, or tcc's ``bf16`` (NumPy has none)."""
-        return self.tcc_dtype if self.tcc_dtype.name == "bf16" else self.tcc_dtype.numpy
+        """The NumPy dtype, or tcc's ``bf16``, ``f8e4m3``, ``f8e5m2`` (NumPy has none)."""
+        return self.tcc_dtype.numpy if self.tcc_dtype.has_numpy else self.tcc_dtype
 
     @property
     def ndim(self) -> int:
@@ -68,11 +68,15 @@ class Array:
         return f"tcc.cuda.Array(shape={self.shape}, dtype={self.tcc_dtype}, device=cuda:{self.device})"
 
     def to_numpy(self) -> np.ndarray:
-        """A host copy (bf16 comes back as float32)."""
+        """A host copy (bf16 and the 8-bit floats come back as float32)."""
         if self.tcc_dtype.name == "bf16":
             raw = np.empty(self.shape, np.uint16)
             self._copy_to_host(raw)
             return (raw.astype(np.uint32) << 16).view(np.float32)
+        if self.tcc_dtype.is_fp8:
+            raw = np.empty(self.shape, np.uint8)
+            self._copy_to_host(raw)
+            return dtypes.fp8_values(self.tcc_dtype)[raw]
         out = np.empty(self.shape, self.tcc_dtype.numpy)
         self._copy_to_host(out)
         return out
@@ -85,7 +89,7 @@ class Array:
     # ------------------------------------------------------------ interop
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        typestr = "<V2" if self.tcc_dtype.name == "bf16" else self.tcc_dtype.numpy.str
+        typestr = self.tcc_dtype.numpy.str if self.tcc_dtype.has_numpy else f"<V{self.tcc_dtype.itemsize}"
         return {"shape": self.shape, "typestr": typestr, "data": (self.ptr, False), "strides": None,
                 "version": 3, "stream": None}
 
@@ -115,10 +119,19 @@ def _as_dtype(dtype: DType | str | np.dtype) -> DType:
     return found
 
 
-def to_device(array: Any, device: int = 0) -> Array:
-    """A device copy of a host array."""
-    host = np.ascontiguousarray(array)
-    out = Array(host.shape, host.dtype, device)
+def to_device(array: Any, device: int = 0, dtype: DType | str | None = None) -> Array:
+    """A device copy of a host array; ``dtype="f8e4m3"`` or ``"f8e5m2"`` converts float values to
+    that 8-bit float first (saturating, as the language's conversion does)."""
+    want = None if dtype is None else _as_dtype(dtype)
+    if want is not None and want.is_fp8:
+        host = np.ascontiguousarray(dtypes.fp8_bytes(array, want))
+        out = Array(host.shape, want, device)
+    elif want is not None:
+        raise TccArgumentError(f"tcc.cuda.to_device converts to the 8-bit floats only, not {want}",
+                               hint="convert on the host first: array.astype(...)")
+    else:
+        host = np.ascontiguousarray(array)
+        out = Array(host.shape, host.dtype, device)
     driver.copy_htod(out.ptr, host.ctypes.data, out.nbytes, 0, "tcc.cuda.to_device")
     driver.synchronize(0, "tcc.cuda.to_device")
     return out
@@ -199,6 +212,9 @@ def _capsule_destructor(capsule: Any) -> None:
 
 def _export(array: Array) -> Any:
     dt = array.tcc_dtype
+    if dt.is_fp8:
+        raise BufferError(f"tcc.cuda.Array of {dt} has no DLPack export here: pass it to tcc ops, or read it "
+                          "with to_numpy()")
     code = _KDL_BFLOAT if dt.name == "bf16" else _DLPACK_CODES[dt.kind]
     shape = (ctypes.c_int64 * max(1, array.ndim))(*array.shape)
     managed = _DLManagedTensor()

@@ -65,9 +65,12 @@ def wide(dtype: DType) -> np.dtype:
 
 
 def store(value: np.ndarray, dtype: DType) -> np.ndarray:
-    """Round a wide value to a tensor's dtype, as a store does (bf16 values held in float32)."""
+    """Round a wide value to a tensor's dtype, as a store does (bf16 and 8-bit float values held in
+    float32)."""
     if dtype.name == "bf16":
         return round_bf16(value).astype(np.float32)
+    if dtype.is_fp8:
+        return dtypes.round_fp8(value, dtype).astype(np.float32)
     return np.asarray(value).astype(dtype.numpy)
 
 
@@ -323,6 +326,8 @@ class _Statement:
                 return a.astype(e.dtype.numpy).astype(np.int64)  # wrap like a real cast
             if e.dtype.name == "bf16":
                 return round_bf16(a)
+            if e.dtype.is_fp8:
+                return dtypes.round_fp8(a, e.dtype)  # saturating, as cvt.rn.satfinite does
             if e.dtype.is_float and e.dtype.bits < 64:
                 return a.astype(e.dtype.numpy).astype(np.float64)  # round like a real cast
             return a.astype(wide(e.dtype))

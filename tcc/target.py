@@ -33,6 +33,7 @@ class CpuTarget:
     kind: ClassVar[str] = "cpu"
     is_gpu: ClassVar[bool] = False
     shared_memory_per_block: ClassVar[int] = 0  # a CPU has no memory shared by a block of threads
+    fp8: ClassVar[bool] = False  # no 8-bit float arithmetic: f8e4m3 and f8e5m2 are CUDA's
 
     def key(self) -> str:
         return f"cpu:{_key(self)}"
@@ -100,9 +101,26 @@ class CudaTarget:
         return min(self.registers_per_thread, self.registers_per_block // threads)
 
     @property
+    def half_mma(self) -> bool:
+        """Whether the chip has ``mma.sync.m16n8k16`` for f16 and bf16 (Ampere, sm_80, and later)."""
+        return self.capability >= (8, 0)
+
+    @property
     def warpgroup_mma(self) -> bool:
         """Whether the chip has ``wgmma`` (Hopper: sm_90, sm_90a)."""
         return self.arch.startswith("sm_90")
+
+    @property
+    def capability(self) -> tuple[int, int]:
+        """The compute capability, (major, minor): ``sm_89`` is (8, 9), ``sm_90a`` (9, 0)."""
+        digits = "".join(ch for ch in self.arch.removeprefix("sm_") if ch.isdigit())
+        return (int(digits[:-1] or 0), int(digits[-1:] or 0))
+
+    @property
+    def fp8(self) -> bool:
+        """Whether the chip has FP8 tensor cores and conversions (``f8e4m3``, ``f8e5m2``: compute
+        capability 8.9 and later: ``mma.sync ... e4m3`` on sm_89, ``wgmma`` on sm_90)."""
+        return self.capability >= (8, 9)
 
     @classmethod
     def for_arch(cls, arch: str) -> CudaTarget:

@@ -8,14 +8,15 @@ from typing import Any
 import numpy as np
 
 from tcc import reference
-from tcc.dtypes import DType
+from tcc.dtypes import DType, round_fp8
 from tcc.ir.expr import Binary, Call, Cast, Const, Read, Reduce, Select, Unary, Var, walk
 from tcc.ir.te import OpTE
 from tcc.passes.te.specialize import specialize
 from tcc.stack import deep
 
-TOLERANCE = {"f16": 2e-2, "bf16": 5e-2, "f32": 2e-4, "f64": 1e-10}
-UNIT_ROUNDOFF = {"f16": 2.0**-11, "bf16": 2.0**-8, "f32": 2.0**-24, "f64": 2.0**-53}
+TOLERANCE = {"f16": 2e-2, "bf16": 5e-2, "f32": 2e-4, "f64": 1e-10, "f8e4m3": 0.25, "f8e5m2": 0.5}
+UNIT_ROUNDOFF = {"f16": 2.0**-11, "bf16": 2.0**-8, "f32": 2.0**-24, "f64": 2.0**-53, "f8e4m3": 2.0**-4,
+                 "f8e5m2": 2.0**-3}
 
 
 TF32_ROUNDOFF = 2.0**-11  # an f32 operand rounded to TF32's 10 mantissa bits
@@ -74,7 +75,10 @@ def _hits(c) -> int:
 
 
 def random_array(shape: tuple[int, ...], dtype: DType, rng: np.random.Generator) -> np.ndarray:
-    """Fresh random data of a dtype: normal floats, small signed ints, random bools."""
+    """Fresh random data of a dtype: normal floats, small signed ints, random bools (bf16 and 8-bit
+    float values as float32 arrays, rounded to the type: pass them to CUDA as torch tensors)."""
+    if dtype.is_fp8:
+        return round_fp8(rng.standard_normal(shape), dtype).astype(np.float32)
     if dtype.is_float:
         return rng.standard_normal(shape).astype(dtype.numpy if dtype.name != "bf16" else np.float32)
     if dtype.is_int:

@@ -52,6 +52,8 @@ class Op(Protocol):
 
     def bind(self, args: tuple[Any, ...], cparams: dict[str, Any]) -> BoundCall: ...
 
+    def index_guard(self, bindings: dict[str, int | float]) -> Any: ...
+
 DEFAULT_TRIALS = 12
 RUNS = 5  # timed runs per candidate; the median is kept
 TUNE_KEY = "tune-v2"
@@ -256,9 +258,10 @@ def _timer(op: Op, lowered: Lowered) -> Callable[[Tuning], float | None]:
     cparams = {k: v for k, v in bindings.items() if k in op.te.cparams}
     bound = op.bind(tuple(args), cparams)
     backend = op.backend
+    guard = op.index_guard(bound.bindings)
 
     def run(kernel) -> None:
-        backend.invoke(kernel, op.te, bound, None)
+        backend.invoke(kernel, op.te, bound, None, guard)  # (random ids may be out of range: then nothing runs)
         if on_gpu:
             cuda.synchronize()
 

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from tcc import dtypes
 from tcc.ir import philox
 from tcc.ir.expr import Binary, Call, Cast, Const, Expr, Load, Select, Unary, Var
 from tcc.ir.loops import (
@@ -45,7 +46,8 @@ from tcc.ir.loops import (
 from tcc.reference import _MATH
 
 _NP = {"f16": np.float16, "bf16": np.float32, "f32": np.float32, "f64": np.float64, "i8": np.int8,
-       "i32": np.int32, "i64": np.int64, "bool": np.bool_}
+       "i32": np.int32, "i64": np.int64, "bool": np.bool_, "f8e4m3": np.float32, "f8e5m2": np.float32}
+_FP8 = {"e4m3": dtypes.f8e4m3, "e5m2": dtypes.f8e5m2, "f8e4m3": dtypes.f8e4m3, "f8e5m2": dtypes.f8e5m2}
 _BINARY = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
            "div": lambda a, b: a / b, "lt": lambda a, b: a < b, "le": lambda a, b: a <= b,
            "gt": lambda a, b: a > b, "ge": lambda a, b: a >= b, "eq": lambda a, b: a == b,
@@ -100,6 +102,8 @@ class _Eval:
             return _NP[e.dtype.name](value) if e.dtype.is_float else value
         if isinstance(e, Cast):
             value = self.expr(e.a)
+            if e.dtype.is_fp8:  # (8-bit floats held as float32, rounded as the conversion does)
+                return np.float32(dtypes.round_fp8(value, e.dtype))
             return _NP[e.dtype.name](value) if e.dtype.is_float or e.dtype.name == "bool" else int(value)
         if isinstance(e, Select):
             return self.expr(e.a) if self.expr(e.cond) else self.expr(e.b)
@@ -300,32 +304,43 @@ def _warp_statement(events: list, lanes: list[_Thread]) -> None:
 def _ldmatrix(s: MatrixLoad, events: list, lanes: list[_Thread]) -> None:
     """``ldmatrix.x{count}``: lane ``8 q + r`` gives row ``r`` of tile ``q``; register ``q`` of lane
     ``l`` receives tile ``q``'s elements (row l/4, columns 2 (l%4), +1), or with ``trans`` (rows
-    2 (l%4), +1 of column l/4)."""
+    2 (l%4), +1 of column l/4). A row is 16 bytes: 8 16-bit elements, or 16 8-bit ones (four to a
+    register, columns 4 (l%4) .. +3)."""
+    kind = lanes[0].buffers[s.src.buffer].dtype.name
+    per = 4 if kind in _FP8 else 2  # elements per 32-bit register
     tiles = []
     for q in range(s.count):
         rows = []
         for r in range(8):
             th, ev = lanes[8 * q + r], events[8 * q + r][1]
             start = ev.offset(s.src)
-            rows.append(th.block.memory[s.src.buffer][start:start + 8].astype(np.float32))
+            rows.append(th.block.memory[s.src.buffer][start:start + 4 * per].astype(np.float32))
         tiles.append(np.stack(rows))
     for lane, (th, (_, ev)) in enumerate(zip(lanes, events)):
         regs, first = _registers(th, ev, s.dst)
         g, t = lane // 4, lane % 4
         for q, tile in enumerate(tiles):
-            pair = (tile[2 * t, g], tile[2 * t + 1, g]) if s.trans else (tile[g, 2 * t], tile[g, 2 * t + 1])
-            regs[first + q] = _pack(pair, th.buffers[s.src.buffer].dtype.name)
+            assert not (s.trans and per == 4), "ldmatrix.trans of 8-bit elements"
+            pair = (tile[2 * t, g], tile[2 * t + 1, g]) if s.trans else tuple(tile[g, per * t:per * t + per])
+            regs[first + q] = _pack(pair, kind)
 
 
-def _pack(pair, kind: str) -> int:
-    """Two 16-bit values in one 32-bit register, the first in the low half."""
-    bits = np.array(pair, np.float16).view(np.uint16) if kind == "f16" else \
-        (np.array(pair, np.float32).view(np.uint32) >> 16).astype(np.uint16)
+def _pack(values, kind: str) -> int:
+    """Two 16-bit values (or four 8-bit ones) in one 32-bit register, the first in the low bits."""
+    if kind in _FP8:
+        table = dtypes.fp8_values(_FP8[kind])
+        codes = [int(np.flatnonzero(table == np.float32(v))[0]) for v in values]  # (exact values only)
+        word = sum(c << (8 * i) for i, c in enumerate(codes))
+        return word - (1 << 32) if word >= 1 << 31 else word
+    bits = np.array(values, np.float16).view(np.uint16) if kind == "f16" else \
+        (np.array(values, np.float32).view(np.uint32) >> 16).astype(np.uint16)
     word = int(bits[0]) | (int(bits[1]) << 16)
     return word - (1 << 32) if word >= 1 << 31 else word  # as the i32 the fragment buffer holds
 
 
-def _unpack(reg, kind: str) -> tuple[float, float]:
+def _unpack(reg, kind: str) -> tuple[float, ...]:
+    if kind in _FP8:
+        return tuple(dtypes.fp8_values(_FP8[kind])[[(int(reg) >> (8 * i)) & 0xFF for i in range(4)]])
     halves = np.array([int(reg) & 0xFFFF, (int(reg) >> 16) & 0xFFFF], np.uint16)
     if kind == "f16":
         return tuple(halves.view(np.float16).astype(np.float32))
@@ -333,27 +348,28 @@ def _unpack(reg, kind: str) -> tuple[float, float]:
 
 
 def _mma(s: Mma, events: list, lanes: list[_Thread]) -> None:
-    """``mma.sync.m16n8k{16,8}``: gather the warp's A (16 x k), B (k x 8) and C (16 x 8) from the
+    """``mma.sync.m16n8k{32,16,8}``: gather the warp's A (16 x k), B (k x 8) and C (16 x 8) from the
     lanes' fragments (g = lane / 4, t = lane % 4), multiply-add, scatter D back."""
     m, n, k = s.shape
     a, b, c = np.zeros((m, k)), np.zeros((k, n)), np.zeros((m, n))
+    per = {"tf32": 1, "e4m3": 4, "e5m2": 4}.get(s.kind, 2)  # elements per register
     for lane, (th, (_, ev)) in enumerate(zip(lanes, events)):
         g, t = lane // 4, lane % 4
         ra, fa = _registers(th, ev, s.a)
         rb, fb = _registers(th, ev, s.b)
         rc, fc = _registers(th, ev, s.acc)
         for r in range(4):
-            row, col = g + 8 * (r % 2), (2 * t if s.kind != "tf32" else t) + (8 if k == 16 else 4) * (r // 2)
+            row, col = g + 8 * (r % 2), per * t + k // 2 * (r // 2)
             if s.kind == "tf32":
                 a[row, col] = _tf32(ra[fa + r])
             else:
-                a[row, col:col + 2] = _unpack(ra[fa + r], s.kind)
+                a[row, col:col + per] = _unpack(ra[fa + r], s.kind)
         for r in range(2):
-            kk = (2 * t if s.kind != "tf32" else t) + (8 if k == 16 else 4) * r
+            kk = per * t + k // 2 * r
             if s.kind == "tf32":
                 b[kk, g] = _tf32(rb[fb + r])
             else:
-                b[kk:kk + 2, g] = _unpack(rb[fb + r], s.kind)
+                b[kk:kk + per, g] = _unpack(rb[fb + r], s.kind)
         for r in range(4):
             c[g + 8 * (r // 2), 2 * t + r % 2] = rc[fc + r]
     d = (c + a @ b).astype(np.float32)

@@ -18,7 +18,7 @@ from tcc import dtypes
 from tcc.codegen_cuda import cuda_c, nvrtc
 from tcc.dtypes import DType
 from tcc.ir.expr import const, substitute
-from tcc.ir.loops import For, is_sequential, walk_stmts
+from tcc.ir.loops import For, MatrixStream, is_sequential, walk_stmts
 from tcc.passes.simplify import evaluate_int
 from tcc.passes.te.streaming import CPU_ROW_TILE, CPU_TILE
 from tcc.testing import assert_matches, random_args, reference_results
@@ -269,7 +269,8 @@ def test_benchmark_shapes_compile_for_cuda(name, T, bindings):
     op = tcc.compile(ATTENTION + CAUSAL, target="cuda", arch="sm_90")[name].bound(T=T)
     lowered = op.lowered(bindings)
     assert lowered.te.streams
-    nvrtc.compile_cubin(cuda_c.generate(lowered.scheduled, op.target).source, "sm_90")
+    program = cuda_c.generate(lowered.scheduled, op.target)
+    nvrtc.compile_cubin(program.source, "sm_90a" if program.arch_specific else "sm_90")
 
 
 def test_attention_with_its_log_sum_exp(rng):
@@ -303,3 +304,119 @@ def test_the_automatic_dynamic_policy_keeps_attention_streamed(rng):
         _run(op, bindings, random_args(op.te, bindings, rng))
     assert op.compiles + op.loads == 3  # a kernel per length (a dynamic one would serve the third)
     assert op.lowered({"B": 1, "H": 3, "S": 9, "L": 9, "D": 3}).te.streams
+
+
+# attention in 16-bit with the products widened to f32: the matrix units' form (FlashAttention's)
+HALF_VARIANTS = {
+    "masked": """
+op masked(Q: T[B, H, S, D], K: T[B, H, L, D], V: T[B, H, L, D], keep: i64[B, L]) -> O: T[B, H, S, D] {
+    s[b, h, i, j] = select(keep[b, j] != 0, sum[d](f32(Q[b, h, i, d]) * f32(K[b, h, j, d])) * 0.125, -inf)
+    m[b, h, i] = max[j](s[b, h, i, j])
+    e[b, h, i, j] = exp(s[b, h, i, j] - m[b, h, i])
+    O[b, h, i, d] = T(sum[j](e[b, h, i, j] * f32(V[b, h, j, d])) / sum[j](e[b, h, i, j]))
+}
+""",
+    "alibi": """
+op alibi(Q: T[B, H, S, D], K: T[B, H, S, D], V: T[B, H, S, D], slope: f32[H]) -> O: T[B, H, S, D] {
+    s[b, h, i, j] = select(j <= i, sum[d](f32(Q[b, h, i, d]) * f32(K[b, h, j, d])) * 0.1 - slope[h] * f32(i - j), -inf)
+    m[b, h, i] = max[j](s[b, h, i, j])
+    e[b, h, i, j] = exp(s[b, h, i, j] - m[b, h, i])
+    l[b, h, i] = sum[j](e[b, h, i, j])
+    O[b, h, i, d] = T(sum[j](e[b, h, i, j] * f32(V[b, h, j, d])) / l[b, h, i])
+}
+""",
+    "softcap": """
+op softcap(Q: T[B, H, S, D], K: T[B, H, L, D], V: T[B, H, L, D], cap: f32) -> O: T[B, H, S, D] {
+    s[b, h, i, j] = cap * tanh(sum[d](f32(Q[b, h, i, d]) * f32(K[b, h, j, d])) / cap)
+    m[b, h, i] = max[j](s[b, h, i, j])
+    l[b, h, i] = sum[j](exp(s[b, h, i, j] - m[b, h, i]))
+    O[b, h, i, d] = T(sum[j](f32(V[b, h, j, d]) * exp(s[b, h, i, j] - m[b, h, i])) / l[b, h, i])
+}
+""",
+    "grouped": """
+op grouped(Q: T[B, H, S, D], K: T[B, G, L, D], V: T[B, G, L, D]) -> O: T[B, H, S, D] {
+    s[b, h, i, j] = sum[d](f32(Q[b, h, i, d]) * f32(K[b, h // 2, j, d])) * 0.125
+    m[b, h, i] = max[j](s[b, h, i, j])
+    e[b, h, i, j] = exp(s[b, h, i, j] - m[b, h, i])
+    O[b, h, i, d] = T(sum[j](e[b, h, i, j] * f32(V[b, h // 2, j, d])) / sum[j](e[b, h, i, j]))
+}
+""",
+    "lse": """
+op lse(Q: T[B, S, D], K: T[B, L, D], V: T[B, L, D]) -> (O: T[B, S, D], LSE: f32[B, S]) {
+    s[b, i, j] = select(j <= i + 3, sum[d](f32(Q[b, i, d]) * f32(K[b, j, d])) * 0.25, -inf)
+    m[b, i] = max[j](s[b, i, j])
+    e[b, i, j] = exp(s[b, i, j] - m[b, i])
+    l[b, i] = sum[j](e[b, i, j])
+    O[b, i, d] = T(sum[j](e[b, i, j] * f32(V[b, j, d])) / l[b, i])
+    LSE[b, i] = m[b, i] + log(l[b, i])
+}
+""",
+}
+
+
+def half_variant(name: str) -> str:
+    """The variant's source with its dtype parameter ``T`` declared."""
+    return HALF_VARIANTS[name].replace(f"op {name}(", f"op {name}[T: float](")
+
+
+def half_bindings(name: str, S: int, L: int, D: int) -> dict[str, int]:
+    if name == "lse":
+        return {"B": 2, "S": S, "L": L, "D": D}
+    return {"B": 2, "H": 4, "S": S, "D": D} | ({"G": 2} if name == "grouped" else {}) | (
+        {} if name == "alibi" else {"L": L})
+
+
+@pytest.mark.parametrize("name", [*sorted(HALF_VARIANTS), "attention", "causal_attention"])
+@pytest.mark.parametrize("T,D,arch", [("f16", 64, "sm_90"), ("bf16", 128, "sm_90"), ("bf16", 64, "sm_80"),
+                                      ("f16", 128, "sm_80")])
+def test_half_attention_takes_the_matrix_units(name, T, D, arch):
+    """16-bit attention with widened products, in every variant, is one FlashAttention kernel
+    (warpgroup MMA on sm_90, mma.sync on sm_80) in two variants (16-byte aligned operands or
+    not, the launcher picks) and nothing else; the CUDA C compiles. (Its answers:
+    tests/test_attention_gpu.py.)"""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    source = ATTENTION + CAUSAL if name in ("attention", "causal_attention") else half_variant(name)
+    op = tcc.compile(source, target="cuda", arch=arch)[name].bound(T=T)
+    lowered = op.lowered(half_bindings(name, 33, 70, D))
+    kernels = [s for s in walk_stmts(lowered.scheduled.body) if isinstance(s, For) and s.kind == "block.x"]
+    assert len(kernels) == 2 and all(any(isinstance(s, MatrixStream) for s in walk_stmts(k)) for k in kernels)
+    assert [dict(k.annotations).get("aligned", False) for k in kernels] == [True, False]  # then its fallback
+    program = cuda_c.generate(lowered.scheduled, op.target)
+    assert ("tcc_flash_wg<" if arch == "sm_90" else "tcc_flash<") in program.source
+    nvrtc.compile_cubin(program.source, arch + ("a" if program.arch_specific else ""))
+
+
+def test_no_matrix_units_below_sm80_or_for_odd_depths():
+    """The FlashAttention kernel needs sm_80's 16-bit mma and rows of 64 or 128: elsewhere the
+    stream keeps its one-score-at-a-time kernel."""
+    for arch, D in (("sm_75", 64), ("sm_90", 8), ("sm_90", 96)):
+        op = tcc.compile(ATTENTION, target="cuda", arch=arch).attention.bound(T="f16")
+        lowered = op.lowered({"B": 1, "H": 2, "S": 33, "L": 40, "D": D})
+        assert not any(isinstance(s, MatrixStream) for s in walk_stmts(lowered.scheduled.body))
+
+
+@pytest.mark.parametrize("name,bindings,splits", [
+    ("attention", {"B": 8, "H": 16, "S": 1, "L": 8192, "D": 128}, 2),  # decoding: 128 blocks for 132 SMs
+    ("lse", {"B": 2, "S": 7, "L": 1000, "D": 128}, 3),
+    ("attention", {"B": 8, "H": 16, "S": 2048, "L": 2048, "D": 128}, 1),  # 4096 blocks: no split
+])
+def test_decoding_splits_the_keys(name, bindings, splits):
+    """Too few query tiles for the machine: the keys split among blocks, partial results in
+    O(B H S) scratch, merged by the nests after the kernel (one for the elements, one for the
+    rows' own stores); the merged program compiles."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    source = ATTENTION if name == "attention" else half_variant(name)
+    op = tcc.compile(source, target="cuda", arch="sm_90")[name].bound(T="bf16")
+    lowered = op.lowered(bindings)
+    scratch = [b for b in lowered.scheduled.buffers().values() if b.name.startswith("flash_partial")]
+    kernels = [s for s in walk_stmts(lowered.scheduled.body) if isinstance(s, For) and s.kind == "block.x"]
+    if splits == 1:
+        assert not scratch and len(kernels) == 2
+        return
+    (partial,) = scratch
+    queries = math.prod(lowered.te.tensors["Q"].concrete_shape())
+    assert partial.shape[1] == splits and math.prod(partial.shape) < 4 * queries  # O(B H S D), never S x L
+    (stream,) = [s for s in walk_stmts(kernels[0]) if isinstance(s, MatrixStream)]
+    assert stream.key_begin is not None
+    program = cuda_c.generate(lowered.scheduled, op.target)
+    nvrtc.compile_cubin(program.source, "sm_90a")

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_attention import ATTENTION, CAUSAL, VARIANTS, XENT
+from test_attention import ATTENTION, CAUSAL, HALF_VARIANTS, VARIANTS, XENT, half_bindings, half_variant
 
 import tcc
 from tcc.errors import TccError
+from tcc.ir.loops import MatrixStream, walk_stmts
+from tcc.target import CudaTarget
 from tcc.testing import assert_matches, random_args, reference_results
 
 pytestmark = pytest.mark.cuda
@@ -76,3 +78,46 @@ def test_variants_on_the_device(rng, variant):
     if variant == "softcap":
         args[3] = np.float32(5.0)
     _check(op, bindings, args)
+
+
+@pytest.mark.parametrize("name", sorted(HALF_VARIANTS))
+@pytest.mark.parametrize("T,D,S,L", [("f16", 64, 33, 70), ("bf16", 128, 7, 1000), ("f16", 128, 1000, 33),
+                                     ("bf16", 64, 1, 1)])
+def test_half_variants_on_the_matrix_units(rng, name, T, D, S, L):
+    """The FlashAttention kernel of every variant (masks read from data, ALiBi, soft caps,
+    grouped heads, a row log-sum-exp) agrees with the reference at odd sizes."""
+    op = tcc.compile(half_variant(name), target="cuda")[name].bound(T=T)
+    bindings = half_bindings(name, S, L, D)
+    args = random_args(op.te, bindings, rng)
+    if name == "masked":
+        keep = args[3]
+        keep[...] = rng.random(keep.shape) < 0.6
+        keep[:, 0] = 1
+    _check(op, bindings, args)
+
+
+def test_unaligned_attention(rng):
+    """Q starting 2 bytes into its storage cannot take 16-byte copies: the launcher runs the
+    kernel's other variant, which copies two bytes at a time, with the same answer."""
+    torch = pytest.importorskip("torch")
+    op = tcc.compile(ATTENTION, target="cuda").attention.bound(T="f16")
+    shape = (1, 2, 33, 64)
+    q = torch.randn(1 + 2 * 33 * 64, dtype=torch.float16, device="cuda")[1:].view(shape)
+    k, v = (torch.randn(shape, dtype=torch.float16, device="cuda") for _ in range(2))
+    got = op(q, k, v, 0.125).float().cpu().numpy()
+    bindings = {"B": 1, "H": 2, "S": 33, "L": 33, "D": 64}
+    (expected,) = reference_results(op.te, [t.cpu().numpy() for t in (q, k, v)] + [np.float32(0.125)], bindings)
+    assert_matches(got, expected, op.te.tensors["O"].dtype, "O")
+
+
+@pytest.mark.parametrize("T,D,causal", [("f16", 64, True), ("bf16", 128, False), ("f16", 128, True)])
+def test_mma_sync_attention_on_the_device(rng, monkeypatch, T, D, causal):
+    """The warp-level kernel (what GPUs before sm_90 run) on this GPU: its schedule chosen as if
+    the target had no warpgroup MMA."""
+    monkeypatch.setattr(CudaTarget, "warpgroup_mma", property(lambda self: False))
+    lib = tcc.compile(ATTENTION + CAUSAL, target="cuda")
+    op = (lib.causal_attention if causal else lib.attention).bound(T=T)
+    bindings = {"B": 2, "H": 3, "S": 1000, "D": D} | ({} if causal else {"L": 333})
+    streams = [s for s in walk_stmts(op.lowered(bindings).scheduled.body) if isinstance(s, MatrixStream)]
+    assert streams and not any(s.warpgroups for s in streams)
+    _check(op, bindings, random_args(op.te, bindings, rng))

@@ -103,14 +103,14 @@ def test_gathers_on_cuda_match_the_cpu(rng):
 @pytest.mark.cuda
 @pytest.mark.skipif(not tcc.cuda.is_available(), reason="needs an NVIDIA GPU")
 def test_index_checks_run_on_the_gpu(rng):
-    """On CUDA each check is an op computing the index's range there: in range, nothing is copied
-    to the host; out of range, the host pass names the position, and nothing is written."""
+    """On CUDA the checks are a guard op run there, before the kernels: in range, only its count
+    is copied to the host; out of range, the host pass names the position, and nothing is written."""
     torch = pytest.importorskip("torch")
     op = tcc.compile(GATHERS, target="cuda").embedding
     E = torch.from_numpy(rng.standard_normal((1000, 64)).astype(np.float32)).cuda()
     idx = torch.from_numpy(rng.integers(0, 1000, 777)).cuda()
     torch.testing.assert_close(op(E, idx), E[idx])
-    assert op._ranges, "the range of idx was computed on the device"
+    assert op._guards, "the checks ran as a guard op on the device"
     idx[5] = 1000
     out = torch.full((777, 64), 7.0, device="cuda")
     with pytest.raises(TccIndexError, match="is 1000 at n=5"):

@@ -21,7 +21,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("passes", ("tcc.passes", "tcc.reference", "tcc.testing")),
     ("codegen", ("tcc.codegen_cpu", "tcc.codegen_cuda")),
     ("runtime", ("tcc.runtime", "tcc.cuda")),
-    ("compiler", ("tcc.compiler", "tcc.generic_op", "tcc.index_ranges", "tcc.opdoc", "tcc.tune", "tcc.roofline",
+    ("compiler", ("tcc.compiler", "tcc.generic_op", "tcc.index_guard", "tcc.opdoc", "tcc.tune", "tcc.roofline",
                   "tcc.autodiff")),
     ("interop", ("tcc.interop",)),
     ("entry", ("tcc.cli", "tcc")),

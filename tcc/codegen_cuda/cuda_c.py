@@ -10,7 +10,9 @@ Semantics are the CPU backend's (NumPy's): integer ``//`` and ``%`` floor and gi
 zero divisor, float ``max``/``min`` propagate NaN, bools are bytes in memory. ``f16`` and
 ``bf16`` are 16-bit patterns in memory and ``float`` in registers, rounded to their precision
 after every operation, so each operation is computed in f32 and rounded once, as IEEE half
-arithmetic does. The C helpers every program starts with are in :mod:`.preamble`.
+arithmetic does; ``f8e4m3`` and ``f8e5m2`` likewise, bytes in memory, with saturating
+conversions (:data:`.preamble.FP8_PREAMBLE`, added to programs that use them).
+The C helpers every program starts with are in :mod:`.preamble`.
 """
 
 from __future__ import annotations
@@ -21,13 +23,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tcc import dtypes
 from tcc.codegen_cuda.cuda_matrix import MatrixStatements
+from tcc.codegen_cuda.flash import FLASH, FLASH_WARPGROUP
 from tcc.codegen_cuda.names import c_name
-from tcc.codegen_cuda.preamble import PREAMBLE
-from tcc.dtypes import DType
+from tcc.codegen_cuda.preamble import FP8_PREAMBLE, PREAMBLE
+from tcc.dtypes import DType, round_fp8
 from tcc.errors import TccCompileError
 from tcc.ir.expr import Binary, Call, Cast, Const, Expr, Load, Select, Unary, Var, walk
 from tcc.ir.loops import (
+    GUARD_PARAM,
+    GUARDED,
     Allocate,
     Barrier,
     BlockScan,
@@ -36,6 +42,7 @@ from tcc.ir.loops import (
     If,
     Let,
     LoopFunc,
+    MatrixStream,
     Seq,
     Stmt,
     Store,
@@ -48,8 +55,10 @@ from tcc.passes.simplify import evaluate_int
 from tcc.target import CudaTarget
 
 _VALUE_TYPE = {"f16": "float", "bf16": "float", "f32": "float", "f64": "double", "i8": "signed char",
-               "i32": "int", "i64": "long long", "bool": "bool"}
-_MEMORY_TYPE = {**_VALUE_TYPE, "f16": "unsigned short", "bf16": "unsigned short", "bool": "unsigned char"}
+               "i32": "int", "i64": "long long", "bool": "bool", "f8e4m3": "float", "f8e5m2": "float"}
+_MEMORY_TYPE = {**_VALUE_TYPE, "f16": "unsigned short", "bf16": "unsigned short", "bool": "unsigned char",
+                "f8e4m3": "unsigned char", "f8e5m2": "unsigned char"}
+NARROW = ("f16", "bf16", "f8e4m3", "f8e5m2")  # floats held as float in registers, rounded after each operation
 _C_OPS = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
           "eq": "==", "ne": "!=", "and": "&&", "or": "||"}
 _MATH_F32 = {"exp": "expf", "log": "logf", "sqrt": "sqrtf", "rsqrt": "rsqrtf", "sin": "sinf", "cos": "cosf",
@@ -79,6 +88,7 @@ class CudaProgram:
     line_spans: dict[int, object] = field(default_factory=dict)
     arch_specific: bool = False  # uses sm_90a instructions (wgmma): compile for sm_90a, not sm_90
     kernel_texts: list[str] = field(default_factory=list)  # each kernel's C, in ``kernels``' order
+    preamble: str = PREAMBLE  # the helpers every unit starts with
 
     def units(self, count: int) -> list[tuple[str, list[int]]]:
         """The program cut into at most ``count`` sources that compile on their own (the preamble
@@ -94,7 +104,8 @@ class CudaProgram:
             least = sizes.index(min(sizes))
             groups[least].append(i)
             sizes[least] += len(self.kernel_texts[i])
-        return [("\n".join([PREAMBLE, *(self.kernel_texts[i] for i in sorted(g))]), sorted(g)) for g in groups if g]
+        return [("\n".join([self.preamble, *(self.kernel_texts[i] for i in sorted(g))]), sorted(g))
+                for g in groups if g]
 
 
 def generate(func: LoopFunc, target: CudaTarget) -> CudaProgram:
@@ -111,13 +122,31 @@ def generate(func: LoopFunc, target: CudaTarget) -> CudaProgram:
             raise TccCompileError("internal error: a CUDA kernel must start with a loop bound to block.x",
                                   hint="schedule the function with tcc.passes.autoschedule_cuda.schedule.schedule_cuda")
         used = _pair_used(stmts, i)
-        info, text = _Kernel(f"tcc_{func.name}_k{i}", kernel, buffers, scalars, used, target.shared_per_block).emit()
+        info, text = _Kernel(f"tcc_{func.name}_k{i}", kernel, buffers, scalars, used, target.shared_per_block,
+                             bool(func.attrs.get(GUARDED))).emit()
         kernels.append(info)
         texts.append(text)
-    source = "\n".join([PREAMBLE, *texts])
-    specific = any(isinstance(s, WarpgroupMma) for s in walk_stmts(body))
+    streams = [s for s in walk_stmts(body) if isinstance(s, MatrixStream)]
+    warpgroups = any(s.warpgroups for s in streams)
+    helpers = [FP8_PREAMBLE] if _uses_fp8(func) else []
+    helpers += [FLASH, *([FLASH_WARPGROUP] if warpgroups else [])] if streams else []
+    preamble = "\n".join([PREAMBLE, *helpers])  # every unit starts with it (units())
+    source = "\n".join([preamble, *texts])
+    specific = warpgroups or any(isinstance(s, WarpgroupMma) for s in walk_stmts(body))
     return CudaProgram(source, kernels, [(t.name, max(1, t.size * t.dtype.itemsize)) for t in temps],
-                       arch_specific=specific, kernel_texts=texts)
+                       arch_specific=specific, kernel_texts=texts, preamble=preamble)
+
+
+def _uses_fp8(func: LoopFunc) -> bool:
+    """Whether ``func`` holds or computes an 8-bit float (its helpers' instructions need sm_89)."""
+    if any(p.dtype.is_fp8 for p in func.params):
+        return True
+    for s in walk_stmts(func.body):
+        if isinstance(s, Allocate) and s.buffer.dtype.is_fp8:
+            return True
+        if any(n.dtype.is_fp8 for e in stmt_exprs(s) for n in walk(e)):
+            return True
+    return False
 
 
 def _peel(s: Stmt) -> tuple[list[Buffer], Stmt]:
@@ -168,8 +197,9 @@ class _Kernel(MatrixStatements):
     """Emits one ``__global__`` function."""
 
     def __init__(self, name: str, root: For, buffers: dict[str, Buffer], scalars: list[Var],
-                 used: tuple[set[str], set[str], set[str]], static_shared: int):
+                 used: tuple[set[str], set[str], set[str]], static_shared: int, guarded: bool = False):
         self.name = name
+        self.guarded = guarded  # the call's index checks run first: return when they failed (GUARDED)
         self.static_shared = static_shared  # bytes of shared memory a block may declare statically
         self.root = root
         self.used = used
@@ -204,12 +234,16 @@ class _Kernel(MatrixStatements):
             if var.name not in names:
                 continue
             params.append((var.name, var.dtype.name))
-            if var.dtype.name in ("f16", "bf16"):  # passed as f32, rounded here
+            if var.dtype.name in NARROW:  # passed as f32, rounded here
                 decls.append(f"float tcc_arg_{c_name(var.name)}")
                 prologue.append(f"    const float {c_name(var.name)} = tcc_round_{var.dtype.name}"
                                 f"(tcc_arg_{c_name(var.name)});")
             else:
                 decls.append(f"{_VALUE_TYPE[var.dtype.name]} {c_name(var.name)}")
+        if self.guarded:  # queued before the host knows the guard's count: it reads the count itself
+            params.append((GUARD_PARAM, "p"))
+            decls.append(f"const long long* __restrict__ {GUARD_PARAM}")
+            prologue.append(f"    if (*{GUARD_PARAM} != 0) return;  // an index out of range: write nothing")
         shared = self._place_shared()
         if shared:  # 1024-byte aligned (swizzled tiles need it): the driver promises 16
             prologue += ["    extern __shared__ __align__(16) unsigned char tcc_shared_raw[];",
@@ -343,6 +377,34 @@ class _Kernel(MatrixStatements):
     def _s_Barrier(self, s: Barrier, depth: int) -> None:
         self._line(depth, "__syncthreads();")
 
+    def _s_MatrixStream(self, s: MatrixStream, depth: int) -> None:
+        """A call of ``tcc_flash`` (:mod:`tcc.codegen_cuda.flash`), the statement's expressions and
+        stores written as the lambdas it takes."""
+        i64 = "long long"
+        row, key, dot = (c_name(v.name) for v in (s.row, s.key, s.dot))
+        col, w, total, top = (c_name(v.name) for v in (s.col, s.w, s.total, s.top))
+        bf16 = "true" if s.q.dtype.name == "bf16" else "false"
+        qreg = "true" if s.q_registers else "false"
+        aligned = "true" if s.aligned else "false"
+        call = (f"tcc_flash_wg<{s.depth}, {s.tile}, {s.warpgroups}, {bf16}, {aligned}>" if s.warpgroups else
+                f"tcc_flash<{s.depth}, {s.tile}, {s.warps}, {s.row_tiles}, {qreg}, {bf16}, {aligned}>")
+        self._line(depth, f"{call}((unsigned char*){c_name(s.shared)}, "
+                          f"(long long)({self._expr(s.first)}), {s.rows}ll, "
+                          f"(long long)({self._expr(s.key_begin or Const(0, dtypes.i64))}), "
+                          f"(long long)({self._expr(s.key_end or Const(s.keys, dtypes.i64))}),")
+        self._line(depth + 1, f"[&]({i64} {row}) {{ return {self._address(s.q)}; }},")
+        self._line(depth + 1, f"[&]({i64} {key}) {{ return {self._address(s.k)}; }},")
+        self._line(depth + 1, f"[&]({i64} {key}) {{ return {self._address(s.v)}; }},")
+        self._line(depth + 1, f"[&]({i64} {row}, {i64} {key}, float {dot}) -> float {{ "
+                              f"return {convert(self._expr(s.score), s.score.dtype, dtypes.f32)}; }},")
+        self._line(depth + 1, f"[&]({i64} {row}) -> {i64} {{ return ({i64})({self._expr(s.limit)}); }},")
+        self._line(depth + 1, f"[&]({i64} {row}, {i64} {col}, float {w}, float {total}, float {top}) {{")
+        self._stmt(s.out, depth + 2)
+        self._line(depth + 1, "},")
+        self._line(depth + 1, f"[&]({i64} {row}, float {total}, float {top}) {{")
+        self._stmt(s.row_out, depth + 2)
+        self._line(depth + 1, "});")
+
     def _s_BlockScan(self, s: BlockScan, depth: int) -> None:
         buf = self.buffers[s.buffer]
         ctype = _VALUE_TYPE[buf.dtype.name]
@@ -432,8 +494,8 @@ class _Kernel(MatrixStatements):
 
 
 def _same_memory(e: Expr, dst: Buffer, buffers: dict[str, Buffer]) -> bool:
-    """Whether ``e`` loads a 16-bit float from memory that ``dst`` stores in the same format."""
-    return (isinstance(e, Load) and dst.dtype.name in ("f16", "bf16") and e.dtype == dst.dtype
+    """Whether ``e`` loads a 16- or 8-bit float from memory that ``dst`` stores in the same format."""
+    return (isinstance(e, Load) and dst.dtype.name in NARROW and e.dtype == dst.dtype
             and buffers[e.buffer].scope != "local" and buffers[e.buffer].dtype == dst.dtype)
 
 
@@ -450,8 +512,8 @@ def _int_binary(op: str, a: str, b: str) -> str:
 
 
 def _round(text: str, dtype: DType) -> str:
-    """Round an f32 computation of an f16/bf16 value to that type's precision."""
-    return f"tcc_round_{dtype.name}({text})" if dtype.name in ("f16", "bf16") else text
+    """Round an f32 computation of an f16/bf16 (or 8-bit float) value to that type's precision."""
+    return f"tcc_round_{dtype.name}({text})" if dtype.name in NARROW else text
 
 
 def _wrap(text: str, dtype: DType) -> str:
@@ -462,7 +524,7 @@ def _wrap(text: str, dtype: DType) -> str:
 
 
 def _from_memory(text: str, dtype: DType) -> str:
-    if dtype.name in ("f16", "bf16"):
+    if dtype.name in NARROW:
         return f"tcc_{dtype.name}_to_f32({text})"
     if dtype.is_bool:
         return f"({text} != 0)"
@@ -470,7 +532,7 @@ def _from_memory(text: str, dtype: DType) -> str:
 
 
 def _to_memory(text: str, dtype: DType) -> str:
-    if dtype.name in ("f16", "bf16"):
+    if dtype.name in NARROW:
         return f"tcc_f32_to_{dtype.name}({text})"
     if dtype.is_bool:
         return f"(unsigned char)({text})"
@@ -485,9 +547,9 @@ def convert(x: str, src: DType, dst: DType) -> str:
         return f"({x} != 0)"
     if dst.name == "f16" and src.name == "f64":
         return f"tcc_f16_to_f32(tcc_f64_to_f16({x}))"
-    if dst.name == "bf16" and src.name == "f64":  # not through a rounded f32: that would round twice
-        return f"tcc_round_bf16(tcc_f64_to_f32_odd({x}))"
-    if dst.name in ("f16", "bf16"):
+    if dst.name != "f16" and dst.name in NARROW and src.name == "f64":  # not through a rounded f32: that
+        return f"tcc_round_{dst.name}(tcc_f64_to_f32_odd({x}))"  # would round twice (to odd first is exact)
+    if dst.name in NARROW:
         return f"tcc_round_{dst.name}((float){x})"
     if src.is_float and dst.is_int:  # truncate, saturate to i64 (NaN: 0; cvt.rzi does both), wrap
         return f"(({_VALUE_TYPE[dst.name]})(long long){x})"
@@ -510,6 +572,8 @@ def const_text(value: int | float | bool, dtype: DType) -> str:
         v = float(np.float16(v))
     elif dtype.name == "bf16":
         v = _round_bf16(v)
+    elif dtype.is_fp8:
+        v = float(round_fp8(v, dtype))
     if math.isnan(v):
         return "__longlong_as_double(0x7ff8000000000000LL)" if dtype.name == "f64" else "__int_as_float(0x7fc00000)"
     if math.isinf(v):

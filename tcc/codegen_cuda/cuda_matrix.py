@@ -111,7 +111,8 @@ class MatrixStatements:
         acc = self._registers(s.acc, n // 2)
         slots = ",".join(f"%{i}" for i in range(n // 2))
         da, db = self._descriptor(s.a, s.trans_a), self._descriptor(s.b, s.trans_b)
-        trans = "" if s.kind == "tf32" else f", {int(s.trans_a)}, {int(s.trans_b)}"  # TF32: K-major only
+        # the transpose bits exist for 16-bit operands only (TF32 and 8-bit floats are K-major)
+        trans = f", {int(s.trans_a)}, {int(s.trans_b)}" if s.kind in ("f16", "bf16") else ""
         self._line(depth, f'asm volatile("{{ .reg .pred p; setp.eq.u32 p, 1, 1; wgmma.mma_async.sync.aligned.'
                           f'm{m}n{n}k{k}.f32.{s.kind}.{s.kind} {{{slots}}}, %{n // 2}, %{n // 2 + 1}, p, 1, 1'
                           f'{trans}; }}"')

@@ -63,6 +63,12 @@ _SIGNATURES: dict[str, list[Any]] = {
     "cuMemFreeAsync": [_DPTR, _P],
     "cuMemAlloc_v2": [ctypes.POINTER(_DPTR), _SIZE],
     "cuMemFree_v2": [_DPTR],
+    "cuMemAllocHost_v2": [_OUT_P, _SIZE],
+    "cuMemFreeHost": [_P],
+    "cuEventCreate": [_OUT_P, _U],
+    "cuEventRecord": [_P, _P],
+    "cuEventSynchronize": [_P],
+    "cuEventDestroy_v2": [_P],
     "cuMemcpyHtoDAsync_v2": [_DPTR, _P, _SIZE, _P],
     "cuMemcpyDtoHAsync_v2": [_P, _DPTR, _SIZE, _P],
     "cuMemcpyDtoDAsync_v2": [_DPTR, _DPTR, _SIZE, _P],
@@ -287,7 +293,7 @@ def synchronize(stream: int, what: str) -> None:
 
 _CTYPES = {"p": ctypes.c_uint64, "f16": ctypes.c_float, "bf16": ctypes.c_float, "f32": ctypes.c_float,
            "f64": ctypes.c_double, "i8": ctypes.c_int8, "i32": ctypes.c_int32, "i64": ctypes.c_int64,
-           "bool": ctypes.c_bool}
+           "bool": ctypes.c_bool, "f8e4m3": ctypes.c_float, "f8e5m2": ctypes.c_float}
 
 
 class Launcher:
@@ -342,7 +348,7 @@ def launch_error(op: str, kernel: str, grid: int, block: int, err: int) -> TccRu
 
 # a kernel parameter's code -> its format in a memoryview of the argument block (8 bytes a slot)
 _FORMATS = {"p": "Q", "f16": "f", "bf16": "f", "f32": "f", "f64": "d", "i8": "b", "i32": "i", "i64": "q",
-            "bool": "?"}
+            "bool": "?", "f8e4m3": "f", "f8e5m2": "f"}
 
 
 class ArgumentBlock:
@@ -431,6 +437,44 @@ def alloc_workspace(nbytes: int, what: str) -> int:
                               hint=_hint(err))
     _LIVE_BYTES[0] += size
     return ptr.value
+
+
+def alloc_pinned(nbytes: int, what: str) -> int:
+    """Page-locked host memory (kept across calls): a copy from the GPU into it is one DMA, with
+    no staging through a driver buffer."""
+    ptr = ctypes.c_void_p()
+    err = libcuda().cuMemAllocHost_v2(ctypes.byref(ptr), max(1, nbytes))
+    if err != SUCCESS:
+        raise TccRuntimeError(f"{what}: cannot allocate {nbytes} bytes of page-locked host memory: "
+                              f"{error_name(err)}", hint=_hint(err))
+    return int(ptr.value or 0)
+
+
+def free_pinned(ptr: int) -> None:
+    libcuda().cuMemFreeHost(ptr)
+
+
+EVENT_DISABLE_TIMING = 2
+
+
+def event(what: str) -> int:
+    """A CUDA event without timing (the cheapest to record and wait for), kept across calls."""
+    made = ctypes.c_void_p()
+    check(libcuda().cuEventCreate(ctypes.byref(made), EVENT_DISABLE_TIMING), f"{what}: creating an event")
+    return int(made.value or 0)
+
+
+def record(event: int, stream: int, what: str) -> None:
+    check(libcuda().cuEventRecord(event, stream), f"{what}: recording an event")
+
+
+def wait(event: int, what: str) -> None:
+    """Block until the work queued before ``event`` was recorded is done (later work may still run)."""
+    check(libcuda().cuEventSynchronize(event), what)
+
+
+def destroy_event(event: int) -> None:
+    libcuda().cuEventDestroy_v2(event)
 
 
 def free_workspace(device: int, ptr: int, nbytes: int) -> None:

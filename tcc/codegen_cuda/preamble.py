@@ -1,7 +1,9 @@
 """The C every generated CUDA program starts with: NumPy's semantics on the GPU (floor division,
 Python's modulo, NaN-propagating max/min, half and bfloat16 conversions), warp and block
-combinations (all-reductions and scans), and Philox. Self-contained (no ``#include``): the NVRTC
-wheel ships no CUDA headers, and a header-free program also compiles much faster."""
+combinations (all-reductions and scans), and Philox; programs that use 8-bit floats also get
+:data:`FP8_PREAMBLE` (its instructions exist from sm_89 on). Self-contained (no ``#include``): the
+NVRTC wheel ships no CUDA headers (``cuda_fp8.h`` neither), and a header-free program also
+compiles much faster."""
 
 from __future__ import annotations
 
@@ -122,4 +124,25 @@ TCC_D long long tcc_philox(int word, long long seed, long long i0, long long i1,
   }}
   return (long long)(word == 0 ? c0 : word == 1 ? c1 : word == 2 ? c2 : c3);
 }}
+"""
+
+FP8_PREAMBLE = r"""// 8-bit floats (sm_89 on): bytes in memory, float in registers. A conversion saturates
+// (cvt.rn.satfinite: nearest even, NaN stays NaN, an infinity or a value beyond the range becomes the
+// largest finite value of its sign: 448 for e4m3, 57344 for e5m2); a widening is exact. The paired
+// conversions get the value twice, so which half is which does not matter.
+TCC_D float tcc_f8e4m3_to_f32(unsigned char b) {
+  unsigned h; asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"((unsigned short)(b * 0x101u)));
+  return tcc_f16_to_f32((unsigned short)h);
+}
+TCC_D unsigned char tcc_f32_to_f8e4m3(float f) {
+  unsigned short h; asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(h) : "f"(f), "f"(f));
+  return (unsigned char)h;
+}
+TCC_D float tcc_round_f8e4m3(float f) { return tcc_f8e4m3_to_f32(tcc_f32_to_f8e4m3(f)); }
+TCC_D float tcc_f8e5m2_to_f32(unsigned char b) { return tcc_f16_to_f32((unsigned short)((unsigned)b << 8)); }
+TCC_D unsigned char tcc_f32_to_f8e5m2(float f) {  // (e5m2 is the high byte of an f16)
+  unsigned short h; asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(h) : "f"(f), "f"(f));
+  return (unsigned char)h;
+}
+TCC_D float tcc_round_f8e5m2(float f) { return tcc_f8e5m2_to_f32(tcc_f32_to_f8e5m2(f)); }
 """

@@ -56,7 +56,7 @@ def suggest(name: str, candidates: object) -> str | None:
     return f"did you mean {close[0]!r}?" if close else None
 
 
-HALF = (dtypes.f16, dtypes.bf16)
+HALF = (dtypes.f16, dtypes.bf16, *dtypes.FP8)  # floats narrower than f32: reductions over them run in f32
 
 
 def in_f32(e: Expr) -> Expr:
@@ -334,7 +334,7 @@ class ExprAnalyzer:
         result = operand
         if n.op in ("sum", "prod") and operand.is_int and operand.bits < 64:
             result = dtypes.i64  # NumPy sums small integers in the platform integer
-        half = operand in (dtypes.f16, dtypes.bf16)
+        half = operand in HALF
         acc = dtypes.f32 if half else result
         expr = in_f32(body.expr) if half else body.expr
         return Typed(Reduce(n.op, tuple(axes), cast(expr, acc), result, acc, n.span))

@@ -29,7 +29,7 @@ from tcc.frontend.unparse import Ex, access, call, num, unparse, var
 Read = Callable[[Sequence[Ex]], Ex]
 RESERVED = {"op", "pad", "value", "and", "or", "not", "sum", "max", "min", "prod", "select", "exp", "log",
             "sqrt", "rsqrt", "sin", "cos", "tanh", "sigmoid", "erf", "abs", "floor", "ceil", "pow",
-            "f16", "bf16", "f32", "f64", "i8", "i32", "i64", "bool", "schedule"}
+            "f16", "bf16", "f32", "f64", "i8", "i32", "i64", "bool", "f8e4m3", "f8e5m2", "schedule"}
 INLINE_LIMIT = 1  # constants with at most this many elements are written into the source as literals
 NUMPY_DTYPES = {"f16": np.float16, "f32": np.float32, "f64": np.float64, "i8": np.int8, "i32": np.int32,
                 "i64": np.int64, "bool": np.bool_}

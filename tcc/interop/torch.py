@@ -46,7 +46,8 @@ from tcc.runtime.plans import CpuFastPath, CudaFastPath, CudaLaunch, same_params
 
 _TORCH_DTYPES = {dtypes.f16: torch.float16, dtypes.bf16: torch.bfloat16, dtypes.f32: torch.float32,
                  dtypes.f64: torch.float64, dtypes.i8: torch.int8, dtypes.i32: torch.int32,
-                 dtypes.i64: torch.int64, dtypes.boolean: torch.bool}
+                 dtypes.i64: torch.int64, dtypes.boolean: torch.bool, dtypes.f8e4m3: torch.float8_e4m3fn,
+                 dtypes.f8e5m2: torch.float8_e5m2}
 _LIBRARIES: dict[str, torch.library.Library] = {}  # namespace -> its fragment (kept alive: it owns the ops)
 _REGISTERED: dict[tuple[str, int], TorchOp] = {}  # (namespace, id of the tcc op) -> its torch op
 _Tensor, _Parameter = torch.Tensor, torch.nn.Parameter  # the tensor types the eager path takes (exactly)
@@ -168,7 +169,8 @@ class TorchOp:
     def _teach_cuda(self, path: CudaFastPath, nargs: int) -> None:
         """Give the C++ eager path a CUDA plan's signature: its kernels, launched by C++ on torch's
         current stream (not a plan with intermediates: their workspace is Python's)."""
-        if not path.allocates or path.nargs != nargs or path.cparams or path.intermediates or path.synchronous:
+        if (not path.allocates or path.nargs != nargs or path.cparams or path.intermediates or path.synchronous
+                or path.checked):  # (the C++ launches run no index checks)
             return
         module = self._native_module()
         if module is None:
@@ -223,7 +225,8 @@ class TorchOp:
         scalars = [(pos, slot, kind, _CELLS[cell_type]) for pos, slot, kind, cell_type in path.scalars]
         module.learn(self._native, path.address, path.name, path.nargs, path.params,
                      [(pos, slot, dtype, tuple(shape)) for pos, slot, dtype, shape in direct.inputs],
-                     scalars, [(slot, dtype, shape) for slot, shape, dtype in direct.results])
+                     scalars, [(slot, dtype, shape) for slot, shape, dtype in direct.results],
+                     None if path.guard is None else path.guard.native())
 
     def _native_module(self) -> Any:
         """The C++ eager path's module, this op's signature table made (None where it is not built)."""
@@ -471,6 +474,8 @@ class _Direct:
                 if type(value) is not kind or (bounds is not None and not bounds[0] <= value <= bounds[1]):
                     return None
                 cell.value = value
+            if path.guard is not None and not path.guard(ptrs):  # an index out of range: the op's call names it
+                return None
             outs = []
             default = _default_dtype()
             for slot, shape, dtype in self.results:  # sizes as arguments, dtype only if needed: parsed fastest

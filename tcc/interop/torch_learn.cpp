@@ -54,6 +54,31 @@ bool read_kernel(PyObject *obj, Kernel1D *kernel) {
   return true;
 }
 
+// The index checks of a signature, (address, nslots, [(its slot, the kernel's slot)], count slot):
+// 1 read, 0 out of the slots' range (not learned), -1 a Python error set.
+int read_guard(PyObject *given, int kernel_slots, Guard *guard) {
+  unsigned long long address;
+  PyObject *copies;
+  if (!PyArg_ParseTuple(given, "KiO!i", &address, &guard->nslots, &PyList_Type, &copies, &guard->result)) {
+    return -1;
+  }
+  if (guard->nslots > kMaxSlots || guard->result < 0 || guard->result >= guard->nslots) {
+    return 0;
+  }
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(copies); ++i) {
+    int slot, source;
+    if (!PyArg_ParseTuple(PyList_GET_ITEM(copies, i), "ii", &slot, &source)) {
+      return -1;
+    }
+    if (slot < 0 || slot >= guard->nslots || source < 0 || source >= kernel_slots) {
+      return 0;
+    }
+    guard->copies.emplace_back(slot, source);
+  }
+  guard->kernel = reinterpret_cast<Kernel>(static_cast<uintptr_t>(address));
+  return 1;
+}
+
 }  // namespace
 
 Op *op_of(PyObject *capsule) {
@@ -64,17 +89,17 @@ PyObject *new_op(PyObject *, PyObject *) {
   return PyCapsule_New(new Op(), "tcc.torch_native.Op", free_op);
 }
 
-// learn(op, kernel_address, name, nargs, nslots, inputs, scalars, results): a signature, tried first
+// learn(op, kernel_address, name, nargs, nslots, inputs, scalars, results[, guard]): a signature, tried first
 // from now on. inputs: (position, slot, torch dtype, sizes); scalars: (position, slot, Python
 // type, cell code 0-5 as Cell); results: (slot, torch dtype, sizes).
 PyObject *learn(PyObject *, PyObject *args) {
-  PyObject *capsule, *inputs, *scalars, *results;
+  PyObject *capsule, *inputs, *scalars, *results, *guard = Py_None;
   unsigned long long address;
   const char *name;
   Py_ssize_t nargs;
   int nslots;
-  if (!PyArg_ParseTuple(args, "OKsniO!O!O!", &capsule, &address, &name, &nargs, &nslots, &PyList_Type, &inputs,
-                        &PyList_Type, &scalars, &PyList_Type, &results)) {
+  if (!PyArg_ParseTuple(args, "OKsniO!O!O!|O", &capsule, &address, &name, &nargs, &nslots, &PyList_Type, &inputs,
+                        &PyList_Type, &scalars, &PyList_Type, &results, &guard)) {
     return nullptr;
   }
   Op *op = op_of(capsule);
@@ -134,6 +159,15 @@ PyObject *learn(PyObject *, PyObject *args) {
     sig->results.push_back(std::move(r));
   }
   sig->release_gil = bytes >= kReleaseGilBytes;
+  if (guard != Py_None) {
+    int known = read_guard(guard, nslots, &sig->guard);
+    if (known < 0) {
+      return nullptr;
+    }
+    if (known == 0) {
+      Py_RETURN_FALSE;  // the Python path keeps such calls
+    }
+  }
   auto signatures = op->signatures;
   signatures.insert(signatures.begin(), std::move(sig));
   if (signatures.size() > kMaxSignatures) {

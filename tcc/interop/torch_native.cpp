@@ -5,7 +5,9 @@
 // run before (the same input dtypes and shapes, scalar types, no keyword parameters), it checks
 // the tensors, allocates the results with at::empty and calls the tcc kernel's entry point,
 // `int32_t kernel(void **args)` (the address tcc's ctypes call uses), or, for CUDA tensors,
-// launches the CUDA plan's kernels on PyTorch's current stream. It returns None for every
+// launches the CUDA plan's kernels on PyTorch's current stream. A CPU signature whose op reads
+// indices from data first calls its guard kernel (tcc/runtime/cpu_guard.py), and declines the call
+// when an index is out of range. It returns None for every
 // call it does not take (another signature, a tensor that is not a plain contiguous one there,
 // anything watching torch's dispatcher): the Python path then runs the checked call, which raises
 // tcc's errors naming the argument, and teaches this one its signature.
@@ -155,6 +157,18 @@ PyObject *fail(const Signature &sig) {
   return nullptr;
 }
 
+// Whether the guard counts no index out of range, given the op's kernel's slots (inputs and
+// scalar cells set).
+bool in_range(const Guard &guard, void *const *slots) {
+  void *mine[kMaxSlots];
+  int64_t count = -1;
+  for (const auto &[slot, source] : guard.copies) {
+    mine[slot] = slots[source];
+  }
+  mine[guard.result] = &count;
+  return guard.kernel(mine) == 0 && count == 0;
+}
+
 // The call's results in `outs`, unless this signature does not take the call (declined) or it
 // failed (a Python exception set). grad_mode: as take_input's.
 Ran run(const Signature &sig, PyObject *const *args, bool grad_mode, std::vector<at::Tensor> *outs) {
@@ -171,6 +185,9 @@ Ran run(const Signature &sig, PyObject *const *args, bool grad_mode, std::vector
       return Ran::declined;
     }
     slots[s.slot] = &cells[i];
+  }
+  if (sig.guard.kernel != nullptr && !in_range(sig.guard, slots)) {
+    return Ran::declined;  // an index out of range: the Python path raises tcc's error naming it
   }
   outs->reserve(sig.results.size());
   try {
@@ -382,7 +399,7 @@ PyMethodDef methods[] = {
     {"call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(call)), METH_FASTCALL,
      "call(op, args): the results, or None for the Python path"},
     {"new_op", new_op, METH_NOARGS, "a new op's signature table"},
-    {"learn", learn, METH_VARARGS, "learn(op, address, name, nargs, nslots, inputs, scalars, results)"},
+    {"learn", learn, METH_VARARGS, "learn(op, address, name, nargs, nslots, inputs, scalars, results[, guard])"},
     {"learn_cuda", learn_cuda, METH_VARARGS, "learn_cuda(op, name, nargs, device, inputs, scalars, results, launches)"},
     {"setup_cuda", setup_cuda, METH_VARARGS, "setup_cuda(cuLaunchKernel address, raw_stream)"},
     {"learn_backward", learn_backward, METH_VARARGS, "learn_backward(op, fn, name, nargs, tensor positions)"},

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "torch_autograd.h"
@@ -39,6 +40,13 @@ struct Result {
   int64_t nbytes;
 };
 
+struct Guard {  // the op's index checks (tcc/runtime/cpu_guard.py): a kernel counting indices out of range
+  Kernel kernel = nullptr;  // none: the op reads no index from data
+  int nslots = 0;
+  std::vector<std::pair<int, int>> copies;  // (its slot, the op's kernel's slot): the tensors and scalars read
+  int result = 0;  // its slot of the count
+};
+
 struct Signature {
   Kernel kernel;
   std::string name;  // the kernel's, for errors
@@ -47,6 +55,7 @@ struct Signature {
   std::vector<Scalar> scalars;
   std::vector<Result> results;
   bool release_gil;  // enough work that other Python threads should run meanwhile
+  Guard guard;
 };
 
 constexpr size_t kMaxSignatures = 16;

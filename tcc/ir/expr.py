@@ -232,6 +232,8 @@ def convert_value(value: int | float | bool, dtype: DType) -> int | float | bool
         out = float(value)
     except OverflowError:  # an integer beyond the largest double
         out = math.copysign(math.inf, value)
+    if dtype.is_fp8:  # saturating: 1e6 as f8e4m3 is 448
+        return float(dtypes.round_fp8(out, dtype))
     if dtype.bits < 64 and dtype.name != "bf16" and math.isfinite(out):
         with np.errstate(over="ignore"):
             rounded = float(np.asarray(out).astype(dtype.numpy))

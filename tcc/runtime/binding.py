@@ -260,8 +260,8 @@ def _check_dtype(op: OpTE, name: str, arr: np.ndarray) -> None:
     want = op.tensors[name].dtype
     got = getattr(arr, "tcc_dtype", None) or dtypes.from_numpy(arr.dtype)  # device views carry a tcc dtype
     if got != want:
-        hint = f"convert it: {name}.astype(np.{want.numpy.name})" if want.name != "bf16" else \
-            "bf16 tensors need target='cuda'"
+        hint = f"convert it: {name}.astype(np.{want.numpy.name})" if want.has_numpy else \
+            f"{want} has no NumPy type: pass a CUDA torch tensor of it (or a tcc.cuda.Array), target='cuda'"
         raise TccArgumentError(f"argument {name} of {op.name} must be {want}, got {arr.dtype}",
                                op.tensors[name].span, hint)
 

@@ -26,6 +26,9 @@ from tcc.passes.pipeline import cpu_schedule
 from tcc.runtime.backend import Backend
 from tcc.runtime.binding import as_host_array, out_list
 from tcc.runtime.cache import pack_artifact, unpack_artifact
+from tcc.runtime.cpu_guard import CpuGuard
+from tcc.runtime.cpu_guard import passes as guard_passes
+from tcc.runtime.index_checks import IndexGuard
 from tcc.runtime.plans import CpuFastPath, FastTensor, same_params
 from tcc.runtime.prepared import Prepared
 from tcc.target import CpuTarget
@@ -151,8 +154,9 @@ def stage_text(func: LoopFunc, stage: str, target: CpuTarget) -> str:
     return llvm_ir(func, target) if stage == "llvm" else assembly(func, target)
 
 
-def invoke(kernel: CpuKernel, op, bound, out: Any) -> list[Any]:
-    """Run ``kernel`` on a bound call; writes into ``out`` when given (checked first)."""
+def invoke(kernel: CpuKernel, op, bound, out: Any, guard: IndexGuard | None = None) -> list[Any] | None:
+    """Run ``kernel`` on a bound call; writes into ``out`` when given (checked first). None, with
+    nothing written, when ``guard`` (the call's index checks) finds an index out of range."""
     for name in op.results:
         if op.tensors[name].dtype.name == "bf16":  # code generation refuses bf16, unless nothing is computed
             raise TccTypeError(f"result {name} is bf16, which is supported on target='cuda' only",
@@ -165,6 +169,8 @@ def invoke(kernel: CpuKernel, op, bound, out: Any) -> list[Any]:
         contiguous = _contiguous(op, name, arr)
         values[name] = contiguous
         inputs.append(contiguous)
+    if guard is not None and not guard_passes(guard, values):
+        return None
     if kernel.prepared is not None:
         position = {name: i for i, name in enumerate(op.params)}
         try:
@@ -350,6 +356,7 @@ class Plan:
     # (positions of the constant arguments, their slots, the prepared buffers' slots): see run
     pool: list[tuple[Any, list[Any], int]] = field(default_factory=list)  # (argument array, scalar cells, address)
     symbols: list[tuple[int, int]] = field(default_factory=list)  # (slot, value): dynamic shape symbols
+    guard: CpuGuard | None = None  # the index checks, run on the argument array before the kernel
 
     def new_buffer(self) -> tuple[Any, list[tuple[int, type, tuple[int, int] | None, Any]], int]:
         """An argument array and its scalar cells (each cell's address already in its slot)."""
@@ -373,7 +380,7 @@ class Plan:
         return CpuFastPath(self.kernel.name, self.kernel.address, self.kernel.fn, self.nargs, len(self.kernel.params),
                            self.cparams, tuple(map(tensor, self.inputs)), scalars,
                            None if self.outs is None else tuple(map(tensor, self.outs)), self.constants is not None,
-                           self.pool, self.new_buffer, len(self.symbols))
+                           self.pool, self.new_buffer, len(self.symbols), self.guard)
 
     def __post_init__(self) -> None:
         self.single_out = self.outs[0] if self.outs is not None and len(self.outs) == 1 else None
@@ -456,6 +463,8 @@ class Plan:
                 if ptr < high and low < ptr + t.nbytes:  # overlaps out=: the checked path copies
                     return None
                 ptrs[t.slot] = ptr
+            if self.guard is not None and not self.guard(ptrs):  # out of range: the checked call names it
+                return None
             if self.constants is not None:
                 positions, sources, slots = self.constants
                 objects = tuple([args[p] for p in positions])
@@ -486,8 +495,9 @@ class Plan:
 
 
 def make_plan(kernel: CpuKernel, op, bound, args: tuple[Any, ...], cparams: dict[str, Any],
-              out: Any) -> Plan | None:
-    """The plan for calls like this checked one (None when it has no fast path)."""
+              out: Any, guard: IndexGuard | None = None) -> Plan | None:
+    """The plan for calls like this checked one, running ``guard`` first (None when it has no
+    fast path)."""
     if not _FAST_POINTERS:
         return None
     kinds = {n: op.scalars[n].dtype.name for n in bound.scalars}
@@ -516,8 +526,11 @@ def make_plan(kernel: CpuKernel, op, bound, args: tuple[Any, ...], cparams: dict
         constants = (tuple(position[n] for n in sources), tuple(slot[n] for n in sources),
                      tuple(slot[n] for n in kernel.prepared.names))
     symbols = [(slot[n], v) for n, v in dynamic_values(kernel, bound).items()]
+    checks = None if guard is None else CpuGuard.for_slots(guard, slot)
+    if guard is not None and checks is None:
+        return None
     return Plan(kernel, len(args), dict(cparams), inputs, scalars, [slot[n] for n in kinds], outs, results,
-                constants, symbols=symbols)
+                constants, symbols=symbols, guard=checks)
 
 
 BACKEND = Backend(

@@ -31,13 +31,15 @@ from tcc.codegen_cuda import driver, nvrtc
 from tcc.cuda import Array
 from tcc.dtypes import DType
 from tcc.errors import TccArgumentError, TccCompileError, TccRuntimeError
-from tcc.ir.loops import LoopFunc
+from tcc.ir.loops import GUARD_PARAM, LoopFunc
 from tcc.passes.pipeline import cuda_schedule
 from tcc.runtime.backend import Backend
 from tcc.runtime.binding import out_list
 from tcc.runtime.cache import pack_artifact, unpack_artifact
+from tcc.runtime.cuda_guard import CudaGuard
 from tcc.runtime.cuda_plan import SYNC, make_plan, raw_stream
 from tcc.runtime.cuda_tensors import DeviceTensor, as_array, torch_dtypes
+from tcc.runtime.index_checks import IndexGuard
 from tcc.target import CudaTarget, host_cores
 
 STAGES = ("ast", "te", "fused", "loops", "scheduled", "cuda", "ptx")
@@ -241,8 +243,9 @@ class _Call:
             driver.free(ptr, nbytes, self.stream)
 
 
-def invoke(kernel: CudaKernel, op, bound, out: Any) -> list[Any]:
-    """Run ``kernel`` on a bound call (``out=`` checked first)."""
+def invoke(kernel: CudaKernel, op, bound, out: Any, guard: IndexGuard | None = None) -> list[Any] | None:
+    """Run ``kernel`` on a bound call (``out=`` checked first). None, with nothing written, when
+    ``guard`` (the call's index checks, run on the device first) finds an index out of range."""
     device_args = {n: a for n, a in bound.arrays.items() if isinstance(a, DeviceTensor)}
     device = _common_device(op, device_args, out)
     driver.context(device).activate()
@@ -252,7 +255,8 @@ def invoke(kernel: CudaKernel, op, bound, out: Any) -> list[Any]:
     results: list[Any] = []
     with _Call(op.name, device, stream) as call:
         try:
-            _run(call, kernel, op, bound, outs, kind, list(device_args.values()), results)
+            if not _run(call, kernel, op, bound, outs, kind, list(device_args.values()), results, guard):
+                return None
         except BaseException:
             results.clear()  # the traceback must not keep new result tensors alive
             raise
@@ -260,7 +264,9 @@ def invoke(kernel: CudaKernel, op, bound, out: Any) -> list[Any]:
 
 
 def _run(call: _Call, kernel: CudaKernel, op, bound, outs: list[Any], kind: str, inputs: list[DeviceTensor],
-         results: list[Any]) -> None:
+         results: list[Any], guard: IndexGuard | None) -> bool:
+    """Launch the kernels behind ``guard``, the call's index checks (False when an index is out of
+    range: then the kernels wrote nothing, and nothing is copied to ``out=``)."""
     values: dict[str, Any] = dict(bound.scalars)
     for name, arr in bound.arrays.items():
         values[name] = _input_pointer(call, name, arr)
@@ -273,15 +279,25 @@ def _run(call: _Call, kernel: CudaKernel, op, bound, outs: list[Any], kind: str,
         finish.append(made[2])
         del made  # only ``results`` may hold a new tensor (see invoke)
     launchers = kernel.launchers(call.device)
-    with kernel.lock if kernel.temps else _NO_LOCK:
-        values.update(zip((n for n, _ in kernel.temps), kernel.workspace(call.device, call.stream, op.name)))
-        for launcher in launchers:
-            launcher.launch(values, call.stream, op.name)
+
+    def launch(count: int = 0) -> None:  # (count: the guard's device count, which the kernels read)
+        if guard is not None:
+            values[GUARD_PARAM] = count
+        with kernel.lock if kernel.temps else _NO_LOCK:
+            values.update(zip((n for n, _ in kernel.temps), kernel.workspace(call.device, call.stream, op.name)))
+            for launcher in launchers:
+                launcher.launch(values, call.stream, op.name)
+    if guard is None:
+        launch()
+    else:
+        if not CudaGuard.on(guard, call.device).around_values(values, call.stream, op.name, launch):
+            return False
     for post in finish:
         if post is not None:
             post()
     if kind == "numpy" or SYNC:
         driver.synchronize(call.stream, f"op {op.name}: running its kernels")
+    return True
 
 
 def _common_device(op, device_args: dict[str, DeviceTensor], out: Any) -> int:
@@ -401,7 +417,7 @@ def _new_device_tensor(shape: tuple[int, ...], dt: DType, kind: str, device: int
 
         torch_dt = next(k for k, v in torch_dtypes().items() if v == dt)
         return torch.empty(shape, dtype=torch_dt, device=torch.device("cuda", device))
-    if kind == "cupy" and dt.name != "bf16":
+    if kind == "cupy" and dt.has_numpy:
         import cupy
 
         with cupy.cuda.Device(device):

@@ -15,7 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from tcc.codegen_cuda import driver
+from tcc.ir.loops import GUARD_PARAM
+from tcc.runtime.cuda_guard import CudaGuard
 from tcc.runtime.cuda_tensors import DeviceTensor, as_array, torch_dtypes
+from tcc.runtime.index_checks import IndexGuard
 from tcc.runtime.plans import CudaFastPath, CudaLaunch, FastTensor, same_params
 
 SYNC = os.environ.get("TCC_CUDA_SYNC", "") not in ("", "0")  # debugging: synchronise after every call
@@ -63,9 +66,12 @@ class Plan:
     op: str
     pool: list[tuple[driver.ArgumentBlock, list[tuple[int, type, Any, memoryview, int]]]] = \
         field(default_factory=list)  # argument blocks not in use, each with its scalars' setters
+    guard: CudaGuard | None = None  # the index checks, run on the device before the kernels
+    guard_copies: list[tuple[int, int]] = field(default_factory=list)  # (guard slot, slot) of what they read
 
     def __post_init__(self) -> None:
         self.spans = [(t.slot, t.nbytes) for t in self.inputs]  # for the overlap checks of out=
+        self.guard_slot = self.slots.get(GUARD_PARAM, -1)
 
     def fast_path(self) -> CudaFastPath:
         """This signature for callers that launch its kernels themselves (tcc.interop.torch's C++)."""
@@ -79,7 +85,7 @@ class Plan:
                             tuple(FastTensor(i, slot, dtype, tuple(shape))
                                   for i, (shape, dtype, slot) in enumerate(self.results)),
                             self.outs is None, bool(self.kernel.temps), tuple(map(launch, self.launchers)),
-                            driver.launch_kernel_address(), self.stream, SYNC)
+                            driver.launch_kernel_address(), self.stream, SYNC, self.guard is not None)
 
     def new_block(self) -> tuple[driver.ArgumentBlock, list[tuple[int, type, Any, memoryview, int]]]:
         block = driver.ArgumentBlock(self.launchers, self.slots, self.context)
@@ -121,13 +127,12 @@ class Plan:
             bits |= result_bits
             stream = self.stream(device)
             try:
-                if not self.kernel.temps:  # (read each call, like the checked path)
-                    block.launch(stream, self.op, bits & 15)
-                else:
-                    with self.kernel.lock:  # one call's kernels queued together on the stream's workspace
-                        for slot, ptr in zip(self.temp_slots, self.kernel.workspace(device, stream, self.op)):
-                            words[slot] = ptr
-                        block.launch(stream, self.op, bits & 15)
+                if self.guard is None:
+                    self._launch(block, stream, bits)
+                elif not self.guard.around_words(words, self.guard_copies, stream, self.op,
+                                                 lambda count: self._launch(block, stream, bits, count)):
+                    results.clear()  # an index out of range: nothing written, the checked call names it
+                    return None
             except BaseException:
                 results.clear()  # the traceback must not keep new result tensors alive
                 entry = None  # nor is the block kept: the next call builds one from the kernels as they are then
@@ -138,6 +143,18 @@ class Plan:
         if SYNC:
             driver.synchronize(stream, f"op {self.op}: running its kernels")
         return results
+
+    def _launch(self, block: driver.ArgumentBlock, stream: int, bits: int, count: int = 0) -> None:
+        """Launch the kernels; ``count``: the index guard's device count, which they read (if guarded)."""
+        if self.guard is not None:
+            block.words[self.guard_slot] = count
+        if not self.kernel.temps:  # (read each call, like the checked path)
+            block.launch(stream, self.op, bits & 15)
+            return
+        with self.kernel.lock:  # one call's kernels queued together on the stream's workspace
+            for slot, ptr in zip(self.temp_slots, self.kernel.workspace(self.device, stream, self.op)):
+                block.words[slot] = ptr
+            block.launch(stream, self.op, bits & 15)
 
     def _new_results(self, words: memoryview) -> tuple[list[Any], int]:
         """New result tensors, their pointers written; and those pointers or-ed."""
@@ -172,8 +189,9 @@ class Plan:
 
 
 def make_plan(kernel: Any, op, bound, args: tuple[Any, ...], cparams: dict[str, Any],
-              out: Any) -> Plan | None:
-    """The plan for calls like this checked one (None when it has no fast path)."""
+              out: Any, guard: IndexGuard | None = None) -> Plan | None:
+    """The plan for calls like this checked one, running ``guard`` first (None when it has no
+    fast path)."""
     torch = sys.modules.get("torch")
     arrays = list(bound.arrays.values())
     if torch is None or not arrays or any(not isinstance(a, DeviceTensor) or a.kind != "torch"
@@ -183,7 +201,8 @@ def make_plan(kernel: Any, op, bound, args: tuple[Any, ...], cparams: dict[str, 
     position = {name: i for i, name in enumerate(op.params)}
     if any(type(args[position[n]]) not in (float, int, bool) for n in bound.scalars):
         return None
-    slots = {name: i for i, name in enumerate([*op.params, *op.results, *(n for n, _ in kernel.temps)])}
+    guarded = [GUARD_PARAM] if guard is not None else []
+    slots = {name: i for i, name in enumerate([*op.params, *op.results, *(n for n, _ in kernel.temps), *guarded])}
     inputs = [_Tensor(position[n], a.owner.dtype, tuple(a.shape), a.nbytes, slots[n]) for n, a in bound.arrays.items()]
     outs = None
     if out is not None:
@@ -200,9 +219,11 @@ def make_plan(kernel: Any, op, bound, args: tuple[Any, ...], cparams: dict[str, 
         scalars.append((position[n], type(args[position[n]]), _INT_RANGES.get(kind), kind, slots[n]))
     inverse = {v: k for k, v in torch_dtypes().items()}
     results = [(bound.result_shapes[r], inverse[op.tensors[r].dtype], slots[r]) for r in op.results]
+    checks = None if guard is None else CudaGuard.on(guard, device)
     return Plan(kernel, driver.context(device), device, len(args), dict(cparams), inputs, scalars, outs, results,
                 [slots[n] for n, _ in kernel.temps], torch.Tensor, torch.device("cuda", device), stream_getter(),
-                torch.empty, kernel.launchers(device), slots, op.name)
+                torch.empty, kernel.launchers(device), slots, op.name, guard=checks,
+                guard_copies=[] if checks is None else checks.copies(slots))
 
 
 @functools.cache

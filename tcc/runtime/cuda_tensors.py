@@ -50,7 +50,7 @@ def torch_dtypes() -> dict[Any, DType]:
 
     return {torch.float16: dtypes.f16, torch.bfloat16: dtypes.bf16, torch.float32: dtypes.f32,
             torch.float64: dtypes.f64, torch.int8: dtypes.i8, torch.int32: dtypes.i32, torch.int64: dtypes.i64,
-            torch.bool: dtypes.boolean}
+            torch.bool: dtypes.boolean, torch.float8_e4m3fn: dtypes.f8e4m3, torch.float8_e5m2: dtypes.f8e5m2}
 
 
 def _is_torch(value: Any) -> bool:
@@ -64,8 +64,9 @@ def as_array(value: Any, what: str) -> Any:
     if _is_torch(value):
         if value.is_cuda:
             return _from_torch(value, what)
-        if value.dtype == __import__("torch").bfloat16:
-            raise TccArgumentError(f"{what}: a CPU bf16 tensor cannot be copied to the GPU by tcc",
+        dt = torch_dtypes().get(value.dtype)
+        if dt is not None and not dt.has_numpy:
+            raise TccArgumentError(f"{what}: a CPU {dt} tensor cannot be copied to the GPU by tcc",
                                    hint="move it first: x.cuda()")
         return value.detach().resolve_conj().numpy()
     if hasattr(value, "__cuda_array_interface__"):
@@ -77,7 +78,7 @@ def _from_torch(t: Any, what: str) -> DeviceTensor:
     dt = torch_dtypes().get(t.dtype)
     if dt is None:
         raise TccArgumentError(f"{what}: tcc has no dtype for torch.{str(t.dtype).split('.')[-1]}",
-                               hint="use one of f16 bf16 f32 f64 i8 i32 i64 bool")
+                               hint="use one of f16 bf16 f32 f64 i8 i32 i64 bool float8_e4m3fn float8_e5m2")
     return DeviceTensor(t.data_ptr(), tuple(t.shape), dt, t.device.index or 0, t, "torch", t.is_contiguous())
 
 

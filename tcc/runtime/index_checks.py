@@ -1,16 +1,23 @@
 """Indices read from data, checked at the call.
 
 ``E[idx[n], d]`` and ``X[start + i, d]`` cannot be proved in bounds when the op compiles: the bounds
-pass lists them (``OpTE.index_checks``) and every call evaluates them, with the reference
-interpreter's NumPy evaluator, over the ranges of the variables they use: one vectorised pass over
-the index tensor, before the kernel runs, so an out-of-range index is a ``TccIndexError`` and no
-result (nor ``out=``) is written. The hot loop itself has no check. On CUDA the range of each index
-is computed on the device first (``tcc.index_ranges``); this host pass, which copies the index
-tensors over, runs only to name an index found out of range.
+pass lists them (``OpTE.index_checks``) and every call checks them over the ranges of the variables
+they use, before the kernel runs, so an out-of-range index is a ``TccIndexError`` and no result (nor
+``out=``) is written. The hot loop itself has no check.
+
+The check is the op's :class:`IndexGuard`: the kernel of a guard op compiled for the op's own
+target (``tcc.index_guard``: one pass over the index tensors, one number back), which the backend
+runs first, in the checked call and in the call's fast plan alike (on the plan's own pointers: no
+binding, no copy). Only when it finds an index out of range does the host pass here
+(:func:`run_checks`, the reference interpreter's evaluator; on CUDA after copying the index
+tensors over) run, to name the first offending position and its value. On the CPU the host pass
+also checks the first call of each binding, so that a guard op is compiled only for shapes that
+come again (``Op._call_guard``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -22,6 +29,18 @@ from tcc.passes.te.bounds import prove_bounds
 from tcc.passes.te.specialize import specialize
 from tcc.reference import check_indices, scalar_values, wide
 from tcc.runtime.binding import BoundCall
+
+
+@dataclass(eq=False)
+class IndexGuard:
+    """The index checks of one specialisation of an op, as its backend runs them: the loaded
+    kernel of its guard op (result ``RESULT``: i64[1], nonzero when an index is out of range), and
+    the op's tensors and scalars that kernel reads, by name, in the order of its parameters."""
+
+    kernel: Any
+    params: tuple[str, ...]
+    result: str = "R"
+    states: dict[Any, Any] = field(default_factory=dict)  # the backend's buffers for it, per device
 
 
 def reads_data(te: OpTE) -> bool:

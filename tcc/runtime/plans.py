@@ -1,8 +1,11 @@
 """Call plans shared by the backends: a few argument signatures remembered per op.
 
-A backend's ``make_plan(kernel, op, bound, args, cparams, out)`` turns one checked call into a
-plan whose ``run(args, cparams, out)`` repeats it for calls of the same signature (and answers
-None for any other); :class:`Plans` keeps the newest few and tries them most recent first.
+A backend's ``make_plan(kernel, op, bound, args, cparams, out, guard)`` turns one checked call into
+a plan whose ``run(args, cparams, out)`` repeats it for calls of the same signature (and answers
+None for any other); :class:`Plans` keeps the newest few and tries them most recent first. A call
+that reads indices from data passes its ``guard`` (``tcc.runtime.index_checks.IndexGuard``): the
+plan runs it before the kernels and answers None when an index is out of range, having written
+nothing, so that the checked call names the index.
 
 This is also the fast call path that interop builds on (``tcc.interop.torch`` and its C++): an
 op's ``plans`` (newest first in ``plans.plans``), each describing its signature through
@@ -62,6 +65,10 @@ class CpuFastPath:
     pool: list[Any]
     new_buffer: Callable[[], Any]  # another argument array, when none is free
     symbols: int = 0  # the dynamic shape symbols the kernel reads (set in the arrays already)
+    # the index checks: ``guard(pointer array)`` after the inputs' pointers and scalars are set,
+    # False when an index is out of range (then call nothing: the op's own call names it);
+    # ``guard.native()`` describes it to C++ (``tcc.runtime.cpu_guard.CpuGuard``)
+    guard: Any = None
 
 
 @dataclass(frozen=True)
@@ -96,9 +103,10 @@ class CudaFastPath:
     launch_kernel: int  # the address of the driver's ``cuLaunchKernel``
     stream: Callable[[int], int]  # device -> the current raw stream of PyTorch
     synchronous: bool  # every call waits for its kernels (``TCC_CUDA_SYNC``, for debugging)
+    checked: bool = False  # its calls check indices first, which only the plan's own ``run`` does
 
 
-MakePlan = Callable[[Any, Any, Any, tuple[Any, ...], dict[str, Any], Any], Plan | None]
+MakePlan = Callable[[Any, Any, Any, tuple[Any, ...], dict[str, Any], Any, Any], Plan | None]
 
 
 def same_params(cparams: dict[str, Any], planned: dict[str, Any]) -> bool:
@@ -133,9 +141,10 @@ class Plans:
         return None
 
     def learn(self, kernel: Any, op: Any, bound: Any, args: tuple[Any, ...], cparams: dict[str, Any],
-              out: Any) -> None:
-        """Remember a plan for calls like this checked one, where one can be made."""
-        plan = self.make_plan(kernel, op, bound, args, cparams, out)
+              out: Any, guard: Any = None) -> None:
+        """Remember a plan for calls like this checked one, where one can be made (running
+        ``guard``, the call's index checks, where it has one)."""
+        plan = self.make_plan(kernel, op, bound, args, cparams, out, guard)
         if plan is not None:
             self.plans = [plan, *self.plans[:MAX_PLANS - 1]]  # replaced whole: threads may be reading it
             self.run = plan.run if len(self.plans) == 1 else self._first_match

@@ -421,6 +421,9 @@ class _Context:
             return Value(f"{dt}({a.text})", "int", True, 127.0 if dt == "i8" else a.mag)
         if self.op.generic and self.op.generic[0] == "float" and self.rnd.random() < 0.3:
             return Value(f"T({a.text})", "float", a.exact and self.op.generic[1] == "f64", min(a.mag, 60000.0))
+        if self.op.bf16 and self.rnd.random() < 0.1:  # (CUDA) an 8-bit float, saturating, widened at once
+            dt = self.rnd.choice(("f8e4m3", "f8e5m2"))
+            return Value(f"f32({dt}({a.text}))", "float", False, min(a.mag, 448.0 if dt == "f8e4m3" else 57344.0))
         dt = self.rnd.choice(FLOATS + (("bf16",) if self.op.bf16 else ()))
         kind = "float"
         return Value(f"{dt}({a.text})", kind, a.exact and dt == "f64", min(a.mag, 60000.0))

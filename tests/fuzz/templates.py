@@ -78,7 +78,8 @@ def template(rnd: random.Random, name: str, bf16: bool) -> tuple[str, dict[str, 
 def attention(rnd: random.Random, name: str, dt: str, size) -> tuple[str, dict[str, int]]:
     """Attention-shaped chains (a max over the keys, the exponentials of the difference, their sum
     and a sum weighted by them): the streaming rewrite, plain or with a causal mask, a bias or a
-    soft cap, over keys of another length than the queries."""
+    soft cap, over keys of another length than the queries; in 16 bits, rows of 64 or 128 half
+    the time (the GPU's FlashAttention kernel)."""
     c = "f64" if dt == "f64" else "f32"  # the softmax's dtype (f32 for f16 and bf16 operands)
     score = f"sum[d]({c}(Q[b, i, d]) * {c}(K[b, j, d])) * 0.3"
     variant = rnd.choice(["plain", "causal", "bias", "cap"])
@@ -92,7 +93,9 @@ def attention(rnd: random.Random, name: str, dt: str, size) -> tuple[str, dict[s
            f"    s[b, i, j] = {score}\n    m[b, i] = max[j](s[b, i, j])\n"
            f"    e[b, i, j] = exp(s[b, i, j] - m[b, i])\n    l[b, i] = sum[j](e[b, i, j])\n"
            f"    O[b, i, d] = {dt}(sum[j](e[b, i, j] * {c}(V[b, j, d])) / l[b, i])\n}}")
-    return src, {"B": rnd.choice([1, 2]), "S": size(), "L": size(), "D": size()}
+    # rows of 64 or 128 16-bit values: the GPU's matrix-unit kernel (split keys where few queries)
+    depth = rnd.choice([64, 128]) if dt in ("f16", "bf16") and rnd.random() < 0.5 else size()
+    return src, {"B": rnd.choice([1, 2]), "S": size(), "L": size(), "D": depth}
 
 
 def chain(rnd: random.Random, name: str, dt: str, out: str, size) -> tuple[str, dict[str, int]]:

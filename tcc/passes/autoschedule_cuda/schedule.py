@@ -23,6 +23,10 @@ Three schedules, chosen per nest:
   made local become each thread's registers (:mod:`.row_registers`) or, too large for those,
   shared memory, with a barrier after each loop that writes them.
 
+A nest carrying attention's matrix form (two products of 16-bit operands, see
+:mod:`tcc.passes.te.matrix_stream`) becomes a FlashAttention kernel on the matrix units
+(:mod:`.attention`; with split keys, the nests merging the splits after it).
+
 Before them an element-wise nest over a reduction's result joins the reduction's final store
 (:mod:`.epilogue`); a recurrence that is a prefix scan along rows gets a block per row
 (:mod:`.scan`).
@@ -41,6 +45,7 @@ from tcc.ir.expr import Binary, Const, Expr, Load, Var, free_vars, walk
 from tcc.ir.loopnest import stores
 from tcc.ir.loops import (
     DETERMINISTIC,
+    MATRIX_STREAM,
     Allocate,
     Barrier,
     Buffer,
@@ -57,6 +62,7 @@ from tcc.ir.loops import (
     walk_stmts,
 )
 from tcc.passes.autoschedule_cuda import (
+    attention,
     epilogue,
     gemm,
     hoist_rows,
@@ -277,6 +283,13 @@ def _schedule_nest(stmt: Stmt, names: _Names, shapes: dict[str, tuple[int, ...]]
         stmt = hoisted
     if isinstance(stmt, For) and stmt.kind == "block.x":
         return stmt, "bound by the user"  # (checked by tcc.passes.loops.bind.check_kernels)
+    if (matrix := attention.form(stmt, target)) is not None:  # attention's products on the matrix units
+        found = attention.kernels(stmt, matrix, target, names.fresh, temps)
+        if found is not None:
+            shapes.update({b.name: b.shape for b in temps})
+            merges = [_schedule_nest(n, names, shapes, temps, target, tuning, tf32)[0] for n in found[2:]]
+            return seq(*found[:2], *(m for m in merges if m is not None)), "matrix stream"
+        stmt = replace(stmt, annotations=tuple(a for a in stmt.annotations if a[0] != MATRIX_STREAM))
     threads = _threads(tuning, target)
     if holds_sequential(stmt):  # a recurrence: threads over its independent axes, each walking the other
         nest = _spatial_axes(recurrence.sink_sequential(stmt))
@@ -339,8 +352,8 @@ def _contraction(c: gemm.Contraction, nest: _Nest, names: _Names, shapes: dict[s
 
 def _contraction_kernels(c: gemm.Contraction, nest: _Nest, names: _Names, shapes: dict[str, tuple[int, ...]],
                          temps: list, target: CudaTarget, tuning: CudaTuning, tf32: bool) -> tuple[Stmt, str]:
-    """A contraction's tiled kernel: on tensor cores where its operands are 16-bit floats widened
-    to f32, or f32 with ``tf32`` (two kernels where an aligned copy-engine variant exists: it comes
+    """A contraction's tiled kernel: on tensor cores where its operands are 16- or 8-bit floats
+    widened to f32, or f32 with ``tf32`` (two kernels where an aligned copy-engine variant exists: it comes
     first, on warpgroup MMA where the architecture has it), else on FMA with the tuner's tile and
     pipeline depth, split-K where its tiles are too few for the chip (:mod:`.split_k`). Each
     kind sizes its tiles by the target's budgets; a warpgroup kernel none of whose tiles fits
@@ -351,7 +364,7 @@ def _contraction_kernels(c: gemm.Contraction, nest: _Nest, names: _Names, shapes
             if warpgroup.fits(c, target) else None
         if wide is not None:
             staged = wide.kernel()
-            fast = _tf32_copy_engine(c, f32, names, shapes, temps, target)
+            fast = _k_major_copy_engine(c, f32, warpgroup.Tf32Builder, names, shapes, temps, target)
             return seq(*fast, staged) if fast else staged, "tf32 warpgroup gemm"
         return tensorcore.Builder(c, names.fresh, decompose, f32, None, target).kernel(), "tf32 tensor-core gemm"
     values = tensorcore.operands(c)
@@ -360,9 +373,15 @@ def _contraction_kernels(c: gemm.Contraction, nest: _Nest, names: _Names, shapes
             return _split_k_kernels(c, nest, split, names, temps, target, tuning), "split-K gemm"
         return gemm.Builder(c, names.fresh, decompose, target, tuning.tile, tuning.stages).kernel(), "gemm"
     fast = tensorcore.fast_layout(c, values, shapes)
-    if fast is None and (conv := implicit_conv.plan(c, values, names.fresh)) is not None:
+    eight = values[0].dtype.is_fp8
+    if fast is None and not eight and (conv := implicit_conv.plan(c, values, names.fresh)) is not None:
         return implicit_conv.kernels(c, values, conv, names.fresh, decompose, temps, target), "implicit-gemm conv"
     staged = tensorcore.Builder(c, names.fresh, decompose, values, None, target).kernel()
+    if fast is None and eight:  # 8-bit operands are read K-major only: a B[k, n] is transposed first
+        wide_kind = warpgroup.Builder if warpgroup.fits(c, target) else tensorcore.Builder
+        made = _k_major_copy_engine(c, values, wide_kind, names, shapes, temps, target)
+        if made:
+            return seq(*made, staged), "fp8 gemm on a transposed operand"
     if fast is None:
         return staged, "tensor-core gemm"
     wide = gemm.fitting(warpgroup.Builder, c, names.fresh, decompose, values, fast, target) \
@@ -384,11 +403,13 @@ def _split_k_kernels(c: gemm.Contraction, nest: _Nest, split: split_k.Plan, name
     return seq(tiles, _flat_schedule(_Nest(nest.axes, combine), names, _threads(tuning, target)))
 
 
-def _tf32_copy_engine(c: gemm.Contraction, values: tuple[Expr, Expr], names: _Names,
-                      shapes: dict[str, tuple[int, ...]], temps: list, target: CudaTarget) -> list[Stmt]:
-    """The TF32 warpgroup GEMM on ``cp.async`` copies (an aligned variant), preceded by the
-    transpose of a ``B[k, n]`` operand into a K-major intermediate (:mod:`.transpose`); nothing
-    when the operands do not fit the copy engine's layout."""
+def _k_major_copy_engine(c: gemm.Contraction, values: tuple[Expr, Expr], builder: type[tensorcore.Builder],
+                         names: _Names, shapes: dict[str, tuple[int, ...]], temps: list,
+                         target: CudaTarget) -> list[Stmt]:
+    """A GEMM whose matrix units read both operands K-major (TF32 and 8-bit floats) on ``cp.async``
+    copies (an aligned variant) by ``builder``, preceded by the transpose of a ``B[k, n]`` operand
+    into a K-major intermediate (:mod:`.transpose`); nothing when the operands do not fit the copy
+    engine's layout."""
     x, y = values
     before: list[Stmt] = []
     batch = {f.var.name for f in c.batch_axes}
@@ -398,7 +419,7 @@ def _tf32_copy_engine(c: gemm.Contraction, values: tuple[Expr, Expr], names: _Na
         shapes = {**shapes, buf.name: buf.shape}
         before = [transpose.kernel(values[1], buf, shapes, names.fresh, c.final.span)]
     fast = tensorcore.fast_layout(c, (x, y), shapes)
-    wide = gemm.fitting(warpgroup.Tf32Builder, c, names.fresh, decompose, (x, y), fast, target) \
+    wide = gemm.fitting(builder, c, names.fresh, decompose, (x, y), fast, target) \
         if fast is not None and fast.k_fast else None
     if wide is None:
         return []

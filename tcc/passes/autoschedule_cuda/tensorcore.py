@@ -1,10 +1,12 @@
-"""Tensor-core GEMMs: contractions of f16 or bf16 operands, accumulated in f32.
+"""Tensor-core GEMMs: contractions of f16, bf16 or 8-bit float operands, accumulated in f32.
 
 A contraction qualifies (see :func:`operands`) when both factors are 16-bit floats of one type
-widened to f32 (``sum[k](f32(A[i, k]) * f32(B[k, j]))``): their products are exact in f32, so
-the result is the f32 sum. A sum written over f16 or bf16 tensors (``sum[k](A[i, k] * B[k, j])``)
-rounds every product to 16 bits before adding in f32, which tensor cores cannot reproduce; it
-stays on the FMA path.
+widened to f32 (``sum[k](f32(A[i, k]) * f32(B[k, j]))``), or 8-bit floats of one format (FP8:
+``f8e4m3``, ``f8e5m2``): their products are exact in f32, so the result is the f32 sum. A scaled
+FP8 GEMM, ``f16(sa * sb * sum[k](f32(A[i, k]) * f32(B[j, k])))``, is such a contraction whose
+epilogue applies the scales to the accumulator tile in registers. A sum written over f16 or
+bf16 tensors (``sum[k](A[i, k] * B[k, j])``) rounds every product to 16 bits before adding in
+f32, which tensor cores cannot reproduce; it stays on the FMA path.
 
 The kernel keeps the tiled GEMM's structure (:mod:`tcc.passes.autoschedule_cuda.gemm`): 256 threads fill
 ``BM x BK`` and ``BN x BK`` tiles of the 16-bit operands in shared memory (the reduction index
@@ -21,6 +23,13 @@ straight from global to shared memory, zero-filled outside the problem), two sta
 tile's copy overlaps this tile's products. It assumes 16-byte aligned base pointers; the
 launcher checks them and runs the register-staged kernel (scheduled right after it) when they
 are not.
+
+**FP8.** The matrix units read 8-bit operands K-major only (``mma.sync.m16n8k32`` fragments from
+a non-transposing ``ldmatrix``, ``wgmma`` without its transpose bits), so the copy-engine kernel
+takes them only with ``y`` contiguous along the reduction (``B[n, k]``); the register-staged
+kernel stores both tiles K-major whatever the layout. Tiles are twice as deep in elements (the
+same bytes per row: BK = 64 for ``mma.sync``, 128 for ``wgmma``), and everything else (fills,
+swizzle, descriptors, fragments) is the 16-bit kernel's, byte for byte.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ F32 = dtypes.f32
 BK = 32
 WARPS_M, WARPS_N = 2, 4  # the 8 warps of a block, as a grid over its tile
 TILES = ((128, 128, BK), (128, 64, BK), (64, 128, BK), (64, 64, BK))
+MATRIX_TYPES = ("f16", "bf16", "f8e4m3", "f8e5m2")  # operand types the matrix units multiply exactly in f32
 
 
 def chunk(dtype) -> int:
@@ -71,6 +81,8 @@ def fast_layout(c: gemm.Contraction, values: tuple[Expr, Expr],
     if x is None or y is None or x[1] != 1 or size_k % step:
         return None
     k_fast = y[1] == 1
+    if not k_fast and values[1].dtype.is_fp8:
+        return None  # 8-bit operands are read K-major only
     if not k_fast and (y[0] != 1 or size_n % step):
         return None  # y must be contiguous along k, or along n in whole 16-byte pieces
     narrow = all(math.prod(shapes[v.buffer]) < 2**31 for v in values if isinstance(v, Load))
@@ -100,7 +112,7 @@ def _strides(value: Expr, shapes: dict[str, tuple[int, ...]], row: Var, k: Var,
 
 
 def operands(c: gemm.Contraction) -> tuple[Expr, Expr] | None:
-    """The 16-bit values whose products ``c`` sums, when tensor cores can compute it."""
+    """The 16- or 8-bit values whose products ``c`` sums, when tensor cores can compute it."""
     if c.acc.dtype != F32 or c.add.b.dtype != F32:
         return None
     x, y = _widened(c.x), _widened(c.y)
@@ -122,7 +134,7 @@ def tf32_operands(c: gemm.Contraction) -> tuple[Expr, Expr] | None:
 
 
 def _widened(e: Expr) -> Expr | None:
-    if isinstance(e, Cast) and e.dtype == F32 and e.a.dtype.name in ("f16", "bf16"):
+    if isinstance(e, Cast) and e.dtype == F32 and e.a.dtype.name in MATRIX_TYPES:
         return e.a
     return None
 
@@ -137,8 +149,10 @@ class Builder(gemm.Builder):
                  fast: FastLayout | None, target: CudaTarget):
         self.xv, self.yv = values  # (the shared tiles' type: set before the tile is chosen)
         self.fast = fast
+        if self.xv.dtype.is_fp8:  # the same bytes per tile row: twice the elements
+            self.tiles = tuple((bm, bn, 2 * bk) for bm, bn, bk in self.tiles)
         super().__init__(c, fresh, decompose, target)
-        half = self.xv.dtype  # f16 or bf16; f32 for TF32
+        half = self.xv.dtype  # f16, bf16 or an 8-bit float; f32 for TF32
         self.wm, self.wn = self.bm // WARPS_M, self.bn // WARPS_N
         self.k_inner = True  # shared tiles are [slot][tile][BK + pad] (but [slot][BK][BN + pad] for a
         # copy-engine y read along N)

@@ -19,12 +19,16 @@ what the rewrite does: ``C`` becomes the lanes' accumulator fragments ``C[TM/16]
 piece), the marked nest becomes fragment loads and ``Mma`` statements, and each other nest over
 ``C`` runs once per fragment element, at the row and column that element has. With 16-bit
 operands (f16, bf16: ``m16n8k16``) fragments come from ``ldmatrix`` (``.trans`` where the row is
-the contiguous index); with f32 operands the mark must say ``mma.sync.tf32`` (TF32 rounds them
-to 10 mantissa bits: the caller opted in) and lanes load their fragment elements one by one.
+the contiguous index); 8-bit ones (``f8e4m3``, ``f8e5m2``: ``m16n8k32``, sm_89 on) lay out their
+fragments byte for byte as 16-bit ones do, so the same ``ldmatrix`` loads them, 16 elements a row
+of an 8 x 8 (b16) tile, but only K-major (``.trans`` would swap bytes within pairs); with f32
+operands the mark must say ``mma.sync.tf32`` (TF32 rounds them to 10 mantissa bits: the caller
+opted in) and lanes load their fragment elements one by one.
 
 ``tensorize=wgmma`` marks a warpgroup's tile (``lane`` its 128 lanes, TM a multiple of 64, TN
 at most 256): the operands must be 128-byte swizzled shared buffers, read through descriptors,
-and the nest becomes ``wgmma.fence``, one ``WarpgroupMma`` per 64 rows and 16 of k, and a
+and the nest becomes ``wgmma.fence``, one ``WarpgroupMma`` per 64 rows and 16 of k (8 for TF32,
+32 for 8-bit floats, which like TF32 must be K-major: the instruction has no transpose for them), and a
 commit; the schedule places the waits (``WarpgroupSync``) that its pipeline needs. Warp ``w``
 of the warpgroup holds rows ``16 w ..`` of each 64-row fragment.
 """
@@ -70,6 +74,7 @@ I64 = dtypes.i64
 I32 = dtypes.i32
 F32 = dtypes.f32
 INSTRUCTIONS = ("mma.sync", "mma.sync.tf32", "wgmma", "wgmma.tf32")
+FP8_KINDS = ("e4m3", "e5m2")
 
 
 @dataclass(frozen=True)
@@ -93,7 +98,7 @@ class _Plan:
     tm: int
     tn: int
     lane: Var  # the lane in the warp (mma.sync) or warpgroup (wgmma)
-    kind: str  # f16, bf16 or tf32
+    kind: str  # f16, bf16, tf32, e4m3 or e5m2 (PTX's names)
     what: str  # the instruction
 
     @property
@@ -215,7 +220,7 @@ def _note(f: For, key: str) -> object:
 def _fail(message: str, span: Span | None) -> TccScheduleError:
     return TccScheduleError(f"tensorize: {message}", span,
                             "mark `for i: for j: for k: C[i, j] = C[i, j] + X[.., i, k] * Y[.., j, k]` over a "
-                            "local C and shared X, Y, with 16 | TM, 16 | TN, 16 | TK (8 for tf32)")
+                            "local C and shared X, Y, with 16 | TM, 16 | TN, 16 | TK (8 for tf32, 32 for 8-bit floats)")
 
 
 def _plan(nest: For) -> _Plan:
@@ -237,7 +242,8 @@ def _plan(nest: For) -> _Plan:
 
 
 def _k_step(kind: str) -> int:
-    return 8 if kind == "tf32" else 16
+    """The k of one instruction: 32 bytes of each operand's rows (TF32 is read at 8)."""
+    return {"tf32": 8, "e4m3": 32, "e5m2": 32}.get(kind, 16)
 
 
 def _three_loops(nest: For) -> tuple[For, For, For, Stmt]:
@@ -275,7 +281,8 @@ def _update(body: Stmt, i: For, j: For, span: Span | None) -> tuple[str, Expr, E
 def _kind(x: Expr, y: Expr, what: object, span: Span | None) -> str:
     kinds = {_operand_kind(e) for e in (x, y)}
     if len(kinds) != 1 or None in kinds:
-        raise _fail("operands must both be f16 or both bf16 widened to f32, or both f32", span)
+        raise _fail("operands must both be f16, both bf16 or both one 8-bit float widened to f32, or both f32",
+                    span)
     kind = kinds.pop()
     if (kind == "tf32") != str(what).endswith(".tf32"):
         raise _fail("f32 operands need a mark ending .tf32, mma.sync.tf32 or wgmma.tf32 (and only they)", span)
@@ -285,6 +292,8 @@ def _kind(x: Expr, y: Expr, what: object, span: Span | None) -> str:
 def _operand_kind(e: Expr) -> str | None:
     if isinstance(e, Cast) and e.dtype == F32 and isinstance(e.a, Load) and e.a.dtype.name in ("f16", "bf16"):
         return e.a.dtype.name
+    if isinstance(e, Cast) and e.dtype == F32 and isinstance(e.a, Load) and e.a.dtype.is_fp8:
+        return e.a.dtype.name.removeprefix("f8")  # e4m3, e5m2
     return "tf32" if isinstance(e, Load) and e.dtype == F32 else None
 
 
@@ -312,6 +321,9 @@ def _products(nest: For, plan: _Plan, shared: dict[str, Buffer], fresh, wait: bo
     assert isinstance(body, Store) and isinstance(body.value, Binary) and isinstance(body.value.b, Binary)
     x = _operand(body.value.b.a, i.var, j.var, k.var, shared, nest.span)
     y = _operand(body.value.b.b, j.var, i.var, k.var, shared, nest.span)
+    if plan.kind in FP8_KINDS and (x.trans or y.trans):
+        raise _fail(f"8-bit operands are read K-major only; {(x if x.trans else y).load.buffer} is stored [k][row]",
+                    nest.span)
     if plan.warpgroup:
         products = _warpgroup_products(nest, plan, x, y, shared, fresh)
         return seq(products, WarpgroupSync("wait", 0)) if wait else products
@@ -347,6 +359,8 @@ def _warpgroup_products(nest: For, plan: _Plan, x: _Operand, y: _Operand, shared
                         f"{'8 | rows' if op.trans else f'rows of {atom} elements (one atom)'}", nest.span)
         if op.trans and plan.kind == "tf32":
             raise _fail(f"wgmma reads TF32 operands K-major only; {buf.name} is stored [k][row]", nest.span)
+        if plan.kind in FP8_KINDS and buf.dtype.itemsize != 1:
+            raise _fail(f"wgmma reads 8-bit operands from 8-bit tiles; {buf.name} is {buf.dtype}", nest.span)
     ks, fi = fresh("ks"), fresh("fi")
     step = _k_step(plan.kind)
     k0, zero = mul_index(ks, step), Const(0, I64)
@@ -361,10 +375,10 @@ def _ldmatrix(op: _Operand, dst: Buffer, f: Var, count: int, k0: Expr, lane: Var
     """One ``ldmatrix.x4`` per 16 rows: four 8x8 tiles, lane ``l`` addressing row ``l % 8`` of tile
     ``l / 8``. For A the tiles are (rows 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15): the
     a0..a3 registers; for B (n 0-7, k 0-7), (0-7, 8-15), (8-15, 0-7), (8-15, 8-15): b0, b1 of two
-    8-column fragments."""
+    8-column fragments (k counted in 16-bit elements: in 8-bit ones each range is twice as long)."""
     q = div_index(lane, 8)
     tile_row, tile_k = (mod_index(q, 2), div_index(q, 2)) if is_a else (div_index(q, 2), mod_index(q, 2))
-    row, kk = mul_index(tile_row, 8), mul_index(tile_k, 8)
+    row, kk = mul_index(tile_row, 8), mul_index(tile_k, 16 // op.load.dtype.itemsize)  # a tile row: 16 bytes
     if op.trans:  # stored [k][row]: a lane's address is a k row
         kk = add_index(kk, mod_index(lane, 8))
     else:

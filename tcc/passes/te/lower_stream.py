@@ -21,6 +21,7 @@ tile are read once per block of queries, which is what keeps them in cache.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Protocol
 
 from tcc import dtypes
@@ -44,8 +45,9 @@ from tcc.ir.expr import (
     walk,
 )
 from tcc.ir.loopnest import map_exprs
-from tcc.ir.loops import SEQUENTIAL, Allocate, Buffer, For, If, Stmt, Store, seq
+from tcc.ir.loops import MATRIX_STREAM, SEQUENTIAL, Allocate, Buffer, For, If, Stmt, Store, seq
 from tcc.ir.te import Compute, OpTE, Stream
+from tcc.passes.te.matrix_stream import matrix_form
 
 I64 = dtypes.i64
 BOOL = dtypes.boolean
@@ -120,7 +122,18 @@ class _Nest:
         for buf in reversed([self.run_max, self.rescale, self.p, *self.run]):
             body = Allocate(buf, body)
         body = For(self.it, Const(-(-self.rows // self.ti), I64), body)
-        return self._over(self.s.rows[:-1], body)  # (loops of their own: nothing is computed at them)
+        outer = {ax.var.name: self._var(ax.var.name) for ax in self.s.rows[:-1]}
+        nest = self._over(self.s.rows[:-1], body, outer)  # (loops of their own: nothing is computed at them)
+        form = matrix_form(self.s, self.op, self._plain_expr, self.lw.fresh, outer)
+        if form is None or not isinstance(nest, For):
+            return nest
+        return replace(nest, annotations=(*nest.annotations, (MATRIX_STREAM, form)))
+
+    def _plain_expr(self, e: Expr) -> Expr | None:
+        """``e`` in the loop IR, None where that needs loops of its own (a reduction)."""
+        if any(isinstance(n, Reduce) for n in walk(e)):
+            return None
+        return self.lw.expr(e, [], [])
 
     # ------------------------------------------------------------ loops
 
@@ -141,9 +154,9 @@ class _Nest:
             return body(rows)
         return self._loop(f"{self.q}_g", self.ti // self.g, group, (ROWS,))
 
-    def _over(self, axes: tuple[IterVar, ...], body: Stmt) -> Stmt:
-        """``body`` in loops over ``axes``, each with a variable of its own."""
-        names = {ax.var.name: self._var(ax.var.name) for ax in axes}
+    def _over(self, axes: tuple[IterVar, ...], body: Stmt, names: dict[str, Var] | None = None) -> Stmt:
+        """``body`` in loops over ``axes``, each with a variable of its own (or of ``names``)."""
+        names = names if names is not None else {ax.var.name: self._var(ax.var.name) for ax in axes}
         body = map_exprs(body, lambda e: substitute(e, names))
         for ax in reversed(axes):
             body = For(names[ax.var.name], ax.extent, body)
