@@ -7,14 +7,16 @@ For every point of the outer axes (batch x heads):
         acc = 0 for each sum over the rows (a value per key: dK, dV)
         for each tile of rows:
             P[ii, jj] = its statement, for each pair intermediate in order (locals)
-            C[row, x] += sum over the tile's keys of the term      (for ii, jj, x: x at unit stride)
-            acc[jj, x] += sum over the tile's rows of the term     (for jj, ii, x)
+            part[ii, x] = sum[jj](term);  C[row, x] += part[ii, x]     (each sum over the keys)
+            part[jj, x] = sum[ii](term);  acc[jj, x] += part[jj, x]    (each sum over the rows)
         C[key, x] = acc[jj, x]
 
-A short last tile computes its pairs at the last row or key (in bounds, never summed): the sums
-skip the positions past the end. Where every sum's term is 0 at keys past a limit of the row (a
-causal mask), a tile of rows whose last row stops before the tile of keys is skipped. Nothing
-over rows x keys outlives a tile.
+Each ``part`` is a small matrix product (a tile of pairs times a tile of an operand: ``ds . K``),
+which the CPU schedule tiles as a GEMM, as it does the pairs' own sums (the scores ``Q . K^T``).
+A short last tile computes its pairs at the last row or key (in bounds) and makes those a sum
+reads 0 there, or guards the term. Where every sum's term is 0 at keys past a limit of the row (a
+causal mask), each tile of keys starts at the first tile of rows that reaches it. Nothing over
+rows x keys outlives a tile.
 """
 
 from __future__ import annotations
@@ -71,9 +73,8 @@ class _Nest:
         self.parts = {c: Buffer(self.lw.fresh(f"{c}_part"), op.tensors[c].dtype,
                                 (self.tj if c in sweep.by_key else self.ti, *extra[c]), "local") for c in sweep.sums}
         self.summed = {r.tensor for c in sweep.sums for r in walk(self.defs[c].body) if isinstance(r, Read)}
-        self.accs = {c: Buffer(self.lw.fresh(f"{c}_acc"), op.tensors[c].dtype,
-                               (self.tj, *(_const(ax.extent) for ax in self.defs[c].axes[len(self.outer) + 1:])),
-                               "local") for c in sweep.by_key}
+        self.accs = {c: Buffer(self.lw.fresh(f"{c}_acc"), op.tensors[c].dtype, (self.tj, *extra[c]), "local")
+                     for c in sweep.by_key}  # a tile of keys' sums over every tile of rows
 
     def _var(self, base: str) -> Var:
         return Var(self.lw.fresh(base), I64)
@@ -82,7 +83,7 @@ class _Nest:
         v = self._var(base)
         return For(v, Const(extent, I64) if isinstance(extent, int) else extent, body(v), annotations=notes)
 
-    def _at(self, tile: Var, size: int, extent: int, k: Expr, clamp: bool = True) -> Expr:
+    def _at(self, tile: Expr, size: int, extent: int, k: Expr, clamp: bool = True) -> Expr:
         """Position ``k`` of ``tile``; past the end, the last (when ``clamp``)."""
         at = iadd(imul(tile, size), k)
         return Binary("min", at, Const(extent - 1, I64), I64) if clamp and extent % size else at

@@ -17,7 +17,11 @@ them as one :class:`~tcc.ir.te.Sweep`: for each tile of keys, for each tile of r
 every pair intermediate, then each sum's share of it (FlashAttention-2's backward: the sums
 over the rows in locals for the key tile, those over the keys added into their tensors).
 A pair intermediate that something else reads too (the forward's scores, which its stream
-reads) is computed by the sweep as a copy of its own, so both stay as they are. The pass fires
+reads) is computed by the sweep as a copy of its own, so both stay as they are; where the
+original would still be stored (its reader is no stream's: ALiBi's slope gradient, a sum over
+every pair), nothing is swept. The sums placed after everything they and their pairs read; a sum
+read before that place, or by one of the pairs (a softmax's denominator), is left out, and so
+are the pairs only it read. The pass fires
 where the pairs are scores that a maximum normalises (a softmax's), computed by a reduction
 (from two smaller operands): a chain of matrix products (an MLP's hidden layer) stores its
 intermediate, which is no larger than its operands, and keeps its GEMM schedule. A sum a
@@ -35,6 +39,7 @@ from tcc.ir.expr import (
     Cast,
     Const,
     Expr,
+    IterVar,
     Read,
     Reduce,
     Select,
@@ -91,7 +96,7 @@ class _Found:
     at: int  # the sweep's place: after the last statement its pairs and sums read
 
 
-def _extent(ax) -> int:
+def _extent(ax: IterVar) -> int:
     return int(getattr(ax.extent, "value", 2))  # (a symbolic extent: more than one)
 
 
@@ -144,7 +149,9 @@ class _Finder:
         """The pairs the sums read and the sums that read only pairs, until neither changes: a sum
         dropped (one a pair reads, or read before the sweep's place) takes its pairs with it."""
         current = {c.tensor for c in self.seeds}
-        shape = self.op.tensors[_sum_reads(self.op, self.seeds[0])[0][0].tensor].shape  # type: ignore[index]
+        first = _sum_reads(self.op, self.seeds[0])
+        assert first is not None
+        shape = self.op.tensors[first[0][0].tensor].shape
         streamed = _streamed_sums(self.op)
         for _ in range(8):
             pairs = self._closure([n.tensor for x in current for n, _ in _sum_reads(self.op, self.defs[x]) or ()],
