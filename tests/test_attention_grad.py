@@ -6,6 +6,8 @@ training steps, and the lowered program: a sweep and a stream, no buffer of S x 
 
 from __future__ import annotations
 
+import dataclasses
+
 import gpu_sim
 import numpy as np
 import pytest
@@ -14,6 +16,9 @@ from test_attention import ATTENTION, CAUSAL, VARIANTS
 
 import tcc
 from tcc.codegen_cuda import cuda_c, nvrtc
+from tcc.ir.loops import For, walk_stmts
+from tcc.passes.simplify import evaluate_int
+from tcc.passes.te.sweeps import CPU_TILE_KEYS, CPU_TILE_ROWS
 from tcc.testing import assert_matches, random_args, reference_results
 
 SIZES = [(1, 1, 8), (7, 7, 8), (33, 33, 64), (7, 33, 8), (33, 1, 64)]  # S, L, D
@@ -231,3 +236,25 @@ def test_saved_forward_leaves_the_backward_alone(lib, rng, causal):
 def test_saved_names_a_statement(lib):
     with pytest.raises(tcc.TccError, match="no intermediate or result 'lse'"):
         tcc.grad(lib.attention.bound(T="f32"), saved=["lse"])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_split_sweep_for_more_threads_than_heads(rng, causal):
+    """Where the heads are fewer than twice the threads, the sums over the rows and over the keys
+    run in nests of their own, each parallel over heads x tiles (one loop); the same answer."""
+    many = dataclasses.replace(tcc.compile(ATTENTION).attention.bound(T="f32").target, cores=64)
+    lib = tcc.compile(CAUSAL if causal else ATTENTION, target=many)
+    grad = tcc.grad((lib.causal_attention if causal else lib.attention).bound(T="f32"))
+    S, L = 200, (200 if causal else 130)
+    bindings = {"B": 2, "H": 3, "S": S, "D": 8} | ({} if causal else {"L": L})
+    args = random_args(grad.te, bindings, rng)
+    expected = reference_results(grad.te, args, bindings)
+    got = grad(*args, out=_poisoned(*expected))
+    for name, g, e in zip(grad.te.results, got, expected):
+        assert_matches(g, e, grad.te.tensors[name].dtype, name)
+    lowered = grad.lowered(bindings)
+    assert lowered.te.sweeps[0].split
+    parallel = [f for f in walk_stmts(lowered.scheduled.body) if isinstance(f, For) and f.kind == "parallel"
+                and f.var.name.startswith("pair_tiles")]
+    tiles = {-(-L // CPU_TILE_KEYS), -(-S // CPU_TILE_ROWS)}
+    assert {evaluate_int(f.extent) for f in parallel} == {2 * 3 * t for t in tiles}

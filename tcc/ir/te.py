@@ -134,6 +134,7 @@ class Sweep:
     tile_rows: int = 64
     tile_keys: int = 64
     limit: Expr | None = None  # every sum's term is 0 at keys >= limit (of the outer and row variables)
+    split: bool = False  # the sums over rows and over keys in nests of their own: tiles are parallel work
 
     @property
     def statements(self) -> tuple[str, ...]:

@@ -13,6 +13,10 @@ For every point of the outer axes (batch x heads):
 
 Each ``part`` is a small matrix product (a tile of pairs times a tile of an operand: ``ds . K``),
 which the CPU schedule tiles as a GEMM, as it does the pairs' own sums (the scores ``Q . K^T``).
+Where the outer points (heads) are fewer than twice the threads, or on the GPU, the sweep is
+``split``: the sums over the rows in one nest whose parallel work is heads x tiles of keys (each
+going over every tile of rows), the sums over the keys in another, heads x tiles of rows: the
+pairs the two share are computed twice (7 small products for 5), the price of the parallelism.
 A short last tile computes its pairs at the last row or key (in bounds) and makes those a sum
 reads 0 there, or guards the term. Where every sum's term is 0 at keys past a limit of the row (a
 causal mask), each tile of keys starts at the first tile of rows that reaches it. Nothing over
@@ -20,6 +24,9 @@ rows x keys outlives a tile.
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import replace
 
 from tcc import dtypes
 from tcc.ir.expr import (
@@ -40,6 +47,7 @@ from tcc.ir.expr import (
     transform,
     walk,
 )
+from tcc.ir.loopnest import subst
 from tcc.ir.loops import SEQUENTIAL, Allocate, Buffer, For, If, Stmt, Store, seq
 from tcc.ir.te import Compute, OpTE, Sweep
 from tcc.passes.simplify import simplify
@@ -118,24 +126,115 @@ class _Nest:
 
     def build(self) -> Stmt:
         by_row = [c for c in self.s.sums if c not in self.s.by_key]
+        if not self.s.split:
+            return self._keys_outer(list(self.s.by_key), by_row)
+        nests = []  # (each its own nest: the tiles of keys, then those of rows, are parallel work)
+        if self.s.by_key:
+            nests.append(self._keys_outer(list(self.s.by_key), []))
+        if by_row:
+            nests.append(self._rows_outer(by_row))
+        return seq(*nests)
+
+    def _fresh_nest(self, sums: list[str]) -> list[str]:
+        """New variables and locals for a nest that computes ``sums``; the pairs they need, in order."""
+        self.outer = tuple(self._var(ax.var.name) for ax in self.s.outer)
+        self.it, self.jt = self._var(f"{self.s.row.var.name}_o"), self._var(f"{self.s.key.var.name}_o")
+        self.row_tile = self.it
+        needed = {r.tensor for c in sums for r in walk(self.defs[c].body)
+                  if isinstance(r, Read) and r.tensor in self.tiles}
+        pending = list(needed)
+        while pending:
+            for r in walk(self.defs[pending.pop()].body):
+                if isinstance(r, Read) and r.tensor in self.tiles and r.tensor not in needed:
+                    needed.add(r.tensor)
+                    pending.append(r.tensor)
+        self.tiles = {p: replace(b, name=self.lw.fresh(p)) for p, b in self.tiles.items()}
+        self.parts = {c: replace(b, name=self.lw.fresh(f"{c}_part")) for c, b in self.parts.items()}
+        self.accs = {c: replace(b, name=self.lw.fresh(f"{c}_acc")) for c, b in self.accs.items()}
+        return [p for p in self.s.pairs if p in needed]
+
+    def _keys_outer(self, by_key: list[str], by_row: list[str]) -> Stmt:
+        """Tiles of keys outside tiles of rows: the sums over the rows in locals for a tile of keys;
+        those over the keys (unless ``split``: then there are none) added into their tensors, which
+        makes the tiles of keys sequential. Split, the tiles of keys are parallel work."""
+        pairs = self._fresh_nest([*by_key, *by_row])
         count: Expr = Const(-(-self.rows // self.ti), I64)
         first = self._first_row_tile()
         if first is not None:  # the tiles of rows before it add 0 to this tile of keys
             self.row_tile = iadd(first, self.it)
             count = Binary("max", Binary("sub", count, first, I64), Const(0, I64), I64)
-        tile: Stmt = seq(*(self._pair(p) for p in self.s.pairs), *(self._add_by_row(c) for c in by_row),
-                         *(self._add_by_key(c) for c in self.s.by_key))
+        tile: Stmt = seq(*(self._pair(p) for p in pairs), *(self._add_by_row(c) for c in by_row),
+                         *(self._add_by_key(c) for c in by_key))
         if self.s.limit is not None and first is None:  # a tile of rows whose last row stops before the keys adds 0
-            last = Binary("min", iadd(imul(self.it, self.ti), self.ti - 1), Const(self.rows - 1, I64), I64)
-            names = {ax.var.name: v for ax, v in zip(self.s.outer, self.outer)} | {self.s.row.var.name: last}
+            names = {ax.var.name: v for ax, v in zip(self.s.outer, self.outer)}
+            names[self.s.row.var.name] = self._last_row()
             tile = If(Binary("lt", imul(self.jt, self.tj), substitute(self.s.limit, names), BOOL), tile)
-        rows = For(self.it, count, tile, annotations=(ROWS,))
-        keys: Stmt = seq(*(self._zero_acc(c) for c in self.s.by_key), rows,
-                         *(self._store_by_key(c) for c in self.s.by_key))
-        body: Stmt = seq(*(self._zero(c) for c in by_row),
-                         For(self.jt, Const(-(-self.keys // self.tj), I64), keys, annotations=(SEQUENTIAL, STREAM)))
-        for buf in reversed([*self.tiles.values(), *self.parts.values(), *self.accs.values()]):
-            body = Allocate(buf, body)
+        rows = For(self.it, count, tile, annotations=(SEQUENTIAL, STREAM) if self.s.split else (ROWS,))
+        keys: Stmt = seq(*(self._zero_acc(c) for c in by_key), rows, *(self._store_by_key(c) for c in by_key))
+        locals_ = [*(self.tiles[p] for p in pairs), *(self.parts[c] for c in [*by_key, *by_row]),
+                   *(self.accs[c] for c in by_key)]
+        if self.s.split:
+            return self._over_outer_and(self.jt, -(-self.keys // self.tj), _allocated(locals_, keys))
+        else:
+            body = _allocated(locals_, seq(*(self._zero(c) for c in by_row), For(
+                self.jt, Const(-(-self.keys // self.tj), I64), keys, annotations=(SEQUENTIAL, STREAM))))
+        return self._over_outer(body)
+
+    def _rows_outer(self, by_row: list[str]) -> Stmt:
+        """Tiles of rows (parallel work) outside tiles of keys: the sums over the keys in locals for
+        a tile of rows, stored as it ends; under a causal limit, the tiles of keys stop at the last
+        row's."""
+        pairs = self._fresh_nest(by_row)
+        count: Expr = Const(-(-self.keys // self.tj), I64)
+        if self.s.limit is not None:
+            names = {ax.var.name: v for ax, v in zip(self.s.outer, self.outer)}
+            names[self.s.row.var.name] = self._last_row()
+            needed = Binary("floordiv", iadd(substitute(self.s.limit, names), self.tj - 1), Const(self.tj, I64), I64)
+            count = Binary("min", count, Binary("max", needed, Const(0, I64), I64), I64)
+        sums = {c: Buffer(self.lw.fresh(f"{c}_rows"), self.parts[c].dtype, self.parts[c].shape, "local")
+                for c in by_row}
+        tile = seq(*(self._pair(p) for p in pairs), *(self._add_part(c, sums[c]) for c in by_row))
+        keys = For(self.jt, count, tile, annotations=(SEQUENTIAL, STREAM))
+        rows = seq(*(self._fill(sums[c], c, None) for c in by_row), keys, *(self._fill(sums[c], c, c) for c in by_row))
+        locals_ = [*(self.tiles[p] for p in pairs), *(self.parts[c] for c in by_row), *sums.values()]
+        return self._over_outer_and(self.it, -(-self.rows // self.ti), _allocated(locals_, rows))
+
+    def _add_part(self, name: str, into: Buffer) -> Stmt:
+        part = self.parts[name]
+
+        def add(ii: Var) -> Stmt:
+            return self._extra(self.defs[name], lambda xs: Store(into.name, (ii, *xs), Binary(
+                "add", Load(into.name, (ii, *xs), into.dtype), Load(part.name, (ii, *xs), into.dtype), into.dtype)))
+        return seq(self._part(name, self.ti, "row"), self._loop(f"{name}_a", self.ti, add))
+
+    def _fill(self, buf: Buffer, name: str, result: str | None) -> Stmt:
+        """``buf = 0`` (``result`` None), or the sum's rows of the tile from ``buf``."""
+        def one(ii: Var) -> Stmt:
+            def put(xs: tuple[Var, ...]) -> Stmt:
+                if result is None:
+                    return Store(buf.name, (ii, *xs), Const(0, buf.dtype))
+                at = (*self.outer, self._row(ii, clamp=False), *xs)
+                return Store(result, at, Load(buf.name, (ii, *xs), buf.dtype))
+            loops = self._extra(self.defs[name], put)
+            return loops if result is None else self._inside(ii, None, loops)
+        return self._loop(f"{name}_f", self.ti, one)
+
+    def _last_row(self) -> Expr:
+        return Binary("min", iadd(imul(self.row_tile, self.ti), self.ti - 1), Const(self.rows - 1, I64), I64)
+
+    def _over_outer_and(self, tile: Var, count: int, body: Stmt) -> Stmt:
+        """``body`` for every outer point and ``tile`` in ``0..count``, as one loop (the parallel work
+        of a split sweep: heads x tiles, where the heads alone are fewer than the threads)."""
+        points = math.prod(_const(ax.extent) for ax in self.s.outer) * count
+        flat = self._var("pair_tiles")
+        mapping: dict[str, Expr] = {tile.name: Binary("mod", flat, Const(count, I64), I64)}
+        rest: Expr = Binary("floordiv", flat, Const(count, I64), I64)
+        for v, ax in reversed(list(zip(self.outer, self.s.outer))):
+            mapping[v.name] = Binary("mod", rest, ax.extent, I64)
+            rest = Binary("floordiv", rest, ax.extent, I64)
+        return For(flat, Const(points, I64), subst(body, mapping))
+
+    def _over_outer(self, body: Stmt) -> Stmt:
         for v, ax in reversed(list(zip(self.outer, self.s.outer))):
             body = For(v, ax.extent, body)
         return body
@@ -290,3 +389,9 @@ def _zero_with_pairs(e: Expr, tiles: set[str]) -> bool:
     if isinstance(e, Binary) and e.op == "mul":
         return any(isinstance(x, Load) and x.buffer in tiles or _zero_with_pairs(x, tiles) for x in (e.a, e.b))
     return False
+
+
+def _allocated(buffers: list[Buffer], body: Stmt) -> Stmt:
+    for buf in reversed(buffers):
+        body = Allocate(buf, body)
+    return body

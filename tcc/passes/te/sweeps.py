@@ -318,7 +318,9 @@ def _apply(op: OpTE, f: _Found, target: Target) -> tuple[OpTE, Sweep]:
     k = len(top.axes) - 2
     rows, keys = (CPU_TILE_ROWS, CPU_TILE_KEYS) if not target.is_gpu else (GPU_TILE_ROWS, GPU_TILE_KEYS)
     sweep = Sweep(top.axes[:k], top.axes[k], top.axes[k + 1], pairs, tuple(f.sums), tuple(f.by_key), rows, keys)
-    sweep = replace(sweep, limit=_sweep_limit(op, sweep, f))
+    points = math.prod(_extent(ax) for ax in sweep.outer)  # (fewer heads than threads: tiles are the parallel work)
+    split = target.is_gpu or points < 2 * getattr(target, "cores", 1)
+    sweep = replace(sweep, limit=_sweep_limit(op, sweep, f), split=split)
     return replace(op, computes=[*before, *moved, *after], tensors=tensors), sweep
 
 
