@@ -6,6 +6,13 @@ faster), with each one's extra memory per call. Every row first checks tcc's ans
     python benchmarks/attention.py --device cpu                     # f32, B1 H8 D64, S 1024..4096
     python benchmarks/attention.py --device cuda                    # f16/bf16, D 64/128, S 512..16k, decode
     python benchmarks/attention.py --device cpu --seq 1024 --no-compile --trials 5
+    python benchmarks/attention.py --device cpu --no-forward         # the backward rows alone
+
+Backward rows (CPU): ``tcc.grad`` of the same op against ``torch.autograd.grad`` through SDPA's
+forward (its saved output and log-sum-exp), both given the forward's saved values: tcc's
+gradient op takes the row maxima, sums and output that ``tcc.saving``'s forward returned
+(``saved``), and computes no forward again; the ``recompute`` ratio is ``tcc.grad(op)`` with
+nothing saved (the forward's stream runs first in the same op).
 
 Extra memory: on CUDA torch's peak allocation above the inputs and output (tcc's are counted
 from its loop IR: the buffers it allocates); on the CPU, from the loop IR for tcc and the
@@ -127,19 +134,58 @@ def row(lib, device: str, dtype: str, B: int, H: int, S: int, L: int, D: int, ca
     return text
 
 
+def backward_row(lib, dtype: str, B: int, H: int, S: int, D: int, causal: bool, trials: int) -> str:
+    """tcc's gradient op (given the forward's saved rows) against SDPA's backward, on the CPU."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    q, k, v, do = (torch.randn(B, H, S, D, generator=g, dtype=DTYPES[dtype]) for _ in range(4))
+    scale = 1.0 / D ** 0.5
+    op = (lib.causal_attention if causal else lib.attention).bound(T=dtype)
+    saved = ["m", "l", "O"]
+    forward, grad, again = tcc.saving(op, saved), tcc.grad(op, saved=saved), tcc.grad(op)
+    args = [t.numpy() for t in (q, k, v)] + [np.float32(scale)]
+    out, m, total = forward(*args)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    sdpa = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal, scale=scale)
+
+    def ours():
+        return grad(*args, do.numpy(), m, total, out)
+
+    def theirs():
+        return torch.autograd.grad(sdpa, leaves, do, retain_graph=True)
+
+    def recompute():
+        return again(*args, do.numpy())
+
+    expected = theirs()
+    err = max(float((torch.as_tensor(a) - b).norm() / b.norm()) for a, b in zip(ours(), expected))
+    times = interleaved({"tcc": ours, "sdpa": theirs, "recompute": recompute}, trials, False)
+    bindings = {"B": B, "H": H, "S": S, "D": D} | ({} if causal else {"L": S})
+    mib = 1 << 20
+    flops = 10 * B * H * S * S * D / (2 if causal else 1)  # (five products of S x S x D)
+    return (f"{dtype:4} B{B} H{H} S{S:<5} D{D:<3} {'causal' if causal else 'full  ':6} backward "
+            f"tcc {flops / times['tcc'] / 1e9:8.1f} GFLOP/s  tcc/sdpa {times['tcc'] / times['sdpa']:5.2f}  "
+            f"recompute/sdpa {times['recompute'] / times['sdpa']:5.2f}  extra MiB: tcc "
+            f"{tcc_extra_bytes(grad, bindings) / mib:.2f} math {B * H * S * S * 4 * 3 / mib:.1f}  rel.err {err:.1e}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--seq", type=int, nargs="*", help="sequence lengths (default: by device)")
     parser.add_argument("--trials", type=int, default=7)
     parser.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
+    parser.add_argument("--no-forward", action="store_true", help="the backward rows alone (CPU)")
+    parser.add_argument("--no-backward", action="store_true", help="the forward rows alone (CPU)")
     a = parser.parse_args()
     lib = tcc.compile(SOURCE, target=a.device)
     compile_math = not a.no_compile
     if a.device == "cpu":
-        for S in a.seq or [1024, 2048, 4096]:
+        for S in a.seq or [1024, 2048, 4096] if not a.no_forward else ():
             for causal in (False, True):
                 print(row(lib, "cpu", "f32", 1, 8, S, S, 64, causal, a.trials, compile_math), flush=True)
+        for S in a.seq or [1024, 2048, 4096] if not a.no_backward else ():
+            for causal in (False, True):
+                print(backward_row(lib, "f32", 1, 8, S, 64, causal, a.trials), flush=True)
         return
     for dtype in ("f16", "bf16"):
         for D in (64, 128):

@@ -117,6 +117,30 @@ class Stream:
         return (*self.tensors, *self.epilogues)
 
 
+@dataclass(frozen=True)
+class Sweep:
+    """Intermediates over every (row, key) pair (``pairs``, over ``outer x row x key``) that are
+    read only by ``sums`` over one of the two axes, computed a tile of pairs at a time and never
+    stored: for each tile of keys, the sums over the rows (``by_key``: one value per key) stay in
+    locals while the tiles of rows go by, and the sums over the keys add into their tensors. This
+    is FlashAttention-2's backward (scores, probabilities and their gradients never in memory)."""
+
+    outer: tuple[IterVar, ...]
+    row: IterVar
+    key: IterVar
+    pairs: tuple[str, ...]  # in order; each over (outer, row, key) in its own variables
+    sums: tuple[str, ...]  # ``C[outer, y, x...] = sum[r](...)``, reading pairs at (r, y) or (y, r)
+    by_key: tuple[str, ...]  # the sums over the rows
+    tile_rows: int = 64
+    tile_keys: int = 64
+    limit: Expr | None = None  # every sum's term is 0 at keys >= limit (of the outer and row variables)
+    split: bool = False  # the sums over rows and over keys in nests of their own: tiles are parallel work
+
+    @property
+    def statements(self) -> tuple[str, ...]:
+        return (*self.pairs, *self.sums)
+
+
 @dataclass
 class OpTE:
     """One op in tensor-expression form."""
@@ -139,6 +163,7 @@ class OpTE:
     groups: list = field(default_factory=list)  # fusion.FusionGroup: computes sharing outer loops
     fusion_notes: list = field(default_factory=list)  # fusion decisions and why, for the fused stage
     streams: list[Stream] = field(default_factory=list)  # statements computed in one streaming pass
+    sweeps: list[Sweep] = field(default_factory=list)  # pair intermediates computed a tile at a time
 
     @property
     def inputs(self) -> list[str]:
@@ -223,4 +248,4 @@ def _check(cond: bool, message: str) -> None:
         raise TccError(f"internal error: TE verifier: {message}")
 
 
-__all__ = ["Compute", "OpTE", "Pad", "Scalar", "Stream", "StreamSum", "Tensor", "format_op", "verify_op"]
+__all__ = ["Compute", "OpTE", "Pad", "Scalar", "Stream", "StreamSum", "Sweep", "Tensor", "format_op", "verify_op"]

@@ -33,6 +33,7 @@ from tcc.passes.te.phases import split_phases
 from tcc.passes.te.scans import prefix_scans
 from tcc.passes.te.specialize import specialize
 from tcc.passes.te.streaming import stream_reductions
+from tcc.passes.te.sweeps import sweep_pairs
 from tcc.passes.trace import SILENT, Trace
 from tcc.target import CpuTarget, CudaTarget, Target
 
@@ -101,6 +102,7 @@ def lower_op(op: OpTE, bindings: dict[str, int | float], target: Target, schedul
     te = trace("scans", prefix_scans(te))  # prefix reductions (sum[j: i + 1]) as recurrences: linear work
     verify_op(te)
     te = trace("bounds", prove_bounds(te))  # every read proved; those proved under a select clamped
+    te = trace("sweep pairs", sweep_pairs(te, target))  # pairs read only by sums over one axis: tiles, no S x L
     te = trace("stream reductions", stream_reductions(te, target))  # max, sum of exp, weighted sums: one pass, no S x L
     te = trace("inline", inline_intermediates(te))
     te = trace("im2col", im2col(te, conv))

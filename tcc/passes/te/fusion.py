@@ -110,6 +110,11 @@ def _stream_pinned(op: OpTE, name: str) -> str | None:
         members = [c for c in op.computes if c.tensor in s.statements]
         if any(_reads(c.body, name) for c in members):
             return f"read by the stream over {s.axis.var.name}"
+    for w in op.sweeps:
+        if name in w.statements:
+            return f"computed by the sweep over {w.row.var.name} x {w.key.var.name}"
+        if any(_reads(c.body, name) for c in op.computes if c.tensor in w.statements):
+            return f"read by the sweep over {w.row.var.name} x {w.key.var.name}"
     return None
 
 
@@ -270,7 +275,7 @@ def _fresh_reductions(body: Expr, taken: set[str]) -> Expr:
 def _groups(op: OpTE, gemms: bool = True) -> list:
     groups: list[list[Compute]] = []
     shared: list[int] = []
-    streamed = {t for s in op.streams for t in s.statements}  # lowered together as one nest of their own
+    streamed = {t for s in [*op.streams, *op.sweeps] for t in s.statements}  # lowered together, one nest of their own
     for c in op.computes:
         own = c.tensor in streamed or c.sequential or c.accumulate
         if own or (not gemms and gemm_batch_depth(c, op.dynamic) < len(c.axes)):  # own nests

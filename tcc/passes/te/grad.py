@@ -55,17 +55,43 @@ from tcc.passes.simplify import simplify
 from tcc.passes.te.grad_expr import fadd, fdiv, fmul, fselect, num, partials
 from tcc.passes.te.grad_index import Adjoint, Emitter, clamp, gather, iadd, isub
 from tcc.passes.te.grad_scan import prefix_of, prefix_partials, recurrence_partials
+from tcc.passes.te.grad_softmax import constant_maxima
 from tcc.passes.te.grad_tidy import tidy_op
 
 PIECE = 24  # the most nodes a float subexpression keeps inline in the normalised forward
 
 
-def derive(op: OpTE, wrt: Sequence[str] | None = None, name: str | None = None) -> OpTE:
-    """The gradient op of ``op`` with respect to the tensor inputs ``wrt`` (default: every float one)."""
+def derive(op: OpTE, wrt: Sequence[str] | None = None, name: str | None = None,
+           saved: Sequence[str] = ()) -> OpTE:
+    """The gradient op of ``op`` with respect to the tensor inputs ``wrt`` (default: every float one).
+    ``saved``: tensors of ``op`` (intermediates or results) that the gradient op takes as inputs,
+    after the upstream gradients, rather than computing them again (attention's row maxima and
+    sums, and its output: :func:`saving` gives the forward op that returns them)."""
     wrt = _check_wrt(op, wrt)
     _check_differentiable(op)
     _one_version(op)
-    return _Derivation(op, wrt, name or f"{op.name}_grad").run()
+    _check_saved(op, saved)
+    return _Derivation(op, wrt, name or f"{op.name}_grad", tuple(saved)).run()
+
+
+def saving(op: OpTE, saved: Sequence[str], name: str | None = None) -> OpTE:
+    """``op`` that also returns the intermediates ``saved`` (after its own results), for a
+    gradient op derived with the same ``saved``."""
+    _check_saved(op, saved)
+    extra = [s for s in saved if s not in op.results]
+    tensors = {n: replace(t, kind="result") if n in extra else t for n, t in op.tensors.items()}
+    return replace(op, name=name or f"{op.name}_saving", results=[*op.results, *extra], tensors=tensors)
+
+
+def _check_saved(op: OpTE, saved: Sequence[str]) -> None:
+    for s in saved:
+        t = op.tensors.get(s)
+        if t is None or t.kind not in ("temp", "result") or s in op.accumulated() \
+                or any(c.tensor == s and c.sequential for c in op.computes):
+            raise TccArgumentError(f"{op.name} has no intermediate or result {s!r} to save", op.span,
+                                   "name statements of the op computed by = (not +=, not a recurrence)")
+    if len(set(saved)) != len(saved):
+        raise TccArgumentError(f"saved= names a tensor twice: {list(saved)}", op.span)
 
 
 def _one_version(op: OpTE) -> None:
@@ -112,8 +138,8 @@ def _check_differentiable(op: OpTE) -> None:
 
 
 class _Derivation:
-    def __init__(self, op: OpTE, wrt: list[str], name: str):
-        self.op, self.wrt, self.name = op, wrt, name
+    def __init__(self, op: OpTE, wrt: list[str], name: str, saved: tuple[str, ...] = ()):
+        self.op, self.wrt, self.name, self.saved = op, wrt, name, saved
         self.taken = _names(op) | {name}
         self.tensors: dict[str, Tensor] = dict(op.tensors)
         self.pads: dict[str, Pad] = dict(op.pads)
@@ -140,7 +166,7 @@ class _Derivation:
             if c.accumulate and isinstance(body, Reduce):  # a += adds a reduction: hold it in an intermediate
                 body = self._intermediate(c.body, body, list(c.axes), c.tensor, body.op)
             self.forward.append(replace(c, body=body))
-        active = self._active()
+        active = self._active() - constant_maxima(self.op)  # a softmax's shift: no gradient reaches it
         grads = []
         for r in self.op.results:
             grad = self.fresh(f"d{r}")
@@ -367,15 +393,16 @@ class _Derivation:
 
     def _build(self, grads: list[str], results: list[str]) -> OpTE:
         needed = self._needed()
-        computes = [c for c in self.forward if c.tensor in needed] + self.backward
+        saved = [n for n in self.saved if n in needed]  # (one the gradients do not read is no parameter)
+        computes = [c for c in self.forward if c.tensor in needed and c.tensor not in saved] + self.backward
         tensors = {}
         for n, t in self.tensors.items():
-            if n in self.op.inputs or n in grads:
+            if n in self.op.inputs or n in grads or n in saved:
                 tensors[n] = replace(t, kind="input")
             elif n in needed or any(c.tensor == n for c in self.backward):
                 tensors[n] = replace(t, kind="result" if n in results else ("pad" if n in self.pads else "temp"))
         pads = {n: p for n, p in self.pads.items() if n in needed}
-        out = OpTE(self.name, dict(self.op.cparams), [*self.op.params, *grads], results, tensors,
+        out = OpTE(self.name, dict(self.op.cparams), [*self.op.params, *grads, *saved], results, tensors,
                    dict(self.op.scalars), pads, computes, list(self.op.symbols), self.op.source, self.op.span)
         out = tidy_op(out, frozenset(_names(out)) - set(self.op.symbols) - set(self.op.cparams))
         verify_op(out)
@@ -395,7 +422,7 @@ class _Derivation:
             needed.add(name)
             if name in self.pads:
                 todo.append(self.pads[name].source)
-            else:
+            elif name not in self.saved:  # (a saved tensor is a parameter: what it reads is not needed for it)
                 todo += [n.tensor for c in defs.get(name, ()) for n in _reads(c)]
         return needed
 

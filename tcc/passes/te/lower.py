@@ -18,6 +18,7 @@ from tcc.ir.loops import SEQUENTIAL, Allocate, Buffer, For, LoopFunc, Stmt, Stor
 from tcc.ir.te import Compute, OpTE, Pad
 from tcc.passes.simplify import simplify
 from tcc.passes.te.lower_stream import stream_nest
+from tcc.passes.te.lower_sweep import sweep_nest
 
 I64 = dtypes.i64
 LOCAL_LIMIT = 64 * 1024  # bytes: a per-row intermediate up to this size lives on the stack
@@ -81,7 +82,8 @@ class _Lowering:
                 params.append(Var(p, op.scalars[p].dtype))
         params.extend(self._buffer(r) for r in op.results)
         params.extend(Var(name, I64) for name in op.dynamic)  # shape symbols the call passes in
-        internal = {t for g in op.groups for t in g.internal} | {t for s in op.streams for t in s.internal}
+        internal = {t for g in op.groups for t in g.internal} | {t for s in op.streams for t in s.internal} \
+            | {t for s in op.sweeps for t in s.pairs}
         temps = list(dict.fromkeys(c.tensor for c in op.computes  # (a tensor added into has several statements)
                                    if op.tensors[c.tensor].kind == "temp" and c.tensor not in internal))
         body = _drop_empty_loops(seq(*self._nests()))
@@ -93,12 +95,17 @@ class _Lowering:
         """One loop nest per statement, or per fusion group."""
         starts = {g.tensors[0]: g for g in self.op.groups}
         streams = {s.maximum: s for s in self.op.streams}
+        sweeps = {s.statements[0]: s for s in self.op.sweeps}
         computes = self.op.computes
         nests, i = [], 0
         while i < len(computes):
             group = starts.pop(computes[i].tensor, None)  # (once: a later += into it is no group's start)
             stream = streams.get(computes[i].tensor)
-            if stream is not None:  # its statements, one after the other, in one nest
+            sweep = sweeps.get(computes[i].tensor)
+            if sweep is not None:  # its pairs and sums in one nest over tiles of pairs
+                nests.append(sweep_nest(sweep, self.op, self))
+                i += len(sweep.statements)
+            elif stream is not None:  # its statements, one after the other, in one nest
                 nests.append(stream_nest(stream, self.op, self))
                 i += len(stream.statements)
             elif group is None:

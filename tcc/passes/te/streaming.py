@@ -82,6 +82,20 @@ def stream_reductions(op: OpTE, target: Target) -> OpTE:
     return replace(op, streams=streams, fusion_notes=[*op.fusion_notes, *notes])
 
 
+def streamed_chains(op: OpTE) -> tuple[OpTE, list[Stream]]:
+    """``op`` with each chain rewritten as :func:`stream_reductions` does (tiles at their defaults,
+    no epilogues), and the chains: the analysis that :mod:`.grad_softmax` reads."""
+    streams = []
+    for name in [c.tensor for c in op.computes if _max_over_one_axis(c)]:
+        if not any(c.tensor == name and _max_over_one_axis(c) for c in op.computes):
+            continue
+        outcome = _Chain(op, name).fuse(None)
+        if not isinstance(outcome, str):
+            op, stream = outcome
+            streams.append(stream)
+    return op, streams
+
+
 def _with_epilogues(op: OpTE, stream: Stream) -> tuple[OpTE, Stream]:
     """``stream`` with the statements that only finish its rows (attention's ``O = T(O_sum / l)``)
     computed as each block of rows ends, and its tensors that only they read never stored: the
@@ -94,9 +108,10 @@ def _with_epilogues(op: OpTE, stream: Stream) -> tuple[OpTE, Stream]:
     added = {c.tensor for c in op.computes[end:] if c.accumulate}  # (moved above a += it would miss it)
     ready = set(op.inputs) | set(op.pads) | {c.tensor for c in op.computes[:end]} - added
     chosen: list[Compute] = []
+    swept = {t for w in op.sweeps for t in w.statements}
     for c in op.computes[end:]:
         reads = [n for n in walk(c.body) if isinstance(n, Read)]
-        if c.accumulate or c.sequential or not any(r.tensor in own for r in reads) \
+        if c.accumulate or c.sequential or not any(r.tensor in own for r in reads) or c.tensor in swept \
                 or any(isinstance(n, Reduce) for n in walk(c.body)) or len(c.axes) < k \
                 or any(a.extent != b.extent for a, b in zip(c.axes, stream.rows)):
             continue
@@ -183,7 +198,8 @@ class _Chain:
     def _plain_temp(self, name: str) -> bool:
         c = self.defs.get(name)
         return c is not None and self.op.tensors[name].kind == "temp" and not c.sequential \
-            and name not in self.op.accumulated() and not any(p.source == name for p in self.op.pads.values())
+            and name not in self.op.accumulated() and not any(p.source == name for p in self.op.pads.values()) \
+            and not any(name in w.statements for w in self.op.sweeps)  # (a sweep's copy of the scores)
 
     def expand(self, e: Expr) -> Expr:
         """``e`` with the chain's intermediates substituted in (their own reductions renamed)."""
@@ -221,7 +237,9 @@ class _Chain:
 
     # ------------------------------------------------------------ the rewrite
 
-    def fuse(self, target: Target) -> tuple[OpTE, Stream] | str:
+    def fuse(self, target: Target | None) -> tuple[OpTE, Stream] | str:
+        """The op with the chain streamed, or why not; ``target`` None: tiles left at their defaults
+        (the analysis alone, for :mod:`.grad_softmax`)."""
         score = self.canonical(self.expand(self.max.body))
         matches, computes = [], []
         for c in self.op.computes[self.position + 1:]:
@@ -273,7 +291,7 @@ class _Chain:
                     return n.tensor
         return None
 
-    def _rewrite(self, score: Expr, computes: list, target: Target) -> tuple[OpTE, Stream] | str:
+    def _rewrite(self, score: Expr, computes: list, target: Target | None) -> tuple[OpTE, Stream] | str:
         op = self.op
         tensors = dict(op.tensors)
         rows = self.top.axes
@@ -316,7 +334,7 @@ class _Chain:
             del tensors[t]
         top = replace(self.top, body=replace(self.max, body=score))
         stream = Stream(self.top.tensor, rows, self.j, score, tuple(sums), _limit(score, self.j, rows),
-                        *self._tiles(target))
+                        *(self._tiles(target) if target is not None else ()))
         new = replace(op, computes=[*before, top, *stream_computes, *leftover], tensors=tensors)
         return new, stream
 
@@ -461,8 +479,14 @@ def _limit(score: Expr, j: IterVar, rows: tuple[IterVar, ...]) -> Expr | None:
     s = _strip(score)
     if not (isinstance(s, Select) and isinstance(s.b, Const) and s.b.value == -math.inf):
         return None
+    return key_limit([s.cond], j, rows)
+
+
+def key_limit(conds: list[Expr], j: IterVar, rows: tuple[IterVar, ...]) -> Expr | None:
+    """``f`` where one of ``conds`` (or of their conjuncts) is ``j < f``, ``f`` affine in the rows and
+    non-decreasing in the last: the keys at or past ``f`` of a row are masked (for :mod:`.sweeps` too)."""
     names = {ax.var.name for ax in rows}
-    for cond in _conjuncts(s.cond):
+    for cond in (c for e in conds for c in _conjuncts(e)):
         bound = _upper_bound(cond, j.var.name)
         if bound is None or not free_vars(bound) <= names:
             continue
