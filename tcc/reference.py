@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 
 import numpy as np
 
@@ -34,6 +35,7 @@ from tcc.ir.expr import (
     Var,
     format_expr,
     substitute,
+    transform,
     walk,
 )
 from tcc.ir.te import Compute, OpTE
@@ -187,6 +189,8 @@ def check_indices(op: OpTE, env: dict[str, np.ndarray], scalars: dict[str, np.nd
 def index_values(op: OpTE, check, env: dict[str, np.ndarray], scalars: dict[str, np.ndarray]) -> np.ndarray:
     """``check.index`` at every point of ``check.ranges`` (one grid dimension a variable)."""
     whole = _whole_tensor(check, env)
+    if whole is None:
+        whole = _from_whole_tensor(op, check, env, scalars)
     if whole is not None:
         return whole
     shifted = substitute(check.index, {v: Binary("add", Var(v, dtypes.i64), Const(lo, dtypes.i64), dtypes.i64)
@@ -213,6 +217,28 @@ def _whole_tensor(check, env: dict[str, np.ndarray]) -> np.ndarray | None:
         return None
     order = [names.index(v) for v, _, _ in check.ranges]
     return values.transpose(order).astype(np.int64, copy=False).reshape(-1)
+
+
+def _from_whole_tensor(op: OpTE, check, env: dict[str, np.ndarray], scalars: dict[str, np.ndarray]
+                       ) -> np.ndarray | None:
+    """The values of an index computed element by element from one tensor read whole (ONNX
+    Gather's ``select(i < 0, i + n, i)`` of an embedding's ids): the expression on the tensor's
+    values, without the evaluator's index grids (three gathers of the ids per check: ~0.2 ms of a
+    BERT-size model's ~1 ms call)."""
+    reads = [n for n in walk(check.index) if isinstance(n, Read)]
+    if not reads or any(r != reads[0] for r in reads):
+        return None
+    whole = _whole_tensor(replace(check, index=reads[0]), env)
+    if whole is None:
+        return None
+    name = "<whole>"
+    expr = transform(check.index, lambda n: Var(name, n.dtype) if isinstance(n, Read) else None)
+    if any(isinstance(n, Var) and n.name != name and n.name not in scalars or isinstance(n, Reduce | Call)
+           for n in walk(expr)):
+        return None  # it moves with an index variable too, or needs the evaluator
+    statement = _Statement(op, env, {**scalars, name: whole}, Compute("<index>", (), expr))
+    with np.errstate(all="ignore"):
+        return np.broadcast_to(np.asarray(statement._eval(expr)), whole.shape).astype(np.int64).reshape(-1)
 
 
 def _index_error(check, values: np.ndarray, flat: int) -> TccIndexError:

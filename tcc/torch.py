@@ -7,6 +7,7 @@ and registers the ``"tcc"`` backend of ``torch.compile``.
 """
 
 from tcc.interop.torch import TorchOp, library, native_status, op, register
-from tcc.interop.torch_compile import Explanation, backend, explain
+from tcc.interop.torch_compile import Explanation, backend, explain, recording
 
-__all__ = ["Explanation", "TorchOp", "backend", "explain", "library", "native_status", "op", "register"]
+__all__ = ["Explanation", "TorchOp", "backend", "explain", "library", "native_status", "op", "recording",
+           "register"]

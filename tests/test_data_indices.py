@@ -130,3 +130,30 @@ def test_a_two_dimensional_id_tensor_names_the_position(rng):
     with pytest.raises(TccIndexError, match=r"is -1 at k=2, n=4, outside \[0, 50\)"):
         op(E, idx, out=out)
     assert (out == 9.0).all()
+
+
+@pytest.mark.parametrize("n", [1, 7, 33])
+def test_wrapped_ids_read_three_times_are_checked_once(rng, n):
+    """An ONNX-style gather (negative ids count from the end) read three times, in two
+    statements: one index check (the same values, the variables renamed), evaluated on the ids
+    themselves; in-range negative ids give NumPy's rows, an id outside [-V, V) names its position."""
+    op = tcc.compile("""
+op rms(E: f32[V, D], ids: i64[N]) -> Y: f32[N, D] {
+    s: f32[N]
+    s[n] = sum[d](E[select(ids[n] < 0, ids[n] + V, ids[n]), d] * E[select(ids[n] < 0, ids[n] + V, ids[n]), d])
+    Y[n, d] = E[select(ids[n] < 0, ids[n] + V, ids[n]), d] / sqrt(s[n] + 1.0)
+}
+""").rms
+    v, d = 1000, 33
+    E, ids = rng.standard_normal((v, d)).astype(np.float32), rng.integers(-v, v, n)
+    assert len(op._index_checks({"V": v, "D": d, "N": n}).index_checks) == 1
+    rows = E[ids].astype(np.float64)
+    out = np.full((n, d), np.nan, np.float32)
+    expected = rows / np.sqrt((rows * rows).sum(axis=1, keepdims=True) + 1.0)
+    np.testing.assert_allclose(op(E, ids, out=out), expected, rtol=1e-5, atol=1e-6)
+    bad = ids.copy()
+    bad[n - 1] = -v - 1
+    untouched = np.full((n, d), np.nan, np.float32)
+    with pytest.raises(TccIndexError, match=f"is -1 at n={n - 1}, outside \\[0, {v}\\)"):
+        op(E, bad, out=untouched)
+    assert np.isnan(untouched).all()

@@ -133,3 +133,25 @@ def test_a_tensor_added_into_and_read_by_a_later_kernel(rng):
     got, product = model(index, values, weights)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(product, expected @ weights, rtol=1e-4, atol=1e-3)
+
+
+def test_independent_statements_are_kernels_of_their_own(rng):
+    """A run of statements that share no tensor (a training forward's saved activations: each
+    layer's copies and views) is cut into pieces, so the layers' identical pieces are one kernel;
+    a piece whose statements read each other stays one kernel."""
+    p = Program()
+    layers = [(p.add_input(f"a{n}", (7, 33), "f32"), p.add_input(f"b{n}", (33,), "f32")) for n in range(3)]
+    for n, (a, b) in enumerate(layers):
+        scaled = p.emit(f"s{n}", (7, 33), "f32", lambda ix, a=a, b=b: a.read(ix) * b.read(ix[1:]))
+        p.add_result(f"copy{n}", scaled)
+        p.add_result(f"row{n}", p.emit(f"m{n}", (7,), "f32", lambda ix, s=scaled: reduction(
+            "sum", [("k", 33)], s.read([ix[0], var("k")]))))
+    names = [name for n in range(3) for name in (f"a{n}", f"b{n}")]
+    model = graph_model.GraphModel(p, "cpu", names, [r[0] for r in p.results], {})
+    assert len(model.kernels) == 3 and len({k.source for k in model.kernels}) == 1, model.lower("fused")
+    arrays = [rng.standard_normal((7, 33) if name[0] == "a" else (33,)).astype(np.float32) for name in names]
+    got = model(*arrays)
+    for n in range(3):
+        a, b = arrays[2 * n].astype(np.float64), arrays[2 * n + 1].astype(np.float64)
+        np.testing.assert_allclose(got[2 * n], a * b, rtol=1e-6)
+        np.testing.assert_allclose(got[2 * n + 1], (a * b).sum(axis=1), rtol=1e-5, atol=1e-5)

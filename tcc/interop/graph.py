@@ -165,14 +165,16 @@ class Program:
         calls hand the kernels its buffer as it is (a strided view of the weights, given through
         ``constants=`` or made at import, was read as if contiguous)."""
         array = np.asarray(array, dtype=NUMPY_DTYPES[dtype])
+        first = array.flat[0] if array.size else None
+        # (a broadcast view, all strides 0, is uniform unread: torch's zeros of an embedding's
+        # gradient is 154 MB, made, copied and compared in seconds)
+        uniform = array.size > 0 and (array.size <= INLINE_LIMIT or not any(array.strides)
+                                      or bool(np.all(array == first)))
+        if uniform and (literal := _literal(first, dtype)) is not None:
+            return Value(array.shape, dtype, lambda idx, t=literal: t, const=array)
         if not array.flags.c_contiguous:  # (np.ascontiguousarray would make a 0-d array 1-d)
             array = array.copy(order="C")
         value = Value(array.shape, dtype, lambda idx: num(0), const=array)
-        first = array.reshape(-1)[0] if array.size else None
-        uniform = array.size > 0 and (array.size <= INLINE_LIMIT or bool(np.all(array == first)))
-        if uniform and (literal := _literal(first, dtype)) is not None:
-            value.read = lambda idx, t=literal: t
-            return value
 
         def read(idx: Sequence[Ex]) -> Ex:
             if value.tensor is None:

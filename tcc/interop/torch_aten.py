@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch  # the optional dependency of the torch front door
 
-from tcc.interop.graph import Value
+from tcc.interop.graph import NUMPY_DTYPES, Value
 from tcc.interop.torch_aten_nn import NN
 from tcc.interop.torch_lowering import (
     TCC_DTYPES,
@@ -198,7 +198,7 @@ def _split(t: Lowering, x: Value, sizes: Any, dim: int = 0) -> list[Value]:
 
 
 def _full(t: Lowering, size: Sequence[int], value: Any, **kw: Any) -> Value:
-    return t.const(np.full(t.shape(), value), t.dtype())
+    return _filled(t, value)
 
 
 def _scalar_tensor(t: Lowering, value: Any, **kw: Any) -> Value:
@@ -206,7 +206,13 @@ def _scalar_tensor(t: Lowering, value: Any, **kw: Any) -> Value:
 
 
 def _full_like(t: Lowering, x: Value, value: Any, **kw: Any) -> Value:
-    return t.const(np.full(t.shape(), value), t.dtype())
+    return _filled(t, value)
+
+
+def _filled(t: Lowering, value: Any) -> Value:
+    """The node's result filled with ``value``: a broadcast view (no memory), which becomes a
+    literal in the program."""
+    return t.const(np.broadcast_to(np.asarray(value, NUMPY_DTYPES[t.dtype()]), t.shape()), t.dtype())
 
 
 def _arange(t: Lowering, *args: Any, **kw: Any) -> Value:

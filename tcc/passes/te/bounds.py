@@ -17,8 +17,23 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from tcc import dtypes
 from tcc.errors import Span, TccBoundsError
-from tcc.ir.expr import Binary, Cast, Const, Expr, Read, Reduce, Select, Unary, Var, format_expr, free_vars, walk
+from tcc.ir.expr import (
+    Binary,
+    Cast,
+    Const,
+    Expr,
+    Read,
+    Reduce,
+    Select,
+    Unary,
+    Var,
+    format_expr,
+    free_vars,
+    substitute,
+    walk,
+)
 from tcc.ir.te import Compute, OpTE
 
 Interval = tuple[float, float]  # integer bounds; -inf / inf where a side is unknown
@@ -198,7 +213,23 @@ def prove_bounds(op: OpTE) -> OpTE:
         lhs = c.lhs if c.lhs is None or _empty(ranges) else prover.target(c, ranges)
         computes.append(replace(c, body=body, lhs=lhs))
         checks += prover.checks
-    return replace(op, computes=computes, index_checks=checks)
+    return replace(op, computes=computes, index_checks=_distinct(checks))
+
+
+def _distinct(checks: list[IndexCheck]) -> list[IndexCheck]:
+    """The checks less those that test the same values as an earlier one: the same index of the
+    same tensor over the same ranges, its variables renamed in order (an embedding's row read by
+    a layer norm's sum of squares twice and by its output once is checked once, not three times)."""
+    seen: set[tuple] = set()
+    kept = []
+    for check in checks:
+        names = {v: Var(f"_{k}", dtypes.i64) for k, (v, _, _) in enumerate(check.ranges)}
+        key = (check.tensor, check.dim, check.size, substitute(check.index, names),
+               tuple((lo, hi) for _, lo, hi in check.ranges))
+        if key not in seen:
+            seen.add(key)
+            kept.append(check)
+    return kept
 
 
 class _Prover:

@@ -54,9 +54,14 @@ def group_statements(op: OpTE, gemms: bool = True) -> OpTE:
 
 
 def inline_intermediates(op: OpTE) -> OpTE:
-    """Substitute intermediates into their readers where that recomputes nothing (see module doc)."""
+    """Substitute intermediates into their readers where that recomputes nothing (see module doc).
+
+    Each intermediate's readers come from an index kept up to date as bodies are substituted (an
+    inlined producer's reads become its consumers'): a whole model's backward graph has thousands
+    of statements, and scanning every body for every intermediate took most of its compile time."""
     notes: list[str] = list(op.fusion_notes)
-    computes = list(op.computes)
+    computes: list[Compute | None] = list(op.computes)  # None: inlined away
+    readers = _readers(op.computes)
     tensors = dict(op.tensors)
     pads = dict(op.pads)
     for name in [c.tensor for c in op.computes if op.tensors[c.tensor].kind == "temp"]:
@@ -64,24 +69,55 @@ def inline_intermediates(op: OpTE) -> OpTE:
         if pinned:
             notes.append(f"keep {name}: {pinned}")
             continue
-        c = next(x for x in computes if x.tensor == name)  # the current version, after earlier inlining
+        at = next(n for n, x in enumerate(computes) if x is not None and x.tensor == name)
+        c = computes[at]  # the current version, after earlier inlining
+        assert c is not None
         source = _copy_of(c, op)
         if source is not None and any(p.source == name for p in pads.values()):
             pads = {n: replace(p, source=source) if p.source == name else p for n, p in pads.items()}
-            computes = [_inline_into(other, c) if _reads(other.body, c.tensor) else other
-                        for other in computes if other is not c]
+            _inline_at(computes, readers, at)
             del tensors[c.tensor]
             notes.append(f"alias {c.tensor}: a copy of {source}, so its pad views read {source}")
             continue
-        verdict, reason = _inline_verdict(c, computes, replace(op, pads=pads))
+        others = [x for n in sorted(readers.get(name, ())) if n != at and (x := computes[n]) is not None]
+        verdict, reason = _inline_verdict(c, others, replace(op, pads=pads))
         if verdict:
-            computes = [_inline_into(other, c) if _reads(other.body, c.tensor) else other
-                        for other in computes if other is not c]
+            _inline_at(computes, readers, at)
             del tensors[c.tensor]
             notes.append(f"inline {c.tensor}: {reason}")
         else:
             notes.append(f"keep {c.tensor}: {reason}")
-    return replace(op, computes=computes, tensors=tensors, pads=pads, fusion_notes=notes)
+    return replace(op, computes=[c for c in computes if c is not None], tensors=tensors, pads=pads,
+                   fusion_notes=notes)
+
+
+def _readers(computes: list[Compute]) -> dict[str, set[int]]:
+    """The positions of the statements whose bodies read each tensor."""
+    readers: dict[str, set[int]] = {}
+    for n, c in enumerate(computes):
+        for name in _tensors_read(c.body):
+            readers.setdefault(name, set()).add(n)
+    return readers
+
+
+def _tensors_read(e: Expr) -> set[str]:
+    return {n.tensor for n in walk(e) if isinstance(n, Read)}
+
+
+def _inline_at(computes: list[Compute | None], readers: dict[str, set[int]], at: int) -> None:
+    """Substitute the statement at ``at`` into every statement that reads it and drop it; its
+    readers now read what it read."""
+    c = computes[at]
+    assert c is not None
+    consumers = readers.pop(c.tensor, set()) - {at}
+    for n in consumers:
+        other = computes[n]
+        if other is not None:
+            computes[n] = _inline_into(other, c)
+    computes[at] = None
+    for name in _tensors_read(c.body):
+        readers.setdefault(name, set()).update(consumers)
+        readers[name].discard(at)
 
 
 def _scatter_pinned(op: OpTE, name: str) -> str | None:

@@ -8,23 +8,66 @@ where fusion joins nothing: after fusion's inlining, each contraction the GEMM s
 statements between two of them (pooling, softmax, layer norm, elementwise: grouping may still
 put those under shared loops). A contraction shares at most its batch loop with its neighbours
 (``fusion.gemm_batch_depth``), so cutting there loses no fusion but that one loop.
+
+A run is further cut into its independent pieces (statements that share no tensor, read or
+written): a training graph's forward ends in one run that returns every layer's saved
+activations, 120 unrelated copies which, as one kernel, took a minute to build; as pieces, the
+twelve layers' copies are the same few kernels, each built once.
 """
 
 from __future__ import annotations
 
-from tcc.ir.te import OpTE
+from tcc.ir.expr import Read, walk
+from tcc.ir.te import Compute, OpTE
 from tcc.passes.te.fusion import gemm_batch_depth, inline_intermediates
 
 
 def partition(op: OpTE) -> list[tuple[str, ...]]:
     """The op's kernels in program order, each the tensors it computes that stay in memory
     after fusion (the statements inlined into them go with them)."""
+    fused = inline_intermediates(op)
     kernels: list[tuple[str, ...]] = []
-    run: list[str] = []
-    for c in inline_intermediates(op).computes:
+    run: list[Compute] = []
+    for c in fused.computes:
         if gemm_batch_depth(c, tuple(op.dynamic)) < len(c.axes):
-            kernels += [tuple(run), (c.tensor,)] if run else [(c.tensor,)]
+            kernels += [*_pieces(fused, run), (c.tensor,)]
             run = []
         else:
-            run.append(c.tensor)
-    return kernels + [tuple(run)] if run else kernels
+            run.append(c)
+    return kernels + _pieces(fused, run)
+
+
+def _pieces(op: OpTE, run: list[Compute]) -> list[tuple[str, ...]]:
+    """The independent pieces of a run of statements, in the order of their first statements: two
+    statements are in one piece when they write or read a tensor in common (through pad views
+    too), or belong to one stream."""
+    parent: dict[str, str] = {}
+
+    def root(name: str) -> str:
+        while parent.setdefault(name, name) != name:
+            parent[name] = parent[parent[name]]
+            name = parent[name]
+        return name
+
+    def join(a: str, b: str) -> None:
+        parent[root(a)] = root(b)
+
+    for c in run:
+        for e in (c.body, *(c.lhs or ())):
+            for n in walk(e):
+                if isinstance(n, Read):
+                    join(c.tensor, _viewed(op, n.tensor))
+    for s in op.streams:
+        for name in s.statements[1:]:
+            join(name, s.statements[0])
+    pieces: dict[str, list[str]] = {}
+    for c in run:
+        pieces.setdefault(root(c.tensor), []).append(c.tensor)
+    return [tuple(p) for p in pieces.values()]
+
+
+def _viewed(op: OpTE, tensor: str) -> str:
+    """The tensor that ``tensor`` is, or that its pad views read in the end."""
+    while tensor in op.pads:
+        tensor = op.pads[tensor].source
+    return tensor
