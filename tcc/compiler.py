@@ -163,6 +163,8 @@ def compile(source: str | os.PathLike, target: str | Target = "cpu",  # noqa: A0
         options["constant_params"] = _constant_params(options["constant_params"], ops)
     asts = {o.name: o for o in module.ops}
     check_names(spec, ops)
+    if machine.is_gpu and spec.automatic:  # CUDA's dynamic kernels ran at 0.31-0.76 of the specialised
+        spec = STATIC  # ones' throughput on an H200 (benchmarks/dynamic.py): there dynamic= opts in
     tune, points = parse_tune(tune, ops)
     return Library(ops, asts, backend, machine, {**backend.defaults, **options}, schedules, tune, spec, points)
 

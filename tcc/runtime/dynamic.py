@@ -132,19 +132,18 @@ def window_symbols(op: OpTE) -> frozenset[str]:
 
 def stream_symbols(op: OpTE) -> frozenset[str]:
     """The shape symbols of a max over one axis of a computed reduction (attention's scores,
-    a linear layer's logits): the chains the streaming pass computes in one pass without
-    storing the scores, which it does for constant extents only. The automatic policy keeps
+    a linear layer's logits): every symbol of an op with a chain the streaming pass computes in
+    one pass without storing the scores, which it does for constant extents only (of every
+    symbol: an H200 ran attention 10-20x slower once its D took a second value). The automatic policy keeps
     them specialised, so a third length does not bring the S x L scores back; ``dynamic=`` may
     still ask."""
     reductions = {c.tensor for c in op.computes if any(isinstance(n, Reduce) for n in walk(c.body))}
-    found: set[str] = set()
     for c in op.computes:
         body = c.body
         if isinstance(body, Reduce) and body.op == "max" and len(body.axes) == 1 \
                 and any(isinstance(n, Read) and n.tensor in reductions for n in walk(body.body)):
-            for extent in (*(ax.extent for ax in c.axes), body.axes[0].extent):
-                found |= free_vars(extent) & set(op.symbols)
-    return frozenset(found)
+            return frozenset(op.symbols)  # (any dynamic symbol stops the stream: attention's D too)
+    return frozenset()
 
 
 def check_multiples(spec: DynamicSpec, op: OpTE, symbols: frozenset[str], bindings: Mapping[str, Any]) -> None:
