@@ -3,7 +3,7 @@
 # (CUDA tests included, on WORKERS=8 processes), the CUDA differential fuzzer (FUZZ=200 programs from
 # START), then every GPU-side benchmark (Step 6 workloads with the roofline, the CUDA latency rows,
 # PyTorch call overhead and conv gradients on CUDA, the ONNX networks against eager PyTorch,
-# torch.compile(backend="tcc") against eager and Inductor), each
+# torch.compile(backend="tcc") against eager and Inductor, CUDA dynamic kernels against specialised), each
 # under a time limit so that the whole fits one 10-minute device call. Logs go to $OUT (if set) or
 # ./gpu-check-logs; each benchmark's output to its own log.
 #
@@ -52,7 +52,7 @@ PY
 
 status=0
 if [ "${TESTS:-1}" != 0 ]; then
-    "$PY" -m pytest -q -rs -n "${WORKERS:-8}" -p no:cacheprovider --junitxml="$LOGS/junit.xml" tests 2>&1 \
+    "$PY" -m pytest -q -rsfE -n "${WORKERS:-8}" -p no:cacheprovider --junitxml="$LOGS/junit.xml" tests 2>&1 \
         | tee "$LOGS/pytest.log" | tail -25
     status=${PIPESTATUS[0]}
 fi
@@ -81,6 +81,8 @@ if [ "${BENCH:-1}" != 0 ]; then
     run_bench language timeout 150 "$PY" language.py --device cuda --runs 5
     run_bench scan timeout 60 "$PY" scan.py --device cuda --rows 64 --length 16384
     run_bench attention timeout 200 "$PY" attention.py --device cuda --seq 2048 4096 --trials 3
+    run_bench dynamic timeout 90 "$PY" dynamic.py --target cuda --parts kernels --cases softmax,layernorm,matmul_M \
+        --sizes 7,1000,8192 --rounds 5
     cd ..
 fi
 echo "gpu_check: pytest exit $status, benchmarks exit $bench"
