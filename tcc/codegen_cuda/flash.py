@@ -62,6 +62,58 @@ template <bool BF16> TCC_D unsigned tcc_pack2(float lo, float hi) {  // lo in th
   else asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
 }
+// One row's step of the online softmax over a tile of NT x 8 keys from j0 (two a lane, the rest of
+// the row on the quad's other lanes): scores in log2 units (one ex2 per exponential) masked past
+// the keys and the row's limit, the running maximum ``mx`` and sum ``sum``, the row's ``DT`` x 2
+// accumulators rescaled. ``s(n, e)`` and ``o(d, e)`` are the lane's elements of the row.
+template <int NT, int DT, typename S, typename O, typename Score>
+TCC_D void tcc_online_row(long long i, long long lim, long long n_q, long long n_k, long long j0, float& mx,
+                          float& sum, S s, O o, Score score) {
+  constexpr float LOG2E = 1.4426950408889634f;
+  const bool row_ok = i < n_q;
+  float top = -__int_as_float(0x7f800000);
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const long long j = j0 + n * 8 + e;
+      const float v = (row_ok && j < n_k && j < lim) ? score(i, j, s(n, e)) * LOG2E : -__int_as_float(0x7f800000);
+      s(n, e) = v;
+      top = fmaxf(top, v);
+    }
+  top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1));
+  top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 2));
+  const float m_new = fmaxf(mx, top), safe = m_new == -__int_as_float(0x7f800000) ? 0.f : m_new;
+  const float rescale = exp2f(mx - safe);
+  float total = 0.f;
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float p = exp2f(s(n, e) - safe);
+      s(n, e) = p;
+      total += p;
+    }
+  sum = sum * rescale + total;
+  mx = m_new;
+#pragma unroll
+  for (int d = 0; d < DT; ++d) { o(d, 0) *= rescale; o(d, 1) *= rescale; }
+}
+// A finished row: its sum over the quad, then the stores of its DT x 8 columns (two a lane) and
+// of the row (by one lane); ``mx`` is in log2 units.
+template <int DT, typename O, typename Out, typename RowOut>
+TCC_D void tcc_finish_row(long long i, long long n_q, int lane, float mx, float sum, O o, Out out, RowOut row_out) {
+  constexpr float LN2 = 0.6931471805599453f;
+  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+  sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+  if (i >= n_q) return;
+  const float top = mx * LN2;
+#pragma unroll
+  for (int d = 0; d < DT; ++d)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) out(i, (long long)(d * 8 + 2 * (lane & 3) + e), o(d, e), sum, top);
+  if ((lane & 3) == 0) row_out(i, sum, top);
+}
 template <int D> TCC_D unsigned tcc_swz(int row, int chunk) {  // byte offset of a 16-byte chunk of a row
   return (unsigned)(row * D * 2 + ((chunk ^ (row & 7)) << 4));
 }
@@ -71,7 +123,6 @@ TCC_D void tcc_flash(unsigned char* smem, long long q0, long long n_q, long long
                      KRow krow, VRow vrow, Score score, Limit limit, Out out, RowOut row_out) {
   // a warp owns MT tiles of 16 rows: each K or V fragment read from shared memory feeds MT products
   constexpr int BM = 16 * MT * WARPS, CH = D / 8, THREADS = 32 * WARPS, NT = BN / 8, DT = D / 8, KT = D / 16;
-  constexpr float LOG2E = 1.4426950408889634f;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   constexpr unsigned k_off = BM * D * 2, v_off = k_off + 2 * BN * D * 2;
   const unsigned s_q = tcc_smem(smem), s_k = s_q + k_off, s_v = s_q + v_off;
@@ -167,38 +218,10 @@ TCC_D void tcc_flash(unsigned char* smem, long long q0, long long n_q, long long
 #pragma unroll
     for (int m = 0; m < MT; ++m)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {  // scores in log2 units: one ex2 per exponential
-      const long long i = rows[m][h], lim = lims[m][h];
-      const bool row_ok = i < n_q;
-      float top = -__int_as_float(0x7f800000);
-#pragma unroll
-      for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const long long j = j0 + n * 8 + e;
-          const float v = (row_ok && j < n_k && j < lim) ? score(i, j, s[m][n][2 * h + e]) * LOG2E
-                                                         : -__int_as_float(0x7f800000);
-          s[m][n][2 * h + e] = v;
-          top = fmaxf(top, v);
-        }
-      top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1));
-      top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 2));
-      const float m_new = fmaxf(mx[m][h], top), safe = m_new == -__int_as_float(0x7f800000) ? 0.f : m_new;
-      const float rescale = exp2f(mx[m][h] - safe);
-      float total = 0.f;
-#pragma unroll
-      for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float p = exp2f(s[m][n][2 * h + e] - safe);
-          s[m][n][2 * h + e] = p;
-          total += p;
-        }
-      sum[m][h] = sum[m][h] * rescale + total;
-      mx[m][h] = m_new;
-#pragma unroll
-      for (int d = 0; d < DT; ++d) { o[m][d][2 * h] *= rescale; o[m][d][2 * h + 1] *= rescale; }
-    }
+    for (int h = 0; h < 2; ++h)
+      tcc_online_row<NT, DT>(rows[m][h], lims[m][h], n_q, n_k, j0, mx[m][h], sum[m][h],
+                             [&](int n, int e) -> float& { return s[m][n][2 * h + e]; },
+                             [&](int d, int e) -> float& { return o[m][d][2 * h + e]; }, score);
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
       unsigned a[MT][4];
@@ -224,22 +247,12 @@ TCC_D void tcc_flash(unsigned char* smem, long long q0, long long n_q, long long
     __syncthreads();  // the slot is refilled by the next step's copies
   }
   asm volatile("cp.async.wait_group 0;" ::: "memory");
-  constexpr float LN2 = 0.6931471805599453f;
 #pragma unroll
   for (int m = 0; m < MT; ++m)
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    sum[m][h] += __shfl_xor_sync(0xffffffffu, sum[m][h], 1);
-    sum[m][h] += __shfl_xor_sync(0xffffffffu, sum[m][h], 2);
-    const long long i = rows[m][h];
-    if (i >= n_q) continue;
-    const float top = mx[m][h] * LN2;
-#pragma unroll
-    for (int d = 0; d < DT; ++d)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) out(i, (long long)(d * 8 + 2 * (lane & 3) + e), o[m][d][2 * h + e], sum[m][h], top);
-    if ((lane & 3) == 0) row_out(i, sum[m][h], top);
-  }
+    for (int h = 0; h < 2; ++h)
+      tcc_finish_row<DT>(rows[m][h], n_q, lane, mx[m][h], sum[m][h],
+                         [&](int d, int e) -> float { return o[m][d][2 * h + e]; }, out, row_out);
 }
 """
 
@@ -288,7 +301,6 @@ template <int D, int BN, int WG, bool BF16, bool ALIGNED, typename QRow, typenam
 TCC_D void tcc_flash_wg(unsigned char* smem, long long q0, long long n_q, long long k0, long long n_k, QRow qrow,
                         KRow krow, VRow vrow, Score score, Limit limit, Out out, RowOut row_out) {
   constexpr int BM = 64 * WG, CH = D / 8, THREADS = 128 * WG, SN = BN / 2, ON = D / 2;
-  constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
   const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
   constexpr unsigned k_off = BM * D * 2, v_off = k_off + 2 * BN * D * 2;
   const unsigned s_q = tcc_smem(smem), s_k = s_q + k_off, s_v = s_q + v_off;
@@ -350,38 +362,10 @@ TCC_D void tcc_flash_wg(unsigned char* smem, long long q0, long long n_q, long l
     tcc_wgmma_wait(s, SN);
     const long long j0 = k0 + (long long)t * BN + 2 * (lane & 3);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {  // scores in log2 units: one ex2 per exponential
-      const long long i = rows[h], lim = lims[h];
-      const bool row_ok = i < n_q;
-      float top = -__int_as_float(0x7f800000);
-#pragma unroll
-      for (int n = 0; n < BN / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const long long j = j0 + n * 8 + e;
-          const float v = (row_ok && j < n_k && j < lim) ? score(i, j, s[4 * n + 2 * h + e]) * LOG2E
-                                                         : -__int_as_float(0x7f800000);
-          s[4 * n + 2 * h + e] = v;
-          top = fmaxf(top, v);
-        }
-      top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1));
-      top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 2));
-      const float m_new = fmaxf(mx[h], top), safe = m_new == -__int_as_float(0x7f800000) ? 0.f : m_new;
-      const float rescale = exp2f(mx[h] - safe);
-      float total = 0.f;
-#pragma unroll
-      for (int n = 0; n < BN / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float p = exp2f(s[4 * n + 2 * h + e] - safe);
-          s[4 * n + 2 * h + e] = p;
-          total += p;
-        }
-      sum[h] = sum[h] * rescale + total;
-      mx[h] = m_new;
-#pragma unroll
-      for (int d = 0; d < D / 8; ++d) { o[4 * d + 2 * h] *= rescale; o[4 * d + 2 * h + 1] *= rescale; }
-    }
+    for (int h = 0; h < 2; ++h)
+      tcc_online_row<BN / 8, D / 8>(rows[h], lims[h], n_q, n_k, j0, mx[h], sum[h],
+                                    [&](int n, int e) -> float& { return s[4 * n + 2 * h + e]; },
+                                    [&](int d, int e) -> float& { return o[4 * d + 2 * h + e]; }, score);
     unsigned p[BN / 16][4];
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
@@ -402,17 +386,8 @@ TCC_D void tcc_flash_wg(unsigned char* smem, long long q0, long long n_q, long l
   }
   asm volatile("cp.async.wait_group 0;" ::: "memory");
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 1);
-    sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 2);
-    const long long i = rows[h];
-    if (i >= n_q) continue;
-    const float top = mx[h] * LN2;
-#pragma unroll
-    for (int d = 0; d < D / 8; ++d)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) out(i, (long long)(d * 8 + 2 * (lane & 3) + e), o[4 * d + 2 * h + e], sum[h], top);
-    if ((lane & 3) == 0) row_out(i, sum[h], top);
-  }
+  for (int h = 0; h < 2; ++h)
+    tcc_finish_row<D / 8>(rows[h], n_q, lane, mx[h], sum[h],
+                          [&](int d, int e) -> float { return o[4 * d + 2 * h + e]; }, out, row_out);
 }
 """

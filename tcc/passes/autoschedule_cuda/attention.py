@@ -34,7 +34,7 @@ from dataclasses import replace
 from tcc import dtypes
 from tcc.ir.expr import Binary, Call, Const, Expr, Load, Select, Var
 from tcc.ir.loops import MATRIX_STREAM, Allocate, Buffer, For, Let, MatrixStream, Seq, Stmt, Store, map_stmt, seq
-from tcc.passes.autoschedule_cuda.indexing import decompose
+from tcc.passes.autoschedule_cuda.indexing import decompose, linear
 from tcc.target import CudaTarget
 
 I64 = dtypes.i64
@@ -167,7 +167,7 @@ def _point(loops: list[For], extents: list[int]) -> Expr:
     """The row-major index of the outer loops' point."""
     index: Expr = Const(0, I64)
     for loop, extent in zip(loops, extents):
-        index = Binary("add", Binary("mul", index, Const(extent, I64), I64), loop.var, I64)
+        index = linear(index, extent, loop.var)
     return index
 
 

@@ -92,7 +92,8 @@ def decompose(axes: list[For], extents: list[Size], flat: Expr, body: Stmt) -> S
     return body
 
 
-def linear(outer: Var, size: int, inner: Var) -> Expr:
+def linear(outer: Expr, size: int, inner: Expr) -> Expr:
+    """``outer * size + inner``: a row-major index one digit longer."""
     return Binary("add", Binary("mul", outer, Const(size, I64), I64), inner, I64)
 
 
