@@ -15,11 +15,16 @@ would pick instead (``--no-compile`` skips it): the last two columns.
     python benchmarks/gpu.py -k "user schedule"  # the hand-scheduled tensor-core GEMM (matmul_tc.tc)
     python benchmarks/gpu.py -k FP8 --no-compile  # the scaled FP8 GEMM against torch._scaled_mm (sm_89 on)
     python benchmarks/gpu.py --roofline --png roofline.png  # and each against the machine's ceilings
+    TCC_BENCH_STAGED_STORES=off python benchmarks/gpu.py -k GEMM  # tcc.compile(..., staged_stores="off")
+
+``TCC_BENCH_STAGED_STORES`` (auto, off or all; read by this script only) is passed to
+``tcc.compile`` as ``staged_stores=``: which tensor-core GEMM results go through shared memory.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -304,11 +309,12 @@ def main() -> None:
     global COMPILE
     COMPILE = not args.no_compile
     torch.manual_seed(0)
-    lib = tcc.compile(SOURCE, target="cuda")
-    lib_tf32 = tcc.compile(SOURCE, target="cuda", tf32=True)
+    stores = os.environ.get("TCC_BENCH_STAGED_STORES", "auto")
+    lib = tcc.compile(SOURCE, target="cuda", staged_stores=stores)
+    lib_tf32 = tcc.compile(SOURCE, target="cuda", tf32=True, staged_stores=stores)
     header = ("workload", "tcc ms", "torch ms", "tcc", "torch", "unit", "ratio", "rel err", "compile ms",
               "ratio vs compile")
-    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, staged_stores={stores}")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header), flush=True)
     done, times = [], []

@@ -60,6 +60,16 @@ def compile_ptx(source: str, arch: str = DEFAULT_ARCH) -> str:
     return _compiled(source, f"--gpu-architecture={virtual}", "PTX").rstrip(b"\0").decode()
 
 
+def ptxas_report(source: str, arch: str = DEFAULT_ARCH) -> str:
+    """What ptxas says of each kernel compiled for ``arch`` (``--ptxas-options=-v``): registers,
+    shared memory, spills, and its performance notes (C7514: wgmma instructions serialised)."""
+    prog = _compile(source, f"--gpu-architecture={check_arch(arch)}", b"--ptxas-options=-v")
+    try:
+        return _log(prog)
+    finally:
+        _nvrtc().nvrtcDestroyProgram(prog)
+
+
 def _compiled(source: str, option: str, kind: str) -> bytes:
     """Compile and fetch NVRTC's output of ``kind`` ("CUBIN" or "PTX"), freeing the program."""
     prog = _compile(source, option)
@@ -74,11 +84,11 @@ def _compiled(source: str, option: str, kind: str) -> bytes:
         nvrtc.nvrtcDestroyProgram(prog)
 
 
-def _compile(source: str, arch_option: str):
+def _compile(source: str, arch_option: str, *extra: bytes):
     nvrtc = _nvrtc()
     err, prog = nvrtc.nvrtcCreateProgram(source.encode(), b"tcc.cu", 0, [], [])
     _check(err, "nvrtcCreateProgram")
-    options = [arch_option.encode(), b"--std=c++17", b"--device-as-default-execution-space"]
+    options = [arch_option.encode(), b"--std=c++17", b"--device-as-default-execution-space", *extra]
     (result,) = nvrtc.nvrtcCompileProgram(prog, len(options), options)
     if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
         log = _log(prog)
