@@ -245,3 +245,24 @@ def test_ptxas_keeps_the_wgmma_pipeline(name, mode):
     op = _op(name, HOPPER, staged_stores=mode)
     report = nvrtc.ptxas_report(op.stage_text(dict(M=4096, K=4096, N=4096), "cuda"), "sm_90a")
     assert "C7514" not in report and " 0 bytes spill stores" in report, report
+
+
+def test_a_dynamic_m_is_staged_in_the_simulator():
+    """With M a kernel argument the last row tile's pieces are masked at run time."""
+    op = tcc.compile(SOURCE, target=AMPERE, dynamic=["M"]).gemm16
+    sizes = dict(M=70, K=40, N=72)
+    func = op.lowered(sizes, dynamic=frozenset("M")).scheduled
+    assert _staged(func)
+    rng = np.random.default_rng(5)
+    args = random_args(op.te, sizes, rng)
+    (want,) = reference_results(op.te, args, sizes)
+    out = np.full(want.shape, np.nan, want.dtype)
+    gpu_sim.run(func, {"A": args[0], "B": args[1], "C": out}, scalars={"M": sizes["M"]})
+    assert_matches(out, want, op.te.tensors["C"].dtype)
+
+
+@pytest.mark.cuda
+def test_a_dynamic_m_on_the_gpu(torch_gpu):
+    op = tcc.compile(SOURCE, target="cuda", dynamic=["M"]).gelu_erf
+    for m in (1000, 130, 7):
+        _on_device(torch_gpu, op, dict(M=m, K=1000, N=1000))
