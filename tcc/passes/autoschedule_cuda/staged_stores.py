@@ -1,11 +1,11 @@
 """Staged stores: a tensor-core GEMM's result tile leaves through shared memory, 16 bytes a thread.
 
-A lane's accumulator fragments hold pairs of neighbouring columns in 8 rows, so storing them
-straight from registers writes 4 bytes per row and lane for a 16-bit result: one warp store
-fills 8 half sectors, and the stores overlap nothing (on an H200 the f16-out GEMM ran 0.61 of
-cuBLAS where the f32-out one ran 0.91). Here, once the main loop is done, the epilogue (bias,
-activation, residual, the cast: whatever the final store computes) still runs on the
-accumulators in registers, but its values go to a shared tile ``[BM][BN + pad]`` of the
+Stored straight from the accumulator fragments, a 16-bit result went out an element at a time
+(a warp's store: 2 bytes in each of 32 places over 8 rows), and converting each accumulator on
+its own made ptxas serialise every wgmma of the main loop (its note C7514): on an H200 the f16-out
+GEMM ran 0.61 of cuBLAS where the f32-out one ran 0.91. Here, once the main loop is done, the
+epilogue (bias, activation, residual, the cast: whatever the final store computes) still runs on
+the accumulators in registers, but its values go to a shared tile ``[BM][BN + pad]`` of the
 result's type, placed over the operand tiles (``Allocate.reuses``), two columns at a time (a
 2-lane ``vector`` loop: one conversion of two floats, one 4-byte shared store); a barrier; then
 each thread copies 16-byte pieces of the tile's rows to the result (``vector`` loops of 8 halves
@@ -15,9 +15,11 @@ f32) keeps both the pair writes and the 16-byte reads free of bank conflicts.
 The auto-scheduler decides (:func:`plan`, by the result's type and layout and the
 ``staged_stores=`` option of ``tcc.compile``): ``"auto"`` stages 16-bit float results,
 ``"all"`` f32 ones too, ``"off"`` none. Only the copy-engine kernels stage (their launcher
-checks that every pointer is 16-byte aligned; the register-staged fallback stores directly),
-and only a result whose rows are whole 16-byte pieces and contiguous along N (an unaligned row
-stride keeps the direct stores); the last tiles of a ragged M or N mask whole pieces.
+checks that every pointer is 16-byte aligned; the register-staged fallback stores element by
+element), and only a result contiguous along N whose rows are whole 16-byte pieces; the last
+tiles of a ragged M or N mask whole pieces. A 16-bit result not staged whose rows are whole
+column pairs (``"off"``, or rows of 250 halves) is stored straight from the accumulators a pair
+at a time (one conversion, one 4-byte store); odd rows, element by element.
 """
 
 from __future__ import annotations
