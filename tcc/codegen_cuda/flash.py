@@ -221,9 +221,10 @@ TCC_D void tcc_flash(unsigned char* smem, long long q0, long long n_q, long long
       }
     }
     const long long j0 = k0 + (long long)t * BN + 2 * (lane & 3), past = k0 + (long long)(t + 1) * BN;
-    bool whole = past <= n_k;  // every key of the tile in range for each of the thread's rows
+    bool whole = past <= n_k;  // every key of the tile in range for each of the warp's rows
 #pragma unroll
     for (int m = 0; m < MT; ++m) whole = whole && past <= lims[m][0] && past <= lims[m][1];
+    whole = __all_sync(0xffffffffu, whole);  // (one path for the warp: the steps shuffle)
 #pragma unroll
     for (int m = 0; m < MT; ++m)
 #pragma unroll
@@ -372,7 +373,7 @@ TCC_D void tcc_flash_wg(unsigned char* smem, long long q0, long long n_q, long l
     }
     tcc_wgmma_wait(s, SN);
     const long long j0 = k0 + (long long)t * BN + 2 * (lane & 3), past = k0 + (long long)(t + 1) * BN;
-    const bool whole = past <= n_k && past <= lims[0] && past <= lims[1];  // (see tcc_online_row)
+    const bool whole = __all_sync(0xffffffffu, past <= n_k && past <= lims[0] && past <= lims[1]);  // (the warp's)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       auto sv = [&](int n, int e) -> float& { return s[4 * n + 2 * h + e]; };
