@@ -298,7 +298,7 @@ TCC_D unsigned long long tcc_wgmma_desc_at(unsigned addr, unsigned lead, unsigne
   return (unsigned long long)((addr & 0x3FFFFu) >> 4) | ((unsigned long long)(lead >> 4) << 16)
          | ((unsigned long long)(stride >> 4) << 32) | (1ull << 62);
 }
-""" + "".join(_wgmma(n, a) for n in (64, 128) for a in (False, True)) + r"""
+""" + "".join(_wgmma(n, a) for n in (64, 128) for a in (False, True)) + _wgmma(48, False) + r"""
 template <int R, int D> TCC_D unsigned tcc_swz_atoms(int row, int chunk) {  // wgmma's 128-byte swizzle
   return (unsigned)((chunk >> 3) * R * 128 + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
 }
@@ -368,7 +368,8 @@ TCC_D void tcc_flash_wg(unsigned char* smem, long long q0, long long n_q, long l
       const unsigned atom = (kk * 16 / 64) * 128, w0 = (kk * 16 % 64) * 2;
       const unsigned long long a = tcc_wgmma_desc_at(s_q + atom * BM + wg * 64 * 128 + w0, 16u, 1024u);
       const unsigned long long b = tcc_wgmma_desc_at(kb + atom * BN + w0, 16u, 1024u);
-      if (BN == 64) tcc_wgmma_ss_64<BF16>(s, a, b, kk > 0);
+      if constexpr (BN == 48) tcc_wgmma_ss_48<BF16>(s, a, b, kk > 0);
+      else if constexpr (BN == 64) tcc_wgmma_ss_64<BF16>(s, a, b, kk > 0);
       else tcc_wgmma_ss_128<BF16>(s, a, b, kk > 0);
     }
     tcc_wgmma_wait(s, SN);
