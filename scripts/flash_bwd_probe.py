@@ -23,11 +23,10 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tcc.codegen_cuda import nvrtc  # noqa: E402
-from tcc.codegen_cuda.flash_backward import DELTA_THREADS, shared_bytes, standalone_kernels  # noqa: E402
+from tcc.codegen_cuda.flash_backward import DELTA_THREADS, TILES, shared_bytes, standalone_kernels  # noqa: E402
 
 ARCH = "sm_90"
-# (BM, WARPS) by head dimension: the tile of queries a step, the warps of a block (16 keys each)
-CONFIGS = {64: [(64, 4), (64, 8)], 128: [(32, 4), (32, 8)]}
+CONFIGS = TILES  # (BM, WARPS) by head dimension: the tile of queries a step, the warps of a block (16 keys each)
 
 
 def report() -> int:

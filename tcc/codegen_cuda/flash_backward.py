@@ -37,6 +37,10 @@ from tcc.codegen_cuda.flash import FLASH
 from tcc.codegen_cuda.preamble import PREAMBLE
 
 DELTA_THREADS = 256  # a block of tcc_flash_bwd_delta: 256 / (D / 8) rows
+# (BM, WARPS) by head dimension that ptxas fits in 255 registers without spills (sm_90, f16 and bf16;
+# tests/test_flash_backward.py keeps them so): D 128 holds dK and dV (128 floats a thread) and so
+# takes 32 query rows a step (BM 64 spills)
+TILES: dict[int, tuple[tuple[int, int], ...]] = {64: ((64, 4), (64, 8)), 128: ((32, 4), (32, 8))}
 
 FLASH_BACKWARD = r"""
 // FlashAttention-2's backward (tcc/codegen_cuda/flash_backward.py); needs the forward's helpers (flash.py).
