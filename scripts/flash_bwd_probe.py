@@ -26,6 +26,7 @@ from tcc.codegen_cuda import nvrtc  # noqa: E402
 from tcc.codegen_cuda.flash_backward import DELTA_THREADS, TILES, shared_bytes, standalone_kernels  # noqa: E402
 
 ARCH = "sm_90"
+TIMED = (4, 16, (2048, 8192))  # batch, heads, sequence lengths of the timings
 CONFIGS = TILES  # (BM, WARPS) by head dimension: the tile of queries a step, the warps of a block (16 keys each)
 
 
@@ -180,20 +181,20 @@ def lse_of(torch, q, k, scale: float, causal: bool):
 
 
 def timings(torch, backward) -> None:
-    """tcc's backward against torch SDPA's (CUDA events, interleaved, medians of 15)."""
+    """tcc's backward against torch SDPA's (CUDA events, interleaved, medians of 11)."""
     print(f"\n{'shape':<36} {'cfg':<8} {'tcc ms':>8} {'sdpa ms':>8} {'tcc TF/s':>9} {'sdpa TF/s':>9} "
           f"{'tcc/sdpa':>8}")
     for dtype in (torch.float16, torch.bfloat16):
         for d in CONFIGS:
-            for S in (2048, 8192):
+            for S in TIMED[2]:
                 for causal in (False, True):
-                    if dtype == torch.float16 or S == 8192:
+                    if dtype == torch.float16 or S == TIMED[2][-1]:
                         _time_shape(torch, backward, dtype, d, S, causal)
 
 
 def _time_shape(torch, backward, dtype, d: int, S: int, causal: bool) -> None:
-    """One shape (B4 H16): every configuration of ``d`` against SDPA."""
-    B, H = 4, 16
+    """One shape: every configuration of ``d`` against SDPA."""
+    B, H = TIMED[:2]
     q, k, v, do = (torch.randn(B, H, S, d, device="cuda", dtype=dtype) for _ in range(4))
     scale = d ** -0.5
     qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
@@ -212,7 +213,7 @@ def _time_shape(torch, backward, dtype, d: int, S: int, causal: bool) -> None:
               f"{b / a:8.3f}", flush=True)
 
 
-def _interleaved(torch, f1, f2, reps: int = 15, inner: int = 3) -> tuple[float, float]:
+def _interleaved(torch, f1, f2, reps: int = 11, inner: int = 2) -> tuple[float, float]:
     """Median milliseconds a call of f1 and of f2, measured in alternation."""
     for f in (f1, f2):
         f()
