@@ -27,7 +27,9 @@ from tcc.codegen_cuda.flash_backward import DELTA_THREADS, TILES, shared_bytes, 
 
 ARCH = "sm_90"
 TIMED = (4, 16, (2048, 8192))  # batch, heads, sequence lengths of the timings
-CONFIGS = TILES  # (BM, WARPS) by head dimension: the tile of queries a step, the warps of a block (16 keys each)
+# (BM, WARPS) by head dimension: the tile of queries a step, the warps of a block (16 keys each); the
+# template's spill-free TILES, then shapes ptxas spills a few bytes in (or only in f16), timed to compare
+CONFIGS = {d: TILES[d] + extra for d, extra in ((64, ((32, 4), (128, 8))), (128, ((64, 8),)))}
 
 
 def report() -> int:
@@ -126,7 +128,8 @@ def check(torch, backward) -> int:
     cases = [(2, 4, s, s) for s in (7, 33, 1000, 2048)] + [(2, 4, 33, 1000), (2, 4, 1000, 33), (1, 2, 1, 1),
                                                             (1, 3, 257, 130)]
     failures = 0
-    print(f"{'case':<44} {'cfg':<8} {'grad':<4} {'err':>9} {'torch err':>9} {'max|ref|':>9}  verdict")
+    print(f"{'case':<40} {'cfg':<7} " + " ".join(f"{g + ' err (torch)':>20}" for g in ("dQ", "dK", "dV"))
+          + "  verdict")
     for d, configs in CONFIGS.items():
         for dtype in (torch.float16, torch.bfloat16):
             for B, H, S, L in cases:
@@ -148,20 +151,24 @@ def check(torch, backward) -> int:
                     ol = F.scaled_dot_product_attention(ql, kl, vl, attn_mask=mask, scale=scale)
                     lows = torch.autograd.grad(ol, (ql, kl, vl), do)
                     o = of.detach().to(dtype).contiguous()
+                    case = f"B{B} H{H} S{S} L{L} D{d} {str(dtype)[6:]} {'causal' if causal else 'full'}"
                     for bm, warps in configs:
                         run, outs = backward((d, bm, warps, dtype == torch.bfloat16), q, k, v, o, do, lse,
                                              causal, scale)
                         run()
                         torch.cuda.synchronize()
-                        for name, out, ref, low in zip(("dQ", "dK", "dV"), outs, refs, lows):
+                        cells, ok = [], True
+                        for out, ref, low in zip(outs, refs, lows):
                             err = (out.float() - ref).abs().max().item()
                             terr = (low.float() - ref).abs().max().item()
                             top = ref.abs().max().item()
-                            ok = math.isfinite(err) and err <= max(4 * terr, 1e-2 * top, 1e-5)
-                            failures += not ok
-                            case = f"B{B} H{H} S{S} L{L} D{d} {str(dtype)[6:]} {'causal' if causal else 'full'}"
-                            print(f"{case:<44} {bm}x{16 * warps:<5} {name:<4} {err:9.2e} {terr:9.2e} {top:9.2e}  "
-                                  f"{'PASS' if ok else 'FAIL'}", flush=True)
+                            # torch's error in the same precision is the yardstick; 1 % of the largest
+                            # gradient the floor (a wrong pair or a lost tile is of the order of it)
+                            ok &= math.isfinite(err) and err <= max(4 * terr, 1e-2 * top, 1e-5)
+                            cells.append(f"{err:9.2e} ({terr:8.2e})")
+                        failures += not ok
+                        print(f"{case:<40} {bm}x{16 * warps:<4} " + " ".join(f"{c:>20}" for c in cells)
+                              + f"  {'PASS' if ok else 'FAIL'}", flush=True)
     return failures
 
 
