@@ -110,7 +110,8 @@ def device_main() -> int:
         return run, (dq, dk, dv)
 
     failures = check(torch, backward)
-    print(f"checks done at {time.perf_counter() - t_start:.1f} s", flush=True)
+    print(f"CHECKS: {'PASS' if not failures else f'FAIL ({failures} failed)'} after "
+          f"{time.perf_counter() - t_start:.1f} s", flush=True)
     timings(torch, backward)
     print(f"total {time.perf_counter() - t_start:.1f} s", flush=True)
     print("RESULT: " + ("PASS (every check)" if not failures else f"FAIL ({failures} checks failed)"))
