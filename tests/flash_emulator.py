@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -120,6 +121,14 @@ template <bool BF16> TCC_D void tcc_mma16816(float* c, const unsigned* a, unsign
     c[i] = acc;
   }
 }
+static inline bool __all_sync(unsigned, bool x) {
+  Warp& w = my_warp(); int l = threadIdx.x & 31;
+  w.v[l] = x; w.bar->arrive_and_wait();
+  bool r = true;
+  for (int i = 0; i < 32; ++i) r = r && w.v[i] != 0.f;
+  w.bar->arrive_and_wait(); return r;
+}
+TCC_D float tcc_ex2(float x) { return exp2f(x); }
 static inline void atomicAdd(float* p, float x) { std::lock_guard<std::mutex> g(g_atomic); *p += x; }
 template <int D> TCC_D unsigned tcc_swz(int row, int chunk) {  // byte offset of a 16-byte chunk of a row
   return (unsigned)(row * D * 2 + ((chunk ^ (row & 7)) << 4));
@@ -302,9 +311,8 @@ def forward(d: int, bn: int, warps: int, mt: int, qreg: bool, q, k, v, causal: b
     the device, so the emulator's fragments are checked against it."""
     from tcc.codegen_cuda.flash import FLASH
 
-    body = FLASH[FLASH.index("template <int NT, int DT, typename S"):]
-    swz = body.index("template <int D> TCC_D unsigned tcc_swz")
-    body = body[:swz] + body[body.index("template <int D, int BN, int WARPS, int MT"):]  # (the shim has it)
+    start = FLASH.rindex("template <", 0, FLASH.index("TCC_D void tcc_online_row"))  # (the helpers: the shim's)
+    body = re.sub(r"template <int D> TCC_D unsigned tcc_swz\(.*?\n}\n", "", FLASH[start:], flags=re.S)
     bm = 16 * warps * mt
     defines = (f"#define DIM {d}\n#define WARPS {warps}\n#define BM {bm}\n"
                f"#define SMEM {bm * d * 2 + 4 * bn * d * 2}\n"

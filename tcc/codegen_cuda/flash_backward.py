@@ -43,7 +43,7 @@ DELTA_THREADS = 256  # a block of tcc_flash_bwd_delta: 256 / (D / 8) rows
 TILES: dict[int, tuple[tuple[int, int], ...]] = {64: ((64, 4), (64, 8)), 128: ((32, 4), (32, 8))}
 
 FLASH_BACKWARD = r"""
-// FlashAttention-2's backward (tcc/codegen_cuda/flash_backward.py); needs the forward's helpers (flash.py).
+// FlashAttention-2's backward (tcc/codegen_cuda/flash_backward.py); uses the forward's helpers (flash.py).
 TCC_D void tcc_red_add2(float* at, float a, float b) {  // at[0] += a, at[1] += b (8-byte aligned)
 #if __CUDA_ARCH__ >= 900
   asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" :: "l"(at), "f"(a), "f"(b) : "memory");
@@ -180,7 +180,7 @@ TCC_D void tcc_flash_bwd(unsigned char* smem, long long k0, long long n_q, long 
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const bool ok = full || (i < n_q && keys[h] < n_k && keys[h] < lim);
-          const float p = ok ? exp2f(score(i, keys[h], s[n][2 * h + e]) * LOG2E - l2) : 0.f;
+          const float p = ok ? tcc_ex2(score(i, keys[h], s[n][2 * h + e]) * LOG2E - l2) : 0.f;
           s[n][2 * h + e] = p;
           g[n][2 * h + e] = p * (g[n][2 * h + e] - de);
         }
