@@ -54,20 +54,20 @@ def compile_cubin(source: str, arch: str = DEFAULT_ARCH) -> bytes:
     return _compiled(source, f"--gpu-architecture={check_arch(arch)}", "CUBIN")
 
 
-def compile_ptx(source: str, arch: str = DEFAULT_ARCH) -> str:
-    """PTX assembly for the virtual architecture of ``arch`` (to read; never loaded)."""
-    virtual = check_arch(arch).replace("sm_", "compute_")
-    return _compiled(source, f"--gpu-architecture={virtual}", "PTX").rstrip(b"\0").decode()
-
-
 def ptxas_report(source: str, arch: str = DEFAULT_ARCH) -> str:
-    """What ptxas says of each kernel compiled for ``arch`` (``--ptxas-options=-v``): registers,
-    shared memory, spills, and its performance notes (C7514: wgmma instructions serialised)."""
-    prog = _compile(source, f"--gpu-architecture={check_arch(arch)}", b"--ptxas-options=-v")
+    """ptxas's account of each kernel of ``source`` built for ``arch`` (registers, spills, shared
+    memory): what a hand-written template's tile sizes are checked against."""
+    prog = _compile(source, f"--gpu-architecture={check_arch(arch)}", "--ptxas-options=-v")
     try:
         return _log(prog)
     finally:
         _nvrtc().nvrtcDestroyProgram(prog)
+
+
+def compile_ptx(source: str, arch: str = DEFAULT_ARCH) -> str:
+    """PTX assembly for the virtual architecture of ``arch`` (to read; never loaded)."""
+    virtual = check_arch(arch).replace("sm_", "compute_")
+    return _compiled(source, f"--gpu-architecture={virtual}", "PTX").rstrip(b"\0").decode()
 
 
 def _compiled(source: str, option: str, kind: str) -> bytes:
@@ -84,11 +84,12 @@ def _compiled(source: str, option: str, kind: str) -> bytes:
         nvrtc.nvrtcDestroyProgram(prog)
 
 
-def _compile(source: str, arch_option: str, *extra: bytes):
+def _compile(source: str, arch_option: str, *extra: str):
     nvrtc = _nvrtc()
     err, prog = nvrtc.nvrtcCreateProgram(source.encode(), b"tcc.cu", 0, [], [])
     _check(err, "nvrtcCreateProgram")
-    options = [arch_option.encode(), b"--std=c++17", b"--device-as-default-execution-space", *extra]
+    options = [arch_option.encode(), b"--std=c++17", b"--device-as-default-execution-space",
+               *(x.encode() for x in extra)]
     (result,) = nvrtc.nvrtcCompileProgram(prog, len(options), options)
     if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
         log = _log(prog)
