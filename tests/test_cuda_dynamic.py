@@ -23,7 +23,8 @@ from tcc import dtypes
 from tcc.codegen_cuda import driver, launch_sizes
 from tcc.errors import TccCompileError, TccRuntimeError
 from tcc.ir.expr import Binary, Const, Var
-from tcc.ir.loops import Allocate, walk_stmts
+from tcc.ir.loops import Allocate, For, walk_stmts
+from tcc.passes.autoschedule_cuda import rows
 from tcc.runtime import cuda as cuda_runtime
 from tcc.testing import assert_matches, reference_results
 
@@ -97,15 +98,40 @@ def test_layernorm(rng):
               lambda rng, N, D: (_f32(rng, N, D), _f32(rng, D), _f32(rng, D)), rng)
 
 
-def test_a_dynamic_row_keeps_its_values_in_registers_up_to_a_bound():
+def test_a_dynamic_row_keeps_its_values_in_registers_in_the_variant_of_its_length():
+    """A variant per row length of rows.BOUNDED_ROWS, shortest first, each with the threads and steps
+    a constant row of that length gets (a row of 1000: 4 steps of 256 threads, as at C = 1000);
+    the plain kernel, its row in global memory, after them."""
     op = _op(EXAMPLES / "softmax.tc", "softmax", ("N", "C"))
     func = op.lowered(dict(N=2, C=8), dynamic=frozenset("NC")).scheduled
-    bounded, plain = func.body.body.stmts  # (inside the global row the plain kernel uses beyond the bound)
-    assert dict(bounded.annotations)["requires"] == Binary("le", Var("C", I64), Const(4096, I64), dtypes.boolean)
+    *variants, plain = func.body.body.stmts  # (inside the global row the plain kernel uses beyond the bound)
+    assert [dict(v.annotations)["requires"] for v in variants] == \
+        [Binary("le", Var("C", I64), Const(r, I64), dtypes.boolean) for r in rows.BOUNDED_ROWS]
 
-    def registers(kernel):  # a thread's 16 values of the row (256 threads: 4096)
-        return [s.buffer.name for s in walk_stmts(kernel) if isinstance(s, Allocate) and s.buffer.shape == (16,)]
-    assert len(registers(bounded)) == 2 and not registers(plain)  # X's row and its exponentials
+    def registers(kernel):  # the thread's arrays: X's row and its exponentials
+        return [s.buffer.shape for s in walk_stmts(kernel)
+                if isinstance(s, Allocate) and s.buffer.name.startswith(("X_r", "e_r"))]
+    for variant, length in zip(variants, rows.BOUNDED_ROWS):
+        threads = min(length, 256)
+        assert {s.extent for s in walk_stmts(variant) if isinstance(s, For) and s.kind == "thread.x"} == \
+            {Const(threads, I64)}
+        assert registers(variant) == [(length // threads,)] * 2
+    assert not registers(plain) and not plain.annotations
+
+
+def test_the_launch_runs_the_shortest_row_variant_that_holds_the_row():
+    kernel = _kernel(EXAMPLES / "softmax.tc", "softmax", ("N", "C"), dict(N=4, C=4))
+    metas = kernel.meta["kernels"]
+    made = []
+    for meta in metas:  # (no GPU: names, grids and parameters only)
+        launcher = driver.Launcher.__new__(driver.Launcher)
+        launcher.name, launcher.grid, launcher.fallback = meta["name"], 0, None
+        launcher.names = [p for p, _ in meta["params"]]
+        made.append(launcher)
+    (head,) = cuda_runtime._chain(made, [m["requires"] is not None or m["aligned"] for m in metas])
+    for c, runs in ((1, 0), (32, 0), (33, 1), (1000, 5), (1024, 5), (1025, 6), (8192, 8), (8193, 9)):
+        sized = cuda_runtime._sized(head, metas, dict(N=7, C=c), "softmax")
+        assert (sized.name, sized.grid, sized.fallback) == (metas[runs]["name"], 7, None), c
 
 
 def test_matmul_every_dim(rng):

@@ -24,6 +24,13 @@ DETERMINISTIC = "deterministic"  # LoopFunc.attrs: accumulations (+=) add in one
 GUARDED = "guarded"
 GUARD_PARAM = "tcc_guard"
 MATRIX_STREAM = "matrix"  # For annotation: the nest's MatrixStream form, for schedules with matrix units
+# A kernel's variants (For annotations of a CUDA kernel's block loop): the kernel after a variant is
+# its fallback, run where the variant cannot. ALIGNED: it assumes 16-byte aligned pointers (checked
+# at the launch); REQUIRES: a condition of the dynamic shape symbols (checked at the launch, assumed
+# by the compiler). A run of variants is a chain ended by a kernel that is neither: the launch runs
+# the first whose condition holds (a misaligned call the first after it that assumes no alignment).
+ALIGNED = "aligned"
+REQUIRES = "requires"
 
 
 @dataclass(frozen=True)
@@ -309,6 +316,11 @@ def is_sequential(s: Stmt) -> bool:
     """Whether ``s`` is a loop whose iterations must run in ascending order (a recurrence reads
     what earlier iterations stored): never parallel, vector, reordered or unrolled across."""
     return isinstance(s, For) and SEQUENTIAL in s.annotations
+
+
+def is_variant(s: Stmt) -> bool:
+    """Whether ``s`` is a kernel variant (``ALIGNED`` or ``REQUIRES``): the kernel after it is its fallback."""
+    return isinstance(s, For) and any(key in (ALIGNED, REQUIRES) for key, _ in s.annotations)
 
 
 def holds_sequential(s: Stmt) -> bool:

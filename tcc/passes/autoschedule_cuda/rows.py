@@ -16,7 +16,7 @@ from dataclasses import replace
 from tcc import dtypes
 from tcc.ir.expr import Binary, Const, Expr, Load, walk
 from tcc.ir.loopnest import stores
-from tcc.ir.loops import Allocate, Barrier, Buffer, For, Let, Seq, Stmt, Store, map_stmt, seq, walk_stmts
+from tcc.ir.loops import REQUIRES, Allocate, Barrier, Buffer, For, If, Let, Seq, Stmt, Store, map_stmt, seq, walk_stmts
 from tcc.passes.autoschedule_cuda import gemm, row_registers
 from tcc.passes.autoschedule_cuda.indexing import (
     I64,
@@ -79,7 +79,7 @@ def row_items(body: Stmt) -> list[Stmt]:
 def row_schedule(nest: Nest, names: Names, cap: int, work: int, shapes: dict[str, tuple[int, ...]],
                  cache: row_registers.RowCache | None = None, limit: Expr | None = None) -> Stmt:
     """A block per row (``cache``: the thread's registers, planned here unless given; ``limit``:
-    the row's length where its loops run further, for :func:`bounded_row`)."""
+    the row's length where its loops run further, for :func:`bounded_rows`)."""
     extents = nest.extents
     total = product(extents)
     threads = block_size(work, cap)
@@ -94,40 +94,56 @@ def row_schedule(nest: Nest, names: Names, cap: int, work: int, shapes: dict[str
     return For(bx, as_expr(total), decompose(nest.axes, extents, bx, body), "block.x", span=span)
 
 
-BOUNDED_STEPS = (16, 8, 4)  # elements of a dynamic row a thread may keep in registers, largest first
+# the row lengths a dynamic row's register variants are built for, one kernel each (the threads of
+# a block up to the cap, then steps of them): a call runs the shortest that holds its row
+BOUNDED_ROWS = (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 
-def bounded_row(nest: Nest, names: Names, cap: int, shapes: dict[str, tuple[int, ...]], shared_limit: int,
-                symbols: frozenset[str]) -> Stmt | None:
-    """For a row whose length ``E`` is a dynamic shape symbol's: the row kernel of a constant row of
-    ``R = threads * steps`` elements, its loops guarded by ``E``, so that its per-row arrays and
-    the inputs it reads again stay in registers (:mod:`.row_registers`) as a constant row's do;
-    an aligned variant that runs for calls with ``E <= R`` (annotation ``requires``), the plain
-    row kernel after it serving the rest. None where the row's loops are not all one loop over
+def bounded_rows(nest: Nest, names: Names, cap: int, shapes: dict[str, tuple[int, ...]], shared_limit: int,
+                 symbols: frozenset[str]) -> list[Stmt]:
+    """For a row whose length ``E`` is a dynamic shape symbol's: for each ``R`` of ``BOUNDED_ROWS``
+    whose arrays fit a thread's registers, the row kernel of a constant row of ``R`` elements
+    (``threads * steps``) with its loops guarded by ``E``, so that its per-row arrays and the
+    inputs it reads again stay in registers (:mod:`.row_registers`) as a constant row's do, and
+    its threads and steps are those a constant row of about that length gets: each a variant for
+    the calls with ``E <= R`` (annotation ``requires``), shortest first, so a call runs the one
+    that fits its row best (a row of 1000 the kernel of 4 steps of 256 threads, not 16 steps
+    mostly idle, whose registers would halve the blocks a multiprocessor holds); the plain row
+    kernel after them serves longer rows. None where the row's loops are not all one loop over
     ``E``, or nothing would be kept in registers."""
     loops = [s for s in row_items(nest.body) if isinstance(s, For)]
     lengths = {f.extent for f in loops}
     if not loops or len(lengths) != 1 or any(isinstance(f.body, For) for f in loops):
-        return None
+        return []
     length = lengths.pop()
     if isinstance(size_of(loops[0]), int) or not invariant(length, symbols):
+        return []
+    variants: list[Stmt] = []
+    for whole in BOUNDED_ROWS:
+        kernel = _bounded_row(nest, names, cap, shapes, shared_limit, symbols, length, whole)
+        if kernel is None:
+            break  # (a longer row keeps more values a thread)
+        variants.append(kernel)
+    return variants
+
+
+def _bounded_row(nest: Nest, names: Names, cap: int, shapes: dict[str, tuple[int, ...]], shared_limit: int,
+                 symbols: frozenset[str], length: Expr, whole: int) -> Stmt | None:
+    """The row kernel of a row of ``whole`` elements guarded by ``length``, its arrays in registers,
+    for the calls with ``length <= whole``; None where they do not all fit."""
+    threads = block_size(whole, cap)
+    body = _bounded(nest.body, length, whole)
+    planned = {n: tuple(whole if d == length else d for d in shape) for n, shape in shapes.items()}
+    arrays = {s.buffer.name for s in row_items(body) if isinstance(s, Allocate) and s.buffer.size > 1}
+    if row_work(body, shared_limit, symbols) is None:
         return None
-    threads = block_size(length, cap)
-    for steps in BOUNDED_STEPS:
-        whole = threads * steps
-        body = _bounded(nest.body, length, whole)
-        planned = {n: tuple(whole if d == length else d for d in shape) for n, shape in shapes.items()}
-        arrays = {s.buffer.name for s in row_items(body) if isinstance(s, Allocate) and s.buffer.size > 1}
-        if row_work(body, shared_limit, symbols) is None:
-            return None
-        cache = row_registers.plan(body, [s for s in row_items(body) if isinstance(s, For)], threads, names.fresh,
-                                   planned)
-        if cache is None or not arrays <= set(cache.arrays):
-            continue
-        kernel = row_schedule(Nest(nest.axes, body), names, cap, whole, shapes, cache, length)
-        requires = Binary("le", length, Const(whole, I64), dtypes.boolean)
-        return replace(kernel, annotations=(("aligned", True), ("requires", requires)))
-    return None
+    cache = row_registers.plan(body, [s for s in row_items(body) if isinstance(s, For)], threads, names.fresh,
+                               planned)
+    if cache is None or not arrays <= set(cache.arrays):
+        return None
+    kernel = row_schedule(Nest(nest.axes, body), names, cap, whole, shapes, cache, length)
+    requires = Binary("le", length, Const(whole, I64), dtypes.boolean)
+    return replace(kernel, annotations=((REQUIRES, requires),))
 
 
 def _bounded(body: Stmt, length: Expr, whole: int) -> Stmt:
@@ -206,9 +222,16 @@ def block_strided(loop: Stmt, threads: int, names: Names, allreduce: str | None,
     steps = ceil_div(length, threads)  # (a dynamic row: its steps computed at the call, the last guarded)
     inner = row_registers.rewrite(red.body, red.axes, step, cache) if cache else red.body
     inner = decompose(red.axes, extents, rid, inner)
+    span = red.axes[0].span
+    if limit is not None and steps != 1:  # a step's guard tests the thread's count of steps, not its element
+        valid = names.fresh("rvalid")
+        inner = Let(rid, linear(step, threads, tx), If(Binary("lt", step, valid, dtypes.boolean), inner))
+        count = Binary("floordiv", Binary("add", Binary("sub", limit, tx, I64), Const(threads - 1, I64), I64),
+                       Const(threads, I64), I64)
+        return For(tx, Const(threads, I64), Let(valid, count, For(step, as_expr(steps), inner, "unroll", span=span)),
+                   "thread.x", annotations=(("allreduce", allreduce),) if allreduce else (), span=span)
     inner = guarded(rid, linear(step, threads, tx), length if limit is None else limit, product([steps, threads]),
                     inner)
-    span = red.axes[0].span
     body: Stmt = Let(step, Const(0, I64), inner) if steps == 1 else \
         For(step, as_expr(steps), inner, "unroll" if cache else "serial", span=span)
     notes = (("allreduce", allreduce),) if allreduce else ()
