@@ -22,8 +22,6 @@ from tcc import dtypes
 from tcc.ir import philox
 from tcc.ir.expr import Binary, Call, Cast, Const, Expr, Load, Select, Unary, Var
 from tcc.ir.loops import (
-    ALIGNED,
-    REQUIRES,
     Allocate,
     AsyncCommit,
     AsyncCopy,
@@ -43,7 +41,6 @@ from tcc.ir.loops import (
     Store,
     WarpgroupMma,
     WarpgroupSync,
-    is_variant,
     walk_stmts,
 )
 from tcc.reference import _MATH
@@ -61,8 +58,7 @@ _BINARY = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a
 
 def run(func: LoopFunc, arrays: dict[str, np.ndarray], aligned: bool = True, scalars: dict | None = None) -> None:
     """Run the scheduled ``func`` on ``arrays`` (its buffer parameters by name, updated in place)
-    and its runtime ``scalars``; of a chain of kernel variants and their fallback, the first that may run
-    (:func:`_may_run`)."""
+    and its runtime ``scalars``; of a kernel and its fallback, the first (``aligned``) or the second."""
     memory = {name: a.reshape(-1) for name, a in arrays.items()}
     buffers = {p.name: p for p in func.params if isinstance(p, Buffer)}
     body = func.body
@@ -72,25 +68,19 @@ def run(func: LoopFunc, arrays: dict[str, np.ndarray], aligned: bool = True, sca
         memory[body.buffer.name] = np.zeros(size, _NP[body.buffer.dtype.name])
         body = body.body
     kernels = list(body.stmts) if isinstance(body, Seq) else [body]
-    chain: list[For] = []  # a kernel's variants, then the kernel: the first that may run does
+    skip = False
     for kernel in kernels:
         assert isinstance(kernel, For) and kernel.kind == "block.x"
-        chain.append(kernel)
-        if is_variant(kernel):
+        variant = any(k == "aligned" for k, _ in kernel.annotations)
+        requires = next((v for k, v in kernel.annotations if k == "requires"), None)  # (of the shape symbols)
+        if requires is not None and not _int(requires, scalars or {}):
+            continue  # its fallback, next, runs
+        if skip or (variant and not aligned):
+            skip = False
             continue
-        chosen = next(k for k in chain if _may_run(k, aligned, scalars or {}))
-        chain = []
-        for b in range(_int(chosen.extent, scalars or {})):
-            _Block(buffers, memory).run(chosen.body, {**(scalars or {}), chosen.var.name: b})
-
-
-def _may_run(kernel: For, aligned: bool, scalars: dict) -> bool:
-    """Whether a kernel of a chain may run: its ``requires`` holds for the shape symbols'
-    ``scalars``, and it assumes aligned pointers only where they are (``aligned``)."""
-    requires = next((v for k, v in kernel.annotations if k == REQUIRES), None)
-    if requires is not None and not _int(requires, scalars):
-        return False
-    return aligned or all(k != ALIGNED for k, _ in kernel.annotations)
+        skip = variant
+        for b in range(_int(kernel.extent, scalars or {})):
+            _Block(buffers, memory).run(kernel.body, {**(scalars or {}), kernel.var.name: b})
 
 
 def _int(e: Expr, env: dict) -> int:

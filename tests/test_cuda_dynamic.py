@@ -31,6 +31,7 @@ from tcc.testing import assert_matches, reference_results
 pytest.importorskip("cuda.bindings.nvrtc")
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 I64 = dtypes.i64
+BOOL = dtypes.boolean
 
 ELEMENTWISE = """
 op axpb(A: f32[S, N], B: f32[S, N]) -> C: f32[S, N] {
@@ -99,39 +100,39 @@ def test_layernorm(rng):
 
 
 def test_a_dynamic_row_keeps_its_values_in_registers_in_the_variant_of_its_length():
-    """A variant per row length of rows.BOUNDED_ROWS, shortest first, each with the threads and steps
-    a constant row of that length gets (a row of 1000: 4 steps of 256 threads, as at C = 1000);
-    the plain kernel, its row in global memory, after them."""
+    """A variant per row length R of rows.BOUNDED_ROWS for the rows in (R / 2, R], each with the
+    threads and steps a constant row of that length gets (a row of 1000: 4 steps of 256 threads,
+    as at C = 1000); the plain kernel, its row in global memory, for longer rows."""
     op = _op(EXAMPLES / "softmax.tc", "softmax", ("N", "C"))
     func = op.lowered(dict(N=2, C=8), dynamic=frozenset("NC")).scheduled
     *variants, plain = func.body.body.stmts  # (inside the global row the plain kernel uses beyond the bound)
-    assert [dict(v.annotations)["requires"] for v in variants] == \
-        [Binary("le", Var("C", I64), Const(r, I64), dtypes.boolean) for r in rows.BOUNDED_ROWS]
+    c, lengths = Var("C", I64), rows.BOUNDED_ROWS
+    assert [dict(v.annotations)["requires"] for v in variants] == [Binary("le", c, Const(lengths[0], I64), BOOL)] + \
+        [Binary("and", Binary("lt", Const(r // 2, I64), c, BOOL), Binary("le", c, Const(r, I64), BOOL), BOOL)
+         for r in lengths[1:]]
+    assert plain.annotations == (("requires", Binary("lt", Const(lengths[-1], I64), c, BOOL)),)
 
     def registers(kernel):  # the thread's arrays: X's row and its exponentials
         return [s.buffer.shape for s in walk_stmts(kernel)
                 if isinstance(s, Allocate) and s.buffer.name.startswith(("X_r", "e_r"))]
-    for variant, length in zip(variants, rows.BOUNDED_ROWS):
+    for variant, length in zip(variants, lengths):
         threads = min(length, 256)
         assert {s.extent for s in walk_stmts(variant) if isinstance(s, For) and s.kind == "thread.x"} == \
             {Const(threads, I64)}
         assert registers(variant) == [(length // threads,)] * 2
-    assert not registers(plain) and not plain.annotations
+    assert not registers(plain)
 
 
-def test_the_launch_runs_the_shortest_row_variant_that_holds_the_row():
+def test_the_launch_runs_the_row_variant_of_the_calls_length():
     kernel = _kernel(EXAMPLES / "softmax.tc", "softmax", ("N", "C"), dict(N=4, C=4))
     metas = kernel.meta["kernels"]
-    made = []
-    for meta in metas:  # (no GPU: names, grids and parameters only)
-        launcher = driver.Launcher.__new__(driver.Launcher)
-        launcher.name, launcher.grid, launcher.fallback = meta["name"], 0, None
-        launcher.names = [p for p, _ in meta["params"]]
-        made.append(launcher)
-    (head,) = cuda_runtime._chain(made, [m["requires"] is not None or m["aligned"] for m in metas])
     for c, runs in ((1, 0), (32, 0), (33, 1), (1000, 5), (1024, 5), (1025, 6), (8192, 8), (8193, 9)):
-        sized = cuda_runtime._sized(head, metas, dict(N=7, C=c), "softmax")
-        assert (sized.name, sized.grid, sized.fallback) == (metas[runs]["name"], 7, None), c
+        sized = []
+        for meta in metas:  # (no GPU: names and grids only)
+            launcher = driver.Launcher.__new__(driver.Launcher)
+            launcher.name, launcher.grid, launcher.fallback = meta["name"], 0, None
+            sized.append(cuda_runtime._sized(launcher, metas, dict(N=7, C=c), "softmax"))
+        assert [(s.name, s.grid) for s in sized if s is not None] == [(metas[runs]["name"], 7)], c
 
 
 def test_matmul_every_dim(rng):

@@ -34,10 +34,8 @@ from tcc.errors import TccCompileError
 from tcc.ir.expr import Binary, Call, Cast, Const, Expr, Load, Select, Unary, Var, free_vars, walk
 from tcc.ir.loopnest import buffer_elements
 from tcc.ir.loops import (
-    ALIGNED,
     GUARD_PARAM,
     GUARDED,
-    REQUIRES,
     Allocate,
     Barrier,
     BlockScan,
@@ -51,7 +49,6 @@ from tcc.ir.loops import (
     Stmt,
     Store,
     WarpgroupMma,
-    is_variant,
     stmt_exprs,
     walk_stmts,
 )
@@ -81,7 +78,7 @@ class KernelInfo:
     params: list[tuple[str, str]]  # (parameter name in the LoopFunc, ctype code: "p" pointer or a dtype)
     aligned: bool = False  # launch only when every pointer is 16-byte aligned; else the next kernel
     shared: int = 0  # bytes of dynamic shared memory
-    requires: Formula | None = None  # launch only when this condition of the symbols is 1; else the next kernel
+    requires: Formula | None = None  # launch only when this condition of the symbols is 1 (aligned: else the next)
 
 
 @dataclass
@@ -127,7 +124,7 @@ def generate(func: LoopFunc, target: CudaTarget) -> CudaProgram:
         if not (isinstance(kernel, For) and kernel.kind == "block.x"):
             raise TccCompileError("internal error: a CUDA kernel must start with a loop bound to block.x",
                                   hint="schedule the function with tcc.passes.autoschedule_cuda.schedule.schedule_cuda")
-        used = _chain_used(stmts, i)
+        used = _pair_used(stmts, i)
         info, text = _Kernel(f"tcc_{func.name}_k{i}", kernel, buffers, scalars, used, target.shared_per_block,
                              bool(func.attrs.get(GUARDED))).emit()
         kernels.append(info)
@@ -174,21 +171,20 @@ def _peel(s: Stmt) -> tuple[list[Buffer], Stmt]:
 
 def is_aligned_variant(kernel: Stmt) -> bool:
     """Whether ``kernel`` assumes 16-byte aligned pointers (the kernel after it is its fallback)."""
-    return isinstance(kernel, For) and any(key == ALIGNED for key, _ in kernel.annotations)
+    return isinstance(kernel, For) and any(key == "aligned" for key, _ in kernel.annotations)
 
 
-def _chain_used(stmts: list[Stmt], i: int) -> tuple[set[str], set[str], set[str]]:
-    """What kernel ``i`` refers to: the kernels of one chain of variants (``is_variant``, each the
-    next one's alternative, the last no variant) share one parameter list."""
-    first, last = i, i
-    while first > 0 and is_variant(stmts[first - 1]):
-        first -= 1
-    while last < len(stmts) and is_variant(stmts[last]):
-        last += 1
-    if last >= len(stmts):
-        raise TccCompileError("internal error: a kernel variant without its fallback")
+def _pair_used(stmts: list[Stmt], i: int) -> tuple[set[str], set[str], set[str]]:
+    """What kernel ``i`` refers to; a kernel and its fallback share one parameter list."""
+    pair = [i]
+    if is_aligned_variant(stmts[i]):
+        pair.append(i + 1)
+    elif i > 0 and is_aligned_variant(stmts[i - 1]):
+        pair.append(i - 1)
+    if max(pair) >= len(stmts):
+        raise TccCompileError("internal error: an aligned kernel variant without its fallback")
     reads, writes, names = set(), set(), set()
-    for j in range(first, last + 1):
+    for j in pair:
         r, w, n = _used(stmts[j])
         reads, writes, names = reads | r, writes | w, names | n
     return reads, writes, names
@@ -267,7 +263,7 @@ class _Kernel(MatrixStatements):
                          "    unsigned char* const tcc_shared = tcc_shared_raw + "
                          "((1024u - (tcc_smem(tcc_shared_raw) & 1023u)) & 1023u);"]
         head = f'extern "C" __global__ void __launch_bounds__({self.block}) {self.name}({", ".join(decls)}) {{'
-        requires = next((v for k, v in self.root.annotations if k == REQUIRES), None)
+        requires = next((v for k, v in self.root.annotations if k == "requires"), None)
         if requires is not None:  # what the launcher checks, the compiler may assume (a stride's alignment)
             prologue.append(f"    __builtin_assume({self._assumed(requires)});")
         self.lines = [head, *prologue]

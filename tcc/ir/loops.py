@@ -24,11 +24,12 @@ DETERMINISTIC = "deterministic"  # LoopFunc.attrs: accumulations (+=) add in one
 GUARDED = "guarded"
 GUARD_PARAM = "tcc_guard"
 MATRIX_STREAM = "matrix"  # For annotation: the nest's MatrixStream form, for schedules with matrix units
-# A kernel's variants (For annotations of a CUDA kernel's block loop): the kernel after a variant is
-# its fallback, run where the variant cannot. ALIGNED: it assumes 16-byte aligned pointers (checked
-# at the launch); REQUIRES: a condition of the dynamic shape symbols (checked at the launch, assumed
-# by the compiler). A run of variants is a chain ended by a kernel that is neither: the launch runs
-# the first whose condition holds (a misaligned call the first after it that assumes no alignment).
+# Annotations of a CUDA kernel (its block loop). ALIGNED: it assumes 16-byte aligned pointers, and
+# the kernel after it (the same work, assuming nothing) is its fallback, run for a misaligned call.
+# REQUIRES: a condition of the dynamic shape symbols, checked at the launch and assumed by the
+# compiler: the kernel runs only for calls where it holds (an aligned one's fallback runs instead).
+# A schedule gives the kernels of alternatives (a size's variants) disjoint conditions that cover
+# every call, so that exactly one runs.
 ALIGNED = "aligned"
 REQUIRES = "requires"
 
@@ -316,11 +317,6 @@ def is_sequential(s: Stmt) -> bool:
     """Whether ``s`` is a loop whose iterations must run in ascending order (a recurrence reads
     what earlier iterations stored): never parallel, vector, reordered or unrolled across."""
     return isinstance(s, For) and SEQUENTIAL in s.annotations
-
-
-def is_variant(s: Stmt) -> bool:
-    """Whether ``s`` is a kernel variant (``ALIGNED`` or ``REQUIRES``): the kernel after it is its fallback."""
-    return isinstance(s, For) and any(key in (ALIGNED, REQUIRES) for key, _ in s.annotations)
 
 
 def holds_sequential(s: Stmt) -> bool:

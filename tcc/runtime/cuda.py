@@ -212,7 +212,7 @@ class CudaKernel:
             if len(self._sized) >= 1024:
                 self._sized.clear()
             sized = [_sized(launcher, self.meta["kernels"], values, self.name) for launcher in self._loaded(device)]
-            found = self._sized[key] = [launcher for launcher in sized if launcher.grid > 0]
+            found = self._sized[key] = [launcher for launcher in sized if launcher is not None and launcher.grid > 0]
         return found
 
     def _loaded(self, device: int) -> list[driver.Launcher]:
@@ -226,21 +226,19 @@ class CudaKernel:
             made = [driver.Launcher(modules[k.get("module", 0)], k["name"], k["grid"], k["block"],
                                     [tuple(p) for p in k["params"]], int(k.get("shared", 0)))
                     for k in self.meta["kernels"]]
-            found = _chain(made, [bool(k.get("aligned")) or k.get("requires") is not None
-                                  for k in self.meta["kernels"]])
+            found = _pair(made, [bool(k.get("aligned")) for k in self.meta["kernels"]])
             self._launchers[device] = found
         return found
 
 
 def _sized(launcher: driver.Launcher, kernels: list[dict[str, Any]], values: Mapping[str, Any],
-           op: str) -> driver.Launcher:
-    """A copy of ``launcher`` with the grid of its formula for ``values``; a variant whose
-    ``requires`` fails for ``values`` gives way to the kernel after it. An aligned variant's copy
-    falls back, on a misaligned call, to the first kernel after it that assumes no alignment
-    (sized too); any other copy has no fallback."""
-    meta = _meta(kernels, launcher)
+           op: str) -> driver.Launcher | None:
+    """A copy of ``launcher`` (and of its fallback) with the grid of its formula for ``values``;
+    None where its ``requires`` fails for ``values`` (an aligned variant: its fallback, sized)."""
+    meta = next(k for k in kernels if k["name"] == launcher.name)
     if meta.get("requires") is not None and not launch_sizes.evaluate(meta["requires"], values):
-        return _sized(launcher.fallback, kernels, values, op)  # type: ignore[arg-type]
+        fallback = launcher.fallback if meta.get("aligned") else None
+        return None if fallback is None else _sized(fallback, kernels, values, op)
     formula = meta["grid"]
     blocks = launch_sizes.evaluate(formula, values)
     if blocks > MAX_GRID_X:
@@ -249,17 +247,11 @@ def _sized(launcher: driver.Launcher, kernels: list[dict[str, Any]], values: Map
                               "grid limit", hint="call it with smaller inputs (or in pieces)")
     made = copy.copy(launcher)  # (sharing its argument slots and their lock)
     made.grid = max(blocks, 0)
-    made.fallback = None
-    if meta.get("aligned") and launcher.fallback is not None:
-        other = launcher.fallback
-        while _meta(kernels, other).get("aligned") and other.fallback is not None:
-            other = other.fallback
-        made.fallback = _sized(other, kernels, values, op)
+    if launcher.fallback is not None:
+        made.fallback = _sized(launcher.fallback, kernels, values, op)
+        if made.fallback is None:  # (an aligned variant's condition implies its fallback's)
+            raise TccRuntimeError(f"internal error: op {op}: kernel {launcher.name} has no fallback for {values}")
     return made
-
-
-def _meta(kernels: list[dict[str, Any]], launcher: driver.Launcher) -> dict[str, Any]:
-    return next(k for k in kernels if k["name"] == launcher.name)
 
 
 def _free_workspaces(workspaces: dict[tuple[int, int], tuple[list[tuple[str, int]], list[int]]]) -> None:
@@ -272,15 +264,14 @@ def _free_workspaces(workspaces: dict[tuple[int, int], tuple[list[tuple[str, int
     workspaces.clear()
 
 
-def _chain(launchers: list[driver.Launcher], variants: list[bool]) -> list[driver.Launcher]:
-    """The launchers a call runs: each variant takes the kernel after it as its fallback, so a chain
-    of them is one entry, its first kernel."""
-    out = []
-    for i, launcher in enumerate(launchers):
-        if i > 0 and variants[i - 1]:
-            launchers[i - 1].set_fallback(launcher)
-        else:
-            out.append(launcher)
+def _pair(launchers: list[driver.Launcher], aligned: list[bool]) -> list[driver.Launcher]:
+    """The launchers a call runs: an aligned variant takes the kernel after it as its fallback."""
+    out, i = [], 0
+    while i < len(launchers):
+        if aligned[i]:
+            launchers[i].set_fallback(launchers[i + 1])
+        out.append(launchers[i])
+        i += 2 if aligned[i] else 1
     return out
 
 

@@ -10,15 +10,15 @@ before the second body reads them. One launch instead of two is most of such a c
 Merged: a kernel ``for b in 0..1 (block.x) { for t in 0..B (thread.x) { body } }`` with nothing
 else in it (no annotation, no shared memory, no warp-wide or asynchronous statement) and the one
 after it of the same shape and thread count B; their thread loops become one, the second body's
-block and thread variables renamed to the first's. A kernel variant and its fallback are
-never merged (the launcher picks one of them: ``tcc.ir.loops.is_variant``).
+block and thread variables renamed to the first's. An aligned variant and its fallback are
+never merged (the launcher picks one of the two).
 """
 
 from __future__ import annotations
 
 from tcc.ir.expr import Const
 from tcc.ir.loopnest import subst
-from tcc.ir.loops import Allocate, Barrier, For, If, Let, Seq, Stmt, Store, is_variant, walk_stmts
+from tcc.ir.loops import Allocate, Barrier, For, If, Let, Seq, Stmt, Store, walk_stmts
 
 PASS = "merge one-block kernels"  # its name in the trace
 _PLAIN = (Seq, Let, If, Store, Barrier)  # what a merged body may hold (and serial loops, local buffers)
@@ -31,12 +31,16 @@ def merge_one_block_kernels(kernels: list[Stmt]) -> list[Stmt]:
     for i, kernel in enumerate(kernels):
         previous = out[-1] if out else None
         if (previous is not None and _mergeable(kernel) and _mergeable(previous)
-                and not is_variant(kernels[i - 1]) and (i < 2 or not is_variant(kernels[i - 2]))
+                and not _aligned(kernels[i - 1]) and (i < 2 or not _aligned(kernels[i - 2]))
                 and _threads(previous).extent == _threads(kernel).extent):
             out[-1] = _merge(previous, kernel)
         else:
             out.append(kernel)
     return out
+
+
+def _aligned(kernel: Stmt) -> bool:
+    return isinstance(kernel, For) and any(key == "aligned" for key, _ in kernel.annotations)
 
 
 def _threads(kernel: Stmt) -> For:

@@ -16,8 +16,8 @@ from dataclasses import replace
 from tcc import dtypes
 from tcc.ir.expr import Binary, Const, Expr, Load, walk
 from tcc.ir.loopnest import stores
-from tcc.ir.loops import REQUIRES, Allocate, Barrier, Buffer, For, If, Let, Seq, Stmt, Store, map_stmt, seq, walk_stmts
-from tcc.passes.autoschedule_cuda import gemm, row_registers
+from tcc.ir.loops import Allocate, Barrier, Buffer, For, If, Let, Seq, Stmt, Store, map_stmt, seq, walk_stmts
+from tcc.passes.autoschedule_cuda import gemm, ranges, row_registers
 from tcc.passes.autoschedule_cuda.indexing import (
     I64,
     as_expr,
@@ -79,7 +79,7 @@ def row_items(body: Stmt) -> list[Stmt]:
 def row_schedule(nest: Nest, names: Names, cap: int, work: int, shapes: dict[str, tuple[int, ...]],
                  cache: row_registers.RowCache | None = None, limit: Expr | None = None) -> Stmt:
     """A block per row (``cache``: the thread's registers, planned here unless given; ``limit``:
-    the row's length where its loops run further, for :func:`bounded_rows`)."""
+    the row's length where its loops run further, for :func:`by_length`)."""
     extents = nest.extents
     total = product(extents)
     threads = block_size(work, cap)
@@ -99,38 +99,38 @@ def row_schedule(nest: Nest, names: Names, cap: int, work: int, shapes: dict[str
 BOUNDED_ROWS = (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 
-def bounded_rows(nest: Nest, names: Names, cap: int, shapes: dict[str, tuple[int, ...]], shared_limit: int,
-                 symbols: frozenset[str]) -> list[Stmt]:
-    """For a row whose length ``E`` is a dynamic shape symbol's: for each ``R`` of ``BOUNDED_ROWS``
+def by_length(plain: Stmt, nest: Nest, names: Names, cap: int, shapes: dict[str, tuple[int, ...]],
+              shared_limit: int, symbols: frozenset[str]) -> Stmt:
+    """The row kernel ``plain`` of a row whose length ``E`` is a dynamic shape symbol's, after
+    variants that keep the row in registers (:mod:`.ranges`): for each ``R`` of ``BOUNDED_ROWS``
     whose arrays fit a thread's registers, the row kernel of a constant row of ``R`` elements
     (``threads * steps``) with its loops guarded by ``E``, so that its per-row arrays and the
-    inputs it reads again stay in registers (:mod:`.row_registers`) as a constant row's do, and
-    its threads and steps are those a constant row of about that length gets: each a variant for
-    the calls with ``E <= R`` (annotation ``requires``), shortest first, so a call runs the one
-    that fits its row best (a row of 1000 the kernel of 4 steps of 256 threads, not 16 steps
-    mostly idle, whose registers would halve the blocks a multiprocessor holds); the plain row
-    kernel after them serves longer rows. None where the row's loops are not all one loop over
-    ``E``, or nothing would be kept in registers."""
+    inputs it reads again stay in registers (:mod:`.row_registers`) and its threads and steps
+    are those a constant row of about that length gets, for the calls with ``E`` in
+    ``(R / 2, R]`` (a row of 1000: 4 steps of 256 threads, not 16 steps mostly idle, whose
+    registers would halve the blocks a multiprocessor holds); ``plain`` for longer rows. Just
+    ``plain`` where the row's loops are not all one loop over ``E``, or nothing would be kept in
+    registers."""
     loops = [s for s in row_items(nest.body) if isinstance(s, For)]
     lengths = {f.extent for f in loops}
     if not loops or len(lengths) != 1 or any(isinstance(f.body, For) for f in loops):
-        return []
+        return plain
     length = lengths.pop()
     if isinstance(size_of(loops[0]), int) or not invariant(length, symbols):
-        return []
-    variants: list[Stmt] = []
+        return plain
+    variants: list[tuple[int, Stmt]] = []
     for whole in BOUNDED_ROWS:
         kernel = _bounded_row(nest, names, cap, shapes, shared_limit, symbols, length, whole)
         if kernel is None:
             break  # (a longer row keeps more values a thread)
-        variants.append(kernel)
-    return variants
+        variants.append((whole, kernel))
+    return ranges.by_range(length, variants, plain)
 
 
 def _bounded_row(nest: Nest, names: Names, cap: int, shapes: dict[str, tuple[int, ...]], shared_limit: int,
                  symbols: frozenset[str], length: Expr, whole: int) -> Stmt | None:
-    """The row kernel of a row of ``whole`` elements guarded by ``length``, its arrays in registers,
-    for the calls with ``length <= whole``; None where they do not all fit."""
+    """The row kernel of a row of ``whole`` elements guarded by ``length``, its arrays in registers;
+    None where they do not all fit."""
     threads = block_size(whole, cap)
     body = _bounded(nest.body, length, whole)
     planned = {n: tuple(whole if d == length else d for d in shape) for n, shape in shapes.items()}
@@ -141,9 +141,7 @@ def _bounded_row(nest: Nest, names: Names, cap: int, shapes: dict[str, tuple[int
                                planned)
     if cache is None or not arrays <= set(cache.arrays):
         return None
-    kernel = row_schedule(Nest(nest.axes, body), names, cap, whole, shapes, cache, length)
-    requires = Binary("le", length, Const(whole, I64), dtypes.boolean)
-    return replace(kernel, annotations=((REQUIRES, requires),))
+    return row_schedule(Nest(nest.axes, body), names, cap, whole, shapes, cache, length)
 
 
 def _bounded(body: Stmt, length: Expr, whole: int) -> Stmt:

@@ -218,7 +218,7 @@ def _schedule_nest(stmt: Stmt, names: Names, shapes: dict[str, tuple[int, ...]],
                    target: CudaTarget, tuning: CudaTuning, tf32: bool) -> tuple[Stmt | None, str]:
     """The kernels of one nest and which schedule made them; global intermediates they need are
     appended to ``temps``."""
-    unhoisted = stmt  # (a dynamic row's registers variants keep its per-row arrays: rows.bounded_rows)
+    unhoisted = stmt  # (a dynamic row's registers variants keep its per-row arrays: rows.by_length)
     inner = next((s for s in walk_stmts(stmt) if isinstance(s, Allocate) and s.buffer.scope == "global"), None)
     if inner is not None:  # a per-row intermediate too large for the stack: a global row per iteration
         hoisted = hoist_rows.hoist(stmt, temps)
@@ -261,9 +261,8 @@ def _schedule_nest(stmt: Stmt, names: Names, shapes: dict[str, tuple[int, ...]],
     if work is not None and work >= ROW_MIN_REDUCTION and work * ROW_RATIO >= hint(total):
         cap = min(threads, MAX_ROW_THREADS)
         kernel = rows.row_schedule(nest, names, cap, work, shapes)
-        bounded = rows.bounded_rows(spatial_axes(unhoisted, names.symbols), names, cap, shapes,
-                                    target.shared_memory_per_block, names.symbols)
-        return seq(*bounded, kernel), "row"
+        return rows.by_length(kernel, spatial_axes(unhoisted, names.symbols), names, cap, shapes,
+                              target.shared_memory_per_block, names.symbols), "row"
     return _flat_schedule(nest, names, threads), "flat"
 
 
