@@ -141,6 +141,32 @@ def test_matmul_every_dim(rng):
               lambda rng, M, N, K: (_f32(rng, M, K), _f32(rng, K, N)), rng)
 
 
+@pytest.mark.parametrize("aligned, sizes", [(True, (1, 7, 20, 0)), (False, (3,))])
+def test_matmul_kernels_by_the_range_of_m(rng, aligned, sizes):
+    """A dynamic M (K and N constant): a matrix-vector row kernel for M = 1, split-K for few rows
+    (its chunk count by range), one tile a block for many, as constant sizes get them: one
+    scheduled function run at an M of several ranges (misaligned: split-K's one-element sums)."""
+    op = _op(EXAMPLES / "matmul.tc", "matmul", ("M",))
+    func = op.lowered(dict(M=5, N=32, K=256), dynamic=frozenset("M")).scheduled
+    assert func.attrs["kernel kinds"] == ("by M: row to 1 | split-K gemm to 2 | split-K gemm to 4 | "
+                                          "split-K gemm to 16 | split-K gemm to 2048 | gemm",)
+    _simulate(op, ("M",), [dict(M=m, N=32, K=256) for m in sizes],
+              lambda rng, M, N, K: (_f32(rng, M, K), _f32(rng, K, N)), rng, aligned)
+
+
+def test_matmul_range_kernels_at_the_size_of_each_range():
+    """M = 7, 1000 and 8192 of a 512 x 512 weight run the kernels a constant M gets there: split-K
+    over 4 chunks of 32 x 32 tiles, over 2 of 128 x 128 tiles, and 128 x 128 tiles alone."""
+    kernel = _kernel(EXAMPLES / "matmul.tc", "matmul", ("M",), dict(M=5, N=512, K=512))
+    static = tcc.compile(EXAMPLES / "matmul.tc", target="cuda", arch="sm_90", dynamic=False).matmul
+    for m in (7, 1000, 8192):
+        fixed = cuda_runtime.CudaKernel("matmul", cuda_runtime.build(static.lowered(dict(M=m, N=512, K=512)).scheduled,
+                                                                     static.target))
+        runs = [k for k in kernel.meta["kernels"] if launch_sizes.evaluate(k["requires"], dict(M=m))]
+        assert [(launch_sizes.evaluate(k["grid"], dict(M=m)), k["block"], k["aligned"]) for k in runs] == \
+            [(k["grid"], k["block"], k["aligned"]) for k in fixed.meta["kernels"]], m
+
+
 @pytest.mark.parametrize("aligned", [True, False])
 def test_tensor_core_gemm_dynamic_m(rng, aligned):
     """The copy-engine kernel (rows 16-byte aligned: K constant) and its register-staged fallback;

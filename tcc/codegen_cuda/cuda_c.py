@@ -36,6 +36,7 @@ from tcc.ir.loopnest import buffer_elements
 from tcc.ir.loops import (
     GUARD_PARAM,
     GUARDED,
+    MIN_BLOCKS,
     Allocate,
     Barrier,
     BlockScan,
@@ -262,7 +263,8 @@ class _Kernel(MatrixStatements):
             prologue += ["    extern __shared__ __align__(16) unsigned char tcc_shared_raw[];",
                          "    unsigned char* const tcc_shared = tcc_shared_raw + "
                          "((1024u - (tcc_smem(tcc_shared_raw) & 1023u)) & 1023u);"]
-        head = f'extern "C" __global__ void __launch_bounds__({self.block}) {self.name}({", ".join(decls)}) {{'
+        bounds = "".join([str(self.block), *(f", {v}" for k, v in self.root.annotations if k == MIN_BLOCKS)])
+        head = f'extern "C" __global__ void __launch_bounds__({bounds}) {self.name}({", ".join(decls)}) {{'
         requires = next((v for k, v in self.root.annotations if k == "requires"), None)
         if requires is not None:  # what the launcher checks, the compiler may assume (a stride's alignment)
             prologue.append(f"    __builtin_assume({self._assumed(requires)});")

@@ -32,6 +32,9 @@ MATRIX_STREAM = "matrix"  # For annotation: the nest's MatrixStream form, for sc
 # every call, so that exactly one runs.
 ALIGNED = "aligned"
 REQUIRES = "requires"
+# For annotation (a CUDA kernel): the blocks a multiprocessor is to hold at once, which the schedule
+# sized its grid by; the compiler keeps each thread's registers within that (__launch_bounds__)
+MIN_BLOCKS = "min_blocks"
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,13 @@ per call. The ranges cover every size: the last one is open above.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from tcc import dtypes
-from tcc.ir.expr import Binary, Const, Expr
-from tcc.ir.loops import REQUIRES, For, Seq, Stmt, seq
+from tcc.ir.expr import Binary, Const, Expr, Var, format_expr
+from tcc.ir.loops import REQUIRES, Allocate, For, Seq, Stmt, seq, walk_stmts
+from tcc.passes.autoschedule_cuda.indexing import assuming
 
 I64 = dtypes.i64
 
@@ -53,3 +55,44 @@ def _requiring(kernels: Stmt, cond: Expr) -> Stmt:
         return replace(kernel, annotations=(*((k, v) for k, v in kernel.annotations if k != REQUIRES),
                                             (REQUIRES, both)))
     return seq(*map(one, kernels.stmts if isinstance(kernels, Seq) else (kernels,)))
+
+
+# the sizes whose kernels are built, each for the range (half of it, it]; above the last, twice it
+SAMPLES = tuple(2 ** i for i in range(14))  # 1 .. 8192
+
+
+def by_samples(symbol: Var, build: Callable[[], tuple[Stmt, str]], temps: list) -> tuple[Stmt, str]:
+    """The kernels ``build`` makes while :func:`assuming` the shape symbol at each of ``SAMPLES``
+    (and above), joined as the ranges (:func:`by_range`) of the samples that give the same kernels
+    (:func:`fingerprint`): a few ranges, each with the schedule a constant size in it gets. A
+    range's global intermediates stay in ``temps``, those of kernels not used are taken out."""
+    found: list[tuple[int, Stmt, str, tuple]] = []  # (highest sample, kernels, how, fingerprint)
+    for value in (*SAMPLES, 2 * SAMPLES[-1]):
+        made = len(temps)
+        with assuming({symbol.name: value}):
+            kernels, how = build()
+        key = fingerprint(kernels)
+        if found and found[-1][3] == key:
+            del temps[made:]
+            found[-1] = (value, *found[-1][1:])
+        else:
+            found.append((value, kernels, how, key))
+    ranged = [(high, kernels) for high, kernels, _, _ in found[:-1]]
+    hows = " | ".join(f"{how} to {high}" for high, _, how, _ in found[:-1])
+    return by_range(symbol, ranged, found[-1][1]), f"by {symbol.name}: {hows} | {found[-1][2]}" if hows \
+        else found[-1][2]
+
+
+def fingerprint(kernels: Stmt) -> tuple:
+    """What ``kernels`` are, their variables' names left out: each loop's kind, extent and
+    annotations, each buffer's scope, type and shape, in order (two ranges with the same are one)."""
+    out: list[tuple] = []
+    for s in walk_stmts(kernels):
+        if isinstance(s, For):
+            out.append((s.kind, format_expr(s.extent), tuple(k for k, _ in s.annotations)))
+        elif isinstance(s, Allocate):
+            out.append((s.buffer.scope, s.buffer.dtype.name,
+                        tuple(d if isinstance(d, int) else format_expr(d) for d in s.buffer.shape)))
+        else:
+            out.append((type(s).__name__,))
+    return tuple(out)

@@ -46,7 +46,7 @@ from dataclasses import dataclass, replace
 
 from tcc import dtypes
 from tcc.errors import TccCompileError, TccScheduleError
-from tcc.ir.expr import Binary, Const, Expr, Load, walk
+from tcc.ir.expr import Binary, Const, Expr, Load, Var, walk
 from tcc.ir.loopnest import stores
 from tcc.ir.loops import (
     DETERMINISTIC,
@@ -71,6 +71,7 @@ from tcc.passes.autoschedule_cuda import (
     hoist_rows,
     implicit_conv,
     merge_kernels,
+    ranges,
     recurrence,
     rows,
     scan,
@@ -84,6 +85,7 @@ from tcc.passes.autoschedule_cuda import (
 from tcc.passes.autoschedule_cuda.indexing import (
     Size,
     as_expr,
+    assumed,
     block_size,
     decompose,
     exact_div,
@@ -218,6 +220,9 @@ def _schedule_nest(stmt: Stmt, names: Names, shapes: dict[str, tuple[int, ...]],
                    target: CudaTarget, tuning: CudaTuning, tf32: bool) -> tuple[Stmt | None, str]:
     """The kernels of one nest and which schedule made them; global intermediates they need are
     appended to ``temps``."""
+    if not assumed() and (symbol := _ranged_size(stmt, names, tf32)) is not None:  # kernels per range of its size
+        return ranges.by_samples(symbol, lambda: _schedule_nest(stmt, names, shapes, temps, target, tuning, tf32),
+                                 temps)
     unhoisted = stmt  # (a dynamic row's registers variants keep its per-row arrays: rows.by_length)
     inner = next((s for s in walk_stmts(stmt) if isinstance(s, Allocate) and s.buffer.scope == "global"), None)
     if inner is not None:  # a per-row intermediate too large for the stack: a global row per iteration
@@ -264,6 +269,22 @@ def _schedule_nest(stmt: Stmt, names: Names, shapes: dict[str, tuple[int, ...]],
         return rows.by_length(kernel, spatial_axes(unhoisted, names.symbols), names, cap, shapes,
                               target.shared_memory_per_block, names.symbols), "row"
     return _flat_schedule(nest, names, threads), "flat"
+
+
+def _ranged_size(stmt: Stmt, names: Names, tf32: bool) -> Var | None:
+    """The shape symbol ``S`` whose ranges get kernels of their own (:mod:`.ranges`), where ``stmt``
+    is a contraction on FMA (not the matrix units) with a constant reduction and one dynamic
+    output size, ``S`` itself: a GEMM of few rows splits its reduction across blocks, one of many
+    takes large tiles, and a matrix-vector product is a row kernel, as at constant sizes."""
+    if holds_sequential(stmt):
+        return None
+    nest = spatial_axes(stmt, names.symbols)
+    c = gemm.match(nest.axes, nest.body)
+    if c is None or tf32 or tensorcore.operands(c) is not None or not isinstance(c.size(c.k_axes), int):
+        return None
+    sizes = [c.size(axes) for axes in (c.m_axes, c.n_axes, c.batch_axes)]
+    dynamic = [s for s in sizes if not isinstance(s, int)]
+    return dynamic[0] if len(dynamic) == 1 and isinstance(dynamic[0], Var) else None
 
 
 def _threads(tuning: CudaTuning, target: CudaTarget) -> int:
