@@ -165,6 +165,9 @@ def test_matmul_range_kernels_at_the_size_of_each_range():
         runs = [k for k in kernel.meta["kernels"] if launch_sizes.evaluate(k["requires"], dict(M=m))]
         assert [(launch_sizes.evaluate(k["grid"], dict(M=m)), k["block"], k["aligned"]) for k in runs] == \
             [(k["grid"], k["block"], k["aligned"]) for k in fixed.meta["kernels"]], m
+    # split-K's partials (4 chunks to M = 32, 2 to 4096), each sized for its range's largest M
+    assert [n for _, n in kernel.sizes(dict(M=8192))] == [4 * 32 * 512 * 4, 2 * 4096 * 512 * 4]
+    assert [n for _, n in kernel.sizes(dict(M=7))] == [4 * 7 * 512 * 4, 2 * 7 * 512 * 4]
 
 
 @pytest.mark.parametrize("aligned", [True, False])

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from tcc import dtypes
-from tcc.ir.expr import Binary, Const, Expr, Var, format_expr
-from tcc.ir.loops import REQUIRES, Allocate, For, Seq, Stmt, seq, walk_stmts
+from tcc.ir.expr import Binary, Const, Expr, Var, format_expr, substitute
+from tcc.ir.loops import REQUIRES, Allocate, Buffer, For, Seq, Stmt, seq, walk_stmts
 from tcc.passes.autoschedule_cuda.indexing import assuming
 
 I64 = dtypes.i64
@@ -61,12 +61,14 @@ def _requiring(kernels: Stmt, cond: Expr) -> Stmt:
 SAMPLES = tuple(2 ** i for i in range(14))  # 1 .. 8192
 
 
-def by_samples(symbol: Var, build: Callable[[], tuple[Stmt, str]], temps: list) -> tuple[Stmt, str]:
+def by_samples(symbol: Var, build: Callable[[], tuple[Stmt, str]], temps: list[Buffer]) -> tuple[Stmt, str]:
     """The kernels ``build`` makes while :func:`assuming` the shape symbol at each of ``SAMPLES``
     (and above), joined as the ranges (:func:`by_range`) of the samples that give the same kernels
     (:func:`fingerprint`): a few ranges, each with the schedule a constant size in it gets. A
-    range's global intermediates stay in ``temps``, those of kernels not used are taken out."""
-    found: list[tuple[int, Stmt, str, tuple]] = []  # (highest sample, kernels, how, fingerprint)
+    range's global intermediates stay in ``temps``, sized for its largest value (all of them are
+    allocated for a call: split-K's partials of 8192 rows would take every range's), those of
+    kernels not used are taken out."""
+    found: list[tuple[int, Stmt, str, tuple, int, int]] = []  # (highest sample, kernels, how, fingerprint, temps)
     for value in (*SAMPLES, 2 * SAMPLES[-1]):
         made = len(temps)
         with assuming({symbol.name: value}):
@@ -76,9 +78,13 @@ def by_samples(symbol: Var, build: Callable[[], tuple[Stmt, str]], temps: list) 
             del temps[made:]
             found[-1] = (value, *found[-1][1:])
         else:
-            found.append((value, kernels, how, key))
-    ranged = [(high, kernels) for high, kernels, _, _ in found[:-1]]
-    hows = " | ".join(f"{how} to {high}" for high, _, how, _ in found[:-1])
+            found.append((value, kernels, how, key, made, len(temps)))
+    for high, _, _, _, first, end in found[:-1]:
+        capped = {symbol.name: Binary("min", symbol, Const(high, I64), I64)}
+        temps[first:end] = [replace(b, shape=tuple(d if isinstance(d, int) else substitute(d, capped) for d in b.shape))
+                            for b in temps[first:end]]
+    ranged = [(high, kernels) for high, kernels, *_ in found[:-1]]
+    hows = " | ".join(f"{how} to {high}" for high, _, how, *_ in found[:-1])
     return by_range(symbol, ranged, found[-1][1]), f"by {symbol.name}: {hows} | {found[-1][2]}" if hows \
         else found[-1][2]
 
