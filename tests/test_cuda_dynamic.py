@@ -170,6 +170,25 @@ def test_matmul_range_kernels_at_the_size_of_each_range():
     assert [n for _, n in kernel.sizes(dict(M=7))] == [4 * 7 * 512 * 4, 2 * 7 * 512 * 4]
 
 
+@pytest.mark.parametrize("source, name, symbols, bindings", [
+    (EXAMPLES / "softmax.tc", "softmax", ("N", "C"), dict(N=7, C=1000)),
+    (EXAMPLES / "layernorm.tc", "layernorm", ("N", "D"), dict(N=7, D=768)),
+    (EXAMPLES / "matmul.tc", "matmul", ("M",), dict(M=7, K=512, N=512)),
+], ids=["softmax", "layernorm", "matmul_M"])
+def test_the_benchmarked_kernels_compile_and_one_range_runs_at_every_size(source, name, symbols, bindings):
+    """benchmarks/dynamic.py's CUDA cases through NVRTC; at every size of the ranged symbol from 0 to
+    9000 the conditions of exactly one range hold (an aligned variant and its fallback share one)."""
+    kernel = _kernel(source, name, symbols, bindings)
+    assert kernel.cubins and all(c.startswith(b"\x7fELF") for c in kernel.cubins)
+    ranged = symbols[-1] if len(symbols) > 1 else symbols[0]  # (the row length; M)
+    conditions = [k["requires"] for k in kernel.meta["kernels"] if k["requires"] is not None]
+    assert len(conditions) > 2
+    for size in range(9001):
+        values = {**bindings, ranged: size}
+        holding = {str(c) for c in conditions if launch_sizes.evaluate(c, values)}
+        assert len(holding) == 1, (size, holding)
+
+
 @pytest.mark.parametrize("aligned", [True, False])
 def test_tensor_core_gemm_dynamic_m(rng, aligned):
     """The copy-engine kernel (rows 16-byte aligned: K constant) and its register-staged fallback;

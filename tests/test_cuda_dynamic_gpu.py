@@ -102,6 +102,40 @@ def test_torch_tensors_take_a_plan_per_signature(fresh_cache, rng, name):
     assert op.compiles == 1 and len(op.plans.plans) >= 3
 
 
+# benchmarks/dynamic.py's cases (the dynamic axis first), and the row length through every range
+# of the row kernels' register variants: (source, op, dynamic=, inputs for a size)
+RANGED = {
+    "softmax": (EXAMPLES / "softmax.tc", "softmax", True, lambda rng, s: (_f32(rng, s, 1000),)),
+    "softmax_row": (EXAMPLES / "softmax.tc", "softmax", True, lambda rng, s: (_f32(rng, 3, s),)),
+    "layernorm": (EXAMPLES / "layernorm.tc", "layernorm", True,
+                  lambda rng, s: (_f32(rng, s, 768), _f32(rng, 768), _f32(rng, 768))),
+    "layernorm_row": (EXAMPLES / "layernorm.tc", "layernorm", True,
+                      lambda rng, s: (_f32(rng, 2, s), _f32(rng, s), _f32(rng, s))),
+    "matmul_M": (EXAMPLES / "matmul.tc", "matmul", ("M",), lambda rng, s: (_f32(rng, s, 512), _f32(rng, 512, 512))),
+}
+RANGE_SIZES = (1, 7, 33, 1000, 4096, 8192, 8193, 2)  # every range of each (8193: past the row variants)
+
+
+@pytest.mark.parametrize("case", RANGED)
+def test_kernels_by_range_one_build_every_size(fresh_cache, rng, case):
+    """One build serves every size, each call running its range's kernels (tests/test_cuda_dynamic.py
+    lists them): NumPy arrays into poisoned ``out=``, then PyTorch tensors (the plans of the fast
+    path), poisoned too, one of them misaligned (an aligned variant's fallback)."""
+    torch = pytest.importorskip("torch")
+    source, name, dynamic, make = RANGED[case]
+    built = tcc.kernels_built()
+    op = tcc.compile(source, target="cuda", dynamic=dynamic)[name]
+    for s in RANGE_SIZES:
+        args = make(rng, s)
+        _check(op, args)
+        want = reference_results(op.te, list(args), op.bind(args, {}).bindings)[0]
+        for offset in (0, 1):  # out= at a 4-byte offset: no kernel may assume it 16-byte aligned
+            out = torch.full((want.size + offset,), float("nan"), device="cuda")[offset:].view(want.shape)
+            op(*(torch.from_numpy(a).cuda() for a in args), out=out)
+            assert_matches(out.cpu().numpy(), want, op.te.tensors[op.te.results[0]].dtype, f"{case} at {s}, +{offset}")
+    assert op.compiles == 1 and tcc.kernels_built() == built + 1
+
+
 def test_torch_out_poisoned(fresh_cache, rng):
     torch = pytest.importorskip("torch")
     op = tcc.compile(EXAMPLES / "softmax.tc", target="cuda", dynamic=("N", "C")).softmax
