@@ -26,8 +26,11 @@ Three schedules, chosen per nest:
 An extent may be a dynamic shape symbol's (``tcc.compile(..., dynamic=...)``): each schedule
 counts its blocks, steps and tiles at the call (:mod:`.indexing`) and guards or masks the
 tails; an aligned variant may also require a condition of the symbols (``requires``: a
-multiple of 4, a row short enough for registers), which the launcher checks. Split-K, the
-warpgroup and implicit-convolution GEMMs and split reductions take constant shapes only.
+multiple of 4), which the launcher checks. A dynamic row's length, and a contraction's one
+dynamic output size, get kernels per range of their values (:mod:`.ranges`: each range's as a
+constant size there gets them, every kernel requiring its range). Split-K takes a constant
+reduction; the TF32 warpgroup and implicit-convolution GEMMs and split reductions constant
+shapes only.
 
 A nest carrying attention's matrix form (two products of 16-bit operands, see
 :mod:`tcc.passes.te.matrix_stream`) becomes a FlashAttention kernel on the matrix units
