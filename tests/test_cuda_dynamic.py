@@ -174,10 +174,13 @@ def test_matmul_range_kernels_at_the_size_of_each_range():
     (EXAMPLES / "softmax.tc", "softmax", ("N", "C"), dict(N=7, C=1000)),
     (EXAMPLES / "layernorm.tc", "layernorm", ("N", "D"), dict(N=7, D=768)),
     (EXAMPLES / "matmul.tc", "matmul", ("M",), dict(M=7, K=512, N=512)),
-], ids=["softmax", "layernorm", "matmul_M"])
+    (EXAMPLES / "conv2d.tc", "conv2d", ("N",), dict(N=2, C=32, H=28, W=28, F=64, KH=3, KW=3, S=1, P=1, D=1)),
+    (EXAMPLES / "conv2d.tc", "conv2d", ("N",), dict(N=2, C=32, H=6, W=6, F=32, KH=3, KW=3, S=1, P=1, D=1)),
+], ids=["softmax", "layernorm", "matmul_M", "conv_N", "conv_N_small"])
 def test_the_benchmarked_kernels_compile_and_one_range_runs_at_every_size(source, name, symbols, bindings):
-    """benchmarks/dynamic.py's CUDA cases through NVRTC; at every size of the ranged symbol from 0 to
-    9000 the conditions of exactly one range hold (an aligned variant and its fallback share one)."""
+    """benchmarks/dynamic.py's CUDA cases through NVRTC (and a convolution whose batch takes split-K
+    while small); at every size of the ranged symbol from 0 to 9000 the conditions of exactly one
+    range hold (an aligned variant and its fallback share one)."""
     kernel = _kernel(source, name, symbols, bindings)
     assert kernel.cubins and all(c.startswith(b"\x7fELF") for c in kernel.cubins)
     ranged = symbols[-1] if len(symbols) > 1 else symbols[0]  # (the row length; M)

@@ -136,6 +136,22 @@ def test_kernels_by_range_one_build_every_size(fresh_cache, rng, case):
     assert op.compiles == 1 and tcc.kernels_built() == built + 1
 
 
+@pytest.mark.parametrize("channels, side, filters, sizes", [
+    (32, 6, 32, (1, 2, 3, 8, 17, 33, 40)),  # split-K to a batch of 32, one tile a block above
+    (32, 28, 64, (1, 2, 3, 8, 9, 17)),  # benchmarks/dynamic.py's conv_N: 32 x 32 tiles to 8, larger above
+])
+def test_a_convolution_by_the_range_of_its_batch(fresh_cache, rng, channels, side, filters, sizes):
+    op = tcc.compile(EXAMPLES / "conv2d.tc", target="cuda", dynamic=("N",)).conv2d
+    for n in sizes:
+        x, w, b = _f32(rng, n, channels, side, side), _f32(rng, filters, channels, 3, 3), _f32(rng, filters)
+        bindings = op.bind((x, w, b), {"P": 1}).bindings
+        want = reference_results(op.te, [x, w, b], bindings)[0]
+        out = np.full(want.shape, np.nan, np.float32)
+        op(x, w, b, P=1, out=out)
+        assert_matches(out, want, op.te.tensors["Y"].dtype, f"batch {n}")
+    assert op.compiles == 1
+
+
 def test_torch_out_poisoned(fresh_cache, rng):
     torch = pytest.importorskip("torch")
     op = tcc.compile(EXAMPLES / "softmax.tc", target="cuda", dynamic=("N", "C")).softmax

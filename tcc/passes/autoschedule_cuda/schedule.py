@@ -49,7 +49,7 @@ from dataclasses import dataclass, replace
 
 from tcc import dtypes
 from tcc.errors import TccCompileError, TccScheduleError
-from tcc.ir.expr import Binary, Const, Expr, Load, Var, walk
+from tcc.ir.expr import Binary, Const, Expr, Load, Var, free_vars, walk
 from tcc.ir.loopnest import stores
 from tcc.ir.loops import (
     DETERMINISTIC,
@@ -276,9 +276,10 @@ def _schedule_nest(stmt: Stmt, names: Names, shapes: dict[str, tuple[int, ...]],
 
 def _ranged_size(stmt: Stmt, names: Names, tf32: bool) -> Var | None:
     """The shape symbol ``S`` whose ranges get kernels of their own (:mod:`.ranges`), where ``stmt``
-    is a contraction on FMA (not the matrix units) with a constant reduction and one dynamic
-    output size, ``S`` itself: a GEMM of few rows splits its reduction across blocks, one of many
-    takes large tiles, and a matrix-vector product is a row kernel, as at constant sizes."""
+    is a contraction on FMA (not the matrix units) with a constant reduction whose output sizes
+    read one dynamic symbol, ``S`` (a matmul's M, a convolution's batch): a GEMM of few rows
+    splits its reduction across blocks, one of many takes large tiles, and a matrix-vector
+    product is a row kernel, as at constant sizes."""
     if holds_sequential(stmt):
         return None
     nest = spatial_axes(stmt, names.symbols)
@@ -286,8 +287,8 @@ def _ranged_size(stmt: Stmt, names: Names, tf32: bool) -> Var | None:
     if c is None or tf32 or tensorcore.operands(c) is not None or not isinstance(c.size(c.k_axes), int):
         return None
     sizes = [c.size(axes) for axes in (c.m_axes, c.n_axes, c.batch_axes)]
-    dynamic = [s for s in sizes if not isinstance(s, int)]
-    return dynamic[0] if len(dynamic) == 1 and isinstance(dynamic[0], Var) else None
+    symbols = set().union(*(free_vars(s) for s in sizes if not isinstance(s, int)))
+    return Var(symbols.pop(), I64) if len(symbols) == 1 else None
 
 
 def _threads(tuning: CudaTuning, target: CudaTarget) -> int:
