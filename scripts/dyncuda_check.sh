@@ -42,9 +42,10 @@ fi
 bench=0
 cd benchmarks
 # the command (sizes along the dynamic axis: rows, or M), then more sizes, the row length, a
-# convolution's batch
+# convolution's batch (its own sizes), an f16 GEMM's M
 for args in "--cases softmax,layernorm,matmul_M --sizes 7,1000,8192" \
-            "--cases softmax,layernorm,matmul_M,softmax_row --sizes 1,33,4096" "--cases conv_N"; do
+            "--cases softmax,layernorm,matmul_M,softmax_row --sizes 1,33,4096" \
+            "--cases conv_N,hmm_M --sizes 7,1000,8192"; do
     echo "==== dynamic.py --target cuda --parts kernels $args --rounds 5"
     # shellcheck disable=SC2086
     timeout 50 "$PY" dynamic.py --target cuda --parts kernels $args --rounds 5 2>&1 | tee -a "$LOGS/dynamic.log"

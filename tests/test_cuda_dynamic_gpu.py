@@ -102,18 +102,24 @@ def test_torch_tensors_take_a_plan_per_signature(fresh_cache, rng, name):
     assert op.compiles == 1 and len(op.plans.plans) >= 3
 
 
-# benchmarks/dynamic.py's cases (the dynamic axis first), and the row length through every range
-# of the row kernels' register variants: (source, op, dynamic=, inputs for a size)
-RANGED = {
-    "softmax": (EXAMPLES / "softmax.tc", "softmax", True, lambda rng, s: (_f32(rng, s, 1000),)),
-    "softmax_row": (EXAMPLES / "softmax.tc", "softmax", True, lambda rng, s: (_f32(rng, 3, s),)),
-    "layernorm": (EXAMPLES / "layernorm.tc", "layernorm", True,
-                  lambda rng, s: (_f32(rng, s, 768), _f32(rng, 768), _f32(rng, 768))),
-    "layernorm_row": (EXAMPLES / "layernorm.tc", "layernorm", True,
-                      lambda rng, s: (_f32(rng, 2, s), _f32(rng, s), _f32(rng, s))),
-    "matmul_M": (EXAMPLES / "matmul.tc", "matmul", ("M",), lambda rng, s: (_f32(rng, s, 512), _f32(rng, 512, 512))),
-}
+# benchmarks/dynamic.py's cases (the dynamic axis first), the row length through every range of the
+# row kernels' register variants, an f16 GEMM's M through its tensor-core ranges:
+# (source, op, dynamic=, inputs for a size, sizes)
 RANGE_SIZES = (1, 7, 33, 1000, 4096, 8192, 8193, 2)  # every range of each (8193: past the row variants)
+HMM = """op hmm(A: f16[M, K], B: f16[K, N]) -> C: f32[M, N] {
+    C[i, j] = sum[k](f32(A[i, k]) * f32(B[k, j]))
+}"""
+RANGED = {
+    "softmax": (EXAMPLES / "softmax.tc", "softmax", True, lambda rng, s: (_f32(rng, s, 1000),), RANGE_SIZES),
+    "softmax_row": (EXAMPLES / "softmax.tc", "softmax", True, lambda rng, s: (_f32(rng, 3, s),), RANGE_SIZES),
+    "layernorm": (EXAMPLES / "layernorm.tc", "layernorm", True,
+                  lambda rng, s: (_f32(rng, s, 768), _f32(rng, 768), _f32(rng, 768)), RANGE_SIZES),
+    "layernorm_row": (EXAMPLES / "layernorm.tc", "layernorm", True,
+                      lambda rng, s: (_f32(rng, 2, s), _f32(rng, s), _f32(rng, s)), RANGE_SIZES),
+    "matmul_M": (EXAMPLES / "matmul.tc", "matmul", ("M",), lambda rng, s: (_f32(rng, s, 512), _f32(rng, 512, 512)),
+                 RANGE_SIZES),
+    "hmm_M": (HMM, "hmm", ("M",), lambda rng, s: (_f16(rng, s, 1024), _f16(rng, 1024, 1024)), (1, 7, 33, 1000, 4097)),
+}
 
 
 @pytest.mark.parametrize("case", RANGED)
@@ -122,10 +128,10 @@ def test_kernels_by_range_one_build_every_size(fresh_cache, rng, case):
     lists them): NumPy arrays into poisoned ``out=``, then PyTorch tensors (the plans of the fast
     path), poisoned too, one of them misaligned (an aligned variant's fallback)."""
     torch = pytest.importorskip("torch")
-    source, name, dynamic, make = RANGED[case]
+    source, name, dynamic, make, sizes = RANGED[case]
     built = tcc.kernels_built()
     op = tcc.compile(source, target="cuda", dynamic=dynamic)[name]
-    for s in RANGE_SIZES:
+    for s in sizes:
         args = make(rng, s)
         _check(op, args)
         want = reference_results(op.te, list(args), op.bind(args, {}).bindings)[0]

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from tcc import dtypes
 from tcc.ir.expr import Binary, Const, Expr, Var, format_expr, substitute
-from tcc.ir.loops import REQUIRES, Allocate, Buffer, For, Seq, Stmt, seq, walk_stmts
+from tcc.ir.loops import ALIGNED, REQUIRES, Allocate, Buffer, For, Seq, Stmt, seq, walk_stmts
 from tcc.passes.autoschedule_cuda.indexing import assuming
 
 I64 = dtypes.i64
@@ -91,9 +91,21 @@ def by_samples(symbol: Var, build: Callable[[], tuple[Stmt, str]], temps: list[B
 
 def fingerprint(kernels: Stmt) -> tuple:
     """What ``kernels`` are, their variables' names left out: each loop's kind, extent and
-    annotations, each buffer's scope, type and shape, in order (two ranges with the same are one)."""
+    annotations, each buffer's scope, type and shape, in order (two ranges with the same are one).
+    An aligned variant's fallback is left out: it runs only for misaligned calls, and its tiles
+    differing would double the kernels to compile (the tensor-core GEMM's register-staged one)."""
     out: list[tuple] = []
-    for s in walk_stmts(kernels):
+    after_aligned = False
+    for kernel in kernels.stmts if isinstance(kernels, Seq) else (kernels,):
+        if not after_aligned:
+            out.extend(_shape(kernel))
+        after_aligned = isinstance(kernel, For) and any(k == ALIGNED for k, _ in kernel.annotations)
+    return tuple(out)
+
+
+def _shape(kernel: Stmt) -> list[tuple]:
+    out: list[tuple] = []
+    for s in walk_stmts(kernel):
         if isinstance(s, For):
             out.append((s.kind, format_expr(s.extent), tuple(k for k, _ in s.annotations)))
         elif isinstance(s, Allocate):
@@ -101,4 +113,4 @@ def fingerprint(kernels: Stmt) -> tuple:
                         tuple(d if isinstance(d, int) else format_expr(d) for d in s.buffer.shape)))
         else:
             out.append((type(s).__name__,))
-    return tuple(out)
+    return out

@@ -276,15 +276,15 @@ def _schedule_nest(stmt: Stmt, names: Names, shapes: dict[str, tuple[int, ...]],
 
 def _ranged_size(stmt: Stmt, names: Names, tf32: bool) -> Var | None:
     """The shape symbol ``S`` whose ranges get kernels of their own (:mod:`.ranges`), where ``stmt``
-    is a contraction on FMA (not the matrix units) with a constant reduction whose output sizes
-    read one dynamic symbol, ``S`` (a matmul's M, a convolution's batch): a GEMM of few rows
-    splits its reduction across blocks, one of many takes large tiles, and a matrix-vector
-    product is a row kernel, as at constant sizes."""
+    is a contraction (not on TF32, whose kernels want constant shapes) with a constant reduction
+    whose output sizes read one dynamic symbol, ``S`` (a matmul's M, a convolution's batch): a
+    GEMM of few rows splits its reduction across blocks or takes mma.sync tiles, one of many
+    takes large tiles, and a matrix-vector product is a row kernel, as at constant sizes."""
     if holds_sequential(stmt):
         return None
     nest = spatial_axes(stmt, names.symbols)
     c = gemm.match(nest.axes, nest.body)
-    if c is None or tf32 or tensorcore.operands(c) is not None or not isinstance(c.size(c.k_axes), int):
+    if c is None or tf32 or not isinstance(c.size(c.k_axes), int):
         return None
     sizes = [c.size(axes) for axes in (c.m_axes, c.n_axes, c.batch_axes)]
     symbols = set().union(*(free_vars(s) for s in sizes if not isinstance(s, int)))
