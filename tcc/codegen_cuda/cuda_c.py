@@ -37,6 +37,7 @@ from tcc.ir.loops import (
     GUARD_PARAM,
     GUARDED,
     MIN_BLOCKS,
+    REQUIRES,
     Allocate,
     Barrier,
     BlockScan,
@@ -195,6 +196,8 @@ def _used(kernel: Stmt) -> tuple[set[str], set[str], set[str]]:
     """(buffers read, buffers written, variables) that a kernel refers to."""
     reads, writes, names = set(), set(), set()
     for s in walk_stmts(kernel):
+        if isinstance(s, For):  # (a condition it requires may read a symbol its loops do not)
+            names.update(*(free_vars(v) for k, v in s.annotations if k == REQUIRES))
         if isinstance(s, Store):
             writes.add(s.buffer)
         for e in stmt_exprs(s):
@@ -265,7 +268,7 @@ class _Kernel(MatrixStatements):
                          "((1024u - (tcc_smem(tcc_shared_raw) & 1023u)) & 1023u);"]
         bounds = "".join([str(self.block), *(f", {v}" for k, v in self.root.annotations if k == MIN_BLOCKS)])
         head = f'extern "C" __global__ void __launch_bounds__({bounds}) {self.name}({", ".join(decls)}) {{'
-        requires = next((v for k, v in self.root.annotations if k == "requires"), None)
+        requires = next((v for k, v in self.root.annotations if k == REQUIRES), None)
         if requires is not None:  # what the launcher checks, the compiler may assume (a stride's alignment)
             prologue.append(f"    __builtin_assume({self._assumed(requires)});")
         self.lines = [head, *prologue]
