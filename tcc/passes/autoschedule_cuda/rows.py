@@ -12,6 +12,7 @@ strided in steps counted at the call, the last guarded.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import NamedTuple
 
 from tcc import dtypes
 from tcc.ir.expr import Binary, Const, Expr, Load, walk
@@ -76,8 +77,15 @@ def row_items(body: Stmt) -> list[Stmt]:
     return out
 
 
+class RowLimit(NamedTuple):
+    """The elements of a row whose loops run over more (:func:`by_length`'s variants)."""
+
+    length: Expr  # the row's length
+    least: int  # what it is at least (the variant's range starts above it): no guard below
+
+
 def row_schedule(nest: Nest, names: Names, cap: int, work: int, shapes: dict[str, tuple[int, ...]],
-                 cache: row_registers.RowCache | None = None, limit: Expr | None = None) -> Stmt:
+                 cache: row_registers.RowCache | None = None, limit: RowLimit | None = None) -> Stmt:
     """A block per row (``cache``: the thread's registers, planned here unless given; ``limit``:
     the row's length where its loops run further, for :func:`by_length`)."""
     extents = nest.extents
@@ -120,7 +128,8 @@ def by_length(plain: Stmt, nest: Nest, names: Names, cap: int, shapes: dict[str,
         return plain
     variants: list[tuple[int, Stmt]] = []
     for whole in BOUNDED_ROWS:
-        kernel = _bounded_row(nest, names, cap, shapes, shared_limit, symbols, length, whole)
+        least = variants[-1][0] if variants else 0
+        kernel = _bounded_row(nest, names, cap, shapes, shared_limit, symbols, RowLimit(length, least), whole)
         if kernel is None:
             break  # (a longer row keeps more values a thread)
         variants.append((whole, kernel))
@@ -128,10 +137,11 @@ def by_length(plain: Stmt, nest: Nest, names: Names, cap: int, shapes: dict[str,
 
 
 def _bounded_row(nest: Nest, names: Names, cap: int, shapes: dict[str, tuple[int, ...]], shared_limit: int,
-                 symbols: frozenset[str], length: Expr, whole: int) -> Stmt | None:
-    """The row kernel of a row of ``whole`` elements guarded by ``length``, its arrays in registers;
+                 symbols: frozenset[str], limit: RowLimit, whole: int) -> Stmt | None:
+    """The row kernel of a row of ``whole`` elements guarded by ``limit``, its arrays in registers;
     None where they do not all fit."""
     threads = block_size(whole, cap)
+    length = limit.length
     body = _bounded(nest.body, length, whole)
     planned = {n: tuple(whole if d == length else d for d in shape) for n, shape in shapes.items()}
     arrays = {s.buffer.name for s in row_items(body) if isinstance(s, Allocate) and s.buffer.size > 1}
@@ -141,7 +151,7 @@ def _bounded_row(nest: Nest, names: Names, cap: int, shapes: dict[str, tuple[int
                                planned)
     if cache is None or not arrays <= set(cache.arrays):
         return None
-    return row_schedule(Nest(nest.axes, body), names, cap, whole, shapes, cache, length)
+    return row_schedule(Nest(nest.axes, body), names, cap, whole, shapes, cache, limit)
 
 
 def _bounded(body: Stmt, length: Expr, whole: int) -> Stmt:
@@ -157,7 +167,7 @@ def _bounded(body: Stmt, length: Expr, whole: int) -> Stmt:
 
 
 def row_body(s: Stmt, threads: int, names: Names, cache: row_registers.RowCache | None,
-             limit: Expr | None = None) -> Stmt:
+             limit: RowLimit | None = None) -> Stmt:
     """Loops become block-strided (reductions combined across the block); per-row arrays go
     to registers where each thread touches only its own elements (``cache``), else to shared
     memory, with a barrier after each loop that writes one."""
@@ -209,10 +219,11 @@ def reduction_loop(s: Stmt) -> tuple[str, str] | None:
 
 
 def block_strided(loop: Stmt, threads: int, names: Names, allreduce: str | None,
-                  cache: row_registers.RowCache | None = None, limit: Expr | None = None) -> Stmt:
+                  cache: row_registers.RowCache | None = None, limit: RowLimit | None = None) -> Stmt:
     """The block's threads stride over the (flattened) loop nest; a reduction then combines.
     With a ``cache`` the step loop is unrolled: the thread's register arrays index by it.
-    ``limit``: the elements that exist, where the loop runs over more (every step guarded)."""
+    ``limit``: the elements that exist, where the loop runs over more (the steps past its least
+    guarded)."""
     red = split_axes(loop)
     extents = red.extents
     length = product(extents)
@@ -221,16 +232,19 @@ def block_strided(loop: Stmt, threads: int, names: Names, allreduce: str | None,
     inner = row_registers.rewrite(red.body, red.axes, step, cache) if cache else red.body
     inner = decompose(red.axes, extents, rid, inner)
     span = red.axes[0].span
+    notes = (("allreduce", allreduce),) if allreduce else ()
     if limit is not None and steps != 1:  # a step's guard tests the thread's count of steps, not its element
         valid = names.fresh("rvalid")
-        inner = Let(rid, linear(step, threads, tx), If(Binary("lt", step, valid, dtypes.boolean), inner))
-        count = Binary("floordiv", Binary("add", Binary("sub", limit, tx, I64), Const(threads - 1, I64), I64),
+        cond = Binary("lt", step, valid, dtypes.boolean)
+        if (sure := limit.least // threads) > 0:  # (the unrolled steps below it: no test left)
+            cond = Binary("or", Binary("lt", step, Const(sure, I64), dtypes.boolean), cond, dtypes.boolean)
+        inner = Let(rid, linear(step, threads, tx), If(cond, inner))
+        count = Binary("floordiv", Binary("add", Binary("sub", limit.length, tx, I64), Const(threads - 1, I64), I64),
                        Const(threads, I64), I64)
         return For(tx, Const(threads, I64), Let(valid, count, For(step, as_expr(steps), inner, "unroll", span=span)),
-                   "thread.x", annotations=(("allreduce", allreduce),) if allreduce else (), span=span)
-    inner = guarded(rid, linear(step, threads, tx), length if limit is None else limit, product([steps, threads]),
-                    inner)
+                   "thread.x", annotations=notes, span=span)
+    inner = guarded(rid, linear(step, threads, tx), length if limit is None else limit.length,
+                    product([steps, threads]), inner)
     body: Stmt = Let(step, Const(0, I64), inner) if steps == 1 else \
         For(step, as_expr(steps), inner, "unroll" if cache else "serial", span=span)
-    notes = (("allreduce", allreduce),) if allreduce else ()
     return For(tx, Const(threads, I64), body, "thread.x", annotations=notes, span=span)
