@@ -4,10 +4,11 @@ A kernel compiled for every size of a dynamic shape symbol cannot be the one a c
 at every size: a row of 1000 elements wants 4 steps of 256 threads in registers, a row of 8000
 32 steps; a GEMM of 8 rows wants its reduction split across blocks, one of 8192 rows 128 x 128
 tiles. So a schedule builds the kernels of a few ranges ``(lo, hi]`` of the extent, each as a
-constant size near ``hi`` would get them but with the extent a variable (tails guarded or
-masked), and marks every kernel of a range with the condition ``lo < E <= hi`` (annotation
-``requires``: the launch checks it, the compiler assumes it), so that one range's kernels run
-per call. The ranges cover every size: the last one is open above.
+constant size in the range gets them but with the extent a variable (tails guarded or masked),
+and marks every kernel of a range with the condition ``lo < E <= hi`` (annotation ``requires``:
+the launch checks it, the compiler assumes it), so that one range's kernels run per call. The
+ranges cover every size: the last one is open above. The choice is the schedule's, by the
+symbol's range; codegen and the launcher only read the conditions.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ SAMPLES = tuple(2 ** i for i in range(14))  # 1 .. 8192
 def by_samples(symbol: Var, build: Callable[[], tuple[Stmt, str]], temps: list[Buffer]) -> tuple[Stmt, str]:
     """The kernels ``build`` makes while :func:`assuming` the shape symbol at each of ``SAMPLES``
     (and above), joined as the ranges (:func:`by_range`) of the samples that give the same kernels
-    (:func:`fingerprint`): a few ranges, each with the schedule a constant size in it gets. A
+    (:func:`fingerprint`): a few ranges, each with the schedule a constant size in it gets (its
+    smallest sample's: the range ``(v / 2, v]`` of a sample ``v`` takes ``v``'s kernels). A
     range's global intermediates stay in ``temps``, sized for its largest value (all of them are
     allocated for a call: split-K's partials of 8192 rows would take every range's), those of
     kernels not used are taken out."""
