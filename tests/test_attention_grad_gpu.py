@@ -10,7 +10,7 @@ from test_attention import ATTENTION, CAUSAL, VARIANTS
 
 import tcc
 from tcc.errors import TccError
-from tcc.testing import assert_matches, random_args, reference_results
+from tcc.testing import max_relative_error, random_args, reference_results, tolerance
 
 pytestmark = pytest.mark.cuda
 
@@ -31,8 +31,9 @@ def _check(op, bindings: dict, args: list) -> None:
     outs = tuple(np.full(e.shape, np.nan, e.dtype) for e in expected)
     got = op(*args, out=outs[0] if len(outs) == 1 else outs)
     got = got if isinstance(got, tuple) else (got,)
-    for r, g, e in zip(op.te.results, got, expected):
-        assert_matches(np.asarray(g), e, op.te.tensors[r].dtype, f"{op.te.name}.{r}")
+    for r, g, e in zip(op.te.results, got, expected):  # an f64 op whose chain computes in f32: f32's bound
+        err = max_relative_error(np.asarray(g), e)
+        assert g.shape == e.shape and err <= tolerance(op.te, r), f"{op.te.name}.{r}: max relative error {err:.3g}"
 
 
 @pytest.mark.parametrize("S,L,D", [(1, 1, 8), (7, 33, 64), (33, 7, 8), (33, 33, 64), (200, 130, 64)])

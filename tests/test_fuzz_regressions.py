@@ -8,7 +8,7 @@ from helpers import check_op
 import tcc
 from tcc.errors import TccScheduleError
 from tcc.ir.loops import Allocate, For, is_sequential, walk_stmts
-from tcc.testing import random_args, reference_results
+from tcc.testing import assert_matches, random_args, reference_results
 
 
 def test_f64_to_f16_stores_round_like_numpy(rng):
@@ -274,6 +274,22 @@ def test_cuda_row_of_one_element_is_shared_by_the_block(rng):
         Y1[i, j] = T5[i, 0] + f32(j)
     }"""
     check_op(src, "f", dict(K=64, M=1, N=16), rng, target="cuda")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not tcc.cuda.is_available(), reason="needs an NVIDIA GPU")
+@pytest.mark.parametrize("K,factor", [(100, 3), (7, 2), (1000, 8), (33, 4)])
+def test_cuda_split_reduction_with_a_tail_combines_once(rng, K, factor):
+    """A reduction split by a factor that does not divide it is a main loop and a tail loop
+    into one accumulator; the block combined its threads' values after each, so the tail's
+    combine summed 128 copies of the whole (CUDA fuzz seed 80263: 228.7 for 1.73)."""
+    src = "op fz0(A: f32[M, K], B: f32[K, N]) -> C: f32[M, N] { C[i, j] = sum[k](A[i, k] * B[k, j]) * 0.5 }"
+    op = tcc.compile(src, target="cuda").fz0.schedule(f"split(k, {factor})")
+    bindings = {"M": 3, "N": 2, "K": K}
+    args = random_args(op.te, bindings, rng)
+    (expected,) = reference_results(op.te, args, bindings)
+    got = op(*args, out=np.full(expected.shape, np.nan, np.float32))
+    assert_matches(got, expected, op.te.tensors["C"].dtype, "C")
 
 
 @pytest.mark.parametrize("pad,size", [(2, 16), (2, 7), (3, 33), (1, 16), (0, 9)])

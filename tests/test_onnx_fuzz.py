@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 onnx = pytest.importorskip("onnx")
-pytest.importorskip("onnxruntime")
+onnxruntime = pytest.importorskip("onnxruntime")
 from fuzz.onnx.__main__ import FAILURES, run  # noqa: E402
 from fuzz.onnx.check import check_model  # noqa: E402
 from fuzz.onnx.generate import generate  # noqa: E402
@@ -21,8 +21,12 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from tcc.interop.onnx import HANDLERS  # noqa: E402
 
 CI_GRAPHS = 400
+PINNED_ONNXRUNTIME = "1.31.1"  # pyproject.toml's: the anchor these seeds were checked against
 
 
+@pytest.mark.skipif(onnxruntime.__version__ != PINNED_ONNXRUNTIME,
+                    reason="the batch is checked against the pinned onnxruntime (1.30.0 answers seed 374's Slice "
+                           "differently from run to run)")
 def test_onnx_fuzz_batch():
     start = int(os.environ.get("TCC_FUZZ_START", "0"))
     outcomes = run(range(start, start + CI_GRAPHS), workers=2, timeout=300)

@@ -54,6 +54,16 @@ def compile_cubin(source: str, arch: str = DEFAULT_ARCH) -> bytes:
     return _compiled(source, f"--gpu-architecture={check_arch(arch)}", "CUBIN")
 
 
+def ptxas_report(source: str, arch: str = DEFAULT_ARCH) -> str:
+    """ptxas's account of each kernel of ``source`` built for ``arch`` (registers, spills, shared
+    memory): what a hand-written template's tile sizes are checked against."""
+    prog = _compile(source, f"--gpu-architecture={check_arch(arch)}", "--ptxas-options=-v")
+    try:
+        return _log(prog)
+    finally:
+        _nvrtc().nvrtcDestroyProgram(prog)
+
+
 def compile_ptx(source: str, arch: str = DEFAULT_ARCH) -> str:
     """PTX assembly for the virtual architecture of ``arch`` (to read; never loaded)."""
     virtual = check_arch(arch).replace("sm_", "compute_")
@@ -74,11 +84,12 @@ def _compiled(source: str, option: str, kind: str) -> bytes:
         nvrtc.nvrtcDestroyProgram(prog)
 
 
-def _compile(source: str, arch_option: str):
+def _compile(source: str, arch_option: str, *extra: str):
     nvrtc = _nvrtc()
     err, prog = nvrtc.nvrtcCreateProgram(source.encode(), b"tcc.cu", 0, [], [])
     _check(err, "nvrtcCreateProgram")
-    options = [arch_option.encode(), b"--std=c++17", b"--device-as-default-execution-space"]
+    options = [arch_option.encode(), b"--std=c++17", b"--device-as-default-execution-space",
+               *(x.encode() for x in extra)]
     (result,) = nvrtc.nvrtcCompileProgram(prog, len(options), options)
     if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
         log = _log(prog)

@@ -514,7 +514,8 @@ BACKEND = Backend(
     kind="cuda", target_type=CudaTarget, stages=STAGES,
     primitives=frozenset(("split", "tile", "reorder", "fuse", "unroll", "bind", "cache", "compute_at", "inline",
                           "decompose", "conv", "tensorize")),
-    cache_scopes=frozenset(("local", "shared")), options=frozenset(("conv", "arch", "tf32", "deterministic")),
+    cache_scopes=frozenset(("local", "shared")),
+    options=frozenset(("conv", "arch", "tf32", "deterministic", "staged_stores")),
     defaults={"conv": "direct"},  # im2col's per-batch GEMM buffers have no GPU schedule yet
     resolve=machine, schedule=cuda_schedule, build=build, load=load, invoke=invoke, make_plan=make_plan,
     as_array=as_array, stage_text=stage_text, cache_key=cache_key)

@@ -260,7 +260,7 @@ class Builder:
         bx, tid, tm0, tn0 = (self.fresh(s) for s in ("bx", "tx", "tm0", "tn0"))
         ty, tx = self.fresh("ty"), self.fresh("tx")
         body = self._allocate(seq(self._init(), self._main_loop(tid, ty, tx, tm0, tn0),
-                                  self._epilogue(ty, tx, tm0, tn0)))
+                                  self._epilogue(tid, ty, tx, tm0, tn0)))
         row, col = self.thread_coords(tid)
         body = Let(ty, row, Let(tx, col, body))
         span = c.final.span
@@ -428,7 +428,7 @@ class Builder:
             return Store(self.acct.name, (i, j), Binary("add", acc, prod, self.c.add.dtype))
         return For(kk, Const(self.bk, I64), seq(load_x, load_y, self._tile_loops(update)), "unroll")
 
-    def _epilogue(self, ty: Var, tx: Var, tm0: Var, tn0: Var) -> Stmt:
+    def _epilogue(self, tid: Var, ty: Var, tx: Var, tm0: Var, tn0: Var) -> Stmt:
         c = self.c
         gm, gn = self.fresh("gm"), self.fresh("gn")
 

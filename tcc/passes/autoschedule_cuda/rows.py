@@ -167,7 +167,7 @@ def _bounded(body: Stmt, length: Expr, whole: int) -> Stmt:
 
 
 def row_body(s: Stmt, threads: int, names: Names, cache: row_registers.RowCache | None,
-             limit: RowLimit | None = None) -> Stmt:
+             limit: RowLimit | None = None, continued: bool = False) -> Stmt:
     """Loops become block-strided (reductions combined across the block); per-row arrays go
     to registers where each thread touches only its own elements (``cache``), else to shared
     memory, with a barrier after each loop that writes one."""
@@ -178,12 +178,24 @@ def row_body(s: Stmt, threads: int, names: Names, cache: row_registers.RowCache 
         buf = s.buffer if per_thread else replace(s.buffer, scope="shared")
         return Allocate(buf, row_body(s.body, threads, names, cache, limit))
     if isinstance(s, Seq):
-        return seq(*(row_body(c, threads, names, cache, limit) for c in s.stmts))
+        done = [row_body(c, threads, names, cache, limit, _continued(c, s.stmts[k + 1:]))
+                for k, c in enumerate(s.stmts)]
+        return seq(*done)
     if isinstance(s, For):
         red = reduction_loop(s)
-        looped = block_strided(s, threads, names, f"{red[0]}:{red[1]}" if red else None, cache, limit)
+        combine = f"{red[0]}:{red[1]}" if red and not continued else None
+        looped = block_strided(s, threads, names, combine, cache, limit)
         return looped if red else seq(looped, Barrier())
     return s
+
+
+def _continued(s: Stmt, rest: tuple[Stmt, ...]) -> bool:
+    """Whether the reduction loop ``s`` is followed at once by another into the same accumulator
+    (a split loop's main part and its tail): its threads' partial values then go on into that
+    one, and the block combines once, after the last (combined after each, the tail's
+    reduction summed every thread's copy of the whole: fuzzer seed 80263 on CUDA)."""
+    red = reduction_loop(s) if isinstance(s, For) else None
+    return bool(red and rest and isinstance(rest[0], For) and reduction_loop(rest[0]) == red)
 
 
 def each_thread_computes(name: str, body: Stmt) -> bool:

@@ -8,7 +8,8 @@ intermediate into a device allocation that lives for the call.
 Three schedules, chosen per nest:
 
 * **gemm** (:mod:`tcc.passes.autoschedule_cuda.gemm`): contractions (matmul, batched matmul, convolution
-  as an implicit GEMM) as shared-memory tiles and per-thread register tiles.
+  as an implicit GEMM) as shared-memory tiles and per-thread register tiles; a tensor-core
+  kernel's 16-bit result leaves through shared memory in 16-byte stores (:mod:`.staged_stores`).
 * **flat**: the nest's spatial loops are fused into one index, one thread per output
   element (``block.x`` x ``thread.x``), with a guard where the block size does not divide
   the element count. Reductions stay serial inside the thread. Where the innermost extent is
@@ -50,10 +51,11 @@ from dataclasses import dataclass, replace
 from tcc import dtypes
 from tcc.errors import TccCompileError, TccScheduleError
 from tcc.ir.expr import Binary, Const, Expr, Load, Var, free_vars, walk
-from tcc.ir.loopnest import stores
+from tcc.ir.loopnest import shared_layout, stores
 from tcc.ir.loops import (
     DETERMINISTIC,
     MATRIX_STREAM,
+    STAGED_STORES,
     Allocate,
     Buffer,
     For,
@@ -81,6 +83,7 @@ from tcc.passes.autoschedule_cuda import (
     scatter,
     split_k,
     split_reduction,
+    staged_stores,
     tensorcore,
     transpose,
     warpgroup,
@@ -121,10 +124,12 @@ class CudaTuning:
     tile: tuple[int, int, int] | None = None
     stages: int = 2
     warps: int = FLAT_THREADS // 32
+    stores: str = "auto"  # which tensor-core GEMM results leave through shared memory (loops.STORE_MODES)
 
     def __str__(self) -> str:
         tile = "auto" if self.tile is None else "x".join(map(str, self.tile))
-        return f"tile={tile} stages={self.stages} warps={self.warps}"
+        stores = "" if self.stores == "auto" else f" stores={self.stores}"
+        return f"tile={tile} stages={self.stages} warps={self.warps}{stores}"
 
 
 KERNEL_KINDS = "kernel kinds"  # the scheduled function's attribute: which schedule made each nest's kernels
@@ -137,6 +142,8 @@ def schedule_cuda(func: LoopFunc, target: CudaTarget, tuning: CudaTuning = CudaT
     trace shows the function after each nest becomes its kernels, and its attribute
     ``KERNEL_KINDS`` says which schedule made them (``gemm``, ``flat``, ``row``, ...: what the
     tuner may vary)."""
+    if STAGED_STORES in func.attrs:  # tcc.compile(..., staged_stores=...)
+        tuning = replace(tuning, stores=str(func.attrs[STAGED_STORES]))
     temps, private, body = _peel_allocates(func.body)
     body = _sink_private(body, private)
     names = Names(func)
@@ -334,12 +341,13 @@ def _contraction_kernels(c: gemm.Contraction, nest: Nest, names: Names, shapes: 
     kind sizes its tiles by the target's budgets; a warpgroup kernel none of whose tiles fits
     gives way to ``mma.sync`` ones, and :class:`gemm.OverBudget` from a kind that must fit
     reaches :func:`_contraction`."""
+    stores = staged_stores.plan(c, shapes, tuning.stores)  # (for the copy-engine kernels)
     if tf32 and (f32 := tensorcore.tf32_operands(c)) is not None:
         wide = gemm.fitting(warpgroup.StagedBuilder, c, names.fresh, decompose, f32, target) \
             if c.static and warpgroup.fits(c, target) else None  # (TF32 transposes: constant shapes)
         if wide is not None:
             staged = wide.kernel()
-            fast = _k_major_copy_engine(c, f32, warpgroup.Tf32Builder, names, shapes, temps, target)
+            fast = _k_major_copy_engine(c, f32, warpgroup.Tf32Builder, names, shapes, temps, target, stores)
             return seq(*fast, staged) if fast else staged, "tf32 warpgroup gemm"
         return tensorcore.Builder(c, names.fresh, decompose, f32, None, target).kernel(), "tf32 tensor-core gemm"
     values = tensorcore.operands(c)
@@ -354,16 +362,16 @@ def _contraction_kernels(c: gemm.Contraction, nest: Nest, names: Names, shapes: 
     staged = tensorcore.Builder(c, names.fresh, decompose, values, None, target).kernel()
     if fast is None and eight:  # 8-bit operands are read K-major only: a B[k, n] is transposed first
         wide_kind = warpgroup.Builder if warpgroup.fits(c, target) else tensorcore.Builder
-        made = _k_major_copy_engine(c, values, wide_kind, names, shapes, temps, target)
+        made = _k_major_copy_engine(c, values, wide_kind, names, shapes, temps, target, stores)
         if made:
             return seq(*made, staged), "fp8 gemm on a transposed operand"
     if fast is None:
         return staged, "tensor-core gemm"
-    wide = gemm.fitting(warpgroup.Builder, c, names.fresh, decompose, values, fast, target) \
+    wide = gemm.fitting(warpgroup.Builder, c, names.fresh, decompose, values, fast, target, stores) \
         if warpgroup.fits(c, target) else None
     if wide is not None:
         return seq(wide.kernel(), staged), "warpgroup gemm"
-    fast_kernel = tensorcore.Builder(c, names.fresh, decompose, values, fast, target).kernel()
+    fast_kernel = tensorcore.Builder(c, names.fresh, decompose, values, fast, target, stores).kernel()
     return seq(fast_kernel, staged), "tensor-core gemm"
 
 
@@ -380,7 +388,7 @@ def _split_k_kernels(c: gemm.Contraction, nest: Nest, split: split_k.Plan, names
 
 def _k_major_copy_engine(c: gemm.Contraction, values: tuple[Expr, Expr], builder: type[tensorcore.Builder],
                          names: Names, shapes: dict[str, tuple[int, ...]], temps: list,
-                         target: CudaTarget) -> list[Stmt]:
+                         target: CudaTarget, stores: staged_stores.Plan | None = None) -> list[Stmt]:
     """A GEMM whose matrix units read both operands K-major (TF32 and 8-bit floats) on ``cp.async``
     copies (an aligned variant) by ``builder``, preceded by the transpose of a ``B[k, n]`` operand
     into a K-major intermediate (:mod:`.transpose`); nothing when the operands do not fit the copy
@@ -394,7 +402,7 @@ def _k_major_copy_engine(c: gemm.Contraction, values: tuple[Expr, Expr], builder
         shapes = {**shapes, buf.name: buf.shape}
         before = [transpose.kernel(values[1], buf, shapes, names.fresh, c.final.span)]
     fast = tensorcore.fast_layout(c, (x, y), shapes)
-    wide = gemm.fitting(builder, c, names.fresh, decompose, (x, y), fast, target) \
+    wide = gemm.fitting(builder, c, names.fresh, decompose, (x, y), fast, target, stores) \
         if fast is not None and fast.k_fast else None
     if wide is None:
         return []
@@ -465,7 +473,12 @@ def _flat_kernel(nest: Nest, names: Names, cap: int) -> Stmt:
 # ---------------------------------------------------------------- shared memory
 
 def shared_bytes(kernels: Stmt) -> int:
-    """The most shared memory one of ``kernels`` takes, counted as codegen places it when dynamic."""
-    return max((gemm.shared_footprint([s.buffer for s in walk_stmts(kernel)
-                                       if isinstance(s, Allocate) and s.buffer.scope == "shared"])
-                for kernel in (kernels.stmts if isinstance(kernels, Seq) else [kernels])), default=0)
+    """The most shared memory one of ``kernels`` takes, counted as codegen places it when dynamic
+    (a buffer over others that it reuses counts once: ``shared_layout``)."""
+    return max((_kernel_shared(kernel) for kernel in (kernels.stmts if isinstance(kernels, Seq) else [kernels])),
+               default=0)
+
+
+def _kernel_shared(kernel: Stmt) -> int:
+    total = shared_layout(kernel, gemm.DYNAMIC_ALIGN)[1]
+    return total + gemm.DYNAMIC_ALIGN if total else 0
