@@ -9,6 +9,7 @@ cache find one kernel for every size. tests/test_cuda_dynamic_gpu.py runs them o
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -20,12 +21,13 @@ import pytest
 
 import tcc
 from tcc import dtypes
-from tcc.codegen_cuda import driver, launch_sizes
+from tcc.codegen_cuda import driver, launch_sizes, nvrtc
 from tcc.errors import TccCompileError, TccRuntimeError
 from tcc.ir.expr import Binary, Const, Var
 from tcc.ir.loops import Allocate, For, walk_stmts
 from tcc.passes.autoschedule_cuda import rows
 from tcc.runtime import cuda as cuda_runtime
+from tcc.target import CudaTarget
 from tcc.testing import assert_matches, reference_results
 
 pytest.importorskip("cuda.bindings.nvrtc")
@@ -201,6 +203,36 @@ def test_the_benchmarked_kernels_compile_and_one_range_runs_at_every_size(source
         values = {**bindings, ranged: size}
         holding = {str(c) for c in conditions if launch_sizes.evaluate(c, values)}
         assert len(holding) == 1, (size, holding)
+
+
+def _resident(source: str, kernels: list[dict]) -> dict[str, int]:
+    """Blocks of each kernel an H100 multiprocessor holds at once, by ptxas's register count."""
+    report = nvrtc.ptxas_report(source, "sm_90")
+    used = dict(re.findall(r"Compiling entry function '(\w+)'.*?Used (\d+) registers", report, re.S))
+    machine = CudaTarget.for_arch("sm_90")
+    return {k["name"]: min(machine.max_threads_per_sm // k["block"],
+                           machine.registers_per_sm // (-(-int(used[k["name"]]) // 8) * 8 * k["block"]))
+            for k in kernels}
+
+
+@pytest.mark.parametrize("source, name, symbols, bindings, ranged", [
+    (EXAMPLES / "softmax.tc", "softmax", ("N", "C"), dict(N=7, C=1000), "C"),
+    (EXAMPLES / "layernorm.tc", "layernorm", ("N", "D"), dict(N=7, D=768), "D"),
+    (EXAMPLES / "matmul.tc", "matmul", ("M",), dict(M=1000, K=512, N=512), "M"),
+    (EXAMPLES / "matmul.tc", "matmul", ("M",), dict(M=8192, K=512, N=512), "M"),
+], ids=["softmax", "layernorm", "matmul_M 1000", "matmul_M 8192"])
+def test_a_ranges_kernels_fit_a_multiprocessor_as_the_specialised_ones(source, name, symbols, bindings, ranged):
+    """At the benchmarked sizes the kernels a call runs hold as many blocks on a multiprocessor as
+    the specialised ones (a 16-step row variant's 61-80 registers held a third of them)."""
+    dynamic = _kernel(source, name, symbols, bindings)
+    static = tcc.compile(source, target="cuda", arch="sm_90", dynamic=False)[name]
+    fixed = cuda_runtime.CudaKernel(name, cuda_runtime.build(static.lowered(bindings).scheduled, static.target))
+    values = {ranged: bindings[ranged]}
+    runs = _firsts([k for k in dynamic.meta["kernels"]
+                    if k["requires"] is None or launch_sizes.evaluate(k["requires"], values)])
+    held = _resident(_op(source, name, symbols).stage_text(bindings, "cuda"), runs)
+    want = _resident(static.stage_text(bindings, "cuda"), _firsts(fixed.meta["kernels"]))
+    assert list(held.values()) == list(want.values()), (held, want)
 
 
 @pytest.mark.parametrize("aligned", [True, False])
