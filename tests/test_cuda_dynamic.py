@@ -151,7 +151,7 @@ def test_matmul_kernels_by_the_range_of_m(rng, aligned, sizes):
     op = _op(EXAMPLES / "matmul.tc", "matmul", ("M",))
     func = op.lowered(dict(M=5, N=32, K=256), dynamic=frozenset("M")).scheduled
     assert func.attrs["kernel kinds"] == ("by M: row to 1 | split-K gemm to 2 | split-K gemm to 4 | "
-                                          "split-K gemm to 16 | split-K gemm to 2048 | gemm",)
+                                          "split-K gemm to 24 | split-K gemm to 2048 | gemm",)
     _simulate(op, ("M",), [dict(M=m, N=32, K=256) for m in sizes],
               lambda rng, M, N, K: (_f32(rng, M, K), _f32(rng, K, N)), rng, aligned)
 
@@ -172,8 +172,8 @@ def test_matmul_range_kernels_at_the_size_of_each_range(source, name):
             [(k["grid"], k["block"], k["aligned"]) for k in _firsts(fixed.meta["kernels"])], m
     if name == "hmm":
         return
-    # split-K's partials (4 chunks to M = 32, 2 to 4096), each sized for its range's largest M
-    assert [n for _, n in kernel.sizes(dict(M=8192))] == [4 * 32 * 512 * 4, 2 * 4096 * 512 * 4]
+    # split-K's partials (4 chunks to M = 48, 2 to 4096), each sized for its range's largest M
+    assert [n for _, n in kernel.sizes(dict(M=8192))] == [4 * 48 * 512 * 4, 2 * 4096 * 512 * 4]
     assert [n for _, n in kernel.sizes(dict(M=7))] == [4 * 7 * 512 * 4, 2 * 7 * 512 * 4]
 
 
@@ -246,11 +246,11 @@ def test_tensor_core_gemm_dynamic_m(rng, aligned):
 
 def test_warpgroup_gemm_dynamic_m(rng):
     """Large enough for the H100's warpgroup kernel (128 x 256 tiles, constant K): the second row
-    tile of M = 130 is two rows, the rest masked (mma.sync tiles for M <= 64, a row kernel at 1:
+    tile of M = 130 is two rows, the rest masked (mma.sync tiles for M <= 96, a row kernel at 1:
     kernels by the range of M, as constant sizes get them)."""
     op = _op(HALF_MATMUL, "hmm", ("M",))
     assert op.lowered(dict(M=256, N=256, K=64), dynamic=frozenset("M")).scheduled.attrs["kernel kinds"] == \
-        ("by M: row to 1 | tensor-core gemm to 64 | warpgroup gemm",)
+        ("by M: row to 1 | tensor-core gemm to 96 | warpgroup gemm",)
     _simulate(op, ("M",), [dict(M=130, N=256, K=64)], lambda rng, M, N, K: (_f16(rng, M, K), _f16(rng, K, N)), rng)
 
 

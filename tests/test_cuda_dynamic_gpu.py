@@ -143,7 +143,7 @@ def test_kernels_by_range_one_build_every_size(fresh_cache, rng, case):
 
 
 @pytest.mark.parametrize("channels, side, filters, sizes", [
-    (32, 6, 32, (1, 2, 3, 8, 17, 33, 40)),  # split-K to a batch of 32, one tile a block above
+    (32, 6, 32, (1, 2, 3, 8, 17, 33, 49)),  # split-K to a batch of 48, one tile a block above
     (32, 28, 64, (1, 2, 3, 8, 9, 17)),  # benchmarks/dynamic.py's conv_N: 32 x 32 tiles to 8, larger above
 ])
 def test_a_convolution_by_the_range_of_its_batch(fresh_cache, rng, channels, side, filters, sizes):

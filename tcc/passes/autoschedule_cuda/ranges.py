@@ -58,15 +58,17 @@ def _requiring(kernels: Stmt, cond: Expr) -> Stmt:
     return seq(*map(one, kernels.stmts if isinstance(kernels, Seq) else (kernels,)))
 
 
-# the sizes whose kernels are built, each for the range (half of it, it]; above the last, twice it
-SAMPLES = tuple(2 ** i for i in range(14))  # 1 .. 8192
+# the sizes whose kernels are built, each for the range above the one before it; above the last,
+# twice it. Powers of two and the halves between them (a GEMM of 512 x 512 weights splits K up to
+# M = 48 and not from 64: rows 33 to 48 take 48's kernels)
+SAMPLES = (1, *sorted({2 ** i for i in range(1, 14)} | {3 * 2 ** i for i in range(12)}))  # 1 2 3 4 6 8 ... 8192
 
 
 def by_samples(symbol: Var, build: Callable[[], tuple[Stmt, str]], temps: list[Buffer]) -> tuple[Stmt, str]:
     """The kernels ``build`` makes while :func:`assuming` the shape symbol at each of ``SAMPLES``
     (and above), joined as the ranges (:func:`by_range`) of the samples that give the same kernels
     (:func:`fingerprint`): a few ranges, each with the schedule a constant size in it gets (its
-    smallest sample's: the range ``(v / 2, v]`` of a sample ``v`` takes ``v``'s kernels). A
+    smallest sample's: the range ``(u, v]`` of a sample ``v`` after ``u`` takes ``v``'s kernels). A
     range's global intermediates stay in ``temps``, sized for its largest value (all of them are
     allocated for a call: split-K's partials of 8192 rows would take every range's), those of
     kernels not used are taken out."""
