@@ -44,6 +44,8 @@ from tcc.ir.loopnest import buffer_elements, shared_layout
 from tcc.ir.loops import (
     GUARD_PARAM,
     GUARDED,
+    MIN_BLOCKS,
+    REQUIRES,
     Allocate,
     Barrier,
     BlockScan,
@@ -81,7 +83,7 @@ class KernelInfo:
     params: list[tuple[str, str]]  # (parameter name in the LoopFunc, ctype code: "p" pointer or a dtype)
     aligned: bool = False  # launch only when every pointer is 16-byte aligned; else the next kernel
     shared: int = 0  # bytes of dynamic shared memory
-    requires: Formula | None = None  # (aligned) launch only when this condition of the symbols is 1
+    requires: Formula | None = None  # launch only when this condition of the symbols is 1 (aligned: else the next)
 
 
 @dataclass
@@ -197,6 +199,8 @@ def _used(kernel: Stmt) -> tuple[set[str], set[str], set[str]]:
     """(buffers read, buffers written, variables) that a kernel refers to."""
     reads, writes, names = set(), set(), set()
     for s in walk_stmts(kernel):
+        if isinstance(s, For):  # (a condition it requires may read a symbol its loops do not)
+            names.update(*(free_vars(v) for k, v in s.annotations if k == REQUIRES))
         if isinstance(s, Store):
             writes.add(s.buffer)
         for e in stmt_exprs(s):
@@ -265,8 +269,9 @@ class _Kernel(MatrixStatements, VectorAccesses):
             prologue += ["    extern __shared__ __align__(16) unsigned char tcc_shared_raw[];",
                          "    unsigned char* const tcc_shared = tcc_shared_raw + "
                          "((1024u - (tcc_smem(tcc_shared_raw) & 1023u)) & 1023u);"]
-        head = f'extern "C" __global__ void __launch_bounds__({self.block}) {self.name}({", ".join(decls)}) {{'
-        requires = next((v for k, v in self.root.annotations if k == "requires"), None)
+        bounds = "".join([str(self.block), *(f", {v}" for k, v in self.root.annotations if k == MIN_BLOCKS)])
+        head = f'extern "C" __global__ void __launch_bounds__({bounds}) {self.name}({", ".join(decls)}) {{'
+        requires = next((v for k, v in self.root.annotations if k == REQUIRES), None)
         if requires is not None:  # what the launcher checks, the compiler may assume (a stride's alignment)
             prologue.append(f"    __builtin_assume({self._assumed(requires)});")
         self.lines = [head, *prologue]

@@ -33,6 +33,17 @@ STORE_MODES = ("auto", "off", "all")
 GUARDED = "guarded"
 GUARD_PARAM = "tcc_guard"
 MATRIX_STREAM = "matrix"  # For annotation: the nest's MatrixStream form, for schedules with matrix units
+# Annotations of a CUDA kernel (its block loop). ALIGNED: it assumes 16-byte aligned pointers, and
+# the kernel after it (the same work, assuming nothing) is its fallback, run for a misaligned call.
+# REQUIRES: a condition of the dynamic shape symbols, checked at the launch and assumed by the
+# compiler: the kernel runs only for calls where it holds (an aligned one's fallback runs instead).
+# A schedule gives the kernels of alternatives (a size's variants) disjoint conditions that cover
+# every call, so that exactly one runs.
+ALIGNED = "aligned"
+REQUIRES = "requires"
+# For annotation (a CUDA kernel): the blocks a multiprocessor is to hold at once, which the schedule
+# sized its grid by; the compiler keeps each thread's registers within that (__launch_bounds__)
+MIN_BLOCKS = "min_blocks"
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,11 @@ Three schedules, chosen per nest:
 An extent may be a dynamic shape symbol's (``tcc.compile(..., dynamic=...)``): each schedule
 counts its blocks, steps and tiles at the call (:mod:`.indexing`) and guards or masks the
 tails; an aligned variant may also require a condition of the symbols (``requires``: a
-multiple of 4, a row short enough for registers), which the launcher checks. Split-K, the
-warpgroup and implicit-convolution GEMMs and split reductions take constant shapes only.
+multiple of 4), which the launcher checks. A dynamic row's length, and a contraction's one
+dynamic output size, get kernels per range of their values (:mod:`.ranges`: each range's as a
+constant size there gets them, every kernel requiring its range). Split-K takes a constant
+reduction; the TF32 warpgroup and implicit-convolution GEMMs and split reductions constant
+shapes only.
 
 A nest carrying attention's matrix form (two products of 16-bit operands, see
 :mod:`tcc.passes.te.matrix_stream`) becomes a FlashAttention kernel on the matrix units
@@ -47,7 +50,7 @@ from dataclasses import dataclass, replace
 
 from tcc import dtypes
 from tcc.errors import TccCompileError, TccScheduleError
-from tcc.ir.expr import Binary, Const, Expr, Load, walk
+from tcc.ir.expr import Binary, Const, Expr, Load, Var, free_vars, walk
 from tcc.ir.loopnest import shared_layout, stores
 from tcc.ir.loops import (
     DETERMINISTIC,
@@ -73,6 +76,7 @@ from tcc.passes.autoschedule_cuda import (
     hoist_rows,
     implicit_conv,
     merge_kernels,
+    ranges,
     recurrence,
     rows,
     scan,
@@ -87,6 +91,7 @@ from tcc.passes.autoschedule_cuda import (
 from tcc.passes.autoschedule_cuda.indexing import (
     Size,
     as_expr,
+    assumed,
     block_size,
     decompose,
     exact_div,
@@ -225,7 +230,10 @@ def _schedule_nest(stmt: Stmt, names: Names, shapes: dict[str, tuple[int, ...]],
                    target: CudaTarget, tuning: CudaTuning, tf32: bool) -> tuple[Stmt | None, str]:
     """The kernels of one nest and which schedule made them; global intermediates they need are
     appended to ``temps``."""
-    unhoisted = stmt  # (a dynamic row's registers variant keeps its per-row arrays: rows.bounded_row)
+    if not assumed() and (symbol := _ranged_size(stmt, names, tf32)) is not None:  # kernels per range of its size
+        return ranges.by_samples(symbol, lambda: _schedule_nest(stmt, names, shapes, temps, target, tuning, tf32),
+                                 temps)
+    unhoisted = stmt  # (a dynamic row's registers variants keep its per-row arrays: rows.by_length)
     inner = next((s for s in walk_stmts(stmt) if isinstance(s, Allocate) and s.buffer.scope == "global"), None)
     if inner is not None:  # a per-row intermediate too large for the stack: a global row per iteration
         hoisted = hoist_rows.hoist(stmt, temps)
@@ -268,10 +276,26 @@ def _schedule_nest(stmt: Stmt, names: Names, shapes: dict[str, tuple[int, ...]],
     if work is not None and work >= ROW_MIN_REDUCTION and work * ROW_RATIO >= hint(total):
         cap = min(threads, MAX_ROW_THREADS)
         kernel = rows.row_schedule(nest, names, cap, work, shapes)
-        bounded = rows.bounded_row(spatial_axes(unhoisted, names.symbols), names, cap, shapes,
-                                   target.shared_memory_per_block, names.symbols)
-        return (kernel if bounded is None else seq(bounded, kernel)), "row"
+        return rows.by_length(kernel, spatial_axes(unhoisted, names.symbols), names, cap, shapes,
+                              target.shared_memory_per_block, names.symbols), "row"
     return _flat_schedule(nest, names, threads), "flat"
+
+
+def _ranged_size(stmt: Stmt, names: Names, tf32: bool) -> Var | None:
+    """The shape symbol ``S`` whose ranges get kernels of their own (:mod:`.ranges`), where ``stmt``
+    is a contraction (not on TF32, whose kernels want constant shapes) with a constant reduction
+    whose output sizes read one dynamic symbol, ``S`` (a matmul's M, a convolution's batch): a
+    GEMM of few rows splits its reduction across blocks or takes mma.sync tiles, one of many
+    takes large tiles, and a matrix-vector product is a row kernel, as at constant sizes."""
+    if holds_sequential(stmt):
+        return None
+    nest = spatial_axes(stmt, names.symbols)
+    c = gemm.match(nest.axes, nest.body)
+    if c is None or tf32 or not isinstance(c.size(c.k_axes), int):
+        return None
+    sizes = [c.size(axes) for axes in (c.m_axes, c.n_axes, c.batch_axes)]
+    symbols = set().union(*(free_vars(s) for s in sizes if not isinstance(s, int)))
+    return Var(symbols.pop(), I64) if len(symbols) == 1 else None
 
 
 def _threads(tuning: CudaTuning, target: CudaTarget) -> int:

@@ -149,6 +149,7 @@ class Builder(gemm.Builder):
 
     tiles = TILES
     stage_options = (2,)  # the copy engine fills one slot while the warps multiply the other
+    resident = False  # (its tiles are sized by the registers of one block, not FMA_REGISTERS)
 
     def __init__(self, c: gemm.Contraction, fresh, decompose, values: tuple[Expr, Expr],
                  fast: FastLayout | None, target: CudaTarget, stores: staged_stores.Plan | None = None):
