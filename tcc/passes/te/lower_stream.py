@@ -92,6 +92,14 @@ class _Nest:
         self.p = self._local("p", stream.score.dtype, (self.ti, self.tj))
         self.run = [self._local(f"run_{x.tensor}", op.tensors[x.tensor].dtype,
                                 (self.ti, *(_const(ax.extent) for ax in x.extra))) for x in stream.sums]
+        self.part = self._var(f"{self.j}_p")  # with the keys in parts: which part
+        padded = -(-self.rows // self.ti) * self.ti
+        tiles = -(-self.keys // self.tj)
+        self.per = -(-tiles // max(1, stream.splits))  # tiles of keys in a part
+        self.nparts = -(-tiles // self.per) if stream.splits else 0  # (none empty)
+        self.parts = [  # each part's maxima and sums per row (padded to whole blocks)
+            Buffer(self.lw.fresh(f"part_{name}"), op.tensors[name].dtype, (self.nparts, padded), "global")
+            for name in stream.tensors] if self.nparts else []
 
     def _var(self, base: str) -> Var:
         return Var(self.lw.fresh(base), I64)
@@ -118,6 +126,8 @@ class _Nest:
         return substitute(e, {self.q: self._row(ii), self.j: self._key(jj)})
 
     def build(self) -> Stmt:
+        if self.parts:
+            return self._split()
         body: Stmt = seq(self._init(), self._tiles(), self._store())
         for buf in reversed([self.run_max, self.rescale, self.p, *self.run]):
             body = Allocate(buf, body)
@@ -128,6 +138,66 @@ class _Nest:
         if form is None or not isinstance(nest, For):
             return nest
         return replace(nest, annotations=(*nest.annotations, (MATRIX_STREAM, form)))
+
+    def _split(self) -> Stmt:
+        """The keys in parts (``splits`` of them at most, a thread's work each), each walked a tile at a
+        time: its tile of keys copied key-last once, then every block of rows' scores against it
+        and their online-softmax step on the part's own maxima and sums per row. Then for each
+        block of rows the parts combined (the largest maximum, each sum rescaled from its part's
+        maximum to it, as split-KV attention's combine does) into the block's running values,
+        which the stores and epilogues read as they do without parts."""
+        blocks, tiles, per = -(-self.rows // self.ti), -(-self.keys // self.tj), self.per
+        count = Binary("min", Const(per, I64), Binary("sub", Const(tiles, I64), imul(self.part, per), I64), I64)
+        tile_var = self._var(f"{self.j}_t")
+        staged, copies, scores = self._scores()
+        body: Stmt = seq(*copies, For(self.it, Const(blocks, I64), seq(scores, self._each_row(self._softmax))))
+        for buf in reversed(staged):
+            body = Allocate(buf, body)
+        at = iadd(imul(self.part, per), tile_var)
+        walk_part = For(tile_var, count, map_exprs(body, lambda e: substitute(e, {self.jt.name: at})),
+                        annotations=(SEQUENTIAL, STREAM))
+        body = seq(self._init_parts(blocks * self.ti), walk_part)
+        for buf in (self.rescale, self.p):
+            body = Allocate(buf, body)
+        after = self._var(f"{self.q}_c")
+        finish = seq(self._each_row(self._combine), self._store())
+        for buf in reversed([self.run_max, *self.run]):
+            finish = Allocate(buf, finish)
+        finish = map_exprs(finish, lambda e: substitute(e, {self.it.name: after}))
+        nest: Stmt = seq(For(self.part, Const(self.nparts, I64), body), For(after, Const(blocks, I64), finish))
+        for buf in reversed(self.parts):
+            nest = Allocate(buf, nest)
+        return nest
+
+    def _init_parts(self, rows: int) -> Stmt:
+        """The part's maxima at -inf and its sums at 0, over every row of every block."""
+        def row(r: Var) -> Stmt:
+            first, *rest = self.parts
+            return seq(Store(first.name, (self.part, r), Const(-math.inf, first.dtype)),
+                       *(Store(b.name, (self.part, r), Const(0, b.dtype)) for b in rest))
+        return self._loop(f"{self.q}_z", rows, row)
+
+    def _combine(self, ii: Var) -> Stmt:
+        """Row ``ii``'s maximum over the parts, and each sum: its parts' sums rescaled by
+        ``exp(part maximum - maximum)`` (0 where the maximum is still -inf: no finite score)."""
+        d = self.dtype
+        row = iadd(imul(self.it, self.ti), ii)
+        first, *rest = self.parts
+
+        def over_parts(op: str, term, dtype) -> Reduce:
+            k = self._var(f"{self.j}_k")
+            return Reduce(op, (IterVar(k, Const(self.nparts, I64)),), term(k), dtype, dtype)
+        top = over_parts("max", lambda k: Load(first.name, (k, row), d), d)
+        parts = [self._assign(self.run_max, top, (ii,))]
+        at_top = Load(self.run_max.name, (ii,), d)
+        safe = Select(Binary("eq", at_top, Const(-math.inf, d), BOOL), Const(0.0, d), at_top, d)
+        for part, buf in zip(rest, self.run):
+            dt = buf.dtype
+            total = over_parts("sum", lambda k, part=part, dt=dt: Binary(
+                "mul", Load(part.name, (k, row), dt),
+                cast(_exp(Binary("sub", Load(first.name, (k, row), d), safe, d)), dt), dt), dt)
+            parts.append(self._assign(buf, total, (ii,)))
+        return seq(*parts)
 
     def _plain_expr(self, e: Expr) -> Expr | None:
         """``e`` in the loop IR, None where that needs loops of its own (a reduction)."""
@@ -194,25 +264,33 @@ class _Nest:
         """Row ``ii``: the tile's maximum, the rescale of what earlier tiles summed, the tile's
         exponentials (in place of its scores), and the plain sums."""
         d = self.dtype
-        mx, p = self.run_max.name, self.p.name
+        (mx, *running), at = self._running(ii)
+        p = self.p.name
         new, safe = (self._local(n, d, (1,)) for n in ("new_max", "safe_max"))
         zero = (Const(0, I64),)
         at_new, at_safe = Load(new.name, zero, d), Load(safe.name, zero, d)
         tile_max = self._reduce("max", lambda jj: cast(Load(p, (ii, jj), self.p.dtype), d), d)
-        parts: list[Stmt] = [self._assign(new, Binary("max", Load(mx, (ii,), d), tile_max, d))]
+        parts: list[Stmt] = [self._assign(new, Binary("max", Load(mx, at, d), tile_max, d))]
         minus_inf = Binary("eq", at_new, Const(-math.inf, d), BOOL)
         parts.append(Store(safe.name, zero, Select(minus_inf, Const(0.0, d), at_new, d)))
-        parts.append(Store(self.rescale.name, (ii,), _exp(Binary("sub", Load(mx, (ii,), d), at_safe, d))))
+        parts.append(Store(self.rescale.name, (ii,), _exp(Binary("sub", Load(mx, at, d), at_safe, d))))
         parts.append(self._keys("e", lambda jj: Store(p, (ii, jj), _exp(
             Binary("sub", Load(p, (ii, jj), self.p.dtype), cast(at_safe, self.p.dtype), self.p.dtype)))))
-        for x, buf in zip(self.s.sums, self.run):
+        for x, buf, name in zip(self.s.sums, self.run, running):
             if x.weight is None:
                 dt = buf.dtype
                 total = self._reduce("sum", lambda jj, dt=dt: cast(Load(p, (ii, jj), self.p.dtype), dt), dt)
-                kept = Binary("mul", Load(buf.name, (ii,), dt), cast(Load(self.rescale.name, (ii,), d), dt), dt)
-                parts.append(self._assign(buf, Binary("add", kept, total, dt), (ii,)))
-        parts.append(Store(mx, (ii,), at_new))
+                kept = Binary("mul", Load(name, at, dt), cast(Load(self.rescale.name, (ii,), d), dt), dt)
+                parts.append(self._assign(Buffer(name, dt, ()), Binary("add", kept, total, dt), at))
+        parts.append(Store(mx, at, at_new))
         return Allocate(new, Allocate(safe, seq(*parts)))
+
+    def _running(self, ii: Var) -> tuple[list[str], tuple[Expr, ...]]:
+        """The buffers of row ``ii``'s running maximum and sums, and where in them its values are:
+        the block's locals, or with the keys in parts its part's row of the partial values."""
+        if not self.parts:
+            return [self.run_max.name, *(b.name for b in self.run)], (ii,)
+        return [b.name for b in self.parts], (self.part, iadd(imul(self.it, self.ti), ii))
 
     def _weighted(self, x, buf: Buffer) -> Stmt:
         """``run[r, extra] = run[r, extra] * rescale[r] + sum over the tile of p[r, jj] * weight``,
