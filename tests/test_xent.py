@@ -14,6 +14,7 @@ import pytest
 from test_attention import XENT
 
 import tcc
+from tcc.codegen_cuda import cuda_c, nvrtc
 from tcc.ir.loops import For, walk_stmts
 from tcc.runtime.backend import backend_for
 from tcc.target import CpuTarget
@@ -100,3 +101,15 @@ def test_a_vocabulary_in_cache_keeps_the_rows_outside(rng):
     bindings = {"N": 33, "K": 8, "C": 100}
     _check(op, bindings, _args(rng, 33, 8, 100))
     assert _parts(op, bindings) == 0
+
+
+@pytest.mark.parametrize("T,K,C", [("bf16", 768, 32000), ("f16", 4096, 128000), ("f32", 768, 32000)])
+def test_benchmark_shapes_compile_for_cuda(T, K, C):
+    """benchmarks/xent.py's GPU workloads: their CUDA C compiles for sm_90 (and the simulator
+    runs the same schedule at small sizes in test_attention.py)."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    op = tcc.compile(GENERIC, target="cuda", arch="sm_90").linear_xent.bound(T=T)
+    lowered = op.lowered({"N": 4096, "K": K, "C": C})
+    assert lowered.te.streams
+    program = cuda_c.generate(lowered.scheduled, op.target)
+    nvrtc.compile_cubin(program.source, "sm_90a" if program.arch_specific else "sm_90")
