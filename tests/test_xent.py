@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import gpu_sim
 import numpy as np
 import pytest
 from test_attention import XENT
@@ -113,3 +114,22 @@ def test_benchmark_shapes_compile_for_cuda(T, K, C):
     assert lowered.te.streams
     program = cuda_c.generate(lowered.scheduled, op.target)
     nvrtc.compile_cubin(program.source, "sm_90a" if program.arch_specific else "sm_90")
+
+
+@pytest.mark.parametrize("N,K,C", [(7, 8, 333), (33, 16, 1000), (1, 5, 70)])
+def test_keys_in_parts_on_the_cuda_simulator(rng, N, K, C):
+    """On the GPU the keys come in parts (a thread per row of each part: more blocks than rows
+    alone make), a second kernel combining them: its CUDA C compiles, and the simulator runs the
+    schedule to the reference's answer."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    op = tcc.compile(XENT, target="cuda", arch="sm_90").linear_xent
+    bindings = {"N": N, "K": K, "C": C}
+    lowered = op.lowered(bindings)
+    (stream,) = lowered.te.streams
+    assert stream.splits > 1 and not stream.keys_outside
+    nvrtc.compile_cubin(cuda_c.generate(lowered.scheduled, op.target).source, "sm_90")
+    args = _args(rng, N, K, C)
+    (expected,) = reference_results(op.te, args, bindings)
+    arrays = {"X": args[0], "W": args[1], "lab": args[2], "loss": np.full(N, np.nan, np.float32)}
+    gpu_sim.run(lowered.scheduled, arrays)
+    assert_matches(arrays["loss"], expected, op.te.tensors["loss"].dtype, "loss")

@@ -61,7 +61,7 @@ def parallel_streams(func: LoopFunc, trace: Trace = SILENT) -> LoopFunc:
     query blocks) fused into one parallel loop: hundreds of chunks for the thread team to take as
     they come, where heads alone (8) left a thread that the OS preempts holding up the call. A
     stream with its keys in parts runs its parts in parallel."""
-    for item in _top_loops(func.body):
+    for item in items(func.body):
         if not (isinstance(item, For) and any(isinstance(n, For) and STREAM in n.annotations
                                               for n in walk_stmts(item))):
             continue
@@ -84,15 +84,6 @@ def parallel_streams(func: LoopFunc, trace: Trace = SILENT) -> LoopFunc:
         except TccScheduleError:
             continue  # (the generic step parallelises what it can)
     return func
-
-
-def _top_loops(body: Stmt) -> list[Stmt]:
-    """The function's statements, looking inside the allocations and sequences that hold loops
-    (a stream with its keys in parts allocates their partial rows around its two nests)."""
-    out: list[Stmt] = []
-    for item in items(body):
-        out += _top_loops(item) if isinstance(item, Allocate | Seq) else [item]
-    return out
 
 
 def _pick(s: Stmt, out: list[For], unrolled: list[str]) -> None:

@@ -58,11 +58,13 @@ GROUP = ("group", True)  # a loop over a few rows whose sums the CPU keeps in re
 
 class ExprLowering(Protocol):
     """What this needs of the statement lowering: expressions with their reductions' loops, and
-    names that clash with nothing."""
+    names that clash with nothing, and buffers for the whole function."""
 
     def expr(self, e: Expr, prelude: list[Stmt], allocs: list[Buffer]) -> Expr: ...
 
     def fresh(self, base: str) -> str: ...
+
+    def global_buffer(self, buf: Buffer) -> None: ...
 
 
 def stream_nest(stream: Stream, op: OpTE, lw: ExprLowering) -> Stmt:
@@ -140,34 +142,60 @@ class _Nest:
         return replace(nest, annotations=(*nest.annotations, (MATRIX_STREAM, form)))
 
     def _split(self) -> Stmt:
-        """The keys in parts (``splits`` of them at most, a thread's work each), each walked a tile at a
-        time: its tile of keys copied key-last once, then every block of rows' scores against it
-        and their online-softmax step on the part's own maxima and sums per row. Then for each
-        block of rows the parts combined (the largest maximum, each sum rescaled from its part's
-        maximum to it, as split-KV attention's combine does) into the block's running values,
-        which the stores and epilogues read as they do without parts."""
-        blocks, tiles, per = -(-self.rows // self.ti), -(-self.keys // self.tj), self.per
-        count = Binary("min", Const(per, I64), Binary("sub", Const(tiles, I64), imul(self.part, per), I64), I64)
-        tile_var = self._var(f"{self.j}_t")
-        staged, copies, scores = self._scores()
-        body: Stmt = seq(*copies, For(self.it, Const(blocks, I64), seq(scores, self._each_row(self._softmax))))
-        for buf in reversed(staged):
-            body = Allocate(buf, body)
-        at = iadd(imul(self.part, per), tile_var)
-        walk_part = For(tile_var, count, map_exprs(body, lambda e: substitute(e, {self.jt.name: at})),
-                        annotations=(SEQUENTIAL, STREAM))
-        body = seq(self._init_parts(blocks * self.ti), walk_part)
-        for buf in (self.rescale, self.p):
-            body = Allocate(buf, body)
+        """The keys in parts (``splits`` of them at most, run in parallel), each part's maxima and
+        sums per row left in its row of the partial values; then for each block of rows the
+        parts combined (the largest maximum, each sum rescaled from its part's maximum to it, as
+        split-KV attention's combine does) into the block's running values, which the stores and
+        epilogues read as they do without parts. Within a part either the tiles of keys run
+        outside the blocks of rows (``keys_outside``: each tile of keys copied key-last once, then
+        every block's scores against it and their online-softmax step on the part's values), or
+        each block of rows walks the part's tiles with its running values in locals, as without
+        parts, and leaves them in the part's rows (more blocks for a GPU short of rows)."""
+        blocks = -(-self.rows // self.ti)
+        work = self._keys_outside(blocks) if self.s.keys_outside else self._rows_outside(blocks)
         after = self._var(f"{self.q}_c")
         finish = seq(self._each_row(self._combine), self._store())
         for buf in reversed([self.run_max, *self.run]):
             finish = Allocate(buf, finish)
         finish = map_exprs(finish, lambda e: substitute(e, {self.it.name: after}))
-        nest: Stmt = seq(For(self.part, Const(self.nparts, I64), body), For(after, Const(blocks, I64), finish))
-        for buf in reversed(self.parts):
-            nest = Allocate(buf, nest)
-        return nest
+        for buf in self.parts:
+            self.lw.global_buffer(buf)
+        return seq(For(self.part, Const(self.nparts, I64), work), For(after, Const(blocks, I64), finish))
+
+    def _keys_outside(self, blocks: int) -> Stmt:
+        staged, copies, scores = self._scores()
+        body: Stmt = seq(*copies, For(self.it, Const(blocks, I64), seq(scores, self._each_row(self._softmax))))
+        for buf in reversed(staged):
+            body = Allocate(buf, body)
+        body = seq(self._init_parts(blocks * self.ti), self._part_tiles(body))
+        for buf in (self.rescale, self.p):
+            body = Allocate(buf, body)
+        return body
+
+    def _rows_outside(self, blocks: int) -> Stmt:
+        staged, copies, scores = self._scores()
+        tile: Stmt = seq(*copies, scores, self._each_row(self._softmax))
+        for buf in reversed(staged):
+            tile = Allocate(buf, tile)
+        body: Stmt = seq(self._init(), self._part_tiles(tile), self._each_row(self._leave))
+        for buf in reversed([self.run_max, self.rescale, self.p, *self.run]):
+            body = Allocate(buf, body)
+        return For(self.it, Const(blocks, I64), body)
+
+    def _part_tiles(self, body: Stmt) -> For:
+        """``body`` (written for the tile ``jt``) for each tile of keys of the part."""
+        tiles, per = -(-self.keys // self.tj), self.per
+        count = Binary("min", Const(per, I64), Binary("sub", Const(tiles, I64), imul(self.part, per), I64), I64)
+        tile_var = self._var(f"{self.j}_t")
+        at = iadd(imul(self.part, per), tile_var)
+        return For(tile_var, count, map_exprs(body, lambda e: substitute(e, {self.jt.name: at})),
+                   annotations=(SEQUENTIAL, STREAM))
+
+    def _leave(self, ii: Var) -> Stmt:
+        """Row ``ii``'s running maximum and sums into its row of the part's values."""
+        at = (self.part, iadd(imul(self.it, self.ti), ii))
+        return seq(*(Store(part.name, at, Load(buf.name, (ii,), buf.dtype))
+                     for part, buf in zip(self.parts, [self.run_max, *self.run])))
 
     def _init_parts(self, rows: int) -> Stmt:
         """The part's maxima at -inf and its sums at 0, over every row of every block."""
@@ -287,8 +315,8 @@ class _Nest:
 
     def _running(self, ii: Var) -> tuple[list[str], tuple[Expr, ...]]:
         """The buffers of row ``ii``'s running maximum and sums, and where in them its values are:
-        the block's locals, or with the keys in parts its part's row of the partial values."""
-        if not self.parts:
+        the block's locals, or with the tiles of keys outside the rows the part's row of its values."""
+        if not self.s.keys_outside:
             return [self.run_max.name, *(b.name for b in self.run)], (ii,)
         return [b.name for b in self.parts], (self.part, iadd(imul(self.it, self.ti), ii))
 

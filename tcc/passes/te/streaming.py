@@ -143,7 +143,8 @@ def _describe(s: Stream) -> str:
     skip = f"; tiles of {s.axis.var.name} at or past {format_expr(s.limit)} skipped" if s.limit is not None else ""
     then = f"; {', '.join(s.epilogues)} as each row ends" if s.epilogues else ""
     if s.splits:
-        skip += f"; the tiles of {s.axis.var.name} outside the rows, in {s.splits} parts combined at the end"
+        outside = f"; the tiles of {s.axis.var.name} outside the rows" if s.keys_outside else ""
+        skip += f"{outside}; {s.axis.var.name} in {s.splits} parts (at most) combined at the end"
     kept = f" ({', '.join(s.internal)} never stored)" if s.internal else ""
     return (f"stream over {s.axis.var.name}: {s.maximum} (running max) and {sums} (sums rescaled as it grows) "
             f"in one pass, tiles of {s.tile} {s.axis.var.name} x {s.tile_rows} {s.rows[-1].var.name}{skip}"
@@ -385,10 +386,11 @@ class _Chain:
 
     def _tiles(self, target: Target, stream: Stream) -> dict[str, int | bool]:
         """The stream's tiles (:class:`~tcc.ir.te.Stream`'s fields): a thread per row on the GPU
-        for now; on the CPU blocks of rows each walking every tile of keys, or, where the keys
-        fill no cache (:func:`_keys_outside`), tiles of keys each walking every row."""
+        for now (:func:`_gpu_tiles`); on the CPU blocks of rows each walking every tile of keys,
+        or, where the keys fill no cache (:func:`_keys_outside`), tiles of keys each walking
+        every row."""
         if target.is_gpu:
-            return {"tile": GPU_TILE, "tile_rows": 1, "stage_keys": False, "group": 1}
+            return _gpu_tiles(stream, target)
         if _keys_outside(stream, target):
             return _split_tiles(stream, target)
         return {"tile": CPU_TILE, "tile_rows": CPU_ROW_TILE, "stage_keys": True, "group": _register_rows(target)}
@@ -402,18 +404,38 @@ def _register_rows(target: Target) -> int:
     return max(1, registers // 2 * target.vector_bytes // (CPU_TILE * 4))
 
 
-def _keys_outside(stream: Stream, target: Target) -> bool:
-    """Whether the tiles of keys go outside the blocks of rows: a stream with one row axis and no
-    weighted sum (nothing per row beyond a maximum and sums: a log-sum-exp), no causal limit, and
-    a score that is one sum of products whose keys' operand (``depth`` values per key, a
-    vocabulary's weights) exceeds the L2 cache. Inside each block of rows those keys would come
-    from memory once per block, and be copied key-last once per block."""
+def _log_sum_exp(stream: Stream) -> Reduce | None:
+    """The score's one sum (of products: a linear layer's logits) where the stream may split its
+    keys in parts: one row axis, no weighted sum (nothing per row beyond a maximum and sums, a
+    log-sum-exp), no causal limit."""
     sums = [n for n in walk(stream.score) if isinstance(n, Reduce)]
     if len(stream.rows) != 1 or stream.limit is not None or any(x.weight is not None for x in stream.sums) \
             or len(sums) != 1 or sums[0].op != "sum":
+        return None
+    return sums[0]
+
+
+def _keys_outside(stream: Stream, target: Target) -> bool:
+    """Whether the tiles of keys go outside the blocks of rows: a :func:`_log_sum_exp` stream whose
+    keys' operand (``depth`` values per key, a vocabulary's weights) exceeds the L2 cache. Inside
+    each block of rows those keys would come from memory once per block, and be copied key-last
+    once per block."""
+    total = _log_sum_exp(stream)
+    if total is None:
         return False
-    depth = _points(sums[0].axes)
-    return _points((stream.axis,)) * depth * sums[0].acc_dtype.itemsize > target.cache_bytes(2)
+    return _points((stream.axis,)) * _points(total.axes) * total.acc_dtype.itemsize > target.cache_bytes(2)
+
+
+def _gpu_tiles(stream: Stream, target: Target) -> dict[str, int | bool]:
+    """A thread per row and ``GPU_TILE`` keys a step (the generic schedule); a
+    :func:`_log_sum_exp` stream whose rows are fewer than the machine's resident threads splits
+    its keys in parts, a thread per row of each part: 4096 rows alone are 16 blocks of 256
+    threads, on 16 of an H100's 132 multiprocessors."""
+    plain: dict[str, int | bool] = {"tile": GPU_TILE, "tile_rows": 1, "stage_keys": False, "group": 1}
+    rows = _points(stream.rows)
+    threads = target.sms * target.max_threads_per_sm  # type: ignore[union-attr]
+    parts = min(-(-_points((stream.axis,)) // GPU_TILE), -(-threads // rows))
+    return plain | {"splits": parts} if _log_sum_exp(stream) is not None and parts > 1 else plain
 
 
 def _split_tiles(stream: Stream, target: Target) -> dict[str, int | bool]:
@@ -429,7 +451,7 @@ def _split_tiles(stream: Stream, target: Target) -> dict[str, int | bool]:
     lanes = target.vector_bytes // 4
     tile, group = 2 * lanes, 12 if wide else 6
     tiles = -(-_points((stream.axis,)) // tile)
-    return {"tile": tile, "tile_rows": group, "stage_keys": True, "group": group,
+    return {"tile": tile, "tile_rows": group, "stage_keys": True, "group": group, "keys_outside": True,
             "splits": max(1, min(tiles, SPLITS_PER_CORE * target.cores))}
 
 
