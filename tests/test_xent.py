@@ -133,3 +133,19 @@ def test_keys_in_parts_on_the_cuda_simulator(rng, N, K, C):
     arrays = {"X": args[0], "W": args[1], "lab": args[2], "loss": np.full(N, np.nan, np.float32)}
     gpu_sim.run(lowered.scheduled, arrays)
     assert_matches(arrays["loss"], expected, op.te.tensors["loss"].dtype, "loss")
+
+
+def test_gradient_against_torch(rng):
+    """``tcc.grad`` of the fused loss (X and W; the labels are indices) against torch's autograd
+    of ``F.cross_entropy(X @ W.T)``, on the target that puts the forward's keys outside the rows."""
+    torch = pytest.importorskip("torch")
+    op = tcc.compile(XENT, target=host_with_small_caches()).linear_xent
+    grad = tcc.grad(op, ["X", "W"])
+    X, W, lab = _args(rng, 13, 24, 700)
+    dloss = rng.standard_normal(13).astype(np.float32)
+    got = grad(X, W, lab, dloss, out=(np.full(X.shape, np.nan, np.float32), np.full(W.shape, np.nan, np.float32)))
+    x, w = (torch.from_numpy(a.astype(np.float64)).requires_grad_() for a in (X, W))
+    loss = torch.nn.functional.cross_entropy(x @ w.T, torch.from_numpy(lab), reduction="none")
+    expected = torch.autograd.grad(loss, (x, w), torch.from_numpy(dloss.astype(np.float64)))
+    for name, g, e in zip(("dX", "dW"), got, expected):
+        np.testing.assert_allclose(g, e.numpy(), rtol=1e-4, atol=1e-4 * float(e.abs().max()), err_msg=name)

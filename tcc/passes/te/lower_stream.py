@@ -16,6 +16,12 @@ until a finite score comes. The tile loop is sequential (each tile rescales what
 ones summed); with a ``limit`` it stops at the last tile holding a key below the block's
 largest limit, so a causal mask's upper triangle of tiles is never computed. The keys of one
 tile are read once per block of queries, which is what keeps them in cache.
+
+With ``splits`` the keys come in parts, each with its own maxima and sums per row in a global
+buffer (parts x rows, allocated for the whole function), and a second nest combines them per
+row before the stores (:meth:`_Nest._split`); with ``keys_outside`` each part walks its tiles
+outside the blocks of rows, so a tile of keys too large for any cache in total (a vocabulary's
+weights) is read and copied once, not once per block of rows.
 """
 
 from __future__ import annotations
