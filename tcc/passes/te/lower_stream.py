@@ -169,6 +169,7 @@ class _Nest:
         return seq(For(self.part, Const(self.nparts, I64), work), For(after, Const(blocks, I64), finish))
 
     def _keys_outside(self, blocks: int) -> Stmt:
+        """A part's work with its tiles of keys outside the blocks of rows (see :meth:`_split`)."""
         staged, copies, scores = self._scores()
         body: Stmt = seq(*copies, For(self.it, Const(blocks, I64), seq(scores, self._each_row(self._softmax))))
         for buf in reversed(staged):
@@ -179,6 +180,7 @@ class _Nest:
         return body
 
     def _rows_outside(self, blocks: int) -> Stmt:
+        """A part's work with each block of rows walking its tiles (see :meth:`_split`)."""
         staged, copies, scores = self._scores()
         tile: Stmt = seq(*copies, scores, self._each_row(self._softmax))
         for buf in reversed(staged):

@@ -52,7 +52,7 @@ from tcc.ir.expr import (
     walk,
 )
 from tcc.ir.te import Compute, OpTE, Stream, StreamSum, Tensor
-from tcc.target import Target
+from tcc.target import CpuTarget, CudaTarget, Target
 
 I64 = dtypes.i64
 CPU_TILE, CPU_ROW_TILE = 128, 64  # keys x queries of a block: 32 KiB of keys and of scores, in L2
@@ -390,9 +390,9 @@ class _Chain:
         or, where the keys fill no cache (:func:`_keys_outside`), tiles of keys each walking
         every row."""
         if target.is_gpu:
-            return _gpu_tiles(stream, target)
-        if _keys_outside(stream, target):
-            return _split_tiles(stream, target)
+            return _gpu_tiles(stream, target)  # type: ignore[arg-type]
+        if _keys_outside(stream, target):  # type: ignore[arg-type]
+            return _split_tiles(stream, target)  # type: ignore[arg-type]
         return {"tile": CPU_TILE, "tile_rows": CPU_ROW_TILE, "stage_keys": True, "group": _register_rows(target)}
 
 
@@ -415,7 +415,7 @@ def _log_sum_exp(stream: Stream) -> Reduce | None:
     return sums[0]
 
 
-def _keys_outside(stream: Stream, target: Target) -> bool:
+def _keys_outside(stream: Stream, target: CpuTarget) -> bool:
     """Whether the tiles of keys go outside the blocks of rows: a :func:`_log_sum_exp` stream whose
     keys' operand (``depth`` values per key, a vocabulary's weights) exceeds the L2 cache. Inside
     each block of rows those keys would come from memory once per block, and be copied key-last
@@ -426,19 +426,19 @@ def _keys_outside(stream: Stream, target: Target) -> bool:
     return _points((stream.axis,)) * _points(total.axes) * total.acc_dtype.itemsize > target.cache_bytes(2)
 
 
-def _gpu_tiles(stream: Stream, target: Target) -> dict[str, int | bool]:
+def _gpu_tiles(stream: Stream, target: CudaTarget) -> dict[str, int | bool]:
     """A thread per row and ``GPU_TILE`` keys a step (the generic schedule); a
     :func:`_log_sum_exp` stream whose rows are fewer than the machine's resident threads splits
     its keys in parts, a thread per row of each part: 4096 rows alone are 16 blocks of 256
     threads, on 16 of an H100's 132 multiprocessors."""
     plain: dict[str, int | bool] = {"tile": GPU_TILE, "tile_rows": 1, "stage_keys": False, "group": 1}
     rows = _points(stream.rows)
-    threads = target.sms * target.max_threads_per_sm  # type: ignore[union-attr]
+    threads = target.sms * target.max_threads_per_sm
     parts = min(-(-_points((stream.axis,)) // GPU_TILE), -(-threads // rows))
     return plain | {"splits": parts} if _log_sum_exp(stream) is not None and parts > 1 else plain
 
 
-def _split_tiles(stream: Stream, target: Target) -> dict[str, int | bool]:
+def _split_tiles(stream: Stream, target: CpuTarget) -> dict[str, int | bool]:
     """Tiles for the keys outside the rows: the GEMM micro-kernel's register tile (two vectors of
     keys by 12 rows with AVX-512, 6 with AVX2: three quarters of the vector registers hold
     scores), a block of rows that tile, and the keys in parts for the threads (several per core, so a
