@@ -14,7 +14,7 @@ import tcc
 
 pytestmark = pytest.mark.cuda
 
-SIZES = [(1, 8, 1), (7, 33, 70), (33, 769, 1000), (1000, 64, 5003), (130, 1024, 4096)]
+SIZES = [(1, 8, 1), (7, 33, 70), (33, 769, 1000), (1000, 16, 1001), (130, 256, 1025)]  # (the reference runs unfused)
 
 
 def _args(rng, N: int, K: int, C: int) -> list[np.ndarray]:
