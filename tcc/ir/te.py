@@ -92,7 +92,10 @@ class Stream:
     maximum kept as a running value and each sum rescaled by ``exp(old - new)`` when it grows, so
     neither ``score`` nor its exponentials over ``rows x axis`` are ever stored. ``axis`` runs in
     tiles of ``tile`` and the last row axis in tiles of ``tile_rows``; where ``limit`` is given,
-    ``score`` is ``-inf`` for ``axis >= limit`` (a causal mask) and those tiles are skipped."""
+    ``score`` is ``-inf`` for ``axis >= limit`` (a causal mask) and those tiles are skipped. With
+    ``splits`` the keys come in parts that run in parallel; ``keys_outside`` puts the tiles of
+    keys outside the blocks of rows, so each tile's keys are read once rather than once per
+    block, where they are what fits no cache (a vocabulary's weights)."""
 
     maximum: str
     rows: tuple[IterVar, ...]
@@ -106,6 +109,9 @@ class Stream:
     group: int = 1  # rows of a block whose sums are formed together (the CPU's registers)
     epilogues: tuple[str, ...] = ()  # statements after it computed from its rows as they finish
     internal: tuple[str, ...] = ()  # its tensors read by those alone: never stored
+    splits: int = 0  # keys in this many parts at most (run in parallel), each with its own maxima and sums
+    # per row, combined at the end (0: one part)
+    keys_outside: bool = False  # the tiles of keys outside the blocks of rows (with splits)
 
     @property
     def tensors(self) -> tuple[str, ...]:

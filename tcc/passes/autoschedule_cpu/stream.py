@@ -59,7 +59,8 @@ def vectorize_streams(func: LoopFunc, trace: Trace = SILENT) -> LoopFunc:
 def parallel_streams(func: LoopFunc, trace: Trace = SILENT) -> LoopFunc:
     """Each streaming nest's loops over the rows' outer axes and blocks of rows (batch x heads x
     query blocks) fused into one parallel loop: hundreds of chunks for the thread team to take as
-    they come, where heads alone (8) left a thread that the OS preempts holding up the call."""
+    they come, where heads alone (8) left a thread that the OS preempts holding up the call. A
+    stream with its keys in parts runs its parts in parallel."""
     for item in items(func.body):
         if not (isinstance(item, For) and any(isinstance(n, For) and STREAM in n.annotations
                                               for n in walk_stmts(item))):

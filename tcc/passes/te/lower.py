@@ -71,6 +71,7 @@ class _Lowering:
         self.taken = set(op.tensors) | set(op.scalars) | _index_names(op)  # fresh names never shadow
         self.counter = 0
         self.rows: dict[str, tuple[int, Buffer]] = {}  # per-row intermediates of fusion groups
+        self.scratch: list[Buffer] = []  # global buffers nests share (a stream's partial rows), function-wide
 
     def run(self) -> LoopFunc:
         op = self.op
@@ -87,8 +88,8 @@ class _Lowering:
         temps = list(dict.fromkeys(c.tensor for c in op.computes  # (a tensor added into has several statements)
                                    if op.tensors[c.tensor].kind == "temp" and c.tensor not in internal))
         body = _drop_empty_loops(seq(*self._nests()))
-        for name in reversed(temps):
-            body = Allocate(self._buffer(name), body)
+        for buf in reversed([*map(self._buffer, temps), *self.scratch]):
+            body = Allocate(buf, body)
         return LoopFunc(op.name, params, body)
 
     def _nests(self) -> list[Stmt]:
@@ -119,6 +120,11 @@ class _Lowering:
     def _buffer(self, name: str) -> Buffer:
         t = self.op.tensors[name]
         return Buffer(name, t.dtype, t.dims(), "global")
+
+    def global_buffer(self, buf: Buffer) -> None:
+        """``buf`` allocated for the whole function (for :mod:`.lower_stream`): the nests that
+        write and read it are then separate statements of the body, kernels of their own on a GPU."""
+        self.scratch.append(buf)
 
     def expr(self, e: Expr, prelude: list[Stmt], allocs: list[Buffer]) -> Expr:
         """``e`` lowered (for :mod:`.lower_stream`)."""

@@ -16,6 +16,12 @@ until a finite score comes. The tile loop is sequential (each tile rescales what
 ones summed); with a ``limit`` it stops at the last tile holding a key below the block's
 largest limit, so a causal mask's upper triangle of tiles is never computed. The keys of one
 tile are read once per block of queries, which is what keeps them in cache.
+
+With ``splits`` the keys come in parts, each with its own maxima and sums per row in a global
+buffer (parts x rows, allocated for the whole function), and a second nest combines them per
+row before the stores (:meth:`_Nest._split`); with ``keys_outside`` each part walks its tiles
+outside the blocks of rows, so a tile of keys too large for any cache in total (a vocabulary's
+weights) is read and copied once, not once per block of rows.
 """
 
 from __future__ import annotations
@@ -58,11 +64,13 @@ GROUP = ("group", True)  # a loop over a few rows whose sums the CPU keeps in re
 
 class ExprLowering(Protocol):
     """What this needs of the statement lowering: expressions with their reductions' loops, and
-    names that clash with nothing."""
+    names that clash with nothing, and buffers for the whole function."""
 
     def expr(self, e: Expr, prelude: list[Stmt], allocs: list[Buffer]) -> Expr: ...
 
     def fresh(self, base: str) -> str: ...
+
+    def global_buffer(self, buf: Buffer) -> None: ...
 
 
 def stream_nest(stream: Stream, op: OpTE, lw: ExprLowering) -> Stmt:
@@ -92,6 +100,14 @@ class _Nest:
         self.p = self._local("p", stream.score.dtype, (self.ti, self.tj))
         self.run = [self._local(f"run_{x.tensor}", op.tensors[x.tensor].dtype,
                                 (self.ti, *(_const(ax.extent) for ax in x.extra))) for x in stream.sums]
+        self.part = self._var(f"{self.j}_p")  # with the keys in parts: which part
+        padded = -(-self.rows // self.ti) * self.ti
+        tiles = -(-self.keys // self.tj)
+        self.per = -(-tiles // max(1, stream.splits))  # tiles of keys in a part
+        self.nparts = -(-tiles // self.per) if stream.splits else 0  # (none empty)
+        self.parts = [  # each part's maxima and sums per row (padded to whole blocks)
+            Buffer(self.lw.fresh(f"part_{name}"), op.tensors[name].dtype, (self.nparts, padded), "global")
+            for name in stream.tensors] if self.nparts else []
 
     def _var(self, base: str) -> Var:
         return Var(self.lw.fresh(base), I64)
@@ -118,6 +134,8 @@ class _Nest:
         return substitute(e, {self.q: self._row(ii), self.j: self._key(jj)})
 
     def build(self) -> Stmt:
+        if self.parts:
+            return self._split()
         body: Stmt = seq(self._init(), self._tiles(), self._store())
         for buf in reversed([self.run_max, self.rescale, self.p, *self.run]):
             body = Allocate(buf, body)
@@ -128,6 +146,94 @@ class _Nest:
         if form is None or not isinstance(nest, For):
             return nest
         return replace(nest, annotations=(*nest.annotations, (MATRIX_STREAM, form)))
+
+    def _split(self) -> Stmt:
+        """The keys in parts (``splits`` of them at most, run in parallel), each part's maxima and
+        sums per row left in its row of the partial values; then for each block of rows the
+        parts combined (the largest maximum, each sum rescaled from its part's maximum to it, as
+        split-KV attention's combine does) into the block's running values, which the stores and
+        epilogues read as they do without parts. Within a part either the tiles of keys run
+        outside the blocks of rows (``keys_outside``: each tile of keys copied key-last once, then
+        every block's scores against it and their online-softmax step on the part's values), or
+        each block of rows walks the part's tiles with its running values in locals, as without
+        parts, and leaves them in the part's rows (more blocks for a GPU short of rows)."""
+        blocks = -(-self.rows // self.ti)
+        work = self._keys_outside(blocks) if self.s.keys_outside else self._rows_outside(blocks)
+        after = self._var(f"{self.q}_c")
+        finish = seq(self._each_row(self._combine), self._store())
+        for buf in reversed([self.run_max, *self.run]):
+            finish = Allocate(buf, finish)
+        finish = map_exprs(finish, lambda e: substitute(e, {self.it.name: after}))
+        for buf in self.parts:
+            self.lw.global_buffer(buf)
+        return seq(For(self.part, Const(self.nparts, I64), work), For(after, Const(blocks, I64), finish))
+
+    def _keys_outside(self, blocks: int) -> Stmt:
+        """A part's work with its tiles of keys outside the blocks of rows (see :meth:`_split`)."""
+        staged, copies, scores = self._scores()
+        body: Stmt = seq(*copies, For(self.it, Const(blocks, I64), seq(scores, self._each_row(self._softmax))))
+        for buf in reversed(staged):
+            body = Allocate(buf, body)
+        body = seq(self._init_parts(blocks * self.ti), self._part_tiles(body))
+        for buf in (self.rescale, self.p):
+            body = Allocate(buf, body)
+        return body
+
+    def _rows_outside(self, blocks: int) -> Stmt:
+        """A part's work with each block of rows walking its tiles (see :meth:`_split`)."""
+        staged, copies, scores = self._scores()
+        tile: Stmt = seq(*copies, scores, self._each_row(self._softmax))
+        for buf in reversed(staged):
+            tile = Allocate(buf, tile)
+        body: Stmt = seq(self._init(), self._part_tiles(tile), self._each_row(self._leave))
+        for buf in reversed([self.run_max, self.rescale, self.p, *self.run]):
+            body = Allocate(buf, body)
+        return For(self.it, Const(blocks, I64), body)
+
+    def _part_tiles(self, body: Stmt) -> For:
+        """``body`` (written for the tile ``jt``) for each tile of keys of the part."""
+        tiles, per = -(-self.keys // self.tj), self.per
+        count = Binary("min", Const(per, I64), Binary("sub", Const(tiles, I64), imul(self.part, per), I64), I64)
+        tile_var = self._var(f"{self.j}_t")
+        at = iadd(imul(self.part, per), tile_var)
+        return For(tile_var, count, map_exprs(body, lambda e: substitute(e, {self.jt.name: at})),
+                   annotations=(SEQUENTIAL, STREAM))
+
+    def _leave(self, ii: Var) -> Stmt:
+        """Row ``ii``'s running maximum and sums into its row of the part's values."""
+        at = (self.part, iadd(imul(self.it, self.ti), ii))
+        return seq(*(Store(part.name, at, Load(buf.name, (ii,), buf.dtype))
+                     for part, buf in zip(self.parts, [self.run_max, *self.run])))
+
+    def _init_parts(self, rows: int) -> Stmt:
+        """The part's maxima at -inf and its sums at 0, over every row of every block."""
+        def row(r: Var) -> Stmt:
+            first, *rest = self.parts
+            return seq(Store(first.name, (self.part, r), Const(-math.inf, first.dtype)),
+                       *(Store(b.name, (self.part, r), Const(0, b.dtype)) for b in rest))
+        return self._loop(f"{self.q}_z", rows, row)
+
+    def _combine(self, ii: Var) -> Stmt:
+        """Row ``ii``'s maximum over the parts, and each sum: its parts' sums rescaled by
+        ``exp(part maximum - maximum)`` (0 where the maximum is still -inf: no finite score)."""
+        d = self.dtype
+        row = iadd(imul(self.it, self.ti), ii)
+        first, *rest = self.parts
+
+        def over_parts(op: str, term, dtype) -> Reduce:
+            k = self._var(f"{self.j}_k")
+            return Reduce(op, (IterVar(k, Const(self.nparts, I64)),), term(k), dtype, dtype)
+        top = over_parts("max", lambda k: Load(first.name, (k, row), d), d)
+        parts = [self._assign(self.run_max, top, (ii,))]
+        at_top = Load(self.run_max.name, (ii,), d)
+        safe = Select(Binary("eq", at_top, Const(-math.inf, d), BOOL), Const(0.0, d), at_top, d)
+        for part, buf in zip(rest, self.run):
+            dt = buf.dtype
+            total = over_parts("sum", lambda k, part=part, dt=dt: Binary(
+                "mul", Load(part.name, (k, row), dt),
+                cast(_exp(Binary("sub", Load(first.name, (k, row), d), safe, d)), dt), dt), dt)
+            parts.append(self._assign(buf, total, (ii,)))
+        return seq(*parts)
 
     def _plain_expr(self, e: Expr) -> Expr | None:
         """``e`` in the loop IR, None where that needs loops of its own (a reduction)."""
@@ -194,25 +300,33 @@ class _Nest:
         """Row ``ii``: the tile's maximum, the rescale of what earlier tiles summed, the tile's
         exponentials (in place of its scores), and the plain sums."""
         d = self.dtype
-        mx, p = self.run_max.name, self.p.name
+        (mx, *running), at = self._running(ii)
+        p = self.p.name
         new, safe = (self._local(n, d, (1,)) for n in ("new_max", "safe_max"))
         zero = (Const(0, I64),)
         at_new, at_safe = Load(new.name, zero, d), Load(safe.name, zero, d)
         tile_max = self._reduce("max", lambda jj: cast(Load(p, (ii, jj), self.p.dtype), d), d)
-        parts: list[Stmt] = [self._assign(new, Binary("max", Load(mx, (ii,), d), tile_max, d))]
+        parts: list[Stmt] = [self._assign(new, Binary("max", Load(mx, at, d), tile_max, d))]
         minus_inf = Binary("eq", at_new, Const(-math.inf, d), BOOL)
         parts.append(Store(safe.name, zero, Select(minus_inf, Const(0.0, d), at_new, d)))
-        parts.append(Store(self.rescale.name, (ii,), _exp(Binary("sub", Load(mx, (ii,), d), at_safe, d))))
+        parts.append(Store(self.rescale.name, (ii,), _exp(Binary("sub", Load(mx, at, d), at_safe, d))))
         parts.append(self._keys("e", lambda jj: Store(p, (ii, jj), _exp(
             Binary("sub", Load(p, (ii, jj), self.p.dtype), cast(at_safe, self.p.dtype), self.p.dtype)))))
-        for x, buf in zip(self.s.sums, self.run):
+        for x, buf, name in zip(self.s.sums, self.run, running):
             if x.weight is None:
                 dt = buf.dtype
                 total = self._reduce("sum", lambda jj, dt=dt: cast(Load(p, (ii, jj), self.p.dtype), dt), dt)
-                kept = Binary("mul", Load(buf.name, (ii,), dt), cast(Load(self.rescale.name, (ii,), d), dt), dt)
-                parts.append(self._assign(buf, Binary("add", kept, total, dt), (ii,)))
-        parts.append(Store(mx, (ii,), at_new))
+                kept = Binary("mul", Load(name, at, dt), cast(Load(self.rescale.name, (ii,), d), dt), dt)
+                parts.append(self._assign(Buffer(name, dt, ()), Binary("add", kept, total, dt), at))
+        parts.append(Store(mx, at, at_new))
         return Allocate(new, Allocate(safe, seq(*parts)))
+
+    def _running(self, ii: Var) -> tuple[list[str], tuple[Expr, ...]]:
+        """The buffers of row ``ii``'s running maximum and sums, and where in them its values are:
+        the block's locals, or with the tiles of keys outside the rows the part's row of its values."""
+        if not self.s.keys_outside:
+            return [self.run_max.name, *(b.name for b in self.run)], (ii,)
+        return [b.name for b in self.parts], (self.part, iadd(imul(self.it, self.ti), ii))
 
     def _weighted(self, x, buf: Buffer) -> Stmt:
         """``run[r, extra] = run[r, extra] * rescale[r] + sum over the tile of p[r, jj] * weight``,
