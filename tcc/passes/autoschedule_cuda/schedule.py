@@ -31,7 +31,9 @@ warpgroup and implicit-convolution GEMMs and split reductions take constant shap
 
 A nest carrying attention's matrix form (two products of 16-bit operands, see
 :mod:`tcc.passes.te.matrix_stream`) becomes a FlashAttention kernel on the matrix units
-(:mod:`.attention`; with split keys, the nests merging the splits after it).
+(:mod:`.attention`; with split keys, the nests merging the splits after it); the nests of a sweep
+carrying the matrix form of attention's backward (:mod:`tcc.passes.te.matrix_sweep`) become
+FlashAttention-2's backward kernels (:mod:`.attention_backward`).
 
 Before them an element-wise nest over a reduction's result joins the reduction's final store
 (:mod:`.epilogue`); a recurrence that is a prefix scan along rows gets a block per row
@@ -66,6 +68,7 @@ from tcc.ir.loops import (
 )
 from tcc.passes.autoschedule_cuda import (
     attention,
+    attention_backward,
     epilogue,
     gemm,
     hoist_rows,
@@ -230,6 +233,14 @@ def _schedule_nest(stmt: Stmt, names: Names, shapes: dict[str, tuple[int, ...]],
         stmt = hoisted
     if isinstance(stmt, For) and stmt.kind == "block.x":
         return stmt, "bound by the user"  # (checked by tcc.passes.loops.bind.check_kernels)
+    if (swept := attention_backward.form(stmt, target)) is not None:  # attention's backward on the matrix units
+        if not swept[1]:
+            return None, "matrix sweep: computed with its first nest"
+        zero, main, store = attention_backward.kernels(swept[0], names.fresh, temps)
+        shapes.update({b.name: b.shape for b in temps})
+        plain = [_schedule_nest(n, names, shapes, temps, target, tuning, tf32)[0] for n in (zero, store)]
+        return seq(*(k for k in (plain[0], *main, plain[1]) if k is not None)), "matrix sweep"
+    stmt = attention_backward.without_form(stmt)
     if (matrix := attention.form(stmt, target)) is not None:  # attention's products on the matrix units
         found = attention.kernels(stmt, matrix, target, names.fresh, temps)
         if found is not None:

@@ -56,7 +56,7 @@ def matrix_form(stream: Stream, op: OpTE, to_loops: Callable[[Expr], Expr | None
     row_name, key_name = stream.rows[-1].var.name, stream.axis.var.name
     outside = set(outer) | set(op.scalars) | set(op.symbols)
     for read, along, last in ((q, row_name, depth_axis), (k, key_name, depth_axis), (v, key_name, col_axis)):
-        if not _whole_rows(read, op, along, last.var.name, outside, depth):
+        if not whole_rows(read, op, along, last.var.name, outside, depth):
             return None
     names = {n: Var(fresh(n), t) for n, t in (("row", I64), ("key", I64), ("dot", F32), ("col", I64),
                                               ("w", F32), ("total", F32), ("top", F32))}
@@ -108,7 +108,7 @@ def _product(stream: Stream) -> tuple[Reduce, Read, Read] | None:
     return sums[0], a, b
 
 
-def _whole_rows(read: Read, op: OpTE, along: str, last: str, outside: set[str], depth: int) -> bool:
+def whole_rows(read: Read, op: OpTE, along: str, last: str, outside: set[str], depth: int) -> bool:
     """Whether ``read`` is an input's row of ``depth`` contiguous values: its last index is ``last``,
     its others use only ``along`` and the variables ``outside`` the stream."""
     tensor = op.tensors.get(read.tensor)

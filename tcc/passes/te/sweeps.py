@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from tcc.dtypes import DType
 from tcc.ir.expr import (
     Binary,
     Call,
@@ -50,6 +51,7 @@ from tcc.ir.expr import (
     walk,
 )
 from tcc.ir.te import Compute, OpTE, Sweep
+from tcc.passes.te.matrix_sweep import matrix_form
 from tcc.passes.te.streaming import key_limit, streamed_chains
 from tcc.target import Target
 
@@ -82,6 +84,8 @@ def sweep_pairs(op: OpTE, target: Target) -> OpTE:
         op = moved
         sweeps.append(sweep)
         notes.append(_describe(sweep))
+        if target.is_gpu:
+            notes.append(_matrix_note(sweep, op))
     if not notes:
         return op
     return replace(op, sweeps=sweeps, fusion_notes=[*op.fusion_notes, *notes])
@@ -114,7 +118,7 @@ def _sum_reads(op: OpTE, c: Compute) -> list[tuple[Read, bool]] | None:
     (a sum to one value per row is a plain reduction, computed where it stands)."""
     red = c.body
     if c.accumulate or c.sequential or not isinstance(red, Reduce) or red.op != "sum" or len(red.axes) != 1 \
-            or red.acc_dtype != op.tensors[c.tensor].dtype:
+            or not _stored_from(red.acc_dtype, op.tensors[c.tensor].dtype):
         return None
     r = red.axes[0].var
     own = [ax.var for ax in c.axes]
@@ -132,6 +136,12 @@ def _sum_reads(op: OpTE, c: Compute) -> list[tuple[Read, bool]] | None:
     if not found or len({side for _, side in found}) > 1:
         return None
     return found
+
+
+def _stored_from(acc: DType, stored: DType) -> bool:
+    """Whether a sum accumulated in ``acc`` may be swept into a tensor of ``stored``: the same type,
+    or a narrower float one (a 16-bit program's gradient, summed in f32 and rounded as it is stored)."""
+    return acc == stored or acc.is_float and stored.is_float and stored.itemsize < acc.itemsize
 
 
 class _Finder:
@@ -319,7 +329,8 @@ def _apply(op: OpTE, f: _Found, target: Target) -> tuple[OpTE, Sweep]:
     rows, keys = (CPU_TILE_ROWS, CPU_TILE_KEYS) if not target.is_gpu else (GPU_TILE_ROWS, GPU_TILE_KEYS)
     sweep = Sweep(top.axes[:k], top.axes[k], top.axes[k + 1], pairs, tuple(f.sums), tuple(f.by_key), rows, keys)
     points = math.prod(_extent(ax) for ax in sweep.outer)  # (fewer heads than threads: tiles are the parallel work)
-    split = target.is_gpu or points < 2 * getattr(target, "cores", 1)
+    narrow = any(op.tensors[x].dtype != defs[x].body.acc_dtype for x in f.sums)  # (adding into f16 would lose bits)
+    split = target.is_gpu or narrow or points < 2 * getattr(target, "cores", 1)
     sweep = replace(sweep, limit=_sweep_limit(op, sweep, f), split=split)
     return replace(op, computes=[*before, *moved, *after], tensors=tensors), sweep
 
@@ -408,6 +419,16 @@ def _is(e: Expr, value: float) -> bool:
     while isinstance(e, Cast):
         e = e.a
     return isinstance(e, Const) and e.value == value
+
+
+def _matrix_note(sweep: Sweep, op: OpTE) -> str:
+    """Whether a GPU with matrix units runs the sweep as FlashAttention-2's backward, or why not."""
+    names = iter(range(1 << 30))
+    form = matrix_form(sweep, op, lambda e: e, lambda base: f"{base}_{next(names)}")
+    if isinstance(form, str):
+        return f"sweep over {sweep.row.var.name} x {sweep.key.var.name}: no matrix form ({form}), the generic schedule"
+    return (f"sweep over {sweep.row.var.name} x {sweep.key.var.name}: FlashAttention-2's backward on the matrix "
+            f"units where the target has them (16-bit rows of {form.depth}, scale {format_expr(form.scale)})")
 
 
 def _describe(s: Sweep) -> str:
