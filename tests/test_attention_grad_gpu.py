@@ -1,6 +1,7 @@
 """``tcc.grad`` of attention on a CUDA device (skipped without one): the derived backward (a sweep
 over tiles of pairs, the forward's stream) under the generic CUDA schedule, in f32 and f64 at odd
-sizes, causal and not, and the variants, against the reference with poisoned outputs."""
+sizes, causal and not, and the variants; in f16 and bf16 at rows of 64 and 128 as FlashAttention-2's
+backward on the matrix units (a ``MatrixSweep``); against the reference with poisoned outputs."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from test_attention import ATTENTION, CAUSAL, VARIANTS
 
 import tcc
 from tcc.errors import TccError
-from tcc.testing import max_relative_error, random_args, reference_results, tolerance
+from tcc.ir.loops import MatrixSweep, walk_stmts
+from tcc.testing import assert_matches, max_relative_error, random_args, reference_results, tolerance
 
 pytestmark = pytest.mark.cuda
 
@@ -58,3 +60,30 @@ def test_variant_gradients_on_the_device(rng, variant):
         args[3] = (rng.random((2, 70)) < 0.6).astype(np.int64)
         args[3][:, 0] = 1
     _check(grad, bindings, args)
+
+
+@pytest.mark.parametrize("S,L,D", [(1, 1, 64), (7, 33, 128), (33, 7, 64), (33, 1000, 64), (1000, 1000, 128),
+                                   (1000, 1, 64)])
+@pytest.mark.parametrize("T", ["f16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_half_gradients_on_the_matrix_units(rng, S, L, D, T, causal):
+    """The sweep of a 16-bit program runs as the FlashAttention-2 backward kernel, its three
+    gradients the reference's (which sums the unfused program's products in f32)."""
+    torch = pytest.importorskip("torch")
+    if causal and S != L:
+        pytest.skip("causal attention has one length")
+    lib = tcc.compile(ATTENTION + CAUSAL, target="cuda")
+    grad = tcc.grad((lib.causal_attention if causal else lib.attention).bound(T=T))
+    bindings = {"B": 2, "H": 3, "S": S, "D": D} | ({} if causal else {"L": L})
+    assert any(isinstance(s, MatrixSweep) for s in walk_stmts(grad.lowered(bindings).scheduled.body))
+    args = random_args(grad.te, bindings, rng)
+    args[3] = np.float32(1.0 / np.sqrt(D))
+    wide = {"f16": torch.float16, "bf16": torch.bfloat16}[T]
+    device = [torch.from_numpy(np.ascontiguousarray(a)).cuda().to(wide) if isinstance(a, np.ndarray) else a
+              for a in args]
+    rounded = [t.float().cpu().numpy() if isinstance(t, torch.Tensor) else t for t in device]
+    expected = reference_results(grad.te, rounded, bindings)
+    outs = tuple(torch.full(e.shape, float("nan"), dtype=wide, device="cuda") for e in expected)
+    grad(*device, out=outs)
+    for r, g, e in zip(grad.te.results, outs, expected):
+        assert_matches(g.float().cpu().numpy(), e, grad.te.tensors[r].dtype, f"{grad.te.name}.{r}")

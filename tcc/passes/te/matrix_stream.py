@@ -22,7 +22,21 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tcc import dtypes
-from tcc.ir.expr import Binary, Cast, Const, Expr, Read, Reduce, Var, cast, free_vars, substitute, transform, walk
+from tcc.ir.expr import (
+    Binary,
+    Cast,
+    Const,
+    Expr,
+    Read,
+    Reduce,
+    Select,
+    Var,
+    cast,
+    free_vars,
+    substitute,
+    transform,
+    walk,
+)
 from tcc.ir.loops import MatrixStream, Stmt, Store, seq
 from tcc.ir.te import Compute, OpTE, Stream
 
@@ -95,6 +109,9 @@ def _product(stream: Stream) -> tuple[Reduce, Read, Read] | None:
     if len(sums) != 1 or sums[0].op != "sum" or len(sums[0].axes) != 1 or sums[0].acc_dtype != F32:
         return None
     body = sums[0].body
+    if isinstance(body, Select) and _masked(stream.score, body.cond) and _zero(body.b) \
+            and sums[0].axes[0].var.name not in free_vars(body.cond):
+        body = body.a  # (the products of a pair the score masks anyway: a gradient's spelling)
     if not (isinstance(body, Binary) and body.op == "mul"):
         return None
     a, b = _widened(body.a), _widened(body.b)
@@ -106,6 +123,22 @@ def _product(stream: Stream) -> tuple[Reduce, Read, Read] | None:
     if key in free_vars(a) or key not in free_vars(b):
         return None
     return sums[0], a, b
+
+
+def _masked(score: Expr, cond: Expr) -> bool:
+    """Whether ``score`` is ``-inf`` where ``cond`` fails: ``select(cond, x, -inf)`` at its top."""
+    while isinstance(score, Cast):
+        score = score.a
+    if not isinstance(score, Select):
+        return False
+    b = score.b.a if isinstance(score.b, Cast) else score.b
+    return isinstance(b, Const) and b.value == float("-inf") and (score.cond == cond or _masked(score.a, cond))
+
+
+def _zero(e: Expr) -> bool:
+    while isinstance(e, Cast):
+        e = e.a
+    return isinstance(e, Const) and e.value == 0
 
 
 def whole_rows(read: Read, op: OpTE, along: str, last: str, outside: set[str], depth: int) -> bool:
