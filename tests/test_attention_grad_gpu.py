@@ -69,13 +69,32 @@ def test_variant_gradients_on_the_device(rng, variant):
 def test_half_gradients_on_the_matrix_units(rng, S, L, D, T, causal):
     """The sweep of a 16-bit program runs as the FlashAttention-2 backward kernel, its three
     gradients the reference's (which sums the unfused program's products in f32)."""
-    torch = pytest.importorskip("torch")
     if causal and S != L:
         pytest.skip("causal attention has one length")
     lib = tcc.compile(ATTENTION + CAUSAL, target="cuda")
     grad = tcc.grad((lib.causal_attention if causal else lib.attention).bound(T=T))
     bindings = {"B": 1, "H": 2, "S": S, "D": D} | ({} if causal else {"L": L})
     assert any(isinstance(s, MatrixSweep) for s in walk_stmts(grad.lowered(bindings).scheduled.body))
+    _check_half(grad, bindings, rng, T, D)
+
+
+@pytest.mark.parametrize("wrt", [["Q"], ["K", "V"], ["V"]])
+@pytest.mark.parametrize("causal", [False, True])
+def test_half_gradients_of_some_inputs(rng, wrt, causal):
+    """What tcc.torch derives (one gradient op per input): dQ alone and dK, dV on the matrix
+    units; dV alone (its l never stored) under the generic schedule."""
+    lib = tcc.compile(ATTENTION + CAUSAL, target="cuda")
+    grad = tcc.grad((lib.causal_attention if causal else lib.attention).bound(T="f16"), wrt)
+    bindings = {"B": 1, "H": 2, "S": 33, "D": 64} | ({} if causal else {"L": 70})
+    swept = any(isinstance(s, MatrixSweep) for s in walk_stmts(grad.lowered(bindings).scheduled.body))
+    assert swept == (wrt != ["V"])
+    _check_half(grad, bindings, rng, "f16", 64)
+
+
+def _check_half(grad, bindings: dict, rng, T: str, D: int) -> None:
+    """16-bit inputs as torch CUDA tensors (the reference sees the same values in f32), the
+    results into poisoned torch tensors."""
+    torch = pytest.importorskip("torch")
     args = random_args(grad.te, bindings, rng)
     args[3] = np.float32(1.0 / np.sqrt(D))
     wide = {"f16": torch.float16, "bf16": torch.bfloat16}[T]
@@ -84,6 +103,6 @@ def test_half_gradients_on_the_matrix_units(rng, S, L, D, T, causal):
     rounded = [t.float().cpu().numpy() if isinstance(t, torch.Tensor) else t for t in device]
     expected = reference_results(grad.te, rounded, bindings)
     outs = tuple(torch.full(e.shape, float("nan"), dtype=wide, device="cuda") for e in expected)
-    grad(*device, out=outs)
+    grad(*device, out=outs[0] if len(outs) == 1 else outs)
     for r, g, e in zip(grad.te.results, outs, expected):
         assert_matches(g.float().cpu().numpy(), e, grad.te.tensors[r].dtype, f"{grad.te.name}.{r}")

@@ -11,6 +11,7 @@ backward kernels (:mod:`tcc.codegen_cuda.flash_backward`) in the first one's pla
 3. a plain nest storing ``dQ`` as the sweep's own store of ``scale`` times the accumulator.
 
 The later nests of the sweep (its sums over the keys) are then computed already and give no kernel.
+A program that wants no dQ (a gradient op of K or V alone) gets the second kernel alone.
 
 The tiles, by row length, measured with ``scripts/flash_bwd_probe.py`` on an H200 (f16, B4 H16,
 S 2048 and 8192, causal and not; throughput against SDPA's backward): D 64 takes 64 rows a step
@@ -27,7 +28,19 @@ from dataclasses import replace
 
 from tcc import dtypes
 from tcc.ir.expr import Binary, Const, Expr, Load, Var
-from tcc.ir.loops import MATRIX_SWEEP, SWEPT_BY_MATRIX, Allocate, Buffer, For, Let, MatrixSweep, Stmt, Store, map_stmt
+from tcc.ir.loops import (
+    MATRIX_SWEEP,
+    SWEPT_BY_MATRIX,
+    Allocate,
+    Buffer,
+    For,
+    Let,
+    MatrixSweep,
+    Seq,
+    Stmt,
+    Store,
+    map_stmt,
+)
 from tcc.passes.autoschedule_cuda.indexing import linear
 from tcc.target import CudaTarget
 
@@ -64,10 +77,11 @@ def without_form(nest: Stmt) -> Stmt:
     return replace(nest, annotations=tuple(a for a in nest.annotations if a[0] not in (MATRIX_SWEEP, SWEPT_BY_MATRIX)))
 
 
-def kernels(sweep: MatrixSweep, fresh: Callable[[str], Var], temps: list[Buffer]) -> tuple[Stmt, list[Stmt], Stmt]:
-    """(the nest zeroing the dQ accumulator, the block-per-key-tile kernel and its fallback, the
-    nest storing dQ); the accumulator is appended to ``temps``. The plain nests are the caller's
-    to schedule."""
+def kernels(sweep: MatrixSweep, fresh: Callable[[str], Var], temps: list[Buffer]) -> list[Stmt]:
+    """The nest zeroing the dQ accumulator, the block-per-key-tile kernel and its fallback, the
+    nest storing dQ; the accumulator is appended to ``temps``. The plain nests (the first and the
+    last, none where the program wants no dQ: the kernel's additions then go nowhere anyone reads)
+    are the caller's to schedule."""
     bm, warps = TILES[sweep.depth]
     bn = 16 * warps
     points = math.prod(sweep.outer_extents)
@@ -85,10 +99,12 @@ def kernels(sweep: MatrixSweep, fresh: Callable[[str], Var], temps: list[Buffer]
     body = _outer_lets(sweep, Binary("floordiv", block, Const(ktiles, I64), I64), body)
     kernel = For(block, Const(points * ktiles, I64), body, "block.x")
     aligned = map_stmt(kernel, lambda n: replace(n, aligned=True) if isinstance(n, MatrixSweep) else None)
+    main = [replace(aligned, annotations=(("aligned", True),)), kernel]
+    if isinstance(sweep.dq_out, Seq) and not sweep.dq_out.stmts:
+        return main
     zero = _over_rows(sweep, Store(acc.name, (point, sweep.row, sweep.col), Const(0.0, F32)))
     scaled = Binary("mul", Load(acc.name, (point, sweep.row, sweep.col), F32), sweep.scale, F32)
-    store = _over_rows(sweep, Let(sweep.value, scaled, sweep.dq_out))
-    return zero, [replace(aligned, annotations=(("aligned", True),)), kernel], store
+    return [zero, *main, _over_rows(sweep, Let(sweep.value, scaled, sweep.dq_out))]
 
 
 def _point(sweep: MatrixSweep) -> Expr:

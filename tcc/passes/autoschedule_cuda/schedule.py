@@ -82,6 +82,7 @@ from tcc.passes.autoschedule_cuda import (
     split_reduction,
     tensorcore,
     transpose,
+    unread,
     warpgroup,
 )
 from tcc.passes.autoschedule_cuda.indexing import (
@@ -154,6 +155,7 @@ def schedule_cuda(func: LoopFunc, target: CudaTarget, tuning: CudaTuning = CudaT
             kinds.append(how)
         written = sorted({s.buffer for s in stores(nest)} & ({p.name for p in func.params} | {b.name for b in temps}))
         trace(f"{how}: {', '.join(written)}", _function(func, temps, [*kernels, *nests[i + 1:]]))
+    kernels, temps = unread.drop_unread(kernels, temps)  # (what a kernel in the place of several nests left unread)
     scheduled = _function(func, temps, merge_kernels.merge_one_block_kernels(kernels))
     scheduled.attrs[KERNEL_KINDS] = tuple(kinds)
     return trace(merge_kernels.PASS, scheduled)
@@ -236,10 +238,11 @@ def _schedule_nest(stmt: Stmt, names: Names, shapes: dict[str, tuple[int, ...]],
     if (swept := attention_backward.form(stmt, target)) is not None:  # attention's backward on the matrix units
         if not swept[1]:
             return None, "matrix sweep: computed with its first nest"
-        zero, main, store = attention_backward.kernels(swept[0], names.fresh, temps)
+        found = attention_backward.kernels(swept[0], names.fresh, temps)
         shapes.update({b.name: b.shape for b in temps})
-        plain = [_schedule_nest(n, names, shapes, temps, target, tuning, tf32)[0] for n in (zero, store)]
-        return seq(*(k for k in (plain[0], *main, plain[1]) if k is not None)), "matrix sweep"
+        plain = [n if isinstance(n, For) and n.kind == "block.x" else  # (the plain nests: scheduled as any)
+                 _schedule_nest(n, names, shapes, temps, target, tuning, tf32)[0] for n in found]
+        return seq(*(k for k in plain if k is not None)), "matrix sweep"
     stmt = attention_backward.without_form(stmt)
     if (matrix := attention.form(stmt, target)) is not None:  # attention's products on the matrix units
         found = attention.kernels(stmt, matrix, target, names.fresh, temps)

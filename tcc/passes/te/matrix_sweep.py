@@ -18,7 +18,10 @@ for DSL.md's attention): with ``P = E / l`` the probabilities, ``lse = m + log(l
 ``MATRIX_SWEEP`` and a GPU schedule with matrix units puts in their place
 (:mod:`tcc.passes.autoschedule_cuda.attention_backward`).
 
-What it takes: 16-bit Q, K, V and dO of whole contiguous rows of one length, a score linear in
+A gradient op of some of the inputs (``tcc.torch`` derives one per input) has some of the three
+sums: the kernel computes them all and stores those the program has (a dQ alone costs the whole
+backward, still a fraction of the generic schedule's time); dV alone has no ``G`` and reads K in
+V's place. What it takes: 16-bit Q, K, V and dO of whole contiguous rows of one length, a score linear in
 the dot product (``a`` the same for every pair: a scale, plus terms without the dot product such
 as a bias), and masks that are all one key limit of the row (a causal mask). Anything else (a
 mask read from data, a soft cap: ``a`` varies with the pair) keeps the nests, and the fused
@@ -28,6 +31,7 @@ stage says why.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from tcc import dtypes
 from tcc.ir.expr import (
@@ -49,10 +53,11 @@ from tcc.ir.expr import (
     transform,
     walk,
 )
-from tcc.ir.loops import MatrixSweep, Store
+from tcc.ir.loops import MatrixSweep, Store, seq
 from tcc.ir.te import OpTE, Sweep
 from tcc.passes.te.matrix_stream import HALVES, whole_rows
 from tcc.passes.te.streaming import key_limit
+from tcc.target import Target
 
 I64, F32 = dtypes.i64, dtypes.f32
 DEPTHS = (64, 128)  # row lengths the backward template is tuned for
@@ -72,6 +77,23 @@ def matrix_form(sweep: Sweep, op: OpTE, to_loops: Callable[[Expr], Expr | None],
         return str(e)
 
 
+def note_matrix_sweeps(op: OpTE, target: Target) -> OpTE:
+    """``op`` with a fused-stage note per sweep on a GPU: whether it runs as FlashAttention-2's
+    backward where the target has matrix units, or why not (after the streams, which decide what
+    is stored)."""
+    if not target.is_gpu or not op.sweeps:
+        return op
+    notes = []
+    names = iter(range(1 << 30))
+    for sweep in op.sweeps:
+        form = matrix_form(sweep, op, lambda e: e, lambda base: f"{base}_{next(names)}")
+        where = f"sweep over {sweep.row.var.name} x {sweep.key.var.name}"
+        notes.append(f"{where}: no matrix form ({form}), the generic schedule" if isinstance(form, str) else
+                     f"{where}: FlashAttention-2's backward on the matrix units where the target has them "
+                     f"(16-bit rows of {form.depth}, scale {format_expr(form.scale)})")
+    return replace(op, fusion_notes=[*op.fusion_notes, *notes])
+
+
 def _check(cond: bool, why: str) -> None:
     if not cond:
         raise _NoMatch(why)
@@ -85,6 +107,9 @@ class _Matcher:
                                                    ("value", F32))}
         self.outer = tuple(Var(fresh(ax.var.name), I64) for ax in sweep.outer)
         self.masks: list[Expr] = []
+        self._do: Read | None = None  # dO's row and l, as the sums read them
+        self._l: Read | None = None
+        self._v_read: Read | None = None
 
     # ------------------------------------------------------------ the sums' terms, written out
 
@@ -145,6 +170,8 @@ class _Matcher:
     def _row_read(self, e: Expr, what: str) -> Read:
         at = (*self.outer, self.v["row"])
         _check(isinstance(e, Read) and tuple(e.indices) == at and e.dtype == F32, f"no row value {what}")
+        internal = {t for stream in self.op.streams for t in stream.internal}
+        _check(e.tensor not in internal, f"{e.tensor} is never stored (a stream's own)")  # type: ignore[attr-defined]
         return e  # type: ignore[return-value]
 
     def _exp(self, factors: list[Expr]) -> tuple[Expr, Expr, Read]:
@@ -157,44 +184,46 @@ class _Matcher:
 
     def form(self, to_loops: Callable[[Expr], Expr | None]) -> MatrixSweep:
         s = self.s
-        _check(len(s.sums) == 3 and len(s.by_key) == 2, "not three sums, two of them over the rows")
-        (dq,) = [x for x in s.sums if x not in s.by_key]
-        self.depth = _const(self.defs[dq].axes[-1].extent)
+        by_row = [x for x in s.sums if x not in s.by_key]
+        _check(len(by_row) <= 1 and len(s.by_key) <= 2, "more sums than dQ, dK and dV")
+        self.depth = _const(self.defs[s.sums[0]].axes[-1].extent)
         _check(self.depth in DEPTHS, f"rows of {self.depth}, not {' or '.join(map(str, DEPTHS))}")
         row, key, col = self.v["row"], self.v["key"], self.v["col"]
         terms = {x: _factors(self._term(x)) for x in s.sums}
         dv = next((x for x in s.by_key if len(terms[x][1]) == 1), None)
-        _check(dv is not None, "no sum of dO / l times the exponentials")
-        dk = next(x for x in s.by_key if x != dv)
-        num, den = terms[dv]
-        e, score, m = self._exp(num)
-        _check(len(num) == 2, f"{dv} is not dO / l times the exponentials")
-        do = self._operand(next(f for f in num if f is not e), row, col)
-        l_ = self._row_read(den[0], "(the sum of the exponentials)")
+        dk = next((x for x in s.by_key if x != dv), None)
+        _check(len(s.by_key) - (dv is not None) <= 1, "two sums over the rows that are not dK and dV")
+        e, score, m = self._exp(terms[s.sums[0]][0])
+        if dv is not None:
+            num, den = terms[dv]
+            _check(len(num) == 2 and _key(e) in {_key(f) for f in num}, f"{dv} is not dO / l times the exponentials")
+            self._do = self._operand(next(f for f in num if _key(f) != _key(e)), row, col)
+            self._l = self._row_read(den[0], "(the sum of the exponentials)")
         dot, q, k = self._dot(score)
         scale = _coefficient(transform(score, lambda n: self.v["dot"] if n is dot else None), self.v["dot"])
         _check(scale is not None, "the score is not linear in the dot product")
         assert scale is not None
         outside = {v.name for v in self.outer} | set(self.op.scalars) | set(self.op.symbols)
         _check(free_vars(scale) <= outside, "the score's derivative varies with the pair")
-        c = None
+        c: Expr = Const(0.0, F32)  # (dV alone: no dS is stored, and K stands in for V)
+        self._v_read = k
         for name, operand in ((dk, Read(q.tensor, (*q.indices[:-2], row, col), q.dtype)),
-                              (dq, Read(k.tensor, (*k.indices[:-2], key, col), k.dtype))):
-            c = self._gradient_term(terms[name], e, scale, operand, do, l_)
-        assert c is not None
-        limit = self._limit()
-        body = substitute(score, {})  # (the score, the dot product as a variable)
-        score_expr = transform(body, lambda n: self.v["dot"] if n is dot else None)
+                              (by_row[0] if by_row else None, Read(k.tensor, (*k.indices[:-2], key, col), k.dtype))):
+            if name is not None:
+                c = self._gradient_term(terms[name], e, scale, operand)
+        score_expr = transform(score, lambda n: self.v["dot"] if n is dot else None)
         zero = Const(0, I64)
-        refs = [to_loops(Read(t.tensor, (*t.indices[:-1], zero), t.dtype)) for t in (q, k, self._v_read, do)]
-        lse = Binary("add", m, Call("log", (l_,), F32), F32)
-        delta = Unary("neg", Binary("mul", c, l_, F32), F32)
-        exprs = [to_loops(x) for x in (score_expr, limit, lse, delta, scale)]
+        refs = [to_loops(Read(t.tensor, (*t.indices[:-1], zero), t.dtype)) for t in (q, k, self._v_read, self._do)]
+        lse = Binary("add", m, Call("log", (self._l,), F32), F32)
+        delta = Unary("neg", Binary("mul", c, self._l, F32), F32)
+        exprs = [to_loops(x) for x in (score_expr, self._limit(), lse, delta, scale)]
+        _check(None not in refs and None not in exprs, "an expression needs loops of its own")
         value = self.v["value"]
-        stores = [to_loops(cast(value, self.op.tensors[x].dtype)) for x in (dq, dk, dv)]
-        _check(None not in refs and None not in exprs and None not in stores, "an expression needs loops of its own")
-        at = {dq: (*self.outer, row, col), dk: (*self.outer, key, col), dv: (*self.outer, key, col)}
-        out = [Store(x, at[x], v) for x, v in zip((dq, dk, dv), stores)]  # type: ignore[arg-type]
+        out = []
+        for x, at in ((by_row[0] if by_row else None, row), (dk, key), (dv, key)):
+            stored = None if x is None else to_loops(cast(value, self.op.tensors[x].dtype))
+            _check(x is None or stored is not None, "a store needs loops of its own")
+            out.append(seq() if x is None or stored is None else Store(x, (*self.outer, at, col), stored))
         return MatrixSweep(*refs, row, key, self.v["dot"], col, value, *exprs, *out,  # type: ignore[arg-type]
                            rows=_const(s.row.extent), keys=_const(s.key.extent), depth=self.depth, outer=self.outer,
                            outer_extents=tuple(_const(ax.extent) for ax in s.outer))
@@ -214,9 +243,9 @@ class _Matcher:
         self._dot_axis = d
         return red, q, k
 
-    def _gradient_term(self, term: tuple[list[Expr], list[Expr]], e: Expr, scale: Expr, operand: Read, do: Read,
-                       l_: Read) -> Expr:
-        """The row term ``c`` of a gradient sum ``G * E * a * f32(operand)`` (see the module docstring)."""
+    def _gradient_term(self, term: tuple[list[Expr], list[Expr]], e: Expr, scale: Expr, operand: Read) -> Expr:
+        """The row term ``c`` of a gradient sum ``G * E * a * f32(operand)`` (see the module
+        docstring); dO, l and V as G reads them (the same as the other sums')."""
         num, den = term
         _check(not den, "a gradient sum divides")
         rest = [f for f in num if _key(f) not in (_key(e), _key(Cast(operand, F32)))]
@@ -232,10 +261,14 @@ class _Matcher:
         _check(isinstance(a, Reduce) and a.op == "sum" and len(a.axes) == 1, "no dO . V in the gradient")
         d = a.axes[0].var
         pnum, pden = _factors(a.body)
-        _check(len(pnum) == 2 and len(pden) == 1 and _key(pden[0]) == _key(l_), "dO . V is not divided by l")
+        _check(len(pnum) == 2 and len(pden) == 1, "dO . V is not divided by a row's sum")
         x, y = pnum if self.v["key"].name in free_vars(pnum[1]) else pnum[::-1]
-        got = self._operand(x, self.v["row"], d)
-        _check(got.tensor == do.tensor and tuple(got.indices[:-1]) == tuple(do.indices[:-1]), "dP reads another dO")
+        do = self._operand(x, self.v["row"], d)
+        l_ = self._row_read(pden[0], "(the sum of the exponentials)")
+        if self._do is not None and self._l is not None:
+            _check(do.tensor == self._do.tensor and tuple(do.indices[:-1]) == tuple(self._do.indices[:-1])
+                   and _key(l_) == _key(self._l), "the gradients read different dO or l")
+        self._do, self._l = replace(do, indices=(*do.indices[:-1], self.v["col"])), l_
         self._v_read = self._operand(y, self.v["key"], d)
         return self._row_read(b, "(the row term of the score gradient)")
 

@@ -51,7 +51,6 @@ from tcc.ir.expr import (
     walk,
 )
 from tcc.ir.te import Compute, OpTE, Sweep
-from tcc.passes.te.matrix_sweep import matrix_form
 from tcc.passes.te.streaming import key_limit, streamed_chains
 from tcc.target import Target
 
@@ -84,8 +83,6 @@ def sweep_pairs(op: OpTE, target: Target) -> OpTE:
         op = moved
         sweeps.append(sweep)
         notes.append(_describe(sweep))
-        if target.is_gpu:
-            notes.append(_matrix_note(sweep, op))
     if not notes:
         return op
     return replace(op, sweeps=sweeps, fusion_notes=[*op.fusion_notes, *notes])
@@ -419,16 +416,6 @@ def _is(e: Expr, value: float) -> bool:
     while isinstance(e, Cast):
         e = e.a
     return isinstance(e, Const) and e.value == value
-
-
-def _matrix_note(sweep: Sweep, op: OpTE) -> str:
-    """Whether a GPU with matrix units runs the sweep as FlashAttention-2's backward, or why not."""
-    names = iter(range(1 << 30))
-    form = matrix_form(sweep, op, lambda e: e, lambda base: f"{base}_{next(names)}")
-    if isinstance(form, str):
-        return f"sweep over {sweep.row.var.name} x {sweep.key.var.name}: no matrix form ({form}), the generic schedule"
-    return (f"sweep over {sweep.row.var.name} x {sweep.key.var.name}: FlashAttention-2's backward on the matrix "
-            f"units where the target has them (16-bit rows of {form.depth}, scale {format_expr(form.scale)})")
 
 
 def _describe(s: Sweep) -> str:
