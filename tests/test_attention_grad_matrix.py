@@ -39,6 +39,9 @@ def test_the_fused_stage_says_which_sweeps_take_the_matrix_units(lib, causal):
     half = _grad(lib, causal, "f16").lowered(bindings)
     assert any("FlashAttention-2's backward" in n for n in half.te.fusion_notes), half.te.fusion_notes
     assert len(_sweeps(half)) == 2  # the kernel and its unaligned fallback
+    func = half.scheduled
+    temps = {n for n, b in func.buffers().items() if b.scope == "global"} - {p.name for p in func.params}
+    assert "dO_sum" not in temps and "dl" in temps  # (dO / l, which only the generic sweep read, is not stored)
     single = _grad(lib, causal, "f32").lowered(bindings)
     assert any("no matrix form" in n for n in single.te.fusion_notes) and not _sweeps(single)
     other = _grad(lib, causal, "f16").lowered(bindings | {"D": 32})
