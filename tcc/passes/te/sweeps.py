@@ -25,7 +25,9 @@ are the pairs only it read. The pass fires
 where the pairs are scores that a maximum normalises (a softmax's), computed by a reduction
 (from two smaller operands): a chain of matrix products (an MLP's hidden layer) stores its
 intermediate, which is no larger than its operands, and keeps its GEMM schedule. A sum a
-stream can take (the forward's ``P . V``) is left to it.
+stream can take (the forward's ``P . V``) is left to it. A sum stored in a narrower type than it
+adds in (a 16-bit program's gradients, summed in f32) keeps its partial sums in its own type and
+rounds once, as it is stored (the sweep is then ``split``: nothing adds into the 16-bit tensor).
 """
 
 from __future__ import annotations
