@@ -10,11 +10,15 @@ from __future__ import annotations
 import flash_emulator
 import numpy as np
 import pytest
-from test_attention import ATTENTION, CAUSAL, half_variant
+from test_attention import ATTENTION, CAUSAL, half_bindings, half_variant
 
 import tcc
+from tcc import dtypes
 from tcc.codegen_cuda import cuda_c, nvrtc
+from tcc.ir.expr import Const, substitute
 from tcc.ir.loops import MatrixSweep, walk_stmts
+from tcc.passes.simplify import simplify
+from tcc.passes.te.grad import saving
 from tcc.testing import assert_matches, random_args, reference_results
 
 
@@ -48,8 +52,9 @@ def test_the_fused_stage_says_which_sweeps_take_the_matrix_units(lib, causal):
     assert any("no matrix form (rows of 32" in n for n in other.te.fusion_notes) and not _sweeps(other)
 
 
-def test_a_soft_cap_keeps_the_generic_schedule():
-    op = tcc.compile(half_variant("softcap"), target="cuda", arch="sm_90").softcap.bound(T="f16")
+@pytest.mark.parametrize("variant", ["softcap", "masked"])
+def test_soft_caps_and_masks_from_data_keep_the_generic_schedule(variant):
+    op = tcc.compile(half_variant(variant), target="cuda", arch="sm_90")[variant].bound(T="f16")
     grad = tcc.grad(op, ["Q", "K", "V"])
     lowered = grad.lowered({"B": 1, "H": 2, "S": 33, "L": 40, "D": 64})
     assert lowered.te.sweeps, lowered.te.fusion_notes
@@ -67,45 +72,64 @@ def test_the_backward_compiles_through_nvrtc(arch, T, causal, D):
     nvrtc.compile_cubin(program.source, arch + ("a" if program.arch_specific else ""))
 
 
-def _row_statistics(q, k, v, do, scale: float, causal: bool) -> dict[str, np.ndarray]:
-    """What the program's forward stores before the sweep: the shift m, the sum l and the row
-    term dl = -sum(dO * O) / l, from the 16-bit values in f64."""
-    s = np.einsum("bhid,bhjd->bhij", q, k) * scale
-    if causal:
-        s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
-    m = s.max(-1)
-    e = np.exp(s - m[..., None])
-    l_ = e.sum(-1)
-    o = np.einsum("bhij,bhjd->bhid", e, v) / l_[..., None]
-    return {"m": m.astype(np.float32), "l": l_.astype(np.float32), "dl": (-(do * o).sum(-1) / l_).astype(np.float32)}
+HALF = ("f16", "bf16")
+
+
+def _emulated(grad, bindings: dict, rng) -> None:
+    """Run the generated backward kernel of ``grad`` on the host emulator, on the row tensors it
+    reads (m, l, dl: from the reference, which computes every statement), and check each
+    gradient the program stores against the reference; dQ from the kernel's accumulator times
+    the statement's scale."""
+    lowered = grad.lowered(bindings)
+    program = cuda_c.generate(lowered.scheduled, grad.target)
+    at = next(i for i, t in enumerate(program.kernel_texts) if "tcc_flash_bwd<" in t)
+    info, te = program.kernels[at], grad.te
+    (sweep, *_) = _sweeps(lowered)
+    bf16 = sweep.q.dtype.name == "bf16"
+    args = random_args(te, bindings, rng)
+    for k, p in enumerate(te.params):  # (16-bit values exactly; scales of a usual size)
+        if p in te.tensors and te.tensors[p].dtype.name in HALF:
+            args[k] = flash_emulator.from16(flash_emulator.to16(args[k], bf16), bf16)
+        elif p == "scale":
+            args[k] = np.float32(0.125)
+    params = [name for name, _ in info.params]
+    read = [n for n in params if n in te.tensors and te.tensors[n].kind == "temp"]
+    full = saving(te, read)
+    values = dict(zip(full.results, reference_results(full, args, bindings)))
+    inputs: dict = {}
+    for p, a in zip(te.params, args):
+        half = p in te.tensors and te.tensors[p].dtype.name in HALF
+        inputs[p] = flash_emulator.to16(a, bf16) if half else a if p in te.tensors else float(a)
+    inputs |= {n: np.ascontiguousarray(values[n], np.float32) for n in read}
+    inputs |= {r: np.full(values[r].shape, 0x7E7E, np.uint16) for r in te.results}
+    acc = next(n for n in params if n.startswith("dq_acc"))
+    inputs[acc] = np.zeros(lowered.scheduled.buffers()[acc].shape, np.float32)
+    got = flash_emulator.generated(program.kernel_texts[at], info.grid, info.block, info.shared, inputs)
+    scalars = {p: Const(float(a), dtypes.f32) for p, a in zip(te.params, args) if p not in te.tensors}
+    scale = simplify(substitute(sweep.scale, scalars))
+    assert isinstance(scale, Const), scale
+    for r in te.results:
+        value = flash_emulator.to16(got[acc].reshape(values[r].shape) * scale.value, bf16) if r not in got else got[r]
+        assert_matches(flash_emulator.from16(value, bf16), values[r], te.tensors[r].dtype, r)
 
 
 @pytest.mark.skipif(not flash_emulator.available(), reason="no g++ for the host emulator")
-@pytest.mark.parametrize("T,causal,D,S,L,wrt", [("f16", False, 64, 33, 70, None), ("bf16", True, 64, 40, 40, None),
-                                                ("f16", True, 64, 33, 33, ["Q"]),
-                                                ("f16", False, 64, 7, 40, ["K", "V"])])
-def test_the_generated_backward_kernel_on_the_emulator(lib, rng, T, causal, D, S, L, wrt):
+@pytest.mark.parametrize("T,causal,S,L,wrt", [("f16", False, 33, 70, None), ("bf16", True, 40, 40, None),
+                                              ("f16", True, 33, 33, ["Q"]), ("f16", False, 7, 40, ["K", "V"])])
+def test_the_generated_backward_kernel_on_the_emulator(lib, rng, T, causal, S, L, wrt):
     """The generated kernel's lambdas (rows, score, key limit, lse = m + log(l), Delta = -dl * l,
     the dQ accumulator, the stores) give the reference's dK, dV and (scaled from the accumulator)
     dQ; with some of the gradients (what tcc.torch derives, one op per input), those."""
     grad = tcc.grad((lib.causal_attention if causal else lib.attention).bound(T=T), wrt)
-    bindings = {"B": 1, "H": 2, "S": S, "D": D} | ({} if causal else {"L": L})
-    program = cuda_c.generate(grad.lowered(bindings).scheduled, grad.target)
-    at = next(i for i, t in enumerate(program.kernel_texts) if "tcc_flash_bwd<" in t)
-    info = program.kernels[at]
-    bf16 = T == "bf16"
-    args = random_args(grad.te, bindings, rng)
-    scale = np.float32(1.0 / np.sqrt(D))
-    values = [flash_emulator.from16(flash_emulator.to16(args[i], bf16), bf16) for i in (0, 1, 2, 4)]
-    bits = {name: flash_emulator.to16(x, bf16) for name, x in zip(("Q", "K", "V", "dO"), values)}
-    wide = [x.astype(np.float64) for x in values]
-    inputs: dict = bits | _row_statistics(*wide, float(scale), causal) | {"scale": float(scale)}
-    inputs |= {name: np.full(bits["K"].shape, 0x7E7E, np.uint16) for name in ("dK", "dV")}
-    acc = next(name for name, _ in info.params if name.startswith("dq_acc"))
-    inputs[acc] = np.zeros((2, S, D), np.float32)
-    got = flash_emulator.generated(program.kernel_texts[at], info.grid, info.block, info.shared, inputs)
-    got["dQ"] = flash_emulator.to16(got[acc].reshape(1, 2, S, D) * scale, bf16)
-    expected = reference_results(grad.te, [values[0], values[1], values[2], scale, values[3]], bindings)
-    assert len(expected) == (3 if wrt is None else len(wrt))
-    for name, e in zip(grad.te.results, expected):
-        assert_matches(flash_emulator.from16(got[name], bf16), e, grad.te.tensors[name].dtype, name)
+    _emulated(grad, {"B": 1, "H": 2, "S": S, "D": 64} | ({} if causal else {"L": L}), rng)
+
+
+@pytest.mark.skipif(not flash_emulator.available(), reason="no g++ for the host emulator")
+@pytest.mark.parametrize("name,wrt", [("alibi", ["K"]), ("grouped", ["Q"]), ("lse", None)])
+def test_variant_backward_kernels_on_the_emulator(rng, name, wrt):
+    """ALiBi (a bias in the score, a causal limit), grouped heads (K and V shared by two heads)
+    and a row log-sum-exp result (its gradient in the row term) on the same kernel."""
+    op = tcc.compile(half_variant(name), target="cuda", arch="sm_90")[name].bound(T="f16")
+    grad = tcc.grad(op, wrt)
+    bindings = {k: min(v, 2) if k in ("B", "H", "G") else v for k, v in half_bindings(name, 33, 40, 64).items()}
+    _emulated(grad, bindings, rng)

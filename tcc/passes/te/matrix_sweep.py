@@ -275,10 +275,10 @@ class _Matcher:
     def _limit(self) -> Expr:
         """The key limit every mask spells (``key < limit(row)``), or the key count."""
         rows = (*(IterVar(v, Const(1, I64)) for v in self.outer), IterVar(self.v["row"], Const(1, I64)))
-        found = {format_expr(x): x for x in (key_limit([m], IterVar(self.v["key"], Const(1, I64)), rows)
-                                              for m in self.masks)}
-        _check(None not in found and len(found) <= 1, "a mask that is not one key limit of the row")
-        return next(iter(found.values()), Const(_const(self.s.key.extent), I64))  # type: ignore[return-value]
+        limits = [key_limit([m], IterVar(self.v["key"], Const(1, I64)), rows) for m in self.masks]
+        found = {format_expr(x): x for x in limits if x is not None}
+        _check(None not in limits and len(found) <= 1, "a mask that is not one key limit of the row")
+        return next(iter(found.values()), Const(_const(self.s.key.extent), I64))
 
 
 def _factors(e: Expr) -> tuple[list[Expr], list[Expr]]:
