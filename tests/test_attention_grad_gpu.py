@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_attention import ATTENTION, CAUSAL, VARIANTS
+from test_attention import ATTENTION, CAUSAL, VARIANTS, half_bindings, half_variant
 
 import tcc
 from tcc.errors import TccError
@@ -91,15 +91,27 @@ def test_half_gradients_of_some_inputs(rng, wrt, causal):
     _check_half(grad, bindings, rng, "f16", 64)
 
 
+@pytest.mark.parametrize("name,wrt,T", [("alibi", ["Q"], "bf16"), ("alibi", ["K"], "f16"), ("grouped", ["Q"], "f16"),
+                                        ("lse", None, "bf16")])
+def test_half_variant_gradients_on_the_matrix_units(rng, name, wrt, T):
+    """ALiBi's bias and causal limit, grouped heads, a row log-sum-exp result: on the same kernel."""
+    op = tcc.compile(half_variant(name), target="cuda")[name].bound(T=T)
+    grad = tcc.grad(op, wrt)
+    bindings = half_bindings(name, 33, 70, 64)
+    assert any(isinstance(s, MatrixSweep) for s in walk_stmts(grad.lowered(bindings).scheduled.body))
+    _check_half(grad, bindings, rng, T, 64)
+
+
 def _check_half(grad, bindings: dict, rng, T: str, D: int) -> None:
     """16-bit inputs as torch CUDA tensors (the reference sees the same values in f32), the
     results into poisoned torch tensors."""
     torch = pytest.importorskip("torch")
-    args = random_args(grad.te, bindings, rng)
-    args[3] = np.float32(1.0 / np.sqrt(D))
+    te = grad.te
+    args = [np.float32(1.0 / np.sqrt(D)) if p == "scale" else a
+            for p, a in zip(te.params, random_args(te, bindings, rng))]
     wide = {"f16": torch.float16, "bf16": torch.bfloat16}[T]
-    device = [torch.from_numpy(np.ascontiguousarray(a)).cuda().to(wide) if isinstance(a, np.ndarray) else a
-              for a in args]
+    device = [torch.from_numpy(np.ascontiguousarray(a)).cuda().to(wide)
+              if p in te.tensors and te.tensors[p].dtype.name == T else a for p, a in zip(te.params, args)]
     rounded = [t.float().cpu().numpy() if isinstance(t, torch.Tensor) else t for t in device]
     expected = reference_results(grad.te, rounded, bindings)
     outs = tuple(torch.full(e.shape, float("nan"), dtype=wide, device="cuda") for e in expected)
