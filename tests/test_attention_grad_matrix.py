@@ -7,6 +7,8 @@ tests/test_attention_grad_gpu.py."""
 
 from __future__ import annotations
 
+import re
+
 import flash_emulator
 import numpy as np
 import pytest
@@ -69,7 +71,12 @@ def test_the_backward_compiles_through_nvrtc(arch, T, causal, D):
     lowered = grad.lowered({"B": 2, "H": 3, "S": 1000, "D": D} | ({} if causal else {"L": 33}))
     assert _sweeps(lowered)
     program = cuda_c.generate(lowered.scheduled, grad.target)
-    nvrtc.compile_cubin(program.source, arch + ("a" if program.arch_specific else ""))
+    log = nvrtc.ptxas_report(program.source, arch + ("a" if program.arch_specific else ""))
+    most = 0 if D == 64 else 64  # (D 128: 64 x 128 spills a few bytes, 44 on sm_80 in bf16; still the fastest)
+    for info, text in zip(program.kernels, program.kernel_texts):  # the lambdas cost the template no registers
+        if "tcc_flash_bwd<" in text:
+            found = re.search(r"(\d+) bytes spill stores", log[log.index(f"'{info.name}'"):])
+            assert found and int(found.group(1)) <= most, log
 
 
 HALF = ("f16", "bf16")
