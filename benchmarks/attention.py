@@ -70,14 +70,22 @@ def math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: flo
     return (torch.softmax(s, -1) @ v.float()).to(q.dtype)
 
 
+CALLS_CUDA = 10  # back-to-back calls a CUDA trial: the GPU's time a call, not one call's host latency
+
+
 def timed(fn: Callable[[], object], cuda: bool) -> float:
+    """Seconds a call: one call on the CPU; on CUDA the mean of CALLS_CUDA queued calls between two
+    synchronisations (as CUDA events around them would measure: a decoding call's 0.15 ms kernel
+    is otherwise half host latency)."""
+    calls = CALLS_CUDA if cuda else 1
     if cuda:
         torch.cuda.synchronize()
     t0 = time.perf_counter()
-    fn()
+    for _ in range(calls):
+        fn()
     if cuda:
         torch.cuda.synchronize()
-    return time.perf_counter() - t0
+    return (time.perf_counter() - t0) / calls
 
 
 def interleaved(fns: dict[str, Callable[[], object]], trials: int, cuda: bool) -> dict[str, float]:

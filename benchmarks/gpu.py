@@ -15,14 +15,21 @@ would pick instead (``--no-compile`` skips it): the last two columns.
     python benchmarks/gpu.py -k "user schedule"  # the hand-scheduled tensor-core GEMM (matmul_tc.tc)
     python benchmarks/gpu.py -k FP8 --no-compile  # the scaled FP8 GEMM against torch._scaled_mm (sm_89 on)
     python benchmarks/gpu.py --roofline --png roofline.png  # and each against the machine's ceilings
+    TCC_BENCH_STAGED_STORES=off python benchmarks/gpu.py -k GEMM  # tcc.compile(..., staged_stores="off")
+
+``TCC_BENCH_STAGED_STORES`` (auto, off or all; read by this script only) is passed to
+``tcc.compile`` as ``staged_stores=``: which tensor-core GEMM results go through shared memory.
+``TCC_BENCH_SHARED_KIB=113`` compiles for the device with that much shared memory a block (the
+schedules then pick smaller GEMM tiles: 128 x 128 in 3 slots, two blocks a multiprocessor).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -31,6 +38,7 @@ from cuda_kernels import gpu_ms  # this folder's timing helper: CUDA events arou
 import tcc
 from tcc import roofline as tcc_roofline
 from tcc.runtime import cuda as cuda_backend
+from tcc.target import CudaTarget
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SOURCE = """
@@ -228,11 +236,53 @@ def _rows(lib: tcc.Library, lib_tf32: tcc.Library, only: list[str]) -> list[Row]
         rows.append(Row("rmsnorm 8192x8192", lambda: lib.rmsnorm(big, g),
                         lambda: fn.rms_norm(big, (8192,), g, 1e-6), 4 * elems, 2 * nbytes, "GB/s",
                         compiled=_compiled(lambda x, g: fn.rms_norm(x, (8192,), g, 1e-6), big, g)))
+    rows += _backward_rows(lib, big, g, b, want)
     if want("linear + bias + GELU"):
         xs, ws, bs = (torch.randn(*s, device=dev).half() for s in ((4096, 4096), (4096, 4096), (4096,)))
         rows.append(Row("linear + bias + GELU f16 4096^3", lambda: lib.linear_gelu(xs, ws, bs),
                         lambda: fn.gelu(fn.linear(xs, ws, bs)), 2 * 4096**3, 8 * 4096**2, arith="f16",
                         compiled=_compiled(lambda x, w, b: fn.gelu(fn.linear(x, w, b)), xs, ws, bs)))
+    return rows
+
+
+def _backward_rows(lib: tcc.Library, x: torch.Tensor, g: torch.Tensor, b: torch.Tensor,
+                   want: Callable[[str], bool]) -> list[Row]:
+    """The row reductions' input gradients: ``tcc.grad`` of each op (it recomputes the forward's row
+    statistics from X) against PyTorch's own backward kernel given what its forward saved (the
+    output, or the mean and reciprocal deviation) and torch.compile of the same formula. Each reads
+    X (or Y) and dY and writes dX: three passes over 8192 x 8192."""
+    fn, rows = torch.nn.functional, []
+    dy = torch.randn_like(x)
+    elems, nbytes = x.numel(), 3 * x.numel() * 4
+    if want("softmax backward"):
+        y, sgrad = torch.softmax(x, dim=1), tcc.grad(lib.softmax)
+        rows.append(Row("softmax backward 8192x8192", lambda: sgrad(x, dy),
+                        lambda: torch._softmax_backward_data(dy, y, 1, torch.float32), 4 * elems, nbytes, "GB/s",
+                        compiled=_compiled(lambda y, dy: y * (dy - (dy * y).sum(1, keepdim=True)), y, dy)))
+    if want("layernorm backward"):
+        lgrad = tcc.grad(lib.layernorm, ["X"])
+        mean = x.mean(1, keepdim=True)
+        rstd = (x.var(1, unbiased=False, keepdim=True) + 1e-5).rsqrt()
+
+        def layernorm_dx(x: torch.Tensor, g: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+            mu, r = x.mean(1, keepdim=True), (x.var(1, unbiased=False, keepdim=True) + 1e-5).rsqrt()
+            xhat, wdy = (x - mu) * r, dy * g
+            return r * (wdy - wdy.mean(1, keepdim=True) - xhat * (wdy * xhat).mean(1, keepdim=True))
+        rows.append(Row("layernorm backward 8192x8192 (dX)", lambda: lgrad(x, g, b, dy),
+                        lambda: torch.ops.aten.native_layer_norm_backward(
+                            dy, x, [x.shape[1]], mean, rstd, g, b, [True, False, False])[0],
+                        10 * elems, nbytes, "GB/s", compiled=_compiled(layernorm_dx, x, g, dy)))
+    if want("rmsnorm backward"):
+        rgrad = tcc.grad(lib.rmsnorm, ["X"])
+        xr = x.detach().requires_grad_()
+        yr = fn.rms_norm(xr, (x.shape[1],), g, 1e-6)
+
+        def rmsnorm_dx(x: torch.Tensor, g: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+            r = ((x * x).mean(1, keepdim=True) + 1e-6).rsqrt()
+            return r * g * dy - x * r**3 * (g * dy * x).mean(1, keepdim=True)
+        rows.append(Row("rmsnorm backward 8192x8192 (dX)", lambda: rgrad(x, g, dy),
+                        lambda: torch.autograd.grad(yr, xr, dy, retain_graph=True)[0], 6 * elems, nbytes, "GB/s",
+                        compiled=_compiled(rmsnorm_dx, x, g, dy)))
     return rows
 
 
@@ -304,11 +354,17 @@ def main() -> None:
     global COMPILE
     COMPILE = not args.no_compile
     torch.manual_seed(0)
-    lib = tcc.compile(SOURCE, target="cuda")
-    lib_tf32 = tcc.compile(SOURCE, target="cuda", tf32=True)
+    stores = os.environ.get("TCC_BENCH_STAGED_STORES", "auto")
+    target: str | CudaTarget = "cuda"
+    if os.environ.get("TCC_BENCH_SHARED_KIB"):  # a smaller shared-memory budget: other tiles
+        kib = int(os.environ["TCC_BENCH_SHARED_KIB"])
+        target = replace(cuda_backend.machine(), shared_per_block_optin=kib << 10)
+    lib = tcc.compile(SOURCE, target=target, staged_stores=stores)
+    lib_tf32 = tcc.compile(SOURCE, target=target, tf32=True, staged_stores=stores)
     header = ("workload", "tcc ms", "torch ms", "tcc", "torch", "unit", "ratio", "rel err", "compile ms",
               "ratio vs compile")
-    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, staged_stores={stores}, "
+          f"target: {target}")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header), flush=True)
     done, times = [], []

@@ -23,7 +23,7 @@ from tcc.frontend.schedules import Schedule, module_schedules, schedule_from_tex
 from tcc.frontend.sema import analyze
 from tcc.generic_op import GenericOp
 from tcc.index_guard import RESULT, guard_source
-from tcc.ir.loops import DETERMINISTIC, GUARDED, format_func
+from tcc.ir.loops import DETERMINISTIC, GUARDED, STAGED_STORES, STORE_MODES, format_func
 from tcc.ir.te import OpTE, format_op
 from tcc.opdoc import docstring, header, signature
 from tcc.passes.pipeline import Lowered, lower_op
@@ -61,7 +61,8 @@ def kernels_built() -> int:
     """How many kernels this process has compiled (not found in the memory or disk cache), by any
     op: the count that a front door's "no recompiles" is measured by (``tcc.kernels_built()``)."""
     return _BUILT[0]
-OPTIONS = ("conv", "arch", "tf32", "constant_params", "deterministic")  # of tcc.compile, each taken by some backend
+# the options of tcc.compile, each taken by some backend
+OPTIONS = ("conv", "arch", "tf32", "constant_params", "deterministic", "staged_stores")
 
 
 def check_options(options: dict[str, Any], target: str | Target) -> None:
@@ -85,6 +86,12 @@ def check_options(options: dict[str, Any], target: str | Target) -> None:
     if "deterministic" in options and not isinstance(options["deterministic"], bool):
         raise TccArgumentError(f"deterministic= must be True or False, not {options['deterministic']!r}",
                                hint="deterministic=True makes += statements add in the same order on every run")
+    if "staged_stores" in options and not (isinstance(options["staged_stores"], bool)
+                                           or options["staged_stores"] in STORE_MODES):
+        raise TccArgumentError(f"staged_stores= must be True, False or one of {', '.join(STORE_MODES)}, not "
+                               f"{options['staged_stores']!r}",
+                               hint="'auto' (True) sends 16-bit tensor-core GEMM results through shared memory, "
+                                    "'all' f32 ones too, 'off' (False) none")
     if "tf32" in options and not isinstance(options["tf32"], bool):
         raise TccArgumentError(f"tf32= must be True or False, not {options['tf32']!r}",
                                hint="tf32=True lets f32 contractions round their operands to TF32 on tensor cores")
@@ -476,6 +483,9 @@ class Op:
                            frozenset(self.options.get("constant_params", ())), symbols, dict(self.dynamic.multiples))
         if self.options.get("deterministic"):  # (read by the schedules of += statements)
             lowered.loops.attrs[DETERMINISTIC] = True
+        if "staged_stores" in self.options:  # (read by the CUDA GEMM schedules; True is "auto", False "off")
+            stores = self.options["staged_stores"]
+            lowered.loops.attrs[STAGED_STORES] = {True: "auto", False: "off"}.get(stores, stores)
         if self.target.is_gpu and self.index_guard(bindings) is not None:  # (its kernels read the guard's count)
             lowered.loops.attrs[GUARDED] = True
         if self._tunes(symbols):

@@ -234,8 +234,10 @@ class _Thread:
                 yield from self.run(c, env)
         elif isinstance(s, Let):
             yield from self.run(s.body, {**env, s.var.name: ev.expr(s.value)})
+        elif isinstance(s, For) and s.kind == "vector":
+            self._vector(s, env)
         elif isinstance(s, For):
-            assert s.kind in ("serial", "unroll", "vector"), f"simulating a {s.kind} loop inside a thread"
+            assert s.kind in ("serial", "unroll"), f"simulating a {s.kind} loop inside a thread"
             for i in range(_int(s.extent, env)):
                 yield from self.run(s.body, {**env, s.var.name: i})
         elif isinstance(s, If):
@@ -246,6 +248,9 @@ class _Thread:
             self.buffers[s.buffer.name] = s.buffer
             fresh = np.full(s.buffer.size, np.nan if s.buffer.dtype.is_float else 0, _NP[s.buffer.dtype.name])
             if s.buffer.scope == "shared":  # one per block, whichever thread gets there first
+                if s.buffer.name not in self.block.memory:
+                    for name in s.reuses:  # their memory is this buffer's now: what they held is gone
+                        self.block.memory[name][:] = np.nan if self.buffers[name].dtype.is_float else 0
                 self.block.memory.setdefault(s.buffer.name, fresh)
             else:
                 self.locals[s.buffer.name] = fresh
@@ -270,6 +275,36 @@ class _Thread:
             self.land_copies(s.pending)
         else:
             raise NotImplementedError(f"simulating {type(s).__name__}")
+
+    def _vector(self, s: For, env: dict) -> None:
+        """A vector loop (one wide access on the GPU): its lanes in order, checking the schedule's
+        promises: its body is lets, at most one guard and a store; every lane stores, or none; they
+        store consecutive elements of one buffer, the first on a multiple of the lane count."""
+        lanes = _int(s.extent, env)
+        stored = []
+        for i in range(lanes):
+            body, lane_env = s.body, {**env, s.var.name: i}
+            while isinstance(body, (Let, If)):
+                if isinstance(body, If):
+                    assert body.otherwise is None, "a vector loop's guard has an else"
+                    if not self.eval(lane_env).expr(body.cond):
+                        break
+                    body = body.then
+                    continue
+                lane_env = {**lane_env, body.var.name: self.eval(lane_env).expr(body.value)}
+                body = body.body
+            if isinstance(body, If):  # guarded out
+                continue
+            assert isinstance(body, Store), f"a vector loop's body ends in {type(body).__name__}, not a store"
+            ev = self.eval(lane_env)
+            stored.append((body.buffer, ev.offset(Load(body.buffer, body.indices, body.value.dtype))))
+            for _ in self.run(body, lane_env):
+                raise AssertionError("a block-wide statement in a vector loop")
+        if not stored:
+            return
+        first = stored[0][1]
+        assert all(name == stored[0][0] for name, _ in stored) and first % lanes == 0 and \
+            [at for _, at in stored] == list(range(first, first + lanes)), f"vector loop {s.var.name}: {stored}"
 
     def _async_copy(self, s: AsyncCopy, ev: _Eval) -> None:
         """Read the source now, write shared memory when a wait lets the group land."""

@@ -9,6 +9,7 @@ cache find one kernel for every size. tests/test_cuda_dynamic_gpu.py runs them o
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -20,16 +21,19 @@ import pytest
 
 import tcc
 from tcc import dtypes
-from tcc.codegen_cuda import driver, launch_sizes
+from tcc.codegen_cuda import driver, launch_sizes, nvrtc
 from tcc.errors import TccCompileError, TccRuntimeError
 from tcc.ir.expr import Binary, Const, Var
-from tcc.ir.loops import Allocate, walk_stmts
+from tcc.ir.loops import Allocate, For, walk_stmts
+from tcc.passes.autoschedule_cuda import rows
 from tcc.runtime import cuda as cuda_runtime
+from tcc.target import CudaTarget
 from tcc.testing import assert_matches, reference_results
 
 pytest.importorskip("cuda.bindings.nvrtc")
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 I64 = dtypes.i64
+BOOL = dtypes.boolean
 
 ELEMENTWISE = """
 op axpb(A: f32[S, N], B: f32[S, N]) -> C: f32[S, N] {
@@ -97,21 +101,138 @@ def test_layernorm(rng):
               lambda rng, N, D: (_f32(rng, N, D), _f32(rng, D), _f32(rng, D)), rng)
 
 
-def test_a_dynamic_row_keeps_its_values_in_registers_up_to_a_bound():
+def test_a_dynamic_row_keeps_its_values_in_registers_in_the_variant_of_its_length():
+    """A variant per row length R of rows.BOUNDED_ROWS for the rows in (R / 2, R], each with the
+    threads and steps a constant row of that length gets (a row of 1000: 4 steps of 256 threads,
+    as at C = 1000); the plain kernel, its row in global memory, for longer rows."""
     op = _op(EXAMPLES / "softmax.tc", "softmax", ("N", "C"))
     func = op.lowered(dict(N=2, C=8), dynamic=frozenset("NC")).scheduled
-    bounded, plain = func.body.body.stmts  # (inside the global row the plain kernel uses beyond the bound)
-    assert dict(bounded.annotations)["requires"] == Binary("le", Var("C", I64), Const(4096, I64), dtypes.boolean)
+    *variants, plain = func.body.body.stmts  # (inside the global row the plain kernel uses beyond the bound)
+    c, lengths = Var("C", I64), rows.BOUNDED_ROWS
+    assert [dict(v.annotations)["requires"] for v in variants] == [Binary("le", c, Const(lengths[0], I64), BOOL)] + \
+        [Binary("and", Binary("lt", Const(r // 2, I64), c, BOOL), Binary("le", c, Const(r, I64), BOOL), BOOL)
+         for r in lengths[1:]]
+    assert plain.annotations == (("requires", Binary("lt", Const(lengths[-1], I64), c, BOOL)),)
 
-    def registers(kernel):  # a thread's 16 values of the row (256 threads: 4096)
-        return [s.buffer.name for s in walk_stmts(kernel) if isinstance(s, Allocate) and s.buffer.shape == (16,)]
-    assert len(registers(bounded)) == 2 and not registers(plain)  # X's row and its exponentials
+    def registers(kernel):  # the thread's arrays: X's row and its exponentials
+        return [s.buffer.shape for s in walk_stmts(kernel)
+                if isinstance(s, Allocate) and s.buffer.name.startswith(("X_r", "e_r"))]
+    for variant, length in zip(variants, lengths):
+        threads = min(length, 256)
+        assert {s.extent for s in walk_stmts(variant) if isinstance(s, For) and s.kind == "thread.x"} == \
+            {Const(threads, I64)}
+        assert registers(variant) == [(length // threads,)] * 2
+    assert not registers(plain)
+
+
+def test_the_launch_runs_the_row_variant_of_the_calls_length():
+    kernel = _kernel(EXAMPLES / "softmax.tc", "softmax", ("N", "C"), dict(N=4, C=4))
+    metas = kernel.meta["kernels"]
+    for c, runs in ((1, 0), (32, 0), (33, 1), (1000, 5), (1024, 5), (1025, 6), (8192, 8), (8193, 9)):
+        sized = []
+        for meta in metas:  # (no GPU: names and grids only)
+            launcher = driver.Launcher.__new__(driver.Launcher)
+            launcher.name, launcher.grid, launcher.fallback = meta["name"], 0, None
+            sized.append(cuda_runtime._sized(launcher, metas, dict(N=7, C=c), "softmax"))
+        assert [(s.name, s.grid) for s in sized if s is not None] == [(metas[runs]["name"], 7)], c
 
 
 def test_matmul_every_dim(rng):
     op = _op(EXAMPLES / "matmul.tc", "matmul", ("M", "N", "K"))
     _simulate(op, ("M", "N", "K"), [dict(M=m, N=n, K=k) for m, n, k in ((33, 7, 5), (1, 1, 1), (40, 65, 33))],
               lambda rng, M, N, K: (_f32(rng, M, K), _f32(rng, K, N)), rng)
+
+
+@pytest.mark.parametrize("aligned, sizes", [(True, (1, 7, 0)), (False, (3,))])
+def test_matmul_kernels_by_the_range_of_m(rng, aligned, sizes):
+    """A dynamic M (K and N constant): a matrix-vector row kernel for M = 1, split-K for few rows
+    (its chunk count by range), one tile a block for many, as constant sizes get them: one
+    scheduled function run at an M of several ranges (misaligned: split-K's one-element sums)."""
+    op = _op(EXAMPLES / "matmul.tc", "matmul", ("M",))
+    func = op.lowered(dict(M=5, N=32, K=256), dynamic=frozenset("M")).scheduled
+    assert func.attrs["kernel kinds"] == ("by M: row to 1 | split-K gemm to 2 | split-K gemm to 4 | "
+                                          "split-K gemm to 24 | split-K gemm to 2048 | gemm",)
+    _simulate(op, ("M",), [dict(M=m, N=32, K=256) for m in sizes],
+              lambda rng, M, N, K: (_f32(rng, M, K), _f32(rng, K, N)), rng, aligned)
+
+
+@pytest.mark.parametrize("source, name", [(EXAMPLES / "matmul.tc", "matmul"), (HALF_MATMUL, "hmm")])
+def test_matmul_range_kernels_at_the_size_of_each_range(source, name):
+    """M = 1, 7, 1000 and 8192 of a 512 x 512 weight run the kernels a constant M gets there, their
+    grids and blocks the same (f32: a row kernel, split-K over 4 chunks of 32 x 32 tiles, over 2 of
+    128 x 128 tiles, 128 x 128 tiles alone; f16: mma.sync tiles, then warpgroup ones); an aligned
+    variant's fallback, which a range may share, left out."""
+    kernel = _kernel(source, name, ("M",), dict(M=5, N=512, K=512))
+    static = tcc.compile(source, target="cuda", arch="sm_90", dynamic=False)[name]
+    for m in (1, 7, 1000, 8192):
+        fixed = cuda_runtime.CudaKernel(name, cuda_runtime.build(static.lowered(dict(M=m, N=512, K=512)).scheduled,
+                                                                 static.target))
+        runs = [k for k in kernel.meta["kernels"] if launch_sizes.evaluate(k["requires"], dict(M=m))]
+        assert [(launch_sizes.evaluate(k["grid"], dict(M=m)), k["block"], k["aligned"]) for k in _firsts(runs)] == \
+            [(k["grid"], k["block"], k["aligned"]) for k in _firsts(fixed.meta["kernels"])], m
+    if name == "hmm":
+        return
+    # split-K's partials (4 chunks to M = 48, 2 to 4096), each sized for its range's largest M
+    assert [n for _, n in kernel.sizes(dict(M=8192))] == [4 * 48 * 512 * 4, 2 * 4096 * 512 * 4]
+    assert [n for _, n in kernel.sizes(dict(M=7))] == [4 * 7 * 512 * 4, 2 * 7 * 512 * 4]
+
+
+def _firsts(kernels: list[dict]) -> list[dict]:
+    """``kernels`` less each aligned variant's fallback."""
+    return [k for i, k in enumerate(kernels) if i == 0 or not kernels[i - 1]["aligned"]]
+
+
+@pytest.mark.parametrize("source, name, symbols, bindings", [
+    (EXAMPLES / "softmax.tc", "softmax", ("N", "C"), dict(N=7, C=1000)),
+    (EXAMPLES / "layernorm.tc", "layernorm", ("N", "D"), dict(N=7, D=768)),
+    (EXAMPLES / "matmul.tc", "matmul", ("M",), dict(M=7, K=512, N=512)),
+    (EXAMPLES / "conv2d.tc", "conv2d", ("N",), dict(N=2, C=32, H=28, W=28, F=64, KH=3, KW=3, S=1, P=1, D=1)),
+    (EXAMPLES / "conv2d.tc", "conv2d", ("N",), dict(N=2, C=32, H=6, W=6, F=32, KH=3, KW=3, S=1, P=1, D=1)),
+    (HALF_MATMUL, "hmm", ("M",), dict(M=7, K=1024, N=1024)),
+], ids=["softmax", "layernorm", "matmul_M", "conv_N", "conv_N_small", "hmm_M"])
+def test_the_benchmarked_kernels_compile_and_one_range_runs_at_every_size(source, name, symbols, bindings):
+    """benchmarks/dynamic.py's CUDA cases through NVRTC (and a convolution whose batch takes split-K
+    while small); at every size of the ranged symbol from 0 to 9000 the conditions of exactly one
+    range hold (an aligned variant and its fallback share one)."""
+    kernel = _kernel(source, name, symbols, bindings)
+    assert kernel.cubins and all(c.startswith(b"\x7fELF") for c in kernel.cubins)
+    ranged = symbols[-1] if len(symbols) > 1 else symbols[0]  # (the row length; M)
+    conditions = [k["requires"] for k in kernel.meta["kernels"] if k["requires"] is not None]
+    assert len(conditions) > 2
+    for size in range(9001):
+        values = {**bindings, ranged: size}
+        holding = {str(c) for c in conditions if launch_sizes.evaluate(c, values)}
+        assert len(holding) == 1, (size, holding)
+
+
+def _resident(source: str, kernels: list[dict]) -> dict[str, int]:
+    """Blocks of each kernel an H100 multiprocessor holds at once, by ptxas's register count."""
+    report = nvrtc.ptxas_report(source, "sm_90")
+    used = dict(re.findall(r"Compiling entry function '(\w+)'.*?Used (\d+) registers", report, re.S))
+    machine = CudaTarget.for_arch("sm_90")
+    return {k["name"]: min(machine.max_threads_per_sm // k["block"],
+                           machine.registers_per_sm // (-(-int(used[k["name"]]) // 8) * 8 * k["block"]))
+            for k in kernels}
+
+
+@pytest.mark.parametrize("source, name, symbols, bindings, ranged", [
+    (EXAMPLES / "softmax.tc", "softmax", ("N", "C"), dict(N=7, C=1000), "C"),
+    (EXAMPLES / "layernorm.tc", "layernorm", ("N", "D"), dict(N=7, D=768), "D"),
+    (EXAMPLES / "matmul.tc", "matmul", ("M",), dict(M=1000, K=512, N=512), "M"),
+    (EXAMPLES / "matmul.tc", "matmul", ("M",), dict(M=8192, K=512, N=512), "M"),
+], ids=["softmax", "layernorm", "matmul_M 1000", "matmul_M 8192"])
+def test_a_ranges_kernels_fit_a_multiprocessor_as_the_specialised_ones(source, name, symbols, bindings, ranged):
+    """At the benchmarked sizes the kernels a call runs hold as many blocks on a multiprocessor as
+    the specialised ones (a 16-step row variant's 61-80 registers held a third of them)."""
+    dynamic = _kernel(source, name, symbols, bindings)
+    static = tcc.compile(source, target="cuda", arch="sm_90", dynamic=False)[name]
+    fixed = cuda_runtime.CudaKernel(name, cuda_runtime.build(static.lowered(bindings).scheduled, static.target))
+    values = {ranged: bindings[ranged]}
+    runs = _firsts([k for k in dynamic.meta["kernels"]
+                    if k["requires"] is None or launch_sizes.evaluate(k["requires"], values)])
+    held = _resident(_op(source, name, symbols).stage_text(bindings, "cuda"), runs)
+    want = _resident(static.stage_text(bindings, "cuda"), _firsts(fixed.meta["kernels"]))
+    assert list(held.values()) == list(want.values()), (held, want)
 
 
 @pytest.mark.parametrize("aligned", [True, False])
@@ -125,10 +246,11 @@ def test_tensor_core_gemm_dynamic_m(rng, aligned):
 
 def test_warpgroup_gemm_dynamic_m(rng):
     """Large enough for the H100's warpgroup kernel (128 x 256 tiles, constant K): the second row
-    tile of M = 130 is two rows, the rest masked."""
+    tile of M = 130 is two rows, the rest masked (mma.sync tiles for M <= 96, a row kernel at 1:
+    kernels by the range of M, as constant sizes get them)."""
     op = _op(HALF_MATMUL, "hmm", ("M",))
     assert op.lowered(dict(M=256, N=256, K=64), dynamic=frozenset("M")).scheduled.attrs["kernel kinds"] == \
-        ("warpgroup gemm",)
+        ("by M: row to 1 | tensor-core gemm to 96 | warpgroup gemm",)
     _simulate(op, ("M",), [dict(M=130, N=256, K=64)], lambda rng, M, N, K: (_f16(rng, M, K), _f16(rng, K, N)), rng)
 
 

@@ -102,6 +102,62 @@ def test_torch_tensors_take_a_plan_per_signature(fresh_cache, rng, name):
     assert op.compiles == 1 and len(op.plans.plans) >= 3
 
 
+# benchmarks/dynamic.py's cases (the dynamic axis first), the row length through every range of the
+# row kernels' register variants, an f16 GEMM's M through its tensor-core ranges:
+# (source, op, dynamic=, inputs for a size, sizes)
+RANGE_SIZES = (1, 7, 33, 1000, 4096, 8192, 8193, 2)  # every range of each (8193: past the row variants)
+HMM = """op hmm(A: f16[M, K], B: f16[K, N]) -> C: f32[M, N] {
+    C[i, j] = sum[k](f32(A[i, k]) * f32(B[k, j]))
+}"""
+RANGED = {
+    "softmax": (EXAMPLES / "softmax.tc", "softmax", True, lambda rng, s: (_f32(rng, s, 1000),), RANGE_SIZES),
+    "softmax_row": (EXAMPLES / "softmax.tc", "softmax", True, lambda rng, s: (_f32(rng, 3, s),), RANGE_SIZES),
+    "layernorm": (EXAMPLES / "layernorm.tc", "layernorm", True,
+                  lambda rng, s: (_f32(rng, s, 768), _f32(rng, 768), _f32(rng, 768)), RANGE_SIZES),
+    "layernorm_row": (EXAMPLES / "layernorm.tc", "layernorm", True,
+                      lambda rng, s: (_f32(rng, 2, s), _f32(rng, s), _f32(rng, s)), RANGE_SIZES),
+    "matmul_M": (EXAMPLES / "matmul.tc", "matmul", ("M",), lambda rng, s: (_f32(rng, s, 512), _f32(rng, 512, 512)),
+                 RANGE_SIZES),
+    "hmm_M": (HMM, "hmm", ("M",), lambda rng, s: (_f16(rng, s, 1024), _f16(rng, 1024, 1024)), (1, 7, 33, 1000, 4097)),
+}
+
+
+@pytest.mark.parametrize("case", RANGED)
+def test_kernels_by_range_one_build_every_size(fresh_cache, rng, case):
+    """One build serves every size, each call running its range's kernels (tests/test_cuda_dynamic.py
+    lists them): NumPy arrays into poisoned ``out=``, then PyTorch tensors (the plans of the fast
+    path), poisoned too, one of them misaligned (an aligned variant's fallback)."""
+    torch = pytest.importorskip("torch")
+    source, name, dynamic, make, sizes = RANGED[case]
+    built = tcc.kernels_built()
+    op = tcc.compile(source, target="cuda", dynamic=dynamic)[name]
+    for s in sizes:
+        args = make(rng, s)
+        _check(op, args)
+        want = reference_results(op.te, list(args), op.bind(args, {}).bindings)[0]
+        for offset in (0, 1):  # out= at a 4-byte offset: no kernel may assume it 16-byte aligned
+            out = torch.full((want.size + offset,), float("nan"), device="cuda")[offset:].view(want.shape)
+            op(*(torch.from_numpy(a).cuda() for a in args), out=out)
+            assert_matches(out.cpu().numpy(), want, op.te.tensors[op.te.results[0]].dtype, f"{case} at {s}, +{offset}")
+    assert op.compiles == 1 and tcc.kernels_built() == built + 1
+
+
+@pytest.mark.parametrize("channels, side, filters, sizes", [
+    (32, 6, 32, (1, 2, 3, 8, 17, 33, 49)),  # split-K to a batch of 48, one tile a block above
+    (32, 28, 64, (1, 2, 3, 8, 9, 17)),  # benchmarks/dynamic.py's conv_N: 32 x 32 tiles to 8, larger above
+])
+def test_a_convolution_by_the_range_of_its_batch(fresh_cache, rng, channels, side, filters, sizes):
+    op = tcc.compile(EXAMPLES / "conv2d.tc", target="cuda", dynamic=("N",)).conv2d
+    for n in sizes:
+        x, w, b = _f32(rng, n, channels, side, side), _f32(rng, filters, channels, 3, 3), _f32(rng, filters)
+        bindings = op.bind((x, w, b), {"P": 1}).bindings
+        want = reference_results(op.te, [x, w, b], bindings)[0]
+        out = np.full(want.shape, np.nan, np.float32)
+        op(x, w, b, P=1, out=out)
+        assert_matches(out, want, op.te.tensors["Y"].dtype, f"batch {n}")
+    assert op.compiles == 1
+
+
 def test_torch_out_poisoned(fresh_cache, rng):
     torch = pytest.importorskip("torch")
     op = tcc.compile(EXAMPLES / "softmax.tc", target="cuda", dynamic=("N", "C")).softmax

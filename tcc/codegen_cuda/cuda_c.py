@@ -17,26 +17,36 @@ The C helpers every program starts with are in :mod:`.preamble`.
 
 from __future__ import annotations
 
-import math
-import struct
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from tcc import dtypes
 from tcc.codegen_cuda.cuda_matrix import MatrixStatements
+from tcc.codegen_cuda.cuda_values import (
+    MEMORY_TYPE,
+    NARROW,
+    VALUE_TYPE,
+    const_text,
+    convert,
+    from_memory,
+    round_to,
+    to_memory,
+    wrap,
+)
+from tcc.codegen_cuda.cuda_vector import VectorAccesses
 from tcc.codegen_cuda.flash import FLASH, FLASH_WARPGROUP
 from tcc.codegen_cuda.flash_backward import FLASH_BACKWARD
 from tcc.codegen_cuda.launch_sizes import Formula, formula
 from tcc.codegen_cuda.names import c_name
 from tcc.codegen_cuda.preamble import FP8_PREAMBLE, PREAMBLE
-from tcc.dtypes import DType, round_fp8
+from tcc.dtypes import DType
 from tcc.errors import TccCompileError
 from tcc.ir.expr import Binary, Call, Cast, Const, Expr, Load, Select, Unary, Var, free_vars, walk
-from tcc.ir.loopnest import buffer_elements
+from tcc.ir.loopnest import buffer_elements, shared_layout
 from tcc.ir.loops import (
     GUARD_PARAM,
     GUARDED,
+    MIN_BLOCKS,
+    REQUIRES,
     Allocate,
     Barrier,
     BlockScan,
@@ -58,11 +68,6 @@ from tcc.passes.autoschedule_cuda.scatter import ATOMIC_DTYPES
 from tcc.passes.simplify import evaluate_int
 from tcc.target import CudaTarget
 
-_VALUE_TYPE = {"f16": "float", "bf16": "float", "f32": "float", "f64": "double", "i8": "signed char",
-               "i32": "int", "i64": "long long", "bool": "bool", "f8e4m3": "float", "f8e5m2": "float"}
-_MEMORY_TYPE = {**_VALUE_TYPE, "f16": "unsigned short", "bf16": "unsigned short", "bool": "unsigned char",
-                "f8e4m3": "unsigned char", "f8e5m2": "unsigned char"}
-NARROW = ("f16", "bf16", "f8e4m3", "f8e5m2")  # floats held as float in registers, rounded after each operation
 _C_OPS = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "gt": ">", "ge": ">=",
           "eq": "==", "ne": "!=", "and": "&&", "or": "||"}
 _MATH_F32 = {"exp": "expf", "log": "logf", "sqrt": "sqrtf", "rsqrt": "rsqrtf", "sin": "sinf", "cos": "cosf",
@@ -80,7 +85,7 @@ class KernelInfo:
     params: list[tuple[str, str]]  # (parameter name in the LoopFunc, ctype code: "p" pointer or a dtype)
     aligned: bool = False  # launch only when every pointer is 16-byte aligned; else the next kernel
     shared: int = 0  # bytes of dynamic shared memory
-    requires: Formula | None = None  # (aligned) launch only when this condition of the symbols is 1
+    requires: Formula | None = None  # launch only when this condition of the symbols is 1 (aligned: else the next)
 
 
 @dataclass
@@ -198,6 +203,8 @@ def _used(kernel: Stmt) -> tuple[set[str], set[str], set[str]]:
     """(buffers read, buffers written, variables) that a kernel refers to."""
     reads, writes, names = set(), set(), set()
     for s in walk_stmts(kernel):
+        if isinstance(s, For):  # (a condition it requires may read a symbol its loops do not)
+            names.update(*(free_vars(v) for k, v in s.annotations if k == REQUIRES))
         if isinstance(s, Store):
             writes.add(s.buffer)
         if isinstance(s, MatrixSweep) and s.dq is not None:  # (dQ's accumulator: added into)
@@ -211,7 +218,7 @@ def _used(kernel: Stmt) -> tuple[set[str], set[str], set[str]]:
     return reads, writes, names
 
 
-class _Kernel(MatrixStatements):
+class _Kernel(MatrixStatements, VectorAccesses):
     """Emits one ``__global__`` function."""
 
     def __init__(self, name: str, root: For, buffers: dict[str, Buffer], scalars: list[Var],
@@ -238,7 +245,7 @@ class _Kernel(MatrixStatements):
         for buf in self.buffers.values():
             if buf.name in reads or buf.name in writes:
                 const = "const " if buf.name not in writes else ""
-                ctype = f"{const}{_MEMORY_TYPE[buf.dtype.name]}*"
+                ctype = f"{const}{MEMORY_TYPE[buf.dtype.name]}*"
                 # A buffer that threads write and then read across a barrier (the nests of a merged
                 # kernel) is not __restrict__: NVVM then moved a read of another thread's store
                 # above the barrier (train_cnn's softmax gradient read a stale value in 31 of 32 rows).
@@ -258,7 +265,7 @@ class _Kernel(MatrixStatements):
                 prologue.append(f"    const float {c_name(var.name)} = tcc_round_{var.dtype.name}"
                                 f"(tcc_arg_{c_name(var.name)});")
             else:
-                decls.append(f"{_VALUE_TYPE[var.dtype.name]} {c_name(var.name)}")
+                decls.append(f"{VALUE_TYPE[var.dtype.name]} {c_name(var.name)}")
         if self.guarded:  # queued before the host knows the guard's count: it reads the count itself
             params.append((GUARD_PARAM, "p"))
             decls.append(f"const long long* __restrict__ {GUARD_PARAM}")
@@ -268,8 +275,9 @@ class _Kernel(MatrixStatements):
             prologue += ["    extern __shared__ __align__(16) unsigned char tcc_shared_raw[];",
                          "    unsigned char* const tcc_shared = tcc_shared_raw + "
                          "((1024u - (tcc_smem(tcc_shared_raw) & 1023u)) & 1023u);"]
-        head = f'extern "C" __global__ void __launch_bounds__({self.block}) {self.name}({", ".join(decls)}) {{'
-        requires = next((v for k, v in self.root.annotations if k == "requires"), None)
+        bounds = "".join([str(self.block), *(f", {v}" for k, v in self.root.annotations if k == MIN_BLOCKS)])
+        head = f'extern "C" __global__ void __launch_bounds__({bounds}) {self.name}({", ".join(decls)}) {{'
+        requires = next((v for k, v in self.root.annotations if k == REQUIRES), None)
         if requires is not None:  # what the launcher checks, the compiler may assume (a stride's alignment)
             prologue.append(f"    __builtin_assume({self._assumed(requires)});")
         self.lines = [head, *prologue]
@@ -291,17 +299,16 @@ class _Kernel(MatrixStatements):
 
     def _place_shared(self) -> int:
         """Dynamic shared memory for the kernel's shared buffers when they need more than the
-        target's static shared memory or a swizzled layout: their offsets, and the bytes in all."""
-        bufs = [s.buffer for s in walk_stmts(self.root) if isinstance(s, Allocate) and s.buffer.scope == "shared"]
-        for b in bufs:
-            _static(b)
-        if not any(b.swizzle for b in bufs) and sum(b.size * b.dtype.itemsize for b in bufs) <= self.static_shared:
+        target's static shared memory, a swizzled layout or one takes another's memory
+        (``Allocate.reuses``): their offsets, and the bytes in all."""
+        allocs = [s for s in walk_stmts(self.root) if isinstance(s, Allocate) and s.buffer.scope == "shared"]
+        bufs = [_static(s.buffer) for s in allocs]
+        if not any(b.swizzle for b in bufs) and not any(s.reuses for s in allocs) \
+                and sum(b.size * b.dtype.itemsize for b in bufs) <= self.static_shared:
             return 0
-        offset = 0
-        for b in bufs:
-            self.dynamic[b.name] = offset
-            offset += -(-b.size * b.dtype.itemsize // 1024) * 1024
-        return offset
+        offsets, total = shared_layout(self.root, 1024)
+        self.dynamic.update(offsets)
+        return total
 
     def _block_size(self) -> int:
         sizes = {_const_extent(s) for s in walk_stmts(self.root) if isinstance(s, For) and s.kind == "thread.x"}
@@ -344,6 +351,9 @@ class _Kernel(MatrixStatements):
                     self._allreduce(str(value), depth + 1)
             self._line(depth, "}")
             return
+        if s.kind == "vector":  # one wide access (cuda_vector)
+            self._vector_loop(s, depth)
+            return
         if s.kind == "unroll":
             self._line(depth, "#pragma unroll")
         self._line(depth, f"for (long long {var} = 0; {var} < {self._expr(s.extent)}; ++{var}) {{")
@@ -353,7 +363,7 @@ class _Kernel(MatrixStatements):
     def _allreduce(self, spec: str, depth: int) -> None:
         acc, op = spec.split(":")
         buf = self.buffers[acc]
-        ctype = _VALUE_TYPE[buf.dtype.name]
+        ctype = VALUE_TYPE[buf.dtype.name]
         a, b = Var("a", buf.dtype), Var("b", buf.dtype)
         combine = self._expr(Binary(op, a, b, buf.dtype))
         self._line(depth, f"{c_name(acc)}[0] = tcc_block_allreduce({c_name(acc)}[0], "
@@ -366,10 +376,12 @@ class _Kernel(MatrixStatements):
             return
         if buf.scope != "local" and _same_memory(s.value, buf, self.buffers):
             value = self._memory_load(s.value)  # a 16-bit copy stays a bit copy
+        elif buf.scope != "local" and _rounded_f32(s.value, buf):  # f16(x) stored: x converted once
+            value = to_memory(self._expr(s.value.a), buf.dtype)  # type: ignore[attr-defined]
         else:
             value = self._expr(s.value)
             if buf.scope != "local":
-                value = _to_memory(value, buf.dtype)
+                value = to_memory(value, buf.dtype)
         self._line(depth, f"{c_name(s.buffer)}[{self._flat(buf, s.indices)}] = {value};")
 
     def _atomic_add(self, s: Store, buf: Buffer, depth: int) -> None:
@@ -388,7 +400,7 @@ class _Kernel(MatrixStatements):
         buf = s.buffer
         if buf.scope == "global":
             raise TccCompileError(f"internal error: global buffer {buf.name} allocated inside a kernel")
-        ctype = _VALUE_TYPE[buf.dtype.name] if buf.scope == "local" else _MEMORY_TYPE[buf.dtype.name]
+        ctype = VALUE_TYPE[buf.dtype.name] if buf.scope == "local" else MEMORY_TYPE[buf.dtype.name]
         if buf.name in self.dynamic:
             self._line(depth, f"{ctype}* const {c_name(buf.name)} = ({ctype}*)(tcc_shared + {self.dynamic[buf.name]});")
         else:
@@ -406,7 +418,7 @@ class _Kernel(MatrixStatements):
         self._line(depth, "}")
 
     def _s_Let(self, s: Let, depth: int) -> None:
-        self._line(depth, f"const {_VALUE_TYPE[s.var.dtype.name]} {c_name(s.var.name)} = {self._expr(s.value)};")
+        self._line(depth, f"const {VALUE_TYPE[s.var.dtype.name]} {c_name(s.var.name)} = {self._expr(s.value)};")
         self._stmt(s.body, depth)
 
     def _s_Barrier(self, s: Barrier, depth: int) -> None:
@@ -442,7 +454,7 @@ class _Kernel(MatrixStatements):
 
     def _s_BlockScan(self, s: BlockScan, depth: int) -> None:
         buf = self.buffers[s.buffer]
-        ctype = _VALUE_TYPE[buf.dtype.name]
+        ctype = VALUE_TYPE[buf.dtype.name]
         a, b = Var("a", buf.dtype), Var("b", buf.dtype)
         combine = self._expr(Binary(s.op, a, b, buf.dtype))
         self._line(depth, f"tcc_block_exscan({c_name(s.buffer)}, ({ctype})({self._expr(s.identity)}), "
@@ -476,7 +488,7 @@ class _Kernel(MatrixStatements):
     def _e_Load(self, e: Load) -> str:
         buf = self.buffers[e.buffer]
         text = f"{c_name(e.buffer)}[{self._flat(buf, e.indices)}]"
-        return text if buf.scope == "local" else _from_memory(text, buf.dtype)
+        return text if buf.scope == "local" else from_memory(text, buf.dtype)
 
     def _e_Select(self, e: Select) -> str:
         return f"({self._expr(e.cond)} ? {self._expr(e.a)} : {self._expr(e.b)})"
@@ -485,7 +497,7 @@ class _Kernel(MatrixStatements):
         a = self._expr(e.a)
         if e.op == "not":
             return f"(!{a})"
-        return _wrap(f"(-({a}))", e.dtype)
+        return wrap(f"(-({a}))", e.dtype)
 
     def _e_Cast(self, e: Cast) -> str:
         return convert(self._expr(e.a), e.a.dtype, e.dtype)
@@ -496,10 +508,10 @@ class _Kernel(MatrixStatements):
         if e.op in ("lt", "le", "gt", "ge", "eq", "ne", "and", "or"):
             return f"({a} {_C_OPS[e.op]} {b})"
         if e.op in ("max", "min"):
-            return _round(f"tcc_{e.op}({a}, {b})", e.dtype)
+            return round_to(f"tcc_{e.op}({a}, {b})", e.dtype)
         if operand.is_float:
-            return _round(self._float_binary(e.op, a, b, e.b, operand), e.dtype)
-        return _wrap(_int_binary(e.op, a, b), e.dtype)
+            return round_to(self._float_binary(e.op, a, b, e.b, operand), e.dtype)
+        return wrap(_int_binary(e.op, a, b), e.dtype)
 
     def _float_binary(self, op: str, a: str, b: str, rhs: Expr, dtype: DType) -> str:
         if op in ("add", "sub", "mul", "div"):
@@ -519,7 +531,7 @@ class _Kernel(MatrixStatements):
             return f"tcc_philox({', '.join(self._expr(a) for a in e.args)})"
         x = self._expr(e.args[0])
         if not e.dtype.is_float:  # abs / floor / ceil of an integer
-            return _wrap(f"({x} < 0 ? -({x}) : {x})", e.dtype) if e.fn == "abs" else x
+            return wrap(f"({x} < 0 ? -({x}) : {x})", e.dtype) if e.fn == "abs" else x
         f64 = e.dtype.name == "f64"
         if e.fn == "sigmoid":
             one = "1.0" if f64 else "1.0f"
@@ -527,13 +539,20 @@ class _Kernel(MatrixStatements):
         else:
             name = _MATH_F32[e.fn]
             text = f"{name[:-1] if f64 else name}({x})"
-        return _round(text, e.dtype)
+        return round_to(text, e.dtype)
 
 
 def _same_memory(e: Expr, dst: Buffer, buffers: dict[str, Buffer]) -> bool:
     """Whether ``e`` loads a 16- or 8-bit float from memory that ``dst`` stores in the same format."""
     return (isinstance(e, Load) and dst.dtype.name in NARROW and e.dtype == dst.dtype
             and buffers[e.buffer].scope != "local" and buffers[e.buffer].dtype == dst.dtype)
+
+
+def _rounded_f32(e: Expr, dst: Buffer) -> bool:
+    """Whether ``e`` rounds an f32 to ``dst``'s 16-bit float format: the conversion into memory
+    rounds the same way, so the value's own rounding is left out (two conversions fewer)."""
+    return isinstance(e, Cast) and e.dtype == dst.dtype and dst.dtype.name in ("f16", "bf16") \
+        and e.a.dtype == dtypes.f32
 
 
 def _int_binary(op: str, a: str, b: str) -> str:
@@ -546,86 +565,6 @@ def _int_binary(op: str, a: str, b: str) -> str:
     if op == "div":
         raise TccCompileError("internal error: integer '/' reached codegen")
     raise TccCompileError(f"internal error: integer operator {op}")
-
-
-def _round(text: str, dtype: DType) -> str:
-    """Round an f32 computation of an f16/bf16 (or 8-bit float) value to that type's precision."""
-    return f"tcc_round_{dtype.name}({text})" if dtype.name in NARROW else text
-
-
-def _wrap(text: str, dtype: DType) -> str:
-    """Narrow integer arithmetic back to i8 (C computes it in int)."""
-    if dtype.name == "i8":
-        return f"(signed char){text}"
-    return _round(text, dtype)
-
-
-def _from_memory(text: str, dtype: DType) -> str:
-    if dtype.name in NARROW:
-        return f"tcc_{dtype.name}_to_f32({text})"
-    if dtype.is_bool:
-        return f"({text} != 0)"
-    return text
-
-
-def _to_memory(text: str, dtype: DType) -> str:
-    if dtype.name in NARROW:
-        return f"tcc_f32_to_{dtype.name}({text})"
-    if dtype.is_bool:
-        return f"(unsigned char)({text})"
-    return text
-
-
-def convert(x: str, src: DType, dst: DType) -> str:
-    """C for a value cast, with NumPy's meaning (float -> bool is ``!= 0``, NaN included)."""
-    if src == dst:
-        return x
-    if dst.is_bool:
-        return f"({x} != 0)"
-    if dst.name == "f16" and src.name == "f64":
-        return f"tcc_f16_to_f32(tcc_f64_to_f16({x}))"
-    if dst.name != "f16" and dst.name in NARROW and src.name == "f64":  # not through a rounded f32: that
-        return f"tcc_round_{dst.name}(tcc_f64_to_f32_odd({x}))"  # would round twice (to odd first is exact)
-    if dst.name in NARROW:
-        return f"tcc_round_{dst.name}((float){x})"
-    if src.is_float and dst.is_int:  # truncate, saturate to i64 (NaN: 0; cvt.rzi does both), wrap
-        return f"(({_VALUE_TYPE[dst.name]})(long long){x})"
-    return f"({_VALUE_TYPE[dst.name]}){x}"
-
-
-def const_text(value: int | float | bool, dtype: DType) -> str:
-    """A C literal of ``dtype``; f16/bf16 constants are rounded to their precision first."""
-    if dtype.is_bool:
-        return "true" if value else "false"
-    if dtype.is_int:
-        v = int(value)
-        if dtype.name == "i64":
-            return f"({v + 1}LL - 1)" if v == -(2**63) else f"{v}LL"
-        if dtype.name == "i32":
-            return "(-2147483647 - 1)" if v == -(2**31) else str(v)
-        return f"((signed char){v})"
-    v = float(value)
-    if dtype.name == "f16":
-        v = float(np.float16(v))
-    elif dtype.name == "bf16":
-        v = _round_bf16(v)
-    elif dtype.is_fp8:
-        v = float(round_fp8(v, dtype))
-    if math.isnan(v):
-        return "__longlong_as_double(0x7ff8000000000000LL)" if dtype.name == "f64" else "__int_as_float(0x7fc00000)"
-    if math.isinf(v):
-        sign = "-" if v < 0 else ""
-        if dtype.name == "f64":
-            return f"{sign}__longlong_as_double(0x7ff0000000000000LL)"
-        return f"{sign}__int_as_float(0x7f800000)"
-    text = repr(v)
-    return text if dtype.name == "f64" else f"{text}f"
-
-
-def _round_bf16(v: float) -> float:
-    bits = struct.unpack("<I", struct.pack("<f", v))[0]
-    bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
-    return struct.unpack("<f", struct.pack("<I", bits & 0xFFFFFFFF))[0]
 
 
 def _shape_symbols(buffers: dict[str, Buffer], used: set[str]) -> set[str]:

@@ -2,8 +2,8 @@
 dynamic shape symbols (``tcc.compile(..., dynamic=...)``), kept in the launch plan as JSON.
 
 Codegen writes each such size as a formula: an integer, a symbol's name, or ``[op, a, b]`` of
-formulas (``add``, ``sub``, ``mul``, ``floordiv``, ``mod``, ``max``, ``min``; ``eq`` and ``le``, 1
-or 0, for the condition an aligned variant requires); the runtime evaluates it with each call's symbol
+formulas (``add``, ``sub``, ``mul``, ``floordiv``, ``mod``, ``max``, ``min``; comparisons, ``and`` and ``or``,
+1 or 0, for the condition a kernel requires); the runtime evaluates it with each call's symbol
 values. A formula is plain data so that a kernel from
 the disk cache needs no IR to launch.
 """
@@ -21,7 +21,10 @@ Formula = int | str | list  # see the module's docstring
 
 _OPS = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
         "floordiv": lambda a, b: a // b if b else 0, "mod": lambda a, b: a % b if b else 0,
-        "max": max, "min": min, "eq": lambda a, b: int(a == b), "le": lambda a, b: int(a <= b)}
+        "max": max, "min": min, "eq": lambda a, b: int(a == b), "ne": lambda a, b: int(a != b),
+        "lt": lambda a, b: int(a < b), "le": lambda a, b: int(a <= b), "gt": lambda a, b: int(a > b),
+        "ge": lambda a, b: int(a >= b), "and": lambda a, b: int(bool(a) and bool(b)),
+        "or": lambda a, b: int(bool(a) or bool(b))}
 
 
 def formula(e: int | Expr) -> Formula:

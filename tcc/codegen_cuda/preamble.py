@@ -28,6 +28,16 @@ TCC_D unsigned short tcc_f32_to_bf16(float f) {  // round to nearest even; NaN s
   return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 TCC_D float tcc_round_bf16(float f) { return tcc_bf16_to_f32(tcc_f32_to_bf16(f)); }
+TCC_D unsigned tcc_pack_f16x2(float lo, float hi) {  // a vector store's pair: one conversion (sm_80 on)
+#if __CUDA_ARCH__ >= 800
+  unsigned p; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(p) : "f"(hi), "f"(lo)); return p;
+#else
+  return (unsigned)tcc_f32_to_f16(lo) | ((unsigned)tcc_f32_to_f16(hi) << 16);
+#endif
+}
+TCC_D unsigned tcc_pack_bf16x2(float lo, float hi) {
+  return (unsigned)tcc_f32_to_bf16(lo) | ((unsigned)tcc_f32_to_bf16(hi) << 16);
+}
 TCC_D float tcc_f64_to_f32_odd(double d) {  // round to odd: then one more rounding (to bf16) is exact
   float t = __double2float_rz(d);
   return ((double)t != d && d == d) ? __uint_as_float(__float_as_uint(t) | 1u) : t;

@@ -281,3 +281,23 @@ def is_seq_of_copies(s: Stmt) -> bool:
     middle = all(c.var.name == main.var.name and not isinstance(c.extent, Const) for c in rest[:-1])
     return (middle and main.var.name == tail.var.name and isinstance(tail.extent, Const) and tail.extent.value == 1
             and all({st.buffer for st in stores(main)} == {st.buffer for st in stores(c)} for c in rest))
+
+
+def shared_layout(kernel: Stmt, align: int) -> tuple[dict[str, int], int]:
+    """Byte offsets of the shared buffers a kernel allocates, each on an ``align`` boundary after
+    the last in allocation order, and the bytes they take in all; a buffer that ``reuses`` others
+    starts where the first of them does (it may run past them, over no other buffer)."""
+    offsets: dict[str, int] = {}
+    extents: dict[str, tuple[int, int]] = {}
+    end = 0
+    for s in walk_stmts(kernel):
+        if not (isinstance(s, Allocate) and s.buffer.scope == "shared"):
+            continue
+        size = -(-s.buffer.size * s.buffer.dtype.itemsize // align) * align
+        start = min(offsets[n] for n in s.reuses) if s.reuses else end
+        clash = [n for n, (a, b) in extents.items() if n not in s.reuses and a < start + size and start < b]
+        if clash:
+            raise TccScheduleError(f"internal error: shared buffer {s.buffer.name} would overlap {', '.join(clash)}")
+        offsets[s.buffer.name], extents[s.buffer.name] = start, (start, start + size)
+        end = max(end, start + size)
+    return offsets, end

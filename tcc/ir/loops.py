@@ -3,6 +3,11 @@
 Loops carry a *kind* that passes set and code generators obey (serial, parallel, vector,
 unroll, block/thread binding for CUDA); buffers carry a *scope* (global, shared, local).
 Loads and stores index buffers by multi-dimensional, row-major indices; codegen flattens.
+
+A ``vector`` loop inside a CUDA thread is one wide memory access: its body is ``let``s and one
+store whose flat offset steps by one element per iteration, the first at a multiple of the
+loop's extent (the schedule's promise), 4, 8 or 16 bytes in all; the code generator computes
+the lanes' values, then stores them at once (two 16-bit floats converted by one instruction).
 """
 
 from __future__ import annotations
@@ -18,6 +23,10 @@ LOOP_KINDS = ("serial", "parallel", "vector", "unroll", "block.x", "block.y", "b
               "thread.x", "thread.y", "thread.z")
 SCOPES = ("global", "shared", "local")
 DETERMINISTIC = "deterministic"  # LoopFunc.attrs: accumulations (+=) add in one fixed order on every run
+# LoopFunc.attrs: tcc.compile's staged_stores= (one of STORE_MODES): which tensor-core GEMM results
+# the CUDA schedule sends through shared memory (auto: 16-bit floats; all: f32 too; off: none)
+STAGED_STORES = "staged stores"
+STORE_MODES = ("auto", "off", "all")
 # LoopFunc.attrs: the call checks indices read from data first (a guard op counts those out of
 # range); on CUDA every kernel then takes the device count as parameter GUARD_PARAM (i64[1]) and
 # returns at once, writing nothing, when it is not zero
@@ -26,6 +35,17 @@ GUARD_PARAM = "tcc_guard"
 MATRIX_STREAM = "matrix"  # For annotation: the nest's MatrixStream form, for schedules with matrix units
 MATRIX_SWEEP = "matrix sweep"  # For annotation: the MatrixSweep form of the sweep whose first nest it marks
 SWEPT_BY_MATRIX = "swept by matrix"  # For annotation: a later nest of that sweep (its form: the first nest's)
+# Annotations of a CUDA kernel (its block loop). ALIGNED: it assumes 16-byte aligned pointers, and
+# the kernel after it (the same work, assuming nothing) is its fallback, run for a misaligned call.
+# REQUIRES: a condition of the dynamic shape symbols, checked at the launch and assumed by the
+# compiler: the kernel runs only for calls where it holds (an aligned one's fallback runs instead).
+# A schedule gives the kernels of alternatives (a size's variants) disjoint conditions that cover
+# every call, so that exactly one runs.
+ALIGNED = "aligned"
+REQUIRES = "requires"
+# For annotation (a CUDA kernel): the blocks a multiprocessor is to hold at once, which the schedule
+# sized its grid by; the compiler keeps each thread's registers within that (__launch_bounds__)
+MIN_BLOCKS = "min_blocks"
 
 
 @dataclass(frozen=True)
@@ -102,8 +122,13 @@ class Store(Stmt):
 
 @dataclass(frozen=True)
 class Allocate(Stmt):
+    """``buffer`` for the statements of ``body``. A shared buffer may take the memory of the
+    shared buffers named in ``reuses`` (allocated around it), which the schedule has finished
+    with, behind a barrier: a GEMM's result tile staged where its operand tiles were."""
+
     buffer: Buffer
     body: Stmt
+    reuses: tuple[str, ...] = ()
 
     def children(self) -> tuple[Stmt, ...]:
         return (self.body,)
@@ -479,7 +504,8 @@ def _format_stmt(s: Stmt, depth: int, out: list[str]) -> None:
     elif isinstance(s, Allocate):
         b = s.buffer
         swizzle = f" swizzle={b.swizzle}B" if b.swizzle else ""
-        out.append(f"{pad}allocate {b.name}: {b.dtype}[{', '.join(map(str, b.shape))}] in {b.scope}{swizzle}")
+        over = f" over {', '.join(s.reuses)}" if s.reuses else ""
+        out.append(f"{pad}allocate {b.name}: {b.dtype}[{', '.join(map(str, b.shape))}] in {b.scope}{swizzle}{over}")
         _format_stmt(s.body, depth, out)
     elif isinstance(s, If):
         out.append(f"{pad}if {format_expr(s.cond)}:")
@@ -585,6 +611,9 @@ def _verify(s: Stmt, buffers: dict[str, Buffer], scope: set[str], loops: set[str
         _verify(s.body, buffers, scope | {s.var.name}, loops | {s.var.name})
     elif isinstance(s, Allocate):
         _check(s.buffer.scope in SCOPES, f"unknown scope {s.buffer.scope}")
+        _check(not s.reuses or (s.buffer.scope == "shared" and all(
+            n in buffers and buffers[n].scope == "shared" for n in s.reuses)),
+            f"{s.buffer.name} reuses {', '.join(s.reuses)}: not shared buffers allocated around it")
         _verify(s.body, {**buffers, s.buffer.name: s.buffer}, scope, loops)
     elif isinstance(s, Let):
         _verify(s.body, buffers, scope | {s.var.name}, loops)

@@ -212,7 +212,7 @@ class CudaKernel:
             if len(self._sized) >= 1024:
                 self._sized.clear()
             sized = [_sized(launcher, self.meta["kernels"], values, self.name) for launcher in self._loaded(device)]
-            found = self._sized[key] = [launcher for launcher in sized if launcher.grid > 0]
+            found = self._sized[key] = [launcher for launcher in sized if launcher is not None and launcher.grid > 0]
         return found
 
     def _loaded(self, device: int) -> list[driver.Launcher]:
@@ -232,12 +232,13 @@ class CudaKernel:
 
 
 def _sized(launcher: driver.Launcher, kernels: list[dict[str, Any]], values: Mapping[str, Any],
-           op: str) -> driver.Launcher:
-    """A copy of ``launcher`` (and of its fallback) with the grid of its formula for ``values``; an
-    aligned variant whose ``requires`` fails for ``values`` gives way to its fallback."""
+           op: str) -> driver.Launcher | None:
+    """A copy of ``launcher`` (and of its fallback) with the grid of its formula for ``values``;
+    None where its ``requires`` fails for ``values`` (an aligned variant: its fallback, sized)."""
     meta = next(k for k in kernels if k["name"] == launcher.name)
     if meta.get("requires") is not None and not launch_sizes.evaluate(meta["requires"], values):
-        return _sized(launcher.fallback, kernels, values, op)  # type: ignore[arg-type]
+        fallback = launcher.fallback if meta.get("aligned") else None
+        return None if fallback is None else _sized(fallback, kernels, values, op)
     formula = meta["grid"]
     blocks = launch_sizes.evaluate(formula, values)
     if blocks > MAX_GRID_X:
@@ -248,6 +249,8 @@ def _sized(launcher: driver.Launcher, kernels: list[dict[str, Any]], values: Map
     made.grid = max(blocks, 0)
     if launcher.fallback is not None:
         made.fallback = _sized(launcher.fallback, kernels, values, op)
+        if made.fallback is None:  # (an aligned variant's condition implies its fallback's)
+            raise TccRuntimeError(f"internal error: op {op}: kernel {launcher.name} has no fallback for {values}")
     return made
 
 
@@ -511,7 +514,8 @@ BACKEND = Backend(
     kind="cuda", target_type=CudaTarget, stages=STAGES,
     primitives=frozenset(("split", "tile", "reorder", "fuse", "unroll", "bind", "cache", "compute_at", "inline",
                           "decompose", "conv", "tensorize")),
-    cache_scopes=frozenset(("local", "shared")), options=frozenset(("conv", "arch", "tf32", "deterministic")),
+    cache_scopes=frozenset(("local", "shared")),
+    options=frozenset(("conv", "arch", "tf32", "deterministic", "staged_stores")),
     defaults={"conv": "direct"},  # im2col's per-batch GEMM buffers have no GPU schedule yet
     resolve=machine, schedule=cuda_schedule, build=build, load=load, invoke=invoke, make_plan=make_plan,
     as_array=as_array, stage_text=stage_text, cache_key=cache_key)

@@ -29,6 +29,7 @@ from dataclasses import replace
 from tcc import dtypes
 from tcc.ir.expr import Binary, Const, Expr, Load, Var
 from tcc.ir.loops import (
+    ALIGNED,
     MATRIX_SWEEP,
     SWEPT_BY_MATRIX,
     Allocate,
@@ -99,7 +100,7 @@ def kernels(sweep: MatrixSweep, fresh: Callable[[str], Var], temps: list[Buffer]
     body = _outer_lets(sweep, Binary("floordiv", block, Const(ktiles, I64), I64), body)
     kernel = For(block, Const(points * ktiles, I64), body, "block.x")
     aligned = map_stmt(kernel, lambda n: replace(n, aligned=True) if isinstance(n, MatrixSweep) else None)
-    main = [replace(aligned, annotations=(("aligned", True),)), kernel]
+    main = [replace(aligned, annotations=((ALIGNED, True),)), kernel]
     if isinstance(sweep.dq_out, Seq) and not sweep.dq_out.stmts:
         return main
     zero = _over_rows(sweep, Store(acc.name, (point, sweep.row, sweep.col), Const(0.0, F32)))

@@ -27,7 +27,7 @@ from tcc import dtypes
 from tcc.errors import TccCompileError
 from tcc.ir.expr import Binary, Const, Expr, Load, Var, cast, free_vars, transform, walk
 from tcc.ir.loopnest import add_index, div_index, mod_index, mul_index
-from tcc.ir.loops import Allocate, Barrier, Buffer, For, If, Let, Seq, Stmt, Store, seq
+from tcc.ir.loops import MIN_BLOCKS, Allocate, Barrier, Buffer, For, If, Let, Seq, Stmt, Store, seq
 from tcc.passes.autoschedule_cuda.indexing import Size, as_expr, ceil_div, hint, product, size_of
 from tcc.target import CudaTarget
 
@@ -197,6 +197,7 @@ class Builder:
     stage_options: tuple[int, ...] = (2, 1)
     group_rows = 1  # tile rows per band of the grid's order (see ``kernel``)
     narrow = True  # tile-to-tensor index digits in 32-bit arithmetic where they fit
+    resident = True  # within FMA_REGISTERS a thread where its tile needs them all (_at_register_limit)
 
     def __init__(self, c: Contraction, fresh, decompose, target: CudaTarget,
                  tile: tuple[int, int, int] | None = None, stages: int | None = None):
@@ -259,23 +260,32 @@ class Builder:
         bx, tid, tm0, tn0 = (self.fresh(s) for s in ("bx", "tx", "tm0", "tn0"))
         ty, tx = self.fresh("ty"), self.fresh("tx")
         body = self._allocate(seq(self._init(), self._main_loop(tid, ty, tx, tm0, tn0),
-                                  self._epilogue(ty, tx, tm0, tn0)))
+                                  self._epilogue(tid, ty, tx, tm0, tn0)))
         row, col = self.thread_coords(tid)
         body = Let(ty, row, Let(tx, col, body))
         span = c.final.span
         inner: Stmt = For(tid, Const(THREADS, I64), body, "thread.x", span=span)
-        tile = _mod(bx, tiles)
+        tile = mod_size(bx, tiles)
         group = self.group_rows if isinstance(tiles_m, int) and isinstance(tiles_n, int) \
             and tiles_m % self.group_rows == 0 else 1
         if group > 1:  # bands of ``group`` tile rows, column by column: a wave of blocks shares operand panels in L2
             band, within = div_index(tile, group * tiles_n), mod_index(tile, group * tiles_n)
             row, col = add_index(mul_index(band, group), mod_index(within, group)), div_index(within, group)
         else:
-            row, col = _div(tile, tiles_n), _mod(tile, tiles_n)
+            row, col = div_size(tile, tiles_n), mod_size(tile, tiles_n)
         inner = Let(tm0, mul_index(row, self.bm), Let(tn0, mul_index(col, self.bn), inner))
         if c.batch_axes:
-            inner = self.decompose(c.batch_axes, [_const(f) for f in c.batch_axes], _div(bx, tiles), inner)
-        return For(bx, as_expr(product([batch, tiles])), inner, "block.x", span=span)
+            inner = self.decompose(c.batch_axes, [_const(f) for f in c.batch_axes], div_size(bx, tiles), inner)
+        notes = ((MIN_BLOCKS, resident_blocks(self.target)),) if self.resident and self._at_register_limit() else ()
+        return For(bx, as_expr(product([batch, tiles])), inner, "block.x", annotations=notes, span=span)
+
+    def _at_register_limit(self) -> bool:
+        """Whether the compiler is to keep each thread within ``FMA_REGISTERS``: a tile whose
+        accumulators fill them, with a dynamic M, N or batch (its guards took the 128 x 128 tile
+        one register over: one block a multiprocessor, two waves where split-K counted one; at
+        constant sizes NVRTC stays within them by itself)."""
+        dynamic = not all(isinstance(s, int) for s in (self.m, self.n, self.c.size(self.c.batch_axes)))
+        return dynamic and self.bm * self.bn // THREADS + REGISTER_OVERHEAD >= FMA_REGISTERS
 
     def _narrow(self, decompose):
         """``decompose`` with the digits of a flat index computed in 32 bits (a 64-bit ``//`` by
@@ -418,7 +428,7 @@ class Builder:
             return Store(self.acct.name, (i, j), Binary("add", acc, prod, self.c.add.dtype))
         return For(kk, Const(self.bk, I64), seq(load_x, load_y, self._tile_loops(update)), "unroll")
 
-    def _epilogue(self, ty: Var, tx: Var, tm0: Var, tn0: Var) -> Stmt:
+    def _epilogue(self, tid: Var, ty: Var, tx: Var, tm0: Var, tn0: Var) -> Stmt:
         c = self.c
         gm, gn = self.fresh("gm"), self.fresh("gn")
 
@@ -491,11 +501,13 @@ def _divides(tile: int, size: Size) -> bool:
     return isinstance(size, int) and size % tile == 0
 
 
-def _div(e: Expr, d: Size) -> Expr:
+def div_size(e: Expr, d: Size) -> Expr:
+    """``e // d`` for a size ``d`` (an expression where dynamic)."""
     return e if d == 1 else Binary("floordiv", e, as_expr(d), I64)
 
 
-def _mod(e: Expr, d: Size) -> Expr:
+def mod_size(e: Expr, d: Size) -> Expr:
+    """``e % d`` for a size ``d`` (an expression where dynamic)."""
     return Const(0, I64) if d == 1 else Binary("mod", e, as_expr(d), I64)
 
 

@@ -9,6 +9,11 @@ call's values, so a tail that a block only partly covers is always guarded.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from types import MappingProxyType
+
 from tcc import dtypes
 from tcc.errors import TccCompileError
 from tcc.ir.expr import Binary, Const, Expr, Var, free_vars, substitute
@@ -20,6 +25,25 @@ from tcc.passes.te.specialize import DYNAMIC_EXTENT
 I64 = dtypes.i64
 MAX_GRID_X = 2**31 - 1
 Size = int | Expr  # a constant, or an expression of the dynamic shape symbols
+# what a schedule takes a dynamic shape symbol to be while it builds the kernels of one range of
+# its values (see .ranges); a symbol not named is DYNAMIC_EXTENT
+_ASSUMED: ContextVar[Mapping[str, int]] = ContextVar("assumed_extents", default=MappingProxyType({}))
+
+
+@contextmanager
+def assuming(values: Mapping[str, int]) -> Iterator[None]:
+    """Within it, :func:`hint` takes each shape symbol of ``values`` as its value there: the
+    kernels built are sized for calls near those values (and still correct for every one)."""
+    token = _ASSUMED.set(MappingProxyType({**_ASSUMED.get(), **values}))
+    try:
+        yield
+    finally:
+        _ASSUMED.reset(token)
+
+
+def assumed() -> Mapping[str, int]:
+    """The shape symbols' values :func:`assuming` set (none outside it)."""
+    return _ASSUMED.get()
 
 
 def size_of(f: For) -> Size:
@@ -67,14 +91,16 @@ def exact_div(size: Size, d: int) -> Size | None:
 
 def hint(size: Size) -> int:
     """What a schedule sizes its work by: the constant, or the size with every dynamic shape
-    symbol taken as ``DYNAMIC_EXTENT`` (tails handle the rest); at least 1 (an image's
-    ``H - KH + 1`` with both taken so is not a size)."""
+    symbol taken as ``DYNAMIC_EXTENT`` (tails handle the rest) or as :func:`assuming` says; at
+    least 1 (an image's ``H - KH + 1`` with both taken so is not a size)."""
     if isinstance(size, int):
         return size
     if isinstance(size, Binary) and size.op == "mul":  # a product of dims: each its own hint
         return hint(size.a if not isinstance(size.a, Const) else int(size.a.value)) * \
             hint(size.b if not isinstance(size.b, Const) else int(size.b.value))
-    value = evaluate_int(simplify(substitute(size, {n: Const(DYNAMIC_EXTENT, I64) for n in free_vars(size)})))
+    values = _ASSUMED.get()
+    value = evaluate_int(simplify(substitute(size, {n: Const(values.get(n, DYNAMIC_EXTENT), I64)
+                                                    for n in free_vars(size)})))
     return DYNAMIC_EXTENT if value is None else max(value, 1)
 
 

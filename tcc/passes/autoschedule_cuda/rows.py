@@ -12,12 +12,13 @@ strided in steps counted at the call, the last guarded.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import NamedTuple
 
 from tcc import dtypes
 from tcc.ir.expr import Binary, Const, Expr, Load, walk
 from tcc.ir.loopnest import stores
-from tcc.ir.loops import Allocate, Barrier, Buffer, For, Let, Seq, Stmt, Store, map_stmt, seq, walk_stmts
-from tcc.passes.autoschedule_cuda import gemm, row_registers
+from tcc.ir.loops import Allocate, Barrier, Buffer, For, If, Let, Seq, Stmt, Store, map_stmt, seq, walk_stmts
+from tcc.passes.autoschedule_cuda import gemm, ranges, row_registers
 from tcc.passes.autoschedule_cuda.indexing import (
     I64,
     as_expr,
@@ -76,10 +77,17 @@ def row_items(body: Stmt) -> list[Stmt]:
     return out
 
 
+class RowLimit(NamedTuple):
+    """The elements of a row whose loops run over more (:func:`by_length`'s variants)."""
+
+    length: Expr  # the row's length
+    least: int  # what it is at least (the variant's range starts above it): no guard below
+
+
 def row_schedule(nest: Nest, names: Names, cap: int, work: int, shapes: dict[str, tuple[int, ...]],
-                 cache: row_registers.RowCache | None = None, limit: Expr | None = None) -> Stmt:
+                 cache: row_registers.RowCache | None = None, limit: RowLimit | None = None) -> Stmt:
     """A block per row (``cache``: the thread's registers, planned here unless given; ``limit``:
-    the row's length where its loops run further, for :func:`bounded_row`)."""
+    the row's length where its loops run further, for :func:`by_length`)."""
     extents = nest.extents
     total = product(extents)
     threads = block_size(work, cap)
@@ -94,40 +102,56 @@ def row_schedule(nest: Nest, names: Names, cap: int, work: int, shapes: dict[str
     return For(bx, as_expr(total), decompose(nest.axes, extents, bx, body), "block.x", span=span)
 
 
-BOUNDED_STEPS = (16, 8, 4)  # elements of a dynamic row a thread may keep in registers, largest first
+# the row lengths a dynamic row's register variants are built for, one kernel each (the threads of
+# a block up to the cap, then steps of them): a call runs the shortest that holds its row
+BOUNDED_ROWS = (32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 
-def bounded_row(nest: Nest, names: Names, cap: int, shapes: dict[str, tuple[int, ...]], shared_limit: int,
-                symbols: frozenset[str]) -> Stmt | None:
-    """For a row whose length ``E`` is a dynamic shape symbol's: the row kernel of a constant row of
-    ``R = threads * steps`` elements, its loops guarded by ``E``, so that its per-row arrays and
-    the inputs it reads again stay in registers (:mod:`.row_registers`) as a constant row's do;
-    an aligned variant that runs for calls with ``E <= R`` (annotation ``requires``), the plain
-    row kernel after it serving the rest. None where the row's loops are not all one loop over
-    ``E``, or nothing would be kept in registers."""
+def by_length(plain: Stmt, nest: Nest, names: Names, cap: int, shapes: dict[str, tuple[int, ...]],
+              shared_limit: int, symbols: frozenset[str]) -> Stmt:
+    """The row kernel ``plain`` of a row whose length ``E`` is a dynamic shape symbol's, after
+    variants that keep the row in registers (:mod:`.ranges`): for each ``R`` of ``BOUNDED_ROWS``
+    whose arrays fit a thread's registers, the row kernel of a constant row of ``R`` elements
+    (``threads * steps``) with its loops guarded by ``E``, so that its per-row arrays and the
+    inputs it reads again stay in registers (:mod:`.row_registers`) and its threads and steps
+    are those a constant row of about that length gets, for the calls with ``E`` in
+    ``(R / 2, R]`` (a row of 1000: 4 steps of 256 threads, not 16 steps mostly idle, whose
+    registers would halve the blocks a multiprocessor holds); ``plain`` for longer rows. Just
+    ``plain`` where the row's loops are not all one loop over ``E``, or nothing would be kept in
+    registers."""
     loops = [s for s in row_items(nest.body) if isinstance(s, For)]
     lengths = {f.extent for f in loops}
     if not loops or len(lengths) != 1 or any(isinstance(f.body, For) for f in loops):
-        return None
+        return plain
     length = lengths.pop()
     if isinstance(size_of(loops[0]), int) or not invariant(length, symbols):
+        return plain
+    variants: list[tuple[int, Stmt]] = []
+    for whole in BOUNDED_ROWS:
+        least = variants[-1][0] if variants else 0
+        kernel = _bounded_row(nest, names, cap, shapes, shared_limit, symbols, RowLimit(length, least), whole)
+        if kernel is None:
+            break  # (a longer row keeps more values a thread)
+        variants.append((whole, kernel))
+    return ranges.by_range(length, variants, plain)
+
+
+def _bounded_row(nest: Nest, names: Names, cap: int, shapes: dict[str, tuple[int, ...]], shared_limit: int,
+                 symbols: frozenset[str], limit: RowLimit, whole: int) -> Stmt | None:
+    """The row kernel of a row of ``whole`` elements guarded by ``limit``, its arrays in registers;
+    None where they do not all fit."""
+    threads = block_size(whole, cap)
+    length = limit.length
+    body = _bounded(nest.body, length, whole)
+    planned = {n: tuple(whole if d == length else d for d in shape) for n, shape in shapes.items()}
+    arrays = {s.buffer.name for s in row_items(body) if isinstance(s, Allocate) and s.buffer.size > 1}
+    if row_work(body, shared_limit, symbols) is None:
         return None
-    threads = block_size(length, cap)
-    for steps in BOUNDED_STEPS:
-        whole = threads * steps
-        body = _bounded(nest.body, length, whole)
-        planned = {n: tuple(whole if d == length else d for d in shape) for n, shape in shapes.items()}
-        arrays = {s.buffer.name for s in row_items(body) if isinstance(s, Allocate) and s.buffer.size > 1}
-        if row_work(body, shared_limit, symbols) is None:
-            return None
-        cache = row_registers.plan(body, [s for s in row_items(body) if isinstance(s, For)], threads, names.fresh,
-                                   planned)
-        if cache is None or not arrays <= set(cache.arrays):
-            continue
-        kernel = row_schedule(Nest(nest.axes, body), names, cap, whole, shapes, cache, length)
-        requires = Binary("le", length, Const(whole, I64), dtypes.boolean)
-        return replace(kernel, annotations=(("aligned", True), ("requires", requires)))
-    return None
+    cache = row_registers.plan(body, [s for s in row_items(body) if isinstance(s, For)], threads, names.fresh,
+                               planned)
+    if cache is None or not arrays <= set(cache.arrays):
+        return None
+    return row_schedule(Nest(nest.axes, body), names, cap, whole, shapes, cache, limit)
 
 
 def _bounded(body: Stmt, length: Expr, whole: int) -> Stmt:
@@ -143,7 +167,7 @@ def _bounded(body: Stmt, length: Expr, whole: int) -> Stmt:
 
 
 def row_body(s: Stmt, threads: int, names: Names, cache: row_registers.RowCache | None,
-             limit: Expr | None = None, continued: bool = False) -> Stmt:
+             limit: RowLimit | None = None, continued: bool = False) -> Stmt:
     """Loops become block-strided (reductions combined across the block); per-row arrays go
     to registers where each thread touches only its own elements (``cache``), else to shared
     memory, with a barrier after each loop that writes one."""
@@ -207,10 +231,11 @@ def reduction_loop(s: Stmt) -> tuple[str, str] | None:
 
 
 def block_strided(loop: Stmt, threads: int, names: Names, allreduce: str | None,
-                  cache: row_registers.RowCache | None = None, limit: Expr | None = None) -> Stmt:
+                  cache: row_registers.RowCache | None = None, limit: RowLimit | None = None) -> Stmt:
     """The block's threads stride over the (flattened) loop nest; a reduction then combines.
     With a ``cache`` the step loop is unrolled: the thread's register arrays index by it.
-    ``limit``: the elements that exist, where the loop runs over more (every step guarded)."""
+    ``limit``: the elements that exist, where the loop runs over more (the steps past its least
+    guarded)."""
     red = split_axes(loop)
     extents = red.extents
     length = product(extents)
@@ -218,10 +243,20 @@ def block_strided(loop: Stmt, threads: int, names: Names, allreduce: str | None,
     steps = ceil_div(length, threads)  # (a dynamic row: its steps computed at the call, the last guarded)
     inner = row_registers.rewrite(red.body, red.axes, step, cache) if cache else red.body
     inner = decompose(red.axes, extents, rid, inner)
-    inner = guarded(rid, linear(step, threads, tx), length if limit is None else limit, product([steps, threads]),
-                    inner)
     span = red.axes[0].span
+    notes = (("allreduce", allreduce),) if allreduce else ()
+    if limit is not None and steps != 1:  # a step's guard tests the thread's count of steps, not its element
+        valid = names.fresh("rvalid")
+        cond = Binary("lt", step, valid, dtypes.boolean)
+        if (sure := limit.least // threads) > 0:  # (the unrolled steps below it: no test left)
+            cond = Binary("or", Binary("lt", step, Const(sure, I64), dtypes.boolean), cond, dtypes.boolean)
+        inner = Let(rid, linear(step, threads, tx), If(cond, inner))
+        count = Binary("floordiv", Binary("add", Binary("sub", limit.length, tx, I64), Const(threads - 1, I64), I64),
+                       Const(threads, I64), I64)
+        return For(tx, Const(threads, I64), Let(valid, count, For(step, as_expr(steps), inner, "unroll", span=span)),
+                   "thread.x", annotations=notes, span=span)
+    inner = guarded(rid, linear(step, threads, tx), length if limit is None else limit.length,
+                    product([steps, threads]), inner)
     body: Stmt = Let(step, Const(0, I64), inner) if steps == 1 else \
         For(step, as_expr(steps), inner, "unroll" if cache else "serial", span=span)
-    notes = (("allreduce", allreduce),) if allreduce else ()
     return For(tx, Const(threads, I64), body, "thread.x", annotations=notes, span=span)

@@ -8,7 +8,8 @@ intermediate into a device allocation that lives for the call.
 Three schedules, chosen per nest:
 
 * **gemm** (:mod:`tcc.passes.autoschedule_cuda.gemm`): contractions (matmul, batched matmul, convolution
-  as an implicit GEMM) as shared-memory tiles and per-thread register tiles.
+  as an implicit GEMM) as shared-memory tiles and per-thread register tiles; a tensor-core
+  kernel's 16-bit result leaves through shared memory in 16-byte stores (:mod:`.staged_stores`).
 * **flat**: the nest's spatial loops are fused into one index, one thread per output
   element (``block.x`` x ``thread.x``), with a guard where the block size does not divide
   the element count. Reductions stay serial inside the thread. Where the innermost extent is
@@ -26,8 +27,11 @@ Three schedules, chosen per nest:
 An extent may be a dynamic shape symbol's (``tcc.compile(..., dynamic=...)``): each schedule
 counts its blocks, steps and tiles at the call (:mod:`.indexing`) and guards or masks the
 tails; an aligned variant may also require a condition of the symbols (``requires``: a
-multiple of 4, a row short enough for registers), which the launcher checks. Split-K, the
-warpgroup and implicit-convolution GEMMs and split reductions take constant shapes only.
+multiple of 4), which the launcher checks. A dynamic row's length, and a contraction's one
+dynamic output size, get kernels per range of their values (:mod:`.ranges`: each range's as a
+constant size there gets them, every kernel requiring its range). Split-K takes a constant
+reduction; the TF32 warpgroup and implicit-convolution GEMMs and split reductions constant
+shapes only.
 
 A nest carrying attention's matrix form (two products of 16-bit operands, see
 :mod:`tcc.passes.te.matrix_stream`) becomes a FlashAttention kernel on the matrix units
@@ -48,11 +52,12 @@ from dataclasses import dataclass, replace
 
 from tcc import dtypes
 from tcc.errors import TccCompileError, TccScheduleError
-from tcc.ir.expr import Binary, Const, Expr, Load, walk
-from tcc.ir.loopnest import stores
+from tcc.ir.expr import Binary, Const, Expr, Load, Var, free_vars, walk
+from tcc.ir.loopnest import shared_layout, stores
 from tcc.ir.loops import (
     DETERMINISTIC,
     MATRIX_STREAM,
+    STAGED_STORES,
     Allocate,
     Buffer,
     For,
@@ -74,12 +79,14 @@ from tcc.passes.autoschedule_cuda import (
     hoist_rows,
     implicit_conv,
     merge_kernels,
+    ranges,
     recurrence,
     rows,
     scan,
     scatter,
     split_k,
     split_reduction,
+    staged_stores,
     tensorcore,
     transpose,
     unread,
@@ -88,6 +95,7 @@ from tcc.passes.autoschedule_cuda import (
 from tcc.passes.autoschedule_cuda.indexing import (
     Size,
     as_expr,
+    assumed,
     block_size,
     decompose,
     exact_div,
@@ -120,10 +128,12 @@ class CudaTuning:
     tile: tuple[int, int, int] | None = None
     stages: int = 2
     warps: int = FLAT_THREADS // 32
+    stores: str = "auto"  # which tensor-core GEMM results leave through shared memory (loops.STORE_MODES)
 
     def __str__(self) -> str:
         tile = "auto" if self.tile is None else "x".join(map(str, self.tile))
-        return f"tile={tile} stages={self.stages} warps={self.warps}"
+        stores = "" if self.stores == "auto" else f" stores={self.stores}"
+        return f"tile={tile} stages={self.stages} warps={self.warps}{stores}"
 
 
 KERNEL_KINDS = "kernel kinds"  # the scheduled function's attribute: which schedule made each nest's kernels
@@ -136,6 +146,8 @@ def schedule_cuda(func: LoopFunc, target: CudaTarget, tuning: CudaTuning = CudaT
     trace shows the function after each nest becomes its kernels, and its attribute
     ``KERNEL_KINDS`` says which schedule made them (``gemm``, ``flat``, ``row``, ...: what the
     tuner may vary)."""
+    if STAGED_STORES in func.attrs:  # tcc.compile(..., staged_stores=...)
+        tuning = replace(tuning, stores=str(func.attrs[STAGED_STORES]))
     temps, private, body = _peel_allocates(func.body)
     body = _sink_private(body, private)
     names = Names(func)
@@ -223,7 +235,10 @@ def _schedule_nest(stmt: Stmt, names: Names, shapes: dict[str, tuple[int, ...]],
                    target: CudaTarget, tuning: CudaTuning, tf32: bool) -> tuple[Stmt | None, str]:
     """The kernels of one nest and which schedule made them; global intermediates they need are
     appended to ``temps``."""
-    unhoisted = stmt  # (a dynamic row's registers variant keeps its per-row arrays: rows.bounded_row)
+    if not assumed() and (symbol := _ranged_size(stmt, names, tf32)) is not None:  # kernels per range of its size
+        return ranges.by_samples(symbol, lambda: _schedule_nest(stmt, names, shapes, temps, target, tuning, tf32),
+                                 temps)
+    unhoisted = stmt  # (a dynamic row's registers variants keep its per-row arrays: rows.by_length)
     inner = next((s for s in walk_stmts(stmt) if isinstance(s, Allocate) and s.buffer.scope == "global"), None)
     if inner is not None:  # a per-row intermediate too large for the stack: a global row per iteration
         hoisted = hoist_rows.hoist(stmt, temps)
@@ -275,10 +290,26 @@ def _schedule_nest(stmt: Stmt, names: Names, shapes: dict[str, tuple[int, ...]],
     if work is not None and work >= ROW_MIN_REDUCTION and work * ROW_RATIO >= hint(total):
         cap = min(threads, MAX_ROW_THREADS)
         kernel = rows.row_schedule(nest, names, cap, work, shapes)
-        bounded = rows.bounded_row(spatial_axes(unhoisted, names.symbols), names, cap, shapes,
-                                   target.shared_memory_per_block, names.symbols)
-        return (kernel if bounded is None else seq(bounded, kernel)), "row"
+        return rows.by_length(kernel, spatial_axes(unhoisted, names.symbols), names, cap, shapes,
+                              target.shared_memory_per_block, names.symbols), "row"
     return _flat_schedule(nest, names, threads), "flat"
+
+
+def _ranged_size(stmt: Stmt, names: Names, tf32: bool) -> Var | None:
+    """The shape symbol ``S`` whose ranges get kernels of their own (:mod:`.ranges`), where ``stmt``
+    is a contraction (not on TF32, whose kernels want constant shapes) with a constant reduction
+    whose output sizes read one dynamic symbol, ``S`` (a matmul's M, a convolution's batch): a
+    GEMM of few rows splits its reduction across blocks or takes mma.sync tiles, one of many
+    takes large tiles, and a matrix-vector product is a row kernel, as at constant sizes."""
+    if holds_sequential(stmt):
+        return None
+    nest = spatial_axes(stmt, names.symbols)
+    c = gemm.match(nest.axes, nest.body)
+    if c is None or tf32 or not isinstance(c.size(c.k_axes), int):
+        return None
+    sizes = [c.size(axes) for axes in (c.m_axes, c.n_axes, c.batch_axes)]
+    symbols = set().union(*(free_vars(s) for s in sizes if not isinstance(s, int)))
+    return Var(symbols.pop(), I64) if len(symbols) == 1 else None
 
 
 def _threads(tuning: CudaTuning, target: CudaTarget) -> int:
@@ -324,12 +355,13 @@ def _contraction_kernels(c: gemm.Contraction, nest: Nest, names: Names, shapes: 
     kind sizes its tiles by the target's budgets; a warpgroup kernel none of whose tiles fits
     gives way to ``mma.sync`` ones, and :class:`gemm.OverBudget` from a kind that must fit
     reaches :func:`_contraction`."""
+    stores = staged_stores.plan(c, shapes, tuning.stores)  # (for the copy-engine kernels)
     if tf32 and (f32 := tensorcore.tf32_operands(c)) is not None:
         wide = gemm.fitting(warpgroup.StagedBuilder, c, names.fresh, decompose, f32, target) \
             if c.static and warpgroup.fits(c, target) else None  # (TF32 transposes: constant shapes)
         if wide is not None:
             staged = wide.kernel()
-            fast = _k_major_copy_engine(c, f32, warpgroup.Tf32Builder, names, shapes, temps, target)
+            fast = _k_major_copy_engine(c, f32, warpgroup.Tf32Builder, names, shapes, temps, target, stores)
             return seq(*fast, staged) if fast else staged, "tf32 warpgroup gemm"
         return tensorcore.Builder(c, names.fresh, decompose, f32, None, target).kernel(), "tf32 tensor-core gemm"
     values = tensorcore.operands(c)
@@ -344,16 +376,16 @@ def _contraction_kernels(c: gemm.Contraction, nest: Nest, names: Names, shapes: 
     staged = tensorcore.Builder(c, names.fresh, decompose, values, None, target).kernel()
     if fast is None and eight:  # 8-bit operands are read K-major only: a B[k, n] is transposed first
         wide_kind = warpgroup.Builder if warpgroup.fits(c, target) else tensorcore.Builder
-        made = _k_major_copy_engine(c, values, wide_kind, names, shapes, temps, target)
+        made = _k_major_copy_engine(c, values, wide_kind, names, shapes, temps, target, stores)
         if made:
             return seq(*made, staged), "fp8 gemm on a transposed operand"
     if fast is None:
         return staged, "tensor-core gemm"
-    wide = gemm.fitting(warpgroup.Builder, c, names.fresh, decompose, values, fast, target) \
+    wide = gemm.fitting(warpgroup.Builder, c, names.fresh, decompose, values, fast, target, stores) \
         if warpgroup.fits(c, target) else None
     if wide is not None:
         return seq(wide.kernel(), staged), "warpgroup gemm"
-    fast_kernel = tensorcore.Builder(c, names.fresh, decompose, values, fast, target).kernel()
+    fast_kernel = tensorcore.Builder(c, names.fresh, decompose, values, fast, target, stores).kernel()
     return seq(fast_kernel, staged), "tensor-core gemm"
 
 
@@ -370,7 +402,7 @@ def _split_k_kernels(c: gemm.Contraction, nest: Nest, split: split_k.Plan, names
 
 def _k_major_copy_engine(c: gemm.Contraction, values: tuple[Expr, Expr], builder: type[tensorcore.Builder],
                          names: Names, shapes: dict[str, tuple[int, ...]], temps: list,
-                         target: CudaTarget) -> list[Stmt]:
+                         target: CudaTarget, stores: staged_stores.Plan | None = None) -> list[Stmt]:
     """A GEMM whose matrix units read both operands K-major (TF32 and 8-bit floats) on ``cp.async``
     copies (an aligned variant) by ``builder``, preceded by the transpose of a ``B[k, n]`` operand
     into a K-major intermediate (:mod:`.transpose`); nothing when the operands do not fit the copy
@@ -384,7 +416,7 @@ def _k_major_copy_engine(c: gemm.Contraction, values: tuple[Expr, Expr], builder
         shapes = {**shapes, buf.name: buf.shape}
         before = [transpose.kernel(values[1], buf, shapes, names.fresh, c.final.span)]
     fast = tensorcore.fast_layout(c, (x, y), shapes)
-    wide = gemm.fitting(builder, c, names.fresh, decompose, (x, y), fast, target) \
+    wide = gemm.fitting(builder, c, names.fresh, decompose, (x, y), fast, target, stores) \
         if fast is not None and fast.k_fast else None
     if wide is None:
         return []
@@ -455,7 +487,12 @@ def _flat_kernel(nest: Nest, names: Names, cap: int) -> Stmt:
 # ---------------------------------------------------------------- shared memory
 
 def shared_bytes(kernels: Stmt) -> int:
-    """The most shared memory one of ``kernels`` takes, counted as codegen places it when dynamic."""
-    return max((gemm.shared_footprint([s.buffer for s in walk_stmts(kernel)
-                                       if isinstance(s, Allocate) and s.buffer.scope == "shared"])
-                for kernel in (kernels.stmts if isinstance(kernels, Seq) else [kernels])), default=0)
+    """The most shared memory one of ``kernels`` takes, counted as codegen places it when dynamic
+    (a buffer over others that it reuses counts once: ``shared_layout``)."""
+    return max((_kernel_shared(kernel) for kernel in (kernels.stmts if isinstance(kernels, Seq) else [kernels])),
+               default=0)
+
+
+def _kernel_shared(kernel: Stmt) -> int:
+    total = shared_layout(kernel, gemm.DYNAMIC_ALIGN)[1]
+    return total + gemm.DYNAMIC_ALIGN if total else 0

@@ -27,9 +27,10 @@ from dataclasses import dataclass
 
 from tcc import dtypes
 from tcc.ir.expr import Binary, Const, Expr, Load
-from tcc.ir.loopnest import add_index, div_index, mod_index, mul_index
+from tcc.ir.loopnest import add_index, mul_index
 from tcc.ir.loops import Allocate, Buffer, For, Let, Stmt, Store, seq
 from tcc.passes.autoschedule_cuda import gemm
+from tcc.passes.autoschedule_cuda.indexing import as_expr, hint, product, size_of
 from tcc.target import CudaTarget
 
 I64 = dtypes.i64
@@ -50,9 +51,10 @@ def plan(c: gemm.Contraction, target: CudaTarget, tile: tuple[int, int, int] | N
     """The split of ``c`` for ``target``'s multiprocessors (``tile``: the tuner's), or None
     where the ordinary grid does as well (:func:`_time`), the reduction is short, or the
     accumulator does not start at zero (each chunk would add its start once more)."""
-    if not c.static:
-        return None  # (see Contraction.static)
-    m, n, k, batch = c.size(c.m_axes), c.size(c.n_axes), c.size(c.k_axes), c.size(c.batch_axes)
+    k = c.size(c.k_axes)
+    if not isinstance(k, int):
+        return None  # (chunks of whole k-steps: a constant reduction)
+    m, n, batch = (hint(c.size(axes)) for axes in (c.m_axes, c.n_axes, c.batch_axes))  # (a dynamic one's hint)
     sms = target.sms
     if not (isinstance(c.init, Const) and c.init.value == 0):
         return None
@@ -106,13 +108,14 @@ class Builder(gemm.Builder):
 
     def kernel(self) -> Stmt:
         """The tiled kernel's blocks, once per chunk: block ``bx`` runs tile ``bx % tiles`` over
-        chunk ``bx // tiles``."""
+        chunk ``bx // tiles`` (``tiles`` counted at the call where M, N or the batch is dynamic)."""
         tiled = super().kernel()
-        assert isinstance(tiled, For) and isinstance(tiled.extent, Const)
-        tiles = int(tiled.extent.value)
+        assert isinstance(tiled, For)
+        tiles = size_of(tiled)
         bx = self.fresh("bx")
-        body = Let(self.chunk, div_index(bx, tiles), Let(tiled.var, mod_index(bx, tiles), tiled.body))
-        return For(bx, Const(tiles * self.plan.chunks, I64), body, "block.x", span=tiled.span)
+        body = Let(self.chunk, gemm.div_size(bx, tiles), Let(tiled.var, gemm.mod_size(bx, tiles), tiled.body))
+        return For(bx, as_expr(product([tiles, self.plan.chunks])), body, "block.x", annotations=tiled.annotations,
+                   span=tiled.span)
 
     def k_steps(self) -> int:
         return self.plan.steps

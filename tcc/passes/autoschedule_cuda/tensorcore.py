@@ -41,7 +41,7 @@ from tcc import dtypes
 from tcc.ir.expr import Binary, Cast, Const, Expr, Load, Var, cast, substitute, transform
 from tcc.ir.loopnest import add_index, div_index, mod_index, mul_index
 from tcc.ir.loops import AsyncCommit, AsyncCopy, AsyncWait, Barrier, Buffer, For, If, Let, Stmt, Store, seq
-from tcc.passes.autoschedule_cuda import gemm
+from tcc.passes.autoschedule_cuda import gemm, staged_stores
 from tcc.passes.autoschedule_cuda.indexing import Size, as_expr, ceil_div, product
 from tcc.passes.loops.tensorize import tensorize
 from tcc.target import CudaTarget
@@ -149,9 +149,10 @@ class Builder(gemm.Builder):
 
     tiles = TILES
     stage_options = (2,)  # the copy engine fills one slot while the warps multiply the other
+    resident = False  # (its tiles are sized by the registers of one block, not FMA_REGISTERS)
 
     def __init__(self, c: gemm.Contraction, fresh, decompose, values: tuple[Expr, Expr],
-                 fast: FastLayout | None, target: CudaTarget):
+                 fast: FastLayout | None, target: CudaTarget, stores: staged_stores.Plan | None = None):
         self.xv, self.yv = values  # (the shared tiles' type: set before the tile is chosen)
         self.fast = fast
         if self.xv.dtype.is_fp8:  # the same bytes per tile row: twice the elements
@@ -164,6 +165,10 @@ class Builder(gemm.Builder):
         self.xst = Buffer(self.xst.name, half, self.xst.shape, "local")
         self.yst = Buffer(self.yst.name, half, self.yst.shape, "local")
         self.acct = Buffer(self.acct.name, F32, (self.wm, self.wn), "local")
+        # the result through shared memory, or in column pairs (the copy-engine kernel only: its
+        # pointers are aligned)
+        self.stores = stores if fast is not None else None
+        self.staged = self.stores is not None and self.stores.staged and staged_stores.fits(self.stores, self)
 
     def shared_tiles(self, tile: tuple[int, int, int], depth: int, x: str, y: str) -> tuple[Buffer, Buffer]:
         """``[slot][tile][BK + pad]`` of the 16-bit (or TF32) operands, 16 bytes added to each row
@@ -247,11 +252,11 @@ class Builder(gemm.Builder):
     def _init(self) -> Stmt:
         return self._warp_tile(lambda a, b: Store(self.acct.name, (a, b), self.c.init))
 
-    def _warp_tile(self, body_fn) -> Stmt:
+    def _warp_tile(self, body_fn, columns: str = "serial") -> Stmt:
         """``for a in 0..WM: for b in 0..WN``: a nest over the warp's accumulator tile (every lane
-        runs all of it until tensorize shares the elements out)."""
+        runs all of it until tensorize shares the elements out; ``columns="vector"``: as pairs)."""
         a, b = self.fresh("wa"), self.fresh("wb")
-        return For(a, Const(self.wm, I64), For(b, Const(self.wn, I64), body_fn(a, b)))
+        return For(a, Const(self.wm, I64), For(b, Const(self.wn, I64), body_fn(a, b), columns))
 
     def fills(self, tid: Var, tm0: Var, tn0: Var, k0: Expr, slot: Expr) -> tuple[Stmt, Stmt]:
         x = self._fill(self.xs, self.xst, self.xv, self.c.m_axes, self.m, tid, tm0, k0, slot)
@@ -282,7 +287,9 @@ class Builder(gemm.Builder):
     def thread_coords(self, tid: Var) -> tuple[Expr, Expr]:
         return div_index(tid, 32), mod_index(tid, 32)  # (warp, lane)
 
-    def _epilogue(self, ty: Var, tx: Var, tm0: Var, tn0: Var) -> Stmt:
+    def _epilogue(self, tid: Var, ty: Var, tx: Var, tm0: Var, tn0: Var) -> Stmt:
+        if self.stores is not None and self.staged:
+            return staged_stores.epilogue(self.stores, self, tid, ty, tm0, tn0)
         c = self.c
         gm, gn = self.fresh("gm"), self.fresh("gn")
         wr, wc = self._warp_origin(ty)
@@ -298,4 +305,5 @@ class Builder(gemm.Builder):
             if cond is not None:
                 body = If(cond, body)
             return Let(gm, add_index(tm0, add_index(wr, a)), Let(gn, add_index(tn0, add_index(wc, b)), body))
-        return self._warp_tile(store)
+        pairs = self.stores is not None and self.stores.pairs  # (the guard is the same for both of a pair)
+        return self._warp_tile(store, "vector" if pairs else "serial")

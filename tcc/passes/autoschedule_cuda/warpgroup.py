@@ -36,7 +36,7 @@ from tcc.ir.loops import (
     WarpgroupSync,
     seq,
 )
-from tcc.passes.autoschedule_cuda import gemm, tensorcore
+from tcc.passes.autoschedule_cuda import gemm, staged_stores, tensorcore
 from tcc.passes.autoschedule_cuda.indexing import hint, size_of
 from tcc.target import CudaTarget
 
@@ -67,8 +67,8 @@ class Builder(tensorcore.Builder):
     group_rows = 8
 
     def __init__(self, c: gemm.Contraction, fresh, decompose, values: tuple[Expr, Expr],
-                 fast: tensorcore.FastLayout | None, target: CudaTarget):
-        super().__init__(c, fresh, decompose, values, fast, target)
+                 fast: tensorcore.FastLayout | None, target: CudaTarget, stores: staged_stores.Plan | None = None):
+        super().__init__(c, fresh, decompose, values, fast, target, stores)
         self.wm, self.wn = WARPGROUP // 2, self.bn  # two warpgroups over the tile's rows
         self.acct = Buffer(self.acct.name, F32, (self.wm, self.wn), "local")
 

@@ -405,7 +405,8 @@ def _scalar_fragments(op: _Operand, dst: Buffer, f: Var, count: int, k0: Expr, l
 
 def _elementwise(outer: For, plans: dict[str, _Plan], fresh) -> Stmt | None:
     """A ``for a: for b:`` nest over an accumulator tile, run once per fragment element of the lane
-    (element ``e`` of fragment (fi, fj) is row ``16 fi + l/4 + 8 (e/2)``, column ``8 fj + 2 (l%4) + e%2``)."""
+    (element ``e`` of fragment (fi, fj) is row ``16 fi + l/4 + 8 (e/2)``, column ``8 fj + 2 (l%4) + e%2``);
+    a ``vector`` loop ``b`` (consecutive columns) gives 2-lane vector loops over each pair ``e%2``."""
     inner = outer.body
     assert isinstance(inner, For)
     ab = (outer.var, inner.var)
@@ -420,7 +421,9 @@ def _elementwise(outer: For, plans: dict[str, _Plan], fresh) -> Stmt | None:
             and (outer.extent.value, inner.extent.value) == (plan.tm, plan.tn)):
         return None
     fi, fj, e = fresh("fi"), fresh("fj"), fresh("fe")
-    frag = (fi, fj, e)
+    vector = inner.kind == "vector"  # the tile's columns as vectors: each lane's column pairs are 2-lane ones
+    half, pair = (fresh("fh"), fresh("fp")) if vector else (div_index(e, 2), mod_index(e, 2))
+    frag = (fi, fj, add_index(mul_index(half, 2), pair) if vector else e)
 
     def load(n: Expr) -> Expr | None:
         return Load(plan.acc, frag, F32) if isinstance(n, Load) and n.buffer == plan.acc and n.indices == ab else None
@@ -431,11 +434,15 @@ def _elementwise(outer: For, plans: dict[str, _Plan], fresh) -> Stmt | None:
     lane = plan.lane
     if plan.warpgroup:  # warp w of the warpgroup holds rows 16 w .. 16 w + 15
         in_warp = add_index(mul_index(div_index(lane, 32), 16),
-                            add_index(div_index(mod_index(lane, 32), 4), mul_index(div_index(e, 2), 8)))
+                            add_index(div_index(mod_index(lane, 32), 4), mul_index(half, 8)))
     else:
-        in_warp = add_index(div_index(lane, 4), mul_index(div_index(e, 2), 8))
+        in_warp = add_index(div_index(lane, 4), mul_index(half, 8))
     row = add_index(mul_index(fi, plan.rows), in_warp)
-    col = add_index(mul_index(fj, 8), add_index(mul_index(mod_index(lane, 4), 2), mod_index(e, 2)))
+    col = add_index(mul_index(fj, 8), add_index(mul_index(mod_index(lane, 4), 2), pair))
     body = Let(outer.var, row, Let(inner.var, col, body))
-    return For(fi, Const(plan.tm // plan.rows, I64), For(fj, Const(plan.tn // 8, I64), For(
-        e, Const(4, I64), body, "unroll"), "unroll"), "unroll", span=outer.span)
+    elements: Stmt = For(e, Const(4, I64), body, "unroll")
+    if vector:
+        assert isinstance(half, Var) and isinstance(pair, Var)
+        elements = For(half, Const(2, I64), For(pair, Const(2, I64), body, "vector"), "unroll")
+    return For(fi, Const(plan.tm // plan.rows, I64), For(fj, Const(plan.tn // 8, I64), elements, "unroll"),
+               "unroll", span=outer.span)
