@@ -7,4 +7,4 @@ set -e
 export TCC_CACHE_DIR="${TCC_CACHE_DIR:-/tmp/tcc-cache-flash-bwd}"
 PY="${PYTHON:-python}"
 "$PY" -m pytest -q -rfE tests/test_attention_grad_gpu.py -k half
-"$PY" benchmarks/attention.py --device cuda --no-forward --trials 5 --dtypes f16 --seq 2048 8192
+"$PY" benchmarks/attention.py --device cuda --no-forward --trials 3 --dtypes f16 --seq 2048 8192
