@@ -7,12 +7,16 @@ faster), with each one's extra memory per call. Every row first checks tcc's ans
     python benchmarks/attention.py --device cuda                    # f16/bf16, D 64/128, S 512..16k, decode
     python benchmarks/attention.py --device cpu --seq 1024 --no-compile --trials 5
     python benchmarks/attention.py --device cpu --no-forward         # the backward rows alone
+    python benchmarks/attention.py --device cuda --no-forward --dtypes f16 --seq 2048 8192
 
-Backward rows (CPU): ``tcc.grad`` of the same op against ``torch.autograd.grad`` through SDPA's
+Backward rows: ``tcc.grad`` of the same op against ``torch.autograd.grad`` through SDPA's
 forward (its saved output and log-sum-exp), both given the forward's saved values: tcc's
 gradient op takes the row maxima, sums and output that ``tcc.saving``'s forward returned
 (``saved``), and computes no forward again; the ``recompute`` ratio is ``tcc.grad(op)`` with
-nothing saved (the forward's stream runs first in the same op).
+nothing saved (the forward's stream runs first in the same op). In 16 bits (CUDA: B4 H16, S 2048
+and 8192) the saved output is the f32 one before its rounding (the program spells it as a
+statement of its own, ``o``), which the gradient's ``rowsum(dO * o)`` reads; SDPA saves its 16-bit
+output.
 
 Extra memory: on CUDA torch's peak allocation above the inputs and output (tcc's are counted
 from its loop IR: the buffers it allocates); on the CPU, from the loop IR for tcc and the
@@ -48,6 +52,12 @@ op causal_attention[T: float](Q: T[B, H, S, D], K: T[B, H, S, D], V: T[B, H, S, 
     O[b, h, i, d] = T(sum[j](e[b, h, i, j] * f32(V[b, h, j, d])) / l[b, h, i])
 }
 """
+# the same programs with the f32 output a statement of its own, for a 16-bit training step on CUDA to
+# save it (a 16-bit O rounds away what the backward's rowsum(dO * O) reads)
+SAVED_SOURCE = SOURCE.replace("op attention[", "op attention_o[").replace(
+    "op causal_attention[", "op causal_o[").replace(
+    "    O[b, h, i, d] = T(sum[j](e[b, h, i, j] * f32(V[b, h, j, d])) / l[b, h, i])",
+    "    o[b, h, i, d] = sum[j](e[b, h, i, j] * f32(V[b, h, j, d])) / l[b, h, i]\n    O[b, h, i, d] = T(o[b, h, i, d])")
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -142,31 +152,39 @@ def row(lib, device: str, dtype: str, B: int, H: int, S: int, L: int, D: int, ca
     return text
 
 
-def backward_row(lib, dtype: str, B: int, H: int, S: int, D: int, causal: bool, trials: int) -> str:
-    """tcc's gradient op (given the forward's saved rows) against SDPA's backward, on the CPU."""
+def backward_row(lib, device: str, dtype: str, B: int, H: int, S: int, D: int, causal: bool, trials: int) -> str:
+    """tcc's gradient op (given the forward's saved rows) against SDPA's backward (given its saved
+    output and log-sum-exp)."""
+    cuda = device == "cuda"
     g = torch.Generator(device="cpu").manual_seed(0)
-    q, k, v, do = (torch.randn(B, H, S, D, generator=g, dtype=DTYPES[dtype]) for _ in range(4))
+    q, k, v, do = (torch.randn(B, H, S, D, generator=g).to(device, DTYPES[dtype]) for _ in range(4))
     scale = 1.0 / D ** 0.5
-    op = (lib.causal_attention if causal else lib.attention).bound(T=dtype)
-    saved = ["m", "l", "O"]
-    forward, grad, again = tcc.saving(op, saved), tcc.grad(op, saved=saved), tcc.grad(op)
-    args = [t.numpy() for t in (q, k, v)] + [np.float32(scale)]
-    out, m, total = forward(*args)
+    half = dtype != "f32"
+    name = ("causal_o" if causal else "attention_o") if half else ("causal_attention" if causal else "attention")
+    plain = (lib.causal_attention if causal else lib.attention).bound(T=dtype)
+    op = lib[name].bound(T=dtype)
+    saved = ["m", "l", "o" if half else "O"]
+    forward, grad, again = tcc.saving(op, saved), tcc.grad(op, saved=saved), tcc.grad(plain)
+    args = [t if cuda else t.numpy() for t in (q, k, v)] + [np.float32(scale)]
+    dO = do if cuda else do.numpy()
+    results = dict(zip(forward.te.results, forward(*args)))
+    rows = [results[n] for n in saved]
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     sdpa = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal, scale=scale)
 
     def ours():
-        return grad(*args, do.numpy(), m, total, out)
+        return grad(*args, dO, *rows)
 
     def theirs():
         return torch.autograd.grad(sdpa, leaves, do, retain_graph=True)
 
     def recompute():
-        return again(*args, do.numpy())
+        return again(*args, dO)
 
     expected = theirs()
-    err = max(float((torch.as_tensor(a) - b).norm() / b.norm()) for a, b in zip(ours(), expected))
-    times = interleaved({"tcc": ours, "sdpa": theirs, "recompute": recompute}, trials, False)
+    err = max(float((torch.as_tensor(a).to(device).float() - b.float()).norm() / b.float().norm())
+              for a, b in zip(ours(), expected))
+    times = interleaved({"tcc": ours, "sdpa": theirs, "recompute": recompute}, trials, cuda)
     bindings = {"B": B, "H": H, "S": S, "D": D} | ({} if causal else {"L": S})
     mib = 1 << 20
     flops = 10 * B * H * S * S * D / (2 if causal else 1)  # (five products of S x S x D)
@@ -182,10 +200,12 @@ def main() -> None:
     parser.add_argument("--seq", type=int, nargs="*", help="sequence lengths (default: by device)")
     parser.add_argument("--trials", type=int, default=7)
     parser.add_argument("--no-compile", action="store_true", help="leave torch.compile out")
-    parser.add_argument("--no-forward", action="store_true", help="the backward rows alone (CPU)")
-    parser.add_argument("--no-backward", action="store_true", help="the forward rows alone (CPU)")
+    parser.add_argument("--no-forward", action="store_true", help="the backward rows alone")
+    parser.add_argument("--no-backward", action="store_true", help="the forward rows alone")
+    parser.add_argument("--dtypes", nargs="*", default=["f16", "bf16"], help="CUDA: the 16-bit types")
+    parser.add_argument("--depths", type=int, nargs="*", default=[64, 128], help="CUDA: the row lengths D")
     a = parser.parse_args()
-    lib = tcc.compile(SOURCE, target=a.device)
+    lib = tcc.compile(SOURCE + SAVED_SOURCE, target=a.device)
     compile_math = not a.no_compile
     if a.device == "cpu":
         for S in a.seq or [1024, 2048, 4096] if not a.no_forward else ():
@@ -193,15 +213,19 @@ def main() -> None:
                 print(row(lib, "cpu", "f32", 1, 8, S, S, 64, causal, a.trials, compile_math), flush=True)
         for S in a.seq or [1024, 2048, 4096] if not a.no_backward else ():
             for causal in (False, True):
-                print(backward_row(lib, "f32", 1, 8, S, 64, causal, a.trials), flush=True)
+                print(backward_row(lib, "cpu", "f32", 1, 8, S, 64, causal, a.trials), flush=True)
         return
-    for dtype in ("f16", "bf16"):
-        for D in (64, 128):
-            for S in a.seq or [512, 2048, 4096, 16384]:
+    for dtype in a.dtypes:
+        for D in a.depths:
+            for S in a.seq or [512, 2048, 4096, 16384] if not a.no_forward else ():
                 B, H = max(1, 16384 // S), 16
                 for causal in (False, True):
                     print(row(lib, "cuda", dtype, B, H, S, S, D, causal, a.trials, compile_math), flush=True)
-        print(row(lib, "cuda", dtype, 8, 16, 1, 8192, 128, False, a.trials, compile_math), flush=True)  # decode
+            for S in a.seq or [2048, 8192] if not a.no_backward else ():
+                for causal in (False, True):
+                    print(backward_row(lib, "cuda", dtype, 4, 16, S, D, causal, a.trials), flush=True)
+        if not a.no_forward:
+            print(row(lib, "cuda", dtype, 8, 16, 1, 8192, 128, False, a.trials, compile_math), flush=True)  # decode
 
 
 if __name__ == "__main__":

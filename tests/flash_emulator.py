@@ -6,7 +6,8 @@ out for the 32 lanes of a warp at a barrier of its own, with the fragments laid 
 manual says. Blocks run one after another; ``cp.async`` copies land at once (the commits and waits
 become empty statements), so a missing wait goes unnoticed, as does any other async hazard.
 Small problems only. The emulator's fragments are checked against the forward template, which
-runs on the device.
+runs on the device. :func:`generated` runs a backward kernel of a program tcc generated (its
+lambdas printed from the loop IR) the same way.
 """
 
 from __future__ import annotations
@@ -324,3 +325,59 @@ def forward(d: int, bn: int, warps: int, mt: int, qreg: bool, q, k, v, causal: b
             np.ascontiguousarray(x, np.uint16).tofile(os.path.join(tmp, name + ".bin"))
         subprocess.run([exe, str(BH), str(S), str(L), str(int(causal)), repr(scale)], check=True, cwd=tmp)
         return np.fromfile(os.path.join(tmp, "o.bin"), np.uint16).reshape(BH, S, d)
+
+
+_GENERATED_SHIM = r"""
+static inline float tcc_round_f16(float f) { return h2f(f2h(f)); }
+static inline float tcc_round_bf16(float f) { return b2f(f2b(f)); }
+template <typename T> static inline T tcc_floordiv(T a, T b) {
+  T q = a / b; return (a % b != 0 && ((a % b < 0) != (b < 0))) ? q - 1 : q; }
+template <typename T> static inline T tcc_mod(T a, T b) {
+  T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+"""
+_CTYPES = {"unsigned short": np.uint16, "float": np.float32, "long long": np.int64, "int": np.int32}
+
+
+def generated(kernel_text: str, grid: int, threads: int, smem: int, inputs: dict[str, np.ndarray | float]
+              ) -> dict[str, np.ndarray]:
+    """Run one kernel of a program tcc generated (``kernel_text``: its C, calling ``tcc_flash_bwd``)
+    on the host: ``inputs`` name every parameter (arrays for pointers, numbers for scalars); the
+    arrays of the pointers it writes come back."""
+    found = re.search(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\((.*?)\) \{', kernel_text)
+    assert found, kernel_text[:200]
+    name, params = found.group(1), [p.strip() for p in found.group(2).split(",")]
+    text = kernel_text.replace(found.group(0), f"static void {name}({found.group(2)}) {{", 1)
+    text = re.sub(r"extern __shared__ .*?tcc_shared_raw\[\];\n", "", text)
+    text = re.sub(r"unsigned char\* const tcc_shared = tcc_shared_raw .*?;\n",
+                  "unsigned char* const tcc_shared = g_smem;\n", text)
+    decls, args, outs = [], [], []
+    for p in params:
+        ctype, pname = p.rsplit(" ", 1)
+        base = ctype.replace("const ", "").replace("__restrict__", "").replace("*", "").strip()
+        if "*" in ctype:
+            n = np.asarray(inputs[pname]).size
+            decls.append(f'  auto {pname} = rd<{base}>("{pname}.bin", {n});')
+            args.append(f"{pname}.data()")
+            if "const" not in ctype:
+                outs.append((pname, base))
+        else:
+            args.append(f"({base})({inputs[pname]!r})")
+    main = "\n".join([
+        "#include <fstream>",
+        "template <typename T> std::vector<T> rd(const char* f, size_t n) {",
+        "  std::vector<T> v(n); std::ifstream(f, std::ios::binary).read((char*)v.data(), n * sizeof(T)); return v; }",
+        "template <typename T> void wr(const char* f, const std::vector<T>& v) {",
+        "  std::ofstream(f, std::ios::binary).write((const char*)v.data(), v.size() * sizeof(T)); }",
+        _BACKWARD_MAIN[_BACKWARD_MAIN.index("template <typename F> void launch"):_BACKWARD_MAIN.index("int main")],
+        "int main() {", *decls,
+        f"  launch({grid}, {threads}, {smem}, [&] {{ {name}({', '.join(args)}); }});",
+        *(f'  wr("{o}.bin", {o});' for o, _ in outs), "}"])
+    exe = build(host_program(_GENERATED_SHIM + FLASH_BACKWARD + text) + "\n" + main)
+    with tempfile.TemporaryDirectory() as tmp:
+        for p in params:
+            pname = p.rsplit(" ", 1)[1]
+            if "*" in p:
+                np.ascontiguousarray(inputs[pname]).tofile(os.path.join(tmp, pname + ".bin"))
+        subprocess.run([exe], check=True, cwd=tmp)
+        return {o: np.fromfile(os.path.join(tmp, o + ".bin"), _CTYPES[base]).reshape(np.shape(inputs[o]))
+                for o, base in outs}

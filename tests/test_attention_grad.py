@@ -89,6 +89,20 @@ def test_large_sizes_store_no_pairs(lib, rng, causal):
     assert (sweep.limit is not None) == causal
 
 
+@pytest.mark.parametrize("S,L,D,causal", [(7, 33, 64, False), (33, 33, 8, True), (1, 1, 8, False)])
+def test_half_gradients_sweep(lib, rng, S, L, D, causal):
+    """An f16 program's gradients (summed in f32, stored as f16) are swept too: the sums keep f32
+    partials and round once as they are stored."""
+    grad = tcc.grad((lib.causal_attention if causal else lib.attention).bound(T="f16"))
+    bindings = {"B": 2, "H": 3, "S": S, "D": D} | ({} if causal else {"L": L})
+    args = random_args(grad.te, bindings, rng)
+    expected = reference_results(grad.te, args, bindings)
+    got = grad(*args, out=_poisoned(*expected))
+    for name, g, e in zip(grad.te.results, got, expected):
+        assert_matches(g, e, grad.te.tensors[name].dtype, name)
+    _no_pairs_stored(grad, bindings, S, L)
+
+
 @pytest.mark.parametrize("variant,wrt", [("masked", None), ("softcap", None), ("alibi", ["Q", "K", "V"]),
                                          ("alibi", None)])
 def test_variants_against_the_reference(rng, variant, wrt):

@@ -34,6 +34,7 @@ from tcc.codegen_cuda.cuda_values import (
 )
 from tcc.codegen_cuda.cuda_vector import VectorAccesses
 from tcc.codegen_cuda.flash import FLASH, FLASH_WARPGROUP
+from tcc.codegen_cuda.flash_backward import FLASH_BACKWARD
 from tcc.codegen_cuda.launch_sizes import Formula, formula
 from tcc.codegen_cuda.names import c_name
 from tcc.codegen_cuda.preamble import FP8_PREAMBLE, PREAMBLE
@@ -55,6 +56,7 @@ from tcc.ir.loops import (
     Let,
     LoopFunc,
     MatrixStream,
+    MatrixSweep,
     Seq,
     Stmt,
     Store,
@@ -135,9 +137,11 @@ def generate(func: LoopFunc, target: CudaTarget) -> CudaProgram:
         kernels.append(info)
         texts.append(text)
     streams = [s for s in walk_stmts(body) if isinstance(s, MatrixStream)]
+    sweeps = any(isinstance(s, MatrixSweep) for s in walk_stmts(body))
     warpgroups = any(s.warpgroups for s in streams)
     helpers = [FP8_PREAMBLE] if _uses_fp8(func) else []
-    helpers += [FLASH, *([FLASH_WARPGROUP] if warpgroups else [])] if streams else []
+    helpers += [FLASH, *([FLASH_WARPGROUP] if warpgroups else [])] if streams or sweeps else []
+    helpers += [FLASH_BACKWARD] if sweeps else []
     preamble = "\n".join([PREAMBLE, *helpers])  # every unit starts with it (units())
     source = "\n".join([preamble, *texts])
     specific = warpgroups or any(isinstance(s, WarpgroupMma) for s in walk_stmts(body))
@@ -203,6 +207,8 @@ def _used(kernel: Stmt) -> tuple[set[str], set[str], set[str]]:
             names.update(*(free_vars(v) for k, v in s.annotations if k == REQUIRES))
         if isinstance(s, Store):
             writes.add(s.buffer)
+        if isinstance(s, MatrixSweep) and s.dq is not None:  # (dQ's accumulator: added into)
+            writes.add(s.dq.buffer)
         for e in stmt_exprs(s):
             for n in walk(e):
                 if isinstance(n, Load):

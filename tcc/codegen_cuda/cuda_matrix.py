@@ -2,7 +2,8 @@
 
 A mixin of the CUDA C printer (:mod:`tcc.codegen_cuda.cuda_c`): ``cp.async`` copies and their
 groups, ``ldmatrix``, ``mma.sync``, ``wgmma`` with its fences and shared-memory descriptors, and
-the element offsets of 128-byte swizzled shared buffers. Each statement says what to emit; the
+the element offsets of 128-byte swizzled shared buffers, and the call of attention's backward
+(:class:`~tcc.ir.loops.MatrixSweep`). Each statement says what to emit; the
 printer chooses nothing (which instruction, which layout: the schedule and tensorize did).
 """
 
@@ -17,8 +18,10 @@ from tcc.ir.loops import (
     AsyncWait,
     Buffer,
     MatrixLoad,
+    MatrixSweep,
     Mma,
     ProxyFence,
+    Stmt,
     WarpgroupMma,
     WarpgroupSync,
 )
@@ -52,6 +55,36 @@ class MatrixStatements:
             within = f"({within} ^ (({r} & 7) * {chunk}))"
         atoms = f" + {c} / {atom} * {rows * atom}" if width > atom else ""
         return f"({lead}) * {rows * width}{atoms} + {r} * {atom} + {within}"
+
+    def _stmt(self, s: Stmt, depth: int) -> None:
+        raise NotImplementedError
+
+    def _s_MatrixSweep(self, s: MatrixSweep, depth: int) -> None:
+        """A call of ``tcc_flash_bwd`` (:mod:`tcc.codegen_cuda.flash_backward`), the statement's
+        expressions and stores written as the lambdas it takes."""
+        i64 = "long long"
+        row, key, dot, col, value = (c_name(v.name) for v in (s.row, s.key, s.dot, s.col, s.value))
+        bf16 = "true" if s.q.dtype.name == "bf16" else "false"
+        aligned = "true" if s.aligned else "false"
+        if s.dq is None or s.first is None:
+            raise TccCompileError("internal error: a matrix sweep left unscheduled")
+
+        def f32(e: Expr) -> str:
+            return f"(float)({self._expr(e)})"
+        self._line(depth, f"tcc_flash_bwd<{s.depth}, {s.block_m}, {s.warps}, {bf16}, {aligned}>("
+                          f"(unsigned char*){c_name(s.shared)}, (long long)({self._expr(s.first)}), "
+                          f"{s.rows}ll, {s.keys}ll, {f32(s.scale)},")
+        for ref, at in ((s.q, row), (s.k, key), (s.v, key), (s.do, row)):
+            self._line(depth + 1, f"[&]({i64} {at}) {{ return (const unsigned short*){self._address(ref)}; }},")
+        self._line(depth + 1, f"[&]({i64} {row}, {i64} {key}, float {dot}) -> float {{ return {f32(s.score)}; }},")
+        self._line(depth + 1, f"[&]({i64} {row}) -> {i64} {{ return ({i64})({self._expr(s.limit)}); }},")
+        self._line(depth + 1, f"[&]({i64} {row}) -> float {{ return {f32(s.lse)}; }},")
+        self._line(depth + 1, f"[&]({i64} {row}) -> float {{ return {f32(s.delta)}; }},")
+        self._line(depth + 1, f"[&]({i64} {row}) {{ return (float*){self._address(s.dq)}; }},")
+        for out, last in ((s.dk_out, ","), (s.dv_out, ");")):
+            self._line(depth + 1, f"[&]({i64} {key}, {i64} {col}, float {value}) {{")
+            self._stmt(out, depth + 2)
+            self._line(depth + 1, "}" + last)
 
     def _address(self, ref: Load) -> str:
         return f"&{c_name(ref.buffer)}[{self._flat(self.buffers[ref.buffer], ref.indices)}]"

@@ -35,11 +35,13 @@ from __future__ import annotations
 
 from tcc.codegen_cuda.flash import FLASH
 from tcc.codegen_cuda.preamble import PREAMBLE
+from tcc.passes.autoschedule_cuda.attention_backward import shared_bytes as shared_bytes
 
 DELTA_THREADS = 256  # a block of tcc_flash_bwd_delta: 256 / (D / 8) rows
 # (BM, WARPS) by head dimension that ptxas fits in 255 registers without spills (sm_90, f16 and bf16;
 # tests/test_flash_backward.py keeps them so): D 128 holds dK and dV (128 floats a thread) and so
 # takes 32 query rows a step (BM 64 spills)
+# (the scheduler's pick per row length: tcc.passes.autoschedule_cuda.attention_backward.TILES)
 TILES: dict[int, tuple[tuple[int, int], ...]] = {64: ((64, 4), (64, 8)), 128: ((32, 4), (32, 8))}
 
 FLASH_BACKWARD = r"""
@@ -270,13 +272,6 @@ TCC_D void tcc_flash_bwd(unsigned char* smem, long long k0, long long n_q, long 
     }
 }
 """
-
-
-def shared_bytes(d: int, bm: int, warps: int) -> int:
-    """The dynamic shared memory :func:`tcc_flash_bwd` needs: the K and V tiles, two slots of Q and
-    dO tiles and of the rows' statistics, and the block's dS."""
-    bn = 16 * warps
-    return 2 * bn * d * 2 + 4 * bm * d * 2 + bm * bn * 2 + 4 * bm * 4
 
 
 def standalone_kernels(d: int, bm: int, warps: int, bf16: bool) -> str:

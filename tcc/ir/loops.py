@@ -33,6 +33,8 @@ STORE_MODES = ("auto", "off", "all")
 GUARDED = "guarded"
 GUARD_PARAM = "tcc_guard"
 MATRIX_STREAM = "matrix"  # For annotation: the nest's MatrixStream form, for schedules with matrix units
+MATRIX_SWEEP = "matrix sweep"  # For annotation: the MatrixSweep form of the sweep whose first nest it marks
+SWEPT_BY_MATRIX = "swept by matrix"  # For annotation: a later nest of that sweep (its form: the first nest's)
 # Annotations of a CUDA kernel (its block loop). ALIGNED: it assumes 16-byte aligned pointers, and
 # the kernel after it (the same work, assuming nothing) is its fallback, run for a misaligned call.
 # REQUIRES: a condition of the dynamic shape symbols, checked at the launch and assumed by the
@@ -167,6 +169,62 @@ class BlockScan(Stmt):
     buffer: str
     op: str  # add, mul, max or min
     identity: Expr
+
+
+@dataclass(frozen=True)
+class MatrixSweep(Stmt):
+    """One block's tile of keys of attention's backward on the matrix units (FlashAttention-2's,
+    :mod:`tcc.codegen_cuda.flash_backward`): for the block's ``16 * warps`` keys from ``first`` and
+    every row (``block_m`` rows a step), the probabilities ``exp(score(dot) - lse(row))`` (keys at or
+    past ``limit`` have none), ``dV = P^T dO``, ``dK = scale * dS^T Q`` with ``dS = P (dO . V -
+    delta(row))``, stored by ``dk_out`` and ``dv_out`` at (``key``, ``col``) of ``value``; the block's
+    share of ``dS K`` added into the f32 accumulator whose row ``dq`` names (the schedule's buffer,
+    zeroed before; ``dq_out`` stores ``scale`` times it once every block is done). ``q``, ``k``, ``v``
+    and ``do`` name the first element of a row (at ``row`` or ``key``) of ``depth`` contiguous
+    16-bit values. The statement binds ``row``, ``key``, ``dot``, ``col`` and ``value``; ``outer``
+    (batch, heads: ``outer_extents``) are bound around it by the schedule
+    (:mod:`tcc.passes.autoschedule_cuda.attention_backward`)."""
+
+    q: Load
+    k: Load
+    v: Load
+    do: Load
+    row: Var
+    key: Var
+    dot: Var
+    col: Var
+    value: Var
+    score: Expr
+    limit: Expr
+    lse: Expr
+    delta: Expr
+    scale: Expr
+    dq_out: Stmt
+    dk_out: Stmt
+    dv_out: Stmt
+    rows: int
+    keys: int
+    depth: int
+    outer: tuple[Var, ...] = ()
+    outer_extents: tuple[int, ...] = ()
+    dq: Load | None = None  # the accumulator's row (at ``row``): set by the schedule
+    first: Expr | None = None  # the block's first key: set by the schedule
+    block_m: int = 64
+    warps: int = 4
+    aligned: bool = False  # Q, K, V and dO start 16-byte aligned (the launcher checks)
+    shared: str = ""
+
+    def children(self) -> tuple[Stmt, ...]:
+        return (self.dk_out, self.dv_out)
+
+    @property
+    def bound(self) -> set[str]:
+        """The variables the statement binds for its expressions and stores."""
+        return {v.name for v in (self.row, self.key, self.dot, self.col, self.value)}
+
+    def __str__(self) -> str:
+        return f"matrix sweep: {self.q.buffer}, {self.k.buffer}, {self.v.buffer}, {self.do.buffer}, " \
+               f"{self.rows} x {self.keys} x {self.depth}"
 
 
 @dataclass(frozen=True)
@@ -378,6 +436,9 @@ def stmt_exprs(s: Stmt) -> tuple[Expr, ...]:
         return (s.identity,)
     if isinstance(s, MatrixStream):
         return (s.q, s.k, s.v, s.score, s.limit) + tuple(e for e in (s.first, s.key_begin, s.key_end) if e is not None)
+    if isinstance(s, MatrixSweep):
+        return (s.q, s.k, s.v, s.do, s.score, s.limit, s.lse, s.delta, s.scale) + \
+            tuple(e for e in (s.dq, s.first) if e is not None)
     return ()
 
 
@@ -474,6 +535,18 @@ def _format_stmt(s: Stmt, depth: int, out: list[str]) -> None:
         _format_stmt(s.out, depth + 2, out)
         out.append(f"{pad}    each row:")
         _format_stmt(s.row_out, depth + 2, out)
+    elif isinstance(s, MatrixSweep):
+        first = "" if s.first is None else f" from key {format_expr(s.first)}"
+        out.append(f"{pad}matrix_sweep{first} ({s.warps} warps of 16 keys, {s.block_m} rows a step, in "
+                   f"{s.shared or '?'}): {s.row.name} < {s.rows}, {s.key.name} < min({s.keys}, {format_expr(s.limit)})")
+        out.append(f"{pad}    {s.dot.name} = {format_expr(s.q)} . {format_expr(s.k)} over {s.depth}; "
+                   f"score = {format_expr(s.score)}; lse = {format_expr(s.lse)}; delta = {format_expr(s.delta)}; "
+                   f"scale = {format_expr(s.scale)}; dO {format_expr(s.do)}, V {format_expr(s.v)}")
+        if s.dq is not None:
+            out.append(f"{pad}    dQ += into {format_expr(s.dq)}")
+        out.append(f"{pad}    each key ({s.key.name}, {s.col.name}) of ({s.value.name}):")
+        _format_stmt(s.dk_out, depth + 2, out)
+        _format_stmt(s.dv_out, depth + 2, out)
     elif isinstance(s, AsyncCopy):
         when = "" if s.valid is None else f" if {format_expr(s.valid)} else zeros"
         out.append(f"{pad}cp.async {format_expr(s.dst)} <- {format_expr(s.src)} ({s.nbytes} bytes){when}")
@@ -510,7 +583,7 @@ def verify_func(f: LoopFunc) -> None:
 
 
 def _verify(s: Stmt, buffers: dict[str, Buffer], scope: set[str], loops: set[str]) -> None:
-    if isinstance(s, MatrixStream):
+    if isinstance(s, MatrixStream | MatrixSweep):
         scope = scope | s.bound
     for e in stmt_exprs(s):
         for n in walk(e):
@@ -529,7 +602,7 @@ def _verify(s: Stmt, buffers: dict[str, Buffer], scope: set[str], loops: set[str
     if isinstance(s, BlockScan):
         _check(s.buffer in buffers and buffers[s.buffer].scope == "local" and buffers[s.buffer].size >= 2,
                f"block scan of {s.buffer}, not a local buffer of two elements")
-    if isinstance(s, MatrixStream):
+    if isinstance(s, MatrixStream | MatrixSweep):
         _verify_matrix_stream(s, buffers, scope, loops)
         return
     if isinstance(s, For):
@@ -549,8 +622,9 @@ def _verify(s: Stmt, buffers: dict[str, Buffer], scope: set[str], loops: set[str
             _verify(c, buffers, scope, loops)
 
 
-def _verify_matrix_stream(s: MatrixStream, buffers: dict[str, Buffer], scope: set[str], loops: set[str]) -> None:
-    for ref in (s.q, s.k, s.v):
+def _verify_matrix_stream(s: MatrixStream | MatrixSweep, buffers: dict[str, Buffer], scope: set[str],
+                          loops: set[str]) -> None:
+    for ref in (s.q, s.k, s.v, *((s.do,) if isinstance(s, MatrixSweep) else ())):
         _check(buffers[ref.buffer].dtype.name in ("f16", "bf16"), f"matrix stream operand {ref.buffer} is not 16-bit")
     _check(s.depth % 16 == 0, f"matrix stream over {s.depth} columns, not a multiple of 16")
     for c in s.children():

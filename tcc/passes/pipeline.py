@@ -29,6 +29,7 @@ from tcc.passes.te.bounds import prove_bounds
 from tcc.passes.te.fusion import group_statements, inline_intermediates
 from tcc.passes.te.im2col import im2col
 from tcc.passes.te.lower import lower
+from tcc.passes.te.matrix_sweep import note_matrix_sweeps
 from tcc.passes.te.phases import split_phases
 from tcc.passes.te.scans import prefix_scans
 from tcc.passes.te.specialize import specialize
@@ -104,6 +105,7 @@ def lower_op(op: OpTE, bindings: dict[str, int | float], target: Target, schedul
     te = trace("bounds", prove_bounds(te))  # every read proved; those proved under a select clamped
     te = trace("sweep pairs", sweep_pairs(te, target))  # pairs read only by sums over one axis: tiles, no S x L
     te = trace("stream reductions", stream_reductions(te, target))  # max, sum of exp, weighted sums: one pass, no S x L
+    te = trace("matrix sweeps", note_matrix_sweeps(te, target))  # which sweeps run as FlashAttention-2's backward
     te = trace("inline", inline_intermediates(te))
     te = trace("im2col", im2col(te, conv))
     te = trace("group", group_statements(te, gemms=not target.is_gpu))  # GPU contractions stay fused

@@ -35,7 +35,9 @@ shapes only.
 
 A nest carrying attention's matrix form (two products of 16-bit operands, see
 :mod:`tcc.passes.te.matrix_stream`) becomes a FlashAttention kernel on the matrix units
-(:mod:`.attention`; with split keys, the nests merging the splits after it).
+(:mod:`.attention`; with split keys, the nests merging the splits after it); the nests of a sweep
+carrying the matrix form of attention's backward (:mod:`tcc.passes.te.matrix_sweep`) become
+FlashAttention-2's backward kernels (:mod:`.attention_backward`).
 
 Before them an element-wise nest over a reduction's result joins the reduction's final store
 (:mod:`.epilogue`); a recurrence that is a prefix scan along rows gets a block per row
@@ -71,6 +73,7 @@ from tcc.ir.loops import (
 )
 from tcc.passes.autoschedule_cuda import (
     attention,
+    attention_backward,
     epilogue,
     gemm,
     hoist_rows,
@@ -86,6 +89,7 @@ from tcc.passes.autoschedule_cuda import (
     staged_stores,
     tensorcore,
     transpose,
+    unread,
     warpgroup,
 )
 from tcc.passes.autoschedule_cuda.indexing import (
@@ -163,6 +167,7 @@ def schedule_cuda(func: LoopFunc, target: CudaTarget, tuning: CudaTuning = CudaT
             kinds.append(how)
         written = sorted({s.buffer for s in stores(nest)} & ({p.name for p in func.params} | {b.name for b in temps}))
         trace(f"{how}: {', '.join(written)}", _function(func, temps, [*kernels, *nests[i + 1:]]))
+    kernels, temps = unread.drop_unread(kernels, temps)  # (what a kernel in the place of several nests left unread)
     scheduled = _function(func, temps, merge_kernels.merge_one_block_kernels(kernels))
     scheduled.attrs[KERNEL_KINDS] = tuple(kinds)
     return trace(merge_kernels.PASS, scheduled)
@@ -245,6 +250,15 @@ def _schedule_nest(stmt: Stmt, names: Names, shapes: dict[str, tuple[int, ...]],
         stmt = hoisted
     if isinstance(stmt, For) and stmt.kind == "block.x":
         return stmt, "bound by the user"  # (checked by tcc.passes.loops.bind.check_kernels)
+    if (swept := attention_backward.form(stmt, target)) is not None:  # attention's backward on the matrix units
+        if not swept[1]:
+            return None, "matrix sweep: computed with its first nest"
+        found = attention_backward.kernels(swept[0], names.fresh, temps)
+        shapes.update({b.name: b.shape for b in temps})
+        plain = [n if isinstance(n, For) and n.kind == "block.x" else  # (the plain nests: scheduled as any)
+                 _schedule_nest(n, names, shapes, temps, target, tuning, tf32)[0] for n in found]
+        return seq(*(k for k in plain if k is not None)), "matrix sweep"
+    stmt = attention_backward.without_form(stmt)
     if (matrix := attention.form(stmt, target)) is not None:  # attention's products on the matrix units
         found = attention.kernels(stmt, matrix, target, names.fresh, temps)
         if found is not None:

@@ -48,10 +48,11 @@ from tcc.ir.expr import (
     walk,
 )
 from tcc.ir.loopnest import subst
-from tcc.ir.loops import SEQUENTIAL, Allocate, Buffer, For, If, Stmt, Store, seq
+from tcc.ir.loops import MATRIX_SWEEP, SEQUENTIAL, SWEPT_BY_MATRIX, Allocate, Buffer, For, If, Stmt, Store, seq
 from tcc.ir.te import Compute, OpTE, Sweep
 from tcc.passes.simplify import simplify
 from tcc.passes.te.lower_stream import ROWS, STREAM, ExprLowering
+from tcc.passes.te.matrix_sweep import matrix_form
 
 I64 = dtypes.i64
 BOOL = dtypes.boolean
@@ -78,10 +79,11 @@ class _Nest:
         self.tiles = {p: Buffer(self.lw.fresh(p), op.tensors[p].dtype, (self.ti, self.tj), "local")
                       for p in sweep.pairs}
         extra = {c: tuple(_const(ax.extent) for ax in self.defs[c].axes[len(self.outer) + 1:]) for c in sweep.sums}
-        self.parts = {c: Buffer(self.lw.fresh(f"{c}_part"), op.tensors[c].dtype,
+        acc = {c: self.defs[c].body.acc_dtype for c in sweep.sums}  # (a sum's own type: f32 where it stores f16)
+        self.parts = {c: Buffer(self.lw.fresh(f"{c}_part"), acc[c],
                                 (self.tj if c in sweep.by_key else self.ti, *extra[c]), "local") for c in sweep.sums}
         self.summed = {r.tensor for c in sweep.sums for r in walk(self.defs[c].body) if isinstance(r, Read)}
-        self.accs = {c: Buffer(self.lw.fresh(f"{c}_acc"), op.tensors[c].dtype, (self.tj, *extra[c]), "local")
+        self.accs = {c: Buffer(self.lw.fresh(f"{c}_acc"), acc[c], (self.tj, *extra[c]), "local")
                      for c in sweep.by_key}  # a tile of keys' sums over every tile of rows
 
     def _var(self, base: str) -> Var:
@@ -133,7 +135,23 @@ class _Nest:
             nests.append(self._keys_outer(list(self.s.by_key), []))
         if by_row:
             nests.append(self._rows_outer(by_row))
-        return seq(*nests)
+        return seq(*self._with_matrix_form(nests))
+
+    def _with_matrix_form(self, nests: list[Stmt]) -> list[Stmt]:
+        """``nests`` carrying the sweep's matrix form (:mod:`.matrix_sweep`), where it has one: the
+        first as ``MATRIX_SWEEP``, the others as ``SWEPT_BY_MATRIX`` (a schedule that takes the form
+        drops them)."""
+        form = matrix_form(self.s, self.op, self._plain_expr, self.lw.fresh)
+        if isinstance(form, str) or not all(isinstance(n, For) for n in nests):
+            return nests
+        return [replace(n, annotations=(*n.annotations, (MATRIX_SWEEP if k == 0 else SWEPT_BY_MATRIX, form)))
+                for k, n in enumerate(nests)]
+
+    def _plain_expr(self, e: Expr) -> Expr | None:
+        """``e`` in the loop IR, None where that needs loops of its own (a reduction)."""
+        if any(isinstance(n, Reduce) for n in walk(e)):
+            return None
+        return self.lw.expr(e, [], [])
 
     def _fresh_nest(self, sums: list[str]) -> list[str]:
         """New variables and locals for a nest that computes ``sums``; the pairs they need, in order."""
@@ -214,7 +232,7 @@ class _Nest:
                 if result is None:
                     return Store(buf.name, (ii, *xs), Const(0, buf.dtype))
                 at = (*self.outer, self._row(ii, clamp=False), *xs)
-                return Store(result, at, Load(buf.name, (ii, *xs), buf.dtype))
+                return Store(result, at, cast(Load(buf.name, (ii, *xs), buf.dtype), self.op.tensors[result].dtype))
             loops = self._extra(self.defs[name], put)
             return loops if result is None else self._inside(ii, None, loops)
         return self._loop(f"{name}_f", self.ti, one)
@@ -365,7 +383,8 @@ class _Nest:
 
         def one(jj: Var) -> Stmt:
             return self._inside(None, jj, self._extra(self.defs[name], lambda xs: Store(
-                name, (*self.outer, self._key(jj, clamp=False), *xs), Load(acc.name, (jj, *xs), acc.dtype))))
+                name, (*self.outer, self._key(jj, clamp=False), *xs),
+                cast(Load(acc.name, (jj, *xs), acc.dtype), self.op.tensors[name].dtype))))
         return self._loop(f"{name}_s", self.tj, one)
 
     def _assign(self, buf: Buffer, e: Expr, at: tuple[Expr, ...]) -> Stmt:

@@ -22,7 +22,21 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tcc import dtypes
-from tcc.ir.expr import Binary, Cast, Const, Expr, Read, Reduce, Var, cast, free_vars, substitute, transform, walk
+from tcc.ir.expr import (
+    Binary,
+    Cast,
+    Const,
+    Expr,
+    Read,
+    Reduce,
+    Select,
+    Var,
+    cast,
+    free_vars,
+    substitute,
+    transform,
+    walk,
+)
 from tcc.ir.loops import MatrixStream, Stmt, Store, seq
 from tcc.ir.te import Compute, OpTE, Stream
 
@@ -56,7 +70,7 @@ def matrix_form(stream: Stream, op: OpTE, to_loops: Callable[[Expr], Expr | None
     row_name, key_name = stream.rows[-1].var.name, stream.axis.var.name
     outside = set(outer) | set(op.scalars) | set(op.symbols)
     for read, along, last in ((q, row_name, depth_axis), (k, key_name, depth_axis), (v, key_name, col_axis)):
-        if not _whole_rows(read, op, along, last.var.name, outside, depth):
+        if not whole_rows(read, op, along, last.var.name, outside, depth):
             return None
     names = {n: Var(fresh(n), t) for n, t in (("row", I64), ("key", I64), ("dot", F32), ("col", I64),
                                               ("w", F32), ("total", F32), ("top", F32))}
@@ -95,6 +109,9 @@ def _product(stream: Stream) -> tuple[Reduce, Read, Read] | None:
     if len(sums) != 1 or sums[0].op != "sum" or len(sums[0].axes) != 1 or sums[0].acc_dtype != F32:
         return None
     body = sums[0].body
+    if isinstance(body, Select) and _masked(stream.score, body.cond) and _zero(body.b) \
+            and sums[0].axes[0].var.name not in free_vars(body.cond):
+        body = body.a  # (the products of a pair the score masks anyway: a gradient's spelling)
     if not (isinstance(body, Binary) and body.op == "mul"):
         return None
     a, b = _widened(body.a), _widened(body.b)
@@ -108,7 +125,23 @@ def _product(stream: Stream) -> tuple[Reduce, Read, Read] | None:
     return sums[0], a, b
 
 
-def _whole_rows(read: Read, op: OpTE, along: str, last: str, outside: set[str], depth: int) -> bool:
+def _masked(score: Expr, cond: Expr) -> bool:
+    """Whether ``score`` is ``-inf`` where ``cond`` fails: ``select(cond, x, -inf)`` at its top."""
+    while isinstance(score, Cast):
+        score = score.a
+    if not isinstance(score, Select):
+        return False
+    b = score.b.a if isinstance(score.b, Cast) else score.b
+    return isinstance(b, Const) and b.value == float("-inf") and (score.cond == cond or _masked(score.a, cond))
+
+
+def _zero(e: Expr) -> bool:
+    while isinstance(e, Cast):
+        e = e.a
+    return isinstance(e, Const) and e.value == 0
+
+
+def whole_rows(read: Read, op: OpTE, along: str, last: str, outside: set[str], depth: int) -> bool:
     """Whether ``read`` is an input's row of ``depth`` contiguous values: its last index is ``last``,
     its others use only ``along`` and the variables ``outside`` the stream."""
     tensor = op.tensors.get(read.tensor)

@@ -25,7 +25,9 @@ are the pairs only it read. The pass fires
 where the pairs are scores that a maximum normalises (a softmax's), computed by a reduction
 (from two smaller operands): a chain of matrix products (an MLP's hidden layer) stores its
 intermediate, which is no larger than its operands, and keeps its GEMM schedule. A sum a
-stream can take (the forward's ``P . V``) is left to it.
+stream can take (the forward's ``P . V``) is left to it. A sum stored in a narrower type than it
+adds in (a 16-bit program's gradients, summed in f32) keeps its partial sums in its own type and
+rounds once, as it is stored (the sweep is then ``split``: nothing adds into the 16-bit tensor).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from tcc.dtypes import DType
 from tcc.ir.expr import (
     Binary,
     Call,
@@ -114,7 +117,7 @@ def _sum_reads(op: OpTE, c: Compute) -> list[tuple[Read, bool]] | None:
     (a sum to one value per row is a plain reduction, computed where it stands)."""
     red = c.body
     if c.accumulate or c.sequential or not isinstance(red, Reduce) or red.op != "sum" or len(red.axes) != 1 \
-            or red.acc_dtype != op.tensors[c.tensor].dtype:
+            or not _stored_from(red.acc_dtype, op.tensors[c.tensor].dtype):
         return None
     r = red.axes[0].var
     own = [ax.var for ax in c.axes]
@@ -132,6 +135,12 @@ def _sum_reads(op: OpTE, c: Compute) -> list[tuple[Read, bool]] | None:
     if not found or len({side for _, side in found}) > 1:
         return None
     return found
+
+
+def _stored_from(acc: DType, stored: DType) -> bool:
+    """Whether a sum accumulated in ``acc`` may be swept into a tensor of ``stored``: the same type,
+    or a narrower float one (a 16-bit program's gradient, summed in f32 and rounded as it is stored)."""
+    return acc == stored or acc.is_float and stored.is_float and stored.itemsize < acc.itemsize
 
 
 class _Finder:
@@ -319,7 +328,8 @@ def _apply(op: OpTE, f: _Found, target: Target) -> tuple[OpTE, Sweep]:
     rows, keys = (CPU_TILE_ROWS, CPU_TILE_KEYS) if not target.is_gpu else (GPU_TILE_ROWS, GPU_TILE_KEYS)
     sweep = Sweep(top.axes[:k], top.axes[k], top.axes[k + 1], pairs, tuple(f.sums), tuple(f.by_key), rows, keys)
     points = math.prod(_extent(ax) for ax in sweep.outer)  # (fewer heads than threads: tiles are the parallel work)
-    split = target.is_gpu or points < 2 * getattr(target, "cores", 1)
+    narrow = any(op.tensors[x].dtype != defs[x].body.acc_dtype for x in f.sums)  # (adding into f16 would lose bits)
+    split = target.is_gpu or narrow or points < 2 * getattr(target, "cores", 1)
     sweep = replace(sweep, limit=_sweep_limit(op, sweep, f), split=split)
     return replace(op, computes=[*before, *moved, *after], tensors=tensors), sweep
 
