@@ -18,7 +18,8 @@ from tcc import dtypes
 from tcc.codegen_cuda import cuda_c, nvrtc
 from tcc.dtypes import DType
 from tcc.ir.expr import const, substitute
-from tcc.ir.loops import For, MatrixStream, is_sequential, walk_stmts
+from tcc.ir.loops import For, is_sequential, walk_stmts
+from tcc.ir.matrix_loops import MatrixStream
 from tcc.passes.simplify import evaluate_int
 from tcc.passes.te.streaming import CPU_ROW_TILE, CPU_TILE
 from tcc.testing import assert_matches, random_args, reference_results

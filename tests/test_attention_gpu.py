@@ -10,7 +10,8 @@ from test_attention import ATTENTION, CAUSAL, HALF_VARIANTS, VARIANTS, XENT, hal
 
 import tcc
 from tcc.errors import TccError
-from tcc.ir.loops import MatrixStream, walk_stmts
+from tcc.ir.loops import walk_stmts
+from tcc.ir.matrix_loops import MatrixStream
 from tcc.target import CudaTarget
 from tcc.testing import assert_matches, random_args, reference_results
 

@@ -11,7 +11,8 @@ from test_attention import ATTENTION, CAUSAL, VARIANTS, half_bindings, half_vari
 
 import tcc
 from tcc.errors import TccError
-from tcc.ir.loops import MatrixSweep, walk_stmts
+from tcc.ir.loops import walk_stmts
+from tcc.ir.matrix_loops import MatrixSweep
 from tcc.testing import assert_matches, max_relative_error, random_args, reference_results, tolerance
 
 pytestmark = pytest.mark.cuda

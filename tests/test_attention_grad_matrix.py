@@ -18,7 +18,8 @@ import tcc
 from tcc import dtypes
 from tcc.codegen_cuda import cuda_c, nvrtc
 from tcc.ir.expr import Const, substitute
-from tcc.ir.loops import MatrixSweep, walk_stmts
+from tcc.ir.loops import walk_stmts
+from tcc.ir.matrix_loops import MatrixSweep
 from tcc.passes.simplify import simplify
 from tcc.passes.te.grad import saving
 from tcc.testing import assert_matches, random_args, reference_results

@@ -55,8 +55,6 @@ from tcc.ir.loops import (
     If,
     Let,
     LoopFunc,
-    MatrixStream,
-    MatrixSweep,
     Seq,
     Stmt,
     Store,
@@ -64,6 +62,7 @@ from tcc.ir.loops import (
     stmt_exprs,
     walk_stmts,
 )
+from tcc.ir.matrix_loops import MatrixStream, MatrixSweep
 from tcc.passes.autoschedule_cuda.scatter import ATOMIC_DTYPES
 from tcc.passes.simplify import evaluate_int
 from tcc.target import CudaTarget

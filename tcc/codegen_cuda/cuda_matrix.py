@@ -18,13 +18,13 @@ from tcc.ir.loops import (
     AsyncWait,
     Buffer,
     MatrixLoad,
-    MatrixSweep,
     Mma,
     ProxyFence,
     Stmt,
     WarpgroupMma,
     WarpgroupSync,
 )
+from tcc.ir.matrix_loops import MatrixSweep
 
 
 class MatrixStatements:

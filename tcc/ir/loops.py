@@ -171,115 +171,27 @@ class BlockScan(Stmt):
     identity: Expr
 
 
-@dataclass(frozen=True)
-class MatrixSweep(Stmt):
-    """One block's tile of keys of attention's backward on the matrix units (FlashAttention-2's,
-    :mod:`tcc.codegen_cuda.flash_backward`): for the block's ``16 * warps`` keys from ``first`` and
-    every row (``block_m`` rows a step), the probabilities ``exp(score(dot) - lse(row))`` (keys at or
-    past ``limit`` have none), ``dV = P^T dO``, ``dK = scale * dS^T Q`` with ``dS = P (dO . V -
-    delta(row))``, stored by ``dk_out`` and ``dv_out`` at (``key``, ``col``) of ``value``; the block's
-    share of ``dS K`` added into the f32 accumulator whose row ``dq`` names (the schedule's buffer,
-    zeroed before; ``dq_out`` stores ``scale`` times it once every block is done). ``q``, ``k``, ``v``
-    and ``do`` name the first element of a row (at ``row`` or ``key``) of ``depth`` contiguous
-    16-bit values. The statement binds ``row``, ``key``, ``dot``, ``col`` and ``value``; ``outer``
-    (batch, heads: ``outer_extents``) are bound around it by the schedule
-    (:mod:`tcc.passes.autoschedule_cuda.attention_backward`)."""
+class BindingStmt(Stmt):
+    """A statement that binds variables of its own for its expressions and nested stores, and
+    prints and lists them itself: the matrix statements of :mod:`tcc.ir.matrix_loops` (kept there so
+    that this module stays the core IR's). ``half_operands``: the element references the verifier
+    requires to be 16-bit rows of ``depth`` columns."""
 
-    q: Load
-    k: Load
-    v: Load
-    do: Load
-    row: Var
-    key: Var
-    dot: Var
-    col: Var
-    value: Var
-    score: Expr
-    limit: Expr
-    lse: Expr
-    delta: Expr
-    scale: Expr
-    dq_out: Stmt
-    dk_out: Stmt
-    dv_out: Stmt
-    rows: int
-    keys: int
     depth: int
-    outer: tuple[Var, ...] = ()
-    outer_extents: tuple[int, ...] = ()
-    dq: Load | None = None  # the accumulator's row (at ``row``): set by the schedule
-    first: Expr | None = None  # the block's first key: set by the schedule
-    block_m: int = 64
-    warps: int = 4
-    aligned: bool = False  # Q, K, V and dO start 16-byte aligned (the launcher checks)
-    shared: str = ""
-
-    def children(self) -> tuple[Stmt, ...]:
-        return (self.dk_out, self.dv_out)
 
     @property
     def bound(self) -> set[str]:
-        """The variables the statement binds for its expressions and stores."""
-        return {v.name for v in (self.row, self.key, self.dot, self.col, self.value)}
+        raise NotImplementedError
 
-    def __str__(self) -> str:
-        return f"matrix sweep: {self.q.buffer}, {self.k.buffer}, {self.v.buffer}, {self.do.buffer}, " \
-               f"{self.rows} x {self.keys} x {self.depth}"
+    def exprs(self) -> tuple[Expr, ...]:
+        raise NotImplementedError
 
+    def half_operands(self) -> tuple[Load, ...]:
+        raise NotImplementedError
 
-@dataclass(frozen=True)
-class MatrixStream(Stmt):
-    """One block's tile of a stream's rows on the matrix units (FlashAttention-2's forward): for
-    the block's ``16 * row_tiles * warps`` query rows from ``first`` and every key, ``score`` of the row's
-    dot product with the key (``Q . K`` over ``depth`` columns), the keys at or past ``limit``
-    scoring ``-inf``; each row's maximum ``top``, sum ``total`` of the exponentials and sums ``w``
-    weighted by ``V``, then the stores ``out`` of each finished element (``row``, ``col``) and
-    ``row_out`` of each finished row. ``q``, ``k``, ``v`` name the first element of a row of
-    Q (at ``row``), K and V (at ``key``), each row ``depth`` contiguous 16-bit values.
-    ``tile`` keys at a time stream through the block's ``shared`` buffer (the schedule's
-    choices: :mod:`tcc.passes.autoschedule_cuda.attention`). The variables ``row``, ``key``,
-    ``dot``, ``col``, ``w``, ``total`` and ``top`` are bound by the statement itself."""
-
-    q: Load
-    k: Load
-    v: Load
-    row: Var
-    key: Var
-    dot: Var
-    score: Expr
-    limit: Expr
-    col: Var
-    w: Var
-    total: Var
-    top: Var
-    out: Stmt
-    row_out: Stmt
-    rows: int  # query rows in all (per point of the outer rows)
-    keys: int
-    depth: int
-    outer: tuple[Var, ...] = ()  # the loops around the row tiles (batch, heads): one block per point
-    first: Expr | None = None  # the block's first row: set by the schedule
-    key_begin: Expr | None = None  # the block's keys (a split of them): from the first, a multiple of ``tile``,
-    key_end: Expr | None = None  # to before this one (None: all keys)
-    tile: int = 64
-    warps: int = 4
-    row_tiles: int = 1  # tiles of 16 rows a warp owns (each fragment of K or V feeds that many products)
-    q_registers: bool = True  # Q's fragments loaded once and kept in registers (else re-read each step)
-    warpgroups: int = 0  # > 0: that many warpgroups of 64 rows on ``wgmma`` (sm_90) instead of warps on mma.sync
-    aligned: bool = False  # Q, K and V start 16-byte aligned (the launcher checks: the kernel's aligned variant)
-    shared: str = ""
-
-    def children(self) -> tuple[Stmt, ...]:
-        return (self.out, self.row_out)
-
-    @property
-    def bound(self) -> set[str]:
-        """The variables the statement binds for its expressions and stores."""
-        return {v.name for v in (self.row, self.key, self.dot, self.col, self.w, self.total, self.top)}
-
-    def __str__(self) -> str:
-        return (f"matrix stream: {self.q.buffer} . {self.k.buffer} -> {self.v.buffer}, "
-                f"{self.rows} x {self.keys} x {self.depth}")
+    def format_lines(self, pad: str, depth: int, out: list[str], format_stmt: Callable[[Stmt, int, list[str]], None]
+                     ) -> None:
+        raise NotImplementedError
 
 
 # ---------------------------------------------------------------- GPU data movement and matrix units
@@ -434,11 +346,8 @@ def stmt_exprs(s: Stmt) -> tuple[Expr, ...]:
         return (s.acc, s.a, s.b)
     if isinstance(s, BlockScan):
         return (s.identity,)
-    if isinstance(s, MatrixStream):
-        return (s.q, s.k, s.v, s.score, s.limit) + tuple(e for e in (s.first, s.key_begin, s.key_end) if e is not None)
-    if isinstance(s, MatrixSweep):
-        return (s.q, s.k, s.v, s.do, s.score, s.limit, s.lse, s.delta, s.scale) + \
-            tuple(e for e in (s.dq, s.first) if e is not None)
+    if isinstance(s, BindingStmt):
+        return s.exprs()
     return ()
 
 
@@ -520,33 +429,8 @@ def _format_stmt(s: Stmt, depth: int, out: list[str]) -> None:
         out.append(f"{pad}barrier")
     elif isinstance(s, BlockScan):
         out.append(f"{pad}block_scan {s.buffer} ({s.op}, from {format_expr(s.identity)})")
-    elif isinstance(s, MatrixStream):
-        first = "" if s.first is None else f" from row {format_expr(s.first)}"
-        if s.key_begin is not None and s.key_end is not None:
-            first += f", keys {format_expr(s.key_begin)} to {format_expr(s.key_end)}"
-        units = (f"{s.warpgroups} warpgroups of 64 rows on wgmma" if s.warpgroups else
-                 f"{s.warps} warps of {16 * s.row_tiles} rows, Q in {'registers' if s.q_registers else 'shared'}")
-        out.append(f"{pad}matrix_stream{first} ({units}, {s.tile} keys a step, in {s.shared or '?'}): "
-                   f"{s.row.name} < {s.rows}, {s.key.name} < min({s.keys}, {format_expr(s.limit)})")
-        out.append(f"{pad}    {s.dot.name} = {format_expr(s.q)} . {format_expr(s.k)} over {s.depth}; "
-                   f"score = {format_expr(s.score)}; weights {format_expr(s.v)}")
-        sums = f"{s.w.name}, {s.total.name}, {s.top.name}"
-        out.append(f"{pad}    each element ({s.row.name}, {s.col.name}) from ({sums}):")
-        _format_stmt(s.out, depth + 2, out)
-        out.append(f"{pad}    each row:")
-        _format_stmt(s.row_out, depth + 2, out)
-    elif isinstance(s, MatrixSweep):
-        first = "" if s.first is None else f" from key {format_expr(s.first)}"
-        out.append(f"{pad}matrix_sweep{first} ({s.warps} warps of 16 keys, {s.block_m} rows a step, in "
-                   f"{s.shared or '?'}): {s.row.name} < {s.rows}, {s.key.name} < min({s.keys}, {format_expr(s.limit)})")
-        out.append(f"{pad}    {s.dot.name} = {format_expr(s.q)} . {format_expr(s.k)} over {s.depth}; "
-                   f"score = {format_expr(s.score)}; lse = {format_expr(s.lse)}; delta = {format_expr(s.delta)}; "
-                   f"scale = {format_expr(s.scale)}; dO {format_expr(s.do)}, V {format_expr(s.v)}")
-        if s.dq is not None:
-            out.append(f"{pad}    dQ += into {format_expr(s.dq)}")
-        out.append(f"{pad}    each key ({s.key.name}, {s.col.name}) of ({s.value.name}):")
-        _format_stmt(s.dk_out, depth + 2, out)
-        _format_stmt(s.dv_out, depth + 2, out)
+    elif isinstance(s, BindingStmt):
+        s.format_lines(pad, depth, out, _format_stmt)
     elif isinstance(s, AsyncCopy):
         when = "" if s.valid is None else f" if {format_expr(s.valid)} else zeros"
         out.append(f"{pad}cp.async {format_expr(s.dst)} <- {format_expr(s.src)} ({s.nbytes} bytes){when}")
@@ -583,7 +467,7 @@ def verify_func(f: LoopFunc) -> None:
 
 
 def _verify(s: Stmt, buffers: dict[str, Buffer], scope: set[str], loops: set[str]) -> None:
-    if isinstance(s, MatrixStream | MatrixSweep):
+    if isinstance(s, BindingStmt):
         scope = scope | s.bound
     for e in stmt_exprs(s):
         for n in walk(e):
@@ -602,8 +486,8 @@ def _verify(s: Stmt, buffers: dict[str, Buffer], scope: set[str], loops: set[str
     if isinstance(s, BlockScan):
         _check(s.buffer in buffers and buffers[s.buffer].scope == "local" and buffers[s.buffer].size >= 2,
                f"block scan of {s.buffer}, not a local buffer of two elements")
-    if isinstance(s, MatrixStream | MatrixSweep):
-        _verify_matrix_stream(s, buffers, scope, loops)
+    if isinstance(s, BindingStmt):
+        _verify_binding(s, buffers, scope, loops)
         return
     if isinstance(s, For):
         _check(s.kind in LOOP_KINDS, f"unknown loop kind {s.kind}")
@@ -622,9 +506,8 @@ def _verify(s: Stmt, buffers: dict[str, Buffer], scope: set[str], loops: set[str
             _verify(c, buffers, scope, loops)
 
 
-def _verify_matrix_stream(s: MatrixStream | MatrixSweep, buffers: dict[str, Buffer], scope: set[str],
-                          loops: set[str]) -> None:
-    for ref in (s.q, s.k, s.v, *((s.do,) if isinstance(s, MatrixSweep) else ())):
+def _verify_binding(s: BindingStmt, buffers: dict[str, Buffer], scope: set[str], loops: set[str]) -> None:
+    for ref in s.half_operands():
         _check(buffers[ref.buffer].dtype.name in ("f16", "bf16"), f"matrix stream operand {ref.buffer} is not 16-bit")
     _check(s.depth % 16 == 0, f"matrix stream over {s.depth} columns, not a multiple of 16")
     for c in s.children():

@@ -33,7 +33,8 @@ from dataclasses import replace
 
 from tcc import dtypes
 from tcc.ir.expr import Binary, Call, Const, Expr, Load, Select, Var
-from tcc.ir.loops import MATRIX_STREAM, Allocate, Buffer, For, Let, MatrixStream, Seq, Stmt, Store, map_stmt, seq
+from tcc.ir.loops import MATRIX_STREAM, Allocate, Buffer, For, Let, Seq, Stmt, Store, map_stmt, seq
+from tcc.ir.matrix_loops import MatrixStream
 from tcc.passes.autoschedule_cuda.indexing import decompose, linear
 from tcc.target import CudaTarget
 

@@ -36,12 +36,12 @@ from tcc.ir.loops import (
     Buffer,
     For,
     Let,
-    MatrixSweep,
     Seq,
     Stmt,
     Store,
     map_stmt,
 )
+from tcc.ir.matrix_loops import MatrixSweep
 from tcc.passes.autoschedule_cuda.indexing import linear
 from tcc.target import CudaTarget
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tcc.ir.expr import Load, walk
-from tcc.ir.loops import Buffer, MatrixStream, Seq, Stmt, Store, map_stmt, stmt_exprs, walk_stmts
+from tcc.ir.loops import Buffer, Seq, Stmt, Store, map_stmt, stmt_exprs, walk_stmts
+from tcc.ir.matrix_loops import MatrixStream
 
 
 def drop_unread(kernels: list[Stmt], temps: list[Buffer]) -> tuple[list[Stmt], list[Buffer]]:

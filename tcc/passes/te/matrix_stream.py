@@ -37,7 +37,8 @@ from tcc.ir.expr import (
     transform,
     walk,
 )
-from tcc.ir.loops import MatrixStream, Stmt, Store, seq
+from tcc.ir.loops import Stmt, Store, seq
+from tcc.ir.matrix_loops import MatrixStream
 from tcc.ir.te import Compute, OpTE, Stream
 
 I64 = dtypes.i64

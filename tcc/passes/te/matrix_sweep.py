@@ -53,7 +53,8 @@ from tcc.ir.expr import (
     transform,
     walk,
 )
-from tcc.ir.loops import MatrixSweep, Store, seq
+from tcc.ir.loops import Store, seq
+from tcc.ir.matrix_loops import MatrixSweep
 from tcc.ir.te import OpTE, Sweep
 from tcc.passes.te.matrix_stream import HALVES, whole_rows
 from tcc.passes.te.streaming import key_limit
