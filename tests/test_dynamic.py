@@ -144,6 +144,22 @@ def test_conv_batch_and_image_sizes(fresh_cache, rng, symbols):
     assert op.compiles == 1
 
 
+@pytest.mark.parametrize("pad", [1, 0])
+def test_conv_image_size_tiles_and_tails(fresh_cache, rng, pad):
+    """One kernel with the image size dynamic at sizes whose pixels fill whole cache blocks,
+    whole register tiles, or leave a remainder of a few columns (the vector-padded tail: its
+    gather, multiply-adds and bias epilogue), with the padding's masks at every border."""
+    op = tcc.compile("examples/conv2d.tc", dynamic=("N", "H", "W")).conv2d
+    for n, h, w in ((1, 7, 7), (1, 3, 3), (2, 33, 5), (1, 16, 16), (1, 28, 28), (1, 3, 100), (1, 40, 37)):
+        args = (_f32(rng, n, 32, h, w), _f32(rng, 24, 32, 3, 3), _f32(rng, 24))
+        bindings = op.bind(args, {"P": pad}).bindings
+        want = reference_results(op.te, list(args), bindings)[0]
+        out = np.full(want.shape, np.nan, np.float32)
+        op(*args, out=out, P=pad)
+        assert_matches(out, want, op.te.tensors["Y"].dtype)
+    assert op.compiles == 1
+
+
 SHIFT_SELECT = """
 op prev(X: f32[N]) -> Y: f32[N] {
     Y[i] = select(i > 0, X[i - 1], 0.0)
