@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tcc.errors import TccScheduleError
+from tcc.ir.expr import Const
 from tcc.ir.loopnest import fresh, linear_coeff, loads, on_loops, stores
 from tcc.ir.loops import Allocate, For, If, Let, LoopFunc, Seq, Stmt, Store, walk_stmts
 from tcc.passes.autoschedule_cpu.gemm import items
@@ -43,7 +44,7 @@ def vectorize_streams(func: LoopFunc, trace: Trace = SILENT) -> LoopFunc:
     for nest in nests:
         _pick(nest.body, picked, unrolled)
     for g in picked:
-        extent = int(getattr(g.extent, "value", 0))
+        extent = int(g.extent.value) if isinstance(g.extent, Const) else WHOLE + 1  # (dynamic: a few keys)
         try:
             if extent <= WHOLE:
                 func = trace(f"vectorize {g.var.name}", vectorize(func, g.var.name))
@@ -92,7 +93,7 @@ def _pick(s: Stmt, out: list[For], unrolled: list[str]) -> None:
             _pick(g.body, out, unrolled)
         elif ROWS in g.annotations or STREAM in g.annotations:
             _pick(g.body, out, unrolled)
-        elif int(getattr(g.extent, "value", 0)) < 4:
+        elif isinstance(g.extent, Const) and int(g.extent.value) < 4:
             continue
         elif _stores_unit(g, direct=True) or (not _loops_under(g.body) and (_stores_unit(g) or _loads_unit(g))):
             out.append(g)

@@ -105,6 +105,7 @@ class _Nest:
         self.it, self.jt = self._var(f"{self.q}_o"), self._var(f"{self.j}_o")
         self.ragged = not isinstance(self.keys, int) or self.keys % self.tj != 0
         self.short = not isinstance(self.rows, int) or self.rows % self.ti != 0  # a last block of fewer rows
+        self.span: int | Expr = self.tj  # the keys a tile's loops run over
         self.dtype = op.tensors[stream.maximum].dtype
         self.run_max = self._local("run_max", self.dtype, (self.ti,))
         self.rescale = self._local("rescale", self.dtype, (self.ti,))
@@ -138,6 +139,11 @@ class _Nest:
 
     def build(self) -> Stmt:
         body: Stmt = seq(self._init(), self._tiles(), self._store())
+        if not isinstance(self.keys, int):  # fewer keys than a tile: one tile of just those keys
+            self.span, self.ragged = self.keys, False  # (rounded up to whole vectors, their masked lanes and
+            short = seq(self._init(), self._tiles(), self._store())  # transposed copies of keys cost more)
+            self.span, self.ragged = self.tj, True
+            body = If(Binary("ge", self.keys, Const(self.tj, I64), BOOL), body, short)
         for buf in reversed([self.run_max, self.rescale, self.p, *self.run]):
             body = Allocate(buf, body)
         body = For(self.it, _ceil_div(self.rows, self.ti), body)
@@ -190,7 +196,7 @@ class _Nest:
         return body
 
     def _keys(self, base: str, body) -> Stmt:
-        return self._loop(f"{self.j}_{base}", self.tj, body)
+        return self._loop(f"{self.j}_{base}", self.span, body)
 
     # ------------------------------------------------------------ phases
 
@@ -268,7 +274,7 @@ class _Nest:
 
     def _reduce(self, op: str, term, dtype) -> Reduce:
         jj = self._var(f"{self.j}_r")
-        return Reduce(op, (IterVar(jj, Const(self.tj, I64)),), term(jj), dtype, dtype)
+        return Reduce(op, (IterVar(jj, _expr(self.span)),), term(jj), dtype, dtype)
 
     def _assign(self, buf: Buffer, e: Expr, at: tuple[Expr, ...] = (Const(0, I64),)) -> Stmt:
         """``buf[at] = e``, with the loops of the reductions in ``e`` ahead of it."""
