@@ -356,7 +356,8 @@ def schedule_gemm(func: LoopFunc, tensor: str, info: GemmNest, p: dict[str, int]
         rows = REMAINDER_ROWS if mr % REMAINDER_ROWS == 0 else mr
         func = trace(f"pad remainders of {t['ii']} to {rows} rows", pad_remainders(func, t["ii"], rows))
     if j in info.dynamic and nr <= 2 * lanes:
-        func = trace(f"pad remainders of {t['jj']} to {nr} columns", pad_remainders(func, t["jj"], nr, guard=False))
+        func = trace(f"pad remainders of {t['jj']} to {nr} columns", pad_remainders(func, t["jj"], nr, guard=False,
+                                                                                         tile=t["jr"]))
     names = loop_names(func.body)
     if t["ii"] in names:
         func = trace(f"unroll {t['ii']}", unroll(func, t["ii"]))

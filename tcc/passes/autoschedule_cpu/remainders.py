@@ -34,11 +34,20 @@ from tcc.passes.loops.vectorize import vectorize
 from tcc.passes.simplify import simplify
 
 
-def pad_remainders(func: LoopFunc, loop: str, rows: int, guard: bool = True) -> LoopFunc:
+def pad_remainders(func: LoopFunc, loop: str, rows: int, guard: bool = True, tile: str | None = None) -> LoopFunc:
     """``func`` with each loop named ``loop`` over a remainder ``E % rows`` run over ``rows``
     (see the module docstring); its cached tiles are ``rows`` long (``cache``'s remainder bound).
-    Without ``guard`` a loop that reaches past the tiles is left as it is."""
+    Without ``guard`` a loop that reaches past the tiles is left as it is. ``tile``: the loop of
+    one iteration around the remainder's tile (a split's tail), which then runs only where
+    there is a remainder (512 columns padded a tile of 32 for none: 6% more work)."""
     buffers = {**func.buffers(), **{p.name: p for p in func.params if isinstance(p, Buffer)}}
+
+    def skip_empty(s: Stmt) -> Stmt | None:
+        if not (isinstance(s, For) and s.var.name == tile and s.extent == const(1)):
+            return None
+        rests = {f.extent for f in walk_stmts(s.body) if isinstance(f, For) and f.var.name == loop
+                 and _remainder_of(f, rows)}
+        return If(Binary("ge", rests.pop(), const(1), dtypes.boolean), s) if len(rests) == 1 else None
 
     def visit(s: Stmt) -> Stmt | None:
         if not (isinstance(s, For) and s.var.name == loop and _remainder_of(s, rows)):
@@ -50,7 +59,8 @@ def pad_remainders(func: LoopFunc, loop: str, rows: int, guard: bool = True) -> 
         body = s.body if padded else If(Binary("lt", s.var, s.extent, dtypes.boolean), s.body)
         return replace(s, extent=const(rows), body=body)
 
-    return replace(func, body=map_stmt(func.body, visit))
+    body = map_stmt(func.body, visit)
+    return replace(func, body=map_stmt(body, skip_empty) if tile is not None else body)
 
 
 def _within(buf: Buffer, indices: tuple, loop: str, rows: int, read: bool = False) -> bool:
