@@ -29,7 +29,7 @@ from tcc import dtypes
 from tcc.errors import TccScheduleError
 from tcc.ir.expr import Binary, Const, Expr, Var, const, free_vars
 from tcc.ir.loopnest import fresh, loads, nest_loops, stores, subst
-from tcc.ir.loops import Buffer, For, If, LoopFunc, Stmt, Store, map_stmt, walk_stmts
+from tcc.ir.loops import Allocate, Buffer, For, If, Let, LoopFunc, Seq, Stmt, Store, map_stmt, seq, walk_stmts
 from tcc.passes.loops.vectorize import vectorize
 from tcc.passes.simplify import simplify
 
@@ -114,4 +114,20 @@ def pad_gathers(func: LoopFunc) -> LoopFunc:
             func = vectorize(padded, name)
         except TccScheduleError:
             continue
+        cond = Binary("ge", f.extent, const(1), dtypes.boolean)  # (an empty remainder gathers nothing)
+        func = replace(func, body=_guard_nest(func.body, name, cond))
     return func
+
+
+def _guard_nest(s: Stmt, loop: str, cond: Expr) -> Stmt:
+    """``s`` with the outermost perfect loop nest that holds ``loop`` run only where ``cond``."""
+    if isinstance(s, For) and any(f.var.name == loop for f in nest_loops(s)[0]):
+        return If(cond, s)
+    if isinstance(s, Seq):
+        return seq(*(_guard_nest(c, loop, cond) for c in s.stmts))
+    if isinstance(s, For | Allocate | Let):
+        return replace(s, body=_guard_nest(s.body, loop, cond))
+    if isinstance(s, If):
+        return replace(s, then=_guard_nest(s.then, loop, cond),
+                       otherwise=None if s.otherwise is None else _guard_nest(s.otherwise, loop, cond))
+    return s
