@@ -302,7 +302,9 @@ def schedule_gemm(func: LoopFunc, tensor: str, info: GemmNest, p: dict[str, int]
     batch_parallel = [b for b in info.batch if info.extents[b] >= nthreads > 1 and b not in info.dynamic]
     axis = None if batch_parallel or nthreads == 1 else _parallel_axis(m, n, mr, nr, nthreads)
     if axis is not None and {i, j} & info.dynamic:  # no share per thread of a size known at the call:
-        axis = "ir" if i in info.dynamic else "jr"  # the threads take register tiles of each cache block
+        # the threads take register tiles of each cache block: row tiles where there are a few per
+        # thread (one fork per block of columns, not one per row tile: a dynamic conv's 64 channels)
+        axis = "ir" if i in info.dynamic or m >= 2 * mr * nthreads else "jr"
     per_m = -(-m // nthreads) if axis == "ip" else m
     per_n = -(-n // nthreads) if axis == "jp" else n
     lanes = target.vector_bytes // info.itemsize
