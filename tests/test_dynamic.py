@@ -173,9 +173,10 @@ op attention(Q: f32[B, H, S, D], K: f32[B, H, L, D], V: f32[B, H, L, D], scale: 
 
 def test_attention_streams_at_every_length(fresh_cache, rng):
     """One streaming kernel (nothing S x L stored) with the query and key lengths dynamic: a
-    short last block of rows, a ragged last tile of keys, and lengths below one tile."""
+    short last block of rows, a ragged last tile of keys, one ragged tile (70 keys), and the
+    short tile of a few keys (1, 7, 33) in masked vectors."""
     op = tcc.compile(ATTENTION, dynamic=("S", "L")).attention
-    for s, n in ((1, 1), (7, 33), (33, 7), (1000, 130), (64, 128), (130, 1000)):
+    for s, n in ((1, 1), (7, 33), (33, 7), (5, 70), (1000, 130), (64, 128), (130, 1000)):
         q, k, v = _f32(rng, 1, 2, s, 16), _f32(rng, 1, 2, n, 16), _f32(rng, 1, 2, n, 16)
         _check(op, (q, k, v, 0.25))
     assert op.lowered({"B": 1, "H": 2, "S": 5, "L": 5, "D": 16}).te.streams

@@ -28,7 +28,7 @@ from tcc.passes.loops.fuse import fuse
 from tcc.passes.loops.parallel import parallel
 from tcc.passes.loops.schedule import contract
 from tcc.passes.loops.vectorize import vectorize
-from tcc.passes.te.lower_stream import GROUP, ROWS, STREAM
+from tcc.passes.te.lower_stream import GROUP, ROWS, SHORT_KEYS, STREAM
 from tcc.passes.trace import SILENT, Trace
 
 LANES = 32  # a longer loop is split into vectors of this many lanes
@@ -44,9 +44,10 @@ def vectorize_streams(func: LoopFunc, trace: Trace = SILENT) -> LoopFunc:
     for nest in nests:
         _pick(nest.body, picked, unrolled)
     for g in picked:
-        extent = int(g.extent.value) if isinstance(g.extent, Const) else WHOLE + 1  # (dynamic: a few keys)
         try:
-            if extent <= WHOLE:
+            if not isinstance(g.extent, Const):  # a short tile's keys, a multiple of SHORT_KEYS
+                func = trace(f"vectorize {g.var.name} by {SHORT_KEYS}", vectorize(func, g.var.name, SHORT_KEYS))
+            elif int(g.extent.value) <= WHOLE:
                 func = trace(f"vectorize {g.var.name}", vectorize(func, g.var.name))
             else:
                 func = trace(f"vectorize {g.var.name} by {LANES}", vectorize(func, g.var.name, LANES))
