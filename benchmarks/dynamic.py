@@ -53,6 +53,14 @@ from tcc.runtime import cache  # noqa: E402
 HMM = """op hmm(A: f16[M, K], B: f16[K, N]) -> C: f32[M, N] {
     C[i, j] = sum[k](f32(A[i, k]) * f32(B[k, j]))
 }"""
+ATTENTION = """op attention(Q: f32[B, H, S, D], K: f32[B, H, L, D], V: f32[B, H, L, D], scale: f32)
+    -> O: f32[B, H, S, D] {
+    s[b, h, i, j] = sum[d](Q[b, h, i, d] * K[b, h, j, d]) * scale
+    m[b, h, i] = max[j](s[b, h, i, j])
+    e[b, h, i, j] = exp(s[b, h, i, j] - m[b, h, i])
+    l[b, h, i] = sum[j](e[b, h, i, j])
+    O[b, h, i, d] = sum[j](e[b, h, i, j] * V[b, h, j, d]) / l[b, h, i]
+}"""  # tests/test_attention.py's at T = f32
 AXPB = "op axpb(A: f32[S, N], B: f32[S, N]) -> C: f32[S, N] { C[i, j] = A[i, j] * 2.0 + B[i, j] }"
 SOFTMAX, LAYERNORM, MATMUL, CONV = ((ROOT / f"examples/{n}.tc").read_text()
                                     for n in ("softmax", "layernorm", "matmul", "conv2d"))
@@ -67,6 +75,7 @@ class Case:
     cparams: dict[str, int] = field(default_factory=dict)
     sizes: tuple[int, ...] = ()  # its own sizes (else --sizes)
     dtype: str = "float32"  # of its inputs
+    scalars: tuple[float, ...] = ()  # arguments after the tensors
     gpu_only: bool = False
 
 
@@ -81,6 +90,8 @@ CASES = {
                    (1, 2, 3, 8)),  # the batch
     "conv_HW": Case(CONV, "conv2d", lambda s: [(1, 32, s, s), (64, 32, 3, 3), (64,)], ("N", "H", "W"), {"P": 1},
                     (7, 14, 28, 56)),  # the image
+    "attention": Case(ATTENTION, "attention", lambda s: [(1, 8, s, 64)] * 3, ("S", "L"),
+                      sizes=(1, 7, 33, 128, 1000, 2048), scalars=(0.125,)),  # self-attention at length S
     "hmm_M": Case(HMM, "hmm", lambda s: [(s, 1024), (1024, 1024)], ("M",), dtype="float16", gpu_only=True),
 }
 
@@ -118,10 +129,11 @@ def compare(name: str, sizes: list[int], rounds: int, target: str = "cpu") -> No
     for s in case.sizes or sizes:
         static = tcc.compile(case.source, target=target, dynamic=False)[case.op]
         args = [rng.standard_normal(shape).astype(case.dtype) for shape in case.shapes(s)]
+        args += list(case.scalars)
         if target == "cuda":
             import torch
 
-            args = [torch.from_numpy(a).cuda() for a in args]
+            args = [torch.from_numpy(a).cuda() if isinstance(a, np.ndarray) else a for a in args]
         np.testing.assert_allclose(_host(dynamic(*args, **case.cparams)), _host(static(*args, **case.cparams)),
                                    rtol=1e-3, atol=1e-3)
         run_static = functools.partial(static, **case.cparams)

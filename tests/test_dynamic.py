@@ -144,6 +144,45 @@ def test_conv_batch_and_image_sizes(fresh_cache, rng, symbols):
     assert op.compiles == 1
 
 
+@pytest.mark.parametrize("pad", [1, 0])
+def test_conv_image_size_tiles_and_tails(fresh_cache, rng, pad):
+    """One kernel with the image size dynamic at sizes whose pixels fill whole cache blocks,
+    whole register tiles, or leave a remainder of a few columns (the vector-padded tail: its
+    gather, multiply-adds and bias epilogue), with the padding's masks at every border."""
+    op = tcc.compile("examples/conv2d.tc", dynamic=("N", "H", "W")).conv2d
+    for n, h, w in ((1, 7, 7), (1, 3, 3), (2, 33, 5), (1, 16, 16), (1, 28, 28), (1, 3, 100), (1, 40, 37)):
+        args = (_f32(rng, n, 32, h, w), _f32(rng, 24, 32, 3, 3), _f32(rng, 24))
+        bindings = op.bind(args, {"P": pad}).bindings
+        want = reference_results(op.te, list(args), bindings)[0]
+        out = np.full(want.shape, np.nan, np.float32)
+        op(*args, out=out, P=pad)
+        assert_matches(out, want, op.te.tensors["Y"].dtype)
+    assert op.compiles == 1
+
+
+ATTENTION = """
+op attention(Q: f32[B, H, S, D], K: f32[B, H, L, D], V: f32[B, H, L, D], scale: f32) -> O: f32[B, H, S, D] {
+    s[b, h, i, j] = sum[d](Q[b, h, i, d] * K[b, h, j, d]) * scale
+    m[b, h, i] = max[j](s[b, h, i, j])
+    e[b, h, i, j] = exp(s[b, h, i, j] - m[b, h, i])
+    l[b, h, i] = sum[j](e[b, h, i, j])
+    O[b, h, i, d] = sum[j](e[b, h, i, j] * V[b, h, j, d]) / l[b, h, i]
+}
+"""
+
+
+def test_attention_streams_at_every_length(fresh_cache, rng):
+    """One streaming kernel (nothing S x L stored) with the query and key lengths dynamic: a
+    short last block of rows, a ragged last tile of keys, one ragged tile (70 keys), and the
+    short tile of a few keys (1, 7, 33) in masked vectors."""
+    op = tcc.compile(ATTENTION, dynamic=("S", "L")).attention
+    for s, n in ((1, 1), (7, 33), (33, 7), (5, 70), (1000, 130), (64, 128), (130, 1000)):
+        q, k, v = _f32(rng, 1, 2, s, 16), _f32(rng, 1, 2, n, 16), _f32(rng, 1, 2, n, 16)
+        _check(op, (q, k, v, 0.25))
+    assert op.lowered({"B": 1, "H": 2, "S": 5, "L": 5, "D": 16}).te.streams
+    assert op.compiles == 1
+
+
 SHIFT_SELECT = """
 op prev(X: f32[N]) -> Y: f32[N] {
     Y[i] = select(i > 0, X[i - 1], 0.0)

@@ -95,11 +95,8 @@ def flat_terms(indices: tuple[Expr, ...], shape: tuple[int, ...]) -> FlatOffset 
         if isinstance(stride, int):
             if not _add_terms(idx, stride, terms):
                 return None
-        else:  # past a dim of a dynamic shape symbol: ``idx * stride`` is one atom
-            if not idx.dtype.is_int:
-                return None
-            atom = Binary("mul", idx, stride, dtypes.i64)
-            terms[atom] = terms.get(atom, 0) + 1
+        elif not _add_strided(idx, stride, terms):
+            return None
         stride = _times(stride, dim)
     recombined = False
     while _pair_divmod(terms):
@@ -146,13 +143,33 @@ def _add_terms(e: Expr, scale: int, terms: dict[Expr, int]) -> bool:
     return True
 
 
+def _add_strided(idx: Expr, stride: Expr, terms: dict[Expr, int]) -> bool:
+    """Accumulate ``idx * stride`` past a dim of a dynamic shape symbol: each of ``idx``'s terms
+    times the stride is one atom (``(j // W) * W``, so that the row pairs with ``j % W``)."""
+    if not idx.dtype.is_int:
+        return False
+    inner: dict[Expr, int] = {}
+    if not _add_terms(idx, 1, inner):
+        return False
+    for atom, coef in inner.items():
+        key = stride if atom == _UNIT else Binary("mul", atom, stride, dtypes.i64)
+        terms[key] = terms.get(key, 0) + coef
+    return True
+
+
 def _pair_divmod(terms: dict[Expr, int]) -> bool:
-    """Replace one pair ``c*a * (E // c) + a * (E % c)`` by ``a * E``; whether one was found."""
+    """Replace one pair ``c*a * (E // c) + a * (E % c)`` by ``a * E`` (``a * (E // W) * W + a * (E % W)``
+    for a dynamic ``W``, a shape symbol: positive); whether one was found."""
     for atom, coef in terms.items():
-        if not (isinstance(atom, Binary) and atom.op == "mod" and isinstance(atom.b, Const) and atom.b.value > 0):
+        if not (coef and isinstance(atom, Binary) and atom.op == "mod"):
             continue
-        quotient = Binary("floordiv", atom.a, atom.b, atom.dtype)
-        if coef and terms.get(quotient) == coef * int(atom.b.value):
+        if isinstance(atom.b, Const):
+            if atom.b.value <= 0:
+                continue
+            quotient, times = Binary("floordiv", atom.a, atom.b, atom.dtype), coef * int(atom.b.value)
+        else:
+            quotient, times = Binary("mul", Binary("floordiv", atom.a, atom.b, atom.dtype), atom.b, dtypes.i64), coef
+        if terms.get(quotient) == times:
             del terms[atom], terms[quotient]
             _add_terms(atom.a, coef, terms)
             return True

@@ -53,6 +53,8 @@ def _binary(e: Binary) -> Expr | None:
             return b
     if e.op == "sub" and _is(b, 0):
         return a
+    if e.op in ("add", "sub") and isinstance(b, Const):
+        return _constant_tail(e)
     if e.op == "mul":
         if _is(b, 1):
             return a
@@ -65,6 +67,19 @@ def _binary(e: Binary) -> Expr | None:
     if e.op == "mod" and _is(b, 1):  # a stride of 1 in a derived gradient: ``u % S == 0``
         return Const(0, e.dtype)
     return None
+
+
+def _constant_tail(e: Binary) -> Expr | None:
+    """``x + c1 - c2`` as ``x + (c1 - c2)``: a dynamic shape symbol's derived extent
+    (``W + 2*P - (KW - 1) - 1 + 1`` of a padded conv is ``W``) reads as the symbol, so that
+    passes comparing extents and strides see that they are the same."""
+    a = e.a
+    if not (isinstance(a, Binary) and a.op in ("add", "sub") and isinstance(a.b, Const) and a.b.dtype.is_int):
+        return None
+    total = (a.b.value if a.op == "add" else -a.b.value) + (e.b.value if e.op == "add" else -e.b.value)
+    if total == 0:
+        return a.a
+    return Binary("add" if total > 0 else "sub", a.a, Const(abs(total), e.dtype), e.dtype, e.span)
 
 
 def _fold(op: str, a: object, b: object, operand: dtypes.DType) -> object | None:

@@ -115,8 +115,8 @@ def requested(spec: DynamicSpec, op: OpTE) -> frozenset[str]:
 def window_symbols(op: OpTE) -> frozenset[str]:
     """The shape symbols that size a sliding window's output pixels (``y`` of ``X[y*S + r]``, a
     convolution's or pooling's image). The automatic policy keeps these specialised: a dynamic
-    image runs its convolution at a third to a half of the specialised kernel's speed (the
-    patches are not gathered straight into the GEMM's panels); ``dynamic=`` may still ask."""
+    image runs its 3x3 convolution at 0.73-0.80 of the specialised kernel's throughput (one
+    thread, 7x7 to 56x56); ``dynamic=`` may still ask."""
     found: set[str] = set()
     for c in op.computes:
         extents = {ax.var.name: ax.extent for ax in c.axes}

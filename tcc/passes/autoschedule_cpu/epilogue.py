@@ -14,7 +14,6 @@ the epilogue moves into the write-back: ``C_acc[i, j] = tile[ii, jj]`` becomes
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 from tcc import dtypes
@@ -58,14 +57,14 @@ def _store_epilogue(func: LoopFunc, target: str, lanes: str | None) -> tuple[Loo
     loops, out = _perfect_nest(epilogue)
     read = _single_read(func.body, producer, epilogue, target)
     names = [f.var.name for f in loops]
-    extents = {f.var.name: int(f.extent.value) for f in loops}  # type: ignore[attr-defined]
+    extents = {f.var.name: _extent(f.extent) for f in loops}
     written = {st.buffer for st in stores(func.body)}
     others = {ld.buffer for ld in loads(epilogue)} - {target}
     if others & written or _mentions(producer, out.buffer):
         raise TccScheduleError(f"the epilogue of {target} reads what the GEMM writes")
     buffers = func.buffers()
     shape, out_shape = buffers[target].shape, buffers[out.buffer].shape
-    if math.prod(extents.values()) != math.prod(shape):
+    if not _same_size(tuple(extents.values()), shape):
         raise TccScheduleError(f"the epilogue of {target} does not read each element once")
     k_block = _k_block_loop(producer, target)
 
@@ -147,7 +146,7 @@ def _neighbours(body: Stmt, target: str) -> tuple[list[Stmt], For]:
 
 def _perfect_nest(s: For) -> tuple[list[For], Store]:
     loops, n = nest_loops(s)
-    if not isinstance(n, Store) or any(not isinstance(f.extent, Const) for f in loops):
+    if not isinstance(n, Store):
         raise TccScheduleError("the epilogue is not one perfect loop nest")
     return loops, n
 
@@ -196,34 +195,75 @@ def _k_block_loop(producer: Stmt, target: str) -> tuple[Var, int] | None:
     return Var(name, dtypes.i64), extent
 
 
-def _invert(read: tuple[Expr, ...], at: tuple[Expr, ...], extents: dict[str, int],
-            shape: tuple[int, ...]) -> dict[str, Expr] | None:
+Extent = int | Expr  # a loop's or a dim's: an expression of dynamic shape symbols where not constant
+
+
+def _extent(e: Expr) -> Extent:
+    return int(e.value) if isinstance(e, Const) else e
+
+
+def _factors(sizes: tuple[Extent, ...]) -> tuple[int, tuple[str, ...]]:
+    """A product of extents as its constant and its other factors (sorted by their text), so
+    that ``64 * H * W`` and ``64 * (H * W)`` compare equal."""
+    constant, others = 1, []
+    todo = list(sizes)
+    while todo:
+        x = todo.pop()
+        if isinstance(x, Const):
+            x = int(x.value)
+        if isinstance(x, int):
+            constant *= x
+        elif isinstance(x, Binary) and x.op == "mul":
+            todo += [x.a, x.b]
+        else:
+            others.append(str(x))
+    return constant, tuple(sorted(others))
+
+
+def _same_size(a: tuple[Extent, ...], b: tuple[Extent, ...]) -> bool:
+    return _factors(a) == _factors(b)
+
+
+def _product(sizes: list[Extent]) -> Extent:
+    out: Extent = 1
+    for x in sizes:
+        out = x if out == 1 else out * x if isinstance(out, int) and isinstance(x, int) else \
+            Binary("mul", _as_expr(out), _as_expr(x), dtypes.i64)
+    return out
+
+
+def _as_expr(x: Extent) -> Expr:
+    return Const(x, dtypes.i64) if isinstance(x, int) else x
+
+
+def _invert(read: tuple[Expr, ...], at: tuple[Expr, ...], extents: dict[str, Extent],
+            shape: tuple[Extent, ...]) -> dict[str, Expr] | None:
     """The epilogue's loop variables at which ``read`` equals ``at``. Each index of ``read`` is
     a row-major flattening ``(a * Eb + b) * Ec + c`` of parts covering its dim, a part being a
     variable or one digit of it (``y // R``, ``y % R``: im2col's blocks of output rows), or ``0``
     in both where a merged pixel index (``[n, f, 0, y*W + x]``, see passes/autoschedule_cpu/pixels.py) spans that
-    dim and the next."""
+    dim and the next. Extents may be dynamic (``[f, y*W + x]`` over ``H*W`` pixels)."""
     digits: dict[tuple, Expr] = {}
-    span = 1  # elements the next index covers: its dim times the dims merged into it
+    span: list[Extent] = []  # the dims the next index covers: its own and those merged into it
     for idx, x, dim in zip(read, at, shape):
-        span *= dim
+        span.append(dim)
         if isinstance(idx, Const):
             if idx != x or idx.value != 0:
                 return None
             continue
         parts = _flattened(idx, extents)
-        if parts is None or math.prod(e for _, e in parts) != span:
+        if parts is None or not _same_size(tuple(e for _, e in parts), tuple(span)):
             return None
-        span = 1
+        span = []
         for pos, (key, extent) in enumerate(parts):
             if key in digits:
                 return None
-            inner = math.prod(e for _, e in parts[pos + 1:])
-            value = x if inner == 1 else Binary("floordiv", x, Const(inner, x.dtype), x.dtype)
+            inner = _product([e for _, e in parts[pos + 1:]])
+            value = x if inner == 1 else Binary("floordiv", x, _as_expr(inner), x.dtype)
             if pos > 0:
-                value = Binary("mod", value, Const(extent, x.dtype), x.dtype)
+                value = Binary("mod", value, _as_expr(extent), x.dtype)
             digits[key] = value
-    return _combine(digits) if span == 1 else None
+    return _combine(digits) if not span or _same_size(tuple(span), ()) else None
 
 
 def _combine(digits: dict[tuple, Expr]) -> dict[str, Expr] | None:
@@ -242,7 +282,7 @@ def _combine(digits: dict[tuple, Expr]) -> dict[str, Expr] | None:
     return out
 
 
-def _flattened(e: Expr, extents: dict[str, int]) -> list[tuple[tuple, int]] | None:
+def _flattened(e: Expr, extents: dict[str, Extent]) -> list[tuple[tuple, Extent]] | None:
     """The parts of ``(a * Eb + b) * Ec + c`` (each part with its extent ``E``), else None."""
     atom = _digit(e, extents)
     if atom is not None:
@@ -251,18 +291,19 @@ def _flattened(e: Expr, extents: dict[str, int]) -> list[tuple[tuple, int]] | No
         tail = _digit(e.b, extents)
         scaled = e.a
         if tail is not None and isinstance(scaled, Binary) and scaled.op == "mul" \
-                and scaled.b == Const(tail[1], scaled.b.dtype):
+                and scaled.b == _as_expr(tail[1]):
             head = _flattened(scaled.a, extents)
             return None if head is None else [*head, tail]
     return None
 
 
-def _digit(e: Expr, extents: dict[str, int]) -> tuple[tuple, int] | None:
+def _digit(e: Expr, extents: dict[str, Extent]) -> tuple[tuple, Extent] | None:
     """``v``, ``v // R`` or ``v % R`` of a loop variable ``v``, as (key, extent)."""
     if isinstance(e, Var) and e.name in extents:
         return (e.name, "all", 1), extents[e.name]
     if isinstance(e, Binary) and e.op in ("floordiv", "mod") and isinstance(e.a, Var) and e.a.name in extents \
-            and isinstance(e.b, Const) and e.b.value > 0 and extents[e.a.name] % int(e.b.value) == 0:
+            and isinstance(e.b, Const) and e.b.value > 0 and isinstance(extents[e.a.name], int) \
+            and extents[e.a.name] % int(e.b.value) == 0:
         radix = int(e.b.value)
         if e.op == "mod":
             return (e.a.name, "lo", radix), radix

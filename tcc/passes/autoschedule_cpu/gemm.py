@@ -302,7 +302,9 @@ def schedule_gemm(func: LoopFunc, tensor: str, info: GemmNest, p: dict[str, int]
     batch_parallel = [b for b in info.batch if info.extents[b] >= nthreads > 1 and b not in info.dynamic]
     axis = None if batch_parallel or nthreads == 1 else _parallel_axis(m, n, mr, nr, nthreads)
     if axis is not None and {i, j} & info.dynamic:  # no share per thread of a size known at the call:
-        axis = "ir" if i in info.dynamic else "jr"  # the threads take register tiles of each cache block
+        # the threads take register tiles of each cache block: row tiles where there are a few per
+        # thread (one fork per block of columns, not one per row tile: a dynamic conv's 64 channels)
+        axis = "ir" if i in info.dynamic or m >= 2 * mr * nthreads else "jr"
     per_m = -(-m // nthreads) if axis == "ip" else m
     per_n = -(-n // nthreads) if axis == "jp" else n
     lanes = target.vector_bytes // info.itemsize
@@ -345,7 +347,8 @@ def schedule_gemm(func: LoopFunc, tensor: str, info: GemmNest, p: dict[str, int]
         func = trace(f"init {c_tile} in the first k block's registers",
                      init_in_first_block(func, c_tile, tiles, t["ko"]))
     try:  # an epilogue reading C back is applied as the (last k block's) tile is stored
-        func = trace(f"epilogue of {c_tile} in its tile stores", store_epilogue(func, c_tile, t["jj"]))
+        if not set(kloops) & info.dynamic:  # (k blocks counted at the call: C accumulates in memory)
+            func = trace(f"epilogue of {c_tile} in its tile stores", store_epilogue(func, c_tile, t["jj"]))
     except TccScheduleError:
         pass
     func, rows = column_rows(func, t["ii"], t["jj"])
@@ -354,6 +357,9 @@ def schedule_gemm(func: LoopFunc, tensor: str, info: GemmNest, p: dict[str, int]
     if i in info.dynamic:
         rows = REMAINDER_ROWS if mr % REMAINDER_ROWS == 0 else mr
         func = trace(f"pad remainders of {t['ii']} to {rows} rows", pad_remainders(func, t["ii"], rows))
+    if j in info.dynamic and nr <= 2 * lanes:
+        func = trace(f"pad remainders of {t['jj']} to {nr} columns", pad_remainders(func, t["jj"], nr, guard=False,
+                                                                                         tile=t["jr"]))
     names = loop_names(func.body)
     if t["ii"] in names:
         func = trace(f"unroll {t['ii']}", unroll(func, t["ii"]))

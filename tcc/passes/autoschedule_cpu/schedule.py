@@ -47,6 +47,7 @@ from tcc.passes.autoschedule_cpu.gemm import (
     schedule_gemm,
 )
 from tcc.passes.autoschedule_cpu.pack_gather import gather_into_packs
+from tcc.passes.autoschedule_cpu.remainders import pad_gathers
 from tcc.passes.autoschedule_cpu.small_serial import serial_when_small
 from tcc.passes.autoschedule_cpu.stream import parallel_streams, vectorize_streams
 from tcc.passes.autoschedule_cpu.streaming import stream_results
@@ -70,6 +71,7 @@ def autoschedule(func: LoopFunc, target: CpuTarget, params: dict[str, dict[str, 
                                                               target)
             func = schedule_gemm(func, tensor, info, chosen, target, trace)
     func = trace("gather into packs", gather_into_packs(func))
+    func = trace("pad gathers", pad_gathers(func))
     func = fuse_rows(func, trace)
     func = trace("unflatten gathers", unflatten_gathers(func))
     func = trace("peel borders", peel_borders(func))

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tcc.errors import TccScheduleError
+from tcc.ir.expr import Const
 from tcc.ir.loopnest import fresh, linear_coeff, loads, on_loops, stores
 from tcc.ir.loops import Allocate, For, If, Let, LoopFunc, Seq, Stmt, Store, walk_stmts
 from tcc.passes.autoschedule_cpu.gemm import items
@@ -27,7 +28,7 @@ from tcc.passes.loops.fuse import fuse
 from tcc.passes.loops.parallel import parallel
 from tcc.passes.loops.schedule import contract
 from tcc.passes.loops.vectorize import vectorize
-from tcc.passes.te.lower_stream import GROUP, ROWS, STREAM
+from tcc.passes.te.lower_stream import GROUP, ROWS, SHORT_KEYS, STREAM
 from tcc.passes.trace import SILENT, Trace
 
 LANES = 32  # a longer loop is split into vectors of this many lanes
@@ -43,9 +44,10 @@ def vectorize_streams(func: LoopFunc, trace: Trace = SILENT) -> LoopFunc:
     for nest in nests:
         _pick(nest.body, picked, unrolled)
     for g in picked:
-        extent = int(getattr(g.extent, "value", 0))
         try:
-            if extent <= WHOLE:
+            if not isinstance(g.extent, Const):  # a short tile's keys, a multiple of SHORT_KEYS
+                func = trace(f"vectorize {g.var.name} by {SHORT_KEYS}", vectorize(func, g.var.name, SHORT_KEYS))
+            elif int(g.extent.value) <= WHOLE:
                 func = trace(f"vectorize {g.var.name}", vectorize(func, g.var.name))
             else:
                 func = trace(f"vectorize {g.var.name} by {LANES}", vectorize(func, g.var.name, LANES))
@@ -93,7 +95,7 @@ def _pick(s: Stmt, out: list[For], unrolled: list[str]) -> None:
             _pick(g.body, out, unrolled)
         elif ROWS in g.annotations or STREAM in g.annotations:
             _pick(g.body, out, unrolled)
-        elif int(getattr(g.extent, "value", 0)) < 4:
+        elif isinstance(g.extent, Const) and int(g.extent.value) < 4:
             continue
         elif _stores_unit(g, direct=True) or (not _loops_under(g.body) and (_stores_unit(g) or _loads_unit(g))):
             out.append(g)

@@ -8,7 +8,10 @@ elements. Two rewrites make common bodies vectorisable, both explicit in the IR:
 * a reduction into an accumulator allocated outside the loop is reassociated on purpose: it
   accumulates into a vector of partial results (``{acc}_v``, one per lane) initialised before the
   reduction's loops (a split's tail copy, narrower, adds into the first lanes) and folded into
-  the accumulator after them (halving vector steps, then the last few lanes in order). This is
+  the accumulator after them (halving vector steps, then the last few lanes in order); a tail
+  whose length is known only at the call adds into the accumulator after the fold, and the
+  partial results are made only where the vector loop runs at all (a row shorter than a vector
+  costs no fold). This is
   the one place tcc reorders a floating-point reduction; no global fast-math flag is ever set.
 """
 
@@ -16,8 +19,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from tcc import dtypes
 from tcc.errors import Span, TccScheduleError
-from tcc.ir.expr import Binary, Expr, Load, Var, const, free_vars, iadd, transform, walk
+from tcc.ir.expr import Binary, Const, Expr, Load, Var, const, free_vars, iadd, transform, walk
 from tcc.ir.loopnest import (
     allocated,
     const_extent,
@@ -150,8 +154,13 @@ def _rfactor(func: LoopFunc, loop: str, acc: str, lanes: int, span: Span | None)
         if len(hits) == 1 and isinstance(only, Allocate | Let):
             children[hits[0]] = replace(only, body=place(only.body))
             return seq(*children)
-        bodies = [on_loops(replace(func, body=children[i]), loop, rewrite_loop).body for i in hits]
-        children[hits[0]:hits[-1] + 1] = [init, *bodies, *_fold(acc, accv, buf, op, lanes)]
+        tails = [children[i] for i in hits if _dynamic_tail(func, children[i], loop)]
+        bodies = [on_loops(replace(func, body=children[i]), loop, rewrite_loop).body for i in hits
+                  if children[i] not in tails]
+        partial: Stmt = seq(init, *bodies, *_fold(acc, accv, buf, op, lanes))
+        if tails and len(bodies) == 1 and isinstance(bodies[0], For) and not isinstance(bodies[0].extent, Const):
+            partial = If(Binary("ge", bodies[0].extent, const(1), dtypes.boolean), partial)
+        children[hits[0]:hits[-1] + 1] = [partial, *tails]
         return seq(*children)
 
     def wrap(n: Stmt) -> Stmt | None:
@@ -164,6 +173,12 @@ def _rfactor(func: LoopFunc, loop: str, acc: str, lanes: int, span: Span | None)
         raise TccScheduleError(f"loop {loop} accumulates into {acc}, which is not a reduction accumulator",
                                span, "vectorize a loop whose iterations write different elements")
     return replace(func, body=map_stmt(func.body, wrap))
+
+
+def _dynamic_tail(func: LoopFunc, s: Stmt, loop: str) -> bool:
+    """Whether ``s`` runs ``loop`` only as a remainder of a length known at the call (``C % 32``)."""
+    found = loops_named(s, loop)
+    return bool(found) and all(dynamic_remainder(func, f) for f in found)
 
 
 def _fold(acc: str, accv: Buffer, buf: Buffer, op: str, lanes: int) -> list[Stmt]:
