@@ -276,6 +276,21 @@ def test_cuda_row_of_one_element_is_shared_by_the_block(rng):
     check_op(src, "f", dict(K=64, M=1, N=16), rng, target="cuda")
 
 
+@pytest.mark.parametrize("steps", ["decompose(Z); inline(Z)", "decompose(Z); inline(Z); unroll(s, 2)"])
+def test_inlining_a_decomposed_reduction_is_refused(steps):
+    """decompose(Z) allocates Z's accumulator around Z's own statements; inlining Z then moved its
+    reads into Y's nest, outside that allocation: the loop IR verifier's internal error (CUDA fuzz
+    seed 90581). Now a schedule error at the inline step (the lowering needs no GPU)."""
+    src = """op fz2(X: f32[N, C, H, W], W1: f32[F, C, 3, 3], W2: f32[G, F]) -> Y: f32[N, G, H, W] {
+        Xp = pad(X, [0, 0, 1, 1])
+        Z[n, f, y, x] = max(sum[c, r, s](Xp[n, c, y + r, x + s] * W1[f, c, r, s]), 0.0)
+        Y[n, g, y, x] = sum[f](Z[n, f, y, x] * W2[g, f])
+    }"""
+    op = tcc.compile(src, target="cuda", arch="sm_90").fz2.schedule(steps)
+    with pytest.raises(TccScheduleError, match="cannot be inlined"):
+        op.stage_text({"N": 2, "C": 16, "H": 17, "W": 5, "F": 16, "G": 1}, "scheduled")
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not tcc.cuda.is_available(), reason="needs an NVIDIA GPU")
 @pytest.mark.parametrize("K,factor", [(100, 3), (7, 2), (1000, 8), (33, 4)])

@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tcc.errors import Span, TccScheduleError
-from tcc.ir.expr import Expr, substitute
+from tcc.ir.expr import Expr, Load, substitute, walk
 from tcc.ir.loopnest import replace_loads, stores
-from tcc.ir.loops import Allocate, For, LoopFunc, Stmt, Store, is_sequential, map_stmt, seq, walk_stmts
+from tcc.ir.loops import Allocate, For, LoopFunc, Stmt, Store, is_sequential, map_stmt, seq, stmt_exprs, walk_stmts
 
 
 def inline(func: LoopFunc, tensor: str, span: Span | None = None) -> LoopFunc:
@@ -43,8 +43,34 @@ def inline(func: LoopFunc, tensor: str, span: Span | None = None) -> LoopFunc:
             return seq()
         return None
 
-    body = map_stmt(func.body, drop)
-    return replace(func, body=replace_loads(body, expand))
+    body = replace_loads(map_stmt(func.body, drop), expand)
+    allocated = {b for b in _allocated(func.body)} & {ld.buffer for ld in walk(store.value) if isinstance(ld, Load)}
+    outside = _read_outside(body, allocated, set())
+    if outside:
+        raise TccScheduleError(f"{tensor} reads {outside}, allocated around its own statements only (a decomposed "
+                               f"reduction's accumulator?); its readers cannot see it, so it cannot be inlined", span)
+    return replace(func, body=body)
+
+
+def _allocated(s: Stmt) -> set[str]:
+    return {a.buffer.name for a in walk_stmts(s) if isinstance(a, Allocate)}
+
+
+def _read_outside(s: Stmt, buffers: set[str], scope: set[str]) -> str | None:
+    """The first of ``buffers`` that ``s`` loads outside its allocation (``scope``: those around
+    ``s``); None if every load is inside (CUDA fuzz seed 90581: decompose, then inline, moved reads
+    of the accumulator past its allocation: an internal error in the verifier)."""
+    if isinstance(s, Allocate):
+        return _read_outside(s.body, buffers, scope | {s.buffer.name})
+    for e in stmt_exprs(s):
+        for n in walk(e):
+            if isinstance(n, Load) and n.buffer in buffers and n.buffer not in scope:
+                return n.buffer
+    for c in s.children():
+        found = _read_outside(c, buffers, scope)
+        if found:
+            return found
+    return None
 
 
 def _defines(s: For, tensor: str) -> bool:
