@@ -23,7 +23,7 @@ import statistics
 import time
 import warnings
 
-from tcc.codegen_cpu.jit import SPIN_COUNT  # before torch: tcc's parallel loops run on torch's libgomp
+from tcc.codegen_cpu.pool import SPIN_COUNT  # before torch: its libgomp threads spin as briefly as tcc's
 
 if "OMP_WAIT_POLICY" not in os.environ:  # torch's OpenMP threads spin ~3 ms after each call otherwise
     os.environ.setdefault("GOMP_SPINCOUNT", str(SPIN_COUNT))
