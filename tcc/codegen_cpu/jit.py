@@ -13,7 +13,6 @@ import ctypes
 import ctypes.util
 import functools
 import os
-import threading
 from dataclasses import dataclass
 
 import llvmlite.binding as llvm
@@ -22,7 +21,7 @@ from tcc.codegen_cpu import pool
 from tcc.errors import TccCompileError
 from tcc.target import CpuTarget
 
-_LOCK = threading.Lock()
+_LOCK = pool.LLVM_LOCK
 KERNEL_PROTOTYPE = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p)
 
 

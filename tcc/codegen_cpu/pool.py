@@ -31,6 +31,7 @@ import ctypes
 import functools
 import os
 import platform
+import sys
 import threading
 
 import llvmlite.binding as llvm
@@ -73,12 +74,21 @@ class _Pool:
                 self.cells["workers"].value = index + 1
 
 
+LLVM_LOCK = threading.RLock()  # LLVM's global context is not thread-safe: one user at a time (jit too)
+
+
 @functools.cache
 def pool() -> _Pool | None:
     """The process's pool, built on first use; None where it cannot run (not Linux on x86-64 or
     AArch64): parallel loops then run serially, slower, never wrong."""
-    futex = _FUTEX.get(platform.machine())
-    if futex is None or not hasattr(os, "register_at_fork"):
+    with LLVM_LOCK:
+        return _build()
+
+
+@functools.cache
+def _build() -> _Pool | None:
+    futex = _FUTEX.get(platform.machine()) if sys.platform.startswith("linux") else None
+    if futex is None:
         return None
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
