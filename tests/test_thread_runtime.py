@@ -121,3 +121,44 @@ states = [open(f"/proc/self/task/{t}/stat").read().rsplit(")", 1)[1].split()[0]
 print(json.dumps({"states": states}))
 """)
     assert set(record["states"]) <= {"S"}, record
+
+
+def test_a_worker_preempted_in_its_chunk_makes_later_calls_serial_for_a_while():
+    """A worker that joins a loop and then stalls (here it sleeps 50 ms in its share, as when
+    another process holds its core) makes the caller wait; the call after it runs on the caller
+    alone (a team of 1) until the back-off ends, then the workers are asked again. (Up to five
+    tries: on a loaded machine the second call may itself start after the first back-off, 1 ms.)"""
+    record = _run("""
+import ctypes
+run = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)(
+    pool.pool().engine.get_function_address(pool.SYMBOL))
+caller, teams, joined, stall = threading.get_native_id(), [], [], [False]
+
+def body(ctx, team):
+    if threading.get_native_id() == caller:
+        teams.append(team)
+        deadline = time.perf_counter() + 2.0
+        while stall[0] and team > 1 and not joined and time.perf_counter() < deadline:  # the worker is in
+            time.sleep(0)
+    elif stall[0]:
+        joined.append(1)
+        time.sleep(0.05)
+
+callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)(body)
+tcc.set_num_threads(2)
+tries = []
+for _ in range(5):
+    teams.clear(), joined.clear()
+    stall[0] = True
+    run(callback, None, 0)  # the worker joins and stalls: the caller waits 50 ms
+    run(callback, None, 0)  # within the back-off: serial
+    stall[0] = False
+    tries.append(list(teams))
+    time.sleep(0.2)  # past the longest back-off
+    if teams == [2, 1]:
+        break
+teams.clear()
+run(callback, None, 0)
+print(json.dumps({"backed_off": tries[-1], "after": teams, "right": right()}))
+""")
+    assert record == {"backed_off": [2, 1], "after": [2], "right": True}
