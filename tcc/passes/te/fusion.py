@@ -229,8 +229,11 @@ def _gemm_operand(c: Compute, sites: list, op: OpTE) -> str | None:
     """The consumer that reads elementwise ``c`` as an operand of a GEMM it would stop being, if
     one does: the CPU scheduler tiles ``sum(A[..] * B[..])`` of two reads only, and ``c``'s
     expression would be evaluated once per element of the other side anyway (a row scale per
-    output column). A plain read (a transpose) or a cast of one stays inlined: GEMMs read those."""
-    if isinstance(_strip_casts(c.body), Read) or any(isinstance(n, Reduce) for n in walk(c.body)):
+    output column). Only an expression of two tensors or more (a row scale, softmax's ``e / s``):
+    a function of one (a transpose, a cast, attention's ``q * scale``) stays inlined, where
+    attention's scores, softmax and weighted sum stay one kernel (GPT-2's ran 1.3x slower cut
+    into three)."""
+    if len(_tensors_read(c.body)) < 2 or any(isinstance(n, Reduce) for n in walk(c.body)):
         return None
     for consumer, read, repeat in sites:
         if repeat > 1 and _inside_reduction(consumer.body, read) \
