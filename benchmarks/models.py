@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tcc.codegen_cpu.jit import SPIN_COUNT  # before torch: see benchmarks/onnx_networks.py
+from tcc.codegen_cpu.pool import SPIN_COUNT  # before torch: see benchmarks/onnx_networks.py
 
 if "OMP_WAIT_POLICY" not in os.environ:
     os.environ.setdefault("GOMP_SPINCOUNT", str(SPIN_COUNT))

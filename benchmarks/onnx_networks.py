@@ -30,10 +30,10 @@ from typing import Any
 # PyTorch's OpenMP threads spin for ~3 ms after each call (libgomp's default), holding the cores
 # that the next runner in the interleaved loop needs: on 2 cores that made tcc and onnxruntime
 # 10-35x slower after torch ran (the encoder block, batch 1: tcc 171 ms and onnxruntime 46 ms
-# spinning, 4.8 ms and 3.7 ms passive). torch is imported first, so tcc's parallel loops run on
-# torch's libgomp: it loads with tcc's own short spin (tcc.codegen_cpu.jit.SPIN_COUNT), set before
-# torch loads it. (onnxruntime's threads spin too: see ort_session.)
-from tcc.codegen_cpu.jit import SPIN_COUNT  # before torch; loads no OpenMP runtime
+# spinning, 4.8 ms and 3.7 ms passive). So torch's libgomp loads with the short spin of tcc's own
+# pool (tcc.codegen_cpu.pool.SPIN_COUNT), set before torch loads it. (onnxruntime's threads spin
+# too: see ort_session.)
+from tcc.codegen_cpu.pool import SPIN_COUNT  # before torch; loads no OpenMP runtime
 
 if "OMP_WAIT_POLICY" not in os.environ:
     os.environ.setdefault("GOMP_SPINCOUNT", str(SPIN_COUNT))

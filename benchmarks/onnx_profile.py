@@ -1,7 +1,7 @@
 """Per-kernel times of a model through tcc.onnx next to onnxruntime's per-node profile (CPU).
 
     python benchmarks/onnx_profile.py [--model resnet18] [--batch 1] [--repeat 20] [--top 25]
-    python benchmarks/onnx_profile.py --model t5 [--hidden 128] [--seq 64]   # a transformer of onnx_transformers.py
+    python benchmarks/onnx_profile.py --model t5 [--hidden 128] [--seq 64] [--layers 2]   # of onnx_transformers.py
 
 tcc: each kernel of the compiled model timed on its own inputs (median of ``repeat`` calls, the
 kernels of one pass over the model interleaved). onnxruntime: its own profiler
@@ -87,6 +87,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--hidden", type=int, default=128, help="a transformer's width")
     parser.add_argument("--seq", type=int, default=64, help="a transformer's sequence length")
+    parser.add_argument("--layers", type=int, default=2, help="a transformer's layers")
     args = parser.parse_args()
     data, feeds = transformer(args) if args.model in TRANSFORMERS else network(args)
     compiled = tcc.onnx.load(data, input_shapes={name: x.shape for name, x in feeds.items()})
@@ -107,11 +108,11 @@ def network(args: argparse.Namespace) -> tuple[bytes, dict[str, np.ndarray]]:
 
 
 def transformer(args: argparse.Namespace) -> tuple[bytes, dict[str, np.ndarray]]:
-    """A transformer of onnx_transformers.py (batch 1, TorchScript exporter) and its inputs."""
+    """A transformer of onnx_transformers.py (TorchScript exporter) and its inputs."""
     import onnx_transformers  # here: only the transformers need the ``transformers`` package
 
     torch.manual_seed(0)
-    model, inputs, names = onnx_transformers.build(args.model, args.hidden, args.seq)
+    model, inputs, names = onnx_transformers.build(args.model, args.hidden, args.seq, args.layers, args.batch)
     proto = onnx_transformers.export(model, inputs, names, "torchscript")
     given = dict(zip(names, (a.numpy() for a in inputs)))
     return proto.SerializeToString(), {i.name: given[i.name] for i in proto.graph.input if i.name in given}

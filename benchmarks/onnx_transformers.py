@@ -1,10 +1,12 @@
 """Hugging Face transformers through ONNX: tcc.onnx against onnxruntime on the CPU.
 
     python benchmarks/onnx_transformers.py [--models bert gpt2 vit llama t5] [--exporters torchscript dynamo]
-                                           [--hidden 128] [--seq 64] [--repeat 30] [--threads 2]
+                                           [--hidden 128] [--seq 64] [--layers 2] [--batch 1]
+                                           [--repeat 30] [--threads 2]
 
 Random-weight BERT, GPT-2, ViT, a Llama-style decoder (grouped-query attention, rotary
-embeddings, RMSNorm) and T5's encoder, 2 layers each, exported by torch.onnx's TorchScript
+embeddings, RMSNorm) and T5's encoder (2 layers each unless told; BERT-base and GPT-2-small are
+``--hidden 768 --layers 12 --seq 128``), exported by torch.onnx's TorchScript
 exporter (opset 17) and its dynamo exporter (opset 18, where onnxscript is installed), imported
 with tcc.onnx.load as exported. Per model and exporter: whether it imports, the largest
 difference from onnxruntime, the compile time, and run times measured side by side, interleaved,
@@ -21,7 +23,7 @@ import statistics
 import time
 import warnings
 
-from tcc.codegen_cpu.jit import SPIN_COUNT  # before torch: tcc's parallel loops run on torch's libgomp
+from tcc.codegen_cpu.pool import SPIN_COUNT  # before torch: its libgomp threads spin as briefly as tcc's
 
 if "OMP_WAIT_POLICY" not in os.environ:  # torch's OpenMP threads spin ~3 ms after each call otherwise
     os.environ.setdefault("GOMP_SPINCOUNT", str(SPIN_COUNT))
@@ -44,29 +46,31 @@ class FirstOutput(torch.nn.Module):
         return self.model(*args, return_dict=False)[0]
 
 
-def build(name: str, hidden: int, seq: int):
-    """The model, its example inputs and their names."""
-    heads, vocab, ff = max(hidden // 32, 2), 1000, 4 * hidden
-    ids = torch.randint(0, vocab, (1, seq))
-    mask = torch.ones(1, seq, dtype=torch.int64)
+def build(name: str, hidden: int, seq: int, layers: int = 2, batch: int = 1):
+    """The model, its example inputs and their names (heads of 64 from hidden 768 up, as in
+    BERT-base and GPT-2-small; of 32 below)."""
+    heads, vocab, ff = max(hidden // (64 if hidden >= 768 else 32), 2), 1000, 4 * hidden
+    ids = torch.randint(0, vocab, (batch, seq))
+    mask = torch.ones(batch, seq, dtype=torch.int64)
     if name == "bert":
-        config = hf.BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=2, num_attention_heads=heads,
-                               intermediate_size=ff, max_position_embeddings=max(seq, 64))
+        config = hf.BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
+                               num_attention_heads=heads, intermediate_size=ff, max_position_embeddings=max(seq, 64))
         return hf.BertModel(config), (ids, mask), ["input_ids", "attention_mask"]
     if name == "gpt2":
-        config = hf.GPT2Config(vocab_size=vocab, n_embd=hidden, n_layer=2, n_head=heads, n_positions=max(seq, 64),
+        config = hf.GPT2Config(vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=heads, n_positions=max(seq, 64),
                                bos_token_id=0, eos_token_id=0)
         return hf.GPT2Model(config), (ids,), ["input_ids"]
     if name == "vit":
-        config = hf.ViTConfig(hidden_size=hidden, num_hidden_layers=2, num_attention_heads=heads, intermediate_size=ff,
-                              image_size=64, patch_size=8)
-        return hf.ViTModel(config), (torch.randn(1, 3, 64, 64),), ["pixel_values"]
+        config = hf.ViTConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                              intermediate_size=ff, image_size=64, patch_size=8)
+        return hf.ViTModel(config), (torch.randn(batch, 3, 64, 64),), ["pixel_values"]
     if name == "llama":
-        config = hf.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=ff, num_hidden_layers=2,
+        config = hf.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=ff, num_hidden_layers=layers,
                                 num_attention_heads=heads, num_key_value_heads=max(heads // 2, 1),
                                 max_position_embeddings=max(seq, 64), attn_implementation="eager")
         return hf.LlamaModel(config), (ids,), ["input_ids"]
-    config = hf.T5Config(vocab_size=vocab, d_model=hidden, d_kv=hidden // heads, d_ff=ff, num_layers=2, num_heads=heads)
+    config = hf.T5Config(vocab_size=vocab, d_model=hidden, d_kv=hidden // heads, d_ff=ff, num_layers=layers,
+                         num_heads=heads)
     return hf.T5EncoderModel(config), (ids, mask), ["input_ids", "attention_mask"]
 
 
@@ -96,16 +100,16 @@ def interleaved(runs: dict, repeat: int) -> dict[str, tuple[float, float, float]
     return {name: (statistics.median(t), *np.percentile(t, [25, 75])) for name, t in times.items()}
 
 
-def bench(name: str, exporter: str, hidden: int, seq: int, repeat: int, threads: int) -> None:
+def bench(name: str, exporter: str, a: argparse.Namespace, batch: int) -> None:
     torch.manual_seed(0)
-    model, args, names = build(name, hidden, seq)
+    model, args, names = build(name, a.hidden, a.seq, a.layers, batch)
     try:
         proto = export(model, args, names, exporter)
     except Exception as exc:  # the exporter's own failure, not tcc's
         print(f"{name} ({exporter}): export failed: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
         return
     options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
+    options.intra_op_num_threads = a.threads
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
     given = dict(zip(names, (a.numpy() for a in args)))
@@ -118,9 +122,9 @@ def bench(name: str, exporter: str, hidden: int, seq: int, repeat: int, threads:
         return
     seconds = time.perf_counter() - start
     err = float(np.abs(compiled(**feeds) - session.run(None, feeds)[0]).max())
-    medians = interleaved({"tcc": lambda: compiled(**feeds), "ort": lambda: session.run(None, feeds)}, repeat)
+    medians = interleaved({"tcc": lambda: compiled(**feeds), "ort": lambda: session.run(None, feeds)}, a.repeat)
     (t, t1, t3), (o, o1, o3) = medians["tcc"], medians["ort"]
-    print(f"{name:6s} {exporter:11s} imports; max |tcc - ort| {err:.1e}; compile {seconds:5.1f} s; "
+    print(f"{name:6s} {exporter:11s} batch {batch} imports; max |tcc - ort| {err:.1e}; compile {seconds:5.1f} s; "
           f"tcc {t * 1e3:7.2f} ms ({t1 * 1e3:.2f}-{t3 * 1e3:.2f}), "
           f"ort {o * 1e3:7.2f} ms ({o1 * 1e3:.2f}-{o3 * 1e3:.2f}), "
           f"tcc/ort {t / o:5.2f}; load {os.getloadavg()[0]:.1f}")
@@ -132,6 +136,8 @@ def main() -> None:
     parser.add_argument("--exporters", nargs="+", default=["torchscript", "dynamo"])
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--seq", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--batch", type=int, nargs="+", default=[1])
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--threads", type=int, default=2)
     a = parser.parse_args()
@@ -139,7 +145,8 @@ def main() -> None:
     torch.set_num_threads(1)
     for name in a.models:
         for exporter in a.exporters:
-            bench(name, exporter, a.hidden, a.seq, a.repeat, a.threads)
+            for batch in a.batch:
+                bench(name, exporter, a, batch)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,10 @@
 """How many threads a CPU kernel's parallel loops run on: ``tcc.set_num_threads(n)``.
 
-Parallel loops run on libgomp's thread team. Its own default (every CPU the process may use, or
-``OMP_NUM_THREADS``, read once when libgomp loads) is a per-thread setting of libgomp's, which
-``omp_set_num_threads`` changes only for the calling thread: a kernel called from another Python
-thread would not see it. So the generated code reads the team's size from one process-wide cell,
-``tcc_num_threads``, before each parallel loop (0 there: libgomp's default), and
-:func:`set_num_threads` writes that cell. Changing it recompiles nothing.
+Parallel loops run on tcc's own thread pool (:mod:`tcc.codegen_cpu.pool`). The generated code
+reads the team's size from one process-wide cell, ``tcc_num_threads``, before each parallel loop
+(0 there: the default, ``OMP_NUM_THREADS`` else every CPU the process may use), so a count set
+from any Python thread applies to every later call, and changing it recompiles nothing;
+:func:`set_num_threads` writes the cell and has the pool start the workers a larger team needs.
 """
 
 from __future__ import annotations
@@ -24,9 +23,10 @@ MAX_THREADS = 4096  # beyond any machine's cores: a larger request is a typo, no
 
 def set_num_threads(n: int | None) -> None:
     """Run the parallel loops of every later CPU kernel call (any thread's) on ``n`` threads;
-    ``None`` restores libgomp's default (``OMP_NUM_THREADS``, else every CPU)."""
+    ``None`` restores the default (``OMP_NUM_THREADS``, else every CPU)."""
     if n is None:
         CELL.value = 0
+        _resize(None)
         return
     try:
         count = operator.index(n)
@@ -37,10 +37,11 @@ def set_num_threads(n: int | None) -> None:
         raise TccArgumentError(f"set_num_threads({count}): the number of threads must be 1 to {MAX_THREADS}",
                                hint="None restores the default (OMP_NUM_THREADS, else every CPU)")
     CELL.value = count
+    _resize(count)
 
 
 def requested_threads() -> int | None:
-    """The count :func:`set_num_threads` gave, or None for libgomp's default."""
+    """The count :func:`set_num_threads` gave, or None for the default."""
     return CELL.value or None
 
 
@@ -49,13 +50,19 @@ def address() -> int:
     return ctypes.addressof(CELL)
 
 
-_DEFAULT: list[Callable[[], int]] = []  # libgomp's default, registered by the CPU backend (codegen_cpu.jit)
+_POOL: list[tuple[Callable[[], int], Callable[[int | None], None]]] = []  # registered by codegen_cpu.pool
 
 
-def use_default(provider: Callable[[], int]) -> None:
-    """Where :func:`get_num_threads` reads the default from: the CPU backend registers libgomp's
-    when it loads (this module sits below it and imports no code generator)."""
-    _DEFAULT[:] = [provider]
+def use_pool(default: Callable[[], int], resize: Callable[[int | None], None]) -> None:
+    """The thread pool's default team (what :func:`get_num_threads` reports without a request) and
+    how it grows to a requested team: the CPU backend registers them when it loads (this module
+    sits below it and imports no code generator)."""
+    _POOL[:] = [(default, resize)]
+
+
+def _resize(count: int | None) -> None:
+    if _POOL:
+        _POOL[0][1](count)
 
 
 def get_num_threads() -> int:
@@ -63,14 +70,14 @@ def get_num_threads() -> int:
     requested = requested_threads()
     if requested is not None:
         return requested
-    if _DEFAULT:
-        return _DEFAULT[0]()
-    return _environment_default()
+    if _POOL:
+        return _POOL[0][0]()
+    return environment_default()
 
 
-def _environment_default() -> int:
-    """libgomp's default before it is loaded: ``OMP_NUM_THREADS``'s first value, else every CPU
-    this process may run on."""
+def environment_default() -> int:
+    """The default team: ``OMP_NUM_THREADS``'s first value (the variable OpenMP runtimes read),
+    else every CPU this process may run on."""
     first = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
     if first.isdigit() and int(first) > 0:
         return int(first)

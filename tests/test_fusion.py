@@ -216,3 +216,28 @@ def test_two_contractions_into_one_epilogue_stay_two_gemms(rng):
     assert "keep D: a contraction read by" in text
     check_op(RESIDUAL, "block", dict(N=2, C=16, H=28, W=28, F=32), rng)
     check_op(RESIDUAL, "block", dict(N=1, C=7, H=15, W=9, F=33), rng)
+
+
+RMS_MLP = """
+op rms_mlp(X: f32[T, D], W: f32[D, H]) -> Y: f32[T, H] {
+    r[t] = rsqrt(sum[d](X[t, d] * X[t, d]) + 1.0)
+    Xn[t, d] = X[t, d] * r[t]
+    Y[t, h] = max(sum[d](Xn[t, d] * W[d, h]), 0.0)
+}
+"""
+
+
+def test_a_row_scaled_gemm_operand_is_kept_so_the_gemm_stays_one():
+    """T5's RMSNorm before its MLP: the normalised rows are cheap to recompute, but inlined they
+    made the GEMM's operand an expression and the GEMM a plain loop nest (5x slower); kept, the
+    GEMM is tiled and packed. Too small to tile, it is inlined as before."""
+    text = fused(RMS_MLP, "rms_mlp", T=64, D=128, H=512).split("fusion:")[1]
+    assert "keep Xn: an expression read by Y as a GEMM's operand" in text
+    op = tcc.compile(RMS_MLP)["rms_mlp"]
+    assert "_c1" in op.stage_text({"T": 64, "D": 128, "H": 512}, "scheduled")  # packed panels: the GEMM's
+    assert "inline Xn" in fused(RMS_MLP, "rms_mlp", T=7, D=5, H=9)
+
+
+@pytest.mark.parametrize("t, d, h", [(1, 1, 1), (7, 5, 9), (33, 128, 65), (64, 128, 512)])
+def test_rms_mlp_matches_reference(t, d, h, rng):
+    check_op(RMS_MLP, "rms_mlp", {"T": t, "D": d, "H": h}, rng)

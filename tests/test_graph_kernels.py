@@ -155,3 +155,20 @@ def test_independent_statements_are_kernels_of_their_own(rng):
         a, b = arrays[2 * n].astype(np.float64), arrays[2 * n + 1].astype(np.float64)
         np.testing.assert_allclose(got[2 * n], a * b, rtol=1e-6)
         np.testing.assert_allclose(got[2 * n + 1], (a * b).sum(axis=1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows, also_returned", [(33, False), (64, True)])
+def test_an_elementwise_function_of_a_gemm_joins_its_kernel(rng, rows, also_returned):
+    """``h * tanh(h)`` of ``h = x @ W`` (a GELU-like epilogue, reading the GEMM twice, so fusion
+    keeps the GEMM apart) runs in the GEMM's kernel, applied as the register tiles are written
+    back; where ``h`` is also a result, a copy of it is a second kernel. Both match onnxruntime."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Tanh", ["h"], ["t"]),
+             helper.make_node("Mul", ["h", "t"], ["y"])]
+    outputs = [("y", F32, [1, rows, 96])] + ([("h", F32, [1, rows, 96])] if also_returned else [])
+    model = make_model(nodes, [("x", F32, [1, rows, 64])], outputs,
+                       {"w": rng.standard_normal([64, 96]).astype(np.float32) / 8})
+    compiled = check_against_ort(model, rng)
+    assert len(compiled.kernels) == 1 + also_returned, compiled.lower("fused")
+    if not also_returned:
+        tile_store = [line for line in compiled.lower("scheduled").splitlines() if "tanh(" in line]
+        assert tile_store and not any("t0[" in line for line in tile_store), tile_store  # from the tiles

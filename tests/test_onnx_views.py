@@ -141,3 +141,26 @@ def test_the_public_modules_import_by_name():
     assert importlib.import_module("tcc.onnx").load is tcc.onnx.load
     pytest.importorskip("torch")
     assert callable(importlib.import_module("tcc.torch").library)
+
+
+def test_grouped_heads_reshapes_read_whole_digits(rng):
+    """Llama's grouped value heads: x @ W split into 2 heads (Reshape, Transpose), each repeated
+    twice (Unsqueeze, Expand, Reshape). Where a reshape's strides line up with the result's dims,
+    its index is the matching loop indices alone: no ``%`` (a GEMM's row index that moves with one
+    loop). Checked against onnxruntime at an odd row count."""
+    rows, heads, d = 7, 2, 3
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["v"]),
+             helper.make_node("Reshape", ["v", "s1"], ["a"]),  # [1, rows, heads, d]
+             helper.make_node("Transpose", ["a"], ["b"], perm=[0, 2, 1, 3]),  # [1, heads, rows, d]
+             helper.make_node("Unsqueeze", ["b", "ax"], ["e"]),  # [1, heads, 1, rows, d]
+             helper.make_node("Expand", ["e", "s4"], ["f"]),  # [1, heads, 2, rows, d]
+             helper.make_node("Reshape", ["f", "s5"], ["g"]),  # [1, 2 * heads, rows, d]
+             helper.make_node("MatMul", ["g", "u"], ["y"])]
+    consts = {"w": rng.standard_normal([5, heads * d]).astype(np.float32),
+              "u": rng.standard_normal([d, 4]).astype(np.float32),
+              "s1": np.array([1, rows, heads, d], np.int64), "ax": np.array([2], np.int64),
+              "s4": np.array([1, heads, 2, rows, d], np.int64), "s5": np.array([1, 2 * heads, rows, d], np.int64)}
+    model = make_model(nodes, [("x", F32, [rows, 5])], [("y", F32, [1, 2 * heads, rows, 4])], consts)
+    check_against_ort(model, rng)
+    source = tcc.onnx.load(model).source
+    assert "%" not in source, source

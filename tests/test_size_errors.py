@@ -59,7 +59,7 @@ def test_sizes_that_fit_still_run():
 
 # Under an address-space limit a little above what the process holds: a result, a strided input's
 # contiguous copy and a constant parameter's packed panels each cannot be allocated. One thread:
-# libgomp aborts the process when it cannot start one.
+# no worker's stack to reserve under the limit.
 SCRIPT = """
 import json, resource
 import numpy as np

@@ -9,21 +9,19 @@ optimiser and code generator entirely and only links the object into a fresh eng
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import functools
 import os
-import threading
 from dataclasses import dataclass
 
 import llvmlite.binding as llvm
 
-from tcc import threads
+from tcc.codegen_cpu import pool
 from tcc.errors import TccCompileError
 from tcc.target import CpuTarget
 
-_LOCK = threading.Lock()
+_LOCK = pool.LLVM_LOCK
 KERNEL_PROTOTYPE = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p)
 
 
@@ -31,45 +29,6 @@ KERNEL_PROTOTYPE = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p)
 def _init() -> None:
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
-
-
-@functools.cache
-def thread_runtime() -> ctypes.CDLL | None:
-    """libgomp, loaded for ``GOMP_parallel`` (its persistent thread team costs ~1 us per fork),
-    with the thread-count cell (:mod:`tcc.threads`) that parallel loops read made known to the
-    linker; None where it cannot be loaded.
-
-    Without it, loops marked parallel run serially: slower, never wrong.
-    """
-    _init()
-    with _short_spin():
-        for find in (lambda: "libgomp.so.1", lambda: ctypes.util.find_library("gomp")):  # the search runs ldconfig
-            name = find()
-            if not name:
-                continue
-            try:
-                library = ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
-                llvm.load_library_permanently(name)
-            except (OSError, RuntimeError):
-                continue
-            llvm.add_symbol(threads.SYMBOL, threads.address())
-            return library
-    return None
-
-
-def load_thread_runtime() -> bool:
-    """Whether libgomp is loaded (loading it on the first call)."""
-    return thread_runtime() is not None
-
-
-def default_threads() -> int:
-    """The threads a parallel loop runs on when :func:`tcc.set_num_threads` asked for none:
-    libgomp's default (``OMP_NUM_THREADS``, else every CPU the process may use); 1 without libgomp."""
-    library = thread_runtime()
-    return int(library.omp_get_max_threads()) if library is not None else 1
-
-
-threads.use_default(default_threads)
 
 
 @functools.cache
@@ -88,35 +47,6 @@ def load_soft_float_runtime() -> None:
             continue
     raise TccCompileError("cannot load libgcc_s, which f16 conversions need on this host",
                           hint="install the GCC runtime library (libgcc-s1)")
-
-
-# libgomp's GOMP_SPINCOUNT for tcc's thread team: ~30-50 us of spinning on a 2-vCPU Zen 4 VM
-SPIN_COUNT = 3000
-
-
-@contextlib.contextmanager
-def _short_spin():
-    """libgomp reads its wait policy once, when it loads: make its threads spin ``SPIN_COUNT``
-    times (tens of microseconds) after a parallel loop, then sleep. That spans the gap to the next
-    kernel of a model's call, or to the next op called back to back, so that the next fork finds
-    its threads awake: a fork cost 60-75 us where they slept at once (a sleeping vCPU's wake-up, a
-    2-vCPU VM) and 4 us after a 20 us gap with this spin. ResNet-18 on two threads ran ~5% faster
-    than sleeping at once. libgomp's own default spins ~100x longer (about 3 ms), which on a
-    shared machine holds a core that a preempted thread needs: with another process busy on one
-    of 2 cores, a 256 matmul took 16 ms that way and 0.4-0.5 ms sleeping at once, 0.5-0.6 ms with
-    this spin (10x this spin: 0.8-1.0 ms). The variable is set only while libgomp loads, and not
-    where the user chose a policy (``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT``). Where PyTorch was
-    imported first, ``libgomp.so.1`` is already its bundled copy (the same soname), loaded with
-    the policy PyTorch's import read: tcc's parallel loops then share PyTorch's threads and this
-    has no effect."""
-    if any(k in os.environ for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")):
-        yield
-        return
-    os.environ["GOMP_SPINCOUNT"] = str(SPIN_COUNT)
-    try:
-        yield
-    finally:
-        del os.environ["GOMP_SPINCOUNT"]
 
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
@@ -245,7 +175,7 @@ class LoadedObject:
 
     def __init__(self, obj: bytes):
         _init()
-        load_thread_runtime()  # a cached object may call GOMP_parallel: resolve it before linking
+        pool.available()  # a cached object may call tcc_parallel: resolve it before linking
         load_soft_float_runtime()
         keep_freed_memory()
         with _LOCK:

@@ -68,7 +68,7 @@ def symbol_name(func: LoopFunc) -> str:
 
 
 class _FunctionBuilder(LoadEmitter, LoopEmitter, MathEmitter):
-    """Emits one kernel; parallel loop bodies become outlined functions run by libgomp."""
+    """Emits one kernel; parallel loop bodies become outlined functions run by the thread pool."""
 
     def __init__(self, module: ir.Module, func: LoopFunc, target: CpuTarget):
         self.module = module

@@ -1,5 +1,5 @@
 """The loop statements of a kernel in LLVM IR: serial, unrolled and vector loops, parallel loops
-outlined into functions that libgomp's thread team runs in chunks, buffers on the stack or the
+outlined into functions that tcc's thread pool (:mod:`.pool`) runs in chunks, buffers on the stack or the
 heap, conditions and lets. A mixin of the function builder (:mod:`tcc.codegen_cpu.llvm_ir`)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import replace
 from llvmlite import ir
 
 from tcc import threads
-from tcc.codegen_cpu.jit import load_thread_runtime
+from tcc.codegen_cpu import pool
 from tcc.codegen_cpu.llvm_types import I32, I64, PTR, local_name, loop_metadata, memory_type
 from tcc.errors import TccCompileError
 from tcc.ir.expr import Const
@@ -106,11 +106,12 @@ class LoopEmitter:
             self.vec = None
 
     def _parallel(self, s: For) -> None:
-        """Outline the body into ``void f(ptr ctx)`` and run it on libgomp's thread team.
+        """Outline the body into ``void f(ptr ctx, i64 team)`` and run it on tcc's thread pool.
 
         The iterations are handed out dynamically: each thread takes the next chunk from a shared
         counter (an atomic add), so a thread that the OS preempts delays the call by at most one
-        chunk instead of its whole static share."""
+        chunk instead of its whole static share, and chunks that no worker took the calling thread
+        runs itself (the pool does not wait for a worker that has not joined)."""
         b = self.builder
         extent = self._scalar(s.extent)
         status = self._entry_alloca(I32, 1, "status")
@@ -125,18 +126,18 @@ class LoopEmitter:
         for i, v in enumerate(values):
             self._raw_store(v, b.gep(ctx, [ir.Constant(I32, 0), ir.Constant(I32, i)], source_etype=ctx_ty))
         self.outlined += 1
-        fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR]),
+        fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [PTR, I64]),
                          f"{self.fn.name}.par{self.outlined}")
         fn.linkage = "internal"
         self._outline_body(s, fn, ctx_ty, names, bufs)
-        gomp = self._declare("GOMP_parallel", ir.FunctionType(ir.VoidType(), [PTR, PTR, I32, I32]))
-        b.call(gomp, [fn, ctx, b.load(self._thread_count(), typ=I32), ir.Constant(I32, 0)])
+        run = self._declare(pool.SYMBOL, ir.FunctionType(ir.VoidType(), [PTR, PTR, I32]))
+        b.call(run, [fn, ctx, b.load(self._thread_count(), typ=I32)])
         failed = b.icmp_signed("!=", b.load(status, typ=I32), ir.Constant(I32, 0))
         with b.if_then(failed, likely=False):
             self._fail()
 
     def _thread_count(self) -> ir.GlobalVariable:
-        """The process-wide cell that ``tcc.set_num_threads`` writes (0: libgomp's default), read
+        """The process-wide cell that ``tcc.set_num_threads`` writes (0: the default), read
         before each parallel loop so that a new count applies to every later call without a rebuild."""
         cell = self.module.globals.get(threads.SYMBOL)
         return cell if cell is not None else ir.GlobalVariable(self.module, I32, threads.SYMBOL)
@@ -156,8 +157,7 @@ class LoopEmitter:
         extent = field(len(names) + len(bufs), I64)
         self.status = field(len(names) + len(bufs) + 1, PTR)
         counter = field(len(names) + len(bufs) + 2, PTR)
-        nth = b.sext(b.call(self._declare("omp_get_num_threads", ir.FunctionType(I32, [])), []), I64)
-        chunk = self._chunk(extent, nth)
+        chunk = self._chunk(extent, fn.args[1])  # the team: grabs sized for every thread of it
         try:
             body, scratch = _peel_allocates(s.body)
             self._per_thread(scratch, lambda: self._chunks(replace(s, body=body), extent, chunk, counter))
@@ -275,5 +275,5 @@ def _const_extent(s: For) -> int:
 
 @functools.cache
 def threads_available() -> bool:
-    """Whether libgomp (the thread team parallel loops run on) could be loaded into the process."""
-    return load_thread_runtime()
+    """Whether tcc's thread pool (which parallel loops run on) can run in this process."""
+    return pool.available()

@@ -71,6 +71,8 @@ def _store_epilogue(func: LoopFunc, target: str, lanes: str | None) -> tuple[Loo
     def write_back(s: Stmt) -> Stmt | None:
         if isinstance(s, Store) and s.buffer == target:
             mapping = _invert(read.indices, s.indices, extents, shape)
+            if mapping is not None:  # a unit loop of the epilogue (GELU's batch of one) is 0
+                mapping |= {n: Const(0, dtypes.i64) for n in names if extents[n] == 1 and n not in mapping}
             if mapping is None or set(mapping) != set(names):
                 raise TccScheduleError(f"the epilogue of {target} reads it through an index it cannot invert")
             value = transform(out.value, lambda n: s.value if n == read else None)

@@ -41,9 +41,13 @@ def fuse(func: LoopFunc, outer: str, inner: str, name: str | None = None, span: 
 
 
 def _fuse(s: For, name: str) -> Stmt:
+    """A loop of one iteration contributes ``0``, the other loop the fused index whole: a unit
+    batch loop fused with the rows leaves the rows' indices plain (``v``, not ``v % 64``), which
+    the epilogue fold of a GEMM can invert (GPT-2's GELU into its MLP's first GEMM)."""
     inner: For = s.body  # type: ignore[assignment]
-    n = int(inner.extent.value)  # type: ignore[attr-defined]
+    m, n = int(s.extent.value), int(inner.extent.value)  # type: ignore[attr-defined]
     v = Var(name)
-    body = subst(inner.body, {s.var.name: Binary("floordiv", v, const(n), v.dtype),
-                              inner.var.name: Binary("mod", v, const(n), v.dtype)})
-    return replace(s, var=v, extent=const(int(s.extent.value) * n), body=body)  # type: ignore[attr-defined]
+    high = const(0) if m == 1 else v if n == 1 else Binary("floordiv", v, const(n), v.dtype)
+    low = const(0) if n == 1 else v if m == 1 else Binary("mod", v, const(n), v.dtype)
+    body = subst(inner.body, {s.var.name: high, inner.var.name: low})
+    return replace(s, var=v, extent=const(m * n), body=body)

@@ -1,4 +1,4 @@
-"""parallel: run a loop's iterations on the CPU's cores (libgomp's thread team, see codegen).
+"""parallel: run a loop's iterations on the CPU's cores (tcc's thread pool, codegen_cpu.pool).
 
 A loop may run in parallel when its iterations write disjoint elements: every store inside to a
 buffer that outlives the loop indexes it with the loop variable, and every such buffer is read

@@ -203,6 +203,10 @@ def _inline_verdict(c: Compute, computes: list[Compute], op: OpTE) -> tuple[bool
             and any(isinstance(n, Reduce) for n in walk(sites[0][0].body)):
         return False, f"a contraction read by {sites[0][0].tensor}, which has a reduction of its own: kept apart " \
                       "so that each is a GEMM (inlined, it was an epilogue's dot product per element)"
+    operand = _gemm_operand(c, sites, op)
+    if operand:
+        return False, f"an expression read by {operand} as a GEMM's operand: kept apart so that the GEMM reads " \
+                      "a tensor (inlined, T5's RMSNorm made the MLP's first GEMM a plain loop nest, 5x slower)"
     chosen = [s for s in sites if _inside_reduction(s[0].body, s[1], kind=Select)
               and not all(isinstance(i, Var) for i in s[1].indices)]
     if has_reduce and chosen:
@@ -219,6 +223,23 @@ def _inline_verdict(c: Compute, computes: list[Compute], op: OpTE) -> tuple[bool
         return True, f"cheap (cost {cost}) and read at {len(sites)} places: recomputing beats a round trip"
     return False, f"cost {cost} per element read at {len(sites)} places: recomputing would cost {extra} " \
                   "more than it saves"
+
+
+def _gemm_operand(c: Compute, sites: list, op: OpTE) -> str | None:
+    """The consumer that reads elementwise ``c`` as an operand of a GEMM it would stop being, if
+    one does: the CPU scheduler tiles ``sum(A[..] * B[..])`` of two reads only, and ``c``'s
+    expression would be evaluated once per element of the other side anyway (a row scale per
+    output column). Only an expression of two tensors or more (a row scale, softmax's ``e / s``):
+    a function of one (a transpose, a cast, attention's ``q * scale``) stays inlined, where
+    attention's scores, softmax and weighted sum stay one kernel (GPT-2's, cut into three, was
+    no faster and four kernels more)."""
+    if len(_tensors_read(c.body)) < 2 or any(isinstance(n, Reduce) for n in walk(c.body)):
+        return None
+    for consumer, read, repeat in sites:
+        if repeat > 1 and _inside_reduction(consumer.body, read) \
+                and gemm_batch_depth(consumer, op.dynamic) < len(consumer.axes):
+            return consumer.tensor
+    return None
 
 
 def _read_sites(e: Expr, tensor: str, repeat: int = 1, dynamic: tuple[str, ...] = ()) -> list[tuple[Read, int]]:

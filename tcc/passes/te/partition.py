@@ -17,7 +17,7 @@ twelve layers' copies are the same few kernels, each built once.
 
 from __future__ import annotations
 
-from tcc.ir.expr import Read, walk
+from tcc.ir.expr import Read, Reduce, Var, walk
 from tcc.ir.te import Compute, OpTE
 from tcc.passes.te.fusion import gemm_batch_depth, inline_intermediates
 
@@ -32,9 +32,25 @@ def partition(op: OpTE) -> list[tuple[str, ...]]:
         if gemm_batch_depth(c, tuple(op.dynamic)) < len(c.axes):
             kernels += [*_pieces(fused, run), (c.tensor,)]
             run = []
+        elif not run and kernels and _epilogue_of(c, kernels[-1]):
+            kernels[-1] += (c.tensor,)
         else:
             run.append(c)
     return kernels + _pieces(fused, run)
+
+
+def _epilogue_of(c: Compute, kernel: tuple[str, ...]) -> bool:
+    """Whether ``c``, right after a GEMM's kernel, is an elementwise function of the GEMM's
+    result read at its own indices (GPT-2's and BERT's GELU, which reads it several times, so
+    fusion keeps the GEMM apart): it joins that kernel, where the GEMM's scheduler folds it into
+    the tiles' write-back (``store_epilogue``) instead of a kernel of its own reading the result
+    back from memory."""
+    if len(kernel) != 1 or any(isinstance(n, Reduce) for n in walk(c.body)):
+        return False
+    reads = [n for n in walk(c.body) if isinstance(n, Read) and n.tensor == kernel[0]]
+    axes = [a.var.name for a in c.axes]
+    return bool(reads) and all(all(isinstance(i, Var) for i in r.indices)
+                               and [i.name for i in r.indices] == axes[len(axes) - len(r.indices):] for r in reads)
 
 
 def _pieces(op: OpTE, run: list[Compute]) -> list[tuple[str, ...]]:
