@@ -17,8 +17,8 @@ MATMUL_RELU = """op mm(A: f32[M, K], B: f32[K, N], b: f32[N]) -> C: f32[M, N] {
 CONV = """op conv(X: f32[N, C, H, W], Wt: f32[F, C, 3, 3]) -> Y: f32[N, F, H - 2, W - 2] {
     Y[n, f, y, x] = sum[c, r, s](X[n, c, y + r, x + s] * Wt[f, c, r, s])
 }"""
-TE_PASSES = ["specialize", "phases", "scans", "bounds", "sweep pairs", "stream reductions", "inline", "im2col", "group",
-             "lower"]
+TE_PASSES = ["specialize", "phases", "scans", "bounds", "sweep pairs", "stream reductions", "matrix sweeps", "inline",
+             "im2col", "group", "lower"]
 
 
 def _passes(op, bindings, stage="scheduled") -> list[tuple[str, str]]:

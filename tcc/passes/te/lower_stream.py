@@ -128,13 +128,15 @@ class _Nest:
         self.run = [self._local(f"run_{x.tensor}", op.tensors[x.tensor].dtype,
                                 (self.ti, *(_const(ax.extent) for ax in x.extra))) for x in stream.sums]
         self.part = self._var(f"{self.j}_p")  # with the keys in parts: which part
-        padded = -(-self.rows // self.ti) * self.ti
-        tiles = -(-self.keys // self.tj)
-        self.per = -(-tiles // max(1, stream.splits))  # tiles of keys in a part
-        self.nparts = -(-tiles // self.per) if stream.splits else 0  # (none empty)
-        self.parts = [  # each part's maxima and sums per row (padded to whole blocks)
-            Buffer(self.lw.fresh(f"part_{name}"), op.tensors[name].dtype, (self.nparts, padded), "global")
-            for name in stream.tensors] if self.nparts else []
+        self.per, self.nparts, self.parts = 0, 0, []
+        if stream.splits and isinstance(self.rows, int) and isinstance(self.keys, int):  # (constant sizes only)
+            padded = -(-self.rows // self.ti) * self.ti
+            tiles = -(-self.keys // self.tj)
+            self.per = -(-tiles // stream.splits)  # tiles of keys in a part
+            self.nparts = -(-tiles // self.per)  # (none empty)
+            self.parts = [  # each part's maxima and sums per row (padded to whole blocks)
+                Buffer(self.lw.fresh(f"part_{name}"), op.tensors[name].dtype, (self.nparts, padded), "global")
+                for name in stream.tensors]
 
     def _var(self, base: str) -> Var:
         return Var(self.lw.fresh(base), I64)
