@@ -18,12 +18,11 @@ logits plus their log-softmax that ``cross_entropy`` materialises.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from attention import interleaved, tcc_extra_bytes, timed, torch_extra_bytes  # (this folder's)
 
 import tcc
 
@@ -41,45 +40,6 @@ DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 def eager(x: torch.Tensor, w: torch.Tensor, lab: torch.Tensor) -> torch.Tensor:
     """What a model's training step writes: the logits, then the loss per row."""
     return F.cross_entropy(x @ w.T, lab, reduction="none")
-
-
-def timed(fn: Callable[[], object], cuda: bool) -> float:
-    if cuda:
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    fn()
-    if cuda:
-        torch.cuda.synchronize()
-    return time.perf_counter() - t0
-
-
-def interleaved(fns: dict[str, Callable[[], object]], trials: int, cuda: bool) -> dict[str, float]:
-    """Median seconds of each, its trials alternating with the others' (after a warm-up call)."""
-    for fn in fns.values():
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(trials):
-        for name, fn in fns.items():
-            times[name].append(timed(fn, cuda))
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
-def tcc_extra_bytes(op, bindings: dict) -> int:
-    """What tcc's kernel allocates beyond its arguments, from the loop IR (its global buffers)."""
-    func = op.lowered(bindings).scheduled
-    params = {p.name for p in func.params}
-    return sum(b.size * b.dtype.itemsize for name, b in func.buffers().items()
-               if name not in params and b.scope == "global")
-
-
-def torch_extra_bytes(fn: Callable[[], torch.Tensor]) -> int:
-    """CUDA: the peak allocation of one call above what was allocated before it and its result."""
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    out = fn()
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - base - out.numel() * out.element_size()
 
 
 def row(op, device: str, dtype: str, N: int, K: int, C: int, trials: int, compile_too: bool, budget: float) -> str:
